@@ -1,0 +1,16 @@
+# otbuild: every recipes/NAME.yaml becomes a target `NAME` (snakemake smoke).
+# Artifacts are content-addressed (artifacts/<stage>/<id>/); results/<recipe>/ is the human view.
+# Rules are thin shell calls into `otbuild stage ...`; the logic lives in the otbuild package.
+from pathlib import Path
+
+from otbuild.workflow import Workflow
+
+WF = Workflow.load_or_exit(Path.cwd())
+
+wildcard_constraints:
+    id="[0-9a-f]{16}",
+
+
+include: "rules/common.smk"
+include: "rules/tasks.smk"
+include: "rules/results.smk"

@@ -1,0 +1,3 @@
+from otbuild.cli import main
+
+main()

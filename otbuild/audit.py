@@ -1,0 +1,58 @@
+"""`otbuild audit`: recompute hashes and compare every artifact with its provenance record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from otbuild.errors import EXIT_FINDINGS, EXIT_OK
+from otbuild.plan import Plan
+from otbuild.provenance import check, read_record
+from otbuild.stages import PROVENANCE, STAGES
+
+STYLE = {"ok": "green", "not-built": "yellow"}
+
+
+def audit_plan(plan: Plan, console: Console) -> int:
+    table = Table(title=f"audit: {plan.recipe.name}")
+    for col in ("artifact", "stage", "id", "status", "rows", "built", "code", "detail"):
+        table.add_column(col)
+    findings = 0
+    for n in plan.nodes:
+        c = check(n.dir, n.stage)
+        record = read_record(n.dir) or {}
+        findings += c.is_finding
+        rows = ", ".join(str(o.get("rows", "-")) for o in record.get("outputs", []))
+        code = "[yellow]changed since build[/]" if c.code_drift else ("same" if record else "")
+        table.add_row(
+            n.label, n.stage, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
+            record.get("finished_at", ""), code, c.detail,
+        )
+    console.print(table)
+    if findings:
+        console.print(f"[red]{findings} artifact(s) not proven[/]: drifted, without a record, or not built")
+        return EXIT_FINDINGS
+    console.print(f"[green]all {len(plan.nodes)} artifact(s) match their provenance records[/]")
+    return EXIT_OK
+
+
+def show_artifact(path: Path, console: Console) -> int:
+    """Full record of the artifact containing `path`, with its current check."""
+    d = path if path.is_dir() else path.parent
+    stage = d.parent.name
+    if stage not in STAGES:
+        console.print(f"[red]{path}: not inside an artifact dir (artifacts/<stage>/<id>/)[/]")
+        return EXIT_FINDINGS
+    c = check(d, stage)
+    record = read_record(d)
+    console.print(f"[bold]{d}[/]  status: [{STYLE.get(c.status, 'red')}]{c.status}[/] {c.detail}")
+    if record is None:
+        console.print(f"[red]no {PROVENANCE}[/]")
+        return EXIT_FINDINGS
+    if c.code_drift:
+        console.print("[yellow]note: the stage's code changed since this artifact was built[/]")
+    console.print_json(json.dumps(record))
+    return EXIT_FINDINGS if c.is_finding else EXIT_OK

@@ -1,0 +1,160 @@
+"""The otbuild command line. Run from the project root (where Snakefile and recipes/ are).
+
+Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import otbuild
+from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError
+from otbuild.stages import STAGES
+
+out = Console()
+err = Console(stderr=True)
+
+
+class Group(click.Group):
+    """Turns a ConfigError anywhere into its message on stderr and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+            ctx.exit(EXIT_USAGE)
+
+
+@click.group(cls=Group, epilog="Exit codes: 0 ok, 1 findings or a failed build, 2 usage or config error.")
+@click.version_option(otbuild.__version__, prog_name="otbuild")
+def main():
+    """Declarative, content-addressed builds of agentic training data on Snakemake + DuckDB."""
+
+
+def _plan(recipe: str):
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    return plan_recipe(load_recipe(recipe, Path.cwd()))
+
+
+@main.command()
+@click.argument("recipes", nargs=-1, required=True)
+def validate(recipes):
+    """Check RECIPES (names under recipes/ or paths) against the schema; write nothing."""
+    for r in recipes:
+        plan = _plan(r)
+        out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
+        for node, path in plan.missing:
+            err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
+
+
+@main.command()
+@click.argument("recipe")
+def plan(recipe):
+    """Show RECIPE's stages, their content ids and whether each is built."""
+    from otbuild.provenance import check
+
+    p = _plan(recipe)
+    table = Table(title=f"plan: {p.recipe.name}")
+    for col in ("artifact", "stage", "id", "status", "inputs"):
+        table.add_column(col)
+    for n in p.nodes:
+        status = check(n.dir, n.stage).status
+        style = {"ok": "green", "not-built": "yellow"}.get(status, "red")
+        shown = {"ok": "built", "not-built": "pending"}.get(status, status)
+        table.add_row(n.label, n.stage, n.id, f"[{style}]{shown}[/]", ", ".join(i.id for i in n.inputs))
+    out.print(table)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("recipe")
+@click.option("--profile", help="Snakemake profile (e.g. slurm); profiles/default always applies.")
+@click.option("-n", "--dry-run", is_flag=True, help="Show the jobs without running them.")
+@click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
+def build(recipe, profile, dry_run, snakemake_args):
+    """Build RECIPE with Snakemake (validated first). Extra args go to snakemake."""
+    p = _plan(recipe)
+    cmd = [sys.executable, "-m", "snakemake", p.recipe.name]
+    if profile:
+        cmd += ["--profile", profile]
+    if dry_run:
+        cmd.append("-n")
+    cmd += list(snakemake_args)
+    err.print(f"[dim]$ {' '.join(cmd)}[/]")
+    code = subprocess.call(cmd, cwd=Path.cwd())
+    sys.exit(0 if code == 0 else EXIT_FINDINGS)
+
+
+@main.command()
+@click.argument("target")
+def audit(target):
+    """Prove where artifacts came from. TARGET is a recipe (checks all of its artifacts) or an
+    artifact dir/file (shows its full record). Exits 1 if any artifact drifted from its record,
+    lacks one, or is not built."""
+    from otbuild import audit as audit_mod
+
+    path = Path(target)
+    if path.exists() and "artifacts" in path.resolve().parts:
+        sys.exit(audit_mod.show_artifact(path, out))
+    sys.exit(audit_mod.audit_plan(_plan(target), out))
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--row", type=int, help="Show row N (0-based) in full: fields, metadata, task files.")
+@click.option("--limit", default=20, show_default=True, help="Rows in the preview table.")
+def show(path, row, limit):
+    """Preview a parquet artifact as a table, or one row in full."""
+    from otbuild import show as show_mod
+
+    show_mod.show(path, out, row=row, limit=limit)
+
+
+@main.group()
+def export():
+    """Write artifacts out in other formats."""
+
+
+@export.command("tasks")
+@click.argument("parquet", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+def export_tasks_cmd(parquet, dest):
+    """Write every task of PARQUET as a Harbor task dir under DEST/<path>/."""
+    from otbuild.tasks.export import export_tasks
+
+    try:
+        n = export_tasks(parquet, dest)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    out.print(f"[green]wrote[/] {n} task dir(s) to {dest}")
+
+
+@main.group()
+def stage():
+    """Run one stage from its spec (what the Snakemake rules call)."""
+
+
+def _stage_command(name: str):
+    @click.option("--spec", required=True, help="The node's spec as JSON (from the Snakefile).")
+    def cmd(spec):
+        from otbuild.runner import run_spec
+
+        record = run_spec(json.loads(spec), rule=name)
+        rows = ", ".join(f"{Path(o['path']).name}: {o.get('rows', '?')} rows" for o in record["outputs"])
+        out.print(f"[green]{name}[/] {record['id']}: {rows}")
+
+    cmd.__doc__ = f"Run the {name!r} stage (version {STAGES[name].version})."
+    return stage.command(name)(cmd)
+
+
+for _name in STAGES:
+    _stage_command(_name)

@@ -1,0 +1,47 @@
+"""DuckDB in-process: a connection with bounded memory and SQL rendered from jinja2 templates."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import duckdb
+import jinja2
+
+from otbuild.fsio import atomic_path
+
+SQL_DIR = Path(__file__).parent / "sql"
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(SQL_DIR), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+)
+
+
+def sql_literal(value) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+_env.filters["sql"] = sql_literal
+
+
+def connect(memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+    """Memory is capped (OTBUILD_DUCKDB_MEMORY, default 1GB); beyond it DuckDB spills to disk."""
+    con = duckdb.connect()
+    con.execute(f"SET memory_limit = '{memory_limit or os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB')}'")
+    con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/otbuild-duckdb'")
+    return con
+
+
+def render(template: str, **ctx) -> str:
+    return _env.get_template(template).render(**ctx)
+
+
+def run_template(con: duckdb.DuckDBPyConnection, template: str, **ctx) -> None:
+    con.execute(render(template, **ctx))
+
+
+def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> int:
+    """Write a query's rows to `dest` (zstd parquet); returns the row count."""
+    with atomic_path(dest) as tmp:
+        con.execute(f"COPY ({query}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+        return con.execute(f"SELECT count(*) FROM read_parquet({sql_literal(tmp)})").fetchone()[0]

@@ -1,0 +1,125 @@
+"""Recipe -> DAG of content-addressed stage nodes.
+
+A node's id hashes its stage, the stage's implementation version, its own settings and the
+ids of its inputs, so an edit changes exactly the edited stage and what lies downstream, and
+recipes sharing a prefix share artifacts. Artifacts live at artifacts/<stage>/<id>/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from otbuild.hashing import content_digest, settings_hash
+from otbuild.recipe.load import LoadedRecipe
+from otbuild.stages import PROVENANCE, STAGES
+
+ARTIFACTS = Path("artifacts")
+RESULTS = Path("results")
+
+
+@dataclass(frozen=True)
+class Node:
+    stage: str
+    label: str  # the node's name within its recipe, e.g. "sources/synth", "mix"
+    settings: dict  # what the stage function receives
+    identity: dict  # what is hashed (settings with external paths replaced by their digests)
+    inputs: tuple["Node", ...] = ()
+    missing: tuple[str, ...] = ()  # external paths the recipe names that do not exist (yet)
+
+    @cached_property
+    def id(self) -> str:
+        d = STAGES[self.stage]
+        return settings_hash(
+            {"stage": self.stage, "version": d.version, "settings": self.identity,
+             "inputs": [n.id for n in self.inputs]}
+        )
+
+    @property
+    def dir(self) -> Path:
+        return ARTIFACTS / self.stage / self.id
+
+    @property
+    def outputs(self) -> list[Path]:
+        return [self.dir / o for o in STAGES[self.stage].outputs]
+
+    @property
+    def provenance(self) -> Path:
+        return self.dir / PROVENANCE
+
+    @property
+    def main_output(self) -> Path:
+        return self.outputs[0]
+
+    def spec(self) -> dict:
+        """Everything `otbuild stage run` needs, as plain JSON."""
+        return {
+            "stage": self.stage,
+            "id": self.id,
+            "settings": self.settings,
+            "inputs": [{"id": n.id, "stage": n.stage, "path": str(n.main_output)} for n in self.inputs],
+            "outdir": str(self.dir),
+        }
+
+
+@dataclass
+class Plan:
+    recipe: LoadedRecipe
+    nodes: list[Node] = field(default_factory=list)  # topological order
+
+    @property
+    def missing(self) -> list[tuple[Node, str]]:
+        return [(n, m) for n in self.nodes for m in n.missing]
+
+    @property
+    def final(self) -> list[Node]:
+        """Nodes nothing else in the plan consumes: what the recipe target asks for."""
+        used = {i.id for n in self.nodes for i in n.inputs}
+        return [n for n in self.nodes if n.id not in used]
+
+
+def plan_recipe(loaded: LoadedRecipe) -> Plan:
+    r = loaded.recipe
+    plan = Plan(loaded)
+    ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank, kv[0]))
+    sources = {name: _source_node(loaded, name, src) for name, src in ranked}
+    tasks: list[Node] = list(sources.values())
+    if r.mix:
+        top = [name for name, _ in ranked[: r.mix.n]]
+        settings = {**r.mix.model_dump(), "sources": top}
+        tasks = [Node("mix", "mix", settings, settings, tuple(sources[n] for n in top))]
+    if r.task_filter:
+        settings = r.task_filter.model_dump()
+        tasks = [Node("task_filter", "task_filter", settings, settings, tuple(tasks))]
+    plan.nodes = _topo(tasks)
+    return plan
+
+
+def _source_node(loaded: LoadedRecipe, name: str, src) -> Node:
+    settings = {"name": name, **src.model_dump(exclude={"rank"})}
+    identity = dict(settings)
+    if "path" not in settings:
+        return Node("source", f"sources/{name}", settings, identity)
+    # Content-addressed by the data, not by where it lies. Data not there yet (to be fetched
+    # before the build) still plans, under an id that changes once it arrives.
+    path = loaded.resolve(settings["path"])
+    settings["path"] = str(path.resolve())
+    if path.exists():
+        identity["path"] = {"sha256": content_digest(path)}
+        return Node("source", f"sources/{name}", settings, identity)
+    identity["path"] = {"missing": str(settings["path"])}
+    return Node("source", f"sources/{name}", settings, identity, missing=(str(path),))
+
+
+def _topo(finals: list[Node]) -> list[Node]:
+    out: dict[str, Node] = {}
+
+    def visit(n: Node) -> None:
+        for i in n.inputs:
+            visit(i)
+        out.setdefault(n.id, n)
+
+    for n in finals:
+        visit(n)
+    return list(out.values())

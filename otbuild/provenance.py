@@ -1,0 +1,125 @@
+"""Provenance sidecars: what made an artifact, from what, with which settings, code and packages.
+
+Every artifact dir gets `provenance.json`, written last (atomically), so a dir with a record is
+complete. `check` recomputes hashes and says whether the files still match the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import platform
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+import otbuild
+from otbuild.duck import SQL_DIR
+from otbuild.fsio import write_json
+from otbuild.hashing import file_sha256
+from otbuild.stages import PROVENANCE, STAGES
+
+KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def code_sha256(stage: str) -> str:
+    """Hash of the stage's own code: its module and its SQL templates."""
+    d = STAGES[stage]
+    h = hashlib.sha256()
+    h.update(Path(importlib.util.find_spec(d.module).origin).read_bytes())
+    for t in d.sql:
+        h.update((SQL_DIR / t).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for p in KEY_PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def describe_file(path: Path) -> dict:
+    info = {"path": str(path), "sha256": file_sha256(path), "bytes": path.stat().st_size}
+    if path.suffix == ".parquet":
+        info["rows"] = pq.ParquetFile(path).metadata.num_rows
+    return info
+
+
+def write_record(spec: dict, rule: str, started: str) -> dict:
+    outdir = Path(spec["outdir"])
+    record = {
+        "rule": rule,
+        "stage": spec["stage"],
+        "id": spec["id"],
+        "stage_version": STAGES[spec["stage"]].version,
+        "settings": spec["settings"],
+        "inputs": [{**describe_file(Path(i["path"])), "id": i["id"], "stage": i["stage"]} for i in spec["inputs"]],
+        "outputs": [describe_file(outdir / o) for o in STAGES[spec["stage"]].outputs],
+        "code_sha256": code_sha256(spec["stage"]),
+        "otbuild_version": otbuild.__version__,
+        "packages": package_versions(),
+        "host": socket.gethostname(),
+        "command": sys.argv,
+        "started_at": started,
+        "finished_at": now(),
+    }
+    write_json(outdir / PROVENANCE, record)
+    return record
+
+
+def read_record(artifact_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(artifact_dir) / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Check:
+    status: str  # ok | drifted | no-record | not-built | input-drift
+    detail: str = ""
+    code_drift: bool = False
+
+    @property
+    def is_finding(self) -> bool:
+        return self.status != "ok"
+
+
+def check(artifact_dir: Path, stage: str) -> Check:
+    artifact_dir = Path(artifact_dir)
+    outputs = [artifact_dir / o for o in STAGES[stage].outputs]
+    record = read_record(artifact_dir)
+    if record is None:
+        present = [o.name for o in outputs if o.exists()]
+        if not present:
+            return Check("not-built")
+        return Check("no-record", f"{', '.join(present)} present without {PROVENANCE}")
+    problems = []
+    for o in record["outputs"]:
+        p = Path(o["path"])
+        if not p.exists():
+            problems.append(f"{p.name} missing")
+        elif file_sha256(p) != o["sha256"]:
+            problems.append(f"{p.name} sha256 {file_sha256(p)[:12]} != recorded {o['sha256'][:12]}")
+    drift = record.get("code_sha256") != code_sha256(stage)
+    if problems:
+        return Check("drifted", "; ".join(problems), drift)
+    for i in record["inputs"]:
+        p = Path(i["path"])
+        if p.exists() and file_sha256(p) != i["sha256"]:
+            return Check("input-drift", f"input {p} changed since this artifact was built", drift)
+    return Check("ok", "", drift)

@@ -1,0 +1,193 @@
+"""Load a recipe: YAML, `extends:` chains (deep merge), schema validation, clear errors."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from otbuild.errors import ConfigError
+from otbuild.recipe.schema import NAME_RE, PIPELINE, Recipe
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    name: str
+    path: Path  # the recipe file
+    root: Path  # project root: relative paths in the recipe resolve against it
+    data: dict  # merged, pre-validation document (for the results view)
+    recipe: Recipe
+
+    def resolve(self, p: str) -> Path:
+        path = Path(p)
+        return path if path.is_absolute() else (self.root / path)
+
+
+def recipe_path(name_or_path: str | Path, root: Path) -> Path:
+    """`smoke` -> ROOT/recipes/smoke.yaml; a path to a .yaml file is taken as is."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return root / "recipes" / f"{name_or_path}.yaml"
+
+
+def load_recipe(name_or_path: str | Path, root: Path | None = None) -> LoadedRecipe:
+    root = Path(root or Path.cwd())
+    path = recipe_path(name_or_path, root)
+    if not path.is_file():
+        known = sorted(q.stem for q in (root / "recipes").glob("*.yaml"))
+        raise ConfigError(f"{path}: no such recipe" + _suggest(str(name_or_path), known, "recipes"))
+    name = path.stem
+    if not re.match(NAME_RE, name):
+        raise ConfigError(f"{path}: recipe names must be identifiers ([A-Za-z_][A-Za-z0-9_]*), found {name!r}")
+    data, origin = _load_chain(path, [])
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("\n".join(_format_error(err, origin, path) for err in e.errors())) from None
+    _check_semantics(recipe, origin, path)
+    return LoadedRecipe(name, path, path.resolve().parent.parent, data, recipe)
+
+
+# -- extends + deep merge, remembering which file set each key ------------------------------
+def _read_yaml(path: Path) -> dict:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top, found {type(doc).__name__}")
+    return doc
+
+
+def _load_chain(path: Path, seen: list[Path]) -> tuple[dict, dict]:
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in [*seen, path.resolve()])
+        raise ConfigError(f"{path}: extends: cycle ({chain})")
+    doc = _read_yaml(path)
+    parent_name = doc.pop("extends", None)
+    if parent_name is None:
+        base, origin = {}, {}
+    else:
+        if not isinstance(parent_name, str):
+            raise ConfigError(f"{path}: extends: expected a recipe name, found {parent_name!r}")
+        parent = path.parent / f"{parent_name}.yaml"
+        if not parent.is_file():
+            known = sorted(q.stem for q in path.parent.glob("*.yaml"))
+            raise ConfigError(f"{path}: extends: no recipe {parent_name!r}" + _suggest(parent_name, known, "recipes"))
+        base, origin = _load_chain(parent, [*seen, path.resolve()])
+    return _merge(base, doc, origin, path, ()), origin
+
+
+def _merge(base: dict, over: dict, origin: dict, path: Path, prefix: tuple) -> dict:
+    """Deep merge: mappings merge key by key, anything else replaces; `null` deletes a key."""
+    out = dict(base)
+    for key, value in over.items():
+        loc = (*prefix, key)
+        if value is None:
+            out.pop(key, None)
+            origin[loc] = path
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value, origin, path, loc)
+        else:
+            out[key] = value
+            for k in [k for k in origin if k[: len(loc)] == loc]:
+                del origin[k]
+            origin[loc] = path
+    return out
+
+
+def _file_for(loc: tuple, origin: dict, default: Path) -> Path:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in origin:
+            return origin[loc[:n]]
+    return default
+
+
+# -- error messages --------------------------------------------------------------------------
+def _format_error(err: dict, origin: dict, path: Path) -> str:
+    model, loc = _walk(Recipe, err["loc"])
+    where = ".".join(str(p) for p in loc) or "(top level)"
+    file = _file_for(loc, origin, path)
+    kind, found = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = sorted(model.model_fields) if model else []
+        if len(loc) == 1 and key in PIPELINE:
+            return f"{file}: {key}: the {key!r} stage is not available in this version of otbuild"
+        return f"{file}: {where}: unknown key" + _suggest(key, allowed, "allowed keys")
+    if kind == "missing":
+        return f"{file}: {where}: required key is missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{file}: {where}: {msg}; found {found!r}"
+
+
+def _walk(model: type[BaseModel], raw_loc: tuple) -> tuple[type[BaseModel] | None, tuple]:
+    """Follow a pydantic error location through the schema. Returns the model that owns the
+    last key and the location without discriminator tags (which are not keys in the file)."""
+    t: object = model
+    clean: list = []
+    owner: type[BaseModel] | None = model
+    for part in raw_loc:
+        t = _unwrap(t)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            owner = t
+            clean.append(part)
+            field = t.model_fields.get(part)
+            t = field.annotation if field else None
+        elif typing.get_origin(t) is dict:
+            clean.append(part)
+            t = typing.get_args(t)[1]
+        elif typing.get_origin(t) is list:
+            clean.append(part)
+            t = typing.get_args(t)[0]
+        elif _is_union(t):  # discriminated union: `part` is the tag
+            t = next((m for m in typing.get_args(t) if part in _kinds(m)), None)
+        else:
+            clean.append(part)
+    return owner, tuple(clean)
+
+
+def _unwrap(t):
+    while typing.get_origin(t) is typing.Annotated:
+        t = typing.get_args(t)[0]
+    if _is_union(t):
+        members = [a for a in typing.get_args(t) if a is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+        return typing.Union[tuple(_unwrap(m) for m in members)]
+    return t
+
+
+def _is_union(t) -> bool:
+    return typing.get_origin(t) in (typing.Union, types.UnionType)
+
+
+def _kinds(model) -> tuple:
+    field = getattr(model, "model_fields", {}).get("kind")
+    return typing.get_args(field.annotation) if field else ()
+
+
+def _suggest(word: str, choices: list[str], what: str) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} ({what}: {', '.join(choices)})" if choices else hint
+
+
+# -- checks across keys ----------------------------------------------------------------------
+def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
+    if recipe.mix and recipe.mix.n > len(recipe.sources):
+        file = _file_for(("mix", "n"), origin, path)
+        raise ConfigError(
+            f"{file}: mix.n: found {recipe.mix.n}, expected at most the number of sources ({len(recipe.sources)})"
+        )

@@ -1,0 +1,20 @@
+"""Run one stage node from its spec (what a Snakemake rule calls) and record its provenance."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from otbuild.provenance import now, write_record
+from otbuild.stages import PROVENANCE, STAGES
+
+
+def run_spec(spec: dict, rule: str | None = None) -> dict:
+    stage = STAGES[spec["stage"]]
+    outdir = Path(spec["outdir"])
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / PROVENANCE).unlink(missing_ok=True)  # the record is written last, on success only
+    started = now()
+    inputs = [Path(i["path"]) for i in spec["inputs"]]
+    importlib.import_module(stage.module).run(spec["settings"], inputs, outdir)
+    return write_record(spec, rule or stage.name, started)

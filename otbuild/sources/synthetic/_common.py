@@ -1,0 +1,296 @@
+"""Shared pieces of the synthetic task families.
+
+A task is a short list of independent *operations* ("ops") from one family. Each op brings its
+own initial files (under /app), a paragraph of instruction, the shell commands that solve it and
+the Python checks the verifier runs. Difficulty sets how many ops a task combines, so harder
+tasks need more solution steps. Expected results are computed here, at generation time, and
+embedded in the verifier; the solution computes them with shell tools inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from otbuild.tasks.taskdir import TaskDir
+
+GENERATOR = "otbuild.synthetic"
+LEVELS = (1, 2, 3)
+# Solution steps (top-level commands, `cd /app` included) allowed per difficulty.
+STEP_RANGE = {1: (3, 4), 2: (5, 6), 3: (7, 20)}
+
+WORDS = (
+    "apple", "river", "stone", "cloud", "maple", "tiger", "ember", "frost", "harbor", "meadow",
+    "pixel", "rocket", "signal", "timber", "violet", "walnut", "yellow", "zephyr", "anchor",
+    "banner", "canyon", "dragon", "falcon", "garden", "island", "jungle", "kettle", "lantern",
+    "marble", "nectar", "orbit", "pepper", "quartz", "raven", "saddle", "tunnel", "velvet",
+    "willow", "beacon", "cobalt", "delta", "fable", "glacier", "hollow", "ivory", "jasper",
+    "lemon", "mosaic", "nimbus", "opal", "prism", "quill", "ridge", "summit", "thistle",
+    "vertex", "wander", "yarrow", "zinc", "copper",
+)
+PEOPLE = (
+    "alice", "bruno", "chen", "dara", "elif", "farah", "goran", "hana", "ivan", "jonas",
+    "kemal", "lena", "mateo", "nadia", "omar", "priya", "quinn", "rosa", "sami", "tara",
+    "umar", "vera", "wei", "xena", "yuki", "zoe",
+)
+CITIES = (
+    "Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Dakar", "Hanoi", "Perth", "Porto",
+    "Riga", "Seoul", "Tunis", "Zagreb",
+)
+PRODUCTS = (
+    "widget", "gadget", "sprocket", "bolt", "gear", "valve", "lens", "cable", "panel", "spring",
+    "hinge", "nozzle",
+)
+DIRS = (
+    "inbox", "reports", "uploads", "drafts", "exports", "photos", "notes", "backups", "assets",
+    "logs", "data", "scratch", "shared", "projects", "docs", "staging", "release", "cache",
+)
+EXTS = ("txt", "log", "csv", "md", "json", "cfg", "dat", "bak", "tmp", "xml")
+
+
+@dataclass
+class Op:
+    """One operation of a task: instruction text, initial files, solution steps, checks."""
+
+    name: str
+    text: str
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    steps: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+
+    def check(self, fn: str, *args) -> None:
+        """Add a verifier call `fn(*args)`; args are embedded with repr()."""
+        self.checks.append(f"{fn}({', '.join(repr(a) for a in args)})")
+
+
+class Ctx:
+    """Random choices for one task; hands out names that are unique within the task."""
+
+    def __init__(self, rng: random.Random, level: int):
+        self.rng = rng
+        self.level = level
+        self.used: set[str] = set()
+
+    def pick(self, pool, k: int | None = None):
+        """One (or k distinct) items of `pool` not yet used in this task."""
+        free = [x for x in pool if x not in self.used]
+        got = self.rng.sample(free, 1 if k is None else k)
+        self.used.update(got)
+        return got[0] if k is None else got
+
+    def name(self, pool=DIRS, sep: str = "_") -> str:
+        """A fresh name like `reports_42`."""
+        return f"{self.pick(pool)}{sep}{self.rng.randint(10, 99)}"
+
+    def sentence(self, n: int | None = None, pool=WORDS) -> str:
+        return " ".join(self.rng.choice(pool) for _ in range(n or self.rng.randint(3, 7)))
+
+    def lines(self, n: int, pool=WORDS) -> str:
+        return "".join(self.sentence(pool=pool) + "\n" for _ in range(n))
+
+
+OpMaker = Callable[[Ctx], Op]
+
+
+@dataclass
+class Family:
+    name: str
+    title: str
+    intro: tuple[str, ...]  # alternative opening sentences
+    ops: tuple[OpMaker, ...]
+
+
+def text_of(lines) -> str:
+    return "".join(f"{x}\n" for x in lines)
+
+
+def build_task(family: Family, level: int, seed: int, index: int, rng: random.Random) -> TaskDir:
+    ops, steps = _choose_ops(family, level, rng)
+    task = TaskDir(f"synthetic-{family.name}-d{level}-{seed}-{index:05d}")
+    task.add("instruction.md", _instruction(family, ops, rng))
+    task.add("task.toml", _task_toml(family.name, level, seed, index))
+    task.add("environment/Dockerfile", DOCKERFILE)
+    for op in ops:
+        for rel, data in op.files.items():
+            task.add(f"environment/app/{rel}", data)
+    checks = [c for op in ops for c in op.checks]
+    task.add("tests/test.sh", TEST_SH.format(prelude=CHECK_PRELUDE, checks="\n".join(checks)),
+             executable=True)
+    task.add("solution/solve.sh", SOLVE_SH.format(steps="\n".join(steps)), executable=True)
+    return task
+
+
+def _choose_ops(family: Family, level: int, rng: random.Random) -> tuple[list[Op], list[str]]:
+    """`level` distinct ops whose solutions, after `cd /app`, fit the level's step range."""
+    lo, hi = STEP_RANGE[level]
+    for _ in range(100):
+        ctx = Ctx(rng, level)
+        ops = [make(ctx) for make in rng.sample(family.ops, level)]
+        steps = ["cd /app"] + [s for op in ops for s in op.steps]
+        if lo <= len(steps) <= hi:
+            return ops, steps
+    raise RuntimeError(f"{family.name}: no op combination fits {lo}-{hi} steps")
+
+
+def _instruction(family: Family, ops: list[Op], rng: random.Random) -> str:
+    intro = rng.choice(family.intro)
+    if len(ops) == 1:
+        body = ops[0].text
+    else:
+        body = "\n".join(f"{k}. {op.text}" for k, op in enumerate(ops, 1))
+    return (
+        f"# {family.title}\n\n{intro} All paths below are under `/app`, your working "
+        f"directory.\n\n{body}\n\nUse the tools available in the container (a POSIX shell, "
+        "coreutils, grep, sed, awk, tar, gzip and python3). Do not modify or delete any file "
+        "under `/app` that the task does not mention.\n"
+    )
+
+
+def _task_toml(family: str, level: int, seed: int, index: int) -> str:
+    return (
+        'version = "1.0"\n\n'
+        "[metadata]\n"
+        f'family = "{family}"\n'
+        f"difficulty = {level}\n"
+        f'generator = "{GENERATOR}"\n'
+        f"seed = {seed}\n"
+        f"index = {index}\n\n"
+        "[agent]\n"
+        f"timeout_sec = {300.0 * level}\n\n"
+        "[verifier]\n"
+        "timeout_sec = 60.0\n\n"
+        "[environment]\n"
+        "cpus = 1\n"
+        "memory_mb = 1024\n"
+        "allow_internet = false\n"
+    )
+
+
+DOCKERFILE = "FROM python:3.12-slim\nWORKDIR /app\nCOPY app/ /app/\n"
+
+SOLVE_SH = "#!/bin/sh\n# Reference solution: one top-level command per step.\n{steps}\n"
+
+TEST_SH = """#!/bin/sh
+# Verifier: checks the end state under /app and writes 1 (pass) or 0 (fail).
+mkdir -p /logs/verifier
+if python3 - <<'CHECKS'
+{prelude}
+{checks}
+print("all checks passed")
+CHECKS
+then
+    echo 1 > /logs/verifier/reward.txt
+else
+    echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+CHECK_PRELUDE = '''import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+APP = "/app"
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def read(rel, binary=False):
+    path = os.path.join(APP, rel)
+    if not os.path.isfile(path):
+        fail(f"missing file /app/{rel}")
+    with open(path, "rb") as f:
+        data = f.read()
+    return data if binary else data.decode("utf-8", "replace")
+
+
+def lines_of(text):
+    return [line.rstrip() for line in text.strip().splitlines()]
+
+
+def expect_file(rel, content):
+    if read(rel) != content:
+        fail(f"/app/{rel} does not have the expected content")
+
+
+def expect_absent(rel):
+    if os.path.lexists(os.path.join(APP, rel)):
+        fail(f"/app/{rel} should not exist")
+
+
+def expect_exec(rel):
+    if not os.stat(os.path.join(APP, rel)).st_mode & 0o111:
+        fail(f"/app/{rel} is not executable")
+
+
+def expect_lines(rel, expected, ordered=True):
+    got, want = lines_of(read(rel)), list(expected)
+    if not ordered:
+        got, want = sorted(got), sorted(want)
+    if got != want:
+        fail(f"/app/{rel}: expected lines {want!r}, got {got!r}")
+
+
+def expect_json(rel, expected):
+    try:
+        got = json.loads(read(rel))
+    except ValueError as e:
+        fail(f"/app/{rel} is not valid JSON: {e}")
+    if got != expected:
+        fail(f"/app/{rel}: expected {expected!r}, got {got!r}")
+
+
+def expect_gzip(rel, content):
+    try:
+        got = gzip.decompress(read(rel, binary=True)).decode()
+    except (OSError, EOFError) as e:
+        fail(f"/app/{rel} is not gzip data: {e}")
+    if got != content:
+        fail(f"/app/{rel} does not decompress to the expected content")
+
+
+def expect_tar(rel, members, absent=()):
+    try:
+        with tarfile.open(fileobj=io.BytesIO(read(rel, binary=True)), mode="r:gz") as tar:
+            got = {m.name.removeprefix("./"): tar.extractfile(m).read().decode()
+                   for m in tar.getmembers() if m.isfile()}
+    except (tarfile.TarError, OSError, EOFError) as e:
+        fail(f"/app/{rel} is not a gzip tar archive: {e}")
+    for name, content in members.items():
+        if got.get(name) != content:
+            fail(f"/app/{rel}: member {name} missing or different")
+    for name in absent:
+        if name in got:
+            fail(f"/app/{rel}: member {name} should not be there")
+
+
+def expect_output(script, args, expected, stdin="", files=None, as_json=False):
+    """Run `python3 /app/<script> args` on fresh inputs; compare its stdout."""
+    read(script)
+    tmp = tempfile.mkdtemp()
+    for name, text in (files or {}).items():
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    argv = ["python3", os.path.join(APP, script)] + [a.replace("{tmp}", tmp) for a in args]
+    try:
+        out = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=tmp,
+                             timeout=20).stdout
+    except subprocess.TimeoutExpired:
+        fail(f"{script} timed out")
+    if as_json:
+        try:
+            ok = json.loads(out) == expected
+        except ValueError:
+            ok = False
+    else:
+        ok = lines_of(out) == lines_of(expected)
+    if not ok:
+        fail(f"{script} {args}: expected {expected!r}, got {out!r}")'''

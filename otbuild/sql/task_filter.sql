@@ -1,0 +1,84 @@
+-- Task filter. Steps run in this order; a row is rejected by the first step it fails and
+-- keeps that step's reason: per-row checks (instruction, length, regexes, score present),
+-- then dedup on the normalised instruction (first occurrence wins), then top-k by score,
+-- then a seeded random subsample. Only narrow columns are decided here; the wide rows
+-- (with task_binary) are streamed once per output by joining on (_file, file_row_number).
+CREATE OR REPLACE TEMP VIEW tf_src AS
+{% for path in inputs %}
+SELECT *, {{ loop.index0 }} AS _file FROM read_parquet({{ path | sql }}, file_row_number = true)
+{% if not loop.last %}UNION ALL BY NAME{% endif %}
+{% endfor %};
+
+CREATE OR REPLACE TEMP TABLE tf_decided AS
+WITH base AS (
+    SELECT _file, file_row_number, task_id, instruction,
+           row_number() OVER (ORDER BY _file, file_row_number) AS _ord,
+           lower(regexp_replace(trim(coalesce(instruction, '')), '\s+', ' ', 'g')) AS _norm,
+           {% if score %}TRY_CAST({{ score_expr }} AS DOUBLE){% else %}NULL::DOUBLE{% endif %} AS score
+    FROM tf_src
+), checked AS (
+    SELECT *, CASE
+        WHEN trim(coalesce(instruction, '')) = '' THEN 'empty_instruction'
+        {% if chars and chars.min is not none %}
+        WHEN length(instruction) < {{ chars.min }} THEN 'too_short: ' || length(instruction) || ' < {{ chars.min }} chars'
+        {% endif %}
+        {% if chars and chars.max is not none %}
+        WHEN length(instruction) > {{ chars.max }} THEN 'too_long: ' || length(instruction) || ' > {{ chars.max }} chars'
+        {% endif %}
+        {% if include_regex %}
+        WHEN NOT regexp_matches(instruction, {{ include_regex | sql }}) THEN 'include_regex: no match'
+        {% endif %}
+        {% if exclude_regex %}
+        WHEN regexp_matches(instruction, {{ exclude_regex | sql }}) THEN 'exclude_regex: matched'
+        {% endif %}
+        {% if score %}
+        WHEN score IS NULL THEN 'score: no numeric {{ score.column }}'
+        {% if score.weight %}WHEN score < 0 THEN 'score: negative weight ' || score{% endif %}
+        {% endif %}
+    END AS reason
+    FROM base
+), deduped AS (
+    SELECT * REPLACE (
+        {% if dedup %}
+        CASE WHEN reason IS NULL AND _dup > 1 THEN 'duplicate: same instruction as task ' || _first ELSE reason END
+        {% else %}reason{% endif %} AS reason)
+    FROM (
+        SELECT *, row_number() OVER w AS _dup, first_value(task_id) OVER w AS _first
+        FROM checked
+        WINDOW w AS (PARTITION BY reason IS NULL, _norm ORDER BY _ord)
+    )
+), ranked AS (
+    SELECT * REPLACE (
+        {% if score and score.top_k %}
+        CASE WHEN reason IS NULL AND _rank > {{ score.top_k }}
+             THEN 'below_top_k: score rank ' || _rank || ' > {{ score.top_k }}' ELSE reason END
+        {% else %}reason{% endif %} AS reason)
+    FROM (SELECT *, row_number() OVER (PARTITION BY reason IS NULL ORDER BY score DESC, _ord) AS _rank FROM deduped)
+), sampled AS (
+    SELECT * REPLACE (
+        {% if sample %}
+        CASE WHEN reason IS NULL AND _pick > {{ sample.n }}
+             THEN 'not_sampled: seeded subsample of {{ sample.n }}' ELSE reason END
+        {% else %}reason{% endif %} AS reason)
+    FROM (
+        SELECT *, row_number() OVER (
+            PARTITION BY reason IS NULL ORDER BY md5({{ (sample.seed if sample else 0) | sql }} || ':' || task_id || ':' || _ord)
+        ) AS _pick
+        FROM ranked
+    )
+)
+SELECT _file, file_row_number, _ord, reason, score,
+       {% if score and score.weight %}
+       CASE WHEN reason IS NULL THEN score / nullif(sum(score) FILTER (WHERE reason IS NULL) OVER (), 0) END
+       {% else %}NULL::DOUBLE{% endif %} AS weight
+FROM sampled;
+
+CREATE OR REPLACE TEMP VIEW tf_kept AS
+SELECT s.* EXCLUDE (_file, file_row_number){% if score %}, d.score{% endif %}{% if score and score.weight %}, d.weight{% endif %}
+FROM tf_src s JOIN tf_decided d USING (_file, file_row_number)
+WHERE d.reason IS NULL ORDER BY d._ord;
+
+CREATE OR REPLACE TEMP VIEW tf_rejected AS
+SELECT s.* EXCLUDE (_file, file_row_number), d.reason, 'task_filter' AS rejected_by
+FROM tf_src s JOIN tf_decided d USING (_file, file_row_number)
+WHERE d.reason IS NOT NULL ORDER BY d._ord;

@@ -1,0 +1,34 @@
+"""The stage registry: what each stage writes, its implementation version, where its code is.
+
+Bump `version` by hand when a stage's output semantics change: it is part of every id of
+that stage, so old artifacts are left alone and new ones are built beside them. Refactors
+that keep the semantics do not bump it (the audit reports code drift instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageDef:
+    name: str
+    version: int
+    outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
+    module: str  # defines run(settings: dict, inputs: list[Path], outdir: Path) -> None
+    sql: tuple[str, ...] = ()  # templates under otbuild/sql/ that the stage renders
+
+
+STAGES: dict[str, StageDef] = {
+    s.name: s
+    for s in (
+        StageDef("source", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
+        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql",)),
+        StageDef(
+            "task_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
+            ("task_filter.sql",),
+        ),
+    )
+}
+
+PROVENANCE = "provenance.json"

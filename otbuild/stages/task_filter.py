@@ -1,0 +1,29 @@
+"""Task filter (non-LLM kinds): dedup, length bounds, regexes, score top-k/weights, subsample.
+Writes kept.parquet and rejected.parquet; every rejected row carries its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otbuild import duck
+
+
+def score_expr(column: str) -> str:
+    """`metadata.KEY` reads a number from the metadata JSON; anything else is a column.
+    The recipe schema restricts `column` to identifiers, so this is safe to inline."""
+    if column.startswith("metadata."):
+        return f"json_extract(metadata, '$.{column.removeprefix('metadata.')}')"
+    return f'"{column}"'
+
+
+def run(settings: dict, inputs: list[Path], outdir: Path) -> None:
+    con = duck.connect()
+    score = settings.get("score")
+    duck.run_template(
+        con, "task_filter.sql", inputs=[str(p) for p in inputs], dedup=settings["dedup"],
+        chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
+        exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
+        score_expr=score_expr(score["column"]) if score else None,
+    )
+    duck.copy_to_parquet(con, "SELECT * FROM tf_kept", outdir / "kept.parquet")
+    duck.copy_to_parquet(con, "SELECT * FROM tf_rejected", outdir / "rejected.parquet")

@@ -1,0 +1,79 @@
+"""The task parquet: Harbor's HF columns (`path`, `task_binary`) plus typed columns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from otbuild.fsio import atomic_path
+from otbuild.tasks.taskdir import SOLUTION, TESTS, TaskDir
+
+TASK_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("task_binary", pa.binary()),
+        ("task_id", pa.string()),
+        ("source", pa.string()),
+        ("instruction", pa.string()),
+        ("has_solution", pa.bool_()),
+        ("has_tests", pa.bool_()),
+        ("runnable_locally", pa.bool_()),
+        ("metadata", pa.string()),  # JSON object
+    ]
+)
+
+BATCH_ROWS = 2048
+
+
+@dataclass
+class TaskRecord:
+    """What a source adapter yields: a task dir and what the adapter knows about it."""
+
+    task: TaskDir
+    runnable_locally: bool
+    metadata: dict = field(default_factory=dict)
+
+    def row(self, source: str) -> dict:
+        t = self.task
+        return {
+            "path": t.name,
+            "task_binary": t.pack(),
+            "task_id": t.task_id(),
+            "source": source,
+            "instruction": t.instruction,
+            "has_solution": SOLUTION in t.files,
+            "has_tests": TESTS in t.files,
+            "runnable_locally": self.runnable_locally,
+            "metadata": json.dumps(self.metadata, sort_keys=True, default=str),
+        }
+
+
+def write_tasks(dest: Path, records: Iterable[TaskRecord], source: str) -> int:
+    """Stream records into `dest` (atomically) in bounded batches; return the row count."""
+    n = 0
+    with atomic_path(dest) as tmp, pq.ParquetWriter(tmp, TASK_SCHEMA) as writer:
+        batch: list[dict] = []
+        for rec in records:
+            batch.append(rec.row(source))
+            if len(batch) >= BATCH_ROWS:
+                writer.write_table(pa.Table.from_pylist(batch, TASK_SCHEMA))
+                n += len(batch)
+                batch = []
+        if batch or n == 0:
+            writer.write_table(pa.Table.from_pylist(batch, TASK_SCHEMA))
+            n += len(batch)
+    return n
+
+
+@dataclass
+class Quarantined:
+    """A source item an adapter could not turn into a task, kept with the reason."""
+
+    name: str
+    reason: str
+    detail: str = ""

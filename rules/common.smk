@@ -1,0 +1,21 @@
+# Helpers shared by the stage rules: outputs, inputs and the spec of a node, looked up by id.
+from otbuild.stages import PROVENANCE, STAGES
+from otbuild.workflow import OTBUILD
+
+
+def stage_outputs(stage):
+    """Every file of the artifact dir, the provenance record included (written last)."""
+    files = {o.split(".")[0]: f"artifacts/{stage}/{{id}}/{o}" for o in STAGES[stage].outputs}
+    return {**files, "provenance": f"artifacts/{stage}/{{id}}/{PROVENANCE}"}
+
+
+def stage_inputs(stage):
+    return lambda wc: [str(n.main_output) for n in WF.node(stage, wc.id).inputs]
+
+
+def stage_spec(stage):
+    return lambda wc: WF.spec_arg(stage, wc.id)
+
+
+def stage_shell(stage):
+    return OTBUILD + f" stage {stage} --spec {{params.spec}} > {{log}} 2>&1"
