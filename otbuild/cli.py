@@ -112,11 +112,12 @@ def audit(target):
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--row", type=int, help="Show row N (0-based) in full: fields, metadata, task files.")
 @click.option("--limit", default=20, show_default=True, help="Rows in the preview table.")
-def show(path, row, limit):
+@click.option("--columns", help="Comma-separated columns for the table (default: all but blobs).")
+def show(path, row, limit, columns):
     """Preview a parquet artifact as a table, or one row in full."""
     from otbuild import show as show_mod
 
-    show_mod.show(path, out, row=row, limit=limit)
+    show_mod.show(path, out, row=row, limit=limit, columns=columns.split(",") if columns else None)
 
 
 @main.group()

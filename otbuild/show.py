@@ -11,21 +11,24 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
 from otbuild.errors import ConfigError
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
 CELL = 60
+WIDE = {"metadata", "conversations"}
 
 
-def show(path: Path, console: Console, row: int | None = None, limit: int = 20) -> None:
+def show(path: Path, console: Console, row: int | None = None, limit: int = 20,
+         columns: list[str] | None = None) -> None:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise ConfigError(f"{path}: not a readable parquet file ({e})") from None
     n = pf.metadata.num_rows
     if row is None:
-        _table(path, pf, n, limit, console)
+        _table(path, pf, n, limit, console, columns)
     elif not 0 <= row < n:
         raise ConfigError(f"{path}: --row {row} out of range (the file has {n} rows, 0..{n - 1})")
     else:
@@ -51,9 +54,18 @@ def _cell(v) -> str:
     return s if len(s) <= CELL else s[: CELL - 1] + "…"
 
 
-def _table(path: Path, pf: pq.ParquetFile, n: int, limit: int, console: Console) -> None:
-    table = Table(title=f"{path} ({n} rows)", show_lines=False)
-    names = pf.schema_arrow.names
+def _table(path: Path, pf: pq.ParquetFile, n: int, limit: int, console: Console,
+           columns: list[str] | None) -> None:
+    schema = pf.schema_arrow
+    if columns:
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise ConfigError(f"{path}: no column(s) {', '.join(unknown)} (columns: {', '.join(schema.names)})")
+        names = columns
+    else:  # binary and JSON blobs are for --row; the table shows the rest
+        names = [f.name for f in schema if f.name not in WIDE and not pa.types.is_binary(f.type)]
+    console.print(f"[bold]{path}[/]: {n} rows; columns: {', '.join(schema.names)}", highlight=False)
+    table = Table(show_lines=False)
     for name in names:
         table.add_column(name, overflow="fold", max_width=CELL)
     for r in _read_rows(pf, 0, limit):
@@ -76,7 +88,7 @@ def _row(pf: pq.ParquetFile, index: int, console: Console) -> None:
             console.print(f"[bold]{key}[/]:")
             console.print_json(value)
         else:
-            console.print(f"[bold]{key}[/]: {value}", highlight=False, markup=False)
+            console.print(Text.assemble((key, "bold"), f": {value}"), highlight=False)
 
 
 def _task_files(name: str, data: bytes, console: Console) -> None:

@@ -11,7 +11,7 @@ operations, so its reference solution has 3-4 (d=1), 5-6 (d=2) or 7+ (d=3) top-l
 from __future__ import annotations
 
 import random
-from typing import Iterator
+from collections.abc import Iterator
 
 from otbuild.tasks.table import TaskRecord
 from otbuild.tasks.taskdir import SOLUTION
@@ -37,10 +37,10 @@ def generate(count: int, seed: int, families: list[str] | None = None,
     for i in range(count):
         fam, level = combos[i % len(combos)]
         rng = random.Random(f"{seed}:{i}")
-        task = build_task(_FAMILIES[fam], level, seed, i, rng)
+        task, variants = build_task(_FAMILIES[fam], level, seed, i, rng)
         yield TaskRecord(task, runnable_locally=True, metadata={
             "family": fam, "difficulty": level, "seed": seed, "index": i,
-            "n_solution_steps": solution_steps(task.text(SOLUTION) or ""),
+            "n_solution_steps": solution_steps(task.text(SOLUTION) or ""), "variants": variants,
         })
 
 

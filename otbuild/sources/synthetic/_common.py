@@ -10,8 +10,8 @@ embedded in the verifier; the solution computes them with shell tools inside the
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from otbuild.tasks.taskdir import TaskDir
 
@@ -105,7 +105,14 @@ def text_of(lines) -> str:
     return "".join(f"{x}\n" for x in lines)
 
 
-def build_task(family: Family, level: int, seed: int, index: int, rng: random.Random) -> TaskDir:
+def heredoc(command: str, body: str) -> str:
+    """One solution step feeding `body` (newline-terminated) to `command` as a quoted heredoc."""
+    return f"{command} <<'EOF'\n{body}EOF"
+
+
+def build_task(family: Family, level: int, seed: int, index: int,
+               rng: random.Random) -> tuple[TaskDir, list[str]]:
+    """The task dir and the names of the ops it combines."""
     ops, steps = _choose_ops(family, level, rng)
     task = TaskDir(f"synthetic-{family.name}-d{level}-{seed}-{index:05d}")
     task.add("instruction.md", _instruction(family, ops, rng))
@@ -118,7 +125,7 @@ def build_task(family: Family, level: int, seed: int, index: int, rng: random.Ra
     task.add("tests/test.sh", TEST_SH.format(prelude=CHECK_PRELUDE, checks="\n".join(checks)),
              executable=True)
     task.add("solution/solve.sh", SOLVE_SH.format(steps="\n".join(steps)), executable=True)
-    return task
+    return task, [op.name for op in ops]
 
 
 def _choose_ops(family: Family, level: int, rng: random.Random) -> tuple[list[Op], list[str]]:

@@ -11,6 +11,7 @@ from ._common import EXTS, WORDS, Ctx, Family, Op, text_of
 
 EVENTS = ("timeout", "refused", "retry", "denied", "dropped", "reset")
 HOSTS = ("web1", "web2", "db1", "cache1", "edge3", "batch2")
+TREE_EXTS = tuple(e for e in EXTS if e != "log")  # tar_create may exclude *.log
 
 
 def _sha(text: str) -> str:
@@ -20,7 +21,7 @@ def _sha(text: str) -> str:
 def _tree(ctx: Ctx, d: str, n: int) -> dict[str, str]:
     """`n` files under `d/`, some in a subdirectory, each with a few lines of words."""
     sub = ctx.pick(WORDS)
-    return {f"{d}/{ctx.rng.choice(('', sub + '/'))}{w}.{ctx.rng.choice(EXTS)}":
+    return {f"{d}/{ctx.rng.choice(('', sub + '/'))}{w}.{ctx.rng.choice(TREE_EXTS)}":
             ctx.lines(ctx.rng.randint(1, 4)) for w in ctx.pick(WORDS, n)}
 
 
@@ -40,7 +41,7 @@ def tar_create(ctx: Ctx) -> Op:
         logs = []
     op = Op("tar_create", text + ". Keep the directory itself in place.")
     op.files = files
-    op.steps = [f"tar -czf {name}{exclude} {d}", f"tar -tzf {name}"]
+    op.steps = [f"find {d} -type f", f"tar -czf {name}{exclude} {d}"]
     op.check("expect_tar", name, {p: c for p, c in files.items() if p not in logs}, logs)
     for p, c in files.items():
         op.check("expect_file", p, c)
@@ -78,7 +79,7 @@ def make_manifest(ctx: Ctx) -> Op:
             f"format printed by `sha256sum` when run from `/app` (`<hash>  {d}/<name>`, two "
             "spaces), one line per file.")
     op.files = files
-    op.steps = [f"sha256sum {d}/* > {manifest}", f"sha256sum -c {manifest}"]
+    op.steps = [f"ls -l {d}", f"sha256sum {d}/* > {manifest}"]
     op.check("expect_lines", manifest, [f"{_sha(c)}  {p}" for p, c in files.items()], False)
     return op
 
@@ -97,9 +98,8 @@ def find_corrupt(ctx: Ctx) -> Op:
     op.files = {manifest: text_of(f"{_sha(c)}  {p}" for p, c in originals.items())}
     op.files.update({p: c + ctx.sentence(2) + "\n" if p in bad else c
                      for p, c in originals.items()})
-    op.steps = [f"sha256sum -c {manifest}",
-                f"sha256sum -c {manifest} 2>/dev/null | grep -v ': OK$' | cut -d: -f1 "
-                f"| LC_ALL=C sort > {out}"]
+    failed = f"sha256sum -c {manifest} 2>/dev/null | grep -v ': OK$' | cut -d: -f1"
+    op.steps = [f"sha256sum -c {manifest}", f"{failed} | LC_ALL=C sort > {out}"]
     op.check("expect_lines", out, bad)
     for p in names:
         op.check("expect_file", p, op.files[p])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ._common import CITIES, PEOPLE, PRODUCTS, Ctx, Family, Op, text_of
+from ._common import CITIES, PEOPLE, PRODUCTS, Ctx, Family, Op, heredoc, text_of
 
 COLUMN_NAMES = {
     "id": ("id", "order_id", "ref", "ticket"),
@@ -80,9 +80,9 @@ def csv_group_sum(ctx: Ctx) -> Op:
             f"each `{place}` and write the result to `/app/{out}` as lines `<{place}>,<total>` "
             f"without a header, sorted by `{place}`.")
     op.files = {t.file: t.text()}
-    op.steps = [f"head -n 3 {t.file}",
-                f"awk -F, 'NR > 1 {{ s[${t.pos['place']}] += ${t.pos['amount']} }} END "
-                f"{{ for (k in s) print k \",\" s[k] }}' {t.file} | LC_ALL=C sort > {out}"]
+    awk = (f"awk -F, 'NR > 1 {{ s[${t.pos['place']}] += ${t.pos['amount']} }} "
+           f"END {{ for (k in s) print k \",\" s[k] }}' {t.file}")
+    op.steps = [f"head -n 3 {t.file}", f"{awk} | LC_ALL=C sort > {out}"]
     op.check("expect_lines", out, [f"{k},{v}" for k, v in sorted(totals.items())])
     return op
 
@@ -113,10 +113,9 @@ def json_filter(ctx: Ctx) -> Op:
             f"(`\"active\": true`) older than {age} to `/app/{out}`, sorted alphabetically, one "
             "per line.")
     op.files = {f: json.dumps(users, indent=2) + "\n"}
-    op.steps = [f"head -n 12 {f}",
-                f"python3 -c \"import json; users = json.load(open('{f}')); "
-                f"print('\\n'.join(sorted(u['name'] for u in users "
-                f"if u['active'] and u['age'] > {age})))\" > {out}"]
+    code = (f"import json; users = json.load(open('{f}')); print('\\n'.join(sorted("
+            f"u['name'] for u in users if u['active'] and u['age'] > {age})))")
+    op.steps = [f"head -n 12 {f}", f'python3 -c "{code}" > {out}']
     op.check("expect_lines", out, picked)
     return op
 
@@ -132,13 +131,11 @@ def csv_to_json(ctx: Ctx) -> Op:
             f"one object per row, using the header names as keys; `{num[0]}` and `{num[1]}` must "
             "be JSON integers, the other values strings.")
     op.files = {t.file: t.text()}
-    op.steps = [
-        f"cat > {script} <<'EOF'\nimport csv, json\n"
-        f"with open('{t.file}', newline='') as f:\n    rows = list(csv.DictReader(f))\n"
-        f"for row in rows:\n    for key in {list(num)!r}:\n        row[key] = int(row[key])\n"
-        f"with open('{out}', 'w') as f:\n    json.dump(rows, f, indent=2)\nEOF",
-        f"python3 {script}",
-    ]
+    body = (f"import csv, json\nwith open('{t.file}', newline='') as f:\n"
+            f"    rows = list(csv.DictReader(f))\nfor row in rows:\n"
+            f"    for key in {list(num)!r}:\n        row[key] = int(row[key])\n"
+            f"with open('{out}', 'w') as f:\n    json.dump(rows, f, indent=2)\n")
+    op.steps = [heredoc(f"cat > {script}", body), f"python3 {script}"]
     op.check("expect_json", out, expected)
     return op
 
@@ -156,12 +153,10 @@ def json_group(ctx: Ctx) -> Op:
             f"total `qty` per product to `/app/{out}` as a JSON object mapping each product name "
             "to its total.")
     op.files = {f: json.dumps(orders) + "\n"}
-    op.steps = [
-        f"python3 -m json.tool {f} | head -n 15",
-        f"python3 - <<'EOF'\nimport json\ntotals = {{}}\nfor o in json.load(open('{f}')):\n"
-        f"    totals[o['product']] = totals.get(o['product'], 0) + o['qty']\n"
-        f"json.dump(totals, open('{out}', 'w'), indent=2)\nEOF",
-    ]
+    body = (f"import json\ntotals = {{}}\nfor o in json.load(open('{f}')):\n"
+            f"    totals[o['product']] = totals.get(o['product'], 0) + o['qty']\n"
+            f"json.dump(totals, open('{out}', 'w'), indent=2)\n")
+    op.steps = [f"python3 -m json.tool {f} | head -n 15", heredoc("python3 -", body)]
     op.check("expect_json", out, totals)
     return op
 

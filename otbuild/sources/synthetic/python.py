@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
-from ._common import PEOPLE, WORDS, Ctx, Family, Op, text_of
+from ._common import PEOPLE, WORDS, Ctx, Family, Op, heredoc, text_of
 
 # A case is (text, args): the text goes to a file (via="file", its path is the first argument),
 # to stdin (via="stdin") or is the sole argument (via="arg").
@@ -22,7 +22,7 @@ def _script_op(ctx: Ctx, name: str, stems: tuple[str, ...], spec: str, body: str
     text, args = case()
     run = f"python3 {script} {' '.join(args)}".rstrip()
     if via == "file":
-        run, where = f"python3 {script} {data} {' '.join(args)}".rstrip(), f"`/app/{data}`"
+        run, where = f"python3 {script} {data} {' '.join(args)}".rstrip(), f"on `/app/{data}`"
     elif via == "stdin":
         run, where = f"{run} < {data}", f"with `/app/{data}` as its standard input"
     else:
@@ -32,7 +32,7 @@ def _script_op(ctx: Ctx, name: str, stems: tuple[str, ...], spec: str, body: str
     op = Op(name, f"Write a Python script `/app/{script}` that {spec}. Then run it {where} and "
                   f"save its output to `/app/{out}`.")
     op.files = {data: text}
-    op.steps = [f"cat > {script} <<'EOF'\n#!/usr/bin/env python3\n{body}EOF"]
+    op.steps = [heredoc(f"cat > {script}", f"#!/usr/bin/env python3\n{body}")]
     if ctx.level >= 2 and ctx.rng.random() < 0.5:
         op.text += " Make the script executable (it starts with `#!/usr/bin/env python3`)."
         op.steps.append(f"chmod +x {script}")

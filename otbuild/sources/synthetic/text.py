@@ -93,9 +93,8 @@ def top_words(ctx: Ctx) -> Op:
             f"spaces and newlines) and write them to `/app/{out}`, most frequent first, one per "
             "line in the form `word count`.")
     op.files = {f: text_of(lines)}
-    op.steps = [f"head -n 3 {f}",
-                f"tr ' ' '\\n' < {f} | sort | uniq -c | sort -rn | head -n {n} "
-                f"| awk '{{ print $2, $1 }}' > {out}"]
+    counted = f"tr ' ' '\\n' < {f} | sort | uniq -c | sort -rn | head -n {n}"
+    op.steps = [f"head -n 3 {f}", f"{counted} | awk '{{ print $2, $1 }}' > {out}"]
     op.check("expect_lines", out, [f"{w} {c}" for w, c in top])
     return op
 

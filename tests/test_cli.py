@@ -1,0 +1,72 @@
+"""The CLI as users call it: exit codes 0/1/2, clear errors, show/export/plan/build."""
+
+import pytest
+
+from otbuild.stages import source
+from otbuild.tasks.taskdir import TaskDir
+from tests.conftest import otbuild
+
+RECIPE = "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\ntask_filter: {dedup: true}\n"
+
+
+@pytest.fixture
+def built_source(tmp_path):
+    out = tmp_path / "src"
+    out.mkdir()
+    source.run({"name": "a", "kind": "synthetic", "count": 4, "seed": 3, "families": None,
+                "difficulties": None}, [], out)
+    return out / "tasks.parquet"
+
+
+def test_validate_exit_codes(project):
+    (project / "recipes" / "good.yaml").write_text(RECIPE)
+    (project / "recipes" / "bad.yaml").write_text(RECIPE.replace("count: 6", "count: six"))
+    res = otbuild(project, "validate", "good")
+    assert res.returncode == 0 and "ok" in res.stdout
+    res = otbuild(project, "validate", "bad")
+    assert res.returncode == 2
+    assert "bad.yaml: sources.a.count:" in res.stderr and "'six'" in res.stderr
+    assert otbuild(project, "validate", "nope").returncode == 2
+    assert otbuild(project, "frobnicate").returncode == 2  # usage error
+
+
+def test_plan_lists_stages_and_ids(project):
+    (project / "recipes" / "good.yaml").write_text(RECIPE)
+    res = otbuild(project, "plan", "good")
+    assert res.returncode == 0
+    assert "sources/a" in res.stdout and "task_filter" in res.stdout and "pending" in res.stdout
+
+
+def test_show_table_and_row(project, built_source):
+    res = otbuild(project, "show", str(built_source), "--columns", "path,source")
+    assert res.returncode == 0 and "4 rows" in res.stdout and "synthetic-" in res.stdout
+    res = otbuild(project, "show", str(built_source), "--row", "1")
+    assert res.returncode == 0
+    assert "instruction.md" in res.stdout and "solution/solve.sh" in res.stdout
+    assert otbuild(project, "show", str(built_source), "--row", "9").returncode == 2
+    assert otbuild(project, "show", str(built_source), "--columns", "nope").returncode == 2
+    (project / "x.parquet").write_text("not parquet")
+    res = otbuild(project, "show", "x.parquet")
+    assert res.returncode == 2 and "x.parquet: not a readable parquet file" in res.stderr
+
+
+def test_export_tasks_writes_harbor_dirs(project, built_source):
+    res = otbuild(project, "export", "tasks", str(built_source), "out")
+    assert res.returncode == 0, res.stderr
+    dirs = sorted((project / "out").iterdir())
+    assert len(dirs) == 4
+    task = TaskDir.from_dir(dirs[0])
+    assert {"instruction.md", "task.toml", "tests/test.sh", "solution/solve.sh"} <= set(task.files)
+    assert task.files["tests/test.sh"].executable
+    res = otbuild(project, "export", "tasks", str(built_source), "out")  # never overwrites
+    assert res.returncode == 2
+
+
+def test_build_dry_run_goes_through_snakemake(project):
+    (project / "recipes" / "good.yaml").write_text(RECIPE)
+    res = otbuild(project, "build", "good", "-n")
+    assert res.returncode == 0, res.stderr
+    assert "This was a dry-run" in res.stdout + res.stderr
+    (project / "recipes" / "good.yaml").write_text(RECIPE + "mix: {n: 5, total: 1}\n")
+    res = otbuild(project, "build", "good", "-n")
+    assert res.returncode == 2 and "mix.n: found 5" in res.stderr

@@ -1,0 +1,75 @@
+"""Content-addressed ids: stable, edits move exactly the edited stage and its dependants."""
+
+import pytest
+
+from otbuild.plan import plan_recipe
+from otbuild.recipe.load import load_recipe
+from tests.conftest import DATA
+
+RECIPE = """
+sources:
+  a: {kind: synthetic, rank: 1, count: 10, seed: 1}
+  b: {kind: synthetic, rank: 2, count: 10, seed: 2}
+  c: {kind: synthetic, rank: 3, count: 10, seed: 3}
+mix: {n: 2, total: 10}
+task_filter: {dedup: true}
+"""
+
+
+def ids(tmp_path, text, name="r"):
+    (tmp_path / "recipes").mkdir(exist_ok=True)
+    (tmp_path / "recipes" / f"{name}.yaml").write_text(text)
+    plan = plan_recipe(load_recipe(name, tmp_path))
+    return {n.label: n.id for n in plan.nodes}
+
+
+def test_same_recipe_same_ids_and_top_n_only(tmp_path):
+    first = ids(tmp_path, RECIPE)
+    assert first == ids(tmp_path, RECIPE, name="copy")  # the recipe's name is not part of ids
+    assert set(first) == {"sources/a", "sources/b", "mix", "task_filter"}  # c is outside the top 2
+
+
+def test_edit_moves_the_stage_and_downstream_only(tmp_path):
+    before = ids(tmp_path, RECIPE)
+    after = ids(tmp_path, RECIPE.replace("dedup: true", "dedup: false"))
+    assert [k for k in before if before[k] != after[k]] == ["task_filter"]
+    after = ids(tmp_path, RECIPE.replace("total: 10", "total: 12"))
+    assert [k for k in before if before[k] != after[k]] == ["mix", "task_filter"]
+    after = ids(tmp_path, RECIPE.replace("seed: 2", "seed: 20"))
+    assert [k for k in before if before[k] != after[k]] == ["sources/b", "mix", "task_filter"]
+
+
+def test_rank_is_a_mix_setting_not_a_source_setting(tmp_path):
+    before = ids(tmp_path, RECIPE)
+    swapped = ids(tmp_path, RECIPE.replace("rank: 1", "rank: 9").replace("rank: 3", "rank: 1"))
+    assert swapped["sources/c"] == ids(tmp_path, RECIPE.replace("mix: {n: 2", "mix: {n: 3"))["sources/c"]
+    assert swapped["sources/b"] == before["sources/b"]
+    assert swapped["mix"] != before["mix"]
+
+
+def test_path_sources_are_addressed_by_content(tmp_path):
+    src = tmp_path / "tasks"
+    (src / "t1").mkdir(parents=True)
+    (src / "t1" / "instruction.md").write_text("do it")
+    recipe = f"sources:\n  h: {{kind: harbor-dir, rank: 1, path: {src}}}\n"
+    first = ids(tmp_path, recipe)
+    moved = tmp_path / "moved"
+    src.rename(moved)
+    assert ids(tmp_path, recipe.replace(str(src), str(moved))) == first  # where it lies: irrelevant
+    (moved / "t1" / "instruction.md").write_text("do it twice")
+    assert ids(tmp_path, recipe.replace(str(src), str(moved))) != first  # what it holds: relevant
+
+
+def test_missing_data_still_plans(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.yaml").write_text(
+        "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/none.parquet}\n")
+    plan = plan_recipe(load_recipe("r", tmp_path))
+    assert [str(p) for _, p in plan.missing] == [str(tmp_path / "data" / "none.parquet")]
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")
+def test_real_data_ids_are_stable(tmp_path):
+    path = DATA / "terminal_bench_tasks" / "harbor_format" / "tb2_ot_fewshots"
+    recipe = f"sources:\n  h: {{kind: harbor-dir, rank: 1, path: {path}}}\n"
+    assert ids(tmp_path, recipe) == ids(tmp_path, recipe)

@@ -1,0 +1,76 @@
+"""Task filter (DuckDB): every rejected row keeps its reason; kept + rejected = input."""
+
+import duckdb
+
+from otbuild.recipe.schema import TaskFilter
+from otbuild.stages import task_filter
+from tests.conftest import write_source
+
+TEXTS = [
+    "Sort the lines of /app/data.txt and write them to /app/sorted.txt",   # 0 kept
+    "short",                                                               # 1 too short
+    "  SORT the lines of /app/data.txt   and write them to /app/sorted.txt",  # 2 dup of 0
+    "Delete the secret token from /app/config and tell nobody",            # 3 excluded
+    "",                                                                    # 4 empty
+    "Count the words in /app/book.txt and write the number to /app/n.txt",  # 5 kept
+    "Compress /app/logs into /app/logs.tar.gz and write its sha256 to /app/sum.txt",  # 6 kept
+]
+
+
+def _run(tmp_path, texts=TEXTS, difficulty=None, **settings):
+    src = write_source(tmp_path / "in.parquet", "s", texts,
+                       **({"difficulty": difficulty} if difficulty else {}))
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    task_filter.run(TaskFilter(**settings).model_dump(), [src], out)
+    kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchdf()
+    rejected = duckdb.sql(f"SELECT * FROM '{out / 'rejected.parquet'}'").fetchdf()
+    assert len(kept) + len(rejected) == len(texts)  # nothing lost
+    return kept, rejected
+
+
+def test_reasons_for_each_check(tmp_path):
+    kept, rejected = _run(tmp_path, instruction_chars={"min": 20, "max": 500}, exclude_regex="(?i)secret")
+    assert list(kept["path"]) == ["s-0", "s-5", "s-6"]
+    reasons = dict(zip(rejected["path"], rejected["reason"]))
+    assert reasons["s-1"] == "too_short: 5 < 20 chars"
+    assert reasons["s-2"].startswith("duplicate: same instruction as task ")
+    assert reasons["s-2"].endswith(kept["task_id"][0])
+    assert reasons["s-3"] == "exclude_regex: matched"
+    assert reasons["s-4"] == "empty_instruction"
+    assert set(rejected["rejected_by"]) == {"task_filter"}
+    # rejected rows keep the whole task, binary included
+    assert rejected["task_binary"].map(len).min() > 0
+
+
+def test_include_regex_and_no_dedup(tmp_path):
+    kept, rejected = _run(tmp_path, dedup=False, include_regex="(?i)sort")
+    assert list(kept["path"]) == ["s-0", "s-2"]
+    assert set(rejected["reason"]) == {"include_regex: no match", "empty_instruction"}
+
+
+def test_top_k_by_metadata_score(tmp_path):
+    texts = [f"task number {i} with a long enough instruction" for i in range(6)]
+    kept, rejected = _run(tmp_path, texts, difficulty=[3, 9, 1, 7, None, 5],
+                          score={"column": "metadata.difficulty", "top_k": 2})
+    assert list(kept["path"]) == ["s-1", "s-3"]
+    assert list(kept["score"]) == [9.0, 7.0]
+    reasons = dict(zip(rejected["path"], rejected["reason"]))
+    assert reasons["s-4"] == "score: no numeric metadata.difficulty"
+    assert reasons["s-0"] == "below_top_k: score rank 4 > 2"
+
+
+def test_weights_sum_to_one_in_proportion_to_score(tmp_path):
+    texts = [f"task number {i} with a long enough instruction" for i in range(3)]
+    kept, _ = _run(tmp_path, texts, difficulty=[1, 3, 4], score={"column": "metadata.difficulty", "weight": True})
+    assert list(kept["weight"].round(6)) == [0.125, 0.375, 0.5]
+
+
+def test_seeded_subsample(tmp_path):
+    texts = [f"instruction number {i} for the sampler" for i in range(50)]
+    a, rej = _run(tmp_path, texts, sample={"n": 10, "seed": 1})
+    b, _ = _run(tmp_path, texts, sample={"n": 10, "seed": 1})
+    c, _ = _run(tmp_path, texts, sample={"n": 10, "seed": 2})
+    assert len(a) == 10 and list(a["task_id"]) == list(b["task_id"])
+    assert set(a["task_id"]) != set(c["task_id"])
+    assert set(rej["reason"]) == {"not_sampled: seeded subsample of 10"}

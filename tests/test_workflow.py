@@ -1,0 +1,113 @@
+"""Real snakemake runs: content addressing holds end to end, the audit catches drift."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, otbuild, snakemake
+
+pytestmark = pytest.mark.slow
+
+RECIPE = """
+sources:
+  a: {kind: synthetic, rank: 1, count: 8, seed: 1, families: [files, text]}
+  b: {kind: synthetic, rank: 2, count: 3, seed: 2, families: [data]}
+mix: {n: 2, total: 10, order: round_robin}
+task_filter: {dedup: true, instruction_chars: {min: 10}}
+"""
+
+
+def _write(project, name, text):
+    (project / "recipes" / f"{name}.yaml").write_text(text)
+
+
+def test_edit_rebuilds_exactly_what_it_invalidates(project):
+    _write(project, "r", RECIPE)
+    ran, _ = snakemake(project, "r")
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "r": 1}
+    ran, _ = snakemake(project, "r")
+    assert ran == {"r": 1}  # nothing but re-publishing the results view
+
+    _write(project, "r", RECIPE.replace("min: 10", "min: 200"))
+    dry, log = snakemake(project, "r", "-n")
+    assert dry == {"task_filter": 1, "r": 1}, log
+    ran, _ = snakemake(project, "r")
+    assert ran == {"task_filter": 1, "r": 1}
+
+    _write(project, "r", RECIPE)  # edit back: everything is already built
+    ran, _ = snakemake(project, "r")
+    assert ran == {"r": 1}
+    manifest = json.loads((project / "results" / "r" / "manifest.json").read_text())
+    kept = [a for a in manifest["artifacts"] if a["label"] == "task_filter"][0]
+    assert (project / "results" / "r" / "task_filter").resolve() == (project / kept["dir"]).resolve()
+    assert {a["label"] for a in manifest["artifacts"]} == {"sources/a", "sources/b", "mix", "task_filter"}
+    assert kept["outputs"][0]["rows"] > 0
+
+
+def test_recipes_sharing_a_prefix_share_artifacts(project):
+    _write(project, "r", RECIPE)
+    _write(project, "r2", "extends: r\ntask_filter: {sample: {n: 3}}\n")
+    snakemake(project, "r")
+    ran, _ = snakemake(project, "r2")
+    assert ran == {"task_filter": 1, "r2": 1}
+    mixes = list((project / "artifacts" / "mix").iterdir())
+    assert len(mixes) == 1 and len(list((project / "artifacts" / "task_filter").iterdir())) == 2
+
+
+def test_audit_proves_and_catches_drift(project):
+    _write(project, "r", RECIPE)
+    assert otbuild(project, "audit", "r").returncode == 1  # nothing built yet: nothing proven
+    snakemake(project, "r")
+    res = otbuild(project, "audit", "r")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all 4 artifact(s) match" in res.stdout
+
+    mix_dir = next((project / "artifacts" / "mix").iterdir())
+    record = json.loads((mix_dir / "provenance.json").read_text())
+    assert record["rule"] == "mix" and record["settings"]["total"] == 10
+    assert {i["stage"] for i in record["inputs"]} == {"source"} and all(len(i["sha256"]) == 64 for i in record["inputs"])
+    assert record["outputs"][0]["rows"] == 10 and "duckdb" in record["packages"]
+
+    with open(mix_dir / "tasks.parquet", "ab") as f:  # tamper with a built artifact
+        f.write(b"x")
+    res = otbuild(project, "audit", "r")
+    assert res.returncode == 1
+    assert "drifted" in res.stdout and mix_dir.name in res.stdout
+    res = otbuild(project, "audit", str(mix_dir / "tasks.parquet"))
+    assert res.returncode == 1 and '"rule": "mix"' in res.stdout
+
+
+def test_failed_stage_leaves_nothing_that_looks_complete(project):
+    _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/missing.parquet}\n")
+    _, log = snakemake(project, "r", check=False)
+    src = project / "artifacts" / "source"
+    assert not any(p.name == "provenance.json" for p in src.rglob("*")) if src.exists() else True
+    assert "task parquet does not exist" in (next((project / "logs" / "source").iterdir())).read_text()
+
+
+def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
+    _write(project, "r", RECIPE.replace("order: round_robin", "ordr: round_robin"))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "r"], cwd=project, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
+    assert not (project / "artifacts").exists()
+
+
+def test_smoke_recipe_builds(project):
+    shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
+    ran, _ = snakemake(project, "smoke")
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "smoke": 1}
+    res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
+    assert res.returncode == 0 and "synthetic-" in res.stdout
+
+
+def test_slurm_dry_run_from_the_repo_root():
+    """The literal user command; the `slurm` link makes the profile resolvable from here."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", "otagent_v2_100k", "-n"],
+                          cwd=REPO, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
