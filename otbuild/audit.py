@@ -18,8 +18,8 @@ STYLE = {"ok": "green", "not-built": "yellow"}
 
 def audit_plan(plan: Plan, console: Console) -> int:
     table = Table(title=f"audit: {plan.recipe.name}")
-    for col in ("artifact", "stage", "id", "status", "rows", "built", "code", "detail"):
-        table.add_column(col)
+    for col in ("artifact", "id", "status", "rows", "built", "code", "detail"):
+        table.add_column(col, no_wrap=col != "detail")
     findings = 0
     for n in plan.nodes:
         c = check(n.dir, n.stage)
@@ -28,8 +28,8 @@ def audit_plan(plan: Plan, console: Console) -> int:
         rows = ", ".join(str(o.get("rows", "-")) for o in record.get("outputs", []))
         code = "[yellow]changed since build[/]" if c.code_drift else ("same" if record else "")
         table.add_row(
-            n.label, n.stage, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
-            record.get("finished_at", ""), code, c.detail,
+            n.label, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
+            record.get("finished_at", "")[:16].replace("T", " "), code, c.detail,
         )
     console.print(table)
     if findings:

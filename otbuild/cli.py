@@ -18,8 +18,10 @@ import otbuild
 from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError
 from otbuild.stages import STAGES
 
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
+_WIDTH = None if sys.stdout.isatty() else 160
+out = Console(width=_WIDTH)
+err = Console(stderr=True, width=_WIDTH)
 
 
 class Group(click.Group):

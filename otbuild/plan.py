@@ -25,7 +25,7 @@ class Node:
     label: str  # the node's name within its recipe, e.g. "sources/synth", "mix"
     settings: dict  # what the stage function receives
     identity: dict  # what is hashed (settings with external paths replaced by their digests)
-    inputs: tuple["Node", ...] = ()
+    inputs: tuple[Node, ...] = ()
     missing: tuple[str, ...] = ()  # external paths the recipe names that do not exist (yet)
 
     @cached_property

@@ -34,7 +34,7 @@ class Workflow:
                 self.nodes[(n.stage, n.id)] = n
 
     @classmethod
-    def load_or_exit(cls, root: Path) -> "Workflow":
+    def load_or_exit(cls, root: Path) -> Workflow:
         try:
             return cls(root)
         except ConfigError as e:

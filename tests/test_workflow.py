@@ -41,7 +41,7 @@ def test_edit_rebuilds_exactly_what_it_invalidates(project):
     ran, _ = snakemake(project, "r")
     assert ran == {"r": 1}
     manifest = json.loads((project / "results" / "r" / "manifest.json").read_text())
-    kept = [a for a in manifest["artifacts"] if a["label"] == "task_filter"][0]
+    kept = next(a for a in manifest["artifacts"] if a["label"] == "task_filter")
     assert (project / "results" / "r" / "task_filter").resolve() == (project / kept["dir"]).resolve()
     assert {a["label"] for a in manifest["artifacts"]} == {"sources/a", "sources/b", "mix", "task_filter"}
     assert kept["outputs"][0]["rows"] > 0
@@ -71,6 +71,11 @@ def test_audit_proves_and_catches_drift(project):
     assert {i["stage"] for i in record["inputs"]} == {"source"} and all(len(i["sha256"]) == 64 for i in record["inputs"])
     assert record["outputs"][0]["rows"] == 10 and "duckdb" in record["packages"]
 
+    record["code_sha256"] = "0" * 16  # as if the stage's code had changed since the build
+    (mix_dir / "provenance.json").write_text(json.dumps(record))
+    res = otbuild(project, "audit", "r")
+    assert res.returncode == 0 and "changed since build" in res.stdout  # reported, not a finding
+
     with open(mix_dir / "tasks.parquet", "ab") as f:  # tamper with a built artifact
         f.write(b"x")
     res = otbuild(project, "audit", "r")
@@ -83,6 +88,7 @@ def test_audit_proves_and_catches_drift(project):
 def test_failed_stage_leaves_nothing_that_looks_complete(project):
     _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/missing.parquet}\n")
     _, log = snakemake(project, "r", check=False)
+    assert "Error in rule source" in log
     src = project / "artifacts" / "source"
     assert not any(p.name == "provenance.json" for p in src.rglob("*")) if src.exists() else True
     assert "task parquet does not exist" in (next((project / "logs" / "source").iterdir())).read_text()
@@ -90,7 +96,7 @@ def test_failed_stage_leaves_nothing_that_looks_complete(project):
 
 def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
     _write(project, "r", RECIPE.replace("order: round_robin", "ordr: round_robin"))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "r"], cwd=project, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "r"], cwd=project, capture_output=True, text=True, check=False)
     assert proc.returncode != 0
     assert "mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
     assert not (project / "artifacts").exists()
@@ -107,7 +113,7 @@ def test_smoke_recipe_builds(project):
 def test_slurm_dry_run_from_the_repo_root():
     """The literal user command; the `slurm` link makes the profile resolvable from here."""
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", "otagent_v2_100k", "-n"],
-                          cwd=REPO, capture_output=True, text=True)
+                          cwd=REPO, capture_output=True, text=True, check=False)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log

@@ -165,7 +165,7 @@ def _unwrap(t):
         members = [a for a in typing.get_args(t) if a is not type(None)]
         if len(members) == 1:
             return _unwrap(members[0])
-        return typing.Union[tuple(_unwrap(m) for m in members)]
+        return typing.Union[tuple(_unwrap(m) for m in members)]  # noqa: UP007 (built at run time)
     return t
 
 

@@ -7,7 +7,7 @@ messages that name the file, the key path, what was found and what was expected.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -43,7 +43,7 @@ class PathSource(Strict):
     path: str = Field(min_length=1, description="relative to the project root, or absolute")
 
 
-Source = Annotated[Union[SyntheticSource, PathSource], Field(discriminator="kind")]
+Source = Annotated[SyntheticSource | PathSource, Field(discriminator="kind")]
 
 
 class Mix(Strict):

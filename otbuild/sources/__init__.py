@@ -5,8 +5,8 @@ Adapters are imported lazily so that planning a DAG never pays for them."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from otbuild.tasks.table import Quarantined, TaskRecord
 

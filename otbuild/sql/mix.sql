@@ -1,3 +1,4 @@
+{% from "_inputs.sql" import union_inputs %}
 -- Top-N mix. Inputs arrive in rank order (index 0 = best source). Each source gets
 -- `total // n` tasks, the first `total % n` sources one more. Within a source tasks are put
 -- in a seeded order (md5, stable across DuckDB versions); a source with c tasks and quota q
@@ -5,10 +6,7 @@
 -- repeats every task floor(q/c) times and a seeded q mod c of them once more (balanced
 -- upsampling with replacement; the copy index is recorded per row).
 CREATE OR REPLACE TEMP VIEW mix_src AS
-{% for path in inputs %}
-SELECT *, {{ loop.index0 }} AS _src FROM read_parquet({{ path | sql }}, file_row_number = true)
-{% if not loop.last %}UNION ALL BY NAME{% endif %}
-{% endfor %};
+{{ union_inputs(inputs, '_src') }};
 
 CREATE OR REPLACE TEMP VIEW mix_quota AS
 SELECT _src, count(*) AS c,

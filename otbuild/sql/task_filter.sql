@@ -1,13 +1,11 @@
+{% from "_inputs.sql" import union_inputs %}
 -- Task filter. Steps run in this order; a row is rejected by the first step it fails and
 -- keeps that step's reason: per-row checks (instruction, length, regexes, score present),
 -- then dedup on the normalised instruction (first occurrence wins), then top-k by score,
 -- then a seeded random subsample. Only narrow columns are decided here; the wide rows
 -- (with task_binary) are streamed once per output by joining on (_file, file_row_number).
 CREATE OR REPLACE TEMP VIEW tf_src AS
-{% for path in inputs %}
-SELECT *, {{ loop.index0 }} AS _file FROM read_parquet({{ path | sql }}, file_row_number = true)
-{% if not loop.last %}UNION ALL BY NAME{% endif %}
-{% endfor %};
+{{ union_inputs(inputs, '_file') }};
 
 CREATE OR REPLACE TEMP TABLE tf_decided AS
 WITH base AS (

@@ -23,10 +23,10 @@ STAGES: dict[str, StageDef] = {
     s.name: s
     for s in (
         StageDef("source", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
-        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql",)),
+        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql", "_inputs.sql")),
         StageDef(
             "task_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
-            ("task_filter.sql",),
+            ("task_filter.sql", "_inputs.sql"),
         ),
     )
 }

@@ -53,7 +53,7 @@ class TaskDir:
 
     # -- disk ---------------------------------------------------------------
     @classmethod
-    def from_dir(cls, path: Path, name: str | None = None) -> "TaskDir":
+    def from_dir(cls, path: Path, name: str | None = None) -> TaskDir:
         path = Path(path)
         if not path.is_dir():
             raise TaskFormatError(f"{path}: not a directory")
@@ -91,7 +91,7 @@ class TaskDir:
         return gzip.compress(raw.getvalue(), compresslevel=6, mtime=0)
 
     @classmethod
-    def unpack(cls, name: str, data: bytes) -> "TaskDir":
+    def unpack(cls, name: str, data: bytes) -> TaskDir:
         """Read a task binary. Entries under a single top-level `name/` dir are accepted too."""
         task = cls(name)
         try:
