@@ -43,7 +43,7 @@ EXCLUDE_REGEX = r"(?i)\b(?:sudo|password)\b"
 TARGET_SPEEDUP = 5.0
 TARGET_RSS_MB = 2048.0
 
-VOCAB = (
+VOCAB = (  # noqa: SIM905 (a word list reads better as text)
     "the a an of to in for with on from into by and or not if then else when each every all "
     "file files directory directories path paths script scripts shell bash python program "
     "write read create delete rename move copy list print output input stdout stderr exit "
@@ -388,7 +388,7 @@ def report(manifest: dict, rows_in: int, results: list[dict], mismatches: dict, 
         r["rows_s"] = rows_in / r["wall_s"]
     speedup = d["rows_s"] / p["rows_s"]
     rss_ratio = d["rss_mb"] / p["rss_mb"]
-    header = ["implementation", "rows in", "wall s", "mix s", "filter s", "rows/s", "peak RSS MB"]
+    header = ["implementation", "rows in", "wall s (best)", "mix s", "filter s", "rows/s", "peak RSS MB"]
     body = [[r["impl"], f"{rows_in:,}", f"{r['wall_s']:.2f}", f"{r['mix_s']:.2f}", f"{r['filter_s']:.2f}",
              f"{r['rows_s']:,.0f}", f"{r['rss_mb']:,.0f}"] for r in results]
     body.append(["duckdb vs pandas", "", "", f"{p['mix_s'] / d['mix_s']:.2f}x",
@@ -396,7 +396,8 @@ def report(manifest: dict, rows_in: int, results: list[dict], mismatches: dict, 
                  f"{rss_ratio:.2f}x RSS"])
     srcs = ", ".join("{}={:,}".format(s["name"], s["rows"]) for s in manifest["sources"])
     print(f"data: {manifest['rows']:,} rows in {len(manifest['sources'])} sources ({srcs}) under {out}")
-    print(f"mix reads the top {TOP_N} by rank: {rows_in:,} rows; machine: {os.cpu_count()} CPUs, "
+    print(f"mix reads the top {TOP_N} by rank: {rows_in:,} rows; rows/s = rows in / process wall "
+          f"(interpreter start and imports included); machine: {os.cpu_count()} CPUs, "
           f"OTBUILD_DUCKDB_MEMORY={os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB (default)')}")
     if Console:
         t = Table(title="otbuild table stages: mix + task_filter")
@@ -422,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-bench",
                     help="data cache and outputs (default: a temp dir)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="runs per implementation; the table shows the fastest, RSS the highest")
     ap.add_argument("--only", choices=["duckdb", "pandas"], help="run one implementation, no comparison")
     ap.add_argument("--child", choices=["duckdb", "pandas"], help=argparse.SUPPRESS)
     ap.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
@@ -441,11 +444,17 @@ def main(argv: list[str] | None = None) -> int:
     rows_in = sum(s["rows"] for s in manifest["sources"] if s["path"] in inputs)
 
     impls = [args.only] if args.only else ["duckdb", "pandas"]
-    results = []
-    for impl in impls:
-        r = run_child(impl, data_dir, args.out / f"run-{impl}")
-        print(f"{impl}: {r['wall_s']:.2f}s wall, peak RSS {r['rss_mb']:,.0f} MB")
-        results.append(r)
+    best: dict[str, dict] = {}
+    for rep in range(args.repeat):
+        for impl in impls:
+            os.sync()  # flush dirty pages (fresh data, the last run's outputs) outside the clock
+            r = run_child(impl, data_dir, args.out / f"run-{impl}")
+            print(f"{impl} run {rep + 1}/{args.repeat}: {r['wall_s']:.2f}s wall "
+                  f"(mix {r['mix_s']:.2f}s, filter {r['filter_s']:.2f}s), peak RSS {r['rss_mb']:,.0f} MB")
+            prev = best.get(impl)
+            rss = max(r["rss_mb"], prev["rss_mb"] if prev else 0.0)
+            best[impl] = (r if prev is None or r["wall_s"] < prev["wall_s"] else prev) | {"rss_mb": rss}
+    results = [best[i] for i in impls]
     if args.only:
         return 0
 
