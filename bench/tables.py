@@ -256,7 +256,7 @@ def pandas_task_filter(settings: dict, inputs: list[Path], outdir: Path) -> None
 
     if settings.get("score"):
         raise NotImplementedError("the pandas baseline does not implement score")
-    df = pd.concat([pd.read_parquet(p) for p in inputs], ignore_index=True)  # row i has _ord i+1
+    df = pd.concat([pd.read_parquet(p) for p in inputs], ignore_index=True)  # row i has _ord i
     instr = df["instruction"]
     trimmed = instr.fillna("").str.strip(" ")  # DuckDB trim(): spaces only
     norm = trimmed.str.replace(r"\s+", " ", regex=True).str.lower()
@@ -290,7 +290,7 @@ def pandas_task_filter(settings: dict, inputs: list[Path], outdir: Path) -> None
     if sample:
         ok = np.flatnonzero(reason.isna().to_numpy())
         seed = str(sample["seed"])
-        keys = np.array([_md5(f"{seed}:{t}:{o + 1}") for t, o in zip(df["task_id"].to_numpy()[ok], ok)])
+        keys = np.array([_md5(f"{seed}:{t}:{o}") for t, o in zip(df["task_id"].to_numpy()[ok], ok)])
         order = np.argsort(keys, kind="stable")
         reason.iloc[ok[order[sample["n"]:]]] = f"not_sampled: seeded subsample of {sample['n']}"
     outdir.mkdir(parents=True, exist_ok=True)

@@ -5,13 +5,11 @@
 -- then a seeded random subsample. Only narrow columns are decided here; the wide rows
 -- (with task_binary) are streamed once per output by joining on (_file, file_row_number).
 CREATE OR REPLACE TEMP VIEW tf_src AS
-{{ union_inputs(inputs, '_file') }};
+{{ union_inputs(inputs, '_file', offsets) }};
 
 CREATE OR REPLACE TEMP TABLE tf_decided AS
 WITH base AS (
-    SELECT _file, file_row_number, task_id, instruction,
-           row_number() OVER (ORDER BY _file, file_row_number) AS _ord,
-           lower(regexp_replace(trim(coalesce(instruction, '')), '\s+', ' ', 'g')) AS _norm,
+    SELECT _file, file_row_number, _ord, task_id, instruction,
            {% if score %}TRY_CAST({{ score_expr }} AS DOUBLE){% else %}NULL::DOUBLE{% endif %} AS score
     FROM tf_src
 ), checked AS (
@@ -35,14 +33,20 @@ WITH base AS (
         {% endif %}
     END AS reason
     FROM base
+), normed AS (
+    -- the dedup key, only for rows still in: md5 of the instruction in lower case with each
+    -- whitespace run made one space (the pattern leaves lone spaces alone: same key, cheaper)
+    SELECT * EXCLUDE (instruction),
+           CASE WHEN reason IS NULL THEN md5(lower(regexp_replace(trim(instruction), '[\t\n\f\r]\s*| \s+', ' ', 'g'))) END AS _norm
+    FROM checked
 ), deduped AS (
     SELECT * REPLACE (
         {% if dedup %}
         CASE WHEN reason IS NULL AND _dup > 1 THEN 'duplicate: same instruction as task ' || _first ELSE reason END
         {% else %}reason{% endif %} AS reason)
     FROM (
-        SELECT *, row_number() OVER w AS _dup, first_value(task_id) OVER w AS _first
-        FROM checked
+        SELECT * EXCLUDE (_norm), row_number() OVER w AS _dup, first_value(task_id) OVER w AS _first
+        FROM normed
         WINDOW w AS (PARTITION BY reason IS NULL, _norm ORDER BY _ord)
     )
 ), ranked AS (
@@ -65,18 +69,18 @@ WITH base AS (
         FROM ranked
     )
 )
-SELECT _file, file_row_number, _ord, reason, score,
+SELECT _ord, reason, score,
        {% if score and score.weight %}
        CASE WHEN reason IS NULL THEN score / nullif(sum(score) FILTER (WHERE reason IS NULL) OVER (), 0) END
        {% else %}NULL::DOUBLE{% endif %} AS weight
 FROM sampled;
 
 CREATE OR REPLACE TEMP VIEW tf_kept AS
-SELECT s.* EXCLUDE (_file, file_row_number){% if score %}, d.score{% endif %}{% if score and score.weight %}, d.weight{% endif %}
-FROM tf_src s JOIN tf_decided d USING (_file, file_row_number)
+SELECT s.* EXCLUDE (_file, file_row_number, _ord){% if score %}, d.score{% endif %}{% if score and score.weight %}, d.weight{% endif %}
+FROM tf_src s JOIN tf_decided d USING (_ord)
 WHERE d.reason IS NULL ORDER BY d._ord;
 
 CREATE OR REPLACE TEMP VIEW tf_rejected AS
-SELECT s.* EXCLUDE (_file, file_row_number), d.reason, 'task_filter' AS rejected_by
-FROM tf_src s JOIN tf_decided d USING (_file, file_row_number)
+SELECT s.* EXCLUDE (_file, file_row_number, _ord), d.reason, 'task_filter' AS rejected_by
+FROM tf_src s JOIN tf_decided d USING (_ord)
 WHERE d.reason IS NOT NULL ORDER BY d._ord;

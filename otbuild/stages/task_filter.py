@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from otbuild import duck
 
 
@@ -19,8 +21,10 @@ def score_expr(column: str) -> str:
 def run(settings: dict, inputs: list[Path], outdir: Path) -> None:
     con = duck.connect()
     score = settings.get("score")
+    sizes = [pq.ParquetFile(p).metadata.num_rows for p in inputs]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     duck.run_template(
-        con, "task_filter.sql", inputs=[str(p) for p in inputs], dedup=settings["dedup"],
+        con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=offsets, dedup=settings["dedup"],
         chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
         score_expr=score_expr(score["column"]) if score else None,
