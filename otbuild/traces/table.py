@@ -1,0 +1,61 @@
+"""The trace parquet: Harbor's export columns plus typed columns otbuild filters on.
+
+Every trace source (otbuild's own rollouts, Harbor job dirs, imported trajectories) writes
+rows of this schema, and counts turns the same way (`count_turns`), so `min_turns` means the
+same thing whatever produced the trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from otbuild.fsio import atomic_path
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+
+TRACE_SCHEMA = pa.schema(
+    [
+        # Harbor's export columns
+        ("conversations", pa.list_(MESSAGE)),
+        ("agent", pa.string()),
+        ("model", pa.string()),
+        ("model_provider", pa.string()),
+        ("date", pa.string()),  # ISO 8601, UTC
+        ("task", pa.string()),  # the task's Harbor `path`
+        ("episode", pa.string()),  # "episode-N": the last episode of the trial
+        ("run_id", pa.string()),
+        ("trial_name", pa.string()),
+        ("result", pa.string()),  # reward as text, or the exception's class name
+        # typed columns
+        ("task_id", pa.string()),
+        ("source", pa.string()),  # task source, or the importer for imported traces
+        ("teacher", pa.string()),  # engine:model
+        ("sample_idx", pa.int32()),
+        ("n_turns", pa.int32()),
+        ("reward", pa.float64()),  # null when the verifier did not produce one
+        ("timed_out", pa.bool_()),
+        ("exception", pa.string()),  # infrastructure error class (null for task failures)
+        ("is_subagent", pa.bool_()),
+        ("n_input_tokens", pa.int64()),
+        ("n_output_tokens", pa.int64()),
+        ("duration_s", pa.float64()),
+        ("metadata", pa.string()),  # JSON object
+    ]
+)
+
+
+def count_turns(conversations: list[dict]) -> int:
+    """A turn is one assistant message: the model acted once."""
+    return sum(1 for m in conversations if m.get("role") == "assistant")
+
+
+def write_traces(dest: Path, rows: Iterable[dict]) -> int:
+    """Write trace rows (dicts with TRACE_SCHEMA's keys) atomically; returns the count."""
+    rows = list(rows)
+    with atomic_path(dest) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, TRACE_SCHEMA), tmp, compression="zstd")
+    return len(rows)
