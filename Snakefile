@@ -9,8 +9,10 @@ WF = Workflow.load_or_exit(Path.cwd())
 
 wildcard_constraints:
     id="[0-9a-f]{16}",
+    shard="[0-9]+",
 
 
 include: "rules/common.smk"
 include: "rules/tasks.smk"
+include: "rules/rollouts.smk"
 include: "rules/results.smk"

@@ -148,9 +148,13 @@ def stage():
 
 def _stage_command(name: str):
     @click.option("--spec", required=True, help="The node's spec as JSON (from the Snakefile).")
-    def cmd(spec):
-        from otbuild.runner import run_spec
+    @click.option("--shard", type=int, help="Sharded stages: run this shard (without: merge them).")
+    def cmd(spec, shard):
+        from otbuild.runner import run_shard, run_spec
 
+        if shard is not None:
+            run_shard(json.loads(spec), shard)
+            return
         record = run_spec(json.loads(spec), rule=name)
         rows = ", ".join(f"{Path(o['path']).name}: {o.get('rows', '?')} rows" for o in record["outputs"])
         out.print(f"[green]{name}[/] {record['id']}: {rows}")

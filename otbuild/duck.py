@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import jinja2
+import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path
 
@@ -38,6 +39,24 @@ def render(template: str, **ctx) -> str:
 
 def run_template(con: duckdb.DuckDBPyConnection, template: str, **ctx) -> None:
     con.execute(render(template, **ctx))
+
+
+def input_offsets(paths: list[Path]) -> list[int]:
+    """Row offset of each input in their concatenation (for a stable order across files)."""
+    sizes = [pq.ParquetFile(p).metadata.num_rows for p in paths]
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+def write_split(con: duckdb.DuckDBPyConnection, prefix: str, outdir: Path) -> dict:
+    """Write the views PREFIX_kept and PREFIX_rejected to kept.parquet and rejected.parquet;
+    return row counts and rejections per reason (the text before the first ':')."""
+    kept = copy_to_parquet(con, f"SELECT * FROM {prefix}_kept", outdir / "kept.parquet")
+    rejected = copy_to_parquet(con, f"SELECT * FROM {prefix}_rejected", outdir / "rejected.parquet")
+    reasons = con.execute(
+        f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM read_parquet({sql_literal(outdir / 'rejected.parquet')})"
+        " GROUP BY r ORDER BY r"
+    ).fetchall()
+    return {"kept": kept, "rejected": rejected, "rejected_by_reason": dict(reasons)}
 
 
 def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> int:

@@ -15,6 +15,8 @@ from otbuild.hashing import content_digest, settings_hash
 from otbuild.recipe.load import LoadedRecipe
 from otbuild.stages import PROVENANCE, STAGES
 
+# Settings that change how a stage runs, not what it produces: not part of its id.
+EXECUTION_ONLY = {"concurrency"}
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")
 
@@ -51,6 +53,11 @@ class Node:
     @property
     def main_output(self) -> Path:
         return self.outputs[0]
+
+    @property
+    def shard_outputs(self) -> list[Path]:
+        """Sharded stages run as one job per shard, then a merge job."""
+        return [self.dir / "shards" / f"{k}.parquet" for k in range(self.settings.get("shards", 0))]
 
     def spec(self) -> dict:
         """Everything `otbuild stage run` needs, as plain JSON."""
@@ -92,7 +99,15 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
     if r.task_filter:
         settings = r.task_filter.model_dump()
         tasks = [Node("task_filter", "task_filter", settings, settings, tuple(tasks))]
-    plan.nodes = _topo(tasks)
+    finals = tasks
+    if r.teacher:
+        settings = r.teacher.model_dump()
+        identity = {k: v for k, v in settings.items() if k not in EXECUTION_ONLY}
+        finals = [Node("rollout", "teacher", settings, identity, tuple(tasks))]
+        if r.trace_filter:
+            settings = r.trace_filter.model_dump()
+            finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(finals))]
+    plan.nodes = _topo(finals)
     return plan
 
 

@@ -59,7 +59,7 @@ def describe_file(path: Path) -> dict:
     return info
 
 
-def write_record(spec: dict, rule: str, started: str) -> dict:
+def write_record(spec: dict, rule: str, started: str, stats: dict) -> dict:
     outdir = Path(spec["outdir"])
     record = {
         "rule": rule,
@@ -69,6 +69,7 @@ def write_record(spec: dict, rule: str, started: str) -> dict:
         "settings": spec["settings"],
         "inputs": [{**describe_file(Path(i["path"])), "id": i["id"], "stage": i["stage"]} for i in spec["inputs"]],
         "outputs": [describe_file(outdir / o) for o in STAGES[spec["stage"]].outputs],
+        "stats": stats,  # what the stage reports, e.g. rejections per reason
         "code_sha256": code_sha256(spec["stage"]),
         "otbuild_version": otbuild.__version__,
         "packages": package_versions(),

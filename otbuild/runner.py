@@ -9,6 +9,13 @@ from otbuild.provenance import now, write_record
 from otbuild.stages import PROVENANCE, STAGES
 
 
+def run_shard(spec: dict, shard: int) -> None:
+    """One shard of a sharded stage; the merge (run_spec) records the provenance."""
+    stage = STAGES[spec["stage"]]
+    inputs = [Path(i["path"]) for i in spec["inputs"]]
+    importlib.import_module(stage.module).run_shard(spec["settings"], inputs, Path(spec["outdir"]), shard)
+
+
 def run_spec(spec: dict, rule: str | None = None) -> dict:
     stage = STAGES[spec["stage"]]
     outdir = Path(spec["outdir"])
@@ -16,5 +23,5 @@ def run_spec(spec: dict, rule: str | None = None) -> dict:
     (outdir / PROVENANCE).unlink(missing_ok=True)  # the record is written last, on success only
     started = now()
     inputs = [Path(i["path"]) for i in spec["inputs"]]
-    importlib.import_module(stage.module).run(spec["settings"], inputs, outdir)
-    return write_record(spec, rule or stage.name, started)
+    stats = importlib.import_module(stage.module).run(spec["settings"], inputs, outdir)
+    return write_record(spec, rule or stage.name, started, stats or {})

@@ -100,8 +100,71 @@ class TaskFilter(Strict):
         return v
 
 
+
+
+class TraceFilter(Strict):
+    """Keep traces worth training on. Paper: keep >= 5 turns (+3.5pp at equal tokens)."""
+
+    min_turns: int = Field(default=5, ge=0)
+    drop_timed_out: bool = True
+    drop_subagent: bool = True
+    drop_exceptions: bool = True  # infrastructure errors, not task failures
+    min_reward: float | None = None  # success-only: keep traces whose reward >= this
+    dedup: bool = True  # identical conversations
+
+
+class SandboxLimits(Strict):
+    """Per-trial limits of the local sandbox."""
+
+    cpu_seconds: int = Field(default=600, ge=1)
+    memory_mb: int = Field(default=4096, ge=64)
+    file_size_mb: int = Field(default=512, ge=1)
+    max_processes: int = Field(default=256, ge=8)
+    output_bytes: int = Field(default=10_000_000, ge=10_000)
+
+
+class Teacher(Strict):
+    """Teacher rollouts in the terminus-2 harness. Execution knobs that do not change what
+    is produced (`concurrency`) are left out of the stage's content id."""
+
+    engine: Literal["oracle", "openai", "vllm", "transformers"]
+    model: str | None = Field(default=None, description="model name (openai), HF id or path (vllm), dir (transformers)")
+    base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
+    api_key_env: str | None = None  # openai: the NAME of the env var holding the key
+    temperature: float = Field(default=0.7, ge=0)
+    max_tokens: int = Field(default=4096, ge=1)
+    max_retries: int = Field(default=5, ge=0)
+    request_timeout_sec: float = Field(default=600, gt=0)
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve: tensor_parallel_size, ...
+    samples_per_task: int = Field(default=1, ge=1)
+    shards: int = Field(default=1, ge=1, description="separate Snakemake jobs (Slurm fans them out)")
+    concurrency: int = Field(default=4, ge=1)
+    max_episodes: int = Field(default=50, ge=1)
+    agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
+    timeout_multiplier: float = Field(default=1.0, gt=0)
+    timeout_cap_sec: float = Field(default=7200, gt=0)
+    sandbox: Literal["bwrap", "unshare", "none"] = "bwrap"
+    limits: SandboxLimits = SandboxLimits()
+
+    @model_validator(mode="after")
+    def _model_needed(self):
+        if self.engine != "oracle" and not self.model:
+            raise ValueError(f"engine {self.engine!r} needs `model`")
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("engine 'openai' needs `base_url`")
+        return self
+
+
 class Recipe(Strict):
     description: str = ""
     sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
     mix: Mix | None = None
     task_filter: TaskFilter | None = None
+    teacher: Teacher | None = None
+    trace_filter: TraceFilter | None = None
+
+    @model_validator(mode="after")
+    def _traces_need_a_teacher(self):
+        if self.trace_filter and not self.teacher:
+            raise ValueError("trace_filter needs traces: add a `teacher` section")
+        return self

@@ -15,8 +15,9 @@ class StageDef:
     name: str
     version: int
     outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
-    module: str  # defines run(settings: dict, inputs: list[Path], outdir: Path) -> None
+    module: str  # defines run(settings, inputs: list[Path], outdir: Path) -> stats dict or None
     sql: tuple[str, ...] = ()  # templates under otbuild/sql/ that the stage renders
+    sharded: bool = False  # run_shard(settings, inputs, outdir, shard) per shard, run() merges
 
 
 STAGES: dict[str, StageDef] = {
@@ -27,6 +28,11 @@ STAGES: dict[str, StageDef] = {
         StageDef(
             "task_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
             ("task_filter.sql", "_inputs.sql"),
+        ),
+        StageDef("rollout", 1, ("traces.parquet",), "otbuild.stages.rollout", sharded=True),
+        StageDef(
+            "trace_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
+            ("trace_filter.sql", "_inputs.sql"),
         ),
     )
 }

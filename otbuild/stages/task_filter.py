@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from otbuild import duck
 
 
@@ -18,16 +16,13 @@ def score_expr(column: str) -> str:
     return f'"{column}"'
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> None:
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     score = settings.get("score")
-    sizes = [pq.ParquetFile(p).metadata.num_rows for p in inputs]
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     duck.run_template(
-        con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=offsets, dedup=settings["dedup"],
+        con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=settings["dedup"],
         chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
         score_expr=score_expr(score["column"]) if score else None,
     )
-    duck.copy_to_parquet(con, "SELECT * FROM tf_kept", outdir / "kept.parquet")
-    duck.copy_to_parquet(con, "SELECT * FROM tf_rejected", outdir / "rejected.parquet")
+    return duck.write_split(con, "tf", outdir)

@@ -1,0 +1,41 @@
+"""The engine interface: what every LLM backend gives a rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One chat completion. Token counts come from the server's `usage`."""
+
+    text: str
+    n_input_tokens: int
+    n_output_tokens: int
+    finish_reason: str | None  # "stop", "length", ... as the server said
+    usage_reported: bool = True  # False: the server sent no `usage`, the counts are 0
+    reasoning: str | None = None  # `reasoning_content`, when a reasoning parser split it off
+
+
+class EngineError(Exception):
+    """An infrastructure failure (after retries): recorded as the trial's exception, apart from
+    task failures. `status` is the last HTTP status, None when no response came back."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An LLM backend. Use as `async with make_engine(settings) as engine:` (starts a managed
+    server, if any, and always stops it), or call `aclose()` yourself."""
+
+    name: str  # "openai", "vllm", "transformers", "oracle"
+    model: str
+    provider: str  # the trace's model_provider column
+
+    async def complete(self, messages: list[dict], **kw) -> Completion: ...
+
+    async def aclose(self) -> None: ...

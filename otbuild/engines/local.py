@@ -1,0 +1,68 @@
+"""The `transformers` engine: `otbuild serve MODEL_DIR` in a child process, and the openai
+engine pointed at it. `start_local_server` is the same server for tests and scripts."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from otbuild.engines.managed import ManagedServerEngine
+from otbuild.engines.process import ServerProcess
+from otbuild.engines.settings import TransformersSettings
+
+READY_PATTERN = r"^otbuild serve: listening on (http://\S+)$"  # what otbuild.serve prints
+
+
+def start_local_server(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    device: str = "auto",
+    served_model_name: str | None = None,
+    startup_timeout_s: float = 300.0,
+    log_path: str | Path | None = None,
+    env: dict | None = None,
+) -> tuple[str, Callable[[], None]]:
+    """Run `python -m otbuild.serve MODEL_DIR` until healthy; return (base_url, stop).
+
+    base_url ends in /v1. The server is stopped when starting it fails; `stop()` is idempotent.
+    """
+    argv = [sys.executable, "-m", "otbuild.serve", str(model_dir), "--host", host,
+            "--port", str(port), "--device", device]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    server = ServerProcess(
+        argv, name="otbuild serve", log_path=log_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    ).start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        root = server.wait_for_log(READY_PATTERN, deadline).group(1)
+        server.wait_healthy(f"{root}/health", deadline)
+    except BaseException:
+        server.stop()
+        raise
+    return f"{root}/v1", server.stop
+
+
+class TransformersEngine(ManagedServerEngine):
+    """`model` is a local model dir (config, weights, tokenizer with a chat template)."""
+
+    name = "transformers"
+    default_provider = "transformers"
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> TransformersEngine:
+        return cls(TransformersSettings.from_dict(settings))
+
+    def _launch(self) -> tuple[str, Callable[[], None]]:
+        s = self.settings
+        return start_local_server(
+            s.model, host=s.host, port=s.port or 0, device=s.device,
+            served_model_name=s.served_model_name, startup_timeout_s=s.startup_timeout_s,
+            log_path=s.log_path, env=s.env,
+        )

@@ -1,0 +1,153 @@
+"""The `openai` engine: any OpenAI-compatible chat endpoint over httpx (no SDK).
+
+Bounded concurrency (one semaphore per engine), retries with exponential backoff and jitter on
+transport errors, timeouts, 429 and 5xx; other 4xx fail at once. Failures raise EngineError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections import Counter
+
+import httpx
+
+from otbuild.engines.base import Completion, EngineError
+from otbuild.engines.settings import ClientSettings, OpenAISettings
+from otbuild.errors import ConfigError
+
+
+class OpenAIEngine:
+    """Chat completions against `base_url`. One engine per event loop."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        settings: ClientSettings,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        name: str | None = None,
+        provider: str = "openai",
+        trust_env: bool = True,
+    ):
+        self.settings = settings
+        self.base_url = (base_url or getattr(settings, "base_url", None) or "").rstrip("/")
+        if not self.base_url:
+            raise ConfigError(f"engine {self.name!r}: `base_url` must be set")
+        self.name = name or self.name
+        self.model = settings.model
+        self.provider = settings.provider or provider
+        self.url = f"{self.base_url}/chat/completions"
+        key_env = getattr(settings, "api_key_env", None)
+        if key_env and api_key is None:
+            api_key = os.environ.get(key_env)
+            if not api_key:
+                raise ConfigError(f"engine {self.name!r}: api_key_env {key_env!r} is not set")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._sem = asyncio.Semaphore(settings.concurrency)
+        self._trust_env = trust_env
+        self._client: httpx.AsyncClient | None = None
+        self.stats: Counter = Counter()  # requests, retries, errors, usage_missing
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> OpenAIEngine:
+        return cls(OpenAISettings.from_dict(settings))
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _body(self, messages: list[dict], kw: dict) -> dict:
+        s = self.settings
+        body = {"model": s.model, "messages": messages, "temperature": s.temperature}
+        for key in ("max_tokens", "top_p", "seed"):
+            if getattr(s, key) is not None:
+                body[key] = getattr(s, key)
+        return {**body, **s.extra_body, **kw}
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            n, t = self.settings.concurrency, self.settings.timeout_s
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(t, connect=min(t, 30.0)),
+                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                headers=self._headers,
+                trust_env=self._trust_env,
+            )
+        return self._client
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        """Exponential backoff with equal jitter: half fixed, half random."""
+        cap = min(self.settings.backoff_max_s, self.settings.backoff_s * 2 ** (attempt - 1))
+        delay = cap / 2 + random.uniform(0, cap / 2)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.settings.backoff_max_s))
+        return delay
+
+    async def complete(self, messages: list[dict], **kw) -> Completion:
+        """One completion; `kw` overrides request body keys (temperature, max_tokens, ...)."""
+        body = self._body(messages, kw)
+        attempts = self.settings.max_retries + 1
+        last, status, retry_after = "", None, None
+        for attempt in range(attempts):
+            if attempt:
+                self.stats["retries"] += 1
+                await asyncio.sleep(self._delay(attempt, retry_after))
+            retry_after = None
+            self.stats["requests"] += 1
+            try:
+                async with self._sem:
+                    r = await self._http().post(self.url, json=body)
+            except httpx.TransportError as e:  # connect/read errors and timeouts
+                last, status = f"{type(e).__name__}: {e}".rstrip(": "), None
+                continue
+            if r.status_code == 200:
+                return self._parse(r)
+            status, last = r.status_code, f"HTTP {r.status_code}: {r.text[:500]}"
+            if r.status_code != 429 and r.status_code < 500:
+                self.stats["errors"] += 1
+                raise EngineError(f"{self._who()} rejected the request ({last})", status=status)
+            retry_after = _seconds(r.headers.get("retry-after"))
+        self.stats["errors"] += 1
+        raise EngineError(
+            f"{self._who()}: no answer after {attempts} attempt(s); last error: {last}", status=status
+        )
+
+    def _who(self) -> str:
+        return f"engine {self.name} ({self.model} at {self.base_url})"
+
+    def _parse(self, r: httpx.Response) -> Completion:
+        try:
+            data = r.json()
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise EngineError(f"{self._who()}: malformed response ({e!r}): {r.text[:300]}") from e
+        usage = data.get("usage") or {}
+        if not usage:
+            self.stats["usage_missing"] += 1
+        return Completion(
+            text=message.get("content") or "",
+            n_input_tokens=int(usage.get("prompt_tokens") or 0),
+            n_output_tokens=int(usage.get("completion_tokens") or 0),
+            finish_reason=choice.get("finish_reason"),
+            usage_reported=bool(usage),
+            reasoning=message.get("reasoning_content") or message.get("reasoning"),
+        )
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: fall back to our own backoff

@@ -1,0 +1,47 @@
+"""The oracle engine: replays the task's solution/solve.sh through the same harness, one
+top-level command per turn, so its traces are real multi-turn terminal sessions."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from otbuild.harness.oracle_steps import split_commands
+from otbuild.tasks.taskdir import SOLUTION, TaskDir
+
+ORACLE_DURATION = 30.0  # an upper bound: the terminal returns as soon as the prompt is back
+
+
+class OracleEngine:
+    name = "oracle"
+    provider = "otbuild"
+    needs_solution = True  # the sandbox mounts /solution for it, as Harbor's oracle has it
+
+    def __init__(self, settings: dict | None = None):
+        self.model = "oracle"
+
+    async def complete(self, messages: list[dict], *, task: TaskDir, **_):
+        from otbuild.engines import Completion
+
+        steps = _steps(task.text(SOLUTION) or "")
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        if turn < len(steps):
+            answer = {
+                "analysis": f"Step {turn + 1} of {len(steps)} of the reference solution.",
+                "plan": f"Run: {steps[turn].splitlines()[0]}",
+                "commands": [{"keystrokes": steps[turn] + "\n", "duration": ORACLE_DURATION}],
+                "task_complete": False,
+            }
+        else:
+            answer = {"analysis": "The reference solution has been run.", "plan": "Mark the task complete.",
+                      "commands": [], "task_complete": True}
+        text = json.dumps(answer, indent=2)
+        return Completion(text, 0, 0, "stop")
+
+    async def aclose(self) -> None:
+        pass
+
+
+@lru_cache(maxsize=256)
+def _steps(script: str) -> tuple[str, ...]:
+    return tuple(split_commands(script))

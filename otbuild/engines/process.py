@@ -1,0 +1,158 @@
+"""A model server in a child process: started in its own process group, awaited until healthy,
+and stopped with all its children: on close, on failure, at exit and on SIGTERM."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from otbuild.engines.base import EngineError
+
+_LIVE: set[ServerProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class ServerProcess:
+    """`argv` run with stdout+stderr to `log_path` (a temporary file when None)."""
+
+    def __init__(self, argv: list[str], *, name: str, log_path: str | Path | None = None,
+                 env: dict | None = None):
+        self.argv, self.name, self.env = argv, name, env
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ServerProcess:
+        install_sigterm_cleanup()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=self.env, start_new_session=True,
+                )
+            except OSError as e:
+                raise EngineError(f"{self.name}: cannot run {self.argv[0]!r}: {e}") from e
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def _fail(self, why: str) -> EngineError:
+        self.stop()
+        return EngineError(f"{self.name}: {why}; log {self.log_path}, last lines:\n{self.log_tail()}")
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise self._fail(f"exited with code {self.proc.returncode} before it was ready")
+
+    def wait_for_log(self, pattern: str, deadline: float) -> re.Match:
+        """Wait until the log has a line matching `pattern` (e.g. the port it chose)."""
+        rx = re.compile(pattern, re.MULTILINE)
+        while True:
+            m = rx.search(self.log_path.read_text(errors="replace"))
+            if m:
+                return m
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise self._fail(f"no line matching {pattern!r} in time")
+            time.sleep(0.05)
+
+    def wait_healthy(self, url: str, deadline: float) -> None:
+        """Poll `url` until it answers 200; a dead process or the deadline is an EngineError."""
+        pause = 0.1
+        with httpx.Client(timeout=5.0, trust_env=False) as http:
+            while True:
+                self._check_alive()
+                try:
+                    if http.get(url).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise self._fail(f"not healthy at {url} in time")
+                time.sleep(pause)
+                pause = min(pause * 1.5, 2.0)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL what is left after `grace_s`; idempotent."""
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _killpg(proc.pid, signal.SIGKILL)  # children that outlived their parent, too
+        proc.wait()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def stop_all() -> None:
+    """Stop every server still running (at exit, on SIGTERM)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for server in live:
+        server.stop(grace_s=5.0)
+
+
+_installed = False
+
+
+def install_sigterm_cleanup() -> None:
+    """On SIGTERM, stop our servers, then do what the previous handler did (exit by default).
+    Only possible from the main thread; elsewhere the atexit hook is the fallback."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        stop_all()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _installed = True
+
+
+atexit.register(stop_all)

@@ -1,0 +1,114 @@
+"""Engine settings: every key an engine reads, its default, and a strict loader.
+
+A recipe's engine block is a flat mapping: `engine` (the registry key) plus the keys of that
+engine's settings class. Unknown keys are config errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import ClassVar
+
+from otbuild.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientSettings:
+    """What every engine's OpenAI-compatible client reads."""
+
+    engine: ClassVar[str] = ""
+
+    model: str  # the model name sent in requests (a path or HF id for managed servers)
+    provider: str | None = None  # the trace's model_provider; None: the engine's default
+    temperature: float = 0.7  # 0 means greedy
+    max_tokens: int | None = None  # None: the server's default
+    top_p: float | None = None
+    seed: int | None = None
+    extra_body: dict = field(default_factory=dict)  # merged into every request body
+    concurrency: int = 8  # requests in flight per engine
+    max_retries: int = 5  # retries after the first attempt (transport errors, 429, 5xx)
+    timeout_s: float = 600.0  # per request
+    backoff_s: float = 1.0  # first retry waits ~backoff_s, doubling, with jitter
+    backoff_max_s: float = 60.0
+
+    def __post_init__(self):
+        if not self.model:
+            raise ConfigError(f"engine {self.engine!r}: `model` must be set")
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+            raise ConfigError(
+                f"engine {self.engine!r}: need concurrency >= 1, max_retries >= 0, timeout_s > 0"
+            )
+
+    @classmethod
+    def from_dict(cls, settings: dict):
+        """Build from a recipe mapping; unknown or missing keys are ConfigErrors."""
+        given = {k: v for k, v in settings.items() if k != "engine"}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ConfigError(
+                f"engine {cls.engine!r}: unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        missing = sorted(
+            f.name for f in fields(cls)
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in given
+        )
+        if missing:
+            raise ConfigError(f"engine {cls.engine!r}: missing setting(s) {', '.join(missing)}")
+        return cls(**given)
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenAISettings(ClientSettings):
+    """Any OpenAI-compatible chat endpoint (hosted API, a vLLM server started elsewhere)."""
+
+    engine: ClassVar[str] = "openai"
+
+    base_url: str  # e.g. https://api.openai.com/v1 (requests go to {base_url}/chat/completions)
+    api_key_env: str | None = None  # the NAME of the env var holding the key; None: no key
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings(ClientSettings):
+    """A server the engine starts itself, on this node, and stops when it is closed."""
+
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port
+    served_model_name: str | None = None  # None: `model`
+    startup_timeout_s: float = 300.0
+    log_path: str | None = None  # the server's stdout+stderr; None: a temporary file
+    env: dict = field(default_factory=dict)  # extra environment variables for the server
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformersSettings(ServerSettings):
+    """`otbuild serve MODEL_DIR` (transformers, CPU or one GPU): `model` is the model dir."""
+
+    engine: ClassVar[str] = "transformers"
+
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    concurrency: int = 2  # the server runs one request at a time; 2 keeps it busy
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMSettings(ServerSettings):
+    """`vllm serve MODEL` on this GPU node: `model` is an HF id or a local path."""
+
+    engine: ClassVar[str] = "vllm"
+
+    concurrency: int = 64  # vLLM batches concurrent requests
+    startup_timeout_s: float = 1800.0  # big checkpoints load slowly
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int | None = None
+    quantization: str | None = None  # e.g. awq
+    gpu_memory_utilization: float | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    extra_args: list[str] = field(default_factory=list)  # appended to the command line as is
+    vllm_executable: str = "vllm"

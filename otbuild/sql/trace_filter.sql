@@ -1,0 +1,37 @@
+{% from "_inputs.sql" import union_inputs %}
+-- Trace filter. A trace is rejected by the first rule it fails, in this order, and keeps that
+-- rule's reason: infrastructure exception, timeout, subagent trace, fewer than min_turns
+-- turns, reward below min_reward (success-only), duplicate conversation (first one wins).
+CREATE OR REPLACE TEMP VIEW trf_src AS
+{{ union_inputs(inputs, '_file', offsets) }};
+
+CREATE OR REPLACE TEMP TABLE trf_decided AS
+WITH checked AS (
+    SELECT _ord, CASE
+        {% if drop_exceptions %}WHEN exception IS NOT NULL THEN 'exception: ' || exception{% endif %}
+        {% if drop_timed_out %}WHEN coalesce(timed_out, false) THEN 'timed_out'{% endif %}
+        {% if drop_subagent %}WHEN coalesce(is_subagent, false) THEN 'subagent'{% endif %}
+        {% if min_turns %}WHEN coalesce(n_turns, 0) < {{ min_turns }} THEN 'min_turns: ' || coalesce(n_turns, 0) || ' < {{ min_turns }}'{% endif %}
+        {% if min_reward is not none %}
+        WHEN reward IS NULL THEN 'no_reward'
+        WHEN reward < {{ min_reward }} THEN 'min_reward: ' || reward || ' < {{ min_reward }}'
+        {% endif %}
+    END AS reason,
+    {% if dedup %}md5(CAST(conversations AS VARCHAR)){% else %}NULL{% endif %} AS _key,
+    coalesce(trial_name, 'row ' || _ord) AS _name
+    FROM trf_src
+)
+SELECT _ord, {% if dedup %}CASE WHEN reason IS NULL AND _dup > 1 THEN 'duplicate: same conversation as ' || _first ELSE reason END{% else %}reason{% endif %} AS reason
+FROM (
+    SELECT *, row_number() OVER w AS _dup, first_value(_name) OVER w AS _first
+    FROM checked
+    WINDOW w AS (PARTITION BY reason IS NULL, _key ORDER BY _ord)
+);
+
+CREATE OR REPLACE TEMP VIEW trf_kept AS
+SELECT s.* EXCLUDE (_file, file_row_number, _ord)
+FROM trf_src s JOIN trf_decided d USING (_ord) WHERE d.reason IS NULL ORDER BY _ord;
+
+CREATE OR REPLACE TEMP VIEW trf_rejected AS
+SELECT s.* EXCLUDE (_file, file_row_number, _ord), d.reason, 'trace_filter' AS rejected_by
+FROM trf_src s JOIN trf_decided d USING (_ord) WHERE d.reason IS NOT NULL ORDER BY _ord;

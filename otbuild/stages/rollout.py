@@ -1,0 +1,190 @@
+"""Teacher rollouts: tasks x samples -> trials, in shards that are separate Snakemake jobs.
+
+Trial t (tasks in table order, each task's samples in turn) belongs to shard t mod `shards`.
+A shard appends every finished trial to shards/K.partial.jsonl (flushed and fsynced) as it
+completes; a killed job that runs again skips the trials already there, so nothing is redone
+and nothing is duplicated. The shard's parquet is written (atomically) when all its trials
+are done. The merge job concatenates the shards, in trial order, into traces.parquet.
+
+A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
+table has one (upsampling weights from the task filter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from otbuild.fsio import atomic_path
+from otbuild.hashing import file_sha256
+from otbuild.tasks.taskdir import TaskDir
+from otbuild.traces.table import TRACE_SCHEMA, write_traces
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int  # position in the whole rollout
+    row: int  # task row in the input table
+    sample_idx: int
+
+
+def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
+    trials: list[Trial] = []
+    row = 0
+    for path in inputs:
+        pf = pq.ParquetFile(path)
+        has_n = "n_rollouts" in pf.schema_arrow.names
+        for batch in pf.iter_batches(columns=["n_rollouts"] if has_n else ["task_id"]):
+            counts = batch.column(0).to_pylist() if has_n else [samples_per_task] * batch.num_rows
+            for n in counts:
+                trials += [Trial(len(trials) + s, row, s) for s in range(int(n or 0))]
+                row += 1
+    return trials
+
+
+def shard_path(outdir: Path, shard: int) -> Path:
+    return outdir / "shards" / f"{shard}.parquet"
+
+
+def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
+    trials = [t for t in plan_trials(inputs, settings["samples_per_task"]) if t.index % settings["shards"] == shard]
+    partial = shard_path(outdir, shard).with_suffix(".partial.jsonl")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    done = _read_partial(partial)
+    todo = [t for t in trials if t.index not in done]
+    print(f"shard {shard}: {len(trials)} trials, {len(done)} already done, {len(todo)} to run", flush=True)
+    if todo:
+        asyncio.run(_run_trials(settings, inputs, todo, partial, run_id=outdir.name, total=len(trials),
+                                already=len(done)))
+        done = _read_partial(partial)
+    missing = [t.index for t in trials if t.index not in done]
+    if missing:
+        raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
+    write_traces(shard_path(outdir, shard), (done[t.index] for t in trials))
+    partial.unlink()
+
+
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    """Merge the shards into traces.parquet, in trial order (trial t is row t // S of shard t % S)."""
+    shards = [shard_path(outdir, k) for k in range(settings["shards"])]
+    parts = [pq.read_table(p, schema=TRACE_SCHEMA).to_pylist() for p in shards]
+    rows = [part[pos] for pos in range(max(map(len, parts), default=0)) for part in parts if pos < len(part)]
+    n = write_traces(outdir / "traces.parquet", rows)
+    rewards = [r["reward"] for r in rows if r["reward"] is not None]
+    return {
+        "trials": n,
+        "shards": [{"path": str(p), "sha256": file_sha256(p)} for p in shards],
+        "passed": sum(1 for r in rewards if r >= 1.0),
+        "exceptions": sum(1 for r in rows if r["exception"]),
+        "timed_out": sum(1 for r in rows if r["timed_out"]),
+    }
+
+
+def _read_partial(path: Path) -> dict[int, dict]:
+    """Finished trials by index; a line cut short by a crash is ignored (the trial reruns)."""
+    done: dict[int, dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[rec.pop("_trial")] = rec
+    return done
+
+
+async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
+                      run_id: str, total: int, already: int) -> None:
+    from otbuild.engines import make_engine
+    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.sandbox import Limits
+
+    rows = _task_rows(inputs, {t.row for t in todo})
+    trial_settings = TrialSettings(
+        max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
+        timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
+        backend=settings["sandbox"], limits=Limits(**settings.get("limits", {})),
+    )
+    progress = Progress(total, already)
+    sem = asyncio.Semaphore(settings["concurrency"])
+    workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
+    engine = await make_engine(settings)
+    try:
+        with open(partial, "a") as out:
+
+            async def one(t: Trial) -> None:
+                async with sem:
+                    row = rows[t.row]
+                    task = TaskDir.unpack(row["path"], row["task_binary"])
+                    workdir = workroot / f"{t.index}"
+                    trace = await run_trial(task, row["task_id"], engine, trial_settings, workdir,
+                                            sample_idx=t.sample_idx, run_id=run_id, source=row["source"])
+                    shutil.rmtree(workdir, ignore_errors=True)
+                    out.write(json.dumps({"_trial": t.index, **trace}) + "\n")
+                    out.flush()
+                    os.fsync(out.fileno())
+                    progress.update(trace)
+
+            await asyncio.gather(*(one(t) for t in todo))
+    finally:
+        await engine.aclose()
+        shutil.rmtree(workroot, ignore_errors=True)
+        progress.finish()
+
+
+def _task_rows(inputs: list[Path], wanted: set[int]) -> dict[int, dict]:
+    rows, i = {}, 0
+    cols = ["path", "task_binary", "task_id", "source"]
+    for path in inputs:
+        for batch in pq.ParquetFile(path).iter_batches(columns=cols):
+            for r in batch.to_pylist():
+                if i in wanted:
+                    rows[i] = r
+                i += 1
+    return rows
+
+
+class Progress:
+    """Trials done, pass rate, trials/s and ETA: a live bar on a terminal, lines in a log."""
+
+    def __init__(self, total: int, already: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+        self.total, self.done, self.passed, self.errors = total, already, 0, 0
+        self.start, self.last_line, self.run_now = time.monotonic(), 0.0, 0
+        self.console = Console(stderr=True)
+        self.bar = None
+        if self.console.is_terminal:
+            self.bar = Bar(TextColumn("rollouts"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                           TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=self.console)
+            self.task = self.bar.add_task("", total=total, completed=already, stats="")
+            self.bar.start()
+
+    def update(self, trace: dict) -> None:
+        self.done += 1
+        self.run_now += 1
+        self.passed += (trace["reward"] or 0) >= 1.0
+        self.errors += trace["exception"] is not None
+        elapsed = time.monotonic() - self.start
+        rate = self.run_now / elapsed if elapsed else 0.0
+        eta = (self.total - self.done) / rate if rate else float("inf")
+        stats = (f"pass {self.passed / self.run_now:.0%}  errors {self.errors}  {rate:.2f} trials/s")
+        if self.bar:
+            self.bar.update(self.task, completed=self.done, stats=stats)
+        elif time.monotonic() - self.last_line > 10 or self.done == self.total:
+            self.last_line = time.monotonic()
+            print(f"rollouts {self.done}/{self.total}  {stats}  eta {eta:.0f}s", file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        if self.bar:
+            self.bar.stop()

@@ -1,0 +1,40 @@
+# Trace stages: teacher rollouts (one GPU job per shard, then a CPU merge) -> trace_filter.
+
+
+rule rollout:
+    input:
+        stage_inputs("rollout"),
+    output:
+        "artifacts/rollout/{id}/shards/{shard}.parquet",
+    params:
+        spec=stage_spec("rollout"),
+    log:
+        "logs/rollout/{id}/{shard}.log",
+    shell:
+        OTBUILD + " stage rollout --spec {params.spec} --shard {wildcards.shard} > {log} 2>&1"
+
+
+rule rollout_merge:
+    input:
+        lambda wc: [str(p) for p in WF.node("rollout", wc.id).shard_outputs],
+    output:
+        **stage_outputs("rollout"),
+    params:
+        spec=stage_spec("rollout"),
+    log:
+        "logs/rollout/{id}/merge.log",
+    shell:
+        stage_shell("rollout")
+
+
+rule trace_filter:
+    input:
+        stage_inputs("trace_filter"),
+    output:
+        **stage_outputs("trace_filter"),
+    params:
+        spec=stage_spec("trace_filter"),
+    log:
+        "logs/trace_filter/{id}.log",
+    shell:
+        stage_shell("trace_filter")
