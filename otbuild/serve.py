@@ -1,0 +1,234 @@
+"""`otbuild serve MODEL_DIR`: an OpenAI-compatible chat server over transformers.
+
+One model on the CPU or one GPU; requests run one at a time. Endpoints: POST
+/v1/chat/completions (messages, temperature, max_tokens, top_p, seed, stop, n=1; greedy when
+temperature is 0; `usage` token counts), GET /v1/models, GET /health. Prints
+`otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+READY = "otbuild serve: listening on "
+DEFAULT_MAX_TOKENS = 512
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class ChatModel:
+    """A causal LM and its tokenizer's chat template; `chat()` runs one request at a time."""
+
+    def __init__(self, model_dir: str | Path, device: str = "auto"):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"{model_dir}: the tokenizer has no chat template")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        self.max_len = getattr(self.model.config, "max_position_embeddings", None)
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+        pad = self.tokenizer.pad_token_id
+        self.pad = pad if pad is not None else next(iter(self.eos), 0)
+        self.lock = threading.Lock()
+
+    def chat(self, messages: list[dict], *, max_tokens: int | None = None,
+             temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+             stop: list[str] = ()) -> dict:
+        from transformers import GenerationConfig
+
+        torch = self.torch
+        prompt = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        n_in = ids.shape[1]
+        room = (self.max_len - n_in) if self.max_len else None
+        if room is not None and room < (max_tokens or 1):
+            raise RequestError(400, f"This model's maximum context length is {self.max_len} "
+                                    f"tokens; the prompt has {n_in} and max_tokens is {max_tokens}")
+        if max_tokens is None:
+            max_tokens = min(DEFAULT_MAX_TOKENS, room) if room else DEFAULT_MAX_TOKENS
+        sample = temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=max_tokens, do_sample=sample, eos_token_id=sorted(self.eos) or None,
+            pad_token_id=self.pad, **({"temperature": temperature, "top_p": top_p} if sample else {}),
+        )
+        with self.lock, torch.inference_mode():
+            if seed is not None:
+                torch.manual_seed(seed)
+            ids = ids.to(self.device)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=config)
+        new = out[0, n_in:].tolist()
+        finish = "stop" if new and new[-1] in self.eos else "length"
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        return {"text": text, "prompt_tokens": n_in, "completion_tokens": len(new),
+                "finish_reason": finish}
+
+
+def _request_args(body: dict) -> dict:
+    """Validate a chat request body; return ChatModel.chat's keyword arguments."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "`messages` must be a non-empty list")
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "only n=1 is supported")
+    if body.get("stream"):
+        raise RequestError(400, "streaming is not supported")
+    stop = body.get("stop") or []
+    try:
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        return {
+            "messages": messages,
+            "max_tokens": None if max_tokens is None else int(max_tokens),
+            "temperature": float(body.get("temperature", 1.0)),
+            "top_p": float(body.get("top_p", 1.0)),
+            "seed": None if body.get("seed") is None else int(body["seed"]),
+            "stop": [stop] if isinstance(stop, str) else list(stop),
+        }
+    except (TypeError, ValueError) as e:
+        raise RequestError(400, f"bad parameter: {e}") from e
+
+
+class ChatServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], model: ChatModel, served_model_name: str):
+        super().__init__(address, Handler)
+        self.model, self.served_model_name = model, served_model_name
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: ChatServer
+    protocol_version = "HTTP/1.1"
+
+    def _send(self, status: int, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            name = self.server.served_model_name
+            self._send(200, {"object": "list", "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "otbuild"}]})
+        else:
+            self._error(404, f"no route {self.path}")
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path != "/v1/chat/completions":
+            return self._error(404, f"no route {self.path}")
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise RequestError(400, "the body must be a JSON object")
+            name = self.server.served_model_name
+            if body.get("model", name) != name:
+                raise RequestError(404, f"the model `{body.get('model')}` does not exist")
+            out = self.server.model.chat(**_request_args(body))
+        except json.JSONDecodeError as e:
+            return self._error(400, f"invalid JSON: {e}")
+        except RequestError as e:
+            return self._error(e.status, str(e))
+        except Exception as e:  # noqa: BLE001 - a generation failure: the server lives on
+            return self._error(500, f"{type(e).__name__}: {e}")
+        self._send(200, {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": [{"index": 0, "finish_reason": out["finish_reason"],
+                         "message": {"role": "assistant", "content": out["text"]}}],
+            "usage": {"prompt_tokens": out["prompt_tokens"],
+                      "completion_tokens": out["completion_tokens"],
+                      "total_tokens": out["prompt_tokens"] + out["completion_tokens"]},
+        })
+
+    def log_message(self, format, *args):  # one short line per request, to stderr
+        sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+
+def make_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 0, *,
+                served_model_name: str | None = None, device: str = "auto") -> ChatServer:
+    """Load the model and bind the port (0: a free one); call `serve_forever()` on the result."""
+    model = ChatModel(model_dir, device)
+    return ChatServer((host, port), model, served_model_name or str(model_dir))
+
+
+def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 0, *,
+          served_model_name: str | None = None, device: str = "auto") -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM)."""
+    import signal
+
+    server = make_server(model_dir, host, port, served_model_name=served_model_name, device=device)
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    print(f"{READY}{server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="otbuild serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("model_dir", help="a transformers model dir (weights, tokenizer, chat template)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: a free port (printed on start)")
+    p.add_argument("--served-model-name", default=None, help="the `model` clients send "
+                   "(default: MODEL_DIR as given)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    args = p.parse_args(argv)
+    if not (Path(args.model_dir) / "config.json").is_file():
+        print(f"otbuild serve: {args.model_dir}: not a model dir (no config.json)", file=sys.stderr)
+        return 2
+    serve(args.model_dir, args.host, args.port, served_model_name=args.served_model_name,
+          device=args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
