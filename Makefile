@@ -5,8 +5,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup smoke test test-fast bench
 
+# torch: an existing install is kept (e.g. a CUDA build on a GPU node); otherwise the pinned
+# CPU-friendly release (on this project's CI machines its wheel is on local disk).
+TORCH ?= torch==2.13.0
+
 setup:  ## Python package + dev extras (editable), and bubblewrap for sandboxed tasks
 	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	$(PYTHON) -m pip install -q -e '.[dev]'
 
 smoke: setup  ## build the smoke recipe: the whole DAG on the CPU

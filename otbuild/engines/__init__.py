@@ -3,6 +3,9 @@
     async with make_engine({"engine": "vllm", "model": "...", ...}) as engine:
         completion = await engine.complete(messages)
 
+or `engine = await open_engine(settings)` ... `await engine.aclose()`. A recipe section with
+other keys beside the engine's goes through `engine_settings(section)` first.
+
 `ENGINES` maps a recipe's `engine` key to a factory `settings dict -> Engine`, as a callable
 or a lazy "module:attribute" path; new engines (e.g. the oracle) add an entry or `register()`.
 """
@@ -13,6 +16,7 @@ import importlib
 from collections.abc import Callable
 
 from otbuild.engines.base import Completion, Engine, EngineError
+from otbuild.engines.settings import engine_settings
 from otbuild.errors import ConfigError
 
 Factory = Callable[[dict], Engine]
@@ -21,6 +25,7 @@ ENGINES: dict[str, str | Factory] = {
     "openai": "otbuild.engines.openai:OpenAIEngine.from_settings",
     "vllm": "otbuild.engines.vllm:VLLMEngine.from_settings",
     "transformers": "otbuild.engines.local:TransformersEngine.from_settings",
+    "oracle": "otbuild.engines.oracle:OracleEngine",
 }
 
 
@@ -46,4 +51,18 @@ def make_engine(settings: dict) -> Engine:
     return _resolve(ENGINES[name])(settings)
 
 
-__all__ = ["ENGINES", "Completion", "Engine", "EngineError", "make_engine", "register"]
+async def open_engine(settings: dict) -> Engine:
+    """make_engine, then start its server if it manages one (the caller must `aclose()` it)."""
+    engine = make_engine(settings)
+    start = getattr(engine, "start", None)
+    if start is not None:
+        try:
+            await start()
+        except BaseException:
+            await engine.aclose()
+            raise
+    return engine
+
+
+__all__ = ["ENGINES", "Completion", "Engine", "EngineError", "engine_settings", "make_engine",
+           "open_engine", "register"]

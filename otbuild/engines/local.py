@@ -23,7 +23,7 @@ def start_local_server(
     port: int = 0,
     device: str = "auto",
     served_model_name: str | None = None,
-    startup_timeout_s: float = 300.0,
+    startup_timeout_sec: float = 300.0,
     log_path: str | Path | None = None,
     env: dict | None = None,
 ) -> tuple[str, Callable[[], None]]:
@@ -40,7 +40,7 @@ def start_local_server(
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     ).start()
     try:
-        deadline = time.monotonic() + startup_timeout_s
+        deadline = time.monotonic() + startup_timeout_sec
         root = server.wait_for_log(READY_PATTERN, deadline).group(1)
         server.wait_healthy(f"{root}/health", deadline)
     except BaseException:
@@ -63,6 +63,6 @@ class TransformersEngine(ManagedServerEngine):
         s = self.settings
         return start_local_server(
             s.model, host=s.host, port=s.port or 0, device=s.device,
-            served_model_name=s.served_model_name, startup_timeout_s=s.startup_timeout_s,
+            served_model_name=s.served_model_name, startup_timeout_sec=s.startup_timeout_sec,
             log_path=s.log_path, env=s.env,
         )

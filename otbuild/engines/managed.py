@@ -8,6 +8,7 @@ from dataclasses import fields
 
 from otbuild.engines.base import Completion
 from otbuild.engines.openai import OpenAIEngine
+from otbuild.engines.process import install_sigterm_cleanup
 from otbuild.engines.settings import ClientSettings, ServerSettings
 
 
@@ -37,6 +38,7 @@ class ManagedServerEngine:
         async with self._lock:
             if self._client is not None:
                 return
+            install_sigterm_cleanup()  # here: signal handlers need the main thread
             self.base_url, self._stop = await asyncio.to_thread(self._launch)
             client = {f.name: getattr(self.settings, f.name) for f in fields(ClientSettings)}
             self._client = OpenAIEngine(

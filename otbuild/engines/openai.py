@@ -77,7 +77,7 @@ class OpenAIEngine:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            n, t = self.settings.concurrency, self.settings.timeout_s
+            n, t = self.settings.concurrency, self.settings.request_timeout_sec
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(t, connect=min(t, 30.0)),
                 limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
@@ -88,10 +88,10 @@ class OpenAIEngine:
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with equal jitter: half fixed, half random."""
-        cap = min(self.settings.backoff_max_s, self.settings.backoff_s * 2 ** (attempt - 1))
+        cap = min(self.settings.backoff_max_sec, self.settings.backoff_sec * 2 ** (attempt - 1))
         delay = cap / 2 + random.uniform(0, cap / 2)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, self.settings.backoff_max_s))
+            delay = max(delay, min(retry_after, self.settings.backoff_max_sec))
         return delay
 
     async def complete(self, messages: list[dict], **kw) -> Completion:

@@ -1,7 +1,8 @@
 """Engine settings: every key an engine reads, its default, and a strict loader.
 
-A recipe's engine block is a flat mapping: `engine` (the registry key) plus the keys of that
-engine's settings class. Unknown keys are config errors.
+An engine's settings are a flat mapping: `engine` (the registry key) plus the keys of that
+engine's settings class; a managed server's launch options may also be nested under
+`engine_args` (flattened on load). Unknown keys are config errors.
 """
 
 from __future__ import annotations
@@ -27,22 +28,27 @@ class ClientSettings:
     extra_body: dict = field(default_factory=dict)  # merged into every request body
     concurrency: int = 8  # requests in flight per engine
     max_retries: int = 5  # retries after the first attempt (transport errors, 429, 5xx)
-    timeout_s: float = 600.0  # per request
-    backoff_s: float = 1.0  # first retry waits ~backoff_s, doubling, with jitter
-    backoff_max_s: float = 60.0
+    request_timeout_sec: float = 600.0  # per request
+    backoff_sec: float = 1.0  # the first retry waits ~backoff_sec, doubling, with jitter
+    backoff_max_sec: float = 60.0
 
     def __post_init__(self):
         if not self.model:
             raise ConfigError(f"engine {self.engine!r}: `model` must be set")
-        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+        if self.concurrency < 1 or self.max_retries < 0 or self.request_timeout_sec <= 0:
             raise ConfigError(
-                f"engine {self.engine!r}: need concurrency >= 1, max_retries >= 0, timeout_s > 0"
+                f"engine {self.engine!r}: need concurrency >= 1, max_retries >= 0, request_timeout_sec > 0"
             )
 
     @classmethod
     def from_dict(cls, settings: dict):
         """Build from a recipe mapping; unknown or missing keys are ConfigErrors."""
-        given = {k: v for k, v in settings.items() if k != "engine"}
+        given = {k: v for k, v in settings.items() if k not in ("engine", "engine_args")}
+        nested = settings.get("engine_args") or {}
+        if set(nested) & set(given):
+            raise ConfigError(f"engine {cls.engine!r}: {sorted(set(nested) & set(given))} "
+                              "set both in engine_args and outside it")
+        given.update(nested)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(given) - known)
         if unknown:
@@ -79,7 +85,7 @@ class ServerSettings(ClientSettings):
     host: str = "127.0.0.1"
     port: int | None = None  # None: a free port
     served_model_name: str | None = None  # None: `model`
-    startup_timeout_s: float = 300.0
+    startup_timeout_sec: float = 300.0
     log_path: str | None = None  # the server's stdout+stderr; None: a temporary file
     env: dict = field(default_factory=dict)  # extra environment variables for the server
 
@@ -101,7 +107,7 @@ class VLLMSettings(ServerSettings):
     engine: ClassVar[str] = "vllm"
 
     concurrency: int = 64  # vLLM batches concurrent requests
-    startup_timeout_s: float = 1800.0  # big checkpoints load slowly
+    startup_timeout_sec: float = 1800.0  # big checkpoints load slowly
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     max_model_len: int | None = None
@@ -112,3 +118,15 @@ class VLLMSettings(ServerSettings):
     reasoning_parser: str | None = None
     extra_args: list[str] = field(default_factory=list)  # appended to the command line as is
     vllm_executable: str = "vllm"
+
+
+SETTINGS: dict[str, type[ClientSettings]] = {
+    c.engine: c for c in (OpenAISettings, TransformersSettings, VLLMSettings)
+}
+
+
+def engine_settings(section: dict) -> dict:
+    """The keys of `section` (e.g. a recipe's teacher section) that its engine reads."""
+    cls = SETTINGS.get(section.get("engine"))
+    known = {f.name for f in fields(cls)} | {"engine_args"} if cls else set()
+    return {k: v for k, v in section.items() if k in known or k == "engine"}

@@ -51,7 +51,7 @@ class VLLMEngine(ManagedServerEngine):
         ).start()
         root = f"http://{client_host}:{port}"
         try:
-            server.wait_healthy(f"{root}/health", time.monotonic() + s.startup_timeout_s)
+            server.wait_healthy(f"{root}/health", time.monotonic() + s.startup_timeout_sec)
         except BaseException:
             server.stop()
             raise

@@ -186,6 +186,14 @@ def _suggest(word: str, choices: list[str], what: str) -> str:
 
 # -- checks across keys ----------------------------------------------------------------------
 def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
+    if recipe.teacher and recipe.teacher.engine != "oracle":
+        from otbuild.engines.settings import SETTINGS, engine_settings
+
+        section = engine_settings(recipe.teacher.model_dump())
+        try:
+            SETTINGS[recipe.teacher.engine].from_dict(section)
+        except ConfigError as e:
+            raise ConfigError(f"{_file_for(('teacher',), origin, path)}: teacher: {e}") from None
     if recipe.mix and recipe.mix.n > len(recipe.sources):
         file = _file_for(("mix", "n"), origin, path)
         raise ConfigError(

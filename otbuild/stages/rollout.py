@@ -104,7 +104,7 @@ def _read_partial(path: Path) -> dict[int, dict]:
 
 async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int) -> None:
-    from otbuild.engines import make_engine
+    from otbuild.engines import engine_settings, open_engine
     from otbuild.harness.trial import TrialSettings, run_trial
     from otbuild.sandbox import Limits
 
@@ -117,7 +117,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     progress = Progress(total, already)
     sem = asyncio.Semaphore(settings["concurrency"])
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
-    engine = await make_engine(settings)
+    engine = await open_engine(engine_settings(settings))
     try:
         with open(partial, "a") as out:
 

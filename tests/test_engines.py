@@ -1,0 +1,410 @@
+"""LLM engines: the openai client (retries, backoff, concurrency, keys) against local HTTP
+servers, `otbuild serve` with a tiny model built here, and the vllm lifecycle with a fake
+`vllm` executable. Network only on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from otbuild.engines import ENGINES, EngineError, engine_settings, make_engine, register
+from otbuild.engines.process import free_port
+from otbuild.engines.vllm import vllm_command
+from otbuild.errors import ConfigError
+from otbuild.serve import READY
+
+psutil = pytest.importorskip("psutil")
+
+MSG = [{"role": "user", "content": "list the files in /tmp"}]
+OK = {
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "ls /tmp"}}],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+}
+
+
+# --- a scripted OpenAI-like server --------------------------------------------------------
+
+
+class Scripted(ThreadingHTTPServer):
+    """Answers POSTs from `script` (status, body) in order, then the last one; records requests
+    and the most requests it had in flight at once."""
+
+    daemon_threads = True
+
+    def __init__(self, script: list[tuple[int, dict]], delay: float = 0.0):
+        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+        self.script, self.delay = script, delay
+        self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        srv: Scripted = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with srv.lock:
+            srv.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+            status, answer = srv.script[min(len(srv.requests), len(srv.script)) - 1]
+            srv.in_flight += 1
+            srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        time.sleep(srv.delay)
+        with srv.lock:
+            srv.in_flight -= 1
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def start(script, delay=0.0):
+        srv = Scripted(script, delay)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def openai(base_url, **kw):
+    return make_engine({"engine": "openai", "base_url": base_url, "model": "m",
+                        "backoff_sec": 0.05, **kw})
+
+
+async def complete_with(engine, n=1, **kw):
+    async with engine:
+        return await asyncio.gather(*[engine.complete(MSG, **kw) for _ in range(n)])
+
+
+# --- settings and registry ---------------------------------------------------------------
+
+
+def test_registry_and_settings_errors(monkeypatch):
+    with pytest.raises(ConfigError, match="unknown engine 'nope'"):
+        make_engine({"engine": "nope"})
+    with pytest.raises(ConfigError, match="unknown setting.*temprature"):
+        make_engine({"engine": "openai", "base_url": "http://x/v1", "model": "m", "temprature": 1})
+    with pytest.raises(ConfigError, match="missing setting.*base_url"):
+        make_engine({"engine": "openai", "model": "m"})
+    with pytest.raises(ConfigError, match="OTB_NO_SUCH_KEY"):
+        make_engine({"engine": "openai", "base_url": "http://x/v1", "model": "m",
+                     "api_key_env": "OTB_NO_SUCH_KEY"})
+    section = {"engine": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2},
+               "max_episodes": 50, "shards": 4, "request_timeout_sec": 60}
+    settings = engine_settings(section)
+    assert settings == {"engine": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2},
+                        "request_timeout_sec": 60}
+    assert make_engine(settings).settings.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match="both in engine_args"):
+        make_engine({**settings, "tensor_parallel_size": 2})
+    assert make_engine({"engine": "oracle"}).name == "oracle"
+    monkeypatch.setitem(ENGINES, "echo", None)
+    register("echo", lambda s: ("echo", s["model"]))
+    assert make_engine({"engine": "echo", "model": "m"}) == ("echo", "m")
+    e = make_engine({"engine": "vllm", "model": "org/M"})
+    assert (e.name, e.model, e.provider) == ("vllm", "org/M", "hosted_vllm")
+
+
+# --- the openai engine against scripted servers -----------------------------------------
+
+
+def test_completion_body_and_bearer_key(scripted, monkeypatch):
+    srv = scripted([(200, OK)])
+    monkeypatch.setenv("OTB_TEST_KEY", "sk-secret")
+    engine = openai(srv.base_url, api_key_env="OTB_TEST_KEY", temperature=0.0, max_tokens=64,
+                    extra_body={"top_k": 5})
+    [c] = asyncio.run(complete_with(engine, seed=3))
+    assert (c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason) == ("ls /tmp", 7, 3, "stop")
+    assert c.usage_reported
+    [req] = srv.requests
+    assert req["path"] == "/v1/chat/completions"
+    assert req["headers"]["Authorization"] == "Bearer sk-secret"
+    assert req["body"] == {"model": "m", "messages": MSG, "temperature": 0.0, "max_tokens": 64,
+                           "top_k": 5, "seed": 3}
+    assert (engine.name, engine.provider) == ("openai", "openai")
+
+
+def test_retries_429_and_503_then_success(scripted):
+    srv = scripted([(429, {"error": "slow down"}), (503, {"error": "busy"}), (200, OK)])
+    engine = openai(srv.base_url, max_retries=3)
+    [c] = asyncio.run(complete_with(engine))
+    assert c.text == "ls /tmp" and len(srv.requests) == 3
+    assert engine.stats["retries"] == 2
+
+
+def test_400_is_not_retried(scripted):
+    srv = scripted([(400, {"error": {"message": "context length exceeded"}})])
+    with pytest.raises(EngineError, match="rejected the request.*HTTP 400.*context length") as e:
+        asyncio.run(complete_with(openai(srv.base_url, max_retries=5)))
+    assert e.value.status == 400 and len(srv.requests) == 1
+
+
+def test_5xx_gives_up_after_max_retries(scripted):
+    srv = scripted([(500, {"error": "boom"})])
+    with pytest.raises(EngineError, match="after 3 attempt.*HTTP 500") as e:
+        asyncio.run(complete_with(openai(srv.base_url, max_retries=2)))
+    assert e.value.status == 500 and len(srv.requests) == 3
+
+
+def test_connection_refused_retries_with_backoff():
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    engine = openai(url, max_retries=3, backoff_sec=0.1)
+    t = time.monotonic()
+    with pytest.raises(EngineError, match="after 4 attempt.*ConnectError") as e:
+        asyncio.run(complete_with(engine))
+    # equal jitter: each wait is at least half of 0.1, 0.2, 0.4
+    assert time.monotonic() - t >= 0.35
+    assert e.value.status is None and engine.stats["requests"] == 4
+
+
+def test_timeout_is_retried(scripted):
+    srv = scripted([(200, OK)], delay=0.5)
+    with pytest.raises(EngineError, match="after 2 attempt.*Timeout"):
+        asyncio.run(complete_with(openai(srv.base_url, max_retries=1, request_timeout_sec=0.1)))
+    assert len(srv.requests) == 2
+
+
+def test_missing_usage_is_flagged(scripted):
+    srv = scripted([(200, {"choices": OK["choices"]})])
+    engine = openai(srv.base_url)
+    [c] = asyncio.run(complete_with(engine))
+    assert (c.n_input_tokens, c.n_output_tokens, c.usage_reported) == (0, 0, False)
+    assert engine.stats["usage_missing"] == 1
+
+
+def test_concurrency_bound(scripted):
+    srv = scripted([(200, OK)], delay=0.15)
+    results = asyncio.run(complete_with(openai(srv.base_url, concurrency=3), n=10))
+    assert len(results) == 10 and srv.max_in_flight == 3
+
+
+# --- vllm command -------------------------------------------------------------------------
+
+
+def test_vllm_command_glm47_awq():
+    settings = {
+        "engine": "vllm", "model": "QuantTrio/GLM-4.7-AWQ", "tensor_parallel_size": 4,
+        "quantization": "awq", "max_model_len": 32768, "gpu_memory_utilization": 0.92,
+        "enable_auto_tool_choice": True, "tool_call_parser": "glm47", "reasoning_parser": "glm45",
+        "served_model_name": "glm-4.7", "extra_args": ["--enable-prefix-caching"],
+    }
+    assert vllm_command(settings, 8123) == [
+        "vllm", "serve", "QuantTrio/GLM-4.7-AWQ", "--host", "127.0.0.1", "--port", "8123",
+        "--tensor-parallel-size", "4", "--data-parallel-size", "1",
+        "--served-model-name", "glm-4.7", "--max-model-len", "32768", "--quantization", "awq",
+        "--gpu-memory-utilization", "0.92", "--tool-call-parser", "glm47",
+        "--reasoning-parser", "glm45", "--enable-auto-tool-choice", "--enable-prefix-caching",
+    ]
+    minimal = vllm_command({"engine": "vllm", "model": "m", "data_parallel_size": 2}, 9)
+    assert minimal == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "9",
+                       "--tensor-parallel-size", "1", "--data-parallel-size", "2"]
+
+
+# --- serving the tiny model ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers")
+    from otbuild.engines.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model")
+
+
+@pytest.fixture(scope="module")
+def local_server(tiny_model):
+    from otbuild.engines.local import start_local_server
+
+    base_url, stop = start_local_server(tiny_model, device="cpu")
+    yield base_url
+    stop()
+
+
+def server_processes(marker: Path) -> list:
+    """Live processes whose command line names `marker` (a unique tmp path)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and str(marker) in " ".join(p.info["cmdline"] or []):
+            found.append(p)
+    return found
+
+
+def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted):
+    import httpx
+
+    root = local_server.removesuffix("/v1")
+    assert httpx.get(f"{root}/health", trust_env=False).json() == {"status": "ok"}
+    models = httpx.get(f"{local_server}/models", trust_env=False).json()
+    assert models["data"][0]["id"] == str(tiny_model)
+    engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
+                          "max_tokens": 12, "temperature": 0.0, "concurrency": 2})
+    results = asyncio.run(complete_with(engine, n=4))
+    for c in results:
+        assert c.text and c.n_input_tokens > 5 and 0 < c.n_output_tokens <= 12
+        assert c.finish_reason in ("stop", "length")
+    assert len({c.text for c in results}) == 1  # greedy: the same answer every time
+    sampled = asyncio.run(complete_with(engine, temperature=1.0, seed=7, n=2))
+    assert sampled[0].text == sampled[1].text  # same seed, same sample
+    with pytest.raises(EngineError, match="HTTP 404.*does not exist") as e:
+        asyncio.run(complete_with(make_engine(
+            {"engine": "openai", "base_url": local_server, "model": "other"})))
+    assert e.value.status == 404
+    with pytest.raises(EngineError, match="HTTP 400.*maximum context length"):
+        asyncio.run(complete_with(engine, max_tokens=5000))
+
+
+def test_transformers_engine_starts_and_stops_its_server(tiny_model):
+    async def run():
+        engine = make_engine({"engine": "transformers", "model": str(tiny_model),
+                              "device": "cpu", "max_tokens": 8})
+        async with engine:
+            c = await engine.complete(MSG)
+            alive = server_processes(tiny_model)
+        return engine, c, alive
+
+    before = {p.pid for p in server_processes(tiny_model)}  # the module's shared server
+    engine, c, alive = asyncio.run(run())
+    assert (engine.name, engine.provider) == ("transformers", "transformers")
+    assert c.n_output_tokens > 0 and {p.pid for p in alive} - before
+    assert {p.pid for p in server_processes(tiny_model)} == before
+
+
+# --- the vllm lifecycle with a fake `vllm` on PATH ----------------------------------------
+
+FAKE_VLLM = """\
+#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if os.environ.get("FAKE_VLLM_FAIL"):
+    print("RuntimeError: CUDA out of memory", flush=True)
+    sys.exit(1)
+def opt(name):
+    return args[args.index(name) + 1]
+os.execv(sys.executable, [sys.executable, "-m", "otbuild.serve", args[1], "--device", "cpu",
+         "--host", opt("--host"), "--port", opt("--port"),
+         "--served-model-name", opt("--served-model-name")])
+"""
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch, tiny_model):
+    """A `vllm` on PATH that serves the tiny model with `otbuild serve`; returns its settings."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "vllm"
+    exe.write_text(FAKE_VLLM.format(python=sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    log = tmp_path / "argv.jsonl"
+    return {
+        "engine": "vllm", "model": str(tiny_model), "served_model_name": "tiny",
+        "tensor_parallel_size": 4, "quantization": "awq", "max_tokens": 8,
+        "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(log)},
+        "startup_timeout_sec": 60,
+    }
+
+
+def launched(settings) -> list[list[str]]:
+    return [json.loads(line) for line in Path(settings["env"]["FAKE_VLLM_LOG"]).read_text().splitlines()]
+
+
+def test_vllm_lifecycle_success(fake_vllm, tiny_model):
+    before = {p.pid for p in server_processes(tiny_model)}
+
+    async def ok():
+        async with make_engine(fake_vllm) as engine:
+            c = await engine.complete(MSG)
+            return engine, c, {p.pid for p in server_processes(tiny_model)} - before
+
+    engine, c, started = asyncio.run(ok())
+    assert (engine.model, engine.provider) == ("tiny", "hosted_vllm") and c.n_output_tokens > 0
+    assert started and {p.pid for p in server_processes(tiny_model)} == before
+    [argv] = launched(fake_vllm)
+    assert argv[:2] == ["serve", str(tiny_model)] and "--tensor-parallel-size" in argv
+    assert argv[argv.index("--quantization") + 1] == "awq"
+    assert READY in Path(fake_vllm["log_path"]).read_text()  # the server's log is kept
+
+
+def test_vllm_stopped_after_an_exception_inside(fake_vllm, tiny_model):
+    before = {p.pid for p in server_processes(tiny_model)}
+
+    async def boom():
+        async with make_engine(fake_vllm) as engine:
+            await engine.complete(MSG)
+            assert {p.pid for p in server_processes(tiny_model)} - before
+            raise RuntimeError("the rollout failed")
+
+    with pytest.raises(RuntimeError, match="the rollout failed"):
+        asyncio.run(boom())
+    assert {p.pid for p in server_processes(tiny_model)} == before
+
+
+def test_vllm_startup_failure_reports_log_tail(fake_vllm):
+    settings = {**fake_vllm, "env": {**fake_vllm["env"], "FAKE_VLLM_FAIL": "1"}}
+    with pytest.raises(EngineError, match="(?s)exited with code 1.*CUDA out of memory"):
+        asyncio.run(complete_with(make_engine(settings)))
+    with pytest.raises(EngineError, match="cannot run"):
+        asyncio.run(complete_with(make_engine({**fake_vllm, "vllm_executable": "/nonexistent/vllm"})))
+
+
+def test_sigterm_stops_the_vllm_server(fake_vllm, tiny_model, tmp_path):
+    script = tmp_path / "rollout.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio, json
+        from otbuild.engines import open_engine
+
+        async def main():
+            engine = await open_engine(json.loads({json.dumps(json.dumps(fake_vllm))}))
+            try:
+                await engine.complete([{{"role": "user", "content": "hi"}}])
+                print("ready", flush=True)
+                await asyncio.sleep(60)
+            finally:
+                await engine.aclose()
+
+        asyncio.run(main())
+    """))
+    before = {p.pid for p in server_processes(tiny_model)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert {p.pid for p in server_processes(tiny_model)} - before
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert {p.pid for p in server_processes(tiny_model)} == before
