@@ -122,6 +122,15 @@ def show(path, row, limit, columns):
     show_mod.show(path, out, row=row, limit=limit, columns=columns.split(",") if columns else None)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def serve(args):
+    """Serve a transformers model dir over an OpenAI-compatible chat API (`serve --help`)."""
+    from otbuild.serve import main as serve_main
+
+    sys.exit(serve_main(list(args)))
+
+
 @main.group()
 def export():
     """Write artifacts out in other formats."""
