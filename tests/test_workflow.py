@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, otbuild, snakemake
@@ -105,9 +106,15 @@ def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
 def test_smoke_recipe_builds(project):
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     ran, _ = snakemake(project, "smoke")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "smoke": 1}
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
+                   "trace_filter": 1, "smoke": 1}
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
+    traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()
+    assert len(traces) == 24 and all(t["reward"] == 1.0 for t in traces)  # the oracle solves them all
+    assert all(t["n_turns"] >= 5 and t["conversations"][0]["role"] == "user" for t in traces)
+    res = otbuild(project, "show", "results/smoke/trace_filter/kept.parquet", "--row", "0")
+    assert res.returncode == 0 and "New Terminal Output" in res.stdout
 
 
 def test_slurm_dry_run_from_the_repo_root():
