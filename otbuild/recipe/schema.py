@@ -43,7 +43,71 @@ class PathSource(Strict):
     path: str = Field(min_length=1, description="relative to the project root, or absolute")
 
 
-Source = Annotated[SyntheticSource | PathSource, Field(discriminator="kind")]
+class SweInstancesSource(Strict):
+    """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
+
+    kind: Literal["swe-instances"]
+    rank: int = Field(ge=1)
+    path: str = Field(min_length=1)
+    patch_introduces_bug: bool | Literal["auto"] = Field(
+        default="auto",
+        description="SWE-smith convention (oracle = reverse patch); auto: by repo/image/id naming",
+    )
+    image_namespace: str | None = Field(
+        default=None, min_length=1, description="prefixed to an image_name without one"
+    )
+
+
+class StackExchangeSource(Strict):
+    """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
+
+    kind: Literal["stackexchange"]
+    rank: int = Field(ge=1)
+    path: str = Field(min_length=1)
+    site: str | None = Field(
+        default=None, min_length=1, description="default: the row's site, or the dump's folder"
+    )
+
+
+class Nl2BashSource(Strict):
+    """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
+
+    kind: Literal["nl2bash"]
+    rank: int = Field(ge=1)
+    path: str = Field(min_length=1)
+    verifier: bool = Field(
+        default=True, description="add tests where the command is safe and deterministic"
+    )
+
+
+class TableColumns(Strict):
+    instruction: str = Field(min_length=1)
+    id: str | None = None
+    solution: str | None = None
+    tests: str | None = None
+    metadata: list[str] = []
+
+
+class TableSource(Strict):
+    """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
+
+    kind: Literal["table"]
+    rank: int = Field(ge=1)
+    path: str = Field(min_length=1)
+    columns: TableColumns
+    image: str = Field(default="python:3.12-slim", min_length=1)
+    docker_image: str | None = Field(default=None, min_length=1)
+
+
+Source = Annotated[
+    SyntheticSource
+    | PathSource
+    | SweInstancesSource
+    | StackExchangeSource
+    | Nl2BashSource
+    | TableSource,
+    Field(discriminator="kind"),
+]
 
 
 class Mix(Strict):

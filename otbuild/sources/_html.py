@@ -35,7 +35,10 @@ class _Md(HTMLParser):
     def flush(self) -> None:
         text = "".join(self.line)
         self.line = []
-        text = re.sub(r"[ \t\r\n]+", " ", text).strip()
+        text = re.sub(r"[ \t\r\n\xa0]+", " ", text).strip()
+        text = re.sub(r" ?\x01 ?", "\n" + self._prefix() + "   " * len(self.lists), text).strip(
+            "\n"
+        )
         if self.pending_item is not None:
             indent = "   " * (len(self.lists) - 1)
             text = f"{indent}{self.pending_item} {text}".rstrip()
@@ -68,8 +71,7 @@ class _Md(HTMLParser):
             kind, n = self.lists[-1]
             self.pending_item = f"{n}." if kind == "ol" else "-"
         elif tag == "br":
-            self.line.append("\n")
-            self.flush()
+            self.line.append("\x01")  # a line break inside the block
         elif tag == "hr":
             self.out += [self._prefix() + "---", ""]
         elif tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
@@ -109,7 +111,7 @@ class _Md(HTMLParser):
         elif tag == "a" and self.links:
             href = self.links.pop()
             text_start = max(i for i, s in enumerate(self.line) if s == "\x00[")
-            text = "".join(self.line[text_start + 1:]).strip()
+            text = "".join(self.line[text_start + 1 :]).strip()
             del self.line[text_start:]
             if not href or href == text or not text:
                 self.line.append(text or href or "")
@@ -140,8 +142,11 @@ class _Md(HTMLParser):
         self.flush()
         lines = "\n".join(self.out).replace("\x00[", "").split("\n")
         # a bare ">" line only separates quoted paragraphs: drop it at the end of a quote
-        lines = [ln for i, ln in enumerate(lines)
-                 if not (ln.strip() == ">" and (i + 1 == len(lines) or not lines[i + 1].startswith(">")))]
+        lines = [
+            ln
+            for i, ln in enumerate(lines)
+            if not (ln.strip() == ">" and (i + 1 == len(lines) or not lines[i + 1].startswith(">")))
+        ]
         text = "\n".join(lines)
         return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 

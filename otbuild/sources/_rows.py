@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -64,7 +65,9 @@ def iter_file(f: Path) -> Iterator[Row]:
 def _obj(where: str, value) -> Row:
     if isinstance(value, dict):
         return Row(where, value)
-    return Row(where, None, "not an object", f"{where}: a JSON {type(value).__name__}, not an object")
+    return Row(
+        where, None, "not an object", f"{where}: a JSON {type(value).__name__}, not an object"
+    )
 
 
 def _jsonl(f: Path) -> Iterator[Row]:
@@ -102,14 +105,20 @@ def _json(f: Path) -> Iterator[Row]:
         ) from None
     if isinstance(value, dict):
         # a single record, or a wrapper such as {"instances": [...]} / {"data": [...]}
-        lists = [k for k, v in value.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        lists = [
+            k
+            for k, v in value.items()
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+        ]
         if len(value) == 1 and lists:
             value = value[lists[0]]
         else:
             yield Row(f.name, value)
             return
     if not isinstance(value, list):
-        raise SourceFormatError(f"{f}: expected a JSON object or a list of objects, found {type(value).__name__}")
+        raise SourceFormatError(
+            f"{f}: expected a JSON object or a list of objects, found {type(value).__name__}"
+        )
     for i, item in enumerate(value):
         yield _obj(f"{f.name}[{i}]", item)
 
@@ -128,9 +137,19 @@ def _csv(f: Path) -> Iterator[Row]:
                 where = f"{f.name}:{reader.line_num}"
                 bad = [k for k, v in row.items() if isinstance(v, str) and _SURROGATE.search(v)]
                 if bad:
-                    yield Row(where, None, "bad encoding", f"{f}: line {reader.line_num}: column(s) {bad} not UTF-8")
+                    yield Row(
+                        where,
+                        None,
+                        "bad encoding",
+                        f"{f}: line {reader.line_num}: column(s) {bad} not UTF-8",
+                    )
                 elif None in row:
-                    yield Row(where, None, "bad row", f"{f}: line {reader.line_num}: more fields than the header")
+                    yield Row(
+                        where,
+                        None,
+                        "bad row",
+                        f"{f}: line {reader.line_num}: more fields than the header",
+                    )
                 else:
                     yield Row(where, row)
         except csv.Error as e:
@@ -152,7 +171,9 @@ def _parquet(f: Path) -> Iterator[Row]:
         try:
             table = pf.read_row_group(g)
         except (pa.ArrowException, OSError) as e:
-            raise SourceFormatError(f"{f}: row group {g} of {pf.num_row_groups} is unreadable: {e}") from None
+            raise SourceFormatError(
+                f"{f}: row group {g} of {pf.num_row_groups} is unreadable: {e}"
+            ) from None
         for i, row in enumerate(table.to_pylist()):
             yield Row(f"{f.name}:rg{g}:{i}", row)
 
@@ -169,7 +190,7 @@ def task_name(*parts: object) -> str:
 
 def as_text(value) -> str | None:
     """A string field, or None when missing/blank (NaN from CSV/pandas exports too)."""
-    if value is None or (isinstance(value, float) and value != value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     text = value if isinstance(value, str) else str(value)
     return text if text.strip() else None

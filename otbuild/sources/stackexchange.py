@@ -27,13 +27,21 @@ and body are quarantined ("empty instruction"); without an id ("missing field").
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
 from otbuild.sources._html import html_to_markdown
-from otbuild.sources._rows import Dedup, SourceFormatError, as_text, iter_file, record_files, task_name
+from otbuild.sources._rows import (
+    Dedup,
+    SourceFormatError,
+    as_text,
+    iter_file,
+    record_files,
+    task_name,
+)
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
 from otbuild.tasks.taskdir import DOCKERFILE, INSTRUCTION, TASK_TOML, TaskDir
@@ -44,14 +52,22 @@ COLUMNS = {
     "title": ("title", "Title"),
     "body": ("body", "question_body", "body_html", "Body", "question"),
     "tags": ("tags", "Tags"),
-    "answer": ("accepted_answer_html", "accepted_answer", "accepted_answer_body", "answer", "AcceptedAnswerBody"),
+    "answer": (
+        "accepted_answer_html",
+        "accepted_answer",
+        "accepted_answer_body",
+        "answer",
+        "AcceptedAnswerBody",
+    ),
     "id": ("question_id", "id", "Id", "QuestionId"),
     "site": ("site", "Site"),
     "link": ("link", "url", "Link"),
     "score": ("question_score", "score", "Score"),
     "answer_score": ("answer_score", "accepted_answer_score"),
 }
-HTML_HINT = re.compile(r"<(p|pre|code|a|br|ul|ol|li|blockquote|strong|em|h\d|div|img)\b", re.IGNORECASE)
+HTML_HINT = re.compile(
+    r"<(p|pre|code|a|br|ul|ol|li|blockquote|strong|em|h\d|div|img)\b", re.IGNORECASE
+)
 
 
 def read(path: Path, site: str | None = None) -> Iterator[TaskRecord | Quarantined]:
@@ -62,15 +78,25 @@ def read(path: Path, site: str | None = None) -> Iterator[TaskRecord | Quarantin
     for f in record_files(Path(path), exts):
         items = _posts_xml(f, site) if f.suffix.lower() == ".xml" else _export(f, site)
         for item in items:
-            if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, item.metadata["where"])):
-                item = Quarantined(item.task.name, "duplicate id", f"{item.metadata['where']}: first seen at {first}")
+            if isinstance(item, TaskRecord) and (
+                first := seen.first(item.task.name, item.metadata["where"])
+            ):
+                item = Quarantined(
+                    item.task.name,
+                    "duplicate id",
+                    f"{item.metadata['where']}: first seen at {first}",
+                )
             yield item
 
 
 # -- exports -------------------------------------------------------------------------
 def _pick(row: dict, field: str):
     for key in COLUMNS[field]:
-        if key in row and as_text(row[key]) is not None or (key in row and isinstance(row[key], list)):
+        if (
+            key in row
+            and as_text(row[key]) is not None
+            or (key in row and isinstance(row[key], list))
+        ):
             return row[key]
     return None
 
@@ -190,5 +216,9 @@ def question(where, qid, title, body, tags, answer, site, extra) -> TaskRecord |
             "has_body": bool(body_md.strip()), "has_reference_answer": bool(answer_md.strip()),
             "reference_answer": answer_md or None, "verifier": "none (LLM judge against reference_answer)",
             "where": where}  # fmt: skip
-    meta |= {k: v for k, v in extra.items() if v is not None and (not isinstance(v, float) or v == v)}
+    meta |= {
+        k: v
+        for k, v in extra.items()
+        if v is not None and (not isinstance(v, float) or not math.isnan(v))
+    }
     return TaskRecord(task, runnable_locally=True, metadata=meta)

@@ -26,7 +26,9 @@ DIFF_SOURCE = re.compile(r"^--- a/(.+)$", re.MULTILINE)
 
 
 def runner(config):
-    if config.get("repo", "").endswith("django/django") or "/django__django" in config.get("repo", ""):
+    if config.get("repo", "").endswith("django/django") or "/django__django" in config.get(
+        "repo", ""
+    ):
         return "django"
     if "sympy/sympy" in config.get("repo", "") or "sympy__sympy" in config.get("repo", ""):
         return "sympy"
@@ -44,11 +46,20 @@ def command(config, kind):
         labels = []
         for f in changed:
             if f.startswith("tests/"):
-                labels.append(f[len("tests/"):-len(".py")].replace("/", "."))
+                labels.append(f[len("tests/") : -len(".py")].replace("/", "."))
         if not labels:
-            labels = sorted({m.group(1) for t in tests for m in [re.search(r"\(([\w.]+)\)", t)] if m})
-        return ["python", "./tests/runtests.py", "--verbosity", "2", "--settings=test_sqlite",
-                "--parallel", "1"] + labels
+            labels = sorted(
+                {m.group(1) for t in tests for m in [re.search(r"\(([\w.]+)\)", t)] if m}
+            )
+        return [
+            "python",
+            "./tests/runtests.py",
+            "--verbosity",
+            "2",
+            "--settings=test_sqlite",
+            "--parallel",
+            "1",
+        ] + labels
     if kind == "sympy":
         return ["bin/test", "-C", "--verbose"] + (changed or ["sympy"])
     files = sorted({t.split("::", 1)[0] for t in tests if "::" in t}) or changed
@@ -61,7 +72,10 @@ def parse(log, kind):
     lines = log.splitlines()
     if kind == "django":
         for i, line in enumerate(lines):
-            m = re.match(r"^(.*?) \.\.\. (ok|OK|FAIL|ERROR|skipped.*|expected failure|unexpected success)$", line)
+            m = re.match(
+                r"^(.*?) \.\.\. (ok|OK|FAIL|ERROR|skipped.*|expected failure|unexpected success)$",
+                line,
+            )
             if not m:
                 continue
             name, st = m.group(1), m.group(2)
@@ -91,7 +105,8 @@ def grade(config, status):
 
 
 def main(argv):
-    config = json.load(open(argv[1]))
+    with open(argv[1]) as fh:
+        config = json.load(fh)
     repo = argv[2] if len(argv) > 2 else config.get("repo_dir", "/testbed")
     os.makedirs(LOGS, exist_ok=True)
     os.chdir(repo)
@@ -99,7 +114,9 @@ def main(argv):
     test_patch = config.get("test_patch") or ""
     if test_patch:
         for f in patch_files(test_patch):
-            subprocess.call(["git", "checkout", config["base_commit"], "--", f], stderr=subprocess.DEVNULL)
+            subprocess.call(
+                ["git", "checkout", config["base_commit"], "--", f], stderr=subprocess.DEVNULL
+            )
         with open("/tmp/otbuild_test.patch", "w") as fh:
             fh.write(test_patch if test_patch.endswith("\n") else test_patch + "\n")
         if subprocess.call(["git", "apply", "-v", "/tmp/otbuild_test.patch"]) != 0:
@@ -109,7 +126,7 @@ def main(argv):
     if report["applied"]:
         cmd = command(config, kind)
         report["command"] = cmd
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
         log = proc.stdout.decode("utf-8", "replace")
         with open(os.path.join(LOGS, "test_output.log"), "w") as fh:
             fh.write(log)
@@ -117,7 +134,7 @@ def main(argv):
     with open(os.path.join(LOGS, "swe_report.json"), "w") as fh:
         json.dump(report, fh, indent=1)
     with open(os.path.join(LOGS, "reward.txt"), "w") as fh:
-        fh.write("%d\n" % reward)
+        fh.write(f"{reward}\n")
     return 0 if reward else 1
 
 

@@ -75,7 +75,11 @@ def swebench_image(instance_id: str) -> str:
 def is_swesmith(row: dict) -> bool:
     repo = str(row.get("repo") or "")
     image = str(row.get("image_name") or "")
-    return repo.startswith("swesmith/") or "swesmith." in image or bool(SWESMITH_ID.match(str(row.get("instance_id") or "")))
+    return (
+        repo.startswith("swesmith/")
+        or "swesmith." in image
+        or bool(SWESMITH_ID.match(str(row.get("instance_id") or "")))
+    )
 
 
 def read(
@@ -92,21 +96,29 @@ def read(
             continue
         item = convert(row.data, row.where, patch_introduces_bug, image_namespace)
         if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
-            item = Quarantined(item.task.name, "duplicate id", f"{row.where}: first seen at {first}")
+            item = Quarantined(
+                item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
+            )
         yield item
 
 
-def convert(row: dict, where: str, patch_introduces_bug="auto", image_namespace=None) -> TaskRecord | Quarantined:
+def convert(
+    row: dict, where: str, patch_introduces_bug="auto", image_namespace=None
+) -> TaskRecord | Quarantined:
     iid = as_text(row.get("instance_id"))
     if iid is None:
         return Quarantined(where, "missing field", "instance_id")
     name = task_name(iid)
     problem = as_text(row.get("problem_statement"))
     if problem is None:
-        return Quarantined(name, "empty instruction", f"{where}: problem_statement is missing or blank")
+        return Quarantined(
+            name, "empty instruction", f"{where}: problem_statement is missing or blank"
+        )
     for key in ("repo", "base_commit", "patch", "test_patch", "image_name"):
         if row.get(key) is not None and not isinstance(row[key], str):
-            return Quarantined(name, "bad field", f"{where}: {key} is a {type(row[key]).__name__}, not a string")
+            return Quarantined(
+                name, "bad field", f"{where}: {key} is a {type(row[key]).__name__}, not a string"
+            )
     try:
         f2p = [str(t) for t in as_list(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS")]
         p2p = [str(t) for t in as_list(row.get("PASS_TO_PASS"), "PASS_TO_PASS")]
@@ -119,10 +131,16 @@ def convert(row: dict, where: str, patch_introduces_bug="auto", image_namespace=
     patch = as_text(row.get("patch"))
     test_patch = as_text(row.get("test_patch"))
     if test_patch and not base_commit:
-        return Quarantined(name, "missing field", f"{where}: base_commit (needed to apply test_patch)")
+        return Quarantined(
+            name, "missing field", f"{where}: base_commit (needed to apply test_patch)"
+        )
     swesmith = is_swesmith(row) if patch_introduces_bug == "auto" else bool(patch_introduces_bug)
     if swesmith and not patch:
-        return Quarantined(name, "missing field", f"{where}: patch (the bug-introducing diff of a SWE-smith instance)")
+        return Quarantined(
+            name,
+            "missing field",
+            f"{where}: patch (the bug-introducing diff of a SWE-smith instance)",
+        )
     image = as_text(row.get("image_name"))
     image = swesmith_image(image, image_namespace) if image else swebench_image(iid)
 
@@ -130,20 +148,29 @@ def convert(row: dict, where: str, patch_introduces_bug="auto", image_namespace=
     task.add(INSTRUCTION, instruction(problem, repo))
     env: dict = {"cpus": 2, "memory_mb": 4096, "storage_mb": 10240, "allow_internet": False}
     if swesmith:
-        task.add(DOCKERFILE, (
-            f"FROM {image}\nWORKDIR /testbed\n"
-            "# SWE-smith: the instance's patch introduces the bug the agent must fix.\n"
-            "COPY bug.patch /tmp/bug.patch\n"
-            "RUN git apply /tmp/bug.patch && rm /tmp/bug.patch && git add -A && "
-            "git -c user.name=otbuild -c user.email=otbuild@localhost commit -qm 'Introduce bug' --no-verify\n"
-        ))
+        task.add(
+            DOCKERFILE,
+            (
+                f"FROM {image}\nWORKDIR /testbed\n"
+                "# SWE-smith: the instance's patch introduces the bug the agent must fix.\n"
+                "COPY bug.patch /tmp/bug.patch\n"
+                "RUN git apply /tmp/bug.patch && rm /tmp/bug.patch && git add -A && "
+                "git -c user.name=otbuild -c user.email=otbuild@localhost commit -qm 'Introduce bug' --no-verify\n"
+            ),
+        )
         task.add("environment/bug.patch", patch if patch.endswith("\n") else patch + "\n")
     else:
         env = {"docker_image": image, **env}
         task.add(DOCKERFILE, f"FROM {image}\nWORKDIR /testbed\n")
     meta = {k: row[k] for k in METADATA_KEYS if as_text(row.get(k)) is not None}
-    meta |= {"instance_id": iid, "docker_image": image, "dataset": "swe-smith" if swesmith else "swe-bench",
-             "patch_introduces_bug": swesmith, "n_fail_to_pass": len(f2p), "n_pass_to_pass": len(p2p)}
+    meta |= {
+        "instance_id": iid,
+        "docker_image": image,
+        "dataset": "swe-smith" if swesmith else "swe-bench",
+        "patch_introduces_bug": swesmith,
+        "n_fail_to_pass": len(f2p),
+        "n_pass_to_pass": len(p2p),
+    }
     if "PASS_TO_PASS" not in row or row.get("PASS_TO_PASS") is None:
         meta["pass_to_pass_missing"] = True
         if row.get("PASS_TO_PASS_count") is not None:
@@ -155,8 +182,15 @@ def convert(row: dict, where: str, patch_introduces_bug="auto", image_namespace=
         "agent": {"timeout_sec": AGENT_TIMEOUT},
         "environment": env,
     }))  # fmt: skip
-    config = {"instance_id": iid, "repo": repo, "base_commit": base_commit, "test_patch": test_patch or "",
-              "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "repo_dir": "/testbed"}
+    config = {
+        "instance_id": iid,
+        "repo": repo,
+        "base_commit": base_commit,
+        "test_patch": test_patch or "",
+        "FAIL_TO_PASS": f2p,
+        "PASS_TO_PASS": p2p,
+        "repo_dir": "/testbed",
+    }
     task.add("tests/config.json", json.dumps(config, indent=1) + "\n")
     task.add("tests/swe_grader.py", GRADER.read_bytes())
     task.add(TESTS, TEST_SH, executable=True)

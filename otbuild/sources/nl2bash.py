@@ -1,0 +1,424 @@
+"""Source adapter: natural-language -> bash command pairs (NL2Bash) as Harbor tasks.
+
+Inputs (`path`): a folder holding line-aligned `all.nl` + `all.cm` (or the path of either
+file; id = 0-based line number), or JSON/JSONL/CSV/parquet rows with `nl` (or `invocation`,
+`description`, `instruction`) and `cmd` (or `command`, `cm`, `bash`) and optional `id`.
+
+Every task has the same small fixture tree (`FIXTURE`, copied to /app/work by the
+Dockerfile) and asks the agent to write a one-line bash command doing the described thing to
+/app/command.sh; solution/solve.sh writes the reference command there.
+
+**Verifier rule.** A task gets tests/test.sh only when the reference command is judged safe
+and deterministic by `check_command` (else `has_tests` is False and metadata
+`verifier_skipped` says why). Safe means, for the whole command line:
+- no expansions or substitutions (`$`, backticks, `$(..)`, `<(..)`, `~`, heredocs), no
+  background `&`, subshells or assignments; only `|`, `||`, `&&`, `;` between commands;
+- redirections only to /dev/null or between fds (`2>&1`); input only from relative paths;
+- every program is on a read-only allowlist (`SAFE`: cat, grep, find, ls, sort, wc, head,
+  sed, awk, ...), called by name, with write/exec/random options refused (sort -o/-R,
+  sed -i or w/e commands, awk system/getline/redirects, uniq OUTFILE, xargs -P, find
+  -delete/-fprint/-ok and time-relative tests); find -exec/-execdir and xargs are allowed
+  when the command they run passes the same check;
+- no absolute paths (except /dev/null) or `..` in path arguments, so it stays in the fixture.
+At verification time test.sh copies the fixture (tests/fixture/) to a fresh
+/tmp/nl2bash_root/work, runs the reference there (LC_ALL=C, 20 s timeout), does the same for
+/app/command.sh, and writes 1 when stdout matches (exactly, or as sorted lines when the
+reference lists files with `find` and does not sort) and both succeed or both fail. The
+reference never runs on the build host. A reference that prints nothing in the fixture
+gives a weak check (an empty command would match); metadata cannot say so without running it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from otbuild.sources._rows import (
+    Dedup,
+    Row,
+    SourceFormatError,
+    as_text,
+    heredoc,
+    iter_rows,
+    task_name,
+)
+from otbuild.tasks.harbor_meta import dump_toml
+from otbuild.tasks.table import Quarantined, TaskRecord
+from otbuild.tasks.taskdir import DOCKERFILE, INSTRUCTION, SOLUTION, TASK_TOML, TESTS, TaskDir
+
+NL_KEYS = ("nl", "invocation", "description", "instruction")
+CMD_KEYS = ("cmd", "command", "cm", "bash")
+
+# -- the fixture ------------------------------------------------------------------------
+FIXTURE: dict[str, tuple[str, bool]] = {
+    "README.md": (
+        "# demo project\n\nA small tree for shell exercises.\nSee docs/guide.txt.\n",
+        False,
+    ),
+    "notes.txt": ("buy milk\ncall bob\nTODO: fix the build\nbuy bread\ncall alice\n", False),
+    "my file.txt": ("a file name with a space\n", False),
+    ".hidden": ("secret=42\n", False),
+    "data.csv": ("id,name,score\n3,carol,71\n1,alice,93\n2,bob,85\n4,dave,85\n", False),
+    "numbers.txt": ("10\n2\n33\n2\n7\n10\n", False),
+    "words.txt": ("apple\nbanana\nApple\ncherry\nbanana\ndate\n", False),
+    "core": ("not really a core dump\n", False),
+    "log/app.log": (
+        "2024-01-01 INFO start\n2024-01-01 ERROR disk full\n2024-01-02 INFO stop\n",
+        False,
+    ),
+    "log/error.log": ("ERROR one\nERROR two\nWARN three\n", False),
+    "log/old/app.1.log": ("2023-12-31 INFO old run\n", False),
+    "src/main.py": (
+        "#!/usr/bin/env python3\nimport util\n\n# TODO: add args\nprint(util.greet('world'))\n",
+        True,
+    ),
+    "src/util.py": ("def greet(name):\n    return f'hello {name}'\n", False),
+    "src/lib/helpers.sh": ('#!/bin/sh\n# helper functions\nlog() { echo "$*"; }\n', True),
+    "src/lib/README": ("library code\n", False),
+    "docs/guide.txt": ("Step 1: read README.md\nStep 2: run src/main.py\n", False),
+    "docs/empty.txt": ("", False),
+    "docs/my.txt": ("my notes\n", False),
+    "build/output.o": ("\x7fELF fake object\n", False),
+    "build/app.tmp": ("temporary\n", False),
+}
+DOCKERFILE_TEXT = "FROM python:3.12-slim\nWORKDIR /app\nCOPY work/ /app/work/\n"
+
+# -- the safety check -----------------------------------------------------------------------
+SAFE = {
+    "cat", "head", "tail", "wc", "sort", "uniq", "cut", "tr", "grep", "egrep", "fgrep", "ls", "find",
+    "basename", "dirname", "echo", "printf", "rev", "nl", "comm", "paste", "tac", "seq", "expr",
+    "md5sum", "sha1sum", "sha256sum", "cksum", "fold", "expand", "unexpand", "join", "fmt", "diff",
+    "cmp", "true", "false", "pwd", "readlink", "realpath", "du", "xargs", "sed", "awk", "cd", "test",
+}  # fmt: skip
+STRING_ARGS = {"echo", "printf", "expr", "tr", "test"}  # arguments are strings, not paths
+PATTERN_FIRST = {"grep", "egrep", "fgrep", "sed", "awk"}  # first operand is a pattern/script
+FIND_REFUSED = {"-delete", "-fprint", "-fprint0", "-fprintf", "-fls", "-ok", "-okdir", "-mtime", "-mmin",
+                "-atime", "-amin", "-ctime", "-cmin", "-newer", "-anewer", "-cnewer", "-used", "-newermt",
+                "-neweraa", "-newerat", "-newerct", "-newermm", "-inum", "-samefile"}  # fmt: skip
+OPS = ("&&", "||", ">>", ">&", "<<", "&>", "|", ";", "&", "<", ">", "(", ")")
+
+
+class Unsafe(Exception):
+    pass
+
+
+def _lex(cmd: str) -> list[tuple[str, str]]:
+    """Shell-ish tokens: ("w", word) or ("op", operator). Raises Unsafe for expansions."""
+    toks: list[tuple[str, str]] = []
+    i, n, word, in_word = 0, len(cmd), [], False
+
+    def end_word():
+        nonlocal word, in_word
+        if in_word:
+            toks.append(("w", "".join(word)))
+        word, in_word = [], False
+
+    while i < n:
+        c = cmd[i]
+        if c in " \t":
+            end_word()
+            i += 1
+        elif c == "\n":
+            raise Unsafe("multi-line command")
+        elif c == "\\":
+            if i + 1 >= n:
+                raise Unsafe("trailing backslash")
+            word.append(cmd[i + 1])
+            in_word = True
+            i += 2
+        elif c == "'":
+            j = cmd.find("'", i + 1)
+            if j < 0:
+                raise Unsafe("unbalanced quote")
+            word.append(cmd[i + 1 : j])
+            in_word, i = True, j + 1
+        elif c == '"':
+            j = i + 1
+            buf = []
+            while j < n and cmd[j] != '"':
+                if cmd[j] in "$`":
+                    raise Unsafe("expansion inside double quotes")
+                if cmd[j] == "\\" and j + 1 < n and cmd[j + 1] in '"\\$`':
+                    j += 1
+                buf.append(cmd[j])
+                j += 1
+            if j >= n:
+                raise Unsafe("unbalanced quote")
+            word.append("".join(buf))
+            in_word, i = True, j + 1
+        elif c in "$`":
+            raise Unsafe("variable, command or arithmetic expansion")
+        elif c == "~" and not in_word:
+            raise Unsafe("home directory expansion")
+        elif c in "|&;<>()":
+            if c in "<>" and in_word and "".join(word).isdigit():  # 2>/dev/null: fd prefix
+                word, in_word = [], False
+            else:
+                end_word()
+            op = next(o for o in OPS if cmd.startswith(o, i))
+            toks.append(("op", op))
+            i += len(op)
+        else:
+            word.append(c)
+            in_word = True
+            i += 1
+    end_word()
+    return toks
+
+
+def check_command(cmd: str) -> str | None:
+    """None when `cmd` is safe and deterministic to run in the fixture (see module doc),
+    else the reason it is not."""
+    try:
+        toks = _lex(cmd.strip())
+        segments: list[list[str]] = [[]]
+        k = 0
+        while k < len(toks):
+            kind, val = toks[k]
+            if kind == "w":
+                segments[-1].append(val)
+            elif val in ("|", "||", "&&", ";"):
+                segments.append([])
+            elif val in (">", ">>", "&>"):
+                if k + 1 >= len(toks) or toks[k + 1] != ("w", "/dev/null"):
+                    raise Unsafe("output redirection to a file")
+                k += 1
+            elif val == ">&":
+                if k + 1 >= len(toks) or toks[k + 1][1] not in ("1", "2"):
+                    raise Unsafe("redirection to a file")
+                k += 1
+            elif val == "<":
+                if k + 1 >= len(toks) or toks[k + 1][0] != "w":
+                    raise Unsafe("bad input redirection")
+                _check_path(toks[k + 1][1])
+                k += 1
+            else:
+                raise Unsafe(f"operator {val!r}")
+            k += 1
+        if not any(segments) or any(not s for s in segments):
+            raise Unsafe("empty command")
+        for seg in segments:
+            _check_simple(seg)
+    except Unsafe as e:
+        return str(e)
+    return None
+
+
+def _check_path(arg: str) -> None:
+    if arg.startswith("/") and arg != "/dev/null":
+        raise Unsafe(f"absolute path {arg!r}")
+    if ".." in arg.split("/") or arg.startswith("~"):
+        raise Unsafe(f"path outside the fixture {arg!r}")
+
+
+def _check_simple(argv: list[str]) -> None:
+    prog, args = argv[0], argv[1:]
+    if "=" in prog:
+        raise Unsafe("variable assignment")
+    if prog not in SAFE:
+        raise Unsafe(f"program {prog!r} is not on the read-only allowlist")
+    if prog == "find":
+        _check_find(args)
+        return
+    if prog == "xargs":
+        rest = list(args)
+        while rest and rest[0].startswith("-"):
+            opt = rest.pop(0)
+            if opt.startswith("-P") or opt == "--max-procs":
+                raise Unsafe("xargs -P (parallel, unordered output)")
+            if opt in ("-I", "-n", "-L", "-d", "-s", "-E", "-a") and rest:
+                rest.pop(0)
+        _check_simple(rest or ["echo"])
+        return
+    opts = [a for a in args if a.startswith("-") and a != "-"]
+    operands = [a for a in args if not (a.startswith("-") and a != "-")]
+    if prog == "sort" and any(o.startswith(("-o", "--output", "-R", "--random")) or
+                              (o[1:2] != "-" and ("o" in o[1:] or "R" in o[1:])) for o in opts):  # fmt: skip
+        raise Unsafe("sort -o / -R")
+    if prog == "sed":
+        if any(
+            o.startswith(("-i", "--in-place")) or (o[1:2] != "-" and "i" in o[1:]) for o in opts
+        ):
+            raise Unsafe("sed -i")
+        scripts = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-e", "--expression")]
+        scripts = scripts or operands[:1]
+        for s in scripts:
+            if re.search(r"(^|[;}\n])\s*(\d+|/[^/]*/|\$)?\s*[wWeRr]\b", s) or re.search(
+                r"s(.).*\1.*\1[gpiImM0-9]*[we]", s
+            ):
+                raise Unsafe("sed script reads/writes files or runs commands")
+        operands = operands[1:] if not any(a in ("-e", "--expression") for a in args) else operands
+    elif prog == "awk":
+        prog_text = operands[0] if operands else ""
+        if re.search(r"system|getline|[|>]|-f\b", prog_text) or "-f" in opts:
+            raise Unsafe("awk program with system/getline/redirection")
+        operands = operands[1:]
+    elif prog in PATTERN_FIRST:
+        operands = operands[1:] if not any(a in ("-e", "-f") for a in args) else operands
+    if prog == "uniq" and len(operands) > 1:
+        raise Unsafe("uniq OUTPUT file")
+    if prog not in STRING_ARGS:
+        for a in operands:
+            _check_path(a)
+
+
+def _check_find(args: list[str]) -> None:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in FIND_REFUSED or a.startswith("-newer"):
+            raise Unsafe(f"find {a}")
+        if a in ("-exec", "-execdir"):
+            j = i + 1
+            while j < len(args) and args[j] not in (";", "+"):
+                j += 1
+            if j >= len(args):
+                raise Unsafe("find -exec without ; or +")
+            _check_simple([x for x in args[i + 1 : j] if x != "{}"] or ["true"])
+            i = j + 1
+            continue
+        if a in ("-printf",) and i + 1 < len(args) and re.search(r"%[aActTi]", args[i + 1]):
+            raise Unsafe("find -printf with times or inodes")
+        if (
+            not a.startswith("-")
+            and i == 0
+            or (not a.startswith(("-", "(", ")", "!")) and _is_start(args, i))
+        ):
+            _check_path(a)
+        i += 1
+
+
+def _is_start(args: list[str], i: int) -> bool:
+    """Is args[i] a starting point (before the first expression token)?"""
+    return all(not x.startswith(("-", "(", "!")) for x in args[:i])
+
+
+# -- rows --------------------------------------------------------------------------------
+def _pairs(path: Path) -> Iterator[Row]:
+    path = Path(path)
+    if path.is_dir() and (path / "all.nl").exists():
+        nl_file, cm_file = path / "all.nl", path / "all.cm"
+    elif path.suffix in (".nl", ".cm"):
+        nl_file, cm_file = path.with_suffix(".nl"), path.with_suffix(".cm")
+    else:
+        yield from iter_rows(path)
+        return
+    for f in (nl_file, cm_file):
+        if not f.exists():
+            raise SourceFormatError(f"{f}: missing (nl2bash needs line-aligned .nl and .cm files)")
+    nl_lines = nl_file.read_bytes().split(b"\n")
+    cm_lines = cm_file.read_bytes().split(b"\n")
+    for lines in (nl_lines, cm_lines):
+        if lines and lines[-1] == b"":
+            lines.pop()
+    if len(nl_lines) != len(cm_lines):
+        raise SourceFormatError(
+            f"{nl_file} has {len(nl_lines)} lines but {cm_file} has {len(cm_lines)}: not line-aligned "
+            f"(first line past the shorter file: {min(len(nl_lines), len(cm_lines)) + 1})"
+        )
+    for i, (a, b) in enumerate(zip(nl_lines, cm_lines)):
+        where = f"{nl_file.name}+{cm_file.name}:{i + 1}"
+        try:
+            yield Row(where, {"id": i, "nl": a.decode("utf-8"), "cmd": b.decode("utf-8")})
+        except UnicodeDecodeError as e:
+            yield Row(where, None, "bad encoding", f"line {i + 1}: not UTF-8 ({e})")
+
+
+def read(path: Path, verifier: bool = True) -> Iterator[TaskRecord | Quarantined]:
+    """Yield one TaskRecord or Quarantined per pair. `verifier: false` never adds tests."""
+    seen = Dedup()
+    for n, row in enumerate(_pairs(Path(path))):
+        if row.data is None:
+            yield Quarantined(row.where, row.reason, row.detail)
+            continue
+        item = convert(row.data, row.where, n, verifier)
+        if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
+            item = Quarantined(
+                item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
+            )
+        yield item
+
+
+def _first(d: dict, keys) -> str | None:
+    for k in keys:
+        if as_text(d.get(k)) is not None:
+            return as_text(d[k])
+    return None
+
+
+def convert(d: dict, where: str, n: int, verifier: bool = True) -> TaskRecord | Quarantined:
+    rid = as_text(d.get("id"))
+    name = task_name("nl2bash", rid if rid is not None else n)
+    nl, cmd = _first(d, NL_KEYS), _first(d, CMD_KEYS)
+    if nl is None:
+        return Quarantined(name, "empty instruction", f"{where}: no natural-language description")
+    if cmd is None:
+        return Quarantined(name, "missing field", f"{where}: no command")
+    nl, cmd = nl.strip(), cmd.strip()
+    reason = check_command(cmd) if verifier else "verifier disabled"
+    task = TaskDir(name)
+    task.add(INSTRUCTION, (
+        "The directory /app/work holds a small file tree. Write a one-line bash command that does "
+        "the following, and save it to /app/command.sh:\n\n"
+        f"> {nl}\n\n"
+        "Your command will be run with bash from inside a fresh copy of /app/work"
+        + (" and its output compared with that of a reference command" if reason is None else "")
+        + ". You may try it out in /app/work first.\n"
+    ))  # fmt: skip
+    task.add(TASK_TOML, dump_toml({
+        "": {"version": "1.0"},
+        "metadata": {"source": "nl2bash", "id": rid if rid is not None else str(n), "tags": ["bash", "nl2bash"]},
+        "verifier": {"timeout_sec": 120.0},
+        "agent": {"timeout_sec": 600.0},
+        "environment": {"cpus": 1, "memory_mb": 1024, "allow_internet": False},
+    }))  # fmt: skip
+    task.add(DOCKERFILE, DOCKERFILE_TEXT)
+    for rel, (text, exe) in FIXTURE.items():
+        task.add(f"environment/work/{rel}", text, executable=exe)
+    delim, body = heredoc(cmd, "OTBUILD_CMD")
+    task.add(SOLUTION, f"#!/bin/bash\n# Reference command from NL2Bash.\ncat > /app/command.sh <<'{delim}'\n{body}{delim}\n",
+             executable=True)  # fmt: skip
+    if reason is None:
+        for rel, (text, exe) in FIXTURE.items():
+            task.add(f"tests/fixture/{rel}", text, executable=exe)
+        task.add("tests/reference.sh", body)
+        unordered = bool(re.match(r"\s*find\b", cmd)) and not re.search(r"\bsort\b", cmd)
+        task.add(TESTS, TEST_SH.replace("@UNORDERED@", "1" if unordered else "0"), executable=True)
+    meta = {"id": rid if rid is not None else str(n), "nl": nl, "reference_command": cmd, "where": where,
+            "verifier": "compare output in fixture" if reason is None else None}  # fmt: skip
+    if reason is not None:
+        meta["verifier_skipped"] = reason
+    return TaskRecord(task, runnable_locally=True, metadata=meta)
+
+
+TEST_SH = r"""#!/bin/bash
+# otbuild nl2bash verifier: run the reference and /app/command.sh, each in a fresh copy of
+# the fixture, and compare their output (reward 1 = same output and same success).
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+export LC_ALL=C
+W=/tmp/nl2bash_root/work
+run() {  # run SCRIPT OUT: stdout to OUT, exit status to OUT.rc
+    rm -rf "$W" && mkdir -p "$W" && cp -a /tests/fixture/. "$W"/
+    touch -d @0 "$W" /tmp/nl2bash_root  # `ls -la` shows . and ..: same times in both runs
+    (cd "$W" && timeout 20 bash "$1" </dev/null >"$2" 2>/dev/null; echo $? >"$2.rc")
+}
+if [ ! -s /app/command.sh ]; then
+    echo "no command in /app/command.sh"; exit 0
+fi
+run /tests/reference.sh /tmp/nl2bash_ref.out
+run /app/command.sh /tmp/nl2bash_agent.out
+ok_ref=$([ "$(cat /tmp/nl2bash_ref.out.rc)" = 0 ] && echo 1 || echo 0)
+ok_agent=$([ "$(cat /tmp/nl2bash_agent.out.rc)" = 0 ] && echo 1 || echo 0)
+same=0
+if cmp -s /tmp/nl2bash_ref.out /tmp/nl2bash_agent.out; then
+    same=1
+elif [ @UNORDERED@ = 1 ] && cmp -s <(sort /tmp/nl2bash_ref.out) <(sort /tmp/nl2bash_agent.out); then
+    same=1
+fi
+if [ $same = 1 ] && [ $ok_ref = $ok_agent ]; then
+    echo 1 > /logs/verifier/reward.txt
+fi
+diff /tmp/nl2bash_ref.out /tmp/nl2bash_agent.out | head -50
+"""

@@ -1,0 +1,184 @@
+"""Helpers shared by the trace importers: message normalisation, the task text fallback,
+task-id lookup, labels, and building a complete TRACE_SCHEMA row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from otbuild.sources._rows import SourceFormatError, iter_rows
+from otbuild.tasks.table import Quarantined
+from otbuild.traces.table import TRACE_SCHEMA, count_turns
+
+COLUMNS = TRACE_SCHEMA.names
+
+
+class TraceFormatError(SourceFormatError):
+    """A trajectory file that cannot be read; the message names the file and the position."""
+
+
+def files(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"trajectory path does not exist: {path}")
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
+
+
+def load_json(f: Path) -> object:
+    data = f.read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{f}: byte offset {e.start}: not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(
+            f"{f}: line {e.lineno} column {e.colno} (char offset {e.pos}): not valid JSON: {e.msg}"
+        ) from None
+
+
+def text_of(content) -> str:
+    """Message content as text: strings as they are, content-part lists joined (text parts;
+    other parts as a short placeholder), None as ""."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif isinstance(p, dict):
+                if isinstance(p.get("text"), str):
+                    parts.append(p["text"])
+                elif p.get("type"):
+                    parts.append(f"[{p['type']}]")
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def tool_calls_text(calls) -> str:
+    """Tool calls as text, for assistant messages whose content is only tool calls."""
+    out = []
+    for c in calls or []:
+        fn = (c or {}).get("function") or {}
+        out.append(
+            json.dumps(
+                {"name": fn.get("name"), "arguments": fn.get("arguments")}, ensure_ascii=False
+            )
+        )
+    return "\n".join(f"<tool_call>{x}</tool_call>" for x in out)
+
+
+def normalise(messages: Iterable[dict]) -> list[dict]:
+    """[{role, content}] with the real text; tool-call-only assistant turns render their calls."""
+    out = []
+    for m in messages:
+        role = str(m.get("role") or "")
+        content = text_of(m.get("content"))
+        if not content.strip() and m.get("tool_calls"):
+            content = tool_calls_text(m["tool_calls"])
+        out.append({"role": role, "content": content})
+    return out
+
+
+def ensure_task_text(conv: list[dict], task_text: str | None) -> str | None:
+    """Make the first user message carry the task: fill it from `task_text` when it is empty,
+    insert one after the system prompt when there is none. Returns an error reason when the
+    task cannot be put there, else None."""
+    first = next((i for i, m in enumerate(conv) if m["role"] == "user"), None)
+    if first is not None and conv[first]["content"].strip():
+        return None
+    if not task_text or not task_text.strip():
+        return "empty first user message" if first is not None else "no user message"
+    if first is not None:
+        conv[first]["content"] = task_text
+    else:
+        at = 1 if conv and conv[0]["role"] == "system" else 0
+        conv.insert(at, {"role": "user", "content": task_text})
+    return None
+
+
+def load_task_ids(tasks: str | Path | None) -> dict[str, str]:
+    """{task path: task_id} from an otbuild task parquet (or folder of them)."""
+    if not tasks:
+        return {}
+    import pyarrow.parquet as pq
+
+    from otbuild.tasks.harbor_meta import parquet_files
+
+    out: dict[str, str] = {}
+    for f in parquet_files(Path(tasks)):
+        t = pq.read_table(f, columns=["path", "task_id"])
+        out.update(zip(t.column("path").to_pylist(), t.column("task_id").to_pylist()))
+    return out
+
+
+def load_labels(path: Path | None, key: str = "instance_id") -> dict[str, dict]:
+    """{instance id: label row} from a labels JSON/JSONL (e.g. mini-swe-agent's labels.jsonl)."""
+    if path is None or not Path(path).exists():
+        return {}
+    return {
+        str(r.data[key]): r.data
+        for r in iter_rows(Path(path))
+        if r.data and r.data.get(key) is not None
+    }
+
+
+def iso(ts) -> str | None:
+    """ISO 8601 UTC from a unix time or an ISO string; None when unknown."""
+    if ts is None or ts == "":
+        return None
+    if isinstance(ts, (int, float)):
+        return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+    return str(ts)
+
+
+def reward_of(label: dict | None) -> float | None:
+    if not label:
+        return None
+    for key in ("reward", "resolved", "success", "passed"):
+        v = label.get(key)
+        if isinstance(v, bool):
+            return 1.0 if v else 0.0
+        if isinstance(v, (int, float)):
+            return float(v)
+    return None
+
+
+def trace_row(
+    conversations: list[dict], *, kind: str, agent: str, task: str | None, **fields
+) -> dict:
+    """A complete TRACE_SCHEMA row: every column present, typed columns derived."""
+    reward, exception = fields.get("reward"), fields.get("exception")
+    row = {c: None for c in COLUMNS}
+    row.update(
+        conversations=conversations,
+        agent=agent,
+        task=task,
+        episode="episode-0",
+        source=f"import:{kind}",
+        sample_idx=0,
+        n_turns=count_turns(conversations),
+        timed_out=False,
+        is_subagent=False,
+        result=(exception if exception else (None if reward is None else str(reward))),
+    )
+    for k, v in fields.items():
+        if k == "metadata":
+            row[k] = json.dumps(v, sort_keys=True, default=str)
+        elif k in row and v is not None:
+            row[k] = v
+    if row["metadata"] is None:
+        row["metadata"] = "{}"
+    if row["task_id"] is None:
+        row["task_id"] = task
+    return row
+
+
+def quarantine(where: str, reason: str, detail: str = "") -> Quarantined:
+    return Quarantined(where, reason, detail)
