@@ -17,6 +17,8 @@ from otbuild.stages import PROVENANCE, STAGES
 
 # Settings that change how a stage runs, not what it produces: not part of its id.
 EXECUTION_ONLY = {"concurrency"}
+# Settings naming files outside the project's artifacts: hashed by content.
+FILE_KEYS = {"path", "labels", "tasks", "instances"}
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")
 
@@ -99,32 +101,42 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
     if r.task_filter:
         settings = r.task_filter.model_dump()
         tasks = [Node("task_filter", "task_filter", settings, settings, tuple(tasks))]
-    finals = tasks
+    traces: list[Node] = []
     if r.teacher:
         settings = r.teacher.model_dump()
         identity = {k: v for k, v in settings.items() if k not in EXECUTION_ONLY}
-        finals = [Node("rollout", "teacher", settings, identity, tuple(tasks))]
-        if r.trace_filter:
-            settings = r.trace_filter.model_dump()
-            finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(finals))]
+        traces.append(Node("rollout", "teacher", settings, identity, tuple(tasks)))
+    for name, imp in sorted(r.trace_imports.items()):
+        traces.append(_file_node(loaded, "trace_import", f"trace_imports/{name}",
+                                 {"name": name, **imp.model_dump(exclude_none=True)}))
+    finals = traces or tasks
+    if r.trace_filter:
+        settings = r.trace_filter.model_dump()
+        finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(traces))]
     plan.nodes = _topo(finals)
     return plan
 
 
 def _source_node(loaded: LoadedRecipe, name: str, src) -> Node:
-    settings = {"name": name, **src.model_dump(exclude={"rank"})}
-    identity = dict(settings)
-    if "path" not in settings:
-        return Node("source", f"sources/{name}", settings, identity)
-    # Content-addressed by the data, not by where it lies. Data not there yet (to be fetched
-    # before the build) still plans, under an id that changes once it arrives.
-    path = loaded.resolve(settings["path"])
-    settings["path"] = str(path.resolve())
-    if path.exists():
-        identity["path"] = {"sha256": content_digest(path)}
-        return Node("source", f"sources/{name}", settings, identity)
-    identity["path"] = {"missing": str(settings["path"])}
-    return Node("source", f"sources/{name}", settings, identity, missing=(str(path),))
+    return _file_node(loaded, "source", f"sources/{name}", {"name": name, **src.model_dump(exclude={"rank"})})
+
+
+def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict) -> Node:
+    """A node reading external files (FILE_KEYS). It is addressed by their content, not by
+    where they lie. Data not there yet (to be fetched before the build) still plans, under
+    an id that changes once it arrives."""
+    identity, missing = dict(settings), []
+    for key in FILE_KEYS & settings.keys():
+        if settings[key] is None:
+            continue
+        path = loaded.resolve(settings[key])
+        settings[key] = str(path.resolve())
+        if path.exists():
+            identity[key] = {"sha256": content_digest(path)}
+        else:
+            identity[key] = {"missing": settings[key]}
+            missing.append(str(path))
+    return Node(stage, label, settings, identity, missing=tuple(missing))
 
 
 def _topo(finals: list[Node]) -> list[Node]:

@@ -38,3 +38,14 @@ rule trace_filter:
         "logs/trace_filter/{id}.log",
     shell:
         stage_shell("trace_filter")
+
+
+rule trace_import:
+    output:
+        **stage_outputs("trace_import"),
+    params:
+        spec=stage_spec("trace_import"),
+    log:
+        "logs/trace_import/{id}.log",
+    shell:
+        stage_shell("trace_import")

@@ -8,7 +8,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, otbuild, snakemake
+from tests.conftest import DATA, REPO, otbuild, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +124,37 @@ def test_slurm_dry_run_from_the_repo_root():
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")
+def test_real_sources_mixed_with_synthetic_build_through_the_trace_filter(project):
+    """Issue 6's end to end: real task sources + the synthetic one -> mix -> oracle rollouts in
+    the sandbox (container-only tasks recorded, not run) + imported trajectories -> filter."""
+    recipe = f"""
+sources:
+  synth: {{kind: synthetic, rank: 1, count: 6, seed: 4}}
+  nl2bash: {{kind: nl2bash, rank: 2, path: {DATA}/nl2bash/nl2bash_pairs.jsonl}}
+  superuser: {{kind: stackexchange, rank: 3, path: {DATA}/stackexchange/superuser_bash_accepted.jsonl}}
+  swe: {{kind: swe-instances, rank: 4, path: {DATA}/swebench_verified/instances.jsonl}}
+mix: {{n: 4, total: 16, order: round_robin}}
+teacher: {{engine: oracle, shards: 2, concurrency: 2}}
+trace_imports:
+  mini: {{kind: mini-swe-agent, path: {DATA}/trajectories/mini_swe_agent_swebench_verified}}
+trace_filter: {{min_turns: 5}}
+"""
+    _write(project, "real", recipe)
+    ran, _ = snakemake(project, "real")
+    assert ran["source"] == 4 and ran["trace_import"] == 1 and ran["trace_filter"] == 1
+    traces = pq.read_table(project / "results" / "real" / "teacher" / "traces.parquet").to_pylist()
+    by_source = {}
+    for t in traces:
+        by_source.setdefault(t["source"], []).append(t)
+    assert {k: len(v) for k, v in by_source.items()} == {"synth": 4, "nl2bash": 4, "superuser": 4, "swe": 4}
+    assert all(t["reward"] == 1.0 for t in by_source["synth"])
+    assert all(t["exception"] == "TaskNotRunnableLocally" for t in by_source["swe"])
+    kept = pq.read_table(project / "results" / "real" / "trace_filter" / "kept.parquet").to_pylist()
+    rejected = pq.read_table(project / "results" / "real" / "trace_filter" / "rejected.parquet").to_pylist()
+    assert len(kept) + len(rejected) == 16 + 5  # rollouts + imported mini-swe-agent trajectories
+    assert {r["reason"] for r in rejected if r["source"] == "swe"} == {"exception: TaskNotRunnableLocally"}
+    assert any(k["source"] == "import:mini" or k["agent"] == "mini-swe-agent" for k in kept)
+    assert all(k["n_turns"] >= 5 for k in kept)

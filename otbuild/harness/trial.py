@@ -70,7 +70,22 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     except Exception as e:  # noqa: BLE001 - every infrastructure failure is recorded, not raised
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
-    usage = details.pop("_usage", None) or _usage(messages)
+    return _trace_row(task, task_id, engine, started, t0, messages, reward, exception, details, timed_out,
+                      episodes, agent_timeout, sample_idx, run_id, source)
+
+
+def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "",
+                       source: str = "") -> dict:
+    """The row for a task that needs its container image: recorded as an infrastructure
+    exception (the trace filter drops it with that reason), never run on the host."""
+    return _trace_row(task, task_id, engine, datetime.now(timezone.utc), time.monotonic(), [], None,
+                      "TaskNotRunnableLocally", {"exception_message": "the task needs its container image; "
+                      "run it through the harbor backend"}, False, 0, 0.0, sample_idx, run_id, source)
+
+
+def _trace_row(task, task_id, engine, started, t0, messages, reward, exception, details, timed_out,
+               episodes, agent_timeout, sample_idx, run_id, source) -> dict:
+    usage = _usage(messages)
     conversations = _trim(messages)
     return {
         "conversations": conversations,

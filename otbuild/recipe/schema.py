@@ -219,16 +219,45 @@ class Teacher(Strict):
         return self
 
 
+class SweTrajectoryImport(Strict):
+    """mini-swe-agent `.traj.json` or SWE-agent `.traj` files (a file or a folder)."""
+
+    kind: Literal["mini-swe-agent", "swe-agent"]
+    path: str = Field(min_length=1)
+    labels: str | None = None  # JSONL of {instance_id, resolved}: the reward
+    tasks: str | None = None  # a task parquet to look task ids up in
+    instances: str | None = None  # SWE instances, for an empty task message
+    run_id: str | None = None
+    model: str | None = None
+    agent: str | None = None
+
+
+class MessagesImport(Strict):
+    """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
+
+    kind: Literal["messages-jsonl"]
+    path: str = Field(min_length=1)
+    tasks: str | None = None
+    run_id: str | None = None
+    model: str | None = None
+    model_provider: str | None = None
+    agent: str | None = None
+
+
+TraceImport = Annotated[SweTrajectoryImport | MessagesImport, Field(discriminator="kind")]
+
+
 class Recipe(Strict):
     description: str = ""
     sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
     mix: Mix | None = None
     task_filter: TaskFilter | None = None
     teacher: Teacher | None = None
+    trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
     trace_filter: TraceFilter | None = None
 
     @model_validator(mode="after")
-    def _traces_need_a_teacher(self):
-        if self.trace_filter and not self.teacher:
-            raise ValueError("trace_filter needs traces: add a `teacher` section")
+    def _traces_need_a_producer(self):
+        if self.trace_filter and not (self.teacher or self.trace_imports):
+            raise ValueError("trace_filter needs traces: add a `teacher` or `trace_imports` section")
         return self

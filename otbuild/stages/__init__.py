@@ -29,6 +29,7 @@ STAGES: dict[str, StageDef] = {
             "task_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
             ("task_filter.sql", "_inputs.sql"),
         ),
+        StageDef("trace_import", 1, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import"),
         StageDef("rollout", 1, ("traces.parquet",), "otbuild.stages.rollout", sharded=True),
         StageDef(
             "trace_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",

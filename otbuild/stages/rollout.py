@@ -105,7 +105,7 @@ def _read_partial(path: Path) -> dict[int, dict]:
 async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int) -> None:
     from otbuild.engines import engine_settings, open_engine
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
     from otbuild.sandbox import Limits
 
     rows = _task_rows(inputs, {t.row for t in todo})
@@ -125,10 +125,13 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
                 async with sem:
                     row = rows[t.row]
                     task = TaskDir.unpack(row["path"], row["task_binary"])
-                    workdir = workroot / f"{t.index}"
-                    trace = await run_trial(task, row["task_id"], engine, trial_settings, workdir,
-                                            sample_idx=t.sample_idx, run_id=run_id, source=row["source"])
-                    shutil.rmtree(workdir, ignore_errors=True)
+                    ids = dict(sample_idx=t.sample_idx, run_id=run_id, source=row["source"])
+                    if row["runnable_locally"]:
+                        workdir = workroot / f"{t.index}"
+                        trace = await run_trial(task, row["task_id"], engine, trial_settings, workdir, **ids)
+                        shutil.rmtree(workdir, ignore_errors=True)
+                    else:
+                        trace = not_runnable_trace(task, row["task_id"], engine, **ids)
                     out.write(json.dumps({"_trial": t.index, **trace}) + "\n")
                     out.flush()
                     os.fsync(out.fileno())
@@ -143,7 +146,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
 
 def _task_rows(inputs: list[Path], wanted: set[int]) -> dict[int, dict]:
     rows, i = {}, 0
-    cols = ["path", "task_binary", "task_id", "source"]
+    cols = ["path", "task_binary", "task_id", "source", "runnable_locally"]
     for path in inputs:
         for batch in pq.ParquetFile(path).iter_batches(columns=cols):
             for r in batch.to_pylist():

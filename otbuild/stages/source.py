@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from otbuild.fsio import atomic_path
 from otbuild.sources import read_source
-from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
-
-QUARANTINE_SCHEMA = pa.schema(
-    [("name", pa.string()), ("source", pa.string()), ("reason", pa.string()), ("detail", pa.string())]
-)
+from otbuild.tasks.table import Quarantined, TaskRecord, write_quarantine, write_tasks
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> None:
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     name = settings["name"]
     quarantined: list[Quarantined] = []
 
@@ -28,7 +21,6 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> None:
             else:
                 yield item
 
-    write_tasks(outdir / "tasks.parquet", tasks(), source=name)
-    rows = [{"name": q.name, "source": name, "reason": q.reason, "detail": q.detail} for q in quarantined]
-    with atomic_path(outdir / "quarantine.parquet") as tmp:
-        pq.write_table(pa.Table.from_pylist(rows, QUARANTINE_SCHEMA), tmp)
+    n = write_tasks(outdir / "tasks.parquet", tasks(), source=name)
+    return {"tasks": n, "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
+            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined))}

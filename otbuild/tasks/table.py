@@ -77,3 +77,15 @@ class Quarantined:
     name: str
     reason: str
     detail: str = ""
+
+
+QUARANTINE_SCHEMA = pa.schema(
+    [("name", pa.string()), ("source", pa.string()), ("reason", pa.string()), ("detail", pa.string())]
+)
+
+
+def write_quarantine(dest: Path, items: list[Quarantined], source: str) -> int:
+    rows = [{"name": q.name, "source": source, "reason": q.reason, "detail": q.detail} for q in items]
+    with atomic_path(dest) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, QUARANTINE_SCHEMA), tmp)
+    return len(rows)
