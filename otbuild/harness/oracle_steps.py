@@ -33,5 +33,5 @@ def split_commands(script: str) -> list[str]:
 
 def _complete(text: str) -> bool:
     """bash -n accepts an unterminated heredoc with a warning; that is not complete either."""
-    r = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    r = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, check=False)
     return r.returncode == 0 and "here-document" not in r.stderr

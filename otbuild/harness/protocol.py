@@ -62,7 +62,7 @@ def parse_answer(text: str) -> Answer:
 
 
 def _json_object(text: str) -> dict:
-    fenced = re.search(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.S)
+    fenced = re.search(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.DOTALL)
     candidates = [fenced.group(1)] if fenced else []
     start, end = text.find("{"), text.rfind("}")
     if start != -1 and end > start:

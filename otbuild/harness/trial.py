@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from otbuild.harness import protocol
@@ -32,7 +32,7 @@ class TrialSettings:
     timeout_cap_sec: float = 7200.0
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec
     backend: str = "bwrap"
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
 
 
 class VerifierTimeoutError(Exception):
@@ -45,7 +45,7 @@ class SandboxError(Exception):
 
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
                     *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
-    started, t0 = datetime.now(timezone.utc), time.monotonic()
+    started, t0 = datetime.now(UTC), time.monotonic()
     meta = _task_timeouts(task)
     agent_timeout = min(settings.timeout_cap_sec,
                         (settings.agent_timeout_sec or meta["agent"]) * settings.timeout_multiplier)
@@ -78,7 +78,7 @@ def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int =
                        source: str = "") -> dict:
     """The row for a task that needs its container image: recorded as an infrastructure
     exception (the trace filter drops it with that reason), never run on the host."""
-    return _trace_row(task, task_id, engine, datetime.now(timezone.utc), time.monotonic(), [], None,
+    return _trace_row(task, task_id, engine, datetime.now(UTC), time.monotonic(), [], None,
                       "TaskNotRunnableLocally", {"exception_message": "the task needs its container image; "
                       "run it through the harbor backend"}, False, 0, 0.0, sample_idx, run_id, source)
 
@@ -131,7 +131,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                 return episode, True
             try:
                 completion = await asyncio.wait_for(engine.complete(messages, task=task), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return episode, True
             messages.append({"role": "assistant", "content": completion.text,
                              "_usage": (completion.n_input_tokens, completion.n_output_tokens)})

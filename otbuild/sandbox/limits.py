@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 MB = 1024 * 1024
@@ -25,13 +26,19 @@ class Limits:
     output_bytes: int = 10_000_000
 
     def prlimit(self) -> list[str]:
-        """`prlimit ... --` setting soft and hard limits for the command that follows."""
-        return [
-            "/usr/bin/prlimit",
-            f"--cpu={self.cpu_seconds}",
-            f"--as={self.memory_mb * MB}",
-            f"--fsize={self.file_size_mb * MB}",
-            f"--nproc={self.max_processes}",
-            "--core=0",
-            "--",
+        """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to
+        this process's hard limit (a non-root user cannot raise it)."""
+        wanted = [
+            ("cpu", resource.RLIMIT_CPU, self.cpu_seconds),
+            ("as", resource.RLIMIT_AS, self.memory_mb * MB),
+            ("fsize", resource.RLIMIT_FSIZE, self.file_size_mb * MB),
+            ("nproc", resource.RLIMIT_NPROC, self.max_processes),
+            ("core", resource.RLIMIT_CORE, 0),
         ]
+        args = ["/usr/bin/prlimit"]
+        for name, res, value in wanted:
+            hard = resource.getrlimit(res)[1]
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
+            args.append(f"--{name}={value}")
+        return [*args, "--"]

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path
 from otbuild.hashing import file_sha256
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import TRACE_SCHEMA, write_traces
@@ -119,13 +118,13 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(engine_settings(settings))
     try:
-        with open(partial, "a") as out:
+        with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 
             async def one(t: Trial) -> None:
                 async with sem:
                     row = rows[t.row]
                     task = TaskDir.unpack(row["path"], row["task_binary"])
-                    ids = dict(sample_idx=t.sample_idx, run_id=run_id, source=row["source"])
+                    ids = {"sample_idx": t.sample_idx, "run_id": run_id, "source": row["source"]}
                     if row["runnable_locally"]:
                         workdir = workroot / f"{t.index}"
                         trace = await run_trial(task, row["task_id"], engine, trial_settings, workdir, **ids)
@@ -161,7 +160,8 @@ class Progress:
 
     def __init__(self, total: int, already: int):
         from rich.console import Console
-        from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
 
         self.total, self.done, self.passed, self.errors = total, already, 0, 0
         self.start, self.last_line, self.run_now = time.monotonic(), 0.0, 0

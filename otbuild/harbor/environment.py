@@ -1,0 +1,384 @@
+"""otbuild's local sandbox as a Harbor environment: no container, no Docker daemon.
+
+    harbor run -p tasks/ -a oracle -e otbuild.harbor.environment:OtbuildEnvironment
+    # job config:  environment: {import_path: "otbuild.harbor.environment:OtbuildEnvironment"}
+
+Each Harbor environment is one otbuild sandbox (`otbuild.sandbox.open_sandbox`): bubblewrap
+(or the unshare fallback), no network, a private filesystem holding the task's environment/
+files where its Dockerfile's COPY/WORKDIR lines put them, the host's /usr read-only as the
+"image". One long-lived command server (`_execserver.py`) runs inside it, so processes a
+command leaves behind (terminus-2's tmux server, a service the task starts) live on between
+`exec` calls as they would in a container, until `stop()`.
+
+What it cannot honour, it refuses before starting (an `EnvironmentDefinitionError` naming the
+task): a Dockerfile with RUN lines (packages the host may lack) or a docker-compose file, a
+prebuilt `docker_image` without a Dockerfile, COPY --from, paths under /usr, /etc, ...
+Pass `--ek allow_run=true` to run such a Dockerfile anyway on the host's tools.
+
+Differences from Docker, by design: every command runs as the trial's one user (`user=` is
+ignored; root is not available), the network is always off (a task asking for internet gets
+none; a warning says so), files can be uploaded under the task's own top-level dirs, /tmp,
+/root, /logs, /tests and /solution only. /tests and /solution are read-only inside and empty
+until Harbor uploads them (the verifier, the oracle), so an agent never sees either.
+
+Only the standard library, Harbor and `otbuild.sandbox` are imported: `pip install --no-deps
+-e .` into Harbor's environment is enough (scripts/harbor-env.sh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.models.task.config import NetworkMode
+
+from otbuild.sandbox import Limits, open_sandbox
+from otbuild.sandbox.layout import LayoutError, plan
+from otbuild.tasks.taskdir import TaskDir
+
+ENV_TYPE = "otbuild"
+IMPORT_PATH = "otbuild.harbor.environment:OtbuildEnvironment"
+SERVER_SOURCE = (Path(__file__).with_name("_execserver.py")).read_text()
+PYTHON = "/usr/bin/python3"
+_BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+class EnvironmentDefinitionError(RuntimeError):
+    """The task's environment cannot be provided by a local sandbox (the message says why)."""
+
+
+def dockerfile_problems(text: str) -> list[str]:
+    """Instructions a local sandbox cannot honour (RUN, FROM ... AS stages used by COPY
+    --from are caught by the layout)."""
+    joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
+    out = []
+    for line in joined.splitlines():
+        word = line.strip().split(None, 1)[0].upper() if line.strip() else ""
+        if word == "RUN":
+            out.append(line.strip()[:120])
+    return out
+
+
+class OtbuildEnvironment(BaseEnvironment):
+    """A Harbor environment on otbuild's local sandbox (see the module docstring).
+
+    Kwargs (`--ek KEY=VALUE` or `environment.kwargs`): `backend` (bwrap | unshare | none),
+    `allow_run` (run a Dockerfile with RUN lines anyway), `workdir` (where trial roots go;
+    default: a temp dir), `memory_mb`, `max_processes`, `wall_seconds` (whole-environment
+    limit; default: long enough for Harbor's own timeouts to act first), `keep` (keep the
+    trial root after stop).
+    """
+
+    def __init__(self, *args, backend: str = "bwrap", allow_run: Any = False,
+                 workdir: str | None = None, memory_mb: Any = None, max_processes: Any = None,
+                 wall_seconds: Any = None, keep: Any = False, **kwargs):
+        self._backend = str(backend)
+        self._allow_run = _as_bool(allow_run)
+        self._workdir_opt = workdir
+        self._memory_mb, self._max_processes = memory_mb, max_processes
+        self._wall_seconds, self._keep = wall_seconds, _as_bool(keep)
+        self._box = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task | None = None
+        self._stderr_tail = b""
+        self._task: TaskDir | None = None
+        self._layout = None
+        super().__init__(*args, **kwargs)
+
+    # -- Harbor's interface -------------------------------------------------------------
+    @staticmethod
+    def type() -> str:
+        return ENV_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)
+
+    def _validate_definition(self):
+        task_dir = Path(self.environment_dir).parent
+        name = task_dir.name
+        env_dir = Path(self.environment_dir)
+        for compose in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+            if (env_dir / compose).exists():
+                raise EnvironmentDefinitionError(
+                    f"task {name!r}: environment/{compose} needs Docker Compose; the otbuild "
+                    "environment runs a single local sandbox (use -e docker)")
+        dockerfile = env_dir / "Dockerfile"
+        if not dockerfile.exists() and self.task_env_config.docker_image and not self._allow_run:
+            raise EnvironmentDefinitionError(
+                f"task {name!r} runs in the prebuilt image {self.task_env_config.docker_image!r};"
+                " the otbuild environment has no images (use -e docker, or --ek allow_run=true"
+                " to run it on the host's tools)")
+        if dockerfile.exists():
+            runs = dockerfile_problems(dockerfile.read_text(errors="replace"))
+            if runs and not self._allow_run:
+                raise EnvironmentDefinitionError(
+                    f"task {name!r}: its Dockerfile has RUN lines a local sandbox cannot "
+                    f"honour ({runs[0]!r}{' ...' if len(runs) > 1 else ''}); use -e docker, or "
+                    "--ek allow_run=true to run it on the host's tools without them")
+        try:
+            self._task = TaskDir.from_dir(task_dir)
+            self._layout = plan(self._task)
+        except (LayoutError, ValueError) as e:
+            raise EnvironmentDefinitionError(f"task {name!r}: {e}") from e
+
+    def _validate_network_policy_support(self):
+        super()._validate_network_policy_support()
+        if self.network_policy.network_mode != NetworkMode.NO_NETWORK:
+            self.logger.warning("otbuild environment: task %s asks for network mode %r; the "
+                                "sandbox has no network", self.environment_name,
+                                self.network_policy.network_mode.value)
+
+    async def start(self, force_build: bool) -> None:
+        await asyncio.to_thread(self._open)
+        argv = self._box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
+        # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
+        # empty it again, so the agent sees nothing there until the verifier uploads them.
+        _empty(self._box.root / "tests")
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=self._box.root,
+            limit=1 << 30)
+        first = await asyncio.wait_for(self._proc.stdout.readline(), 60)
+        if not first.startswith(b'{"ready"'):
+            err = await self._proc.stderr.read()
+            await self.stop(delete=True)
+            raise RuntimeError(f"otbuild sandbox did not start for {self.environment_name}: "
+                               f"{(first + err).decode(errors='replace')[-2000:]}")
+        self._reader = asyncio.create_task(self._read_replies())
+        asyncio.create_task(self._drain_stderr())
+        # Harbor's log dirs, as a container image with them mounted would have them.
+        for d in ("logs/agent", "logs/verifier", "logs/artifacts"):
+            self._host(f"/{d}").mkdir(parents=True, exist_ok=True)
+            self._own(self._host(f"/{d}"))
+
+    async def stop(self, delete: bool):
+        box, proc = self._box, self._proc
+        self._box = self._proc = None
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.stdin.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if box is not None:
+            await asyncio.to_thread(box.kill_all)
+            await asyncio.to_thread(box.close)
+            if delete and not self._keep:
+                await asyncio.to_thread(shutil.rmtree, box.root, True)
+        if proc is not None:
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                proc.kill()
+        if self._reader is not None:
+            self._reader.cancel()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(RuntimeError("otbuild environment stopped"))
+        self._pending.clear()
+
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        if self._proc is None or self._proc.returncode is not None:
+            raise RuntimeError(f"otbuild environment {self.environment_name} is not running"
+                               + (f": {self._stderr_tail.decode(errors='replace')[-500:]}"
+                                  if self._stderr_tail else ""))
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        request = {"id": rid, "cmd": command, "cwd": cwd or self._layout.workdir,
+                   "env": self._merge_env(env) or {}, "timeout": timeout_sec,
+                   "cap": self._box.limits.output_bytes}
+        try:
+            self._send(request)
+            reply = await fut
+        except asyncio.CancelledError:  # Harbor's own timeout: end the command too
+            self._pending.pop(rid, None)
+            self._send({"kill": rid}, quiet=True)
+            raise
+        if reply["timed_out"]:
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
+        return ExecResult(stdout=reply["stdout"] or None, stderr=reply["stderr"] or None,
+                          return_code=reply["rc"])
+
+    async def upload_file(self, source_path: Path | str, target_path: str):
+        dest = self._writable(target_path)
+        await asyncio.to_thread(self._copy_in, Path(source_path), dest)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str):
+        dest = self._writable(target_dir)
+        await asyncio.to_thread(self._copy_in, Path(source_dir), dest)
+
+    async def download_file(self, source_path: str, target_path: Path | str):
+        await asyncio.to_thread(_copy_out_file, self._host(source_path), Path(target_path))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str):
+        await asyncio.to_thread(_copy_out_dir, self._host(source_dir), Path(target_dir))
+
+    # -- internals ----------------------------------------------------------------------
+    def _open(self) -> None:
+        limits = _limits(self.task_env_config, self._memory_mb, self._max_processes,
+                         self._wall_seconds)
+        workdir = Path(self._workdir_opt) if self._workdir_opt else \
+            Path(tempfile.gettempdir()) / "otbuild-harbor"
+        self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
+                                 with_solution=True)
+        _empty(self._box.root / "solution")  # the oracle uploads it; other agents see nothing
+
+    def _send(self, obj: dict, quiet: bool = False) -> None:
+        try:
+            self._proc.stdin.write((json.dumps(obj) + "\n").encode())
+        except (AttributeError, ConnectionError, RuntimeError):
+            if not quiet:
+                raise RuntimeError(f"otbuild environment {self.environment_name}: the sandbox "
+                                   "ended") from None
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                line = await self._proc.stdout.readline()
+                if not line:
+                    break
+                reply = json.loads(line)
+                fut = self._pending.pop(reply.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        finally:
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(RuntimeError(
+                        f"otbuild sandbox for {self.environment_name} ended: "
+                        f"{self._stderr_tail.decode(errors='replace')[-500:]}"))
+
+    async def _drain_stderr(self) -> None:
+        proc = self._proc
+        while proc is not None:
+            chunk = await proc.stderr.read(65536)
+            if not chunk:
+                return
+            self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    def _host(self, path: str) -> Path:
+        """The host path of sandbox path `path` (inside the trial root, never outside)."""
+        if self._box is None:
+            raise RuntimeError(f"otbuild environment {self.environment_name} is not running")
+        p = PurePosixPath(path if str(path).startswith("/") else f"{self._layout.workdir}/{path}")
+        parts = [x for x in p.parts[1:] if x not in ("", ".")]
+        if ".." in parts:
+            raise ValueError(f"path {path!r}: '..' is not allowed")
+        return self._box.root.joinpath(*parts)
+
+    def _writable(self, path: str) -> Path:
+        tops = self._layout.tops() | {"tests", "solution"}
+        top = PurePosixPath(path).parts[1] if str(path).startswith("/") and path != "/" else \
+            PurePosixPath(self._layout.workdir).parts[1]
+        if top not in tops:
+            raise RuntimeError(
+                f"otbuild environment: cannot place files at {path}: the sandbox's own dirs are "
+                f"/{', /'.join(sorted(tops))} (the rest of / is the host's, read-only)")
+        return self._host(path)
+
+    def _copy_in(self, src: Path, dest: Path) -> None:
+        _refuse_symlinks(self._box.root, dest)
+        if src.is_dir():
+            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+        self._own(dest)
+
+    def _own(self, path: Path) -> None:
+        """Files the host (root) writes belong to the trial's uid, as the agent's own would."""
+        if os.geteuid() != 0 or self._box is None or self._box.uid == 0:
+            return
+        uid = self._box.uid
+        os.chown(path, uid, uid, follow_symlinks=False)
+        if path.is_dir() and not path.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(path):
+                for n in dirnames + filenames:
+                    os.chown(os.path.join(dirpath, n), uid, uid, follow_symlinks=False)
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    try:
+        return _BOOL[str(v).strip().lower()]
+    except KeyError:
+        raise ValueError(f"expected a boolean, got {v!r}") from None
+
+
+def _limits(cfg, memory_mb, max_processes, wall_seconds) -> Limits:
+    """Per-process memory from the task (at least 2 GiB: RLIMIT_AS counts virtual memory,
+    which runtimes reserve generously), and a wall clock Harbor's timeouts fit under."""
+    mem = int(memory_mb) if memory_mb is not None else max(2048, 2 * int(cfg.memory_mb or 0))
+    return Limits(memory_mb=mem, max_processes=int(max_processes or 512),
+                  cpu_seconds=24 * 3600,
+                  wall_seconds=float(wall_seconds) if wall_seconds is not None else 24 * 3600.0)
+
+
+def _empty(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
+def _refuse_symlinks(root: Path, dest: Path) -> None:
+    """No component of `dest` below the trial root may be a symlink (the agent could plant
+    one pointing at a host path)."""
+    p = root
+    for part in dest.relative_to(root).parts:
+        p = p / part
+        if p.is_symlink():
+            raise RuntimeError(f"refusing to write through the symlink {p.relative_to(root)}")
+
+
+def _copy_out_file(src: Path, dest: Path) -> None:
+    """Copy a regular file out of the sandbox without following symlinks."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RuntimeError(f"{src.name}: not a regular file")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.dup(fd), "rb") as f, open(dest, "wb") as out:
+            shutil.copyfileobj(f, out)
+    finally:
+        os.close(fd)
+
+
+def _copy_out_dir(src: Path, dest: Path) -> None:
+    if src.is_symlink() or not src.is_dir():
+        raise FileNotFoundError(f"no such directory in the sandbox: {src.name}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(src):
+        base = Path(dirpath)
+        rel = base.relative_to(src)
+        dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
+        for d in dirnames:
+            (dest / rel / d).mkdir(parents=True, exist_ok=True)
+        for n in filenames:
+            f = base / n
+            if f.is_symlink() or not f.is_file():
+                continue  # symlinks and special files stay behind
+            try:
+                _copy_out_file(f, dest / rel / n)
+            except OSError as e:
+                logging.getLogger(__name__).warning("download %s: %s", f, e)
+

@@ -1,0 +1,105 @@
+"""Local sandbox in which agent commands and verifiers run (see docs/sandbox.md).
+
+    with open_sandbox(task, workdir) as box:
+        box.run("bash /solution/solve.sh", timeout=60)        # or box.argv([...]) for a pty
+        box.run("bash /tests/test.sh", timeout=60, with_tests=True)
+        reward = read_reward(box.root)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from otbuild.sandbox import bwrap, unshare
+from otbuild.sandbox.hostfs import write_etc
+from otbuild.sandbox.identity import Identity, acquire
+from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, write_subtree
+from otbuild.sandbox.limits import Limits
+from otbuild.sandbox.output import head_tail
+from otbuild.sandbox.reward import read_reward
+from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
+from otbuild.tasks.taskdir import TaskDir
+
+__all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxUnavailable",
+           "backend_problem", "head_tail", "open_sandbox", "read_reward", "resolve_backend"]
+
+log = logging.getLogger(__name__)
+BACKENDS = ("bwrap", "unshare", "none")
+
+
+class SandboxUnavailable(RuntimeError):
+    """No isolating backend works on this host; the message says why."""
+
+
+@functools.cache
+def backend_problem(backend: str) -> str | None:
+    """None when `backend` works here, else why not (checked once per process)."""
+    if backend == "none":
+        return None
+    return (bwrap if backend == "bwrap" else unshare).available()
+
+
+def resolve_backend(backend: str) -> str:
+    """`bwrap` falls back to `unshare` when bubblewrap cannot run; `none` warns."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {backend!r} (one of {', '.join(BACKENDS)})")
+    if backend == "none":
+        log.warning("sandbox backend 'none': commands run on the host WITHOUT isolation "
+                    "(no private filesystem, network or process namespace)")
+        return backend
+    problem = backend_problem(backend)
+    if problem is None:
+        return backend
+    if backend == "bwrap" and backend_problem("unshare") is None:
+        log.warning("sandbox: %s; using the 'unshare' backend", problem)
+        return "unshare"
+    raise SandboxUnavailable(problem if backend == "unshare" else
+                             f"{problem}; unshare fallback: {backend_problem('unshare')}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
+                 limits: Limits = DEFAULT_LIMITS, with_solution: bool = False,
+                 cleanup: bool = False) -> Sandbox:
+    """Materialise a new trial root under `workdir` and return its sandbox.
+
+    The root holds the environment files where the Dockerfile puts them, private /tmp,
+    $HOME (/root) and /logs; `solution/` only `with_solution` (the oracle); tests/ are copied
+    in only when a command asks `with_tests`. `cleanup` removes the root at close.
+    """
+    backend = resolve_backend(backend)
+    layout: Layout = plan(task)
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)[:60] or "trial"
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
+    identity = acquire() if backend != "none" else Identity(os.getuid(), os.getgid(), False)
+    try:
+        materialise(layout, root)
+        if with_solution:
+            write_subtree(task, "solution", root / "solution")
+        uid = inside_uid(backend, identity)
+        write_etc(root, uid, identity.gid if uid else 0)
+        os.chmod(root, 0o755)
+        if identity.privileged:  # the trial's own dirs belong to the trial uid
+            for top in layout.tops():
+                _chown_tree(root / top, identity.uid, identity.gid)
+        return Sandbox(task, root, backend, limits, layout, identity, with_solution, cleanup)
+    except BaseException:
+        identity.release()
+        remove_tree(root)
+        raise
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)

@@ -1,0 +1,57 @@
+"""bubblewrap backend: namespaces for mounts, pids, network (loopback only), ipc and uts."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+from otbuild.sandbox.spec import Invocation
+
+BWRAP = "bwrap"
+
+
+def available() -> str | None:
+    """None when bwrap works here, else why not."""
+    path = shutil.which(BWRAP)
+    if path is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    try:
+        proc = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid",
+                               *_userns(), "true"], check=False, capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bwrap does not run: {e}"
+    if proc.returncode != 0:
+        return f"bwrap cannot create namespaces here: {proc.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def _userns() -> list[str]:
+    return [] if os.geteuid() == 0 else ["--unshare-user"]
+
+
+@functools.cache
+def _supports(flag: str) -> bool:
+    proc = subprocess.run([BWRAP, "--help"], check=False, capture_output=True, text=True)
+    return flag in proc.stdout
+
+
+def argv(inv: Invocation) -> list[str]:
+    a = [shutil.which(BWRAP) or BWRAP, "--unshare-net", "--unshare-pid", "--unshare-ipc",
+         "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--clearenv",
+         "--hostname", "sandbox"]
+    if not inv.privileged:  # an unprivileged user needs a user namespace; no nested ones
+        a += ["--unshare-user"] + (["--disable-userns"] if _supports("--disable-userns") else [])
+    if not inv.tty:
+        a.append("--new-session")
+    for m in inv.mounts:
+        if m.kind == "dir":
+            a += ["--dir", m.dest]
+            continue
+        flag = {"ro": "--ro-bind", "rw": "--bind", "symlink": "--symlink"}[m.kind]
+        a += [flag, m.src, m.dest]
+    a += ["--proc", "/proc", "--dev", "/dev"]
+    for key, value in inv.env.items():
+        a += ["--setenv", key, value]
+    return [*a, "--chdir", inv.cwd, "--", *inv.prefix, *inv.command]

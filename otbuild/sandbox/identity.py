@@ -1,0 +1,84 @@
+"""Who the sandboxed processes are on the host.
+
+Run as root, each trial gets its own unprivileged host uid (allocated with a lock file, so
+concurrent trials on one machine never share one): processes drop to it inside the sandbox,
+so RLIMIT_NPROC counts only the trial's processes (root is exempt from it), host files keep
+their permissions, and every process of the trial can be found by uid. Run as a normal user,
+the sandbox keeps that user's uid inside a user namespace (RLIMIT_NPROC then counts per
+namespace and uid).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+UID_BASE = 2_000_000
+UID_RANGE = 100_000
+LOCK_DIR = Path("/tmp/otbuild-sandbox-uids")
+
+
+@dataclass
+class Identity:
+    uid: int
+    gid: int
+    privileged: bool  # host is root: drop to `uid` inside the sandbox
+    _lock: int | None = field(default=None, repr=False)
+
+    def drop(self, *, has_caps: bool) -> list[str]:
+        """`setpriv ... --`: become the trial uid, without capabilities or new privileges.
+        Empty when the sandbox already runs the command unprivileged (`has_caps` False)."""
+        if not has_caps:
+            return []
+        ids = ["--reuid", str(self.uid), "--regid", str(self.gid), "--clear-groups"]
+        return ["/usr/bin/setpriv", *(ids if self.privileged else []),
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def acquire() -> Identity:
+    """A fresh trial uid when root (held until `release`), else the current user."""
+    if os.geteuid() != 0:
+        return Identity(os.getuid(), os.getgid(), privileged=False)
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    start = random.randrange(UID_RANGE)
+    for i in range(UID_RANGE):
+        uid = UID_BASE + (start + i) % UID_RANGE
+        fd = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        if _uid_in_use(uid):  # a leftover of a crashed run: do not share it
+            os.close(fd)
+            continue
+        return Identity(uid, uid, privileged=True, _lock=fd)
+    raise RuntimeError("no free sandbox uid")
+
+
+def _uid_in_use(uid: int) -> bool:
+    return bool(pids_of_uid(uid))
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Live (not zombie) host pids whose real uid is `uid`."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid and fields[b"State"].split()[0] != b"Z":
+                pids.append(int(entry.name))
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+    return pids

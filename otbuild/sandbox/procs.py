@@ -1,0 +1,57 @@
+"""Finding and killing a trial's processes on the host (/proc scanning)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+
+
+def scan() -> dict[int, tuple[int, list[str]]]:
+    """pid -> (ppid, argv) of every live host process we can see (zombies left out)."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"{entry.path}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(b")", 1)[1].split()[:2]
+        if state in (b"Z", b"X"):
+            continue
+        out[int(entry.name)] = (int(ppid), [a.decode(errors="replace") for a in args if a])
+    return out
+
+
+def descendants(tops: Iterable[int], table: dict[int, tuple[int, list[str]]]) -> set[int]:
+    """`tops` and every process below them."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), list(tops)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[int]:
+    """SIGKILL what `find` returns until it returns nothing (or `timeout`); the survivors."""
+    end = time.monotonic() + timeout
+    while True:
+        pids = find() - {os.getpid()}
+        if not pids or time.monotonic() > end:
+            return pids
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)

@@ -1,0 +1,67 @@
+"""Reading the verifier's reward from a trial root, without trusting what is there."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+
+MAX_BYTES = 1 << 20
+
+
+def read_reward(root: Path) -> float | dict[str, float] | None:
+    """`logs/verifier/reward.txt` (a float) or else `reward.json` (a flat dict of numbers);
+    None when neither exists. Raises ValueError for a malformed reward. Symlinks are refused
+    (the sandbox could plant one pointing at a host file)."""
+    for name, parse in (("reward.txt", _float), ("reward.json", _flat_dict)):
+        data = _read_no_follow(Path(root), ("logs", "verifier", name))
+        if data is not None:
+            return parse(data.decode("utf-8", errors="replace"), name)
+    return None
+
+
+def _float(text: str, name: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"{name}: not a number: {text[:80]!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: not a finite number: {value}")
+    return value
+
+
+def _flat_dict(text: str, name: str) -> dict[str, float]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name}: not JSON ({e})") from None
+    if not isinstance(obj, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj.values()
+    ):
+        raise ValueError(f"{name}: not a flat dict of numbers")
+    return {str(k): float(v) for k, v in obj.items()}
+
+
+def _read_no_follow(root: Path, parts: tuple[str, ...]) -> bytes | None:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds = []
+    try:
+        fd = os.open(root, flags | os.O_DIRECTORY)
+        fds.append(fd)
+        for part in parts[:-1]:
+            fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            fds.append(fd)
+        fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+        fds.append(fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{'/'.join(parts)} is not a regular file")
+        return os.read(fd, MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # ELOOP / ENOTDIR: a symlink where a dir or file should be
+        raise ValueError(f"{'/'.join(parts)}: {e.strerror}") from None
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,224 @@
+"""A trial's sandbox: its root on the host, commands run in it, and its end."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from otbuild.sandbox import bwrap, none, unshare
+from otbuild.sandbox.hostfs import system_mounts, trial_mounts
+from otbuild.sandbox.identity import Identity, pids_of_uid
+from otbuild.sandbox.layout import Layout, write_subtree
+from otbuild.sandbox.limits import Limits
+from otbuild.sandbox.output import read_bounded
+from otbuild.sandbox.procs import descendants, kill_until_gone, scan
+from otbuild.sandbox.spec import Invocation
+from otbuild.tasks.taskdir import TaskDir
+
+log = logging.getLogger(__name__)
+
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCHERS = {"bwrap", "unshare", "env"}  # argv[0] of the host process that starts a command
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int      # the command's status; 128+N or -N when a signal ended it
+    output: str         # stdout and stderr interleaved, at most `Limits.output_bytes` (+ a note)
+    timed_out: bool     # the command's timeout or the trial's wall clock ran out
+    truncated: bool     # the output passed the cap and the command was killed
+    duration_s: float
+
+
+class Sandbox:
+    """A materialised trial. Use as a context manager; `close()` kills every process."""
+
+    def __init__(self, task: TaskDir, root: Path, backend: str, limits: Limits, layout: Layout,
+                 identity: Identity, with_solution: bool, cleanup: bool):
+        self.task, self.root, self.backend, self.limits = task, root, backend, limits
+        self.workdir = layout.workdir
+        self._layout, self._identity = layout, identity
+        self._with_solution, self._cleanup = with_solution, cleanup
+        self._system = system_mounts()
+        self.uid = inside_uid(backend, identity)
+        self._tests_ready = False
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.deadline = time.monotonic() + limits.wall_seconds
+        self._watchdog = threading.Timer(limits.wall_seconds, self.kill_all)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    # -- commands -------------------------------------------------------------------
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment commands get: a clean base, the Dockerfile's ENV, then `extra`."""
+        user = "root" if self.uid == 0 else "agent"
+        base = {"PATH": PATH, "HOME": "/root", "USER": user, "LOGNAME": user,
+                "SHELL": "/bin/bash", "TERM": "dumb", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+        if self.backend == "none":
+            base["OTBUILD_SANDBOX_ROOT"] = str(self.root)  # how kill_all finds them
+        return {**base, **self._layout.env, **(extra or {})}
+
+    def argv(self, command: list[str], *, with_tests: bool = False, cwd: str | None = None,
+             env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
+        """The host argv that runs `command` in the sandbox, limits applied. For callers
+        that run the process themselves (`tty=True` keeps the controlling terminal, for
+        `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`."""
+        if self._closed:
+            raise RuntimeError("sandbox is closed")
+        if time.monotonic() >= self.deadline:
+            raise TimeoutError(f"trial {self.root.name}: its wall clock "
+                               f"({self.limits.wall_seconds:g}s) ran out")
+        if with_tests:
+            self._ensure_tests()
+        has_caps = self._identity.privileged or self.backend == "unshare"
+        prefix = self.limits.prlimit() + (
+            [] if self.backend == "none" else self._identity.drop(has_caps=has_caps))
+        mounts = self._system + trial_mounts(self.root, self._layout.tops(), tests=with_tests,
+                                             solution=self._with_solution)
+        inv = Invocation(self.root, mounts, cwd or self.workdir, self.env(env), prefix,
+                         list(command), tty, self._identity.privileged)
+        if self.backend == "bwrap":
+            return bwrap.argv(inv)
+        if self.backend == "unshare":
+            return unshare.argv(inv)
+        return none.argv(inv, str(self.root / (cwd or self.workdir).lstrip("/")))
+
+    def run(self, command: str | list[str], *, timeout: float, with_tests: bool = False,
+            cwd: str | None = None, env: dict[str, str] | None = None) -> RunResult:
+        """Run one command (a string goes to `bash -c`) to its end, the timeout, or the
+        output cap; everything it started is gone when this returns."""
+        if isinstance(command, str):
+            command = ["/bin/bash", "-c", command]
+        start = time.monotonic()
+        if start >= self.deadline:
+            return RunResult(-9, "[the trial's wall clock ran out]\n", True, False, 0.0)
+        args = self.argv(command, with_tests=with_tests, cwd=cwd, env=env)
+        deadline = min(start + timeout, self.deadline)
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={"PATH": PATH}, cwd=self.root)
+        with self._lock:
+            self._procs.add(proc)
+        try:
+            data, over, timed_out = read_bounded(proc.stdout.fileno(), self.limits.output_bytes,
+                                                 deadline)
+            if over or timed_out:
+                self._kill_tree(proc)
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()) + 1)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                self._kill_tree(proc)
+                proc.wait()
+        finally:
+            proc.stdout.close()
+            with self._lock:
+                self._procs.discard(proc)
+        timed_out = timed_out or time.monotonic() >= self.deadline
+        text = data.decode("utf-8", errors="replace")
+        if over:
+            text += f"\n[output truncated at {len(data)} bytes; command killed]\n"
+        return RunResult(proc.returncode, text, timed_out, over, time.monotonic() - start)
+
+    # -- the end ------------------------------------------------------------------------
+    def kill_all(self) -> None:
+        """SIGKILL every process of the trial, including those started from `argv()`, and
+        return when none is left."""
+        root = str(self.root)
+        marker = root + "/"
+
+        def find() -> set[int]:
+            table = scan()
+            tops = {pid for pid, (_, args) in table.items() if args
+                    and os.path.basename(args[0]) in LAUNCHERS and any(marker in a for a in args)}
+            with self._lock:
+                tops |= {p.pid for p in self._procs if p.poll() is None}
+            found = descendants(tops, table) & table.keys()
+            if self.backend == "none":
+                found |= _with_env(f"OTBUILD_SANDBOX_ROOT={root}".encode())
+            if self._identity.privileged and self.backend != "none":
+                found |= set(pids_of_uid(self._identity.uid))
+            return found
+
+        left = kill_until_gone(find)
+        if left:
+            log.error("sandbox %s: processes survived kill_all: %s", root, sorted(left))
+
+    def close(self) -> None:
+        """Kill every process, release the trial uid; remove the root only if `cleanup`."""
+        if self._closed:
+            return
+        self._watchdog.cancel()
+        self.kill_all()
+        self._closed = True
+        self._identity.release()
+        if self._cleanup:
+            remove_tree(self.root)
+
+    def __enter__(self) -> Sandbox:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------
+    def _kill_tree(self, proc: subprocess.Popen) -> None:
+        kill_until_gone(lambda: descendants([proc.pid], scan()) if proc.poll() is None else set())
+
+    def _ensure_tests(self) -> None:
+        """Copy tests/ in (the agent never saw them) and reset logs/verifier, so nothing the
+        agent left there counts as a reward."""
+        if self._tests_ready:
+            return
+        verifier = self.root / "logs" / "verifier"
+        if verifier.is_symlink() or verifier.is_file():
+            verifier.unlink()
+        elif verifier.exists():
+            remove_tree(verifier)
+        verifier.mkdir(parents=True)
+        write_subtree(self.task, "tests", self.root / "tests")
+        if self._identity.privileged and self.backend != "none":
+            os.chown(verifier, self._identity.uid, self._identity.gid)
+        self._tests_ready = True
+
+
+def inside_uid(backend: str, identity: Identity) -> int:
+    """The uid commands have inside the sandbox (0 for unshare in a user namespace)."""
+    return 0 if backend == "unshare" and not identity.privileged else identity.uid
+
+
+def _with_env(marker: bytes) -> set[int]:
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"{entry.path}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.add(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes what the sandbox made unreadable (chmod 000 dirs)."""
+    def fix(func, p, _exc):
+        parent = os.path.dirname(p)
+        for q in (parent, p):
+            try:
+                os.chmod(q, stat.S_IRWXU, follow_symlinks=False)
+            except (OSError, NotImplementedError):
+                pass
+        func(p)
+
+    shutil.rmtree(path, **({"onexc": fix} if sys.version_info >= (3, 12) else {"onerror": fix}))
