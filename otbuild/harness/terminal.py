@@ -54,8 +54,10 @@ class Terminal:
     def __init__(self, argv: list[str], cols: int = 160, rows: int = 48, read_cap: int = 4_000_000):
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
-                                     start_new_session=True, close_fds=True)
+        # a session of its own with the pty as controlling terminal: job control and C-c work
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                                     start_new_session=True,
+                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
         os.close(slave)
         self.fd = master
         self.read_cap = read_cap  # bytes kept per read; the rest is drained and dropped

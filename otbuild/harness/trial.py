@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -55,8 +55,10 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     details: dict = {}
     timed_out = False
     episodes = 0
+    # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
+    limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
     try:
-        with open_sandbox(task, workdir, backend=settings.backend, limits=settings.limits,
+        with open_sandbox(task, workdir, backend=settings.backend, limits=limits,
                           with_solution=getattr(engine, "needs_solution", False)) as box:
             try:
                 episodes, timed_out = await _agent(box, task, engine, settings, agent_timeout, messages)
@@ -120,7 +122,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
     """Terminus-2 turns. Returns (episodes run, timed out)."""
     deadline = time.monotonic() + timeout
     term = await asyncio.to_thread(
-        Terminal, box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV))
+        Terminal, box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
     try:
         screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": protocol.first_prompt(task.instruction, screen)})
