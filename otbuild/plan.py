@@ -98,14 +98,16 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
         top = [name for name, _ in ranked[: r.mix.n]]
         settings = {**r.mix.model_dump(), "sources": top}
         tasks = [Node("mix", "mix", settings, settings, tuple(sources[n] for n in top))]
+    if r.augment:
+        tasks = [_llm_node("augment", "augment", r.augment.model_dump(), tasks)]
     if r.task_filter:
-        settings = r.task_filter.model_dump()
+        if r.task_filter.llm:
+            tasks = [_llm_node("task_score", "task_score", r.task_filter.llm.model_dump(), tasks)]
+        settings = r.task_filter.model_dump(exclude={"llm"})
         tasks = [Node("task_filter", "task_filter", settings, settings, tuple(tasks))]
     traces: list[Node] = []
     if r.teacher:
-        settings = r.teacher.model_dump()
-        identity = {k: v for k, v in settings.items() if k not in EXECUTION_ONLY}
-        traces.append(Node("rollout", "teacher", settings, identity, tuple(tasks)))
+        traces.append(_llm_node("rollout", "teacher", r.teacher.model_dump(), tasks))
     for name, imp in sorted(r.trace_imports.items()):
         traces.append(_file_node(loaded, "trace_import", f"trace_imports/{name}",
                                  {"name": name, **imp.model_dump(exclude_none=True)}))
@@ -115,6 +117,11 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
         finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(traces))]
     plan.nodes = _topo(finals)
     return plan
+
+
+def _llm_node(stage: str, label: str, settings: dict, inputs: list[Node]) -> Node:
+    identity = {k: v for k, v in settings.items() if k not in EXECUTION_ONLY}
+    return Node(stage, label, settings, identity, tuple(inputs))
 
 
 def _source_node(loaded: LoadedRecipe, name: str, src) -> Node:

@@ -1,4 +1,5 @@
-# Task stages: sources -> mix -> task_filter. CPU rules (DuckDB, adapters).
+# Task stages: sources -> mix -> augment -> task_score -> task_filter. DuckDB and adapters on
+# the CPU; augment and task_score call an LLM engine (a vLLM server on a GPU node, or an API).
 
 
 rule source:
@@ -36,3 +37,29 @@ rule task_filter:
         "logs/task_filter/{id}.log",
     shell:
         stage_shell("task_filter")
+
+
+rule augment:
+    input:
+        stage_inputs("augment"),
+    output:
+        **stage_outputs("augment"),
+    params:
+        spec=stage_spec("augment"),
+    log:
+        "logs/augment/{id}.log",
+    shell:
+        stage_shell("augment")
+
+
+rule task_score:
+    input:
+        stage_inputs("task_score"),
+    output:
+        **stage_outputs("task_score"),
+    params:
+        spec=stage_spec("task_score"),
+    log:
+        "logs/task_score/{id}.log",
+    shell:
+        stage_shell("task_score")

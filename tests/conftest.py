@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -73,3 +77,77 @@ def otbuild(project: Path, *args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "otbuild", *args], cwd=project, capture_output=True, text=True, check=False,
         env={**os.environ, "COLUMNS": "200"},
     )
+
+
+# --- a scripted OpenAI-like server --------------------------------------------------------
+
+
+class Scripted(ThreadingHTTPServer):
+    """An OpenAI-like endpoint on 127.0.0.1 (a stand-in model for tests): answers POSTs from
+    `script`, a list of (status, body) in order then the last one again, or a function of the
+    request body returning (status, body); records requests and the most in flight at once."""
+
+    daemon_threads = True
+
+    def __init__(self, script: list[tuple[int, dict]], delay: float = 0.0):
+        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+        self.script, self.delay = script, delay
+        self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        srv: Scripted = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with srv.lock:
+            srv.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+            if callable(srv.script):
+                status, answer = srv.script(body)
+            else:
+                status, answer = srv.script[min(len(srv.requests), len(srv.script)) - 1]
+            srv.in_flight += 1
+            srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        time.sleep(srv.delay)
+        with srv.lock:
+            srv.in_flight -= 1
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def start(script, delay=0.0):
+        srv = Scripted(script, delay)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def chat_answer(text: str, completion_tokens: int = 0) -> dict:
+    """An OpenAI chat completion body carrying `text`."""
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": completion_tokens or len(text.split()),
+                      "total_tokens": 10 + (completion_tokens or len(text.split()))}}

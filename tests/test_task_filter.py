@@ -1,6 +1,7 @@
 """Task filter (DuckDB): every rejected row keeps its reason; kept + rejected = input."""
 
 import duckdb
+import pytest
 
 from otbuild.recipe.schema import TaskFilter
 from otbuild.stages import task_filter
@@ -60,10 +61,19 @@ def test_top_k_by_metadata_score(tmp_path):
     assert reasons["s-0"] == "below_top_k: score rank 4 > 2"
 
 
-def test_weights_sum_to_one_in_proportion_to_score(tmp_path):
-    texts = [f"task number {i} with a long enough instruction" for i in range(3)]
-    kept, _ = _run(tmp_path, texts, difficulty=[1, 3, 4], score={"column": "metadata.difficulty", "weight": True})
-    assert list(kept["weight"].round(6)) == [0.125, 0.375, 0.5]
+def test_rollout_budget_by_score_largest_remainder(tmp_path):
+    texts = [f"task number {i} with a long enough instruction" for i in range(4)]
+    kept, _ = _run(tmp_path, texts, difficulty=[1, 3, 4, 0], score={"column": "metadata.difficulty", "budget": 11})
+    # 4 tasks, 7 extra rollouts by score 1:3:4:0 -> shares 0.875, 2.625, 3.5, 0 -> floors 0, 2, 3, 0
+    # (5), and the 2 left over to the biggest fractions (0.875, 0.625)
+    assert list(kept["n_rollouts"]) == [2, 4, 4, 1] and kept["n_rollouts"].sum() == 11
+    assert list(kept["weight"].round(4)) == [0.125, 0.375, 0.5, 0.0]
+
+
+def test_rollout_budget_below_task_count_is_an_error(tmp_path):
+    texts = [f"task number {i} with a long enough instruction" for i in range(4)]
+    with pytest.raises(ValueError, match="budget: 3 rollouts for 4 kept tasks"):
+        _run(tmp_path, texts, difficulty=[1, 1, 1, 1], score={"column": "metadata.difficulty", "budget": 3})
 
 
 def test_seeded_subsample(tmp_path):

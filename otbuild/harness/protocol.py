@@ -5,17 +5,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import jinja2
+from otbuild.prompts import render
 
 MAX_DURATION = 60.0
 MAX_OUTPUT_BYTES = 10_000
-
-_template = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).resolve().parents[1] / "templates"),
-    keep_trailing_newline=True,
-).get_template("terminus2_prompt.j2")
 
 
 @dataclass
@@ -37,8 +31,13 @@ class ParseError(ValueError):
 
 
 def first_prompt(instruction: str, terminal_state: str) -> str:
-    return _template.render(instruction=instruction.strip(), terminal_state=terminal_state,
-                            max_duration=int(MAX_DURATION), max_output_bytes=MAX_OUTPUT_BYTES)
+    return render(
+        "terminus2_prompt.j2",
+        instruction=instruction.strip(),
+        terminal_state=terminal_state,
+        max_duration=int(MAX_DURATION),
+        max_output_bytes=MAX_OUTPUT_BYTES,
+    )
 
 
 def parse_answer(text: str) -> Answer:
@@ -53,7 +52,7 @@ def parse_answer(text: str) -> Answer:
         try:
             duration = float(c.get("duration", 1.0))
         except (TypeError, ValueError):
-            raise ParseError(f'commands[{i}].duration must be a number') from None
+            raise ParseError(f"commands[{i}].duration must be a number") from None
         commands.append(Command(c["keystrokes"], min(max(duration, 0.0), MAX_DURATION)))
     complete = obj.get("task_complete", False)
     if isinstance(complete, str):
@@ -82,8 +81,10 @@ def _json_object(text: str) -> dict:
 
 
 def parse_error_reply(error: Exception) -> str:
-    return (f"Previous response had parsing errors:\nERROR: {error}\n\n"
-            "Please fix these issues and provide a proper JSON response.")
+    return (
+        f"Previous response had parsing errors:\nERROR: {error}\n\n"
+        "Please fix these issues and provide a proper JSON response."
+    )
 
 
 def observation_reply(output: str) -> str:
@@ -91,9 +92,11 @@ def observation_reply(output: str) -> str:
 
 
 def confirm_reply(output: str) -> str:
-    return (f"Current terminal state:\n{output}\n\nAre you sure you want to mark the task as complete? "
-            "This will trigger your solution to be graded and you won't be able to make any further "
-            'corrections. If so, include "task_complete": true in your JSON response again.')
+    return (
+        f"Current terminal state:\n{output}\n\nAre you sure you want to mark the task as complete? "
+        "This will trigger your solution to be graded and you won't be able to make any further "
+        'corrections. If so, include "task_complete": true in your JSON response again.'
+    )
 
 
 def cap_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
@@ -103,6 +106,8 @@ def cap_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
         return text
     half = limit // 2
     omitted = len(data) - 2 * half
-    return (data[:half].decode("utf-8", "ignore")
-            + f"\n[... output limited to {limit} bytes; {omitted} interior bytes omitted ...]\n"
-            + data[-half:].decode("utf-8", "ignore"))
+    return (
+        data[:half].decode("utf-8", "ignore")
+        + f"\n[... output limited to {limit} bytes; {omitted} interior bytes omitted ...]\n"
+        + data[-half:].decode("utf-8", "ignore")
+    )

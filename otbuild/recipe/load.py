@@ -185,15 +185,22 @@ def _suggest(word: str, choices: list[str], what: str) -> str:
 
 
 # -- checks across keys ----------------------------------------------------------------------
-def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
-    if recipe.teacher and recipe.teacher.engine != "oracle":
-        from otbuild.engines.settings import SETTINGS, engine_settings
+def _check_engine(section: dict, where: str, file: Path) -> None:
+    """The engine's own settings check (otbuild/engines/settings.py), before anything runs."""
+    from otbuild.engines.settings import SETTINGS, engine_settings
 
-        section = engine_settings(recipe.teacher.model_dump())
-        try:
-            SETTINGS[recipe.teacher.engine].from_dict(section)
-        except ConfigError as e:
-            raise ConfigError(f"{_file_for(('teacher',), origin, path)}: teacher: {e}") from None
+    try:
+        SETTINGS[section["engine"]].from_dict(engine_settings(section))
+    except ConfigError as e:
+        raise ConfigError(f"{file}: {where}: {e}") from None
+
+
+def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
+    llms = {"teacher": recipe.teacher, "augment": recipe.augment,
+            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None}
+    for where, section in llms.items():
+        if section is not None and section.engine != "oracle":
+            _check_engine(section.model_dump(), where, _file_for(tuple(where.split(".")), origin, path))
     if recipe.mix and recipe.mix.n > len(recipe.sources):
         file = _file_for(("mix", "n"), origin, path)
         raise ConfigError(

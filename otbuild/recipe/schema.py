@@ -134,18 +134,22 @@ class Sample(Strict):
 
 
 class Score(Strict):
+    """Use a score: keep the `top_k` best, or spread a rollout `budget` by score (every task
+    at least one rollout; see docs/task-filter.md for the exact formula)."""
+
     column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
     top_k: int | None = Field(default=None, ge=1)
-    weight: bool = False
+    budget: int | None = Field(default=None, ge=1, description="total rollouts: sets n_rollouts per task")
 
     @model_validator(mode="after")
     def _one_mode(self):
-        if (self.top_k is None) == (not self.weight):
-            raise ValueError("set exactly one of top_k (keep the k best) or weight: true")
+        if (self.top_k is None) == (self.budget is None):
+            raise ValueError("set exactly one of top_k (keep the k best) or budget (rollouts by score)")
         return self
 
 
 class TaskFilter(Strict):
+    llm: TaskScorer | None = None  # scores every task first (a stage of its own: task_score)
     dedup: bool = True
     instruction_chars: Bounds | None = None
     include_regex: str | None = None
@@ -187,12 +191,12 @@ class SandboxLimits(Strict):
     output_bytes: int = Field(default=10_000_000, ge=10_000)
 
 
-class Teacher(Strict):
-    """Teacher rollouts in the terminus-2 harness. Execution knobs that do not change what
-    is produced (`concurrency`) are left out of the stage's content id."""
+class LLM(Strict):
+    """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
+    transformers model dir. Execution knobs (`concurrency`) are not part of content ids."""
 
-    engine: Literal["oracle", "openai", "vllm", "transformers"]
-    model: str | None = Field(default=None, description="model name (openai), HF id or path (vllm), dir (transformers)")
+    engine: Literal["openai", "vllm", "transformers"]
+    model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
     base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     temperature: float = Field(default=0.7, ge=0)
@@ -200,9 +204,22 @@ class Teacher(Strict):
     max_retries: int = Field(default=5, ge=0)
     request_timeout_sec: float = Field(default=600, gt=0)
     engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve: tensor_parallel_size, ...
+    concurrency: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _endpoint(self):
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("engine 'openai' needs `base_url`")
+        return self
+
+
+class Teacher(LLM):
+    """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh)."""
+
+    engine: Literal["oracle", "openai", "vllm", "transformers"]
+    model: str | None = Field(default=None, description="not needed for the oracle")
     samples_per_task: int = Field(default=1, ge=1)
     shards: int = Field(default=1, ge=1, description="separate Snakemake jobs (Slurm fans them out)")
-    concurrency: int = Field(default=4, ge=1)
     max_episodes: int = Field(default=50, ge=1)
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
@@ -214,9 +231,24 @@ class Teacher(Strict):
     def _model_needed(self):
         if self.engine != "oracle" and not self.model:
             raise ValueError(f"engine {self.engine!r} needs `model`")
-        if self.engine == "openai" and not self.base_url:
-            raise ValueError("engine 'openai' needs `base_url`")
         return self
+
+
+class Augment(LLM):
+    """LLM rewrites of task instructions (paper: Tezos 997 -> ~21K surface forms)."""
+
+    kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
+    k: int = Field(default=1, ge=1, description="surface forms per task and kind")
+    keep_original: bool = True
+    seed: int = 0
+
+
+class TaskScorer(LLM):
+    """An LLM score per task, into the `llm_score` column: `askllm` (a 1-100 rating of the
+    task's value for training) or `response_length` (a small model answers the task; the
+    score is its answer's length in tokens: longer answers mark harder tasks)."""
+
+    kind: Literal["askllm", "response_length"]
 
 
 class SweTrajectoryImport(Strict):
@@ -251,6 +283,7 @@ class Recipe(Strict):
     description: str = ""
     sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
     mix: Mix | None = None
+    augment: Augment | None = None
     task_filter: TaskFilter | None = None
     teacher: Teacher | None = None
     trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)

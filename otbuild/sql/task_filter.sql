@@ -29,7 +29,7 @@ WITH base AS (
         {% endif %}
         {% if score %}
         WHEN score IS NULL THEN 'score: no numeric {{ score.column }}'
-        {% if score.weight %}WHEN score < 0 THEN 'score: negative weight ' || score{% endif %}
+        {% if score.budget %}WHEN score < 0 THEN 'score: negative, cannot weight rollouts: ' || score{% endif %}
         {% endif %}
     END AS reason
     FROM base
@@ -69,14 +69,33 @@ WITH base AS (
         FROM ranked
     )
 )
+{% if score and score.budget %}
+-- Rollout budget B over the N kept tasks: every task gets one rollout, and the other B - N
+-- go in proportion to score (largest remainder: floors first, then the biggest fractional
+-- parts, ties in input order). With all scores 0 the extra rollouts are spread evenly.
+, shared AS (
+    SELECT *, CASE WHEN reason IS NULL THEN
+        ({{ score.budget }} - count(*) FILTER (WHERE reason IS NULL) OVER ())
+        * coalesce(score / nullif(sum(score) FILTER (WHERE reason IS NULL) OVER (), 0),
+                   1.0 / count(*) FILTER (WHERE reason IS NULL) OVER ())
+    END AS _share
+    FROM sampled
+), allotted AS (
+    SELECT *, floor(_share) AS _base,
+           row_number() OVER (PARTITION BY reason IS NULL ORDER BY _share - floor(_share) DESC, _ord) AS _by_frac,
+           round(sum(_share - floor(_share)) FILTER (WHERE reason IS NULL) OVER ()) AS _left
+    FROM shared
+)
 SELECT _ord, reason, score,
-       {% if score and score.weight %}
-       CASE WHEN reason IS NULL THEN score / nullif(sum(score) FILTER (WHERE reason IS NULL) OVER (), 0) END
-       {% else %}NULL::DOUBLE{% endif %} AS weight
-FROM sampled;
+       CASE WHEN reason IS NULL THEN score / nullif(sum(score) FILTER (WHERE reason IS NULL) OVER (), 0) END AS weight,
+       CASE WHEN reason IS NULL THEN CAST(1 + _base + CASE WHEN _by_frac <= _left THEN 1 ELSE 0 END AS INTEGER) END AS n_rollouts
+FROM allotted;
+{% else %}
+SELECT _ord, reason, score FROM sampled;
+{% endif %}
 
 CREATE OR REPLACE TEMP VIEW tf_kept AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord){% if score %}, d.score{% endif %}{% if score and score.weight %}, d.weight{% endif %}
+SELECT s.* EXCLUDE (_file, file_row_number, _ord){% if score %}, d.score{% endif %}{% if score and score.budget %}, d.weight, d.n_rollouts{% endif %}
 FROM tf_src s JOIN tf_decided d USING (_ord)
 WHERE d.reason IS NULL ORDER BY d._ord;
 

@@ -25,6 +25,8 @@ STAGES: dict[str, StageDef] = {
     for s in (
         StageDef("source", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
         StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql", "_inputs.sql")),
+        StageDef("augment", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment"),
+        StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score"),
         StageDef(
             "task_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
             ("task_filter.sql", "_inputs.sql"),

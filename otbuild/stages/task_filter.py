@@ -25,4 +25,10 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
         score_expr=score_expr(score["column"]) if score else None,
     )
+    budget = (score or {}).get("budget")
+    if budget:
+        kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchone()[0]
+        if budget < kept:
+            raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
+                             "every task gets at least one, so the budget must be at least the task count")
     return duck.write_split(con, "tf", outdir)
