@@ -93,13 +93,15 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
     plan = Plan(loaded)
     ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank, kv[0]))
     sources = {name: _source_node(loaded, name, src) for name, src in ranked}
+    if r.augment:  # per source, before the mix: the augmented set takes the source's place
+        settings = r.augment.model_dump(exclude={"sources"})
+        for name in r.augment.sources or list(sources):
+            sources[name] = _llm_node("augment", f"augment/{name}", settings, [sources[name]])
     tasks: list[Node] = list(sources.values())
     if r.mix:
         top = [name for name, _ in ranked[: r.mix.n]]
         settings = {**r.mix.model_dump(), "sources": top}
         tasks = [Node("mix", "mix", settings, settings, tuple(sources[n] for n in top))]
-    if r.augment:
-        tasks = [_llm_node("augment", "augment", r.augment.model_dump(), tasks)]
     if r.task_filter:
         if r.task_filter.llm:
             tasks = [_llm_node("task_score", "task_score", r.task_filter.llm.model_dump(), tasks)]

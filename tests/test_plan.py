@@ -2,6 +2,7 @@
 
 import pytest
 
+from otbuild.errors import ConfigError
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from tests.conftest import DATA
@@ -73,3 +74,22 @@ def test_real_data_ids_are_stable(tmp_path):
     path = DATA / "terminal_bench_tasks" / "harbor_format" / "tb2_ot_fewshots"
     recipe = f"sources:\n  h: {{kind: harbor-dir, rank: 1, path: {path}}}\n"
     assert ids(tmp_path, recipe) == ids(tmp_path, recipe)
+
+
+def test_augment_sits_between_its_sources_and_the_mix(tmp_path):
+    llm = "{engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m"
+    plain = ids(tmp_path, RECIPE)
+    aug = ids(tmp_path, RECIPE + f"augment: {llm}, sources: [b], k: 3}}\n")
+    assert set(aug) == set(plain) | {"augment/b"}
+    assert aug["sources/a"] == plain["sources/a"] and aug["sources/b"] == plain["sources/b"]
+    assert aug["mix"] != plain["mix"]
+    (tmp_path / "recipes" / "r.yaml").write_text(RECIPE + f"augment: {llm}, concurrency: 64, sources: [b], k: 3}}\n")
+    assert {n.label: n.id for n in plan_recipe(load_recipe("r", tmp_path)).nodes} == aug  # execution knob
+
+
+def test_unknown_augment_source_is_a_config_error(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.yaml").write_text(
+        RECIPE + "augment: {engine: openai, base_url: 'http://x/v1', model: m, sources: [bb]}\n")
+    with pytest.raises(ConfigError, match="augment.sources: no source.s. bb; did you mean 'b'"):
+        load_recipe("r", tmp_path)

@@ -124,6 +124,13 @@ def test_slurm_dry_run_from_the_repo_root():
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
+    jobs = {}  # rule -> its resources line, from the dry run's job listing
+    for block in log.split("\nrule ")[1:]:
+        name = block.split(":", 1)[0].strip()
+        jobs[name] = next((ln for ln in block.splitlines() if "resources:" in ln), "")
+    for gpu_rule in ("rollout", "augment"):
+        assert "slurm_partition=<gpu-partition>" in jobs[gpu_rule] and "gpu=4" in jobs[gpu_rule], jobs[gpu_rule]
+    assert "<gpu-partition>" not in jobs["mix"] and "<gpu-partition>" not in jobs["task_filter"]
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")

@@ -201,6 +201,10 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     for where, section in llms.items():
         if section is not None and section.engine != "oracle":
             _check_engine(section.model_dump(), where, _file_for(tuple(where.split(".")), origin, path))
+    unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
+    if unknown:
+        raise ConfigError(f"{_file_for(('augment', 'sources'), origin, path)}: augment.sources: "
+                          f"no source(s) {', '.join(unknown)}" + _suggest(unknown[0], sorted(recipe.sources), "sources"))
     if recipe.mix and recipe.mix.n > len(recipe.sources):
         file = _file_for(("mix", "n"), origin, path)
         raise ConfigError(

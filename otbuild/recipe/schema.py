@@ -235,8 +235,10 @@ class Teacher(LLM):
 
 
 class Augment(LLM):
-    """LLM rewrites of task instructions (paper: Tezos 997 -> ~21K surface forms)."""
+    """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
+    Tezos 997 -> ~21K surface forms)."""
 
+    sources: list[str] | None = Field(default=None, description="sources to augment; default: all")
     kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
     k: int = Field(default=1, ge=1, description="surface forms per task and kind")
     keep_original: bool = True
