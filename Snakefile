@@ -15,4 +15,5 @@ wildcard_constraints:
 include: "rules/common.smk"
 include: "rules/tasks.smk"
 include: "rules/rollouts.smk"
+include: "rules/eval.smk"
 include: "rules/results.smk"

@@ -89,9 +89,25 @@ class Plan:
 
 
 def plan_recipe(loaded: LoadedRecipe) -> Plan:
+    """The recipe's DAG; an ablation grid's candidates share nodes by id and feed a ranking."""
+    if not loaded.recipe.ablate:
+        return Plan(loaded, _topo(_finals(loaded)))
+    from otbuild.recipe.ablate import candidates
+
+    evals, finals = [], []
+    for name, cand in candidates(loaded):
+        nodes = _finals(cand, prefix=f"candidates/{name}/")
+        evals.append(next(n for n in nodes if n.stage == "eval"))
+        finals += nodes
+    settings = {"candidates": [e.label.split("/")[1] for e in evals]}
+    finals.append(Node("rank", "ranking", settings, settings, tuple(evals)))
+    return Plan(loaded, _topo(finals))
+
+
+def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
+    """The last nodes of one recipe (labels under `prefix`); their inputs hold the rest."""
     r = loaded.recipe
-    plan = Plan(loaded)
-    ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank, kv[0]))
+    ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
     sources = {name: _source_node(loaded, name, src) for name, src in ranked}
     if r.augment:  # per source, before the mix: the augmented set takes the source's place
         settings = r.augment.model_dump(exclude={"sources"})
@@ -117,8 +133,26 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
     if r.trace_filter:
         settings = r.trace_filter.model_dump()
         finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(traces))]
-    plan.nodes = _topo(finals)
-    return plan
+    if r.eval:
+        finals = [*finals, _eval_node(loaded, r.eval)]
+    return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+def _relabel(node: Node, prefix: str) -> Node:
+    """The same node (same id) under a candidate's label prefix, inputs included."""
+    return Node(node.stage, prefix + node.label, node.settings, node.identity,
+                tuple(_relabel(i, prefix) for i in node.inputs), node.missing)
+
+
+def _eval_node(loaded: LoadedRecipe, ev) -> Node:
+    """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings."""
+    benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
+    model = ev.model.model_dump()
+    trial = ev.model_dump(include={"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards",
+                                   "concurrency", "sandbox", "limits"})
+    settings = {**model, **trial, "samples_per_task": ev.repeats, "agent_timeout_sec": None,
+                "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
+    return _llm_node("eval", "eval", settings, benchmarks)
 
 
 def _llm_node(stage: str, label: str, settings: dict, inputs: list[Node]) -> Node:
@@ -126,8 +160,8 @@ def _llm_node(stage: str, label: str, settings: dict, inputs: list[Node]) -> Nod
     return Node(stage, label, settings, identity, tuple(inputs))
 
 
-def _source_node(loaded: LoadedRecipe, name: str, src) -> Node:
-    return _file_node(loaded, "source", f"sources/{name}", {"name": name, **src.model_dump(exclude={"rank"})})
+def _source_node(loaded: LoadedRecipe, name: str, src, group: str = "sources") -> Node:
+    return _file_node(loaded, "source", f"{group}/{name}", {"name": name, **src.model_dump(exclude={"rank"})})
 
 
 def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict) -> Node:
@@ -149,12 +183,14 @@ def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict) -> 
 
 
 def _topo(finals: list[Node]) -> list[Node]:
-    out: dict[str, Node] = {}
+    """Inputs before their users. A node shared under several labels (an ablation's common
+    prefix) is listed under each: same id, one artifact."""
+    out: dict[tuple[str, str], Node] = {}
 
     def visit(n: Node) -> None:
         for i in n.inputs:
             visit(i)
-        out.setdefault(n.id, n)
+        out.setdefault((n.id, n.label), n)
 
     for n in finals:
         visit(n)

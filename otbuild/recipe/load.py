@@ -47,12 +47,19 @@ def load_recipe(name_or_path: str | Path, root: Path | None = None) -> LoadedRec
     if not re.match(NAME_RE, name):
         raise ConfigError(f"{path}: recipe names must be identifiers ([A-Za-z_][A-Za-z0-9_]*), found {name!r}")
     data, origin = _load_chain(path, [])
+    return LoadedRecipe(name, path, path.resolve().parent.parent, data, validate(data, origin, path))
+
+
+def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
+    """The schema, then the checks across keys; errors name the file that set each key."""
     try:
         recipe = Recipe.model_validate(data)
+        _check_semantics(recipe, origin, path)
     except ValidationError as e:
-        raise ConfigError("\n".join(_format_error(err, origin, path) for err in e.errors())) from None
-    _check_semantics(recipe, origin, path)
-    return LoadedRecipe(name, path, path.resolve().parent.parent, data, recipe)
+        raise ConfigError("\n".join(context + _format_error(err, origin, path) for err in e.errors())) from None
+    except ConfigError as e:
+        raise ConfigError(context + str(e)) from None
+    return recipe
 
 
 # -- extends + deep merge, remembering which file set each key ------------------------------
@@ -205,6 +212,16 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     if unknown:
         raise ConfigError(f"{_file_for(('augment', 'sources'), origin, path)}: augment.sources: "
                           f"no source(s) {', '.join(unknown)}" + _suggest(unknown[0], sorted(recipe.sources), "sources"))
+    if recipe.ablate and not recipe.eval:
+        raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: candidates are ranked by their "
+                          "eval scores: add an `eval` section")
+    if recipe.eval and recipe.eval.model is None:
+        raise ConfigError(f"{_file_for(('eval',), origin, path)}: eval.model: required key is missing "
+                          "(an engine section; e.g. {engine: oracle} for the ceiling)")
+    unranked = sorted(n for n, s in recipe.sources.items() if s.rank is None)
+    if recipe.mix and unranked:
+        raise ConfigError(f"{_file_for(('sources', unranked[0]), origin, path)}: sources.{unranked[0]}.rank: "
+                          "required key is missing (mix picks the Top-N sources by rank)")
     if recipe.mix and recipe.mix.n > len(recipe.sources):
         file = _file_for(("mix", "n"), origin, path)
         raise ConfigError(

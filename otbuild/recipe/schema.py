@@ -28,7 +28,7 @@ class SyntheticSource(Strict):
     """Procedurally generated terminal tasks (the embedded default source)."""
 
     kind: Literal["synthetic"]
-    rank: int = Field(ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
+    rank: int | None = Field(default=None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
     count: int = Field(ge=1)
     seed: int = 0
     families: list[Literal[FAMILIES]] | None = None  # type: ignore[valid-type]
@@ -39,7 +39,7 @@ class PathSource(Strict):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
-    rank: int = Field(ge=1)
+    rank: int | None = Field(default=None, ge=1)
     path: str = Field(min_length=1, description="relative to the project root, or absolute")
 
 
@@ -47,7 +47,7 @@ class SweInstancesSource(Strict):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
-    rank: int = Field(ge=1)
+    rank: int | None = Field(default=None, ge=1)
     path: str = Field(min_length=1)
     patch_introduces_bug: bool | Literal["auto"] = Field(
         default="auto",
@@ -62,7 +62,7 @@ class StackExchangeSource(Strict):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
-    rank: int = Field(ge=1)
+    rank: int | None = Field(default=None, ge=1)
     path: str = Field(min_length=1)
     site: str | None = Field(
         default=None, min_length=1, description="default: the row's site, or the dump's folder"
@@ -73,7 +73,7 @@ class Nl2BashSource(Strict):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
-    rank: int = Field(ge=1)
+    rank: int | None = Field(default=None, ge=1)
     path: str = Field(min_length=1)
     verifier: bool = Field(
         default=True, description="add tests where the command is safe and deterministic"
@@ -92,7 +92,7 @@ class TableSource(Strict):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
-    rank: int = Field(ge=1)
+    rank: int | None = Field(default=None, ge=1)
     path: str = Field(min_length=1)
     columns: TableColumns
     image: str = Field(default="python:3.12-slim", min_length=1)
@@ -281,6 +281,23 @@ class MessagesImport(Strict):
 TraceImport = Annotated[SweTrajectoryImport | MessagesImport, Field(discriminator="kind")]
 
 
+class Eval(Strict):
+    """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
+    task sources (a local sandbox runs them); `model` is the recipe's trained checkpoint by
+    default, or any engine (an API model, the oracle as a ceiling)."""
+
+    benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
+    repeats: int = Field(default=3, ge=1)
+    model: Teacher | None = None  # default: the recipe's last trained checkpoint
+    timeout_multiplier: float = Field(default=1.0, gt=0, description="paper: 2 for 8B, 16 for 32B")
+    timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
+    max_episodes: int = Field(default=50, ge=1)
+    shards: int = Field(default=1, ge=1)
+    concurrency: int = Field(default=4, ge=1)
+    sandbox: Literal["bwrap", "unshare", "none"] = "bwrap"
+    limits: SandboxLimits = SandboxLimits()
+
+
 class Recipe(Strict):
     description: str = ""
     sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
@@ -290,6 +307,11 @@ class Recipe(Strict):
     teacher: Teacher | None = None
     trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
     trace_filter: TraceFilter | None = None
+    eval: Eval | None = None
+    # setting path -> values, e.g. {"mix.n": [1, 2, 4]}: the grid's candidates share every
+    # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
+    ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")],
+                 Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _traces_need_a_producer(self):

@@ -73,19 +73,26 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    """Merge the shards into traces.parquet, in trial order (trial t is row t // S of shard t % S)."""
-    shards = [shard_path(outdir, k) for k in range(settings["shards"])]
-    parts = [pq.read_table(p, schema=TRACE_SCHEMA).to_pylist() for p in shards]
-    rows = [part[pos] for pos in range(max(map(len, parts), default=0)) for part in parts if pos < len(part)]
-    n = write_traces(outdir / "traces.parquet", rows)
+    """Merge the shards into traces.parquet."""
+    rows, shards = merge_shards(settings, outdir)
     rewards = [r["reward"] for r in rows if r["reward"] is not None]
     return {
-        "trials": n,
-        "shards": [{"path": str(p), "sha256": file_sha256(p)} for p in shards],
+        "trials": len(rows),
+        "shards": shards,
         "passed": sum(1 for r in rewards if r >= 1.0),
         "exceptions": sum(1 for r in rows if r["exception"]),
         "timed_out": sum(1 for r in rows if r["timed_out"]),
     }
+
+
+def merge_shards(settings: dict, outdir: Path) -> tuple[list[dict], list[dict]]:
+    """The shards' rows in trial order (trial t is row t // S of shard t % S), written to
+    traces.parquet; returns them and the shards' paths and sha256."""
+    shards = [shard_path(outdir, k) for k in range(settings["shards"])]
+    parts = [pq.read_table(p, schema=TRACE_SCHEMA).to_pylist() for p in shards]
+    rows = [part[pos] for pos in range(max(map(len, parts), default=0)) for part in parts if pos < len(part)]
+    write_traces(outdir / "traces.parquet", rows)
+    return rows, [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
 
 
 def _read_partial(path: Path) -> dict[int, dict]:

@@ -1,0 +1,140 @@
+"""Recipe sections of the training stages: `sft` and `rl` (and the `ModelSpec` they start from).
+
+Defaults are the paper's (OT-Agent, "Data Recipes for Agentic Models": full-parameter SFT of
+Qwen3-8B/32B, lr 4e-5 cosine, warmup 0.1, global batch 96, 32K context, DeepSpeed ZeRO-3, qwen3
+template; RLOO with PPO clip 0.2/0.2, no KL, AdamW lr 5e-6, batch 64, 8 samples, temperature
+0.7), so the otagent_v2_* recipes only name the base model. CPU recipes (smoke) set a `tiny`
+model and small numbers. Execution knobs that do not change what is produced
+(`save_steps`, `concurrency`, `launcher`) belong in the `stage_settings` exclusions of the
+content id; see docs/training.md.
+
+What the stages consume and produce (otbuild/stages/sft.py, otbuild/stages/rl.py):
+  sft: inputs [kept.parquet of trace_filter]             -> checkpoint dir (checkpoint.json first)
+  rl:  inputs [sft's checkpoint.json, a task parquet]    -> checkpoint dir (checkpoint.json first)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from otbuild.recipe.schema import Strict
+
+
+class TinyModel(Strict):
+    """A Qwen3-architecture model built from scratch: a byte-level BPE tokenizer trained
+    deterministically on the trace set, with the qwen3 chat template's special tokens. No
+    download, ever (the embedded default student)."""
+
+    kind: Literal["tiny"]
+    vocab_size: int = Field(default=1024, ge=300, description="BPE target (256 bytes + merges + specials)")
+    hidden_size: int = Field(default=64, ge=8)
+    intermediate_size: int = Field(default=128, ge=8)
+    num_hidden_layers: int = Field(default=2, ge=1)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    max_position_embeddings: int = Field(default=4096, ge=64)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return self
+
+
+class PretrainedModel(Strict):
+    """A model dir on disk (or an HF id already in the local HF cache: otbuild never downloads).
+    Its own chat template is used when it has one, else otbuild's qwen3 template."""
+
+    kind: Literal["pretrained"]
+    path: str = Field(min_length=1, description="model dir (relative to the project root) or HF id")
+    chat_template: Literal["auto", "qwen3"] = Field(
+        default="auto", description="auto: the model's own when it has one, else qwen3")
+
+
+ModelSpec = Annotated[TinyModel | PretrainedModel, Field(discriminator="kind")]
+
+
+class Sft(Strict):
+    """Full-parameter SFT through DeepSpeed on the filtered traces (loss on assistant tokens)."""
+
+    model: ModelSpec
+    # optimisation: the paper's settings
+    learning_rate: float = Field(default=4e-5, gt=0)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    global_batch_size: int = Field(default=96, ge=1, description="sequences per optimizer step")
+    per_device_batch_size: int = Field(default=1, ge=1)
+    epochs: float = Field(default=5.0, gt=0, description="paper: 5-7")
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    seed: int = 0
+    # data
+    cutoff_len: int = Field(default=32768, ge=16, description="tokens per sequence (32K context)")
+    truncation: Literal["right", "drop"] = Field(
+        default="right", description="right: keep the first cutoff_len tokens; drop: skip the trace")
+    packing: bool = False
+    token_budget: int | None = Field(
+        default=None, ge=1, description="compute-controlled ablations: train on this many tokens")
+    # execution
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU")
+    gradient_checkpointing: bool = True
+    optimizer: Literal["auto", "torch", "deepspeed"] = Field(
+        default="auto", description="auto: DeepSpeed's fused Adam on GPU, torch AdamW on CPU")
+    save_steps: int = Field(default=100, ge=1, description="resumable checkpoint every N steps")
+    save_total_limit: int = Field(default=1, ge=1)
+    keep_checkpoints: bool = Field(default=False, description="keep checkpoints/ after the final save")
+    launcher: Literal["auto", "local", "torchrun", "deepspeed"] = "auto"
+    gpus_per_node: int | None = Field(default=None, ge=1, description="default: what Slurm grants")
+    master_port: int = Field(default=29500, ge=1024, le=65535)
+
+    @model_validator(mode="after")
+    def _batches(self):
+        if self.global_batch_size % self.per_device_batch_size:
+            raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                             f"per_device_batch_size ({self.per_device_batch_size})")
+        if self.packing and self.per_device_batch_size != 1:
+            raise ValueError("packing fills a whole row per device: set per_device_batch_size: 1")
+        return self
+
+
+class RlSandbox(Strict):
+    backend: Literal["bwrap", "unshare", "none"] = "bwrap"
+    max_episodes: int = Field(default=50, ge=1)
+    agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
+    timeout_multiplier: float = Field(default=1.0, gt=0)
+    timeout_cap_sec: float = Field(default=7200, gt=0)
+
+
+class Rl(Strict):
+    """RLOO on the SFT checkpoint: multi-turn rollouts in the terminus-2 harness, verifier reward."""
+
+    steps: int = Field(ge=1, description="optimizer steps (each: batch_size tasks x samples_per_task)")
+    batch_size: int = Field(default=64, ge=1, description="tasks per step")
+    samples_per_task: int = Field(default=8, ge=2, description="k: the leave-one-out baseline needs 2+")
+    temperature: float = Field(default=0.7, gt=0)
+    max_tokens: int = Field(default=4096, ge=1, description="per assistant turn")
+    max_context: int = Field(default=32768, ge=64, description="a turn whose prompt is longer ends the trial")
+    learning_rate: float = Field(default=5e-6, gt=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.2, ge=0)
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 estimator against the SFT model; paper: 0")
+    std_eps: float = Field(default=1e-6, gt=0)
+    ppo_epochs: int = Field(default=1, ge=1)
+    micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
+    seed: int = 0
+    rollout: Literal["transformers", "vllm"] = Field(
+        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: docs/training.md")
+    sandbox: RlSandbox = RlSandbox()
+    concurrency: int = Field(default=8, ge=1)
+    save_steps: int = Field(default=10, ge=1)

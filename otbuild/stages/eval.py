@@ -1,0 +1,24 @@
+"""Eval: model x benchmark x repeat through the harness, then scores and their summary.
+
+Trials run in shards exactly like teacher rollouts (same harness, sandbox and resume); the
+merge job writes traces.parquet, scores.parquet (one row per benchmark, repeat and task) and
+summary.parquet (mean pass@1 over repeats with its standard error, exceptions apart).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otbuild import duck
+from otbuild.stages.rollout import merge_shards, run_shard  # noqa: F401 (the shard jobs)
+
+
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    rows, shards = merge_shards(settings, outdir)
+    con = duck.connect()
+    duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=settings["model_label"])
+    duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
+    duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
+    summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions FROM ev_summary").fetchall()
+    return {"trials": len(rows), "shards": shards,
+            "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e} for b, m, s, e in summary}}

@@ -1,0 +1,17 @@
+"""Rank: an ablation's candidates by the paper's cross-benchmark z-score (otbuild/sql/rank.sql)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otbuild import duck
+
+
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    con = duck.connect()
+    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"])
+    duck.copy_to_parquet(con, "SELECT * FROM rk_ranking", outdir / "ranking.parquet")
+    duck.copy_to_parquet(con, "SELECT * FROM rk_z", outdir / "zscores.parquet")
+    top = con.execute("SELECT candidate, mean_z FROM rk_ranking WHERE rank = 1").fetchall()
+    incomplete = con.execute("SELECT candidate FROM rk_ranking WHERE NOT complete").fetchall()
+    return {"best": [c for c, _ in top], "incomplete": [c for (c,) in incomplete]}

@@ -1,0 +1,14 @@
+"""RL stage (RLOO): inputs [an SFT checkpoint's checkpoint.json, a task parquet] -> the
+checkpoint dir (otbuild/train/rl.py). Outputs: checkpoint.json (manifest, written last: feeds
+downstream), model.safetensors, train_log.jsonl (reward and loss per step), config.json,
+tokenizer files. A killed run resumes from outdir/checkpoints/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otbuild.stages.sft import run_training
+
+
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    return run_training("rl", settings, inputs, outdir)

@@ -1,0 +1,46 @@
+"""SFT stage: inputs [kept.parquet of the trace filter] -> the checkpoint dir (otbuild/train/sft.py).
+
+Outputs (in the artifact dir): checkpoint.json (manifest, written last: feeds downstream),
+model.safetensors, train_log.jsonl, plus config.json, generation_config.json and the tokenizer
+files. Locally the training runs in this process (DeepSpeed on gloo); on a Slurm allocation
+with several GPUs it is launched with `otbuild.train.dist.launch_command` (srun + torchrun),
+and this process waits for it. A killed run resumes from outdir/checkpoints/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from otbuild.train.dist import launch_command
+
+
+def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    return run_training("sft", settings, inputs, outdir)
+
+
+def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    spec = outdir / f".{kind}_settings.json"
+    spec.write_text(json.dumps(settings))
+    argv = [sys.executable, "-m", "otbuild.train", kind, *map(str, inputs), "--outdir", str(outdir),
+            "--settings", f"@{spec}"]
+    cmd = launch_command(settings, dict(os.environ), argv)
+    if cmd == argv:
+        if kind == "sft":
+            from otbuild.train.sft import train
+        else:
+            from otbuild.train.rl import train
+        manifest = train(settings, inputs, outdir)
+    else:
+        print("launching:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        manifest = json.loads((outdir / "checkpoint.json").read_text())
+    spec.unlink(missing_ok=True)
+    keys = ("steps", "tokens_seen", "supervised_tokens_seen", "train_seconds", "world_size", "data",
+            "reward_mean_last", "files")
+    return {k: manifest[k] for k in keys if k in manifest}

@@ -1,0 +1,41 @@
+# Eval: model x benchmark x repeat in shards (GPU jobs when the model is served by vLLM), then
+# a merge that writes scores and their summary; an ablation grid ranks its candidates.
+
+
+rule eval:
+    input:
+        stage_inputs("eval"),
+    output:
+        "artifacts/eval/{id}/shards/{shard}.parquet",
+    params:
+        spec=stage_spec("eval"),
+    log:
+        "logs/eval/{id}/{shard}.log",
+    shell:
+        OTBUILD + " stage eval --spec {params.spec} --shard {wildcards.shard} > {log} 2>&1"
+
+
+rule eval_merge:
+    input:
+        lambda wc: [str(p) for p in WF.node("eval", wc.id).shard_outputs],
+    output:
+        **stage_outputs("eval"),
+    params:
+        spec=stage_spec("eval"),
+    log:
+        "logs/eval/{id}/merge.log",
+    shell:
+        stage_shell("eval")
+
+
+rule rank:
+    input:
+        stage_inputs("rank"),
+    output:
+        **stage_outputs("rank"),
+    params:
+        spec=stage_spec("rank"),
+    log:
+        "logs/rank/{id}.log",
+    shell:
+        stage_shell("rank")
