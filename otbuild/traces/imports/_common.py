@@ -182,3 +182,11 @@ def trace_row(
 
 def quarantine(where: str, reason: str, detail: str = "") -> Quarantined:
     return Quarantined(where, reason, detail)
+
+
+def swe_context(labels: Path | None, tasks, instances) -> tuple[dict, dict, dict]:
+    """What SWE trajectory importers look up by instance id: labels (reward), task ids
+    (from a task parquet), problem statements (from SWE instances)."""
+    problems = {k: v.get("problem_statement")
+                for k, v in load_labels(Path(instances) if instances else None).items()}
+    return load_labels(labels), load_task_ids(tasks), problems

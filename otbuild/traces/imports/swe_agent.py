@@ -30,10 +30,9 @@ from otbuild.traces.imports._common import (
     ensure_task_text,
     files,
     load_json,
-    load_labels,
-    load_task_ids,
     normalise,
     reward_of,
+    swe_context,
     trace_row,
 )  # fmt: skip
 
@@ -51,12 +50,7 @@ def read(
 ) -> Iterator[dict | Quarantined]:
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    label_rows = load_labels(Path(labels) if labels else None)
-    task_ids = load_task_ids(tasks)
-    problems = {
-        k: v.get("problem_statement")
-        for k, v in load_labels(Path(instances) if instances else None).items()
-    }
+    label_rows, task_ids, problems = swe_context(Path(labels) if labels else None, tasks, instances)
     for f in files(path, (".traj",)):
         yield from convert(
             load_json(f), f, label_rows, task_ids, problems, run_id or folder.name, model, agent
