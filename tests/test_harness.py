@@ -22,6 +22,7 @@ from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import plan_trials
 from otbuild.tasks.table import write_tasks
+from tests.conftest import DATA
 
 needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
@@ -173,3 +174,32 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     names = pq.read_table(tasks, columns=["path"]).column("path").to_pylist()
     assert [r["task"] for r in rows] == [names[t.row] for t in expected]  # each trial once, in order
     assert all(r["reward"] == 1.0 for r in rows) and not partial.exists()
+
+
+@needs_sandbox
+@pytest.mark.slow
+@pytest.mark.skipif(not (DATA / "terminal_bench_tasks").is_dir(), reason="../shared/data/dev is not present")
+@pytest.mark.skipif(subprocess.run(["/usr/bin/python3", "-c", "import pytest"], check=False).returncode != 0,
+                    reason="the sandbox's python3 has no pytest (make setup installs python3-pytest)")
+def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
+    """Terminal-Bench 1 tasks converted to Harbor, run by the oracle in the local sandbox:
+    every task that needs no container image is solved, as its own verifier says."""
+    from otbuild.sources import tb1_dir
+
+    base = DATA / "terminal_bench_tasks" / "tb1_format"
+    records = [r for d in ("evoeval", "tb_core_original") for r in tb1_dir.read(base / d)
+               if getattr(r, "runnable_locally", False)]
+    assert len(records) >= 40
+
+    async def all_trials():
+        sem = asyncio.Semaphore(4)
+
+        async def one(i, rec):
+            async with sem:
+                return await run_trial(rec.task, rec.task.task_id(), OracleEngine(), TrialSettings(),
+                                       tmp_path / str(i))
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(records)))
+
+    traces = asyncio.run(all_trials())
+    failed = [(r.task.name, t["reward"], t["exception"]) for r, t in zip(records, traces) if t["reward"] != 1.0]
+    assert not failed

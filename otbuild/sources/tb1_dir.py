@@ -35,11 +35,17 @@ COPIED = re.compile(
 HANDLED = {"task.yaml", "solution.sh", "run-tests.sh", "Dockerfile", "docker-compose.yaml"}
 
 TEST_SH = """#!/bin/bash
-# Harbor verifier for a converted Terminal-Bench 1 task: run its run-tests.sh and
-# write the reward (1 = exit status 0, else 0).
+# Harbor verifier for a converted Terminal-Bench 1 task; writes the reward (1 = the tests
+# passed, else 0). Where the environment already has pytest (a local sandbox over the host's
+# /usr), the test file runs with it, offline; elsewhere the task's run-tests.sh (which
+# installs pytest, usually from the network) runs as the task defines.
 export TEST_DIR=/tests
 mkdir -p /logs/verifier
-bash /tests/run-tests.sh
+if [ -f /tests/test_outputs.py ] && python3 -c "import pytest" 2>/dev/null; then
+    python3 -m pytest /tests/test_outputs.py -rA
+else
+    bash /tests/run-tests.sh
+fi
 _EXIT_CODE=$?
 if [ $_EXIT_CODE -eq 0 ]; then
     echo 1 > /logs/verifier/reward.txt
