@@ -3,16 +3,23 @@
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup smoke test test-fast bench
+.PHONY: setup harbor-env smoke test test-fast bench
 
 # torch: an existing install is kept (e.g. a CUDA build on a GPU node); otherwise the pinned
 # CPU-friendly release (on this project's CI machines its wheel is on local disk).
 TORCH ?= torch==2.13.0
+# bubblewrap: the local sandbox; python3-pytest: offline verifiers of converted Terminal-Bench tasks
+APT_PACKAGES := bubblewrap python3-pytest
 
-setup:  ## Python package + dev extras (editable), and bubblewrap for sandboxed tasks
-	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+setup:  ## Python package + dev extras (editable), and the sandbox's Debian packages
+	@command -v bwrap >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
+		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(APT_PACKAGES); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	$(PYTHON) -m pip install -q -e '.[dev]'
+	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
+
+harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class
+	scripts/harbor-env.sh
 
 smoke: setup  ## build the smoke recipe: the whole DAG on the CPU
 	$(PYTHON) -m snakemake smoke

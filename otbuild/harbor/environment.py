@@ -28,6 +28,7 @@ Only the standard library, Harbor and `otbuild.sandbox` are imported: `pip insta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -96,6 +97,7 @@ class OtbuildEnvironment(BaseEnvironment):
         self._stderr_tail = b""
         self._task: TaskDir | None = None
         self._layout = None
+        self._problem: EnvironmentDefinitionError | None = None
         super().__init__(*args, **kwargs)
 
     # -- Harbor's interface -------------------------------------------------------------
@@ -108,6 +110,15 @@ class OtbuildEnvironment(BaseEnvironment):
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self):
+        """Harbor calls this while building the trial, where an error aborts the whole job;
+        the problem is kept and raised by `start()`, so it is recorded on this trial alone."""
+        self._problem = None
+        try:
+            self._check_definition()
+        except EnvironmentDefinitionError as e:
+            self._problem = e
+
+    def _check_definition(self) -> None:
         task_dir = Path(self.environment_dir).parent
         name = task_dir.name
         env_dir = Path(self.environment_dir)
@@ -143,6 +154,8 @@ class OtbuildEnvironment(BaseEnvironment):
                                 self.network_policy.network_mode.value)
 
     async def start(self, force_build: bool) -> None:
+        if self._problem is not None:
+            raise self._problem
         await asyncio.to_thread(self._open)
         argv = self._box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
         # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
@@ -170,10 +183,8 @@ class OtbuildEnvironment(BaseEnvironment):
         box, proc = self._box, self._proc
         self._box = self._proc = None
         if proc is not None and proc.returncode is None:
-            try:
-                proc.stdin.close()
-            except Exception:  # noqa: BLE001
-                pass
+            with contextlib.suppress(Exception):
+                proc.stdin.close()  # the server ends when its stdin does
         if box is not None:
             await asyncio.to_thread(box.kill_all)
             await asyncio.to_thread(box.close)
@@ -182,7 +193,7 @@ class OtbuildEnvironment(BaseEnvironment):
         if proc is not None:
             try:
                 await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
         if self._reader is not None:
             self._reader.cancel()

@@ -1,0 +1,414 @@
+"""Harbor job dirs and trial dirs -> trace rows (otbuild/traces/table.py: TRACE_SCHEMA).
+
+A Harbor job dir (`harbor run -o JOBS --job-name NAME` -> `JOBS/NAME/`) holds `config.json`
+(the JobConfig), `result.json` (stats), `job.log`, and one dir per trial
+(`<task>__<id>/`) with:
+
+    config.json           the TrialConfig (task path, agent, environment)
+    result.json           TrialResult: task_name, trial_name, agent_info{name, version,
+                          model_info{name, provider}}, agent_result{n_input_tokens,
+                          n_output_tokens, n_cache_tokens, cost_usd, metadata}, verifier_result
+                          {rewards{reward, ...}}, exception_info{exception_type, message,
+                          traceback}, started_at/finished_at and per-phase timings
+    agent/trajectory.json ATIF (schema_version "ATIF-v1.x"): steps[{source user|system|agent,
+                          message, observation{results[{content}]}, metrics}], continued in
+                          trajectory.cont-*.json (`continued_trajectory_ref`); subagent
+                          (summarisation) trajectories beside them. terminus-2 writes it;
+                          the oracle writes agent/oracle.txt (solve.sh's output) instead.
+    agent/*.pane          terminus-2's last screen
+    verifier/reward.txt | reward.json, verifier/test-stdout.txt
+    exception.txt         the traceback, when the trial raised
+
+One row per trial, the whole main conversation (all episodes; `episode` names the last).
+Rows keep the real text: the conversation starts with the user turn that holds the task
+(the instruction from the task dir when the trajectory has none, or an empty one), infra
+errors and agent timeouts are apart from task failures (`exception`, `timed_out`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from otbuild.traces.table import TRACE_SCHEMA, count_turns
+
+TIMEOUT_EXCEPTIONS = {"AgentTimeoutError"}  # the agent ran out of time: a task outcome
+
+
+def is_trial_dir(path: Path) -> bool:
+    """A trial dir has a result.json naming its trial (a job's result.json does not)."""
+    return _is_trial_result(Path(path))
+
+
+def _is_trial_result(path: Path) -> bool:
+    try:
+        data = json.loads((Path(path) / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "trial_name" in data
+
+
+def trial_dirs(job_dir: Path) -> list[Path]:
+    """The job's trial dirs (those with a trial result.json), sorted by name."""
+    job_dir = Path(job_dir)
+    return sorted(p for p in job_dir.iterdir() if p.is_dir() and _is_trial_result(p))
+
+
+def read_job(job_dir: Path, *, task_root: Path | None = None,
+             subagents: bool = False) -> Iterator[dict]:
+    """Trace rows of every trial in a Harbor job dir (sample_idx: the attempt number per
+    task). `subagents` adds one row per subagent trajectory (is_subagent)."""
+    job_dir = Path(job_dir)
+    counts: dict[str, int] = {}
+    for trial in trial_dirs(job_dir):
+        row = read_trial(trial, task_root=task_root, run_id=job_dir.name)
+        counts[row["task"]] = idx = counts.get(row["task"], -1) + 1
+        row["sample_idx"] = idx
+        yield row
+        if subagents:
+            for sub in _subagent_rows(trial, row):
+                sub["sample_idx"] = idx
+                yield sub
+
+
+def read_trial(trial_dir: Path, *, task_root: Path | None = None,
+               run_id: str | None = None) -> dict:
+    """One trace row (TRACE_SCHEMA's keys) from a Harbor trial dir."""
+    trial_dir = Path(trial_dir)
+    result = _json(trial_dir / "result.json") or {}
+    config = result.get("config") or _json(trial_dir / "config.json") or {}
+    agent_info = result.get("agent_info") or {}
+    model_info = agent_info.get("model_info") or {}
+    agent_cfg = config.get("agent") or {}
+    agent_result = result.get("agent_result") or {}
+    exc = result.get("exception_info") or {}
+    exc_type = exc.get("exception_type")
+    if not exc_type and (trial_dir / "exception.txt").is_file():
+        exc_type = _exception_from_traceback((trial_dir / "exception.txt").read_text(
+            errors="replace"))
+    task = result.get("task_name") or _task_name(config, trial_dir)
+    task_path = _task_path(config, trial_dir, task_root)
+    instruction = _instruction(task_path)
+
+    conversations, n_episodes, trajectories = _conversation(trial_dir)
+    if not conversations and agent_info.get("name") == "oracle" and result.get("agent_execution"):
+        conversations = _oracle_conversation(trial_dir, task_path)
+        n_episodes = 1
+    conversations = _fill_first_user_turn(conversations, instruction)
+
+    rewards = (result.get("verifier_result") or {}).get("rewards")
+    reward = _reward(rewards, trial_dir)
+    timed_out = exc_type in TIMEOUT_EXCEPTIONS
+    exception = None if timed_out else exc_type
+    n_in = agent_result.get("n_input_tokens")
+    n_out = agent_result.get("n_output_tokens")
+    model = model_info.get("name") or _model_name(agent_cfg.get("model_name"))
+    provider = model_info.get("provider") or _provider(agent_cfg.get("model_name"))
+    meta = {
+        "harbor_trial_dir": str(trial_dir),
+        "agent_version": agent_info.get("version"),
+        "rewards": rewards,
+        "exception_message": (exc.get("exception_message") or "")[:2000] or None,
+        "exception_type": exc_type,
+        "n_cache_tokens": agent_result.get("n_cache_tokens"),
+        "cost_usd": agent_result.get("cost_usd"),
+        "agent_metadata": agent_result.get("metadata"),
+        "environment": (config.get("environment") or {}).get("import_path")
+        or (config.get("environment") or {}).get("type"),
+        "trajectories": trajectories,
+        "timings": {k: _duration(result.get(k)) for k in
+                    ("environment_setup", "agent_setup", "agent_execution", "verifier")},
+        "task_path": str(task_path) if task_path else None,
+    }
+    return {
+        "conversations": conversations,
+        "agent": agent_info.get("name") or agent_cfg.get("name"),
+        "model": model,
+        "model_provider": provider,
+        "date": result.get("started_at"),
+        "task": task,
+        "episode": f"episode-{max(n_episodes - 1, 0)}",
+        "run_id": run_id or str(config.get("job_id") or trial_dir.parent.name),
+        "trial_name": result.get("trial_name") or trial_dir.name,
+        "result": exc_type or ("" if reward is None else _fmt(reward)),
+        "task_id": task,
+        "source": "harbor",
+        "teacher": f"{agent_info.get('name') or agent_cfg.get('name')}:{model}" if model
+        else agent_info.get("name") or agent_cfg.get("name"),
+        "sample_idx": 0,
+        "n_turns": count_turns(conversations),
+        "reward": reward,
+        "timed_out": timed_out,
+        "exception": exception,
+        "is_subagent": False,
+        "n_input_tokens": n_in,
+        "n_output_tokens": n_out,
+        "duration_s": _seconds(result.get("started_at"), result.get("finished_at")),
+        "metadata": json.dumps(meta, sort_keys=True, default=str),
+    }
+
+
+def job_scores(job_dir: Path) -> list[dict]:
+    """A flat scores view for evals: one dict per trial, in trial-name order:
+    model, benchmark (the dataset/source name), repeat (attempt per task), task, reward,
+    exception (class name; AgentTimeoutError included), duration (seconds)."""
+    out, counts = [], {}
+    for trial in trial_dirs(Path(job_dir)):
+        result = _json(trial / "result.json") or {}
+        config = result.get("config") or {}
+        model_info = (result.get("agent_info") or {}).get("model_info") or {}
+        task = result.get("task_name") or _task_name(config, trial)
+        counts[task] = rep = counts.get(task, -1) + 1
+        exc = (result.get("exception_info") or {}).get("exception_type")
+        out.append({
+            "model": model_info.get("name") or (config.get("agent") or {}).get("model_name")
+            or (result.get("agent_info") or {}).get("name"),
+            "benchmark": result.get("source") or (config.get("task") or {}).get("source"),
+            "repeat": rep,
+            "task": task,
+            "reward": _reward((result.get("verifier_result") or {}).get("rewards"), trial),
+            "exception": exc,
+            "duration": _seconds(result.get("started_at"), result.get("finished_at")),
+        })
+    return out
+
+
+# -- conversations ----------------------------------------------------------------------------
+def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
+    """The main ATIF trajectory and its continuations as {role, content} messages."""
+    agent = trial_dir / "agent"
+    path = agent / "trajectory.json"
+    messages: list[dict] = []
+    episodes = 0
+    used: list[str] = []
+    seen: set[Path] = set()
+    while path.is_file() and path not in seen:
+        seen.add(path)
+        data = _json(path)
+        if not isinstance(data, dict):
+            break
+        used.append(path.name)
+        msgs, n = _atif_messages(data.get("steps") or [])
+        if messages and msgs and msgs[0]["role"] == "user" and used[:-1]:
+            # a continuation repeats the context it starts from; keep what is new
+            msgs = _drop_repeated_prefix(messages, msgs)
+        messages += msgs
+        episodes += n
+        ref = data.get("continued_trajectory_ref")
+        if not ref:
+            break
+        path = agent / ref
+    return messages, episodes, used
+
+
+def _atif_messages(steps: list) -> tuple[list[dict], int]:
+    out: list[dict] = []
+    n_agent = 0
+    for step in steps:
+        if not isinstance(step, dict):
+            continue
+        source = step.get("source")
+        if source in ("user", "system"):
+            out.append({"role": "user", "content": _text(step.get("message"))})
+        elif source == "agent":
+            n_agent += 1
+            parts = []
+            if step.get("reasoning_content"):
+                parts.append(f"<think>{step['reasoning_content']}</think>")
+            if step.get("message"):
+                parts.append(_text(step["message"]))
+            for call in step.get("tool_calls") or []:
+                parts.append("<tool_call>\n" + json.dumps(
+                    {"name": call.get("function_name"), "arguments": call.get("arguments", {})},
+                    ensure_ascii=False) + "\n</tool_call>")
+            out.append({"role": "assistant", "content": "\n".join(parts)})
+            results = ((step.get("observation") or {}).get("results")) or []
+            texts = [_text(r.get("content")) for r in results if isinstance(r, dict)
+                     and r.get("content") is not None]
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+    while out and out[-1]["role"] != "assistant" and n_agent:
+        out.pop()  # the last observation answers nothing the model saw
+    return out, n_agent
+
+
+def _drop_repeated_prefix(before: list[dict], new: list[dict]) -> list[dict]:
+    i = 0
+    while i < min(len(before), len(new)) and before[i] == new[i]:
+        i += 1
+    return new[i:]
+
+
+def _oracle_conversation(trial_dir: Path, task_path: Path | None) -> list[dict]:
+    """The oracle has no model: its one turn is the reference solution it ran."""
+    script = None
+    if task_path is not None:
+        for name in ("solve.sh", "solve.ps1", "solve.bat", "solve.cmd"):
+            f = task_path / "solution" / name
+            if f.is_file():
+                script = f.read_text(errors="replace")
+                break
+    content = f"```bash\n{script.rstrip()}\n```" if script else "[oracle: solution/solve.sh]"
+    return [{"role": "user", "content": ""}, {"role": "assistant", "content": content}]
+
+
+def _fill_first_user_turn(conv: list[dict], instruction: str | None) -> list[dict]:
+    """No empty first user turn: the task's instruction goes there (or before the model's
+    first answer when the trajectory starts with it)."""
+    conv = [dict(m) for m in conv]
+    if not conv and instruction:
+        return [{"role": "user", "content": instruction}]
+    if conv and conv[0]["role"] != "user" and instruction:
+        conv.insert(0, {"role": "user", "content": instruction})
+    elif conv and conv[0]["role"] == "user" and not conv[0]["content"].strip() and instruction:
+        conv[0]["content"] = instruction
+    return conv
+
+
+def _subagent_rows(trial_dir: Path, parent: dict) -> Iterator[dict]:
+    main = set(json.loads(parent["metadata"]).get("trajectories") or [])
+    for path in sorted((trial_dir / "agent").glob("trajectory*.json")):
+        if path.name in main:
+            continue
+        data = _json(path)
+        if not isinstance(data, dict):
+            continue
+        msgs, n = _atif_messages(data.get("steps") or [])
+        if not msgs:
+            continue
+        row = dict(parent)
+        row.update(conversations=msgs, n_turns=count_turns(msgs), is_subagent=True,
+                   episode=f"episode-{max(n - 1, 0)}",
+                   trial_name=f"{parent['trial_name']}/{path.stem}",
+                   n_input_tokens=(data.get("final_metrics") or {}).get("total_prompt_tokens"),
+                   n_output_tokens=(data.get("final_metrics") or {}).get(
+                       "total_completion_tokens"))
+        yield row
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _task_name(config: dict, trial_dir: Path) -> str:
+    path = (config.get("task") or {}).get("path")
+    return Path(path).name if path else trial_dir.name.rsplit("__", 1)[0]
+
+
+def _task_path(config: dict, trial_dir: Path, task_root: Path | None) -> Path | None:
+    raw = (config.get("task") or {}).get("path")
+    if not raw:
+        return None
+    p = Path(raw)
+    candidates = [p] if p.is_absolute() else []
+    if task_root is not None:
+        candidates.append(Path(task_root) / p.name)
+    if not p.is_absolute():
+        candidates += [Path.cwd() / p]
+        jobs_dir = (config.get("trials_dir"))
+        # trials_dir is relative to where harbor ran, as is the task path
+        if jobs_dir and not Path(jobs_dir).is_absolute():
+            depth = len(Path(jobs_dir).parts)
+            base = trial_dir.parent
+            for _ in range(depth):
+                base = base.parent
+            candidates.append(base / p)
+    for c in candidates:
+        if (c / "instruction.md").is_file():
+            return c
+    return None
+
+
+def _instruction(task_path: Path | None) -> str | None:
+    return _read(task_path / "instruction.md") if task_path else None
+
+
+def _reward(rewards, trial_dir: Path) -> float | None:
+    if isinstance(rewards, dict) and rewards:
+        if isinstance(rewards.get("reward"), (int, float)):
+            return float(rewards["reward"])
+        nums = [float(v) for v in rewards.values() if isinstance(v, (int, float))]
+        return sum(nums) / len(nums) if nums else None
+    text = _read(trial_dir / "verifier" / "reward.txt")
+    if text is not None:
+        try:
+            v = float(text.strip())
+            return v if math.isfinite(v) else None
+        except ValueError:
+            return None
+    data = _json(trial_dir / "verifier" / "reward.json")
+    if isinstance(data, dict):
+        return _reward(data, trial_dir / "-")
+    return None
+
+
+def _exception_from_traceback(text: str) -> str | None:
+    for line in reversed(text.strip().splitlines()):
+        head = line.split(":", 1)[0].strip()
+        if head and " " not in head and not line.startswith(" "):
+            return head.rsplit(".", 1)[-1]
+    return None
+
+
+def _model_name(model: str | None) -> str | None:
+    return model.split("/", 1)[1] if model and "/" in model else model
+
+
+def _provider(model: str | None) -> str | None:
+    return model.split("/", 1)[0] if model and "/" in model else None
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal parts: keep the text ones
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict)
+                         and p.get("type", "text") == "text")
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _fmt(reward: float) -> str:
+    return f"{reward:g}"
+
+
+def _parse_time(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    try:
+        return datetime.fromisoformat(s)  # Python >= 3.11 reads a trailing Z
+    except ValueError:
+        return None
+
+
+def _seconds(start: str | None, end: str | None) -> float | None:
+    a, b = _parse_time(start), _parse_time(end)
+    if a is None or b is None:
+        return None
+    if (a.tzinfo is None) != (b.tzinfo is None):
+        a, b = a.replace(tzinfo=None), b.replace(tzinfo=None)
+    return round((b - a).total_seconds(), 3)
+
+
+def _duration(timing) -> float | None:
+    if not isinstance(timing, dict):
+        return None
+    return _seconds(timing.get("started_at"), timing.get("finished_at"))
+
+
+def _json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+
+
+__all__ = ["TRACE_SCHEMA", "is_trial_dir", "job_scores", "read_job", "read_trial", "trial_dirs"]

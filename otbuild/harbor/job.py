@@ -1,0 +1,160 @@
+"""Rollouts through Harbor: write a job config, run `harbor run -c CONFIG`, ingest the job dir.
+
+    job_dir = run_harbor_job("tasks.parquet", "work/", agent="terminus-2",
+                             model="openai/glm", base_url="http://host:8000/v1",
+                             environment="otbuild", n_attempts=3)
+    rows = list(read_job(job_dir))          # otbuild.harbor.ingest
+
+Harbor runs from its own Python 3.12 environment (`.venv-harbor/`, made by
+scripts/harbor-env.sh); `harbor_bin` or $OTBUILD_HARBOR points elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
+OTBUILD_ENV = "otbuild"
+OTBUILD_IMPORT_PATH = "otbuild.harbor.environment:OtbuildEnvironment"
+AGENTS = ("oracle", "terminus-2")
+
+
+class HarborNotInstalled(RuntimeError):
+    """Harbor's CLI is not where we look for it."""
+
+
+def harbor_bin(path: str | Path | None = None) -> Path:
+    """The harbor executable: `path`, else $OTBUILD_HARBOR, else .venv-harbor/bin/harbor.
+    Raises HarborNotInstalled naming scripts/harbor-env.sh."""
+    p = Path(path or os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        raise HarborNotInstalled(
+            f"Harbor is not installed at {p}: run scripts/harbor-env.sh (or `make harbor-env`) "
+            "to create .venv-harbor/ with Python 3.12 and harbor, or set OTBUILD_HARBOR")
+    return p
+
+
+def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "oracle",
+               model: str | None = None, base_url: str | None = None,
+               environment: str = OTBUILD_ENV, n_attempts: int = 1, n_concurrent: int = 4,
+               agent_kwargs: dict | None = None, environment_kwargs: dict | None = None,
+               timeout_multiplier: float = 1.0, agent_timeout_sec: float | None = None,
+               task_names: list[str] | None = None, max_retries: int = 0) -> dict:
+    """A Harbor JobConfig (schema: `harbor job schema`) as a dict.
+
+    `environment`: a Harbor environment type (docker, daytona, modal, ...), `otbuild` (ours,
+    no container), or an import path `module:Class`. `agent`: oracle, terminus-2 (or any
+    Harbor agent name); `model` in litellm form (`openai/NAME` for an OpenAI-compatible
+    server at `base_url`, e.g. `otbuild serve`)."""
+    if agent != "oracle" and not model:
+        raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
+    agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
+    if model:
+        agent_cfg["model_name"] = model
+    if base_url:
+        agent_cfg["base_url"] = base_url
+    if agent_timeout_sec is not None:
+        agent_cfg["override_timeout_sec"] = float(agent_timeout_sec)
+    env_cfg: dict = {"kwargs": dict(environment_kwargs or {}), "delete": True}
+    if environment == OTBUILD_ENV:
+        env_cfg["import_path"] = OTBUILD_IMPORT_PATH
+        if agent.startswith("terminus"):  # no asciinema in a sandbox without network
+            agent_cfg["kwargs"].setdefault("record_terminal_session", False)
+    elif ":" in environment:
+        env_cfg["import_path"] = environment
+    else:
+        env_cfg["type"] = environment
+    dataset: dict = {"path": str(Path(tasks_dir).resolve())}
+    if task_names:
+        dataset["task_names"] = list(task_names)
+    return {
+        "job_name": job_name,
+        "jobs_dir": str(Path(jobs_dir).resolve()),
+        "n_attempts": int(n_attempts),
+        "n_concurrent_trials": int(n_concurrent),
+        "timeout_multiplier": float(timeout_multiplier),
+        "quiet": True,
+        "retry": {"max_retries": int(max_retries)},
+        "environment": env_cfg,
+        "agents": [agent_cfg],
+        "datasets": [dataset],
+    }
+
+
+def write_job_config(path: Path, config: dict) -> Path:
+    """JSON (a YAML subset Harbor reads with -c)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def harbor_command(config_path: Path, *, harbor: str | Path | None = None,
+                   check_installed: bool = True) -> list[str]:
+    """`harbor run -c CONFIG -y` (-y: no interactive prompts)."""
+    exe = harbor_bin(harbor) if check_installed else Path(harbor or DEFAULT_HARBOR)
+    return [str(exe), "run", "-c", str(config_path), "-y"]
+
+
+def harbor_env(base: dict | None = None, api_key_env: str | None = None) -> dict:
+    """The environment harbor runs with: litellm offline-friendly, a placeholder key for
+    OpenAI-compatible servers that need none."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if api_key_env is None:
+        env.setdefault("OPENAI_API_KEY", "otbuild-local")
+    return env
+
+
+def prepare_tasks(tasks: str | Path, dest: Path) -> Path:
+    """A dir of Harbor task dirs: `tasks` itself, or a task parquet exported to `dest`."""
+    tasks = Path(tasks)
+    if tasks.is_dir() and not any(tasks.glob("*.parquet")):
+        return tasks
+    from otbuild.tasks.export import export_tasks
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    export_tasks(tasks, dest)
+    return dest
+
+
+def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "oracle",
+                   model: str | None = None, base_url: str | None = None,
+                   environment: str = OTBUILD_ENV, n_attempts: int = 1, n_concurrent: int = 4,
+                   job_name: str = "job", agent_kwargs: dict | None = None,
+                   environment_kwargs: dict | None = None, timeout_multiplier: float = 1.0,
+                   agent_timeout_sec: float | None = None, harbor: str | Path | None = None,
+                   api_key_env: str | None = None, timeout_sec: float | None = None,
+                   log: Path | None = None) -> Path:
+    """Run one Harbor job over `tasks` (a task parquet, or a dir of Harbor task dirs) and
+    return its job dir (`workdir/jobs/<job_name>/`); ingest it with `read_job`. An existing
+    job dir of that name is replaced. Raises HarborNotInstalled, or RuntimeError when
+    harbor exits non-zero (with the tail of its log)."""
+    exe = harbor_bin(harbor)
+    workdir = Path(workdir).resolve()
+    tasks_dir = prepare_tasks(tasks, workdir / "tasks")
+    jobs_dir = workdir / "jobs"
+    job_dir = jobs_dir / job_name
+    if job_dir.exists():
+        shutil.rmtree(job_dir)
+    cfg = job_config(tasks_dir, jobs_dir, job_name, agent=agent, model=model, base_url=base_url,
+                     environment=environment, n_attempts=n_attempts, n_concurrent=n_concurrent,
+                     agent_kwargs=agent_kwargs, environment_kwargs=environment_kwargs,
+                     timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec)
+    path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
+    log = Path(log or workdir / f"{job_name}.harbor.log")
+    with open(log, "wb") as out:
+        proc = subprocess.run(harbor_command(path, harbor=exe), stdout=out,
+                              stderr=subprocess.STDOUT, cwd=workdir, timeout=timeout_sec,
+                              env=harbor_env(api_key_env=api_key_env), check=False)
+    if proc.returncode != 0 or not (job_dir / "result.json").is_file():
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"harbor run exited with {proc.returncode} (config {path}, log "
+                           f"{log}):\n{tail}")
+    return job_dir

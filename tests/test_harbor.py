@@ -1,0 +1,215 @@
+"""Harbor integration: job config / command, and ingestion of job dirs the real harbor CLI
+wrote with otbuild's environment (oracle; terminus-2 against `otbuild serve` + the tiny model).
+
+The slow part needs .venv-harbor (scripts/harbor-env.sh, `make harbor-env`); without it those
+tests are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from otbuild.harbor import ingest
+from otbuild.harbor.job import (
+    DEFAULT_HARBOR,
+    OTBUILD_IMPORT_PATH,
+    HarborNotInstalled,
+    harbor_bin,
+    harbor_command,
+    job_config,
+    run_harbor_job,
+    write_job_config,
+)
+from otbuild.sources.synthetic import generate
+from otbuild.tasks.table import write_tasks
+from otbuild.traces.table import TRACE_SCHEMA, count_turns
+
+HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
+needs_harbor = pytest.mark.skipif(
+    not HARBOR.is_file(),
+    reason=f"Harbor is not installed at {HARBOR}: run scripts/harbor-env.sh (make harbor-env)")
+N_TASKS = 3
+
+
+# -- config and command (no harbor, no docker needed) ---------------------------------------
+def test_docker_job_config_and_command(tmp_path):
+    cfg = job_config(tmp_path / "tasks", tmp_path / "jobs", "j1", agent="terminus-2",
+                     model="openai/glm", base_url="http://h:8000/v1", environment="docker",
+                     n_attempts=3, n_concurrent=8, agent_kwargs={"max_turns": 5})
+    assert cfg["environment"]["type"] == "docker" and "import_path" not in cfg["environment"]
+    assert cfg["agents"] == [{"name": "terminus-2", "model_name": "openai/glm",
+                              "base_url": "http://h:8000/v1", "kwargs": {"max_turns": 5}}]
+    assert cfg["n_attempts"] == 3 and cfg["n_concurrent_trials"] == 8
+    assert cfg["datasets"] == [{"path": str((tmp_path / "tasks").resolve())}]
+    assert Path(cfg["jobs_dir"]).is_absolute() and cfg["job_name"] == "j1"
+    path = write_job_config(tmp_path / "j1.json", cfg)
+    assert json.loads(path.read_text()) == cfg
+    cmd = harbor_command(path, harbor="/opt/h/bin/harbor", check_installed=False)
+    assert cmd == ["/opt/h/bin/harbor", "run", "-c", str(path), "-y"]
+
+
+def test_otbuild_environment_config(tmp_path):
+    cfg = job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/tiny")
+    assert cfg["environment"]["import_path"] == OTBUILD_IMPORT_PATH
+    assert cfg["agents"][0]["kwargs"]["record_terminal_session"] is False  # no asciinema
+    assert job_config(tmp_path, tmp_path, "j", environment="m.x:Env")["environment"][
+        "import_path"] == "m.x:Env"
+    with pytest.raises(ValueError, match="needs a model"):
+        job_config(tmp_path, tmp_path, "j", agent="terminus-2")
+
+
+def test_harbor_missing_names_the_setup_script(tmp_path):
+    with pytest.raises(HarborNotInstalled, match="scripts/harbor-env.sh"):
+        harbor_bin(tmp_path / "nope" / "harbor")
+    with pytest.raises(HarborNotInstalled, match="scripts/harbor-env.sh"):
+        run_harbor_job(tmp_path, tmp_path, harbor=tmp_path / "nope")
+
+
+def test_ingest_handwritten_trial(tmp_path):
+    """An empty first user turn gets the instruction; exceptions are kept apart."""
+    task = tmp_path / "tasks" / "t1"
+    (task / "solution").mkdir(parents=True)
+    (task / "instruction.md").write_text("Do the thing.")
+    trial = tmp_path / "jobs" / "j" / "t1__abc"
+    (trial / "agent").mkdir(parents=True)
+    (trial / "result.json").write_text(json.dumps({
+        "task_name": "t1", "trial_name": "t1__abc", "source": "bench",
+        "config": {"task": {"path": str(task)}, "agent": {"name": "terminus-2",
+                                                          "model_name": "openai/m"}},
+        "agent_info": {"name": "terminus-2", "model_info": {"name": "m", "provider": "openai"}},
+        "agent_result": {"n_input_tokens": 10, "n_output_tokens": 3},
+        "verifier_result": None,
+        "exception_info": {"exception_type": "RuntimeError", "exception_message": "boom"},
+        "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:02.5Z"}))
+    (trial / "config.json").write_text("{}")
+    (trial / "agent" / "trajectory.json").write_text(json.dumps({"steps": [
+        {"source": "user", "message": ""},
+        {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}},
+        {"source": "agent", "message": "done", "observation": {"results": [{"content": "b"}]}},
+    ]}))
+    row = ingest.read_trial(trial)
+    assert row["conversations"] == [{"role": "user", "content": "Do the thing."},
+                                    {"role": "assistant", "content": "ls"},
+                                    {"role": "user", "content": "a"},
+                                    {"role": "assistant", "content": "done"}]
+    assert row["n_turns"] == 2 and row["episode"] == "episode-1"
+    assert row["exception"] == row["result"] == "RuntimeError" and not row["timed_out"]
+    assert row["reward"] is None and row["duration_s"] == 2.5
+    assert (row["model"], row["model_provider"], row["n_input_tokens"]) == ("m", "openai", 10)
+    pa.Table.from_pylist([row], TRACE_SCHEMA)
+    assert ingest.job_scores(trial.parent) == [{
+        "model": "m", "benchmark": "bench", "repeat": 0, "task": "t1", "reward": None,
+        "exception": "RuntimeError", "duration": 2.5}]
+
+
+# -- real harbor runs ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def harbor_jobs(tmp_path_factory):
+    """Oracle and terminus-2 (+ tiny model behind `otbuild serve`) job dirs, written by the
+    real harbor CLI with otbuild's environment, over synthetic tasks from a task parquet."""
+    if not HARBOR.is_file():
+        pytest.skip(f"Harbor is not installed at {HARBOR}: run scripts/harbor-env.sh")
+    from otbuild.engines.local import start_local_server
+    from otbuild.engines.tiny import make_tiny_model
+
+    work = tmp_path_factory.mktemp("harbor")
+    parquet = work / "tasks.parquet"
+    write_tasks(parquet, generate(N_TASKS, seed=0), source="synthetic")
+    jobs = {"oracle": run_harbor_job(parquet, work, agent="oracle", job_name="oracle",
+                                     n_concurrent=2, timeout_sec=300)}
+    # a task whose Dockerfile needs a container image build: refused, on that trial alone
+    odd = work / "odd"
+    first = min((work / "tasks").iterdir())
+    shutil.copytree(first, odd / "needs-image")
+    shutil.copytree(first, odd / "plain")
+    (odd / "needs-image" / "environment" / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nRUN apt-get install -y jq\nWORKDIR /app\nCOPY app/ /app/\n")
+    jobs["odd"] = run_harbor_job(odd, work, agent="oracle", job_name="odd", timeout_sec=300)
+    model_dir = make_tiny_model(work / "tiny")
+    base_url, stop = start_local_server(model_dir, served_model_name="tiny", device="cpu")
+    try:
+        jobs["terminus-2"] = run_harbor_job(
+            work / "tasks", work, agent="terminus-2", model="openai/tiny", base_url=base_url,
+            job_name="t2", n_concurrent=N_TASKS, agent_timeout_sec=60, timeout_sec=300,
+            agent_kwargs={"max_turns": 2, "temperature": 0.7})
+    finally:
+        stop()
+    return jobs
+
+
+def _check_rows(rows):
+    pa.Table.from_pylist(rows, TRACE_SCHEMA)  # every row fits the schema
+    for r in rows:
+        assert r["conversations"] and r["conversations"][0]["role"] == "user"
+        assert r["conversations"][0]["content"].strip(), "empty first user turn"
+        assert r["n_turns"] == count_turns(r["conversations"])
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_oracle_job_rows(harbor_jobs):
+    job = harbor_jobs["oracle"]
+    rows = list(ingest.read_job(job))
+    assert len(rows) == N_TASKS
+    _check_rows(rows)
+    for r in rows:
+        assert r["reward"] == 1.0 and r["result"] == "1", r
+        assert r["exception"] is None and not r["timed_out"]
+        assert r["agent"] == "oracle" and r["n_turns"] >= 1
+        assert "Reference solution" in r["conversations"][1]["content"]
+        assert r["conversations"][0]["content"].startswith("# ")  # the task's instruction
+        meta = json.loads(r["metadata"])
+        assert meta["environment"] == OTBUILD_IMPORT_PATH
+    # the same row read from its trial dir alone
+    one = ingest.read_trial(Path(json.loads(rows[0]["metadata"])["harbor_trial_dir"]))
+    assert one["conversations"] == rows[0]["conversations"]
+    scores = ingest.job_scores(job)
+    assert [s["reward"] for s in scores] == [1.0] * N_TASKS
+    assert {s["repeat"] for s in scores} == {0} and all(s["duration"] >= 0 for s in scores)
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_terminus2_tiny_model_rows(harbor_jobs):
+    job = harbor_jobs["terminus-2"]
+    trials = ingest.trial_dirs(job)
+    rows = list(ingest.read_job(job))
+    assert len(rows) == len(trials) == N_TASKS
+    _check_rows(rows)
+    for r, trial in zip(rows, trials):
+        result = json.loads((trial / "result.json").read_text())
+        exc = (result.get("exception_info") or {}).get("exception_type")
+        # whatever happened is recorded faithfully
+        assert r["agent"] == "terminus-2" and r["model"] == "tiny"
+        assert r["model_provider"] == "openai"
+        if exc == "AgentTimeoutError":
+            assert r["timed_out"] and r["exception"] is None
+        else:
+            assert r["exception"] == exc and not r["timed_out"]
+        assert r["result"] == (exc or f"{r['reward']:g}")
+        assert r["reward"] in (0.0, None)  # a random tiny model does not solve tasks
+        assert r["n_input_tokens"] == result["agent_result"]["n_input_tokens"]
+        assert r["n_output_tokens"] == result["agent_result"]["n_output_tokens"]
+        # the first user turn is terminus-2's real prompt, with the task in it
+        assert "Task Description" in r["conversations"][0]["content"]
+        if r["n_turns"]:
+            assert r["conversations"][-1]["role"] == "assistant"
+    assert any(r["n_turns"] >= 1 for r in rows) or any(r["exception"] for r in rows)
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_dockerfile_with_run_lines_is_refused_per_trial(harbor_jobs):
+    rows = {r["task"]: r for r in ingest.read_job(harbor_jobs["odd"])}
+    bad, ok = rows["needs-image"], rows["plain"]
+    assert bad["exception"] == bad["result"] == "EnvironmentDefinitionError"
+    assert "needs-image" in json.loads(bad["metadata"])["exception_message"]
+    assert "RUN" in json.loads(bad["metadata"])["exception_message"]
+    assert bad["n_turns"] == 0 and bad["conversations"][0]["content"].strip()
+    assert ok["reward"] == 1.0 and ok["exception"] is None
