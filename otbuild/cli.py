@@ -132,6 +132,28 @@ def serve(args):
 
 
 @main.group()
+def ingest():
+    """Bring results made elsewhere in as otbuild tables."""
+
+
+@ingest.command("harbor-job")
+@click.argument("job_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "dest", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write the tables (default: JOB_DIR/otbuild).")
+@click.option("--benchmark", help="Benchmark name for trials whose job does not name one.")
+def ingest_harbor_job(job_dir, dest, benchmark):
+    """Turn a Harbor job dir into the eval scores table (scores.parquet, summary.parquet)."""
+    from otbuild import ingest as ingest_mod
+
+    dest = dest or job_dir / "otbuild"
+    try:
+        counts = ingest_mod.harbor_job(job_dir, dest, benchmark)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    out.print(f"[green]wrote[/] {dest}/scores.parquet ({counts['scores']} trials) and summary.parquet")
+
+
+@main.group()
 def export():
     """Write artifacts out in other formats."""
 

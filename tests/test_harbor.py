@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from otbuild.harbor import ingest
@@ -29,6 +30,7 @@ from otbuild.harbor.job import (
 from otbuild.sources.synthetic import generate
 from otbuild.tasks.table import write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
+from tests.conftest import otbuild, snakemake
 
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
 needs_harbor = pytest.mark.skipif(
@@ -213,3 +215,32 @@ def test_dockerfile_with_run_lines_is_refused_per_trial(harbor_jobs):
     assert "RUN" in json.loads(bad["metadata"])["exception_message"]
     assert bad["n_turns"] == 0 and bad["conversations"][0]["content"].strip()
     assert ok["reward"] == 1.0 and ok["exception"] is None
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_ingest_cli_gives_the_eval_tables(harbor_jobs, tmp_path):
+    res = otbuild(tmp_path, "ingest", "harbor-job", str(harbor_jobs["terminus-2"]), "--out", "t2")
+    assert res.returncode == 0, res.stderr
+    res = otbuild(tmp_path, "ingest", "harbor-job", str(harbor_jobs["oracle"]), "--out", "oracle",
+                  "--benchmark", "synthetic")
+    assert res.returncode == 0, res.stderr
+    summary = pq.read_table(tmp_path / "oracle" / "summary.parquet").to_pylist()
+    assert len(summary) == 1 and summary[0]["mean"] == 1.0 and summary[0]["n_tasks"] == N_TASKS
+    scores = pq.read_table(tmp_path / "t2" / "scores.parquet").to_pylist()
+    assert len(scores) == N_TASKS and all(s["reward"] == 0.0 for s in scores)
+    assert otbuild(tmp_path, "ingest", "harbor-job", str(tmp_path)).returncode == 2
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_rollouts_through_harbor_in_a_real_build(project):
+    (project / "recipes" / "hb.yaml").write_text(
+        "sources:\n  synth: {kind: synthetic, count: 2, seed: 21}\n"
+        "teacher: {engine: oracle, samples_per_task: 2, sandbox: harbor, harbor: {environment: otbuild}}\n"
+        "trace_filter: {min_turns: 1}\n")
+    ran, _ = snakemake(project, "hb")
+    assert ran["rollout"] == 1 and ran["rollout_merge"] == 1
+    traces = pq.read_table(project / "results" / "hb" / "teacher" / "traces.parquet").to_pylist()
+    assert [(t["sample_idx"], t["reward"], t["agent"]) for t in traces] == [(0, 1.0, "oracle"), (1, 1.0, "oracle")] * 2
+    assert all(t["source"] == "synth" and t["task_id"] for t in traces)

@@ -2,6 +2,10 @@
 
 A byte-level BPE tokenizer trained on generated text, a qwen-style chat template and a
 2-layer Qwen2 model with hidden size 32, all deterministic for a given seed.
+
+`make_tiny_model` is also the SFT stage's `tiny` student (otbuild/train/model.py): there the
+tokenizer is trained on the trace set (`texts`), the architecture is Qwen3 and the size and
+chat template come from the recipe. Its defaults are the engine tests' model.
 """
 
 from __future__ import annotations
@@ -29,34 +33,56 @@ def corpus() -> list[str]:
     return lines
 
 
-def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
-    """Write a model dir (config, weights, tokenizer, chat template) to `dest`; return it."""
-    import torch
+def train_tokenizer(texts, *, vocab_size: int, special_tokens: list[str] | None = None,
+                    chat_template: str = CHAT_TEMPLATE, eos_token: str = "<|im_end|>",
+                    pad_token: str = "<|endoftext|>"):
+    """A byte-level BPE tokenizer trained on `texts` (deterministic for the same texts)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
-    dest = Path(dest)
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
+        vocab_size=vocab_size, special_tokens=list(special_tokens or SPECIAL), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    bpe.train_from_iterator(corpus(), trainer)
+    bpe.train_from_iterator(texts, trainer)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=bpe, eos_token=eos_token, pad_token=pad_token,
         bos_token=None, unk_token=None,
     )
-    tok.chat_template = CHAT_TEMPLATE
-    config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    tok.chat_template = chat_template
+    return tok
+
+
+def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384, texts=None,
+                    arch: str = "qwen2", chat_template: str | None = None,
+                    special_tokens: list[str] | None = None, hidden_size: int = 32,
+                    intermediate_size: int = 64, num_hidden_layers: int = 2,
+                    num_attention_heads: int = 4, num_key_value_heads: int = 2,
+                    max_position_embeddings: int = 1024) -> Path:
+    """Write a model dir (config, weights, tokenizer, chat template) to `dest`; return it.
+
+    `texts` (default: `corpus()`) trains the tokenizer; `arch` is "qwen2" or "qwen3"."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    dest = Path(dest)
+    tok = train_tokenizer(corpus() if texts is None else texts, vocab_size=vocab_size,
+                          special_tokens=special_tokens, chat_template=chat_template or CHAT_TEMPLATE)
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    extra = {"head_dim": hidden_size // num_attention_heads} if arch == "qwen3" else {}
+    config = config_cls(
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
+        bos_token_id=None, **extra,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(dest)
     tok.save_pretrained(dest)

@@ -191,6 +191,16 @@ class SandboxLimits(Strict):
     output_bytes: int = Field(default=10_000_000, ge=10_000)
 
 
+class HarborBackend(Strict):
+    """Tasks that need their container image run through Harbor's CLI (its own Python 3.12
+    env: scripts/harbor-env.sh) in one of its environments; `otbuild` is our sandbox."""
+
+    environment: str = Field(default="docker", description="docker, daytona, modal, ..., otbuild, or module:Class")
+    agent: str | None = Field(default=None, description="default: oracle for the oracle engine, else terminus-2")
+    agent_kwargs: dict[str, Any] = Field(default_factory=dict)
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
 class LLM(Strict):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
     transformers model dir. Execution knobs (`concurrency`) are not part of content ids."""
@@ -224,8 +234,9 @@ class Teacher(LLM):
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
     timeout_cap_sec: float = Field(default=7200, gt=0)
-    sandbox: Literal["bwrap", "unshare", "none"] = "bwrap"
+    sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     limits: SandboxLimits = SandboxLimits()
+    harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
 
     @model_validator(mode="after")
     def _model_needed(self):

@@ -34,7 +34,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("trace_import", 1, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import"),
         StageDef("rollout", 1, ("traces.parquet",), "otbuild.stages.rollout", sharded=True),
         StageDef("eval", 1, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
-                 ("eval.sql",), sharded=True),
+                 ("eval.sql", "eval_summary.sql"), sharded=True),
         StageDef("rank", 1, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
         StageDef(
             "trace_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",

@@ -56,6 +56,11 @@ def shard_path(outdir: Path, shard: int) -> Path:
 
 def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
     trials = [t for t in plan_trials(inputs, settings["samples_per_task"]) if t.index % settings["shards"] == shard]
+    if settings["sandbox"] == "harbor":
+        from otbuild.stages.rollout_harbor import run_harbor_shard
+
+        write_traces(shard_path(outdir, shard), run_harbor_shard(settings, inputs, outdir, shard, trials))
+        return
     partial = shard_path(outdir, shard).with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     done = _read_partial(partial)
@@ -114,7 +119,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
     from otbuild.sandbox import Limits
 
-    rows = _task_rows(inputs, {t.row for t in todo})
+    rows = task_rows(inputs, {t.row for t in todo})
     trial_settings = TrialSettings(
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
@@ -150,11 +155,12 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         progress.finish()
 
 
-def _task_rows(inputs: list[Path], wanted: set[int]) -> dict[int, dict]:
+def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",
+                                                                "runnable_locally")) -> dict[int, dict]:
+    """The task rows (by position across the inputs) that trials need, streamed."""
     rows, i = {}, 0
-    cols = ["path", "task_binary", "task_id", "source", "runnable_locally"]
     for path in inputs:
-        for batch in pq.ParquetFile(path).iter_batches(columns=cols):
+        for batch in pq.ParquetFile(path).iter_batches(columns=list(columns)):
             for r in batch.to_pylist():
                 if i in wanted:
                     rows[i] = r

@@ -1,0 +1,41 @@
+"""Reports: one self-contained HTML page per recipe (row-count funnel, per-source mix, turn
+and reward distributions, training curves, eval scores, ablation ranking) and a dataset card
+for its trace set (or task set). See docs/reports.md.
+
+  data.py    what the page shows, read from artifact dirs (provenance, parquet, train logs)
+  charts.py  inline SVG charts (bars with error bars, columns, lines)
+  page.py    the page and the card, from templates/ (jinja2)
+  captions/  reStructuredText captions for Snakemake's `report()` flags
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CAPTIONS = Path(__file__).parent / "captions"
+HTML = "report.html"
+CARD = "dataset_card.md"
+
+
+def build(settings: dict, outdir: Path, root: Path = Path(".")) -> dict:
+    """Write OUTDIR/report.html and OUTDIR/dataset_card.md; return the stage's stats."""
+    from otbuild.fsio import atomic_path
+    from otbuild.report.data import load
+    from otbuild.report.page import render_card, render_html
+
+    rep = load(settings, root)
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    html, card = render_html(rep), render_card(rep)
+    for name, text in ((HTML, html), (CARD, card)):
+        with atomic_path(outdir / name) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    sections = {
+        "funnel": any(g.funnel for g in rep.groups), "mix": any(g.mix for g in rep.groups),
+        "traces": any(g.traces for g in rep.groups), "sft": any(g.sft for g in rep.groups),
+        "rl": any(g.rl for g in rep.groups), "eval": any(g.eval for g in rep.groups),
+        "ranking": bool(rep.ranking),
+    }
+    missing = [a.label for a in rep.artifacts if a.record is None]
+    return {"groups": len(rep.groups), "sections": sections, "artifacts": len(rep.artifacts),
+            "artifacts_without_record": missing, "html_bytes": len(html.encode()), "card_bytes": len(card.encode())}

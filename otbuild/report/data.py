@@ -1,0 +1,323 @@
+"""What a report shows, read from the artifact dirs of a plan: provenance records (rows, stats,
+settings), parquet outputs through DuckDB (mix per source, trace turns and rewards, eval
+summaries, rankings) and the training logs (JSON lines per optimizer step).
+
+`load(settings)` takes the report stage's settings, `{"recipe": NAME, "nodes": [{"label",
+"stage", "id", "dir"}, ...]}` (every node of the plan, in topological order), and returns a
+`Report`: one `Group` per candidate of an ablation (labels `candidates/<name>/...`) or one
+group for a plain recipe, plus the ranking when there is one. Everything a section needs is
+None or empty when the recipe has no such artifact; the page says so in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otbuild import duck
+from otbuild.stages import PROVENANCE, STAGES
+
+CANDIDATES = "candidates/"
+# Stages on the way from raw tasks to the trace set, in pipeline order (the funnel's steps).
+FUNNEL = ("source", "augment", "mix", "task_score", "task_filter", "trace_import", "rollout", "trace_filter")
+TASK_STAGES = ("source", "augment", "mix", "task_score", "task_filter")
+TRACE_STAGES = ("trace_import", "rollout", "trace_filter")
+# Training logs: sft writes train_log.jsonl (otbuild/train/sft.py); rl its own per-step log.
+TRAIN_LOGS = ("train_log.jsonl", "rl_log.jsonl")
+REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "rewards/mean")
+LOSS_KEYS = ("loss", "policy_loss", "train_loss")
+TABLE_COLUMNS = ("loss", "reward_mean", "pass_rate", "lr", "grad_norm")
+
+
+@dataclass
+class Artifact:
+    label: str  # the full label in the plan, e.g. "candidates/mix.order=shuffle/mix"
+    local: str  # the label within its group, e.g. "mix"
+    stage: str
+    id: str
+    dir: Path
+    record: dict | None  # provenance.json, None when it is missing
+    candidate: str | None = None  # an ablation candidate's name
+
+    @property
+    def stats(self) -> dict:
+        return (self.record or {}).get("stats") or {}
+
+    @property
+    def settings(self) -> dict:
+        return (self.record or {}).get("settings") or {}
+
+    @property
+    def main_output(self) -> Path:
+        outs = STAGES[self.stage].outputs if self.stage in STAGES else ()
+        if outs:
+            return self.dir / outs[0]
+        recorded = (self.record or {}).get("outputs") or [{}]
+        return Path(recorded[0].get("path", self.dir))
+
+    @property
+    def rows(self) -> int | None:
+        """Rows of the main output as its provenance record states them."""
+        for o in (self.record or {}).get("outputs", []):
+            if Path(o["path"]).name == self.main_output.name:
+                return o.get("rows")
+        return None
+
+    @property
+    def rejected(self) -> int | None:
+        return self.stats.get("rejected") if "rejected_by_reason" in self.stats else None
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        return dict(self.stats.get("rejected_by_reason") or self.stats.get("quarantined_by_reason") or {})
+
+
+@dataclass
+class Step:
+    """One step of the funnel: the rows a stage (or several nodes of it, summed) produced."""
+
+    name: str
+    stage: str
+    labels: list[str]
+    rows: int | None
+    rejected: int | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Curve:
+    label: str
+    path: Path
+    metric: str  # the logged key plotted
+    points: list[tuple[float, float]]
+    summary: dict  # steps, first, last, min, max, tokens_seen...
+    sample: list[dict]  # up to ~20 evenly spaced log lines for the table
+    columns: list[str]  # other logged values shown in that table
+
+
+@dataclass
+class TraceSet:
+    labels: list[str]
+    paths: list[Path]
+    rows: int
+    turns: list[tuple[int, int]]  # (n_turns, traces)
+    rewards: list[tuple[str, int]]  # (bin label, traces)
+    reward_summary: dict
+    turns_summary: dict
+    teachers: list[tuple[str, int]]  # (teacher/model, traces)
+    sources: list[tuple[str, int]]  # (source, traces)
+
+
+@dataclass
+class Group:
+    name: str | None  # the candidate's name, None for a plain recipe
+    artifacts: list[Artifact]
+    funnel: list[Step] = field(default_factory=list)
+    mix: dict | None = None  # label, rows per source
+    sources: list[dict] = field(default_factory=list)
+    filters: list[Artifact] = field(default_factory=list)
+    teachers: list[Artifact] = field(default_factory=list)
+    traces: TraceSet | None = None
+    tasks: Artifact | None = None  # the final task set (what the card describes without traces)
+    sft: Curve | None = None
+    rl: Curve | None = None
+    eval: list[dict] = field(default_factory=list)
+    eval_label: str | None = None
+
+    @property
+    def title(self) -> str:
+        return f"candidate {self.name}" if self.name else "recipe"
+
+
+@dataclass
+class Report:
+    recipe: str
+    description: str
+    artifacts: list[Artifact]
+    groups: list[Group]
+    ranking: list[dict] = field(default_factory=list)
+    zscores: list[dict] = field(default_factory=list)
+    ranking_label: str | None = None
+
+
+def load(settings: dict, root: Path = Path(".")) -> Report:
+    arts = []
+    for n in settings["nodes"]:
+        d = root / n["dir"]
+        local, name = n["label"], None
+        if local.startswith(CANDIDATES):
+            name, _, local = local[len(CANDIDATES):].partition("/")
+        arts.append(Artifact(n["label"], local, n["stage"], n["id"], d, _record(d), name))
+    con = duck.connect()
+    names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
+    groups = [_group(con, name, [a for a in arts if a.candidate == name]) for name in names]
+    rep = Report(settings["recipe"], settings.get("description", ""), arts, groups)
+    rank = next((a for a in arts if a.stage == "rank"), None)
+    if rank:
+        outs = STAGES["rank"].outputs
+        rep.ranking_label = rank.label
+        rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
+        rep.zscores = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) ORDER BY candidate, benchmark")
+    return rep
+
+
+def _record(d: Path) -> dict | None:
+    try:
+        return json.loads((d / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _lit(p: Path | str) -> str:
+    return duck.sql_literal(str(p))
+
+
+def _rows(con, sql: str) -> list[dict]:
+    cur = con.execute(sql)
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _is_benchmark(a: Artifact) -> bool:
+    return a.local.startswith("benchmarks/")
+
+
+def _group(con, name: str | None, arts: list[Artifact]) -> Group:
+    g = Group(name, arts)
+    pipeline = [a for a in arts if a.stage in FUNNEL and not _is_benchmark(a)]
+    for stage in FUNNEL:
+        nodes = [a for a in pipeline if a.stage == stage]
+        if not nodes:
+            continue
+        rows = [a.rows for a in nodes]
+        rejected = [a.rejected for a in nodes if a.rejected is not None]
+        reasons: dict[str, int] = {}
+        for a in nodes:
+            for k, v in (a.reasons if a.rejected is not None else {}).items():
+                reasons[k] = reasons.get(k, 0) + v
+        step_name = nodes[0].local if len(nodes) == 1 else f"{'sources' if stage == 'source' else stage} ({len(nodes)})"
+        g.funnel.append(Step(step_name, stage, [a.local for a in nodes],
+                             None if None in rows else sum(rows), sum(rejected) if rejected else None, reasons))
+    g.sources = [_source_info(con, a) for a in pipeline if a.stage == "source"]
+    g.filters = [a for a in pipeline if a.stage in ("task_filter", "trace_filter")]
+    g.teachers = [a for a in pipeline if a.stage in ("rollout", "trace_import")]
+    mix = next((a for a in pipeline if a.stage == "mix"), None)
+    if mix and mix.main_output.exists():
+        g.mix = {"label": mix.local, "settings": mix.settings, "sources": _rows(con, (
+            "SELECT source, count(*) AS rows, count(*) FILTER (WHERE mix_copy > 0) AS upsampled_copies, "
+            f"min(mix_rank) AS rank FROM read_parquet({_lit(mix.main_output)}) GROUP BY source ORDER BY rank, source"
+        ))}
+    trace_final = [a for a in pipeline if a.stage == "trace_filter"] or g.teachers
+    if trace_final:
+        g.traces = _traces(con, trace_final)
+    task_final = [a for a in pipeline if a.stage in TASK_STAGES]
+    g.tasks = task_final[-1] if task_final else None
+    for a in arts:
+        if a.stage == "sft":
+            g.sft = g.sft or _curve(a, LOSS_KEYS)
+        elif a.stage == "rl":
+            g.rl = g.rl or _curve(a, REWARD_KEYS)
+    ev = next((a for a in arts if a.stage == "eval"), None)
+    if ev and ev.main_output.exists():
+        g.eval_label = ev.local
+        g.eval = _rows(con, f"SELECT * FROM read_parquet({_lit(ev.main_output)}) ORDER BY benchmark, model")
+    return g
+
+
+def _source_info(con, a: Artifact) -> dict:
+    """A source for the card: kind and settings, rows, quarantine, licences named in task metadata."""
+    licences: list[tuple[str, int]] = []
+    if a.main_output.exists():
+        licences = con.execute(
+            "SELECT lic, count(*) FROM (SELECT coalesce(json_extract_string(metadata, '$.license'), "
+            "json_extract_string(metadata, '$.licence')) AS lic "
+            f"FROM read_parquet({_lit(a.main_output)})) WHERE lic IS NOT NULL GROUP BY lic ORDER BY 2 DESC, 1"
+        ).fetchall()
+    s = a.settings
+    for key in ("license", "licence"):
+        if s.get(key):
+            licences = [(str(s[key]), a.rows or 0)]
+    return {"label": a.local, "name": s.get("name", a.local.split("/")[-1]), "kind": s.get("kind", "?"),
+            "rows": a.rows, "quarantined": a.stats.get("quarantined", 0),
+            "quarantined_by_reason": a.stats.get("quarantined_by_reason") or {},
+            "settings": {k: v for k, v in s.items() if k not in ("name", "kind") and v is not None},
+            "licences": licences, "id": a.id}
+
+
+def _traces(con, nodes: list[Artifact]) -> TraceSet | None:
+    paths = [a.main_output for a in nodes if a.main_output.exists()]
+    if not paths:
+        return None
+    src = f"read_parquet([{', '.join(_lit(p) for p in paths)}], union_by_name = true)"
+    cols = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+    rows = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
+    turns = con.execute(f"SELECT n_turns, count(*) FROM {src} WHERE n_turns IS NOT NULL GROUP BY 1 ORDER BY 1"
+                        ).fetchall() if "n_turns" in cols else []
+    rewards, rsum = [], {}
+    if "reward" in cols:
+        lo, hi, mean, med, n = con.execute(
+            f"SELECT min(reward), max(reward), avg(reward), median(reward), count(reward) FROM {src}").fetchone()
+        rsum = {"traces": n, "mean": mean, "median": med, "min": lo, "max": hi,
+                "missing": rows - n}
+        distinct = con.execute(f"SELECT reward, count(*) FROM {src} WHERE reward IS NOT NULL GROUP BY 1 ORDER BY 1"
+                               ).fetchall()
+        if len(distinct) <= 12:  # few values (pass/fail, partial credit): one bin per value
+            rewards = [(_fmt(v), c) for v, c in distinct]
+        else:
+            rewards = _bins(con, src, lo, hi, 10)
+    tsum = {}
+    if turns:
+        n = sum(c for _, c in turns)
+        tsum = {"traces": n, "mean": sum(t * c for t, c in turns) / n, "min": turns[0][0], "max": turns[-1][0]}
+    who = next((c for c in ("teacher", "model") if c in cols), None)
+    teachers = con.execute(f"SELECT {who}, count(*) FROM {src} GROUP BY 1 ORDER BY 2 DESC, 1").fetchall() if who else []
+    sources = con.execute(f"SELECT source, count(*) FROM {src} GROUP BY 1 ORDER BY 2 DESC, 1").fetchall() \
+        if "source" in cols else []
+    return TraceSet([a.local for a in nodes], paths, rows, turns, rewards, rsum, tsum,
+                    [(str(t), c) for t, c in teachers], [(str(s), c) for s, c in sources])
+
+
+def _bins(con, src: str, lo: float, hi: float, k: int) -> list[tuple[str, int]]:
+    width = (hi - lo) / k
+    counts = dict(con.execute(
+        f"SELECT least(CAST(floor((reward - {lo!r}) / {width!r}) AS INTEGER), {k - 1}) AS b, count(*) "
+        f"FROM {src} WHERE reward IS NOT NULL GROUP BY 1").fetchall())
+    return [(f"{_fmt(lo + i * width)}–{_fmt(lo + (i + 1) * width)}", counts.get(i, 0)) for i in range(k)]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
+    """The per-step log of a training dir: the first of `keys` that the log has, by step."""
+    path = next((a.dir / n for n in TRAIN_LOGS if (a.dir / n).exists()), None)
+    if path is None:
+        return None
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue  # a torn last line of a killed run
+        if isinstance(rec, dict):
+            lines.append(rec)
+    metric = next((k for k in keys if any(_finite(r.get(k)) for r in lines)), None)
+    if metric is None:
+        return None
+    pts = [(float(r.get("step", i + 1)), float(r[metric])) for i, r in enumerate(lines) if _finite(r.get(metric))]
+    ys = [y for _, y in pts]
+    summary = {"steps": len(pts), "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys)}
+    for k in ("epoch", "tokens_seen", "supervised_tokens_seen", "time"):
+        if lines and k in lines[-1]:
+            summary[k] = lines[-1][k]
+    k = max(1, math.ceil(len(lines) / 20))
+    sample = lines[::k] + ([lines[-1]] if (len(lines) - 1) % k else [])
+    columns = [c for c in TABLE_COLUMNS if c != metric and any(c in r for r in sample)]
+    return Curve(a.local, path, metric, pts, summary, sample, columns)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

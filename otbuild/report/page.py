@@ -1,0 +1,108 @@
+"""The report page (one self-contained HTML file: inline CSS and SVG, no JS, nothing fetched)
+and the dataset card (README-style markdown with HF front matter), both from jinja2 templates
+in otbuild/report/templates/ over a `Report` (otbuild/report/data.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jinja2
+import yaml
+from markupsafe import Markup
+
+import otbuild
+from otbuild.report import charts
+from otbuild.report.data import Group, Report
+
+TEMPLATES = Path(__file__).parent / "templates"
+_html = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                           undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_md = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
+                         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                         keep_trailing_newline=True)
+for _env in (_html, _md):
+    _env.filters["num"] = charts.num
+
+
+def _md_cell(value) -> str:
+    """Text from data in a markdown table cell: one line, pipes and HTML escaped."""
+    s = "" if value is None else str(value)
+    s = re.sub(r"\s+", " ", s).strip()
+    return s.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;") \
+        .replace("`", "\\`")
+
+
+_md.filters["cell"] = _md_cell
+_md.filters["json"] = lambda v: _md_cell(v if isinstance(v, str) else json.dumps(v, separators=(", ", ": ")))
+_md.filters["num"] = lambda v: _md_cell(charts.num(v))
+
+
+def render_html(rep: Report) -> str:
+    groups = [_group_charts(g) for g in rep.groups]
+    ranking = None
+    if rep.ranking:
+        ranking = charts.bars([(r["candidate"], r["mean_z"] or 0.0) for r in rep.ranking],
+                              title="mean z-score per candidate")
+    return _html.get_template("report.html.j2").render(
+        rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
+        version=otbuild.__version__, anchor=_anchor)
+
+
+def _anchor(*parts) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", "-".join(str(p) for p in parts if p)).strip("-").lower()
+
+
+def _group_charts(g: Group) -> dict:
+    c: dict = {"g": g}
+    if g.funnel:
+        c["funnel"] = charts.bars([(s.name, s.rows or 0) for s in g.funnel], title="rows per stage")
+    if g.mix:
+        c["mix"] = charts.bars([(r["source"], r["rows"]) for r in g.mix["sources"]], title="mixed tasks per source")
+    if g.traces and g.traces.turns:
+        c["turns"] = charts.columns([(str(t), n) for t, n in g.traces.turns], title="traces per turn count",
+                                    xlabel="turns", ylabel="traces")
+    if g.traces and g.traces.rewards:
+        c["rewards"] = charts.columns(g.traces.rewards, title="traces per reward", xlabel="reward", ylabel="traces")
+    if g.sft:
+        c["sft"] = charts.line(g.sft.points, title=f"SFT {g.sft.metric} per step", xlabel="step", ylabel=g.sft.metric)
+    if g.rl:
+        c["rl"] = charts.line(g.rl.points, title=f"RL {g.rl.metric} per step", xlabel="step", ylabel=g.rl.metric)
+    if g.eval:
+        c["eval"] = charts.bars(
+            [(_bench_label(r, g.eval), r["mean"] or 0.0) for r in g.eval], errors=[r["stderr"] for r in g.eval],
+            title="eval score per benchmark (mean ± standard error)", domain=(0.0, 1.0))
+    return c
+
+
+def _bench_label(row: dict, rows: list[dict]) -> str:
+    models = {r["model"] for r in rows}
+    return row["benchmark"] if len(models) <= 1 else f"{row['benchmark']} ({row['model']})"
+
+
+def render_card(rep: Report) -> str:
+    licences = sorted({lic for g in rep.groups for s in g.sources for lic, _ in s["licences"]})
+    rows = max([g.traces.rows if g.traces else (g.tasks.rows or 0) if g.tasks else 0 for g in rep.groups] + [0])
+    front = {
+        "pretty_name": f"otbuild {rep.recipe}",
+        "license": licences[0] if len(licences) == 1 else (licences or "unknown"),
+        "tags": ["otbuild", "agentic", "terminal", "traces" if any(g.traces for g in rep.groups) else "tasks"],
+        "size_categories": [_size_category(rows)],
+    }
+    best = rep.ranking[0]["candidate"] if rep.ranking else None
+    return _md.get_template("dataset_card.md.j2").render(
+        rep=rep, front=yaml.safe_dump(front, sort_keys=False).strip(), best=best, licences=licences,
+        version=otbuild.__version__, nonnull=_nonnull)
+
+
+def _nonnull(settings: dict, skip: tuple[str, ...] = ()) -> dict:
+    return {k: v for k, v in settings.items() if v not in (None, False, {}, []) and k not in skip}
+
+
+def _size_category(n: int) -> str:
+    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+                        (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M")):
+        if n < bound:
+            return name
+    return "n>10M"

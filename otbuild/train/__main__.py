@@ -1,0 +1,37 @@
+"""`python -m otbuild.train sft|rl --settings JSON --outdir DIR INPUT...` (what launchers run on
+every rank) and `python -m otbuild.train export-llamafactory TRACES... --outdir DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m otbuild.train")
+    p.add_argument("command", choices=["sft", "rl", "export-llamafactory"])
+    p.add_argument("inputs", nargs="+", type=Path)
+    p.add_argument("--outdir", type=Path, required=True)
+    p.add_argument("--settings", default="{}", help="JSON object, or @FILE")
+    p.add_argument("--name", default="otbuild_sft", help="export: the dataset's name")
+    a = p.parse_args(argv)
+    raw = Path(a.settings[1:]).read_text() if a.settings.startswith("@") else a.settings
+    settings = json.loads(raw)
+    if a.command == "export-llamafactory":
+        from otbuild.train.export import export_llamafactory
+
+        print(json.dumps(export_llamafactory(a.inputs, a.outdir, a.name)))
+        return 0
+    a.outdir.mkdir(parents=True, exist_ok=True)
+    if a.command == "sft":
+        from otbuild.train.sft import train
+    else:
+        from otbuild.train.rl import train
+    train(settings, a.inputs, a.outdir, log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

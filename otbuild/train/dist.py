@@ -1,0 +1,166 @@
+"""Distributed plumbing: world size, gradient accumulation, the DeepSpeed config, launchers.
+
+Locally (no Slurm, at most one device) training runs in the calling process: otbuild sets the
+env that torch.distributed needs (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
+DeepSpeed uses gloo on the CPU, nccl on a GPU. On a Slurm allocation the rule runs
+`launch_command(settings, env)`: one `srun` task per node, each a torchrun (or deepspeed)
+launcher starting one process per GPU, all meeting at a c10d rendezvous on the first node of
+SLURM_NODELIST (SLURM_JOB_ID as the rendezvous id).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+
+from otbuild.errors import ConfigError
+
+
+class BatchSizeError(ConfigError):
+    pass
+
+
+def grad_accum_steps(global_batch: int, world_size: int, per_device: int) -> int:
+    """global_batch = world_size x per_device x accumulation, or a clear error."""
+    per_step = world_size * per_device
+    if global_batch % per_step:
+        lo = global_batch // per_step * per_step
+        raise BatchSizeError(
+            f"global_batch_size {global_batch} is not divisible by world_size {world_size} x "
+            f"per_device_batch_size {per_device} = {per_step}; use a global batch of "
+            f"{lo or per_step} or {lo + per_step}, or another per_device_batch_size")
+    return global_batch // per_step
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Slurm's compressed host list ("gpu[01-03,07],login1") -> host names, in order."""
+    hosts, parts, depth, cur = [], [], 0, ""
+    for ch in spec:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    for part in filter(None, parts):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            a, _, b = r.partition("-")
+            for i in range(int(a), int(b or a) + 1):
+                hosts.append(f"{prefix}{str(i).zfill(len(a))}{suffix}")
+    return hosts
+
+
+def slurm_gpus_per_node(env: dict) -> int | None:
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        v = env.get(key)
+        if v:
+            m = re.search(r"(\d+)(?:\(|$)", v.split(",")[0])
+            if m:
+                return int(m.group(1))
+    return None
+
+
+def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> list[str]:
+    """The command that runs `argv` (default: this training job's entry point) on the resources
+    in `env`: one process per GPU across the Slurm allocation, or a single local process."""
+    argv = argv or [sys.executable, "-m", "otbuild.train", "sft"]
+    launcher = settings.get("launcher", "auto")
+    gpus = settings.get("gpus_per_node") or slurm_gpus_per_node(env)
+    port = int(settings.get("master_port", 29500))
+    if "SLURM_JOB_ID" in env and launcher != "local":
+        hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+        nnodes = int(env.get("SLURM_NNODES") or len(hosts))
+        gpus = gpus or 1
+        srun = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1", f"--gpus-per-node={gpus}"]
+        if launcher == "deepspeed":
+            # the deepspeed launcher's --no_ssh mode: one launcher per node, given its rank
+            return srun + ["bash", "-c", " ".join([
+                "exec", "deepspeed", "--no_ssh", f"--num_nodes={nnodes}", f"--num_gpus={gpus}",
+                "--node_rank=$SLURM_NODEID", f"--master_addr={hosts[0]}", f"--master_port={port}",
+                "--module", *argv[2:]])]
+        return srun + [sys.executable if argv[0] == sys.executable else argv[0], "-m",
+                       "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={gpus}",
+                       "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0]}:{port}",
+                       f"--rdzv-id={env['SLURM_JOB_ID']}", *argv[1:]]
+    if launcher in ("torchrun", "auto") and (gpus or 0) > 1:
+        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                *argv[1:]]
+    return argv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_single_process_env() -> None:
+    """What torch.distributed needs when otbuild is its own (only) process."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def init_distributed(on_gpu: bool):
+    """DeepSpeed's process group (gloo on the CPU, nccl on GPUs); idempotent."""
+    ensure_single_process_env()
+    import sys
+
+    import deepspeed
+    import deepspeed.comm.torch  # noqa: F401 - `deepspeed.comm.torch` the attribute is torch itself
+
+    ds_torch_comm = sys.modules["deepspeed.comm.torch"]
+    if not on_gpu and os.environ.get("OTBUILD_DS_SHM") != "1":
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (~90 s, a C++
+        # toolchain) on first use; gloo does the same job, so otbuild skips the build.
+        ds_torch_comm.build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    return deepspeed
+
+
+def ds_config(settings: dict, *, world_size: int, on_gpu: bool, client_optimizer: bool) -> dict:
+    per_device = settings.get("per_device_batch_size", 1)
+    accum = grad_accum_steps(settings["global_batch_size"], world_size, per_device)
+    stage = settings.get("zero_stage", 3)
+    bf16 = settings.get("precision", "auto") == "bf16" or (settings.get("precision", "auto") == "auto"
+                                                           and on_gpu)
+    zero: dict = {"stage": stage}
+    if stage == 3:
+        zero.update({
+            "overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
+            "stage3_prefetch_bucket_size": 5e8, "stage3_param_persistence_threshold": 1e6,
+            "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        })
+    elif stage in (1, 2):
+        zero.update({"overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
+                     "allgather_bucket_size": 5e8})
+    conf = {
+        "train_batch_size": settings["global_batch_size"],
+        "train_micro_batch_size_per_gpu": per_device,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": settings.get("max_grad_norm", 1.0),
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if client_optimizer:
+        conf["zero_allow_untested_optimizer"] = True
+    else:
+        b1, b2 = settings.get("adam_betas", (0.9, 0.999))
+        conf["optimizer"] = {"type": "AdamW", "params": {
+            "lr": settings["learning_rate"], "betas": [b1, b2], "eps": settings.get("adam_eps", 1e-8),
+            "weight_decay": settings.get("weight_decay", 0.0)}}
+    return conf

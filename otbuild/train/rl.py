@@ -1,0 +1,434 @@
+"""RLOO for multi-turn agents: rollouts through the terminus-2 harness, verifier rewards.
+
+One step:
+1. `batch_size` tasks (a seeded order per pass over the task table), `samples_per_task` = k
+   trials each, run by `run_trial` in the sandbox with the current policy. The policy is an
+   Engine (`PolicyEngine`) over the model being trained: it renders the chat, samples in
+   process with transformers, and records each turn's exact prompt and completion token ids
+   (no re-tokenisation of what the model said).
+2. Reward: the verifier's (an infrastructure error or no reward counts as 0, and is counted).
+   Advantage (per task): A_i = (r_i - mean_{j != i} r_j) / (std_j r_j + eps), std with
+   Bessel's correction; a task whose rewards are all equal contributes zero.
+3. Loss: PPO-clip over assistant tokens only (the recorded completions), ratio
+   exp(logp - logp_old) clipped to [1 - clip_low, 1 + clip_high], advantage shared by every
+   token of a trajectory, token-mean over all assistant tokens of the step; optional k3 KL to
+   the starting model (kl_coef, 0 by default). log-probs use logits / temperature (the
+   sampling distribution). logp_old is the policy before the step's update (recomputed here,
+   as with a separate rollout engine), so with ppo_epochs 1 the ratio starts at 1.
+4. AdamW (lr 5e-6), grad clipping; one line per step in train_log.jsonl (reward, loss, ...);
+   checkpoints/step-N every save_steps; a killed run resumes from the last one.
+
+A trajectory's turns are joined into one sequence when each prompt extends the previous
+prompt + completion token for token (the usual case); otherwise they are separate sequences.
+
+GPU scale-out (not run here): rollouts on vLLM (`rollout: vllm`) and the update through
+DeepSpeed; after each step the trainer gathers the weights and pushes them into the vLLM
+workers (docs/training.md, "Weight sync").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otbuild.engines.base import Completion, EngineError
+from otbuild.fsio import write_json
+from otbuild.hashing import file_sha256
+from otbuild.train.chat import clean
+from otbuild.train.data import global_batch_rows
+
+LOG = "train_log.jsonl"
+MANIFEST = "checkpoint.json"
+CHECKPOINTS = "checkpoints"
+
+
+# -- the math -----------------------------------------------------------------------------------
+def rloo_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """Leave-one-out advantages of one task's k samples, normalised by their std (ddof=1)."""
+    k = len(rewards)
+    if k < 2:
+        raise ValueError("RLOO needs at least 2 samples per task")
+    if max(rewards) == min(rewards):
+        return [0.0] * k
+    total = sum(rewards)
+    mean = total / k
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (k - 1))
+    return [(r - (total - r) / (k - 1)) / (std + eps) for r in rewards]
+
+
+def ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
+                  n_tokens: int | None = None):
+    """PPO-clip, summed over masked tokens and divided by n_tokens (default: the mask's count).
+
+    Tensors are [B, T] (advantages [B] or [B, T]). Returns (loss, stats)."""
+    import torch
+
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logp)
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    denom = n_tokens if n_tokens is not None else mask.sum().clamp(min=1)
+    loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        was_clipped = ((clipped < unclipped) & (mask > 0)).sum()
+    return loss, {"clipped_tokens": int(was_clipped)}
+
+
+def k3_kl(logp, ref_logp):
+    """Per-token k3 estimator of KL(policy || ref): exp(d) - d - 1, d = ref - logp."""
+    import torch
+
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+# -- the policy as an Engine -----------------------------------------------------------------
+@dataclass
+class Turn:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+class ContextExceededError(EngineError):
+    pass
+
+
+class Policy:
+    """The model being trained, shared by every rollout of a step (generation is serialised)."""
+
+    def __init__(self, model, tokenizer, *, temperature: float, max_tokens: int, max_context: int,
+                 name: str = "policy"):
+        self.model, self.tok = model, tokenizer
+        self.temperature, self.max_tokens, self.max_context = temperature, max_tokens, max_context
+        self.name = name
+        self.lock = threading.Lock()
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        text = self.tok.apply_chat_template(clean(messages), tokenize=False, add_generation_prompt=True)
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def sample(self, prompt_ids: list[int]) -> list[int]:
+        import torch
+
+        budget = min(self.max_tokens, self.max_context - len(prompt_ids))
+        with self.lock, torch.no_grad():
+            was_training = self.model.training
+            self.model.eval()
+            x = torch.tensor([prompt_ids])
+            out = self.model.generate(
+                x, attention_mask=torch.ones_like(x), do_sample=True, temperature=self.temperature,
+                top_k=0, top_p=1.0, max_new_tokens=budget, eos_token_id=self.tok.eos_token_id,
+                pad_token_id=self.tok.pad_token_id)
+            self.model.train(was_training)
+        return out[0, len(prompt_ids):].tolist()
+
+    def session(self) -> PolicyEngine:
+        return PolicyEngine(self)
+
+
+class PolicyEngine:
+    """One trial's view of the policy: an Engine that records its turns."""
+
+    name = "policy"
+    provider = "otbuild"
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.model = policy.name
+        self.turns: list[Turn] = []
+
+    async def complete(self, messages: list[dict], **_) -> Completion:
+        p = self.policy
+        prompt = p.prompt_ids(messages)
+        if len(prompt) >= p.max_context:
+            raise ContextExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
+        ids = await asyncio.to_thread(p.sample, prompt)
+        self.turns.append(Turn(prompt, ids))
+        stopped = bool(ids) and ids[-1] == p.tok.eos_token_id
+        text = p.tok.decode(ids, skip_special_tokens=True)
+        return Completion(text, len(prompt), len(ids), "stop" if stopped else "length")
+
+    async def aclose(self) -> None:
+        pass
+
+
+@dataclass
+class Sequence:
+    ids: list[int]
+    mask: list[bool]  # completion tokens
+    advantage: float = 0.0
+    old_logp: object = None  # tensor over the sequence's masked positions
+    ref_logp: object = None
+
+
+@dataclass
+class Trajectory:
+    task_index: int
+    reward: float
+    error: str | None
+    turns: list[Turn] = field(default_factory=list)
+
+
+def sequences(turns: list[Turn]) -> list[Sequence]:
+    """Join turns whose prompt extends the previous prompt + completion; else start anew."""
+    out: list[Sequence] = []
+    for t in turns:
+        cur = out[-1] if out else None
+        if cur is not None and t.prompt_ids[:len(cur.ids)] == cur.ids:
+            extra = t.prompt_ids[len(cur.ids):]
+            cur.ids += extra + t.completion_ids
+            cur.mask += [False] * len(extra) + [True] * len(t.completion_ids)
+        else:
+            out.append(Sequence(list(t.prompt_ids) + list(t.completion_ids),
+                                [False] * len(t.prompt_ids) + [True] * len(t.completion_ids)))
+    return [s for s in out if any(s.mask)]
+
+
+def token_logprobs(model, seqs: list[Sequence], temperature: float, pad_id: int):
+    """log p(token | prefix) at each sequence's masked positions: a list of 1-D tensors."""
+    import torch
+
+    width = max(len(s.ids) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    tmask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s.ids)] = torch.tensor(s.ids)
+        attn[i, :len(s.ids)] = 1
+        tmask[i, :len(s.ids)] = torch.tensor(s.mask)
+    hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    sel = tmask[:, 1:]
+    logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][sel][:, None])[:, 0]
+    return list(torch.split(lp, sel.sum(1).tolist()))
+
+
+def sequence_logprob(model, tokenizer, messages: list[dict], answer: str) -> float:
+    """log p(answer + end-of-turn | messages) under `model` (temperature 1): for tests/evals."""
+    import torch
+
+    policy = Policy(model, tokenizer, temperature=1.0, max_tokens=1, max_context=10**9)
+    prompt = policy.prompt_ids(messages)
+    ans = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        lp = token_logprobs(model, [Sequence(prompt + ans, [False] * len(prompt) + [True] * len(ans))],
+                            1.0, tokenizer.pad_token_id)
+    return float(lp[0].sum())
+
+
+# -- rollouts ---------------------------------------------------------------------------------
+def read_tasks(path: Path) -> list[tuple[str, object]]:
+    import pyarrow.parquet as pq
+
+    from otbuild.tasks.taskdir import TaskDir
+
+    t = pq.read_table(path, columns=["path", "task_binary", "task_id"]).to_pylist()
+    return [(r["task_id"], TaskDir.unpack(r["path"], r["task_binary"])) for r in t]
+
+
+async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: dict,
+                  workroot: Path, run_id: str) -> list[Trajectory]:
+    from otbuild.harness.trial import TrialSettings, run_trial
+
+    sb = settings.get("sandbox", {})
+    ts = TrialSettings(max_episodes=sb.get("max_episodes", 50), agent_timeout_sec=sb.get("agent_timeout_sec"),
+                       timeout_multiplier=sb.get("timeout_multiplier", 1.0),
+                       timeout_cap_sec=sb.get("timeout_cap_sec", 7200.0), backend=sb.get("backend", "bwrap"))
+    sem = asyncio.Semaphore(settings.get("concurrency", 8))
+
+    async def one(pos: int, ti: int, s: int) -> Trajectory:
+        task_id, task = tasks[ti]
+        engine = policy.session()
+        async with sem:
+            row = await run_trial(task, task_id, engine, ts, workroot / f"{pos}-{s}", sample_idx=s,
+                                  run_id=run_id, source="rl")
+        reward = row["reward"] if row["reward"] is not None else 0.0
+        return Trajectory(ti, float(reward), row["exception"], engine.turns)
+
+    jobs = [one(pos, ti, s) for pos, ti in enumerate(indices) for s in range(k)]
+    return list(await asyncio.gather(*jobs))
+
+
+# -- training ---------------------------------------------------------------------------------
+def _micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
+    seqs = sorted(seqs, key=lambda s: len(s.ids))
+    out, cur = [], []
+    for s in seqs:
+        if cur and len(s.ids) * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def update(model, optimizer, seqs: list[Sequence], settings: dict, pad_id: int, ref_model=None) -> dict:
+    """One RLOO/PPO update over a step's sequences. Returns loss and diagnostics."""
+    import torch
+
+    T = settings.get("temperature", 0.7)
+    n_tokens = sum(sum(s.mask[1:]) for s in seqs)  # every assistant token, zero advantage or not
+    active = [s for s in seqs if s.advantage != 0.0]
+    micro = _micro_batches(active, settings.get("micro_batch_tokens", 16384))
+    stats = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": n_tokens,
+             "active_sequences": len(active), "grad_norm": 0.0}
+    if not active or n_tokens == 0:
+        return stats
+    with torch.no_grad():
+        for mb in micro:
+            for s, lp in zip(mb, token_logprobs(model, mb, T, pad_id), strict=True):
+                s.old_logp = lp
+            if ref_model is not None and settings.get("kl_coef", 0.0) > 0:
+                for s, lp in zip(mb, token_logprobs(ref_model, mb, T, pad_id), strict=True):
+                    s.ref_logp = lp
+    model.train()
+    kl_coef = settings.get("kl_coef", 0.0)
+    for _ in range(settings.get("ppo_epochs", 1)):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in micro:
+            lps = token_logprobs(model, mb, T, pad_id)
+            logp = torch.cat(lps)
+            old = torch.cat([s.old_logp for s in mb])
+            adv = torch.cat([torch.full_like(lp, s.advantage) for s, lp in zip(mb, lps, strict=True)])
+            ones = torch.ones_like(logp)
+            loss, st = ppo_clip_loss(logp[None], old[None], adv[None], ones[None],
+                                     clip_low=settings.get("clip_low", 0.2),
+                                     clip_high=settings.get("clip_high", 0.2), n_tokens=n_tokens)
+            if kl_coef > 0:
+                kl = (k3_kl(logp, torch.cat([s.ref_logp for s in mb]))).sum() / n_tokens
+                loss = loss + kl_coef * kl
+                stats["kl"] += float(kl.detach())
+            loss.backward()
+            total += float(loss.detach())
+            stats["clipped_tokens"] += st["clipped_tokens"]
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.get("max_grad_norm", 1.0))
+        optimizer.step()
+        stats["loss"], stats["grad_norm"] = total, float(gn)
+    return stats
+
+
+def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
+    import torch
+
+    from otbuild.train.model import load_model, load_tokenizer
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])
+    tasks = read_tasks(Path(inputs[1]))
+    if not tasks:
+        raise ValueError("the task table is empty")
+    if settings.get("rollout", "transformers") != "transformers":
+        raise NotImplementedError("rollout: vllm is described in docs/training.md; this build runs "
+                                  "rollouts in process (rollout: transformers)")
+    seed = settings.get("seed", 0)
+    ckdir = outdir / CHECKPOINTS
+    latest = ckdir / "latest"
+    start = 0
+    load_from = sft_dir
+    if latest.exists():
+        start = int(latest.read_text().strip())
+        load_from = ckdir / f"step-{start}"
+    tok, template = load_tokenizer(sft_dir)
+    model = load_model(load_from)
+    ref = load_model(sft_dir).eval() if settings.get("kl_coef", 0.0) > 0 else None
+    b1, b2 = settings.get("adam_betas", (0.9, 0.999))
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.get("learning_rate", 5e-6), betas=(b1, b2),
+                            weight_decay=settings.get("weight_decay", 0.0))
+    if start:
+        opt.load_state_dict(torch.load(load_from / "optimizer.pt", weights_only=True))
+        log(f"rl: resumed from step {start}")
+    _truncate_log(outdir / LOG, start)
+    policy = Policy(model, tok, temperature=settings.get("temperature", 0.7),
+                    max_tokens=settings.get("max_tokens", 4096), max_context=settings.get("max_context", 32768),
+                    name=str(sft_dir))
+    steps, B, k = settings["steps"], settings.get("batch_size", 64), settings.get("samples_per_task", 8)
+    workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
+    history = []
+    try:
+        for step in range(start, steps):
+            t0 = time.monotonic()
+            torch.manual_seed(seed * 1_000_003 + step)
+            random.seed(seed * 1_000_003 + step)
+            indices = global_batch_rows(len(tasks), step, min(B, len(tasks)), seed)
+            trajs = asyncio.run(rollout(policy, tasks, indices, k, settings, workroot / f"step-{step}",
+                                        run_id=f"{outdir.name}-{step}"))
+            t1 = time.monotonic()
+            seqs, groups_zero = [], 0
+            for g in range(len(indices)):
+                group = trajs[g * k:(g + 1) * k]
+                adv = rloo_advantages([t.reward for t in group], settings.get("std_eps", 1e-6))
+                groups_zero += all(a == 0.0 for a in adv)
+                for t, a in zip(group, adv, strict=True):
+                    for s in sequences(t.turns):
+                        s.advantage = a
+                        seqs.append(s)
+            st = update(model, opt, seqs, settings, tok.pad_token_id, ref) if seqs else {}
+            rewards = [t.reward for t in trajs]
+            rec = {"step": step + 1, "reward_mean": sum(rewards) / len(rewards),
+                   "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+                   "loss": st.get("loss", 0.0), "grad_norm": st.get("grad_norm", 0.0),
+                   "kl": st.get("kl", 0.0), "clipped_tokens": st.get("clipped_tokens", 0),
+                   "assistant_tokens": st.get("assistant_tokens", 0), "trajectories": len(trajs),
+                   "sequences": len(seqs), "zero_advantage_tasks": groups_zero,
+                   "errors": sum(1 for t in trajs if t.error),
+                   "lr": opt.param_groups[0]["lr"], "rollout_seconds": round(t1 - t0, 3),
+                   "update_seconds": round(time.monotonic() - t1, 3)}
+            history.append(rec)
+            with open(outdir / LOG, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
+            shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
+            if (step + 1) % settings.get("save_steps", 10) == 0 and step + 1 < steps:
+                _save(model, tok, opt, ckdir, step + 1)
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    model.save_pretrained(outdir, safe_serialization=True, max_shard_size="10000GB")
+    tok.save_pretrained(outdir)
+    shutil.rmtree(ckdir, ignore_errors=True)
+    last = [json.loads(x) for x in (outdir / LOG).read_text().splitlines()]
+    manifest = {
+        "kind": "rl", "algorithm": "rloo", "base_checkpoint": str(sft_dir), "chat_template": template,
+        "steps": steps, "reward_mean_first": last[0]["reward_mean"] if last else None,
+        "reward_mean_last": last[-1]["reward_mean"] if last else None,
+        "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir())
+                  if p.is_file() and p.name not in (MANIFEST, "provenance.json") and not p.name.startswith(".")},
+    }
+    write_json(outdir / MANIFEST, manifest)
+    return manifest
+
+
+def _save(model, tok, opt, ckdir: Path, step: int) -> None:
+    import torch
+
+    dest = ckdir / f"step-{step}"
+    tmp = ckdir / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="10000GB")
+    torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    (ckdir / ".latest.tmp").write_text(str(step))
+    (ckdir / ".latest.tmp").rename(ckdir / "latest")
+    for p in ckdir.glob("step-*"):
+        if p != dest:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    from otbuild.train.sft import _truncate_log as trunc
+
+    trunc(path, step)

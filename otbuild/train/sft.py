@@ -1,0 +1,256 @@
+"""Full-parameter SFT through DeepSpeed, resumable; the checkpoint dir is the artifact.
+
+outdir after a successful run:
+  checkpoint.json          manifest, written last: files + sha256, base model, steps, tokens,
+                           data policy stats, the settings (first output: feeds downstream)
+  model.safetensors        the weights (one file), config.json, generation_config.json
+  tokenizer.json, tokenizer_config.json, chat_template.jinja (what the tokenizer saves)
+  train_log.jsonl          one line per optimizer step: step, epoch, loss, lr, grad_norm,
+                           tokens (this step), tokens_seen, supervised_tokens_seen, time
+while running (and after a kill): checkpoints/step-N/ (DeepSpeed: weights, optimizer,
+scheduler, client state) + checkpoints/latest; base_model/ (a built tiny model).
+
+Loss: cross entropy summed over the supervised (assistant) tokens of a global batch, divided
+by their count (token mean over the global batch, whatever the micro-batching). Logits are
+computed only at supervised positions, in checkpointed chunks, so a 32K x 150K-vocab logit
+tensor is never materialised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+from otbuild.fsio import write_json
+from otbuild.hashing import file_sha256
+from otbuild.train import data as D
+from otbuild.train.dist import ds_config, init_distributed
+from otbuild.train.model import load_model, load_tokenizer, materialise
+
+LOG = "train_log.jsonl"
+MANIFEST = "checkpoint.json"
+CHECKPOINTS = "checkpoints"
+LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
+
+
+def lr_lambda(kind: str, warmup: int, total: int):
+    """transformers' schedules: linear warmup, then cosine / linear decay to 0, or constant."""
+    def f(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        if kind == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return f
+
+
+def _loss_module(model):
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    class CausalLMLoss(torch.nn.Module):
+        """model -> summed CE over target positions (logits only where there is a target)."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, target_mask, attention_mask=None, position_ids=None):
+            hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask,
+                                      position_ids=position_ids, use_cache=False).last_hidden_state
+            sel = target_mask[:, 1:]
+            h = hidden[:, :-1][sel]
+            y = input_ids[:, 1:][sel]
+            total = hidden.new_zeros((), dtype=torch.float32)
+            for a in range(0, len(y), LOSS_CHUNK):
+                total = total + checkpoint(self._ce, h[a:a + LOSS_CHUNK], y[a:a + LOSS_CHUNK],
+                                           use_reentrant=False)
+            if not len(y):  # keep every parameter in the graph (ZeRO hooks expect it)
+                total = total + hidden.sum() * 0.0
+            return total
+
+        def _ce(self, h, y):
+            logits = self.model.lm_head(h).float()
+            return torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+
+    return CausalLMLoss(model)
+
+
+def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
+    import torch
+
+    outdir = Path(outdir)
+    on_gpu = torch.cuda.is_available()
+    deepspeed = init_distributed(on_gpu)
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    t_start = time.monotonic()
+
+    conversations = D.read_conversations(inputs)
+    spec = settings["model"]
+    base_dir = outdir / "base_model"
+    if rank == 0:
+        base = materialise(spec, base_dir, conversations)
+    dist.barrier()
+    base = materialise(spec, base_dir, conversations) if rank else base
+    tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
+    ds = D.build(tok, conversations, cutoff_len=settings["cutoff_len"],
+                 truncation=settings.get("truncation", "right"), packing=settings.get("packing", False),
+                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0))
+    if not ds.rows:
+        raise ValueError(f"no trainable traces: {ds.stats}")
+
+    G = settings["global_batch_size"]
+    per_device = settings.get("per_device_batch_size", 1)
+    client_opt = settings.get("optimizer", "auto") == "torch" or (
+        settings.get("optimizer", "auto") == "auto" and not on_gpu)
+    conf = ds_config(settings, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
+    accum = conf["gradient_accumulation_steps"]
+    spe = D.steps_per_epoch(len(ds.rows), G)
+    total_steps = max(1, math.ceil(settings.get("epochs", 1.0) * spe))
+    warmup = math.ceil(settings.get("warmup_ratio", 0.0) * total_steps)
+
+    dschf = None
+    if conf["zero_optimization"]["stage"] == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        dschf = HfDeepSpeedConfig(conf)  # noqa: F841 - keeps zero.Init on while loading
+    dtype = torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32
+    model = load_model(base, dtype=dtype)
+    if settings.get("gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    module = _loss_module(model)
+    b1, b2 = settings.get("adam_betas", (0.9, 0.999))
+    optimizer = torch.optim.AdamW(
+        module.parameters(), lr=settings["learning_rate"], betas=(b1, b2),
+        eps=settings.get("adam_eps", 1e-8), weight_decay=settings.get("weight_decay", 0.0),
+    ) if client_opt else None
+    sched = lr_lambda(settings.get("lr_scheduler", "cosine"), warmup, total_steps)
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=module, model_parameters=None if client_opt else module.parameters(), optimizer=optimizer,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched), config=conf)
+
+    ckdir = outdir / CHECKPOINTS
+    step, tokens_seen, sup_seen, elapsed0 = 0, 0, 0, 0.0
+    if (ckdir / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckdir))
+        step, tokens_seen = client["step"], client["tokens_seen"]
+        sup_seen, elapsed0 = client["supervised_tokens_seen"], client["elapsed"]
+        log(f"sft: resumed from step {step} of {total_steps}")
+    if rank == 0:
+        _truncate_log(outdir / LOG, step)
+    log(f"sft: {len(ds.rows)} rows, {ds.stats['tokens']} tokens, {total_steps} steps "
+        f"({spe}/epoch), world {world} x micro {per_device} x accum {accum} = {G}, "
+        f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
+
+    delay = float(os.environ.get("OTBUILD_TRAIN_STEP_DELAY", "0"))  # tests: make a run killable
+    per_rank = per_device * accum
+    t0 = time.monotonic() - elapsed0
+    logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
+    try:
+        while step < total_steps:
+            idx = D.global_batch_rows(len(ds.rows), step, G, settings.get("seed", 0))
+            rows = [ds.rows[i] for i in idx]
+            n_sup = sum(int(r.mask[1:].sum()) for r in rows)
+            n_tok = sum(len(r.input_ids) for r in rows)
+            mine = rows[rank * per_rank:(rank + 1) * per_rank]
+            lr = scheduler.get_last_lr()[0]
+            loss_sum, gn_local = 0.0, None
+            for m in range(accum):
+                batch = D.collate(mine[m * per_device:(m + 1) * per_device], tok.pad_token_id)
+                batch.pop("n_tokens")
+                batch = {k: v.to(engine.device) for k, v in batch.items()}
+                total = engine(**batch)
+                engine.backward(total / max(n_sup, 1) * accum * world)
+                if m == accum - 1 and conf["zero_optimization"]["stage"] == 0:
+                    grads = [p.grad.float().norm() for p in module.parameters() if p.grad is not None]
+                    gn_local = float(torch.stack(grads).norm()) if grads else 0.0
+                engine.step()
+                loss_sum += float(total.detach())
+            if world > 1:
+                t = torch.tensor([loss_sum], dtype=torch.float64, device=engine.device)
+                dist.all_reduce(t)
+                loss_sum = float(t.item())
+            step += 1
+            tokens_seen += n_tok
+            sup_seen += n_sup
+            gn = engine.get_global_grad_norm()
+            if gn is None and conf["zero_optimization"]["stage"] == 0:
+                gn = gn_local  # before clipping, as DeepSpeed reports it for ZeRO
+            rec = {"step": step, "epoch": round(step / spe, 4), "loss": loss_sum / max(n_sup, 1),
+                   "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
+                   "supervised_tokens": n_sup, "tokens_seen": tokens_seen,
+                   "supervised_tokens_seen": sup_seen, "time": round(time.monotonic() - t0, 3)}
+            if logf:
+                logf.write(json.dumps(rec) + "\n")
+                logf.flush()
+            if delay:
+                time.sleep(delay)
+            if step % settings.get("save_steps", 100) == 0 and step < total_steps:
+                _save_checkpoint(engine, ckdir, step, settings.get("save_total_limit", 1), rank, {
+                    "step": step, "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
+                    "elapsed": time.monotonic() - t0})
+                log(f"sft: checkpoint step {step}")
+    finally:
+        if logf:
+            logf.close()
+
+    train_time = time.monotonic() - t0
+    state = engine._zero3_consolidated_16bit_state_dict() if conf["zero_optimization"]["stage"] == 3 \
+        else engine.module.state_dict()
+    manifest = {}
+    if rank == 0:
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+        model.save_pretrained(outdir, state_dict=state, safe_serialization=True, max_shard_size="10000GB")
+        tok.save_pretrained(outdir)
+        if not settings.get("keep_checkpoints", False):
+            shutil.rmtree(ckdir, ignore_errors=True)
+        if spec["kind"] == "tiny":
+            shutil.rmtree(base_dir, ignore_errors=True)
+        manifest = {
+            "kind": "sft", "base_model": spec, "chat_template": template, "steps": step,
+            "total_steps": total_steps, "steps_per_epoch": spe, "epochs": settings.get("epochs"),
+            "world_size": world, "gradient_accumulation_steps": accum, "global_batch_size": G,
+            "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
+            "train_seconds": round(train_time, 3), "wall_seconds": round(time.monotonic() - t_start, 3),
+            "data": ds.stats, "deepspeed": conf,
+            "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir())
+                      if p.is_file() and p.name not in (MANIFEST, "provenance.json")},
+        }
+        write_json(outdir / MANIFEST, manifest)
+    dist.barrier()
+    return manifest
+
+
+def _save_checkpoint(engine, ckdir: Path, step: int, limit: int, rank: int, client: dict) -> None:
+    engine.save_checkpoint(str(ckdir), tag=f"step-{step}", client_state=client)
+    if rank == 0:
+        old = sorted((p for p in ckdir.glob("step-*") if p.is_dir()),
+                     key=lambda p: int(p.name.split("-")[1]))[:-limit]
+        for p in old:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep the log lines of steps up to the resumed one: a resumed run adds no duplicates."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("step", 0) <= step:
+            keep.append(line)
+    path.write_text("".join(x + "\n" for x in keep))
