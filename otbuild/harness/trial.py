@@ -168,8 +168,8 @@ async def _execute(term: Terminal, commands: list[protocol.Command], deadline: f
             break
         term.send(c.keystrokes)
         out.append(await asyncio.to_thread(term.read, min(c.duration, left)))
-    if not commands:
-        out.append(await asyncio.to_thread(term.read, 0.1, False))
+    if not commands:  # nothing to run: what the terminal already shows (as tmux would capture)
+        out.append(await asyncio.to_thread(term.read, 0.005, False))
     return protocol.cap_output("".join(out))
 
 

@@ -51,13 +51,16 @@ def acquire() -> Identity:
     start = random.randrange(UID_RANGE)
     for i in range(UID_RANGE):
         uid = UID_BASE + (start + i) % UID_RANGE
-        fd = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:  # a uid never handed out before needs no check for leftover processes
+            fd, fresh = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600), True
+        except FileExistsError:
+            fd, fresh = os.open(LOCK_DIR / str(uid), os.O_RDWR), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        if _uid_in_use(uid):  # a leftover of a crashed run: do not share it
+        if not fresh and _uid_in_use(uid):  # a leftover of a crashed run: do not share it
             os.close(fd)
             continue
         return Identity(uid, uid, privileged=True, _lock=fd)

@@ -53,6 +53,7 @@ class Sandbox:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._handed_out = False  # argv() was given to a caller: kill_all is needed at close
         self.deadline = time.monotonic() + limits.wall_seconds
         self._watchdog = threading.Timer(limits.wall_seconds, self.kill_all)
         self._watchdog.daemon = True
@@ -73,6 +74,11 @@ class Sandbox:
         """The host argv that runs `command` in the sandbox, limits applied. For callers
         that run the process themselves (`tty=True` keeps the controlling terminal, for
         `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`."""
+        self._handed_out = True
+        return self._argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
+
+    def _argv(self, command: list[str], *, with_tests: bool = False, cwd: str | None = None,
+              env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
         if self._closed:
             raise RuntimeError("sandbox is closed")
         if time.monotonic() >= self.deadline:
@@ -102,7 +108,7 @@ class Sandbox:
         start = time.monotonic()
         if start >= self.deadline:
             return RunResult(-9, "[the trial's wall clock ran out]\n", True, False, 0.0)
-        args = self.argv(command, with_tests=with_tests, cwd=cwd, env=env)
+        args = self._argv(command, with_tests=with_tests, cwd=cwd, env=env)
         deadline = min(start + timeout, self.deadline)
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -153,13 +159,15 @@ class Sandbox:
         left = kill_until_gone(find)
         if left:
             log.error("sandbox %s: processes survived kill_all: %s", root, sorted(left))
+        self._handed_out = False
 
     def close(self) -> None:
         """Kill every process, release the trial uid; remove the root only if `cleanup`."""
         if self._closed:
             return
         self._watchdog.cancel()
-        self.kill_all()
+        if self._handed_out:  # run() leaves nothing behind; what argv() started may live on
+            self.kill_all()
         self._closed = True
         self._identity.release()
         if self._cleanup:
