@@ -8,11 +8,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch: an existing install is kept (e.g. a CUDA build on a GPU node); otherwise the pinned
 # CPU-friendly release (on this project's CI machines its wheel is on local disk).
 TORCH ?= torch==2.13.0
-# bubblewrap: the local sandbox; python3-pytest: offline verifiers of converted Terminal-Bench tasks
-APT_PACKAGES := bubblewrap python3-pytest
+# bubblewrap: the local sandbox; python3-pytest: offline verifiers of converted Terminal-Bench
+# tasks; chromium: the report's test renders it in a real headless browser
+APT_PACKAGES := bubblewrap python3-pytest chromium
 
 setup:  ## Python package + dev extras (editable), and the sandbox's Debian packages
-	@command -v bwrap >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
+	@command -v bwrap >/dev/null && command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(APT_PACKAGES); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	$(PYTHON) -m pip install -q -e '.[dev]'

@@ -85,15 +85,29 @@ def plan(recipe):
 def build(recipe, profile, dry_run, snakemake_args):
     """Build RECIPE with Snakemake (validated first). Extra args go to snakemake."""
     p = _plan(recipe)
-    cmd = [sys.executable, "-m", "snakemake", p.recipe.name]
-    if profile:
-        cmd += ["--profile", profile]
-    if dry_run:
-        cmd.append("-n")
-    cmd += list(snakemake_args)
-    err.print(f"[dim]$ {' '.join(cmd)}[/]")
-    code = subprocess.call(cmd, cwd=Path.cwd())
+    code = _snakemake(p.recipe.name, profile, ["-n"] * dry_run + list(snakemake_args))
     sys.exit(0 if code == 0 else EXIT_FINDINGS)
+
+
+def _snakemake(target: str, profile: str | None, args: list[str]) -> int:
+    cmd = [sys.executable, "-m", "snakemake", target, *(["--profile", profile] if profile else []), *args]
+    err.print(f"[dim]$ {' '.join(cmd)}[/]")
+    return subprocess.call(cmd, cwd=Path.cwd())
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("recipe")
+@click.option("--profile", help="Snakemake profile for what still has to be built.")
+@click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
+def report(recipe, profile, snakemake_args):
+    """Build RECIPE (what is missing) and its report: one self-contained HTML page and a
+    dataset card, linked from results/RECIPE/report/."""
+    p = _plan(recipe)
+    code = _snakemake(p.recipe.name, profile, list(snakemake_args))
+    if code:
+        sys.exit(EXIT_FINDINGS)
+    view = Path("results") / p.recipe.name / "report"
+    out.print(f"[green]report[/] {view / 'report.html'}\n[green]card[/]   {view / 'dataset_card.md'}")
 
 
 @main.command()

@@ -91,7 +91,7 @@ class Plan:
 def plan_recipe(loaded: LoadedRecipe) -> Plan:
     """The recipe's DAG; an ablation grid's candidates share nodes by id and feed a ranking."""
     if not loaded.recipe.ablate:
-        return Plan(loaded, _topo(_finals(loaded)))
+        return _with_report(loaded, _topo(_finals(loaded)))
     from otbuild.recipe.ablate import candidates
 
     evals, finals = [], []
@@ -101,7 +101,14 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
         finals += nodes
     settings = {"candidates": [e.label.split("/")[1] for e in evals]}
     finals.append(Node("rank", "ranking", settings, settings, tuple(evals)))
-    return Plan(loaded, _topo(finals))
+    return _with_report(loaded, _topo(finals))
+
+
+def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
+    """Every recipe ends in its report (HTML + dataset card) over all of its artifacts."""
+    from otbuild.report import report_node
+
+    return Plan(loaded, [*nodes, report_node(loaded.name, nodes)])
 
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:

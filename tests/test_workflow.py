@@ -28,15 +28,15 @@ def _write(project, name, text):
 def test_edit_rebuilds_exactly_what_it_invalidates(project):
     _write(project, "r", RECIPE)
     ran, _ = snakemake(project, "r")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "r": 1}
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
     ran, _ = snakemake(project, "r")
     assert ran == {"r": 1}  # nothing but re-publishing the results view
 
     _write(project, "r", RECIPE.replace("min: 10", "min: 200"))
     dry, log = snakemake(project, "r", "-n")
-    assert dry == {"task_filter": 1, "r": 1}, log
+    assert dry == {"task_filter": 1, "report": 1, "r": 1}, log
     ran, _ = snakemake(project, "r")
-    assert ran == {"task_filter": 1, "r": 1}
+    assert ran == {"task_filter": 1, "report": 1, "r": 1}
 
     _write(project, "r", RECIPE)  # edit back: everything is already built
     ran, _ = snakemake(project, "r")
@@ -44,7 +44,7 @@ def test_edit_rebuilds_exactly_what_it_invalidates(project):
     manifest = json.loads((project / "results" / "r" / "manifest.json").read_text())
     kept = next(a for a in manifest["artifacts"] if a["label"] == "task_filter")
     assert (project / "results" / "r" / "task_filter").resolve() == (project / kept["dir"]).resolve()
-    assert {a["label"] for a in manifest["artifacts"]} == {"sources/a", "sources/b", "mix", "task_filter"}
+    assert {a["label"] for a in manifest["artifacts"]} == {"sources/a", "sources/b", "mix", "task_filter", "report"}
     assert kept["outputs"][0]["rows"] > 0
 
 
@@ -53,7 +53,7 @@ def test_recipes_sharing_a_prefix_share_artifacts(project):
     _write(project, "r2", "extends: r\ntask_filter: {sample: {n: 3}}\n")
     snakemake(project, "r")
     ran, _ = snakemake(project, "r2")
-    assert ran == {"task_filter": 1, "r2": 1}
+    assert ran == {"task_filter": 1, "report": 1, "r2": 1}
     mixes = list((project / "artifacts" / "mix").iterdir())
     assert len(mixes) == 1 and len(list((project / "artifacts" / "task_filter").iterdir())) == 2
 
@@ -64,7 +64,7 @@ def test_audit_proves_and_catches_drift(project):
     snakemake(project, "r")
     res = otbuild(project, "audit", "r")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 4 artifact(s) match" in res.stdout
+    assert "all 5 artifact(s) match" in res.stdout
 
     mix_dir = next((project / "artifacts" / "mix").iterdir())
     record = json.loads((mix_dir / "provenance.json").read_text())
@@ -107,7 +107,7 @@ def test_smoke_recipe_builds(project):
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     ran, _ = snakemake(project, "smoke")
     assert ran == {"source": 2, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
-                   "trace_filter": 1, "smoke": 1}
+                   "trace_filter": 1, "report": 1, "smoke": 1}
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
     traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()

@@ -18,7 +18,7 @@ W = 560  # default width of a chart, in user units
 CHAR_W = 6.6  # approximate width of one character of the 11px label font
 
 
-def num(v: float | int | None, digits: int = 3) -> str:
+def num(v: float | None, digits: int = 3) -> str:
     """A readable number: integers with thousands separators, others with `digits` significant."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -29,19 +29,18 @@ def num(v: float | int | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About n round tick values covering [lo, hi]."""
+def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
+    """About n round tick values; the first <= lo, the last >= hi (whole numbers if `integer`)."""
     if hi <= lo:
         hi = lo + 1
     raw = (hi - lo) / max(n, 1)
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step + 1e-9) * step
-    ticks, t = [], first
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
-    return ticks
+    steps = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
+    step = next(m * mag for m in steps if m * mag >= raw)
+    if integer:
+        step = max(1, round(step))
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(k * step, 12) for k in range(first, last + 1)]
 
 
 def _svg(width: float, height: float, title: str, body: list[str]) -> Markup:
@@ -77,7 +76,9 @@ def bars(
     items = [(str(k), float(v)) for k, v in items]
     errs = [float(e or 0) for e in (errors or [0] * len(items))]
     row, bar_h, top, bottom = 22, 14, 6, 24
-    label_w = min(max((len(k) for k, _ in items), default=4) * CHAR_W + 10, 230)
+    longest = max((len(k) for k, _ in items), default=4)
+    label_w = min(longest * CHAR_W + 12, 230)
+    chars = longest if label_w < 230 else int((230 - 12) / CHAR_W)
     value_w = max((len(_value(v, e, fmt)) for (_, v), e in zip(items, errs)), default=4) * CHAR_W + 12
     plot_w = width - label_w - value_w
     lo = min([0.0] + [v - e for (_, v), e in zip(items, errs)])
@@ -105,7 +106,6 @@ def bars(
             cy = y + bar_h / 2
             body.append(f'<path d="M{x(v - e):.1f} {cy:.1f}H{x(v + e):.1f}M{x(v - e):.1f} {cy - 5:.1f}v10'
                         f'M{x(v + e):.1f} {cy - 5:.1f}v10" class="c-err"/>')
-        chars = int((label_w - 10) / CHAR_W)
         body.append(_text(label_w - 6, y + bar_h - 3, _clip(label, chars), "end", full=label))
         body.append(_text(label_w + plot_w + 6, y + bar_h - 3, _value(v, e, fmt), "start", "c-value"))
     if lo < 0 < hi:
@@ -130,7 +130,7 @@ def columns(
     items = [(str(k), float(v)) for k, v in items]
     left, right, top, bottom = 48, 10, 16, 40
     plot_w, plot_h = width - left - right, height - top - bottom
-    ticks = nice_ticks(0, max([v for _, v in items] + [1]), 4)
+    ticks = nice_ticks(0, max([v for _, v in items] + [1]), 4, integer=True)
     hi = ticks[-1]
     n = max(len(items), 1)
     slot = plot_w / n

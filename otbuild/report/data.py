@@ -67,7 +67,12 @@ class Artifact:
 
     @property
     def rejected(self) -> int | None:
-        return self.stats.get("rejected") if "rejected_by_reason" in self.stats else None
+        """Rows a filter rejected or a source quarantined (None: the stage drops nothing)."""
+        if "rejected_by_reason" in self.stats:
+            return self.stats.get("rejected")
+        if "quarantined_by_reason" in self.stats:
+            return self.stats.get("quarantined")
+        return None
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -93,7 +98,7 @@ class Curve:
     metric: str  # the logged key plotted
     points: list[tuple[float, float]]
     summary: dict  # steps, first, last, min, max, tokens_seen...
-    sample: list[dict]  # up to ~20 evenly spaced log lines for the table
+    sample: list[dict]  # about 10 evenly spaced log lines (the last included) for the table
     columns: list[str]  # other logged values shown in that table
 
 
@@ -313,7 +318,7 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
     for k in ("epoch", "tokens_seen", "supervised_tokens_seen", "time"):
         if lines and k in lines[-1]:
             summary[k] = lines[-1][k]
-    k = max(1, math.ceil(len(lines) / 20))
+    k = max(1, math.ceil(len(lines) / 10))
     sample = lines[::k] + ([lines[-1]] if (len(lines) - 1) % k else [])
     columns = [c for c in TABLE_COLUMNS if c != metric and any(c in r for r in sample)]
     return Curve(a.local, path, metric, pts, summary, sample, columns)

@@ -36,6 +36,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("eval", 1, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  ("eval.sql", "eval_summary.sql"), sharded=True),
         StageDef("rank", 1, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
+        StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report"),
         StageDef(
             "trace_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
             ("trace_filter.sql", "_inputs.sql"),
