@@ -156,7 +156,7 @@ def _eval_node(loaded: LoadedRecipe, ev) -> Node:
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
     model = ev.model.model_dump()
     trial = ev.model_dump(include={"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards",
-                                   "concurrency", "sandbox", "limits"})
+                                   "concurrency", "sandbox", "limits", "harbor"})
     settings = {**model, **trial, "samples_per_task": ev.repeats, "agent_timeout_sec": None,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
     return _llm_node("eval", "eval", settings, benchmarks)

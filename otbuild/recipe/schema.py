@@ -294,18 +294,23 @@ TraceImport = Annotated[SweTrajectoryImport | MessagesImport, Field(discriminato
 
 class Eval(Strict):
     """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
-    task sources (a local sandbox runs them); `model` is the recipe's trained checkpoint by
-    default, or any engine (an API model, the oracle as a ceiling)."""
+    task sources; `model` is the recipe's last trained checkpoint (sft, else rl: served by
+    `serve_with`) unless an engine section names another (an API model, the oracle ceiling)."""
 
     benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
     repeats: int = Field(default=3, ge=1)
-    model: Teacher | None = None  # default: the recipe's last trained checkpoint
+    model: Teacher | None = None
+    serve_with: Literal["transformers", "vllm"] = "transformers"  # for the trained checkpoint
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve args for the checkpoint
+    temperature: float = Field(default=0.7, ge=0)
+    max_tokens: int = Field(default=4096, ge=1)
     timeout_multiplier: float = Field(default=1.0, gt=0, description="paper: 2 for 8B, 16 for 32B")
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
     max_episodes: int = Field(default=50, ge=1)
     shards: int = Field(default=1, ge=1)
     concurrency: int = Field(default=4, ge=1)
-    sandbox: Literal["bwrap", "unshare", "none"] = "bwrap"
+    sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
+    harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()
 
 
