@@ -16,7 +16,7 @@ setup:  ## Python package + dev extras (editable), and the sandbox's Debian pack
 	@command -v bwrap >/dev/null && command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(APT_PACKAGES); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	$(PYTHON) -m pip install -q -e '.[dev]'
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[dev]'
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
 
 harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class

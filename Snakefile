@@ -15,6 +15,7 @@ wildcard_constraints:
 include: "rules/common.smk"
 include: "rules/tasks.smk"
 include: "rules/rollouts.smk"
+include: "rules/train.smk"
 include: "rules/eval.smk"
 include: "rules/report.smk"
 include: "rules/results.smk"

@@ -16,7 +16,8 @@ from otbuild.recipe.load import LoadedRecipe
 from otbuild.stages import PROVENANCE, STAGES
 
 # Settings that change how a stage runs, not what it produces: not part of its id.
-EXECUTION_ONLY = {"concurrency"}
+EXECUTION_ONLY = {"concurrency", "save_steps", "save_total_limit", "keep_checkpoints", "launcher",
+                  "gpus_per_node", "master_port"}
 # Settings naming files outside the project's artifacts: hashed by content.
 FILE_KEYS = {"path", "labels", "tasks", "instances"}
 ARTIFACTS = Path("artifacts")
@@ -140,9 +141,22 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     if r.trace_filter:
         settings = r.trace_filter.model_dump()
         finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(traces))]
+    model = None
+    if r.sft:
+        model = finals = [_llm_node("sft", "sft", _model_settings(loaded, r.sft.model_dump()), finals)]
+        if r.rl:
+            model = finals = [_llm_node("rl", "rl", r.rl.model_dump(), [*model, *tasks])]
     if r.eval:
-        finals = [*finals, _eval_node(loaded, r.eval)]
+        finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+def _model_settings(loaded: LoadedRecipe, settings: dict) -> dict:
+    """A pretrained model dir in the project is resolved; an HF id (in the local cache) is kept."""
+    spec = settings["model"]
+    if spec["kind"] == "pretrained" and loaded.resolve(spec["path"]).exists():
+        spec["path"] = str(loaded.resolve(spec["path"]).resolve())
+    return settings
 
 
 def _relabel(node: Node, prefix: str) -> Node:
@@ -151,10 +165,16 @@ def _relabel(node: Node, prefix: str) -> Node:
                 tuple(_relabel(i, prefix) for i in node.inputs), node.missing)
 
 
-def _eval_node(loaded: LoadedRecipe, ev) -> Node:
-    """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings."""
+def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
+    """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings.
+    Without an explicit model, the recipe's last checkpoint is served (transformers or vllm)."""
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
-    model = ev.model.model_dump()
+    if ev.model is not None:
+        model = ev.model.model_dump()
+    else:
+        model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
+                 "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
+        benchmarks.append(checkpoint)
     trial = ev.model_dump(include={"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards",
                                    "concurrency", "sandbox", "limits", "harbor"})
     settings = {**model, **trial, "samples_per_task": ev.repeats, "agent_timeout_sec": None,

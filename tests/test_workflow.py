@@ -106,8 +106,8 @@ def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
 def test_smoke_recipe_builds(project):
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     ran, _ = snakemake(project, "smoke")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
-                   "trace_filter": 1, "report": 1, "smoke": 1}
+    assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
+                   "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1, "smoke": 1}
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
     traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()
@@ -115,6 +115,18 @@ def test_smoke_recipe_builds(project):
     assert all(t["n_turns"] >= 5 and t["conversations"][0]["role"] == "user" for t in traces)
     res = otbuild(project, "show", "results/smoke/trace_filter/kept.parquet", "--row", "0")
     assert res.returncode == 0 and "New Terminal Output" in res.stdout
+    # the student: trained, RLOO-tuned, evaluated on held-out tasks (n = 3), reported
+    sft_log = (project / "results" / "smoke" / "sft" / "train_log.jsonl").read_text().splitlines()
+    assert sft_log and all("loss" in json.loads(line) for line in sft_log)
+    rl_log = [json.loads(line) for line in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
+    assert len(rl_log) == 2 and all("reward_mean" in r for r in rl_log)
+    summary = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()
+    assert [(s["benchmark"], s["repeats"], s["n_tasks"], s["n_exceptions"]) for s in summary] == [("heldout", 3, 6, 0)]
+    heldout = {r["task_id"] for r in pq.read_table(project / "results" / "smoke" / "eval" / "scores.parquet").to_pylist()}
+    trained = {t["task_id"] for t in traces}
+    assert heldout and not heldout & trained  # held-out tasks never enter training
+    html = (project / "results" / "smoke" / "report" / "report.html").read_text()
+    assert "SFT loss curve" in html and "No SFT checkpoint" not in html and "No RL checkpoint" not in html
 
 
 def test_slurm_dry_run_from_the_repo_root():

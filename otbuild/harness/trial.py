@@ -132,7 +132,9 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
             if left <= 0:
                 return episode, True
             try:
-                completion = await asyncio.wait_for(engine.complete(messages, task=task), left)
+                # the oracle reads the task's solution; a model's request gets the messages only
+                extra = {"task": task} if getattr(engine, "needs_solution", False) else {}
+                completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
             except TimeoutError:
                 return episode, True
             messages.append({"role": "assistant", "content": completion.text,

@@ -215,9 +215,9 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     if recipe.ablate and not recipe.eval:
         raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: candidates are ranked by their "
                           "eval scores: add an `eval` section")
-    if recipe.eval and recipe.eval.model is None:
+    if recipe.eval and recipe.eval.model is None and not recipe.sft:
         raise ConfigError(f"{_file_for(('eval',), origin, path)}: eval.model: required key is missing "
-                          "(an engine section; e.g. {engine: oracle} for the ceiling)")
+                          "(the recipe trains no model: name an engine, e.g. {engine: oracle} for the ceiling)")
     unranked = sorted(n for n, s in recipe.sources.items() if s.rank is None)
     if recipe.mix and unranked:
         raise ConfigError(f"{_file_for(('sources', unranked[0]), origin, path)}: sources.{unranked[0]}.rank: "

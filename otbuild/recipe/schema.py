@@ -9,7 +9,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from otbuild.recipe.base import Strict
+from otbuild.recipe.schema_train import Rl, Sft
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
@@ -18,10 +21,6 @@ FAMILIES = ("files", "text", "data", "archive", "python")
 # Stages of the full pipeline, in DAG order. Only those with a schema below are built today;
 # naming another one is a clear error, not a silently ignored key.
 PIPELINE = ("sources", "mix", "augment", "task_filter", "teacher", "trace_filter", "sft", "rl", "eval")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SyntheticSource(Strict):
@@ -323,6 +322,8 @@ class Recipe(Strict):
     teacher: Teacher | None = None
     trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
     trace_filter: TraceFilter | None = None
+    sft: Sft | None = None
+    rl: Rl | None = None
     eval: Eval | None = None
     # setting path -> values, e.g. {"mix.n": [1, 2, 4]}: the grid's candidates share every
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
@@ -330,7 +331,12 @@ class Recipe(Strict):
                  Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _traces_need_a_producer(self):
-        if self.trace_filter and not (self.teacher or self.trace_imports):
-            raise ValueError("trace_filter needs traces: add a `teacher` or `trace_imports` section")
+    def _inputs_exist(self):
+        if (self.trace_filter or self.sft) and not (self.teacher or self.trace_imports):
+            raise ValueError("trace_filter and sft need traces: add a `teacher` or `trace_imports` section")
+        if self.rl and not self.sft:
+            raise ValueError("rl starts from the SFT checkpoint: add an `sft` section")
+        if self.rl and not (self.mix or self.task_filter) and len(self.sources) > 1:
+            raise ValueError("rl draws its tasks from one task set: add `mix` or `task_filter`")
         return self
+

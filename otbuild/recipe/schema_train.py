@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from otbuild.recipe.schema import Strict
+from otbuild.recipe.base import Strict
 
 
 class TinyModel(Strict):

@@ -29,7 +29,8 @@ def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) ->
     spec.write_text(json.dumps(settings))
     argv = [sys.executable, "-m", "otbuild.train", kind, *map(str, inputs), "--outdir", str(outdir),
             "--settings", f"@{spec}"]
-    cmd = launch_command(settings, dict(os.environ), argv)
+    # RL runs in one process (in-process rollouts); SFT scales out over the allocation
+    cmd = launch_command(settings, dict(os.environ), argv) if kind == "sft" else argv
     if cmd == argv:
         if kind == "sft":
             from otbuild.train.sft import train

@@ -80,7 +80,8 @@ def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> 
         hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
         nnodes = int(env.get("SLURM_NNODES") or len(hosts))
         gpus = gpus or 1
-        srun = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
+        # --overlap: the rule itself already runs in a job step (snakemake's slurm executor)
+        srun = ["srun", "--overlap", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
                 "--kill-on-bad-exit=1", f"--gpus-per-node={gpus}"]
         if launcher == "deepspeed":
             # the deepspeed launcher's --no_ssh mode: one launcher per node, given its rank
@@ -88,7 +89,7 @@ def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> 
                 "exec", "deepspeed", "--no_ssh", f"--num_nodes={nnodes}", f"--num_gpus={gpus}",
                 "--node_rank=$SLURM_NODEID", f"--master_addr={hosts[0]}", f"--master_port={port}",
                 "--module", *argv[2:]])]
-        return srun + [sys.executable if argv[0] == sys.executable else argv[0], "-m",
+        return srun + [argv[0], "-m",
                        "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={gpus}",
                        "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0]}:{port}",
                        f"--rdzv-id={env['SLURM_JOB_ID']}", *argv[1:]]
@@ -118,7 +119,7 @@ def init_distributed(on_gpu: bool):
     import sys
 
     import deepspeed
-    import deepspeed.comm.torch  # noqa: F401 - `deepspeed.comm.torch` the attribute is torch itself
+    import deepspeed.comm.torch
 
     ds_torch_comm = sys.modules["deepspeed.comm.torch"]
     if not on_gpu and os.environ.get("OTBUILD_DS_SHM") != "1":

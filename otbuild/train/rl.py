@@ -323,8 +323,10 @@ def update(model, optimizer, seqs: list[Sequence], settings: dict, pad_id: int, 
 def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     import torch
 
+    from otbuild.recipe.schema_train import Rl
     from otbuild.train.model import load_model, load_tokenizer
 
+    settings = Rl.model_validate(settings).model_dump()  # the recipe's defaults, checked
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])

@@ -86,14 +86,18 @@ def _loss_module(model):
 def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     import torch
 
+    from otbuild.recipe.schema_train import Sft
+
+    settings = Sft.model_validate(settings).model_dump()  # the recipe's defaults, checked
     outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
     deepspeed = init_distributed(on_gpu)
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     t_start = time.monotonic()
 
     conversations = D.read_conversations(inputs)

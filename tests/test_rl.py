@@ -1,0 +1,205 @@
+"""RLOO: advantage and PPO-clip math against hand-worked numbers, turn joining, and a toy task
+on which a few RLOO steps through the real harness raise the rewarded answer's probability."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+import torch
+
+from otbuild.sandbox import backend_problem
+from otbuild.train.rl import (
+    Sequence,
+    Turn,
+    k3_kl,
+    ppo_clip_loss,
+    rloo_advantages,
+    sequences,
+)
+
+needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
+
+
+# -- advantage ------------------------------------------------------------------------------
+def test_rloo_advantage_hand_worked():
+    # [1, 0, 0, 1]: leave-one-out baselines 1/3 (for a 1) and 2/3 (for a 0); std (ddof 1) = sqrt(1/3)
+    a = rloo_advantages([1, 0, 0, 1], eps=0.0)
+    s = math.sqrt(1 / 3)
+    assert a == pytest.approx([(2 / 3) / s, (-2 / 3) / s, (-2 / 3) / s, (2 / 3) / s])
+    assert a[0] == pytest.approx(1.1547005)
+    # [1, 0, 0, 0]: std 0.5; the 1 gets (1 - 0) / 0.5 = 2, each 0 gets (0 - 1/3) / 0.5
+    assert rloo_advantages([1, 0, 0, 0], eps=0.0) == pytest.approx([2.0, -2 / 3, -2 / 3, -2 / 3])
+    # epsilon is added to the std
+    assert rloo_advantages([1, 0], eps=0.5)[0] == pytest.approx(1 / (math.sqrt(0.5) + 0.5))
+    # a prompt whose rewards are all equal contributes zero
+    assert rloo_advantages([1, 1, 1]) == [0.0, 0.0, 0.0]
+    assert rloo_advantages([0.0] * 8) == [0.0] * 8
+    with pytest.raises(ValueError):
+        rloo_advantages([1.0])
+
+
+# -- loss -----------------------------------------------------------------------------------
+def test_ppo_clip_loss_hand_worked():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0]])).requires_grad_()
+    mask = torch.tensor([[1, 1, 0]])  # the third token is not an assistant token
+    # A = +1: token 1 clipped to 1.2, token 2 keeps 0.5 -> -(1.2 + 0.5) / 2
+    loss, st = ppo_clip_loss(logp, old, torch.tensor([1.0]), mask)
+    assert float(loss.detach()) == pytest.approx(-0.85) and st["clipped_tokens"] == 1
+    loss.backward()
+    # the clipped token has no gradient; d/dlogp of -ratio * A / 2 = -0.5 / 2 for token 2
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, -0.25, 0.0])
+    # A = -1: min(-1.5, -1.2) = -1.5 and min(-0.5, -0.8) = -0.8 -> (1.5 + 0.8) / 2
+    loss, st = ppo_clip_loss(logp.detach(), old, torch.tensor([-1.0]), mask)
+    assert float(loss) == pytest.approx(1.15) and st["clipped_tokens"] == 1
+    # token-mean over a given count (all assistant tokens of the step), asymmetric clip
+    loss, _ = ppo_clip_loss(logp.detach(), old, torch.tensor([1.0]), mask, clip_high=0.4, n_tokens=4)
+    assert float(loss) == pytest.approx(-(1.4 + 0.5) / 4)
+    # ratio 1, zero advantage: zero loss
+    z, _ = ppo_clip_loss(old, old, torch.tensor([0.0]), mask)
+    assert float(z) == 0.0
+
+
+def test_k3_kl_is_zero_at_equality_and_positive_otherwise():
+    lp = torch.log(torch.tensor([0.5, 0.2]))
+    assert k3_kl(lp, lp).tolist() == [0.0, 0.0]
+    d = math.log(0.25) - math.log(0.5)
+    assert float(k3_kl(lp[:1], torch.log(torch.tensor([0.25])))) == pytest.approx(math.exp(d) - d - 1)
+
+
+def test_turns_join_when_prompts_extend_and_only_completions_are_targets():
+    turns = [Turn([1, 2], [3, 4]), Turn([1, 2, 3, 4, 5], [6]), Turn([9, 9], [7])]
+    seqs = sequences(turns)
+    assert [s.ids for s in seqs] == [[1, 2, 3, 4, 5, 6], [9, 9, 7]]
+    assert seqs[0].mask == [False, False, True, True, False, True]
+    assert sequences([Turn([1], [])]) == []
+    assert isinstance(seqs[0], Sequence)
+
+
+# -- the toy task ---------------------------------------------------------------------------
+CORRECT = json.dumps({"commands": [{"keystrokes": "echo target > out.txt\n", "duration": 0.2}],
+                      "task_complete": True})
+WRONG = CORRECT.replace("echo target", "echo wrong")
+
+
+def _toy_task():
+    from otbuild.tasks.taskdir import TaskDir
+
+    t = TaskDir("echo-target")
+    t.add("instruction.md", "Write the word target to /app/out.txt.")
+    t.add("task.toml", 'version = "1.0"\n[agent]\ntimeout_sec = 30.0\n[verifier]\ntimeout_sec = 10.0\n')
+    t.add("environment/Dockerfile", "FROM python:3.12-slim\nWORKDIR /app\n")
+    t.add("tests/test.sh", "#!/bin/sh\nmkdir -p /logs/verifier\n"
+          "if [ \"$(cat /app/out.txt 2>/dev/null)\" = target ]; then echo 1; else echo 0; fi"
+          " > /logs/verifier/reward.txt\n", executable=True)
+    return t
+
+
+class _Recorder:
+    name, provider, model = "recorder", "test", "recorder"
+
+    def __init__(self):
+        self.first = None
+
+    async def complete(self, messages, **_):
+        from otbuild.engines import Completion
+
+        self.first = self.first or [dict(m) for m in messages]
+        return Completion(CORRECT, 0, 0, "stop")
+
+    async def aclose(self):
+        pass
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
+    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.tasks.table import TaskRecord, write_tasks
+    from otbuild.traces.table import TRACE_SCHEMA, write_traces
+    from otbuild.train.model import load_model, load_tokenizer
+    from otbuild.train.rl import sequence_logprob
+    from otbuild.train.rl import train as rl_train
+    from otbuild.train.sft import train as sft_train
+
+    task = _toy_task()
+    rec = _Recorder()
+    row = asyncio.run(run_trial(task, "t0", rec, TrialSettings(max_episodes=1), tmp_path / "w0"))
+    assert row["reward"] == 1.0  # the harness and verifier accept the correct answer
+    prompt = [{"role": "user", "content": rec.first[0]["content"]}]
+
+    # warm start: SFT on both answers, so sampling gives a mix of rewards
+    traces = []
+    for i in range(8):
+        r = {k: None for k in TRACE_SCHEMA.names}
+        r["conversations"] = prompt + [{"role": "assistant", "content": CORRECT if i % 2 else WRONG}]
+        traces.append(r)
+    write_traces(tmp_path / "kept.parquet", traces)
+    sft = {"model": {"kind": "tiny", "vocab_size": 600, "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
+           "learning_rate": 2e-2, "warmup_ratio": 0.0, "lr_scheduler": "constant", "global_batch_size": 8,
+           "per_device_batch_size": 8, "epochs": 60, "cutoff_len": 2048, "zero_stage": 0,
+           "gradient_checkpointing": False, "save_steps": 1000}
+    sft_train(sft, [tmp_path / "kept.parquet"], tmp_path / "sft")
+    write_tasks(tmp_path / "tasks.parquet", [TaskRecord(task, runnable_locally=True)], source="toy")
+
+    tok, _ = load_tokenizer(tmp_path / "sft")
+    before = load_model(tmp_path / "sft")
+    lp0 = sequence_logprob(before, tok, prompt, CORRECT)
+    lw0 = sequence_logprob(before, tok, prompt, WRONG)
+    assert math.log(0.05) < lp0 < math.log(0.95) and lw0 > math.log(0.05), (lp0, lw0)
+
+    rl = {"steps": 4, "batch_size": 1, "samples_per_task": 8, "temperature": 1.0, "max_tokens": 96,
+          "max_context": 4096, "learning_rate": 2e-3, "save_steps": 2, "concurrency": 8,
+          "sandbox": {"max_episodes": 1}}
+    manifest = rl_train(rl, [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"],
+                        tmp_path / "rl")
+    log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and all("loss" in r and "reward_mean" in r for r in log)
+    assert manifest["files"]["model.safetensors"]
+    after = load_model(tmp_path / "rl")
+    lp1 = sequence_logprob(after, tok, prompt, CORRECT)
+    lw1 = sequence_logprob(after, tok, prompt, WRONG)
+    print(f"log p(correct) {lp0:.3f} -> {lp1:.3f}, log p(wrong) {lw0:.3f} -> {lw1:.3f}; rewards",
+          [r["reward_mean"] for r in log])
+    assert lp1 > lp0 + 0.1 and lw1 < lw0, (lp0, lp1, lw0, lw1, log)
+
+
+@needs_sandbox
+def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
+    import otbuild.train.rl as R
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.tasks.table import TaskRecord, write_tasks
+    from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
+
+    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
+                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"])
+    (sft / "checkpoint.json").write_text("{}")
+    write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
+    settings = {"steps": 3, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
+                "save_steps": 1, "temperature": 1.0, "sandbox": {"max_episodes": 1}}
+    inputs = [sft / "checkpoint.json", tmp_path / "tasks.parquet"]
+    real, calls = R.rollout, []
+
+    async def killed_in_step_3(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return await real(*a, **k)
+
+    monkeypatch.setattr(R, "rollout", killed_in_step_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        R.train(settings, inputs, tmp_path / "rl")
+    assert (tmp_path / "rl" / "checkpoints" / "latest").read_text() == "2"
+    assert (tmp_path / "rl" / "checkpoints" / "step-2" / "optimizer.pt").exists()
+    monkeypatch.setattr(R, "rollout", real)
+    seen = []
+    R.train(settings, inputs, tmp_path / "rl", log=seen.append)
+    assert "rl: resumed from step 2" in seen and len([s for s in seen if "step 3/3" in s]) == 1
+    log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3] and all(r["trajectories"] == 2 for r in log)
+    assert not (tmp_path / "rl" / "checkpoints").exists()
+    assert json.loads((tmp_path / "rl" / "checkpoint.json").read_text())["files"]["model.safetensors"]

@@ -1,0 +1,338 @@
+"""SFT: assistant-only loss, templates, truncation/budget/packing policies, batch arithmetic,
+DeepSpeed config and Slurm launch, the LLaMA-Factory export, the tiny student, the stage's
+checkpoint dir, and resume after a real kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from otbuild.train import data as D
+from otbuild.train.chat import TemplateMismatch, tokenize_conversation
+from otbuild.train.dist import (
+    BatchSizeError,
+    ds_config,
+    expand_hostlist,
+    grad_accum_steps,
+    launch_command,
+)
+from otbuild.train.toy import trace_rows, write_toy_traces
+
+TINY = {"kind": "tiny", "vocab_size": 700, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+FAST = {"model": TINY, "learning_rate": 1e-3, "global_batch_size": 4, "per_device_batch_size": 2,
+        "epochs": 1, "cutoff_len": 384, "zero_stage": 0, "gradient_checkpointing": False,
+        "save_steps": 1000}
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> Path:
+    return write_toy_traces(tmp_path_factory.mktemp("traces") / "kept.parquet", 12, full_prompt=False)
+
+
+@pytest.fixture(scope="module")
+def tok(traces, tmp_path_factory):
+    from otbuild.train.model import load_tokenizer, materialise
+
+    base = materialise(TINY, tmp_path_factory.mktemp("tiny") / "m", D.read_conversations([traces]))
+    return load_tokenizer(base)[0]
+
+
+# -- the loss mask --------------------------------------------------------------------------
+CONV = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": '{"commands": [{"keystrokes": "ls\\n"}]}'},
+        {"role": "tool", "content": "a.txt b.txt"},
+        {"role": "user", "content": "now count them"},
+        {"role": "assistant", "content": "2"}]
+
+
+def test_only_assistant_tokens_carry_loss(tok):
+    ids, mask = tokenize_conversation(tok, CONV)
+    assert tok.decode(ids[mask]) == '{"commands": [{"keystrokes": "ls\\n"}]}<|im_end|>2<|im_end|>'
+    unsupervised = tok.decode(ids[~mask])
+    for m in CONV:
+        if m["role"] != "assistant":
+            assert m["content"] in unsupervised  # system, user and tool text: no loss
+    assert "<tool_response>" in unsupervised and "<|im_start|>assistant" in unsupervised
+    # the collated batch keeps exactly that mask; padding carries none
+    batch = D.collate([D.Row(ids, mask), D.Row(ids[:5], mask[:5])], tok.pad_token_id)
+    assert batch["target_mask"][0].tolist() == mask.tolist() and not batch["target_mask"][1].any()
+
+
+def test_model_template_preferred_else_qwen3(tok):
+    from otbuild.train.chat import ensure_template, qwen3_template
+
+    class Tok:
+        chat_template = "{{ messages[0]['content'] }}"
+
+    own = Tok()
+    assert ensure_template(own) == "model" and own.chat_template == "{{ messages[0]['content'] }}"
+    bare = Tok()
+    bare.chat_template = None
+    assert ensure_template(bare) == "qwen3" and bare.chat_template == qwen3_template()
+    assert ensure_template(own, "qwen3") == "qwen3"
+
+
+def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tok, traces):
+    from otbuild.train.model import load_tokenizer
+
+    tok2 = load_tokenizer(Path(tok.name_or_path))[0]
+    tok2.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
+    with pytest.raises(TemplateMismatch):
+        tokenize_conversation(tok2, CONV)
+    ds = D.build(tok2, [CONV], cutoff_len=512)
+    assert ds.stats["template_mismatch"] == 1 and not ds.rows
+
+
+# -- data policies --------------------------------------------------------------------------
+def test_truncation_policies_are_recorded(tok, traces):
+    convs = D.read_conversations([traces])
+    lengths = [len(tokenize_conversation(tok, c)[0]) for c in convs]
+    cut = sorted(lengths)[len(lengths) // 2]
+    right = D.build(tok, convs, cutoff_len=cut, truncation="right")
+    drop = D.build(tok, convs, cutoff_len=cut, truncation="drop")
+    longer = sum(n > cut for n in lengths)
+    assert right.stats["truncated"] == longer and right.stats["tokens_cut"] == sum(n - cut for n in lengths if n > cut)
+    assert all(len(r.input_ids) <= cut for r in right.rows)
+    assert drop.stats["dropped_too_long"] == longer and len(drop.rows) == len(convs) - longer
+
+
+def test_token_budget_is_deterministic_and_respected(tok, traces):
+    convs = D.read_conversations([traces])
+    full = D.build(tok, convs, cutoff_len=4096)
+    budget = full.stats["tokens"] // 2
+    a = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=3)
+    b = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=3)
+    c = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=4)
+    assert a.stats["tokens"] <= budget and a.stats["tokens"] > budget // 2
+    assert [r.input_ids.tolist() for r in a.rows] == [r.input_ids.tolist() for r in b.rows]
+    assert a.stats["over_budget"] == len(convs) - len(a.rows)
+    assert {r.input_ids.tobytes() for r in a.rows} != {r.input_ids.tobytes() for r in c.rows}
+
+
+def test_packing_keeps_traces_apart(tok, traces):
+    import torch
+
+    from otbuild.train.model import load_model
+    from otbuild.train.sft import _loss_module
+
+    convs = D.read_conversations([traces])[:4]
+    plain = D.build(tok, convs, cutoff_len=2048)
+    packed = D.build(tok, convs, cutoff_len=2048, packing=True)
+    assert len(packed.rows) < len(plain.rows)
+    row = packed.rows[0]
+    starts = np.flatnonzero(row.position_ids == 0)
+    assert len(starts) >= 2 and not row.mask[starts].any()
+    # block-diagonal attention: the packed row's loss is the sum of its traces' losses
+    module = _loss_module(load_model(Path(tok.name_or_path)))
+    with torch.no_grad():
+        b = D.collate([row], tok.pad_token_id)
+        b.pop("n_tokens")
+        packed_loss = float(module(**b))
+        total, pos = 0.0, 0
+        for s in list(starts[1:]) + [len(row.input_ids)]:
+            seg = D.Row(row.input_ids[pos:s], row.mask[pos:s])
+            seg.mask[0] = False
+            sb = D.collate([seg], tok.pad_token_id)
+            sb.pop("n_tokens")
+            total += float(module(**sb))
+            pos = s
+    assert packed_loss == pytest.approx(total, rel=1e-4)
+
+
+def test_global_batches_cover_each_epoch_and_fill_the_last():
+    n, g = 10, 4
+    assert D.steps_per_epoch(n, g) == 3
+    epoch0 = [i for s in range(3) for i in D.global_batch_rows(n, s, g, seed=0)]
+    assert len(epoch0) == 12 and set(epoch0) == set(range(10))
+    assert D.global_batch_rows(n, 1, g, 0) == D.global_batch_rows(n, 1, g, 0)
+    assert D.global_batch_rows(n, 3, g, 0) != D.global_batch_rows(n, 0, g, 0)  # epoch 1: new order
+
+
+# -- batch arithmetic, DeepSpeed, launch ----------------------------------------------------
+def test_gradient_accumulation_from_world_size():
+    assert grad_accum_steps(96, 16, 1) == 6
+    assert grad_accum_steps(96, 1, 4) == 24
+    with pytest.raises(BatchSizeError, match=r"96 is not divisible by world_size 5 x per_device_batch_size 1"):
+        grad_accum_steps(96, 5, 1)
+    with pytest.raises(BatchSizeError, match="use a global batch of 64 or 128"):
+        grad_accum_steps(96, 16, 4)
+
+
+def test_zero3_config_from_the_recipe():
+    from otbuild.recipe.schema_train import Sft
+
+    s = Sft(model={"kind": "pretrained", "path": "/models/Qwen3-8B"}).model_dump()
+    conf = ds_config(s, world_size=16, on_gpu=True, client_optimizer=False)
+    assert conf["train_batch_size"] == 96 and conf["gradient_accumulation_steps"] == 6
+    assert conf["zero_optimization"]["stage"] == 3
+    assert conf["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert conf["bf16"]["enabled"] and conf["gradient_clipping"] == 1.0
+    assert conf["optimizer"]["params"]["lr"] == 4e-5 and conf["optimizer"]["params"]["betas"] == [0.9, 0.999]
+    cpu = ds_config({**s, "zero_stage": 0}, world_size=1, on_gpu=False, client_optimizer=True)
+    assert not cpu["bf16"]["enabled"] and "optimizer" not in cpu and cpu["gradient_accumulation_steps"] == 96
+
+
+def test_hostlist_expansion():
+    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert expand_hostlist("node7") == ["node7"]
+    assert expand_hostlist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
+
+
+SLURM_4x4 = {"SLURM_JOB_ID": "4242", "SLURM_NODELIST": "gh[001-004]", "SLURM_JOB_NODELIST": "gh[001-004]",
+             "SLURM_NNODES": "4", "SLURM_GPUS_ON_NODE": "4", "SLURM_PROCID": "0", "SLURM_NODEID": "0"}
+
+
+def test_launch_command_for_a_4_node_4_gpu_slurm_allocation():
+    argv = ["python", "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out"]
+    cmd = launch_command({"master_port": 29511}, SLURM_4x4, argv)
+    assert cmd[:7] == ["srun", "--overlap", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1",
+                       "--kill-on-bad-exit=1", "--gpus-per-node=4"]
+    assert cmd[7:] == ["python", "-m", "torch.distributed.run", "--nnodes=4", "--nproc-per-node=4",
+                       "--rdzv-backend=c10d", "--rdzv-endpoint=gh001:29511", "--rdzv-id=4242",
+                       "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out"]
+    ds = launch_command({"launcher": "deepspeed", "master_port": 29511}, SLURM_4x4, argv)
+    assert ds[:7] == cmd[:7] and ds[7:9] == ["bash", "-c"]
+    assert ("deepspeed --no_ssh --num_nodes=4 --num_gpus=4 --node_rank=$SLURM_NODEID "
+            "--master_addr=gh001 --master_port=29511 --module otbuild.train sft") in ds[9]
+    # gpus_per_node from the recipe wins over Slurm's; 4 x 4 = 16 ranks: 96 / 16 = 6 accumulation
+    assert "--nproc-per-node=2" in launch_command({"gpus_per_node": 2}, SLURM_4x4, argv)
+    # no Slurm: one local process (the stage trains in process), or torchrun --standalone
+    assert launch_command({}, {}, argv) == argv
+    assert launch_command({"gpus_per_node": 8}, {}, argv)[:5] == [
+        "python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
+
+
+# -- schema -----------------------------------------------------------------------------------
+def test_schema_defaults_are_the_papers():
+    from pydantic import ValidationError
+
+    from otbuild.recipe.schema_train import Rl, Sft
+
+    s = Sft(model={"kind": "pretrained", "path": "Qwen/Qwen3-8B"})
+    assert (s.learning_rate, s.lr_scheduler, s.warmup_ratio, s.global_batch_size, s.cutoff_len,
+            s.zero_stage) == (4e-5, "cosine", 0.1, 96, 32768, 3)
+    r = Rl(steps=10)
+    assert (r.learning_rate, r.batch_size, r.samples_per_task, r.temperature, r.clip_low, r.clip_high,
+            r.kl_coef) == (5e-6, 64, 8, 0.7, 0.2, 0.2, 0.0)
+    with pytest.raises(ValidationError, match="multiple of per_device_batch_size"):
+        Sft(model={"kind": "tiny"}, global_batch_size=10, per_device_batch_size=4)
+    with pytest.raises(ValidationError):
+        Sft(model={"kind": "tiny"}, lerning_rate=1e-5)
+
+
+# -- the tiny student, the export ------------------------------------------------------------
+def test_tiny_student_is_deterministic_and_has_the_template_specials(tmp_path, traces):
+    from otbuild.train.model import materialise
+
+    convs = D.read_conversations([traces])
+    a = materialise(TINY, tmp_path / "a", convs)
+    b = materialise(TINY, tmp_path / "b", convs)
+    assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3" and cfg["hidden_size"] == 32
+    vocab = json.loads((a / "tokenizer.json").read_text())["added_tokens"]
+    assert {"<|im_start|>", "<|im_end|>", "<think>", "<tool_response>"} <= {t["content"] for t in vocab}
+
+
+def test_llamafactory_export(tmp_path, traces):
+    from otbuild.train.__main__ import main
+
+    assert main(["export-llamafactory", str(traces), "--outdir", str(tmp_path / "lf")]) == 0
+    info = json.loads((tmp_path / "lf" / "dataset_info.json").read_text())
+    assert info["otbuild_sft"]["formatting"] == "sharegpt"
+    assert info["otbuild_sft"]["tags"]["role_tag"] == "role"
+    rows = json.loads((tmp_path / "lf" / "otbuild_sft.json").read_text())
+    assert len(rows) == 12 and rows[0]["messages"] == trace_rows(12, full_prompt=False)[0]["conversations"]
+
+
+# -- training ---------------------------------------------------------------------------------
+def _log(path: Path) -> list[dict]:
+    return [json.loads(x) for x in (path / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_sft_stage_writes_the_checkpoint_dir(tmp_path, traces):
+    from otbuild.stages.sft import run
+
+    stats = run({**FAST, "token_budget": 3000}, [traces], tmp_path / "ck")
+    out = tmp_path / "ck"
+    names = {p.name for p in out.iterdir()}
+    assert {"checkpoint.json", "model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl"} <= names
+    assert "checkpoints" not in names and "base_model" not in names
+    manifest = json.loads((out / "checkpoint.json").read_text())
+    assert manifest["files"]["model.safetensors"] and manifest["data"]["tokens"] <= 3000
+    log = _log(out)
+    assert [r["step"] for r in log] == list(range(1, manifest["total_steps"] + 1))
+    assert {"step", "loss", "lr", "tokens", "tokens_seen", "time"} <= set(log[0])
+    assert log[-1]["tokens_seen"] == sum(r["tokens"] for r in log) == stats["tokens_seen"]
+    assert log[0]["lr"] == 0.0 and max(r["lr"] for r in log) <= 1e-3  # warmup from 0, cosine
+
+
+def test_loss_is_a_global_token_mean_whatever_the_micro_batching(tmp_path, traces):
+    from safetensors.numpy import load_file
+
+    from otbuild.train.sft import train
+
+    a = train({**FAST, "per_device_batch_size": 4, "zero_stage": 0}, [traces], tmp_path / "a")
+    b = train({**FAST, "per_device_batch_size": 1, "zero_stage": 3}, [traces], tmp_path / "b")
+    assert a["gradient_accumulation_steps"] == 1 and b["gradient_accumulation_steps"] == 4
+    la, lb = _log(tmp_path / "a"), _log(tmp_path / "b")
+    assert [r["loss"] for r in la] == pytest.approx([r["loss"] for r in lb], rel=1e-4)
+    wa, wb = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    for k in wa:
+        np.testing.assert_allclose(wa[k], wb[k], atol=2e-5)
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
+    settings = {**FAST, "epochs": 4, "global_batch_size": 2, "per_device_batch_size": 1, "save_steps": 5}
+    (tmp_path / "s.json").write_text(json.dumps(settings))
+
+    # a fresh single-process group each (this process may hold one, with its own MASTER_PORT)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+
+    def start(outdir, delay):
+        return subprocess.Popen(
+            [sys.executable, "-m", "otbuild.train", "sft", str(traces), "--outdir", str(outdir),
+             "--settings", f"@{tmp_path / 's.json'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env={**env, "OTBUILD_TRAIN_STEP_DELAY": delay}, start_new_session=True)
+
+    ref = start(tmp_path / "ref", "0")
+    run = start(tmp_path / "run", "0.3")
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    deadline = time.monotonic() + 120
+    while not (latest.exists() and latest.read_text().strip() == "step-10"):
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.1)
+    time.sleep(0.8)  # a few steps past the checkpoint, which the resumed run must redo
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert not (tmp_path / "run" / "checkpoint.json").exists()
+    assert max(r["step"] for r in _log(tmp_path / "run")) > 10
+    again = start(tmp_path / "run", "0")
+    out, _ = again.communicate(timeout=180)
+    assert again.returncode == 0, out
+    assert "sft: resumed from step 10" in out
+    log = _log(tmp_path / "run")
+    assert [r["step"] for r in log] == list(range(1, 25))  # 12 rows / 2 x 4 epochs, none twice
+    ref.communicate(timeout=180)
+    assert ref.returncode == 0
+    rlog = _log(tmp_path / "ref")
+    assert [r["loss"] for r in log] == pytest.approx([r["loss"] for r in rlog], rel=1e-5)
+    assert log[-1]["tokens_seen"] == rlog[-1]["tokens_seen"]
+    from safetensors.numpy import load_file
+
+    a, b = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-5)
