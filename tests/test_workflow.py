@@ -129,20 +129,29 @@ def test_smoke_recipe_builds(project):
     assert "SFT loss curve" in html and "No SFT checkpoint" not in html and "No RL checkpoint" not in html
 
 
-def test_slurm_dry_run_from_the_repo_root():
-    """The literal user command; the `slurm` link makes the profile resolvable from here."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", "otagent_v2_100k", "-n"],
+GPU_RULES = {"augment", "rollout", "sft", "rl", "eval"}
+
+
+@pytest.mark.parametrize("recipe", ["otagent_v2_100k", "otagent_v2_10k", "ablate_mixing", "ablate_task_filter",
+                                    "ablate_teacher", "ablate_trace_filter"])
+def test_slurm_dry_run_from_the_repo_root(recipe):
+    """The literal user command; the `slurm` link makes the profile resolvable from here.
+    Every GPU rule lands on GPU resources, the CPU rules do not."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", recipe, "-n"],
                           cwd=REPO, capture_output=True, text=True, check=False)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
-    jobs = {}  # rule -> its resources line, from the dry run's job listing
+    jobs: dict[str, set] = {}  # rule -> the resources lines of its jobs, from the dry run
     for block in log.split("\nrule ")[1:]:
         name = block.split(":", 1)[0].strip()
-        jobs[name] = next((ln for ln in block.splitlines() if "resources:" in ln), "")
-    for gpu_rule in ("rollout", "augment"):
-        assert "slurm_partition=<gpu-partition>" in jobs[gpu_rule] and "gpu=4" in jobs[gpu_rule], jobs[gpu_rule]
-    assert "<gpu-partition>" not in jobs["mix"] and "<gpu-partition>" not in jobs["task_filter"]
+        jobs.setdefault(name, set()).add(next((ln for ln in block.splitlines() if "resources:" in ln), ""))
+    assert GPU_RULES & set(jobs), sorted(jobs)
+    for rule, lines in jobs.items():
+        on_gpu = {"slurm_partition=<gpu-partition>" in ln and "gpu=" in ln for ln in lines}
+        assert on_gpu == {rule in GPU_RULES}, (rule, lines)
+    if "sft" in jobs:
+        assert all("nodes=4" in ln for ln in jobs["sft"])  # multi-node DeepSpeed
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")
@@ -177,3 +186,21 @@ trace_filter: {{min_turns: 5}}
     assert {r["reason"] for r in rejected if r["source"] == "swe"} == {"exception: TaskNotRunnableLocally"}
     assert any(k["source"] == "import:mini" or k["agent"] == "mini-swe-agent" for k in kept)
     assert all(k["n_turns"] >= 5 for k in kept)
+
+
+def test_ablation_smoke_builds_shares_and_ranks(project):
+    """Issue 5's definition of done, on the CPU: a real ablation grid, end to end."""
+    for name in ("smoke", "ablate_trace_filter_smoke"):
+        shutil.copy(REPO / "recipes" / f"{name}.yaml", project / "recipes")
+    ran, _ = snakemake(project, "ablate_trace_filter_smoke")
+    # the candidates differ only in the trace filter: one rollout, two filters, two students
+    assert ran["rollout_merge"] == 1 and ran["trace_filter"] == 2 and ran["sft"] == 2 and ran["rank"] == 1
+    out = project / "results" / "ablate_trace_filter_smoke"
+    ranking = pq.read_table(out / "ranking" / "ranking.parquet").to_pylist()
+    assert sorted(r["candidate"] for r in ranking) == ["trace_filter.min_turns=5", "trace_filter.min_turns=7"]
+    assert all(r["complete"] and r["rank"] is not None for r in ranking)
+    for cand in ("trace_filter.min_turns=5", "trace_filter.min_turns=7"):
+        assert (out / "candidates" / cand / "eval" / "summary.parquet").exists()
+    html = (out / "report" / "report.html").read_text()
+    assert "Ranking" in html and "mean z" in html.lower()
+    assert otbuild(project, "audit", "ablate_trace_filter_smoke").returncode == 0
