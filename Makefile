@@ -31,5 +31,7 @@ test: setup  ## the full suite, end-to-end (slow) checks included: what CI runs
 test-fast: setup  ## skip the slow end-to-end checks
 	$(PYTHON) -m pytest -m "not slow"
 
-bench: setup  ## table stages: DuckDB vs pandas on 1M task rows
+bench: setup  ## every benchmark: table stages vs pandas, sandbox vs Harbor, SFT vs TRL
 	$(PYTHON) bench/tables.py
+	$(PYTHON) bench/sandbox.py
+	$(PYTHON) bench/sft.py
