@@ -80,8 +80,8 @@ def test_cross_key_checks(recipes):
 
 
 def test_unbuilt_stage_and_yaml_and_cycles(recipes):
-    root = _write(recipes, "later", BASE + "sft: {lr: 4.0e-5}\n")
-    assert "sft: the 'sft' stage is not available in this version" in _error(root, "later")
+    root = _write(recipes, "later", BASE + "sfft: {lr: 4.0e-5}\n")
+    assert "later.yaml: sfft: unknown key; did you mean 'sft'?" in _error(root, "later")
     root = _write(recipes, "broken", "sources: [a\n")
     assert "broken.yaml: line" in _error(root, "broken")
     _write(recipes, "x", "extends: y\n")

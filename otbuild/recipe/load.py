@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema import NAME_RE, PIPELINE, Recipe
+from otbuild.recipe.schema import NAME_RE, Recipe
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,6 @@ def _format_error(err: dict, origin: dict, path: Path) -> str:
     if kind == "extra_forbidden":
         key = str(loc[-1])
         allowed = sorted(model.model_fields) if model else []
-        if len(loc) == 1 and key in PIPELINE:
-            return f"{file}: {key}: the {key!r} stage is not available in this version of otbuild"
         return f"{file}: {where}: unknown key" + _suggest(key, allowed, "allowed keys")
     if kind == "missing":
         return f"{file}: {where}: required key is missing"

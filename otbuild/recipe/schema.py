@@ -18,10 +18,6 @@ NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
 
-# Stages of the full pipeline, in DAG order. Only those with a schema below are built today;
-# naming another one is a clear error, not a silently ignored key.
-PIPELINE = ("sources", "mix", "augment", "task_filter", "teacher", "trace_filter", "sft", "rl", "eval")
-
 
 class SyntheticSource(Strict):
     """Procedurally generated terminal tasks (the embedded default source)."""

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from otbuild.train.dist import launch_command
+from otbuild.train.dist import free_port, launch_command
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
@@ -32,6 +32,10 @@ def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) ->
     # RL runs in one process (in-process rollouts); SFT scales out over the allocation
     cmd = launch_command(settings, dict(os.environ), argv) if kind == "sft" else argv
     if cmd == argv:
+        # this process is the only rank: its own rendezvous port, never one inherited from a
+        # parent (a test run, another job on the node) that may already be listening on it
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
         if kind == "sft":
             from otbuild.train.sft import train
         else:
