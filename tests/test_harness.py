@@ -203,3 +203,19 @@ def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
     traces = asyncio.run(all_trials())
     failed = [(r.task.name, t["reward"], t["exception"]) for r, t in zip(records, traces) if t["reward"] != 1.0]
     assert not failed
+
+
+def test_timeout_aware_evaluation():
+    from otbuild.harness.trial import effective_timeout
+
+    assert effective_timeout(900, 2, 7200) == 1800  # an 8B model: twice the task's timeout
+    assert effective_timeout(900, 16, 7200) == 7200  # a 32B model: 4 h, capped at 2 h
+    assert effective_timeout(300, 1, 7200) == 300
+
+
+@needs_sandbox
+def test_the_multiplier_reaches_the_trial(tmp_path):
+    task = next(generate(1, 3)).task  # its task.toml says 300 s
+    trace = _trial(task, ScriptedEngine([answer(complete=True), answer(complete=True)]), tmp_path,
+                   timeout_multiplier=16, timeout_cap_sec=1000)
+    assert json.loads(trace["metadata"])["agent_timeout_sec"] == 1000

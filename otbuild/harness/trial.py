@@ -47,8 +47,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                     *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
     started, t0 = datetime.now(UTC), time.monotonic()
     meta = _task_timeouts(task)
-    agent_timeout = min(settings.timeout_cap_sec,
-                        (settings.agent_timeout_sec or meta["agent"]) * settings.timeout_multiplier)
+    agent_timeout = effective_timeout(settings.agent_timeout_sec or meta["agent"], settings.timeout_multiplier,
+                                      settings.timeout_cap_sec)
     verifier_timeout = settings.verifier_timeout_sec or meta["verifier"]
     messages: list[dict] = []
     reward = exception = None
@@ -74,6 +74,12 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         details["exception_message"] = str(e)[:2000]
     return _trace_row(task, task_id, engine, started, t0, messages, reward, exception, details, timed_out,
                       episodes, agent_timeout, sample_idx, run_id, source)
+
+
+def effective_timeout(base_sec: float, multiplier: float, cap_sec: float) -> float:
+    """Timeout-aware evaluation as in the paper: a per-model multiplier (e.g. 2 for 8B, 16 for
+    32B) on the task's own timeout, capped (e.g. 2 h): min(cap, base x multiplier)."""
+    return min(cap_sec, base_sec * multiplier)
 
 
 def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "",
