@@ -151,3 +151,36 @@ def chat_answer(text: str, completion_tokens: int = 0) -> dict:
                          "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 10, "completion_tokens": completion_tokens or len(text.split()),
                       "total_tokens": 10 + (completion_tokens or len(text.split()))}}
+
+
+FAKE_VLLM = """\
+#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if os.environ.get("FAKE_VLLM_FAIL"):
+    print("RuntimeError: CUDA out of memory", flush=True)
+    sys.exit(1)
+def opt(name):
+    return args[args.index(name) + 1]
+os.execv(sys.executable, [sys.executable, "-m", "otbuild.serve", args[1], "--device", "cpu",
+         "--host", opt("--host"), "--port", opt("--port"),
+         "--served-model-name", opt("--served-model-name")])
+"""
+
+
+@pytest.fixture
+def fake_vllm_bin(tmp_path, monkeypatch) -> Path:
+    """A `vllm` executable on PATH that is `otbuild serve` underneath (vLLM itself needs a
+    CUDA build): the real launch, health check and stop paths run against it. Returns the
+    file where it records the argv it was given (also exported as FAKE_VLLM_LOG)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "vllm"
+    exe.write_text(FAKE_VLLM.format(python=sys.executable))
+    exe.chmod(0o755)
+    log = tmp_path / "argv.jsonl"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    return log

@@ -237,37 +237,13 @@ def test_transformers_engine_starts_and_stops_its_server(tiny_model):
 
 # --- the vllm lifecycle with a fake `vllm` on PATH ----------------------------------------
 
-FAKE_VLLM = """\
-#!{python}
-import json, os, sys
-args = sys.argv[1:]
-with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
-    f.write(json.dumps(args) + "\\n")
-if os.environ.get("FAKE_VLLM_FAIL"):
-    print("RuntimeError: CUDA out of memory", flush=True)
-    sys.exit(1)
-def opt(name):
-    return args[args.index(name) + 1]
-os.execv(sys.executable, [sys.executable, "-m", "otbuild.serve", args[1], "--device", "cpu",
-         "--host", opt("--host"), "--port", opt("--port"),
-         "--served-model-name", opt("--served-model-name")])
-"""
-
-
 @pytest.fixture
-def fake_vllm(tmp_path, monkeypatch, tiny_model):
+def fake_vllm(fake_vllm_bin, tmp_path, tiny_model):
     """A `vllm` on PATH that serves the tiny model with `otbuild serve`; returns its settings."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "vllm"
-    exe.write_text(FAKE_VLLM.format(python=sys.executable))
-    exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    log = tmp_path / "argv.jsonl"
     return {
         "engine": "vllm", "model": str(tiny_model), "served_model_name": "tiny",
         "tensor_parallel_size": 4, "quantization": "awq", "max_tokens": 8,
-        "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(log)},
+        "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(fake_vllm_bin)},
         "startup_timeout_sec": 60,
     }
 

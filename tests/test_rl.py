@@ -203,3 +203,34 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["trajectories"] == 2 for r in log)
     assert not (tmp_path / "rl" / "checkpoints").exists()
     assert json.loads((tmp_path / "rl" / "checkpoint.json").read_text())["files"]["model.safetensors"]
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
+    """rollout: vllm: each step's policy is saved, `vllm serve` is started on it (here the
+    `vllm` on PATH is otbuild serve underneath), the trials run against it over HTTP, the server
+    stops, and the update trains on the recorded turns."""
+    import psutil
+
+    import otbuild.train.rl as R
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.tasks.table import TaskRecord, write_tasks
+    from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
+
+    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
+                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"],
+                          max_position_embeddings=4096)  # the server checks the model's context
+    (sft / "checkpoint.json").write_text("{}")
+    write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
+    settings = {"steps": 2, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
+                "temperature": 1.0, "sandbox": {"max_episodes": 1}, "rollout": "vllm",
+                "vllm_args": {"tensor_parallel_size": 2, "startup_timeout_sec": 120}}
+    R.train(settings, [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
+    launches = [json.loads(x) for x in fake_vllm_bin.read_text().splitlines()]
+    assert len(launches) == 2  # one server per step, on that step's weights
+    assert all(a[0] == "serve" and a[1].endswith("/policy") and "--tensor-parallel-size" in a for a in launches)
+    log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
+    assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "otbuild.serve" in " ".join(p.info["cmdline"] or [])]

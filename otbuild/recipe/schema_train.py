@@ -15,7 +15,7 @@ What the stages consume and produce (otbuild/stages/sft.py, otbuild/stages/rl.py
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -134,7 +134,9 @@ class Rl(Strict):
     micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
     seed: int = 0
     rollout: Literal["transformers", "vllm"] = Field(
-        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: docs/training.md")
+        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step")
+    vllm_args: dict[str, Any] = Field(
+        default_factory=dict, description="rollout: vllm: vllm serve settings (tensor_parallel_size, ...)")
     sandbox: RlSandbox = RlSandbox()
     concurrency: int = Field(default=8, ge=1)
     save_steps: int = Field(default=10, ge=1)

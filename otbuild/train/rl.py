@@ -133,8 +133,8 @@ class Policy:
             self.model.train(was_training)
         return out[0, len(prompt_ids):].tolist()
 
-    def session(self) -> PolicyEngine:
-        return PolicyEngine(self)
+    def session(self, server=None):
+        return PolicyEngine(self) if server is None else ServedPolicyEngine(self, server)
 
 
 class PolicyEngine:
@@ -161,6 +161,32 @@ class PolicyEngine:
 
     async def aclose(self) -> None:
         pass
+
+
+class ServedPolicyEngine(PolicyEngine):
+    """One trial's view of the policy served by vLLM (rollout: vllm): the text comes from the
+    server, the token ids from the trainer's tokenizer (the prompt as the chat template renders
+    it, the completion re-tokenised), so the update recomputes every log-prob with the policy
+    itself, as in process."""
+
+    provider = "hosted_vllm"
+
+    def __init__(self, policy: Policy, server):
+        super().__init__(policy)
+        self.server = server
+
+    async def complete(self, messages: list[dict], **_) -> Completion:
+        p = self.policy
+        prompt = p.prompt_ids(messages)
+        if len(prompt) >= p.max_context:
+            raise ContextExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
+        c = await self.server.complete(messages, temperature=p.temperature,
+                                       max_tokens=min(p.max_tokens, p.max_context - len(prompt)))
+        ids = p.tok(c.text, add_special_tokens=False)["input_ids"]
+        if c.finish_reason == "stop":
+            ids.append(p.tok.eos_token_id)
+        self.turns.append(Turn(prompt, ids))
+        return Completion(c.text, len(prompt), len(ids), c.finish_reason)
 
 
 @dataclass
@@ -237,8 +263,26 @@ def read_tasks(path: Path) -> list[tuple[str, object]]:
     return [(r["task_id"], TaskDir.unpack(r["path"], r["task_binary"])) for r in t]
 
 
+async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, settings: dict,
+                         workroot: Path, run_id: str) -> list[Trajectory]:
+    """rollout: vllm. The weights sync through the file system: the step's policy is saved and
+    `vllm serve` is started on it (tensor/data parallel from `vllm_args`), the step's trials
+    run against it, and it is stopped (also on failure) before the update."""
+    from otbuild.engines import open_engine
+
+    policy_dir = workroot / "policy"
+    policy.model.save_pretrained(policy_dir, safe_serialization=True, max_shard_size="10000GB")
+    policy.tok.save_pretrained(policy_dir)
+    server = await open_engine({"engine": "vllm", "model": str(policy_dir), "served_model_name": "policy",
+                                "concurrency": settings.get("concurrency", 8), **settings.get("vllm_args", {})})
+    try:
+        return await rollout(policy, tasks, indices, k, settings, workroot, run_id, server=server)
+    finally:
+        await server.aclose()
+
+
 async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: dict,
-                  workroot: Path, run_id: str) -> list[Trajectory]:
+                  workroot: Path, run_id: str, server=None) -> list[Trajectory]:
     from otbuild.harness.trial import TrialSettings, run_trial
 
     sb = settings.get("sandbox", {})
@@ -249,7 +293,7 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: d
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
         task_id, task = tasks[ti]
-        engine = policy.session()
+        engine = policy.session(server)
         async with sem:
             row = await run_trial(task, task_id, engine, ts, workroot / f"{pos}-{s}", sample_idx=s,
                                   run_id=run_id, source="rl")
@@ -333,9 +377,6 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     tasks = read_tasks(Path(inputs[1]))
     if not tasks:
         raise ValueError("the task table is empty")
-    if settings.get("rollout", "transformers") != "transformers":
-        raise NotImplementedError("rollout: vllm is described in docs/training.md; this build runs "
-                                  "rollouts in process (rollout: transformers)")
     seed = settings.get("seed", 0)
     ckdir = outdir / CHECKPOINTS
     latest = ckdir / "latest"
@@ -366,8 +407,9 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             torch.manual_seed(seed * 1_000_003 + step)
             random.seed(seed * 1_000_003 + step)
             indices = global_batch_rows(len(tasks), step, min(B, len(tasks)), seed)
-            trajs = asyncio.run(rollout(policy, tasks, indices, k, settings, workroot / f"step-{step}",
-                                        run_id=f"{outdir.name}-{step}"))
+            roll = served_rollout if settings.get("rollout") == "vllm" else rollout
+            trajs = asyncio.run(roll(policy, tasks, indices, k, settings, workroot / f"step-{step}",
+                                     run_id=f"{outdir.name}-{step}"))
             t1 = time.monotonic()
             seqs, groups_zero = [], 0
             for g in range(len(indices)):
