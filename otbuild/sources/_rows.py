@@ -93,16 +93,21 @@ def _jsonl(f: Path) -> Iterator[Row]:
             yield _obj(where, value)
 
 
-def _json(f: Path) -> Iterator[Row]:
-    data = f.read_bytes()
+def load_json(f: Path, error: type[ValueError] | None = None) -> object:
+    """A whole JSON file; a malformed one raises `error` naming the file and the position."""
+    error = error or SourceFormatError
     try:
-        value = json.loads(data.decode("utf-8"))
+        return json.loads(f.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise SourceFormatError(f"{f}: byte offset {e.start}: not UTF-8") from None
+        raise error(f"{f}: byte offset {e.start}: not UTF-8") from None
     except json.JSONDecodeError as e:
-        raise SourceFormatError(
+        raise error(
             f"{f}: line {e.lineno} column {e.colno} (char offset {e.pos}): not valid JSON: {e.msg}"
         ) from None
+
+
+def _json(f: Path) -> Iterator[Row]:
+    value = load_json(f)
     if isinstance(value, dict):
         # a single record, or a wrapper such as {"instances": [...]} / {"data": [...]}
         lists = [

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from otbuild.sources import _rows as rows
 from otbuild.sources._rows import SourceFormatError, iter_rows
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
@@ -29,15 +30,7 @@ def files(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
 
 
 def load_json(f: Path) -> object:
-    data = f.read_bytes()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{f}: byte offset {e.start}: not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(
-            f"{f}: line {e.lineno} column {e.colno} (char offset {e.pos}): not valid JSON: {e.msg}"
-        ) from None
+    return rows.load_json(f, TraceFormatError)
 
 
 def text_of(content) -> str:
