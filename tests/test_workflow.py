@@ -127,6 +127,9 @@ def test_smoke_recipe_builds(project):
     assert heldout and not heldout & trained  # held-out tasks never enter training
     html = (project / "results" / "smoke" / "report" / "report.html").read_text()
     assert "SFT loss curve" in html and "No SFT checkpoint" not in html and "No RL checkpoint" not in html
+    _, log = snakemake(project, "--report", "snakemake-report.html", "smoke")  # report() marks
+    assert "Adding report.html" in log and "Adding dataset_card.md" in log
+    assert (project / "snakemake-report.html").stat().st_size > 0
 
 
 GPU_RULES = {"augment", "rollout", "sft", "rl", "eval"}
