@@ -177,9 +177,14 @@ def quarantine(where: str, reason: str, detail: str = "") -> Quarantined:
     return Quarantined(where, reason, detail)
 
 
-def swe_context(labels: Path | None, tasks, instances) -> tuple[dict, dict, dict]:
-    """What SWE trajectory importers look up by instance id: labels (reward), task ids
-    (from a task parquet), problem statements (from SWE instances)."""
+def swe_trajectories(path: Path, suffix: str, labels: Path | None, tasks, instances, run_id: str | None):
+    """For each SWE trajectory file under `path`: (its JSON, the file, labels, task ids, problem
+    statements, run id). Labels give the reward, task ids come from a task parquet, problem
+    statements from SWE instances; all are looked up by instance id."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
     problems = {k: v.get("problem_statement")
                 for k, v in load_labels(Path(instances) if instances else None).items()}
-    return load_labels(labels), load_task_ids(tasks), problems
+    context = (load_labels(labels), load_task_ids(tasks), problems, run_id or folder.name)
+    for f in files(path, (suffix,)):
+        yield (load_json(f), f, *context)

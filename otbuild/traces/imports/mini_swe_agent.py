@@ -27,12 +27,10 @@ from pathlib import Path
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
     ensure_task_text,
-    files,
     iso,
-    load_json,
     normalise,
     reward_of,
-    swe_context,
+    swe_trajectories,
     trace_row,
 )  # fmt: skip
 
@@ -49,13 +47,9 @@ def read(
     model: str | None = None,
     agent: str = "mini-swe-agent",
 ) -> Iterator[dict | Quarantined]:
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    label_rows, task_ids, problems = swe_context(Path(labels) if labels else folder / "labels.jsonl", tasks, instances)
-    for f in files(path, (".traj.json",)):
-        yield convert(
-            load_json(f), f, label_rows, task_ids, problems, run_id or folder.name, model, agent
-        )
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    for item in swe_trajectories(path, ".traj.json", Path(labels) if labels else folder / "labels.jsonl", tasks, instances, run_id):
+        yield convert(*item, model, agent)
 
 
 def convert(

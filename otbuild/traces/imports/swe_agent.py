@@ -28,11 +28,9 @@ from pathlib import Path
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
     ensure_task_text,
-    files,
-    load_json,
     normalise,
     reward_of,
-    swe_context,
+    swe_trajectories,
     trace_row,
 )  # fmt: skip
 
@@ -48,13 +46,8 @@ def read(
     model: str | None = None,
     agent: str = "swe-agent",
 ) -> Iterator[dict | Quarantined]:
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    label_rows, task_ids, problems = swe_context(Path(labels) if labels else None, tasks, instances)
-    for f in files(path, (".traj",)):
-        yield from convert(
-            load_json(f), f, label_rows, task_ids, problems, run_id or folder.name, model, agent
-        )
+    for item in swe_trajectories(path, ".traj", Path(labels) if labels else None, tasks, instances, run_id):
+        yield from convert(*item, model, agent)
 
 
 def _model_from_replay(d: dict) -> str | None:
