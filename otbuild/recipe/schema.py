@@ -6,7 +6,6 @@ messages that name the file, the key path, what was found and what was expected.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -17,6 +16,11 @@ from otbuild.recipe.schema_train import Rl, Sft
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
+# Size bounds: a typo (`shards: 1000000000000`, `count: 1.0e+23`) is an error, not an endless build.
+MAX_TASKS = 10_000_000  # tasks or rollouts one stage makes (the paper's largest set: 100K)
+MAX_SHARDS = 10_000  # jobs per sharded stage
+MAX_REPEATS = 1_000  # samples per task, eval repeats, surface forms per task
+MAX_EPISODES = 10_000  # agent turns per trial
 
 
 class SyntheticSource(Strict):
@@ -24,7 +28,7 @@ class SyntheticSource(Strict):
 
     kind: Literal["synthetic"]
     rank: int | None = Field(default=None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
-    count: int = Field(ge=1)
+    count: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
     families: list[Literal[FAMILIES]] | None = None  # type: ignore[valid-type]
     difficulties: list[Literal[1, 2, 3]] | None = None
@@ -107,7 +111,7 @@ Source = Annotated[
 
 class Mix(Strict):
     n: int = Field(ge=1, description="Top-N sources by rank")
-    total: int = Field(ge=1, description="tasks in the mix; total/n from each source")
+    total: int = Field(ge=1, le=MAX_TASKS, description="tasks in the mix; total/n from each source")
     order: Literal["shuffle", "round_robin"] = "shuffle"
     seed: int = 0
 
@@ -124,7 +128,7 @@ class Bounds(Strict):
 
 
 class Sample(Strict):
-    n: int = Field(ge=1)
+    n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
 
 
@@ -133,8 +137,8 @@ class Score(Strict):
     at least one rollout; see docs/task-filter.md for the exact formula)."""
 
     column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
-    top_k: int | None = Field(default=None, ge=1)
-    budget: int | None = Field(default=None, ge=1, description="total rollouts: sets n_rollouts per task")
+    top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
+    budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
 
     @model_validator(mode="after")
     def _one_mode(self):
@@ -155,11 +159,10 @@ class TaskFilter(Strict):
     @field_validator("include_regex", "exclude_regex")
     @classmethod
     def _regex(cls, v):
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"not a valid regular expression ({e})") from None
+        from otbuild.duck import regex_error
+
+        if v is not None and (error := regex_error(v)):
+            raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
         return v
 
 
@@ -223,9 +226,9 @@ class Teacher(LLM):
 
     engine: Literal["oracle", "openai", "vllm", "transformers"]
     model: str | None = Field(default=None, description="not needed for the oracle")
-    samples_per_task: int = Field(default=1, ge=1)
-    shards: int = Field(default=1, ge=1, description="separate Snakemake jobs (Slurm fans them out)")
-    max_episodes: int = Field(default=50, ge=1)
+    samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
+    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
     timeout_cap_sec: float = Field(default=7200, gt=0)
@@ -246,7 +249,7 @@ class Augment(LLM):
 
     sources: list[str] | None = Field(default=None, description="sources to augment; default: all")
     kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
-    k: int = Field(default=1, ge=1, description="surface forms per task and kind")
+    k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
     seed: int = 0
 
@@ -293,7 +296,7 @@ class Eval(Strict):
     `serve_with`) unless an engine section names another (an API model, the oracle ceiling)."""
 
     benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
-    repeats: int = Field(default=3, ge=1)
+    repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
     model: Teacher | None = None
     serve_with: Literal["transformers", "vllm"] = "transformers"  # for the trained checkpoint
     engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve args for the checkpoint
@@ -301,8 +304,8 @@ class Eval(Strict):
     max_tokens: int = Field(default=4096, ge=1)
     timeout_multiplier: float = Field(default=1.0, gt=0, description="paper: 2 for 8B, 16 for 32B")
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
-    max_episodes: int = Field(default=50, ge=1)
-    shards: int = Field(default=1, ge=1)
+    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
     concurrency: int = Field(default=4, ge=1)
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
@@ -311,7 +314,7 @@ class Eval(Strict):
 
 class Recipe(Strict):
     description: str = ""
-    sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
+    sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(default_factory=dict)
     mix: Mix | None = None
     augment: Augment | None = None
     task_filter: TaskFilter | None = None
@@ -328,6 +331,11 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _inputs_exist(self):
+        if not (self.sources or self.trace_imports):
+            raise ValueError("nothing to build from: add `sources` (tasks) or `trace_imports` (traces)")
+        needing = [k for k in ("mix", "augment", "task_filter", "teacher", "rl") if getattr(self, k)]
+        if needing and not self.sources:
+            raise ValueError(f"{needing[0]} works on tasks: add `sources`")
         if (self.trace_filter or self.sft) and not (self.teacher or self.trace_imports):
             raise ValueError("trace_filter and sft need traces: add a `teacher` or `trace_imports` section")
         if self.rl and not self.sft:
