@@ -18,6 +18,7 @@ import pytest
 
 from otbuild.engines import ENGINES, EngineError, engine_settings, make_engine, register
 from otbuild.engines.process import free_port
+from otbuild.engines.settings import VLLMSettings
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
 from otbuild.serve import READY
@@ -166,6 +167,30 @@ def test_vllm_command_glm47_awq():
                        "--tensor-parallel-size", "1", "--data-parallel-size", "2"]
 
 
+def test_vllm_settings_fit_the_model(tmp_path):
+    """What vLLM would refuse after loading weights is a ConfigError up front."""
+    def settings(model, **kw):
+        return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
+
+    assert settings("zai-org/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
+    with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8': by its name it is saved as FP8"):
+        settings("zai-org/GLM-4.6-FP8", quantization="awq")
+    with pytest.raises(ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"):
+        settings("moonshotai/Kimi-K2.5", quantization="awq")
+    assert settings("Qwen/Qwen3-8B", quantization="fp8").quantization == "fp8"  # quantized on load
+    qwen3 = tmp_path / "qwen3-ckpt"  # a checkpoint dir: its config.json is the evidence
+    qwen3.mkdir()
+    (qwen3 / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 40960}))
+    with pytest.raises(ConfigError, match="max_model_len 65536 exceeds .*max_position_embeddings 40960: .*rope_scaling"):
+        settings(str(qwen3), max_model_len=65536)
+    with pytest.raises(ConfigError, match="needs a checkpoint saved as AWQ; by its config.json, .* is not"):
+        settings(str(qwen3), quantization="awq")
+    yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}
+    cmd = vllm_command(settings(str(qwen3), max_model_len=65536, hf_overrides=yarn), 9)
+    assert cmd[cmd.index("--max-model-len") + 1] == "65536"
+    assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == yarn
+
+
 # --- serving the tiny model ---------------------------------------------------------------
 
 
@@ -242,7 +267,7 @@ def fake_vllm(fake_vllm_bin, tmp_path, tiny_model):
     """A `vllm` on PATH that serves the tiny model with `otbuild serve`; returns its settings."""
     return {
         "engine": "vllm", "model": str(tiny_model), "served_model_name": "tiny",
-        "tensor_parallel_size": 4, "quantization": "awq", "max_tokens": 8,
+        "tensor_parallel_size": 4, "max_model_len": 1024, "max_tokens": 8,
         "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(fake_vllm_bin)},
         "startup_timeout_sec": 60,
     }
@@ -265,7 +290,7 @@ def test_vllm_lifecycle_success(fake_vllm, tiny_model):
     assert started and {p.pid for p in server_processes(tiny_model)} == before
     [argv] = launched(fake_vllm)
     assert argv[:2] == ["serve", str(tiny_model)] and "--tensor-parallel-size" in argv
-    assert argv[argv.index("--quantization") + 1] == "awq"
+    assert argv[argv.index("--max-model-len") + 1] == "1024"
     assert READY in Path(fake_vllm["log_path"]).read_text()  # the server's log is kept
 
 

@@ -155,3 +155,39 @@ def test_sources_no_stage_uses_are_an_error(recipes, tmp_path):
     assert [n.stage for n in plan_recipe(load_recipe("imports_only", root)).nodes] == ["trace_import", "trace_filter", "report"]
     root = _write(recipes, "nothing", "description: empty\n")
     assert "nothing to build from" in _error(root, "nothing")
+
+
+def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
+    """A teacher.model grid over an AWQ base passed `--quantization awq` to every model."""
+    from otbuild.engines import engine_settings
+    from otbuild.engines.vllm import vllm_command
+    from otbuild.recipe.ablate import candidates
+
+    commands = {}
+    for name, cand in candidates(load_recipe("ablate_teacher", REPO)):
+        commands[cand.recipe.teacher.model] = vllm_command(engine_settings(cand.recipe.teacher.model_dump()), 1)
+    glm47, glm46, kimi = (commands[m] for m in ("zai-org/GLM-4.7-AWQ", "zai-org/GLM-4.6-FP8", "moonshotai/Kimi-K2.5"))
+    assert glm47[glm47.index("--quantization") + 1] == "awq" and "--quantization" not in glm46 + kimi
+    assert glm46[glm46.index("--reasoning-parser") + 1] == "glm45"
+    assert kimi[kimi.index("--reasoning-parser") + 1] == "kimi_k2" and "--trust-remote-code" in kimi
+    # the old grid is refused at validate time, naming the candidate and the mismatch
+    (recipes / "parent.yaml").write_text(BASE + "teacher: {engine: vllm, model: zai-org/GLM-4.7-AWQ, "
+                                         "engine_args: {quantization: awq}}\ntrace_filter: {}\n"
+                                         "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n")
+    root = _write(recipes, "grid", "extends: parent\nablate:\n  teacher.model: [zai-org/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n")
+    with pytest.raises(ConfigError, match=r"candidate \[teacher.model=zai-org/GLM-4.6-FP8\].*teacher: .*saved as FP8"):
+        plan_recipe(load_recipe("grid", root))
+
+
+def test_eval_context_beyond_the_models_needs_rope_scaling(recipes, tmp_path):
+    base = tmp_path / "qwen3"  # the SFT base: the checkpoint keeps its config
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "qwen3", "max_position_embeddings": 40960}')
+    recipe = (BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: pretrained, path: qwen3}}\n"
+              "eval:\n  benchmarks: {b: {kind: synthetic, count: 1}}\n  serve_with: vllm\n"
+              "  engine_args: {max_model_len: 65536}\n")
+    root = _write(recipes, "long", recipe)
+    assert "long.yaml: eval.engine_args: max_model_len 65536 exceeds" in _error(root, "long")
+    yarn = "{max_model_len: 65536, hf_overrides: {rope_scaling: {rope_type: yarn, factor: 2.0}}}"
+    root = _write(recipes, "yarn", recipe.replace("{max_model_len: 65536}", yarn))
+    assert load_recipe("yarn", root).recipe.eval.engine_args["hf_overrides"]

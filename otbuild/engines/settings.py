@@ -110,14 +110,21 @@ class VLLMSettings(ServerSettings):
     startup_timeout_sec: float = 1800.0  # big checkpoints load slowly
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
-    max_model_len: int | None = None
-    quantization: str | None = None  # e.g. awq
+    max_model_len: int | None = None  # beyond the model's own context: rope scaling in hf_overrides
+    quantization: str | None = None  # e.g. awq; unset: the checkpoint's own (from its config)
+    hf_overrides: dict | None = None  # e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}
     gpu_memory_utilization: float | None = None
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     extra_args: list[str] = field(default_factory=list)  # appended to the command line as is
     vllm_executable: str = "vllm"
+
+    def __post_init__(self):
+        super().__post_init__()
+        from otbuild.engines.model_config import check_vllm_model
+
+        check_vllm_model(self.model, self.quantization, self.max_model_len, self.hf_overrides)
 
 
 SETTINGS: dict[str, type[ClientSettings]] = {

@@ -245,10 +245,17 @@ def _check_engine(section: dict, where: str, file: Path) -> None:
 
 def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     llms = {"teacher": recipe.teacher, "augment": recipe.augment,
-            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None}
+            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
+            "eval.model": recipe.eval.model if recipe.eval else None}
     for where, section in llms.items():
         if section is not None and section.engine != "oracle":
             _check_engine(section.model_dump(), where, _file_for(tuple(where.split(".")), origin, path))
+    ev = recipe.eval
+    if ev and ev.model is None and ev.serve_with == "vllm" and recipe.sft and recipe.sft.model.kind == "pretrained":
+        base = Path(recipe.sft.model.path)  # the checkpoint keeps its base model's config
+        local = base if base.is_absolute() else path.resolve().parent.parent / base
+        _check_engine({"engine": "vllm", "model": str(local if local.exists() else base), "engine_args": ev.engine_args},
+                      "eval.engine_args", _file_for(("eval", "engine_args"), origin, path))
     unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
     if unknown:
         raise ConfigError(f"{_file_for(('augment', 'sources'), origin, path)}: augment.sources: "

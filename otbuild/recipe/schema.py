@@ -324,9 +324,10 @@ class Recipe(Strict):
     sft: Sft | None = None
     rl: Rl | None = None
     eval: Eval | None = None
-    # setting path -> values, e.g. {"mix.n": [1, 2, 4]}: the grid's candidates share every
+    # setting path -> values, e.g. {"mix.n": [1, 2, 4]} (a mapping merges into a section, e.g.
+    # {"teacher": [{model: A}, {model: B, engine_args: {...}}]}): the grid's candidates share every
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
-    ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")],
+    ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")],
                  Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -80,9 +80,12 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     """Merge the shards into traces.parquet."""
     rows, shards = merge_shards(settings, outdir)
+    subagents = sum(1 for r in rows if r["is_subagent"])
+    rows = [r for r in rows if not r["is_subagent"]]
     rewards = [r["reward"] for r in rows if r["reward"] is not None]
     return {
         "trials": len(rows),
+        "subagent_traces": subagents,
         "shards": shards,
         "passed": sum(1 for r in rewards if r >= 1.0),
         "exceptions": sum(1 for r in rows if r["exception"]),
