@@ -143,6 +143,13 @@ def test_source_paths_that_cannot_be_read_are_config_errors(recipes, tmp_path):
     assert f"hd.yaml: sources.h.path: expected a folder of task dirs, found the file {tmp_path}/not_a_dir.txt" in _error(root, "hd")
     root = _write(recipes, "bm", BASE + f"eval:\n  model: {{engine: oracle}}\n  benchmarks:\n    b: {{kind: tb1-dir, path: {tmp_path}/empty}}\n")
     assert "eval.benchmarks.b.path: expected a folder of task dirs, found none in" in _error(root, "bm")
+    (tmp_path / "labels").mkdir()
+    root = _write(recipes, "imp", f"trace_imports:\n  m: {{kind: mini-swe-agent, path: {tmp_path}/empty}}\n"
+                  "  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n")
+    msg = _error(root, "imp")
+    assert f"imp.yaml: trace_imports.m.path: expected a .traj.json file or a folder of them, found none in {tmp_path}/empty" in msg
+    root = _write(recipes, "imp2", "trace_imports:\n  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n")
+    assert f"trace_imports.s.labels: expected a JSON/JSONL file, found the folder {tmp_path}/labels" in _error(root, "imp2")
     root = _write(recipes, "later", "sources:\n  h: {kind: harbor-dir, path: data/not/there/yet}\n")
     assert load_recipe("later", root).recipe.sources["h"].path  # data may arrive before the build
 

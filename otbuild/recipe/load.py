@@ -282,17 +282,27 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
 
 
 def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:
-    """A source path that exists must be what its kind reads (data still to come is fine)."""
-    from otbuild.sources import path_problem
+    """A path that exists must be what its key reads (data still to come is fine)."""
+    from otbuild.sources import files_problem, path_problem
+    from otbuild.traces.imports import PATH_FORMS
 
     root = path.resolve().parent.parent
+    problems: dict[tuple, tuple[str | None, str | None]] = {}  # key path -> (problem, kind)
     groups = {"sources": recipe.sources, "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {}}
     for group, sources in groups.items():
         for name, src in sources.items():
-            if src.kind == "synthetic":
-                continue
-            p = Path(src.path)
-            if problem := path_problem(src.kind, p if p.is_absolute() else root / p):
-                loc = (*group.split("."), name, "path")
-                raise ConfigError(f"{_file_for(loc, origin, path)}: {'.'.join(loc)}: {problem} "
-                                  f"(kind {src.kind!r})")
+            if src.kind != "synthetic":
+                problems[(*group.split("."), name, "path")] = (path_problem(src.kind, root / src.path), src.kind)
+    for name, imp in recipe.trace_imports.items():
+        loc = ("trace_imports", name)
+        problems[(*loc, "path")] = (files_problem(root / imp.path, PATH_FORMS[imp.kind]), imp.kind)
+        if imp.tasks:
+            problems[(*loc, "tasks")] = (path_problem("harbor-parquet", root / imp.tasks), None)
+        for key in ("labels", "instances"):
+            if getattr(imp, key, None) and (root / getattr(imp, key)).is_dir():
+                problems[(*loc, key)] = (f"expected a JSON/JSONL file, found the folder {root / getattr(imp, key)}",
+                                         imp.kind)
+    for loc, (problem, kind) in problems.items():
+        if problem:
+            raise ConfigError(f"{_file_for(loc, origin, path)}: {'.'.join(loc)}: {problem}"
+                              + (f" (kind {kind!r})" if kind else ""))

@@ -52,7 +52,12 @@ def path_problem(kind: str, path: Path) -> str | None:
         return None
     if kind == "nl2bash" and (path / "all.nl").exists():
         return None
-    files = path.glob("*") if kind == "harbor-parquet" else path.rglob("*")
-    if not any(f.is_file() and f.name.lower().endswith(forms) for f in files):
+    return files_problem(path, forms, recursive=kind != "harbor-parquet")
+
+
+def files_problem(path: Path, forms: tuple[str, ...], recursive: bool = True) -> str | None:
+    """Why the folder `path` holds nothing to read (no file ending in one of `forms`), or None."""
+    files = path.rglob("*") if recursive else path.glob("*")
+    if path.is_dir() and not any(f.is_file() and f.name.lower().endswith(forms) for f in files):
         return f"expected a {'/'.join(forms)} file or a folder of them, found none in {path}"
     return None
