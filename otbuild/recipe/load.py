@@ -250,11 +250,11 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     for where, section in llms.items():
         if section is not None and section.engine != "oracle":
             _check_engine(section.model_dump(), where, _file_for(tuple(where.split(".")), origin, path))
-    ev = recipe.eval
-    if ev and ev.model is None and ev.serve_with == "vllm" and recipe.sft and recipe.sft.model.kind == "pretrained":
-        base = Path(recipe.sft.model.path)  # the checkpoint keeps its base model's config
-        local = base if base.is_absolute() else path.resolve().parent.parent / base
-        _check_engine({"engine": "vllm", "model": str(local if local.exists() else base), "engine_args": ev.engine_args},
+    ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
+    if ev and ev.model is None and ev.serve_with == "vllm" and base and base.kind == "pretrained":
+        local = path.resolve().parent.parent / base.path  # the checkpoint keeps its base's config
+        model = str(local) if local.exists() else base.path
+        _check_engine({"engine": "vllm", "model": model, "engine_args": ev.engine_args},
                       "eval.engine_args", _file_for(("eval", "engine_args"), origin, path))
     unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
     if unknown:
@@ -299,9 +299,8 @@ def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:
         if imp.tasks:
             problems[(*loc, "tasks")] = (path_problem("harbor-parquet", root / imp.tasks), None)
         for key in ("labels", "instances"):
-            if getattr(imp, key, None) and (root / getattr(imp, key)).is_dir():
-                problems[(*loc, key)] = (f"expected a JSON/JSONL file, found the folder {root / getattr(imp, key)}",
-                                         imp.kind)
+            if getattr(imp, key, None) and (folder := root / getattr(imp, key)).is_dir():
+                problems[(*loc, key)] = (f"expected a JSON/JSONL file, found the folder {folder}", imp.kind)
     for loc, (problem, kind) in problems.items():
         if problem:
             raise ConfigError(f"{_file_for(loc, origin, path)}: {'.'.join(loc)}: {problem}"
