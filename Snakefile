@@ -10,6 +10,7 @@ WF = Workflow.load_or_exit(Path.cwd())
 wildcard_constraints:
     id="[0-9a-f]{16}",
     shard="[0-9]+",
+    shards="[0-9]+",
 
 
 include: "rules/common.smk"

@@ -57,10 +57,11 @@ class Node:
     def main_output(self) -> Path:
         return self.outputs[0]
 
-    @property
-    def shard_outputs(self) -> list[Path]:
-        """Sharded stages run as one job per shard, then a merge job."""
-        return [self.dir / "shards" / f"{k}.parquet" for k in range(self.settings.get("shards", 0))]
+    def shard_outputs(self, shards: int | None = None) -> list[Path]:
+        """Sharded stages run as one job per shard, then a merge job. `shards` (an execution
+        knob) defaults to the recipe's; a built artifact keeps the layout it was built with."""
+        n = self.settings.get("shards", 0) if shards is None else shards
+        return [self.dir / "shards" / f"{k}-of-{n}.parquet" for k in range(n)]
 
     def spec(self) -> dict:
         """Everything `otbuild stage run` needs, as plain JSON."""
