@@ -80,7 +80,7 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
     if missing:
         raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
     write_traces(dest, (done[t.index] for t in trials))
-    partial.unlink()
+    partial.unlink(missing_ok=True)
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
