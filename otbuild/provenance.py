@@ -52,6 +52,16 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def artifact_files(outdir: Path, stage: str) -> list[Path]:
+    """The stage's declared outputs, then every other file at the top of the artifact dir (a
+    checkpoint's config and tokenizer files, ...): what the record covers. Hidden files, the
+    record itself and subdirs (resume state, shards) are not part of the artifact."""
+    declared = [outdir / o for o in STAGES[stage].outputs]
+    others = sorted(p for p in outdir.iterdir() if p.is_file() and p not in declared
+                    and p.name != PROVENANCE and not p.name.startswith("."))
+    return declared + others
+
+
 def describe_file(path: Path) -> dict:
     info = {"path": str(path), "sha256": file_sha256(path), "bytes": path.stat().st_size}
     if path.suffix == ".parquet":
@@ -68,7 +78,7 @@ def write_record(spec: dict, rule: str, started: str, stats: dict) -> dict:
         "stage_version": STAGES[spec["stage"]].version,
         "settings": spec["settings"],
         "inputs": [{**describe_file(Path(i["path"])), "id": i["id"], "stage": i["stage"]} for i in spec["inputs"]],
-        "outputs": [describe_file(outdir / o) for o in STAGES[spec["stage"]].outputs],
+        "outputs": [describe_file(p) for p in artifact_files(outdir, spec["stage"])],
         "stats": stats,  # what the stage reports, e.g. rejections per reason
         "code_sha256": code_sha256(spec["stage"]),
         "otbuild_version": otbuild.__version__,
@@ -100,7 +110,8 @@ class Check:
         return self.status != "ok"
 
 
-def check(artifact_dir: Path, stage: str) -> Check:
+def check(artifact_dir: Path, stage: str, verify: bool = False) -> Check:
+    """Compare the files with the record; `verify` rehashes every file (no digest cache)."""
     artifact_dir = Path(artifact_dir)
     outputs = [artifact_dir / o for o in STAGES[stage].outputs]
     record = read_record(artifact_dir)
@@ -114,13 +125,13 @@ def check(artifact_dir: Path, stage: str) -> Check:
         p = Path(o["path"])
         if not p.exists():
             problems.append(f"{p.name} missing")
-        elif file_sha256(p) != o["sha256"]:
-            problems.append(f"{p.name} sha256 {file_sha256(p)[:12]} != recorded {o['sha256'][:12]}")
+        elif (digest := file_sha256(p, cached=not verify)) != o["sha256"]:
+            problems.append(f"{p.name} sha256 {digest[:12]} != recorded {o['sha256'][:12]}")
     drift = record.get("code_sha256") != code_sha256(stage)
     if problems:
         return Check("drifted", "; ".join(problems), drift)
     for i in record["inputs"]:
         p = Path(i["path"])
-        if p.exists() and file_sha256(p) != i["sha256"]:
+        if p.exists() and file_sha256(p, cached=not verify) != i["sha256"]:
             return Check("input-drift", f"input {p} changed since this artifact was built", drift)
     return Check("ok", "", drift)

@@ -87,6 +87,16 @@ def test_audit_proves_and_catches_drift(project):
     res = otbuild(project, "audit", str(mix_dir / "tasks.parquet"))
     assert res.returncode == 1 and '"rule": "mix"' in res.stdout
 
+    tasks = next((project / "artifacts" / "source").iterdir()) / "tasks.parquet"
+    st, data = tasks.stat(), bytearray(tasks.read_bytes())
+    data[len(data) // 2] ^= 1
+    with open(tasks, "r+b") as f:  # a byte flipped in place: same inode, size and mtime
+        f.write(data)
+    os.utime(tasks, ns=(st.st_atime_ns, st.st_mtime_ns))
+    for args in (["audit", "r"], ["audit", "--verify", "r"]):
+        res = otbuild(project, *args)
+        assert res.returncode == 1 and tasks.parent.name in res.stdout, res.stdout
+
 
 ROLLOUT = """
 sources:
