@@ -26,7 +26,7 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
         record = read_record(n.dir) or {}
         findings += c.is_finding
         rows = ", ".join(str(o["rows"]) for o in record.get("outputs", []) if "rows" in o)
-        code = "[yellow]changed since build[/]" if c.code_drift else ("same" if record else "")
+        code = f"[yellow]{_code_note(c)}[/]" if c.code_drift else ("same" if record else "")
         table.add_row(
             n.label, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
             record.get("finished_at", "")[:16].replace("T", " "), code, c.detail,
@@ -37,6 +37,10 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
         return EXIT_FINDINGS
     console.print(f"[green]all {len(plan.nodes)} artifact(s) match their provenance records[/]")
     return EXIT_OK
+
+
+def _code_note(c) -> str:
+    return "changed since build" + (f": {', '.join(c.code_changed)}" if c.code_changed else "")
 
 
 def show_artifact(path: Path, console: Console, verify: bool = False) -> int:
@@ -53,6 +57,6 @@ def show_artifact(path: Path, console: Console, verify: bool = False) -> int:
         console.print(f"[red]no {PROVENANCE}[/]")
         return EXIT_FINDINGS
     if c.code_drift:
-        console.print("[yellow]note: the stage's code changed since this artifact was built[/]")
+        console.print(f"[yellow]note: the stage's code {_code_note(c)}[/]")
     console.print_json(json.dumps(record))
     return EXIT_FINDINGS if c.is_finding else EXIT_OK

@@ -6,14 +6,15 @@ complete. `check` recomputes hashes and says whether the files still match the r
 
 from __future__ import annotations
 
+import ast
 import hashlib
-import importlib.util
 import json
 import platform
 import socket
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -25,21 +26,83 @@ from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.stages import PROVENANCE, STAGES
 
-KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click")
+KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click", "torch", "transformers",
+                "deepspeed", "vllm")
+PACKAGE = Path(otbuild.__file__).parent  # the otbuild package whose code the records hash
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def code_sha256(stage: str) -> str:
-    """Hash of the stage's own code: its module and its SQL templates."""
+def code_files(stage: str) -> dict[str, str]:
+    """sha256 (16 hex) of every file of the stage's code, by path under the package's parent:
+    the otbuild modules it imports, directly or not (imports inside functions included; a
+    module that imports by name, importlib, brings every module of its package), the
+    packages' __init__ files, its SQL templates and the template folders its modules read."""
     d = STAGES[stage]
-    h = hashlib.sha256()
-    h.update(Path(importlib.util.find_spec(d.module).origin).read_bytes())
-    for t in d.sql:
-        h.update((SQL_DIR / t).read_bytes())
-    return h.hexdigest()[:16]
+    files = set(_closure(_module_file(d.module)))
+    files |= {SQL_DIR.relative_to(Path(otbuild.__file__).parent) / t for t in d.sql}
+    for f in [f for f in files if f.suffix == ".py" and _reads_templates(f)]:
+        folder = next(d for d in ((PACKAGE / f).parent / "templates", PACKAGE / "templates") if d.is_dir())
+        files |= {p.relative_to(PACKAGE) for p in folder.rglob("*") if p.is_file()}
+    return {f"otbuild/{f.as_posix()}": hashlib.sha256((PACKAGE / f).read_bytes()).hexdigest()[:16]
+            for f in sorted(files)}
+
+
+def code_sha256(stage: str, files: dict[str, str] | None = None) -> str:
+    """One hash over the stage's code files."""
+    files = code_files(stage) if files is None else files
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _module_file(module: str) -> Path | None:
+    """`otbuild.a.b` -> a/b.py or a/b/__init__.py (relative to PACKAGE); None if not a module."""
+    parts = module.split(".")[1:]
+    for f in (Path(*parts, "__init__.py"), Path(*parts).with_suffix(".py") if parts else None):
+        if f is not None and (PACKAGE / f).is_file():
+            return f
+    return None
+
+
+@cache
+def _imports(f: Path) -> tuple[Path, ...]:
+    """The otbuild modules (and their packages' __init__ files) that file `f` imports."""
+    source = (PACKAGE / f).read_text()
+    package = ["otbuild", *f.parent.parts]
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            mod = ".".join(p for p in (base, node.module or "") if p)
+            names += [mod, *(f"{mod}.{a.name}" for a in node.names)]
+    out = set()
+    for name in names:
+        parts = name.split(".")
+        if parts[0] != "otbuild":
+            continue
+        out |= {m for i in range(1, len(parts) + 1) if (m := _module_file(".".join(parts[:i])))}
+    if "import_module(" in source:  # imports by name: any module of its package may run
+        out |= {p.relative_to(PACKAGE) for p in (PACKAGE / f).parent.glob("*.py")}
+    return tuple(sorted(out - {f}))
+
+
+@cache
+def _reads_templates(f: Path) -> bool:
+    """The module names a `templates` folder (its own, else the package's)."""
+    return any(isinstance(n, ast.Constant) and n.value == "templates" for n in ast.walk(ast.parse((PACKAGE / f).read_text())))
+
+
+def _closure(start: Path) -> list[Path]:
+    seen, todo = set(), [start]
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo += _imports(f)
+    return sorted(seen)
 
 
 def package_versions() -> dict[str, str]:
@@ -80,7 +143,8 @@ def write_record(spec: dict, rule: str, started: str, stats: dict) -> dict:
         "inputs": [{**describe_file(Path(i["path"])), "id": i["id"], "stage": i["stage"]} for i in spec["inputs"]],
         "outputs": [describe_file(p) for p in artifact_files(outdir, spec["stage"])],
         "stats": stats,  # what the stage reports, e.g. rejections per reason
-        "code_sha256": code_sha256(spec["stage"]),
+        "code_sha256": code_sha256(spec["stage"], code := code_files(spec["stage"])),
+        "code": code,  # the stage's code files by path: `otbuild audit` names what changed
         "otbuild_version": otbuild.__version__,
         "packages": package_versions(),
         "host": socket.gethostname(),
@@ -104,10 +168,18 @@ class Check:
     status: str  # ok | drifted | no-record | not-built | input-drift
     detail: str = ""
     code_drift: bool = False
+    code_changed: tuple[str, ...] = ()  # the stage's code files that changed since the build
 
     @property
     def is_finding(self) -> bool:
         return self.status != "ok"
+
+
+def _code_drift(record: dict, stage: str) -> tuple[bool, tuple[str, ...]]:
+    now_files = code_files(stage)
+    then = record.get("code", {})
+    changed = tuple(sorted(f for f in then.keys() | now_files.keys() if then.get(f) != now_files.get(f)))
+    return record.get("code_sha256") != code_sha256(stage, now_files), changed if then else ()
 
 
 def check(artifact_dir: Path, stage: str, verify: bool = False) -> Check:
@@ -127,11 +199,11 @@ def check(artifact_dir: Path, stage: str, verify: bool = False) -> Check:
             problems.append(f"{p.name} missing")
         elif (digest := file_sha256(p, cached=not verify)) != o["sha256"]:
             problems.append(f"{p.name} sha256 {digest[:12]} != recorded {o['sha256'][:12]}")
-    drift = record.get("code_sha256") != code_sha256(stage)
+    drift = _code_drift(record, stage)
     if problems:
-        return Check("drifted", "; ".join(problems), drift)
+        return Check("drifted", "; ".join(problems), *drift)
     for i in record["inputs"]:
         p = Path(i["path"])
         if p.exists() and file_sha256(p, cached=not verify) != i["sha256"]:
-            return Check("input-drift", f"input {p} changed since this artifact was built", drift)
-    return Check("ok", "", drift)
+            return Check("input-drift", f"input {p} changed since this artifact was built", *drift)
+    return Check("ok", "", *drift)

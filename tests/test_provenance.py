@@ -1,7 +1,9 @@
 """Provenance records: every file of an artifact is covered, edits in place are caught, and
 `verify` rehashes instead of trusting the digest cache."""
 
+import json
 import os
+import shutil
 
 from otbuild import hashing
 from otbuild.provenance import check, write_record
@@ -62,3 +64,27 @@ def test_verify_rehashes_instead_of_trusting_the_cache(tmp_path):
     assert check(outdir, "report").status == "ok"  # what the cache says
     c = check(outdir, "report", verify=True)
     assert c.status == "drifted" and "report.html" in c.detail
+
+
+def test_code_drift_names_the_changed_module_of_any_depth(tmp_path, monkeypatch):
+    """The record hashes every otbuild module a stage imports (here SFT's trainer, two
+    imports away from the stage module), and the audit names the one that changed."""
+    from otbuild import provenance
+
+    copy = tmp_path / "pkg" / "otbuild"
+    shutil.copytree(provenance.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "PACKAGE", copy)
+    files = provenance.code_files("sft")
+    assert {"otbuild/stages/sft.py", "otbuild/train/sft.py", "otbuild/train/chat.py",
+            "otbuild/templates/qwen3_chat.j2"} <= files.keys()
+    assert {"otbuild/harness/trial.py", "otbuild/engines/openai.py"} <= provenance.code_files("rollout").keys()
+    assert "otbuild/sources/nl2bash.py" in provenance.code_files("source")
+
+    outdir = _artifact(tmp_path, "sft", {"checkpoint.json": b"{}", "model.safetensors": b"w", "train_log.jsonl": b""})
+    assert not check(outdir, "sft").code_drift
+    with open(copy / "train" / "sft.py", "a") as f:
+        f.write("\n# a later edit\n")
+    c = check(outdir, "sft")
+    assert c.status == "ok" and c.code_drift and c.code_changed == ("otbuild/train/sft.py",)
+    packages = json.loads((outdir / "provenance.json").read_text())["packages"]
+    assert {"torch", "transformers", "deepspeed"} <= packages.keys()
