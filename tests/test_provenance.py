@@ -69,16 +69,16 @@ def test_verify_rehashes_instead_of_trusting_the_cache(tmp_path):
 def test_code_drift_names_the_changed_module_of_any_depth(tmp_path, monkeypatch):
     """The record hashes every otbuild module a stage imports (here SFT's trainer, two
     imports away from the stage module), and the audit names the one that changed."""
-    from otbuild import provenance
+    from otbuild import codehash
 
     copy = tmp_path / "pkg" / "otbuild"
-    shutil.copytree(provenance.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(provenance, "PACKAGE", copy)
-    files = provenance.code_files("sft")
+    shutil.copytree(codehash.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(codehash, "PACKAGE", copy)
+    files = codehash.code_files("sft")
     assert {"otbuild/stages/sft.py", "otbuild/train/sft.py", "otbuild/train/chat.py",
             "otbuild/templates/qwen3_chat.j2"} <= files.keys()
-    assert {"otbuild/harness/trial.py", "otbuild/engines/openai.py"} <= provenance.code_files("rollout").keys()
-    assert "otbuild/sources/nl2bash.py" in provenance.code_files("source")
+    assert {"otbuild/harness/trial.py", "otbuild/engines/openai.py"} <= codehash.code_files("rollout").keys()
+    assert "otbuild/sources/nl2bash.py" in codehash.code_files("source")
 
     outdir = _artifact(tmp_path, "sft", {"checkpoint.json": b"{}", "model.safetensors": b"w", "train_log.jsonl": b""})
     assert not check(outdir, "sft").code_drift
