@@ -31,7 +31,7 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
     by_attempts: dict[int, list[int]] = defaultdict(list)
     for row, n in per_task.items():
         by_attempts[n].append(row)
-    work = outdir / "harbor" / f"shard-{shard}"
+    work = outdir / "harbor" / f"shard-{shard}-of-{settings['shards']}"
     work.mkdir(parents=True, exist_ok=True)
     hb = settings["harbor"]
     traces: dict[tuple[str, int], dict] = {}
