@@ -19,7 +19,7 @@ STYLE = {"ok": "green", "not-built": "yellow"}
 def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
     table = Table(title=f"audit: {plan.recipe.name}")
     for col in ("artifact", "id", "status", "rows", "built", "code", "detail"):
-        table.add_column(col, no_wrap=col != "detail")
+        table.add_column(col, no_wrap=col not in ("code", "detail"))
     findings = 0
     for n in plan.nodes:
         c = check(n.dir, n.stage, verify)

@@ -34,7 +34,7 @@ def recover(root: Path) -> None:
     state = Path(root) / ".snakemake"
     locks = list((state / "locks").glob("*.lock"))
     if "--nolock" in sys.argv or _live_snakemake(Path(root)):
-        return  # a real concurrent run: snakemake's own LockException is the right answer
+        return  # a job of a run, or a live run: its locks are real (snakemake says so itself)
     if locks:
         owner = _read_owner(state / "locks" / OWNER)
         if owner.get("host", socket.gethostname()) != socket.gethostname():

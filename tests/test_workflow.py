@@ -74,10 +74,13 @@ def test_audit_proves_and_catches_drift(project):
     assert {i["stage"] for i in record["inputs"]} == {"source"} and all(len(i["sha256"]) == 64 for i in record["inputs"])
     assert record["outputs"][0]["rows"] == 10 and "duckdb" in record["packages"]
 
+    assert {"otbuild/stages/mix.py", "otbuild/sql/mix.sql", "otbuild/duck.py"} <= record["code"].keys()
     record["code_sha256"] = "0" * 16  # as if the stage's code had changed since the build
+    record["code"]["otbuild/duck.py"] = "0" * 16
     (mix_dir / "provenance.json").write_text(json.dumps(record))
     res = otbuild(project, "audit", "r")
     assert res.returncode == 0 and "changed since build" in res.stdout  # reported, not a finding
+    assert "otbuild/duck.py" in res.stdout  # named
 
     with open(mix_dir / "tasks.parquet", "ab") as f:  # tamper with a built artifact
         f.write(b"x")
