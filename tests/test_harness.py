@@ -20,7 +20,7 @@ from otbuild.harness.trial import TrialSettings, run_trial
 from otbuild.recipe.schema import Teacher
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
-from otbuild.stages.rollout import plan_trials
+from otbuild.stages.rollout import plan_trials, run_shard
 from otbuild.tasks.table import write_tasks
 from tests.conftest import DATA
 
@@ -156,7 +156,7 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     spec = json.dumps({"stage": "rollout", "id": "a" * 16, "settings": settings,
                        "inputs": [{"id": "t", "stage": "task_filter", "path": str(tasks)}], "outdir": str(outdir)})
     cmd = [sys.executable, "-m", "otbuild", "stage", "rollout", "--spec", spec, "--shard", "1"]
-    partial = outdir / "shards" / "1.partial.jsonl"
+    partial = outdir / "shards" / "1-of-2.partial.jsonl"
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not partial.exists() or len(partial.read_text().splitlines()) < 4):
@@ -164,16 +164,38 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done_before = len(partial.read_text().splitlines())
-    assert 4 <= done_before < 15 and not (outdir / "shards" / "1.parquet").exists()
+    assert 4 <= done_before < 15 and not (outdir / "shards" / "1-of-2.parquet").exists()
 
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{done_before} already done, {15 - done_before} to run" in res.stdout
-    rows = pq.read_table(outdir / "shards" / "1.parquet").to_pylist()
+    rows = pq.read_table(outdir / "shards" / "1-of-2.parquet").to_pylist()
     expected = [t for t in plan_trials([tasks], 1) if t.index % 2 == 1]
     names = pq.read_table(tasks, columns=["path"]).column("path").to_pylist()
     assert [r["task"] for r in rows] == [names[t.row] for t in expected]  # each trial once, in order
     assert all(r["reward"] == 1.0 for r in rows) and not partial.exists()
+
+
+@needs_sandbox
+def test_a_torn_last_line_is_dropped_and_the_shard_goes_on(tmp_path, capsys):
+    """A crash or a full disk mid-write leaves half a record at the end of the partial file:
+    the next attempt cuts it off, keeps the whole records and reruns only that trial."""
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(3, 11, difficulties=[1]), source="synth")
+    settings = Teacher(engine="oracle", concurrency=3).model_dump()
+    outdir = tmp_path / "rollout"
+    run_shard(settings, [tasks], outdir, 0)
+    shard = outdir / "shards" / "0-of-1.parquet"
+    rows = pq.read_table(shard).to_pylist()
+    shard.unlink()
+    lines = [json.dumps({"_trial": i, **r}) for i, r in enumerate(rows)]
+    partial = shard.with_suffix(".partial.jsonl")
+    partial.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][: len(lines[2]) // 2])
+    capsys.readouterr()
+    run_shard(settings, [tasks], outdir, 0)
+    assert "2 already done, 1 to run" in capsys.readouterr().out
+    assert [r["task"] for r in pq.read_table(shard).to_pylist()] == [r["task"] for r in rows]
+    assert not partial.exists()
 
 
 @needs_sandbox

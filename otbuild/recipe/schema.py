@@ -2,6 +2,11 @@
 
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
+
+Content ids (otbuild/recipe/base.py): fields made with `execution_only(...)` are never part of
+an id; every other field is, but only when it differs from its default. So a new field must
+come with a default that keeps today's behaviour, and a knob that does not change outputs is
+declared `execution_only`.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from otbuild.recipe.base import Strict
+from otbuild.recipe.base import Strict, engine_args, execution_only
 from otbuild.recipe.schema_train import Rl, Sft
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -201,7 +206,8 @@ class HarborBackend(Strict):
 
 class LLM(Strict):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
-    transformers model dir. Execution knobs (`concurrency`) are not part of content ids."""
+    transformers model dir. Execution knobs (concurrency, retries, the client's timeout) are
+    not part of content ids."""
 
     engine: Literal["openai", "vllm", "transformers"]
     model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
@@ -209,10 +215,10 @@ class LLM(Strict):
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
-    max_retries: int = Field(default=5, ge=0)
-    request_timeout_sec: float = Field(default=600, gt=0)
-    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve: tensor_parallel_size, ...
-    concurrency: int = Field(default=4, ge=1)
+    max_retries: int = execution_only(5, ge=0)
+    request_timeout_sec: float = execution_only(600, gt=0)
+    engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
+    concurrency: int = execution_only(4, ge=1)
 
     @model_validator(mode="after")
     def _endpoint(self):
@@ -227,7 +233,7 @@ class Teacher(LLM):
     engine: Literal["oracle", "openai", "vllm", "transformers"]
     model: str | None = Field(default=None, description="not needed for the oracle")
     samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
-    shards: int = Field(default=1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
     max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
@@ -299,14 +305,14 @@ class Eval(Strict):
     repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
     model: Teacher | None = None
     serve_with: Literal["transformers", "vllm"] = "transformers"  # for the trained checkpoint
-    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve args for the checkpoint
+    engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
     timeout_multiplier: float = Field(default=1.0, gt=0, description="paper: 2 for 8B, 16 for 32B")
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
     max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
-    shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
-    concurrency: int = Field(default=4, ge=1)
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS)
+    concurrency: int = execution_only(4, ge=1)
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()

@@ -35,7 +35,7 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
     by_attempts: dict[int, list[int]] = defaultdict(list)
     for row, n in per_task.items():
         by_attempts[n].append(row)
-    work = outdir / "harbor" / f"shard-{shard}"
+    work = outdir / "harbor" / f"shard-{shard}-of-{settings['shards']}"
     work.mkdir(parents=True, exist_ok=True)
     options = harbor_options(settings)
     names: dict[int, str] = {}  # row -> its task dir in the Harbor jobs (copies apart)
