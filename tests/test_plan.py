@@ -121,7 +121,7 @@ def test_execution_only_settings_do_not_change_ids(tmp_path):
 def test_identity_settings_change_ids(tmp_path):
     before = ids(tmp_path, FULL)
     for edit in ("samples_per_task: 2}|samples_per_task: 2, max_episodes: 9}",
-                 "samples_per_task: 2}|samples_per_task: 2, engine_args: {quantization: awq}}"):
+                 "samples_per_task: 2}|samples_per_task: 2, engine_args: {reasoning_parser: glm45}}"):
         old, new = edit.split("|")
         after = ids(tmp_path, FULL.replace(old, new, 1))
         assert after["teacher"] != before["teacher"] and after["mix"] == before["mix"]
