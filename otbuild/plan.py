@@ -176,7 +176,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
                  "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
         benchmarks.append(checkpoint)
     trial = ev.model_dump(include={"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards",
-                                   "concurrency", "sandbox", "limits", "harbor"})
+                                   "concurrency", "sandbox", "limits", "harbor", "keep_reasoning"})
     settings = {**model, **trial, "samples_per_task": ev.repeats, "agent_timeout_sec": None,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
     return _llm_node("eval", "eval", settings, benchmarks)
