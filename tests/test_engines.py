@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from otbuild.engines import ENGINES, EngineError, engine_settings, make_engine, register
+from otbuild.engines import ENGINES, ContextLengthExceededError, EngineError, engine_settings, make_engine, register
 from otbuild.engines.process import free_port
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
@@ -103,6 +103,27 @@ def test_400_is_not_retried(scripted):
     with pytest.raises(EngineError, match="rejected the request.*HTTP 400.*context length") as e:
         asyncio.run(complete_with(openai(srv.base_url, max_retries=5)))
     assert e.value.status == 400 and len(srv.requests) == 1
+
+
+def test_context_overflow_is_told_apart(scripted):
+    """How vLLM (old and new), OpenAI and SGLang say a request is over the context window."""
+    overflows = [
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+        "(4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+        "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is "
+        "4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).",
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+    ]
+    for message in overflows:
+        srv = scripted([(400, {"object": "error", "message": message, "type": "BadRequestError", "code": 400})])
+        with pytest.raises(ContextLengthExceededError, match="HTTP 400") as e:
+            asyncio.run(complete_with(openai(srv.base_url)))
+        assert e.value.status == 400 and len(srv.requests) == 1
+    srv = scripted([(400, {"error": {"message": "temperature must be >= 0"}})])
+    with pytest.raises(EngineError) as e:
+        asyncio.run(complete_with(openai(srv.base_url)))
+    assert type(e.value) is EngineError
 
 
 def test_5xx_gives_up_after_max_retries(scripted):
@@ -215,7 +236,7 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
         asyncio.run(complete_with(make_engine(
             {"engine": "openai", "base_url": local_server, "model": "other"})))
     assert e.value.status == 404
-    with pytest.raises(EngineError, match="HTTP 400.*maximum context length"):
+    with pytest.raises(ContextLengthExceededError, match="HTTP 400.*maximum context length is 1024 tokens"):
         asyncio.run(complete_with(engine, max_tokens=5000))
 
 
