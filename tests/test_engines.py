@@ -190,23 +190,6 @@ def test_vllm_command_glm47_awq():
 # --- serving the tiny model ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    from otbuild.engines.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model")
-
-
-@pytest.fixture(scope="module")
-def local_server(tiny_model):
-    from otbuild.engines.local import start_local_server
-
-    base_url, stop = start_local_server(tiny_model, device="cpu")
-    yield base_url
-    stop()
-
-
 def server_processes(marker: Path) -> list:
     """Live processes whose command line names `marker` (a unique tmp path)."""
     found = []
@@ -236,7 +219,7 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
         asyncio.run(complete_with(make_engine(
             {"engine": "openai", "base_url": local_server, "model": "other"})))
     assert e.value.status == 404
-    with pytest.raises(ContextLengthExceededError, match="HTTP 400.*maximum context length is 1024 tokens"):
+    with pytest.raises(ContextLengthExceededError, match="HTTP 400.*maximum context length is 1600 tokens"):
         asyncio.run(complete_with(engine, max_tokens=5000))
 
 
@@ -249,7 +232,7 @@ def test_transformers_engine_starts_and_stops_its_server(tiny_model):
             alive = server_processes(tiny_model)
         return engine, c, alive
 
-    before = {p.pid for p in server_processes(tiny_model)}  # the module's shared server
+    before = {p.pid for p in server_processes(tiny_model)}  # the session's shared server
     engine, c, alive = asyncio.run(run())
     assert (engine.name, engine.provider) == ("transformers", "transformers")
     assert c.n_output_tokens > 0 and {p.pid for p in alive} - before

@@ -213,29 +213,19 @@ def test_reasoning_is_kept_in_traces_unless_switched_off(tmp_path, scripted):
 
 
 @needs_sandbox
-@pytest.mark.slow
-def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path):
-    """A small model served by `otbuild serve` (a 1600-token context, as vLLM's
-    --max-model-len) has room for the first prompt (~1450 tokens) and one answer, not for the
-    next turn: the server's 400 ends the trial as a failed task with its reason, not as an
-    infrastructure error."""
-    pytest.importorskip("transformers")
-    from otbuild.engines.local import start_local_server
-    from otbuild.engines.tiny import make_tiny_model
-
-    model = make_tiny_model(tmp_path / "tiny", max_position_embeddings=1600)
-    base_url, stop = start_local_server(model, device="cpu")
+def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_model, local_server):
+    """A small model served by `otbuild serve` with a 1600-token context (as vLLM's
+    --max-model-len) has room for the first prompt and one answer, not for the next turn: the
+    server's 400 ends the trial as a failed task with its reason, not as an infrastructure
+    error."""
     task = next(generate(1, 3)).task
 
     async def trial():
-        async with make_engine({"engine": "openai", "base_url": base_url, "model": str(model),
+        async with make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
                                 "temperature": 0.0, "max_tokens": 64}) as engine:
             return await run_trial(task, task.task_id(), engine, TrialSettings(), tmp_path / "w")
 
-    try:
-        trace = asyncio.run(trial())
-    finally:
-        stop()
+    trace = asyncio.run(trial())
     meta = json.loads(trace["metadata"])
     assert trace["exception"] is None and not trace["timed_out"] and trace["reward"] == 0.0
     assert trace["result"] == "ContextLengthExceededError" and meta["stop_reason"] == "context_length_exceeded"
