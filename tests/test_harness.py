@@ -11,7 +11,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.engines import Completion, EngineError, make_engine
+from otbuild.engines import ENGINES, Completion, EngineError, make_engine
 from otbuild.engines.oracle import OracleEngine
 from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
@@ -157,6 +157,25 @@ def test_a_bug_raises_and_only_infrastructure_errors_are_recorded(tmp_path):
     trace = _trial(garbled, ScriptedEngine([]), tmp_path / "garbled")
     assert trace["exception"] == "VerifierOutputParseError" and trace["reward"] is None
     assert "not a number: 'passed" in json.loads(trace["metadata"])["exception_message"]
+
+
+class BuggyEngine(ScriptedEngine):
+    def __init__(self, settings):
+        super().__init__([TypeError("a bug in an engine")])
+
+
+@needs_sandbox
+def test_a_bug_stops_the_rollout_shard(tmp_path, monkeypatch):
+    """The shard job fails with the bug (after the other trials are cancelled and their
+    sandboxes closed), instead of writing it down as an infrastructure error."""
+    monkeypatch.setitem(ENGINES, "buggy", BuggyEngine)
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(3, 3), source="synth")
+    settings = {**Teacher(engine="oracle", concurrency=3).model_dump(), "engine": "buggy"}
+    with pytest.raises(ExceptionGroup) as e:
+        run_shard(settings, [tasks], tmp_path / "out", 0)
+    assert e.group_contains(TypeError, match="a bug in an engine")
+    assert not (tmp_path / "out" / "shards" / "0.parquet").exists()
 
 
 def strict_endpoint(answers: list[str], reasoning: str | None = None):

@@ -149,7 +149,9 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
                     os.fsync(out.fileno())
                     progress.update(trace)
 
-            await asyncio.gather(*(one(t) for t in todo))
+            async with asyncio.TaskGroup() as tg:  # a bug in one trial cancels the others, then raises
+                for t in todo:
+                    tg.create_task(one(t))
     finally:
         await engine.aclose()
         shutil.rmtree(workroot, ignore_errors=True)
