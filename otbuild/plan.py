@@ -171,7 +171,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     Without an explicit model, the recipe's last checkpoint is served (transformers or vllm)."""
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
     trial = {"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards", "concurrency", "sandbox",
-             "limits", "harbor"}
+             "limits", "harbor", "keep_reasoning"}
     checkpoint_serving = {"serve_with", "engine_args", "temperature", "max_tokens"}
     if ev.model is not None:
         model = ev.model.model_dump()

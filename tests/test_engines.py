@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from otbuild.engines import ENGINES, EngineError, engine_settings, make_engine, register
+from otbuild.engines import ENGINES, ContextLengthExceededError, EngineError, engine_settings, make_engine, register
 from otbuild.engines.process import free_port
 from otbuild.engines.settings import VLLMSettings
 from otbuild.engines.vllm import vllm_command
@@ -104,6 +104,27 @@ def test_400_is_not_retried(scripted):
     with pytest.raises(EngineError, match="rejected the request.*HTTP 400.*context length") as e:
         asyncio.run(complete_with(openai(srv.base_url, max_retries=5)))
     assert e.value.status == 400 and len(srv.requests) == 1
+
+
+def test_context_overflow_is_told_apart(scripted):
+    """How vLLM (old and new), OpenAI and SGLang say a request is over the context window."""
+    overflows = [
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+        "(4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+        "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is "
+        "4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).",
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+    ]
+    for message in overflows:
+        srv = scripted([(400, {"object": "error", "message": message, "type": "BadRequestError", "code": 400})])
+        with pytest.raises(ContextLengthExceededError, match="HTTP 400") as e:
+            asyncio.run(complete_with(openai(srv.base_url)))
+        assert e.value.status == 400 and len(srv.requests) == 1
+    srv = scripted([(400, {"error": {"message": "temperature must be >= 0"}})])
+    with pytest.raises(EngineError) as e:
+        asyncio.run(complete_with(openai(srv.base_url)))
+    assert type(e.value) is EngineError
 
 
 def test_5xx_gives_up_after_max_retries(scripted):
@@ -194,23 +215,6 @@ def test_vllm_settings_fit_the_model(tmp_path):
 # --- serving the tiny model ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    from otbuild.engines.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model")
-
-
-@pytest.fixture(scope="module")
-def local_server(tiny_model):
-    from otbuild.engines.local import start_local_server
-
-    base_url, stop = start_local_server(tiny_model, device="cpu")
-    yield base_url
-    stop()
-
-
 def server_processes(marker: Path) -> list:
     """Live processes whose command line names `marker` (a unique tmp path)."""
     found = []
@@ -240,7 +244,7 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
         asyncio.run(complete_with(make_engine(
             {"engine": "openai", "base_url": local_server, "model": "other"})))
     assert e.value.status == 404
-    with pytest.raises(EngineError, match="HTTP 400.*maximum context length"):
+    with pytest.raises(ContextLengthExceededError, match="HTTP 400.*maximum context length is 1600 tokens"):
         asyncio.run(complete_with(engine, max_tokens=5000))
 
 
@@ -253,7 +257,7 @@ def test_transformers_engine_starts_and_stops_its_server(tiny_model):
             alive = server_processes(tiny_model)
         return engine, c, alive
 
-    before = {p.pid for p in server_processes(tiny_model)}  # the module's shared server
+    before = {p.pid for p in server_processes(tiny_model)}  # the session's shared server
     engine, c, alive = asyncio.run(run())
     assert (engine.name, engine.provider) == ("transformers", "transformers")
     assert c.n_output_tokens > 0 and {p.pid for p in alive} - before

@@ -241,12 +241,21 @@ class Teacher(LLM):
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     limits: SandboxLimits = SandboxLimits()
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
+    keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the "
+                                 "traces, before the answer in <think>...</think> (as Harbor exports it)")
 
     @model_validator(mode="after")
     def _model_needed(self):
         if self.engine != "oracle" and not self.model:
             raise ValueError(f"engine {self.engine!r} needs `model`")
-        return self
+        return _reasoning_switch(self)
+
+
+def _reasoning_switch(section):
+    if section.sandbox == "harbor" and not section.keep_reasoning:
+        raise ValueError("keep_reasoning: false applies to otbuild's own harness; with sandbox: "
+                         "harbor the traces are what Harbor exports (reasoning included)")
+    return section
 
 
 class Augment(LLM):
@@ -316,6 +325,11 @@ class Eval(Strict):
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()
+    keep_reasoning: bool = True  # as the teacher's
+
+    @model_validator(mode="after")
+    def _reasoning(self):
+        return _reasoning_switch(self)
 
 
 class Recipe(Strict):

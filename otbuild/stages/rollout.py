@@ -150,6 +150,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
         backend=settings["sandbox"], limits=Limits(**settings.get("limits", {})),
+        keep_reasoning=settings["keep_reasoning"],
     )
     progress = Progress(total, already)
     sem = asyncio.Semaphore(settings["concurrency"])
@@ -174,7 +175,9 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
                     os.fsync(out.fileno())
                     progress.update(trace)
 
-            await asyncio.gather(*(one(t) for t in todo))
+            async with asyncio.TaskGroup() as tg:  # a bug in one trial cancels the others, then raises
+                for t in todo:
+                    tg.create_task(one(t))
     finally:
         await engine.aclose()
         shutil.rmtree(workroot, ignore_errors=True)

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otbuild.engines.base import Completion, EngineError
+from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.train.chat import clean
@@ -100,10 +100,6 @@ class Turn:
     completion_ids: list[int]
 
 
-class ContextExceededError(EngineError):
-    pass
-
-
 class Policy:
     """The model being trained, shared by every rollout of a step (generation is serialised)."""
 
@@ -152,7 +148,7 @@ class PolicyEngine:
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
-            raise ContextExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
+            raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
         ids = await asyncio.to_thread(p.sample, prompt)
         self.turns.append(Turn(prompt, ids))
         stopped = bool(ids) and ids[-1] == p.tok.eos_token_id
@@ -179,7 +175,7 @@ class ServedPolicyEngine(PolicyEngine):
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
-            raise ContextExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
+            raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
         c = await self.server.complete(messages, temperature=p.temperature,
                                        max_tokens=min(p.max_tokens, p.max_context - len(prompt)))
         ids = p.tok(c.text, add_special_tokens=False)["input_ids"]
