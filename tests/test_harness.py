@@ -175,7 +175,7 @@ def test_a_bug_stops_the_rollout_shard(tmp_path, monkeypatch):
     with pytest.raises(ExceptionGroup) as e:
         run_shard(settings, [tasks], tmp_path / "out", 0)
     assert e.group_contains(TypeError, match="a bug in an engine")
-    assert not (tmp_path / "out" / "shards" / "0.parquet").exists()
+    assert not (tmp_path / "out" / "shards" / "0-of-1.parquet").exists()
 
 
 def strict_endpoint(answers: list[str], reasoning: str | None = None):
@@ -222,7 +222,7 @@ def test_reasoning_is_kept_in_traces_unless_switched_off(tmp_path, scripted):
         settings = Teacher(engine="openai", base_url=srv.base_url, model="m", keep_reasoning=keep).model_dump()
         outdir = tmp_path / f"keep-{keep}"
         run_shard(settings, [tasks], outdir, 0)
-        [row] = pq.read_table(outdir / "shards" / "0.parquet").to_pylist()
+        [row] = pq.read_table(outdir / "shards" / "0-of-1.parquet").to_pylist()
         assert row["exception"] is None and row["n_turns"] == 3
         convs[keep] = [m["content"] for m in row["conversations"] if m["role"] == "assistant"]
     assert convs[True] == [f"<think>I should say hi.</think>\n{a}" for a in THREE_TURNS]
