@@ -15,7 +15,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from otbuild.sandbox import bwrap, unshare
+from otbuild.sandbox import bwrap, podman, unshare
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
 from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, write_subtree
@@ -23,17 +23,23 @@ from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
+from otbuild.tasks.harbor_meta import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
 
 __all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxUnavailable",
-           "backend_problem", "head_tail", "open_sandbox", "read_reward", "resolve_backend"]
+           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "open_sandbox",
+           "read_reward", "resolve_backend"]
 
 log = logging.getLogger(__name__)
-BACKENDS = ("bwrap", "unshare", "none")
+BACKENDS = ("bwrap", "unshare", "none", "podman", "auto")
 
 
 class SandboxUnavailable(RuntimeError):
     """No isolating backend works on this host; the message says why."""
+
+
+class TaskNotRunnableLocally(SandboxUnavailable):
+    """The task needs its container image and podman cannot run it here; names the task."""
 
 
 @functools.cache
@@ -41,7 +47,26 @@ def backend_problem(backend: str) -> str | None:
     """None when `backend` works here, else why not (checked once per process)."""
     if backend == "none":
         return None
-    return (bwrap if backend == "bwrap" else unshare).available()
+    return {"bwrap": bwrap, "unshare": unshare, "podman": podman}[backend].available()
+
+
+def backend_for(task: TaskDir, backend: str) -> str:
+    """`auto`: bwrap (or its fallback) for a task whose image a local sandbox can lay out
+    (no RUN lines, no prebuilt image), podman for the rest; other backends as they are.
+    TaskNotRunnableLocally, naming the task, when podman is needed and cannot run."""
+    if backend != "auto":
+        return backend
+    try:
+        local = runnable_locally(task)
+    except KeyError:  # no task.toml: its Dockerfile decides
+        local = runnable_locally(task, {})
+    if local:
+        return "bwrap"
+    problem = backend_problem("podman")
+    if problem is not None:
+        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines or a "
+                                     f"prebuilt image) and podman cannot run it here: {problem}")
+    return "podman"
 
 
 def resolve_backend(backend: str) -> str:
@@ -58,6 +83,8 @@ def resolve_backend(backend: str) -> str:
     if backend == "bwrap" and backend_problem("unshare") is None:
         log.warning("sandbox: %s; using the 'unshare' backend", problem)
         return "unshare"
+    if backend == "podman":
+        raise SandboxUnavailable(f"sandbox podman: {problem}")
     raise SandboxUnavailable(problem if backend == "unshare" else
                              f"{problem}; unshare fallback: {backend_problem('unshare')}")
 
@@ -74,12 +101,19 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
     $HOME (/root) and /logs; `solution/` only `with_solution` (the oracle); tests/ are copied
     in only when a command asks `with_tests`. `cleanup` removes the root at close.
     """
-    backend = resolve_backend(backend)
-    layout: Layout = plan(task)
+    backend = resolve_backend(backend_for(task, backend))
+    if backend != "podman":
+        layout: Layout = plan(task)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)[:60] or "trial"
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
+    if backend == "podman":
+        try:
+            return podman.open_podman(task, root, limits, with_solution=with_solution, cleanup=cleanup)
+        except BaseException:
+            remove_tree(root)
+            raise
     identity = acquire() if backend != "none" else Identity(os.getuid(), os.getgid(), False)
     try:
         materialise(layout, root)
