@@ -502,3 +502,26 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
     assert "license: <b>MIT|x</b>" in card.split("---\n")[1]  # YAML front matter (a string)
     assert "| evil | table |" in card and "&lt;b&gt;MIT\\|x&lt;/b&gt; (2)" in card
     assert "No teacher: this is a task set." in card
+
+
+def test_a_trace_set_that_kept_nothing_is_reported_not_a_crash(tmp_path, monkeypatch):
+    """A trace filter that keeps 0 rows (every trace failed, say): the report says so."""
+    from otbuild.runner import run_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "do it"}, {"role": "assistant", "content": "done"}]}) + "\n")
+    (tmp_path / "recipes" / "z.yaml").write_text(
+        "sources:\n  a: {kind: synthetic, rank: 1, count: 2, seed: 1}\n"
+        "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\n"
+        "trace_filter: {min_turns: 5}\n")
+    plan = plan_recipe(load_recipe(tmp_path / "recipes" / "z.yaml", tmp_path))
+    nodes = [n for n in plan.nodes if n.stage != "report"]
+    for n in nodes:
+        run_spec(n.spec())
+    build(report_settings("z", nodes), tmp_path / "out")
+    p = parse((tmp_path / "out" / "report.html").read_text())
+    assert "No traces: this trace set has 0 rows (the funnel says where they went)." in p.notes["recipe-traces"]
+    assert table(p, "recipe-funnel")["trace_filter"][1] == "0"
+    assert "| rows (traces) | 0 |" in (tmp_path / "out" / "dataset_card.md").read_text()
