@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-import otbuild.sandbox as sandbox
+from otbuild import sandbox
 from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, open_sandbox
 from otbuild.sandbox.podman import IMAGE_REPO, environment_hash, image_exists
 from otbuild.stages.rollout import check_podman

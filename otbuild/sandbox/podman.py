@@ -6,7 +6,7 @@ of the content hash of `environment/`, so equal environments share one image and
 is free. A trial is one container (`--init`, `--network=none`, memory, pids and cpu limits);
 commands run in it through `podman exec`. `/logs` is the trial root's `logs/` (the reward is
 read from the host side, as for bwrap), `/solution` is mounted read-only for the oracle only,
-and `/tests` is copied in for each verifier command and removed after it.
+and `/tests` is copied in when the verifier first runs.
 
 Every command gets a marker in its environment; when it ends, the processes still carrying
 that marker (what it left in the background) are killed, and `kill_all` kills everything in
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
-from otbuild.sandbox.procs import kill_until_gone
+from otbuild.sandbox.procs import kill_until_gone, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.tasks.harbor_meta import parse_task_toml
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
@@ -58,7 +58,7 @@ def available() -> str | None:
         return "podman is not installed (scripts/podman-setup.sh installs and configures it)"
     try:
         r = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired:
         return "`podman info` did not answer within 120 s"
     if r.returncode != 0:
@@ -69,8 +69,8 @@ def available() -> str | None:
     return None
 
 
-def _podman(*args: str, timeout: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, **kw)
+def _podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
     if check and r.returncode != 0:
         raise ContainerError(f"podman {args[0]} failed (exit {r.returncode}): {_tail(r.stderr, 2000)}")
     return r
@@ -122,7 +122,7 @@ def _build(task: TaskDir, tag: str) -> None:
         try:
             r = subprocess.run(["podman", "build", "--pull=never", "--layers", "--quiet", "-t", tag,
                                 "-f", str(Path(ctx) / "Dockerfile"), ctx],
-                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_SEC)
+                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_SEC, check=False)
         except subprocess.TimeoutExpired:
             raise ImageBuildError(f"task {task.name!r}: podman build ran past {BUILD_TIMEOUT_SEC}s") from None
     if r.returncode != 0:
@@ -161,7 +161,7 @@ class PodmanSandbox(Sandbox):
             init = int(info["State"]["Pid"])
             self._pidns = os.readlink(f"/proc/{init}/ns/pid")
             # catatonit and the `sleep infinity` below it keep the container up
-            self._keep = {init} | {p for p in self._namespace_pids() if _ppid(p) == init}
+            self._keep = {init} | {pid for pid, (ppid, _) in scan().items() if ppid == init}
             self.workdir = info["Config"].get("WorkingDir") or "/"
         except BaseException:
             self._remove()
@@ -261,25 +261,12 @@ def _base_ulimits() -> tuple[str, ...]:
     return tuple(out)
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _environ(pid: int) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             return f.read().split(b"\0")
     except OSError:
         return []
-
-
-@functools.cache
-def _cpus_here() -> int:
-    return os.cpu_count() or 1
 
 
 def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
@@ -290,5 +277,5 @@ def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: boo
     except KeyError:  # no task.toml
         env_cfg = {}
     image = ensure_image(task, env_cfg.get("docker_image"))
-    cpus = min(float(env_cfg.get("cpus") or 1), _cpus_here())
+    cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
     return PodmanSandbox(task, root, image, limits, cpus=cpus, with_solution=with_solution, cleanup=cleanup)
