@@ -78,20 +78,22 @@ bootstrap() {  # tag suite mirror components keyring
         "$tar" "docker.io/library/$tag" >/dev/null
     local rc=$?; rm -f "$tar"; return $rc
 }
-for image in $BASE_IMAGES; do
-    $SUDO podman image exists "docker.io/library/$image" && continue
-    case $image in
+build_image() {
+    case $1 in
         ubuntu:24.04|ubuntu:noble)
-            { ubuntu_keyring && bootstrap "$image" noble "$UBUNTU_MIRROR" "main universe" "$UBUNTU_KEYRING"; } \
-                || { echo "podman-setup: the Ubuntu archive failed; $image is Debian bookworm instead" >&2
-                     bootstrap "$image" bookworm "$DEBIAN_MIRROR" main /usr/share/keyrings/debian-archive-keyring.gpg; } ;;
+            { ubuntu_keyring && bootstrap "$1" noble "$UBUNTU_MIRROR" "main universe" "$UBUNTU_KEYRING"; } \
+                || { echo "podman-setup: the Ubuntu archive failed; $1 is Debian bookworm instead" >&2
+                     bootstrap "$1" bookworm "$DEBIAN_MIRROR" main /usr/share/keyrings/debian-archive-keyring.gpg; } ;;
         ubuntu:22.04|ubuntu:jammy)
-            ubuntu_keyring && bootstrap "$image" jammy "$UBUNTU_MIRROR" "main universe" "$UBUNTU_KEYRING" ;;
+            ubuntu_keyring && bootstrap "$1" jammy "$UBUNTU_MIRROR" "main universe" "$UBUNTU_KEYRING" ;;
         debian:bookworm|debian:12)
-            bootstrap "$image" bookworm "$DEBIAN_MIRROR" main /usr/share/keyrings/debian-archive-keyring.gpg ;;
-        *) echo "podman-setup: no recipe for base image $image (known: ubuntu:24.04 ubuntu:22.04 debian:bookworm)" >&2
-           exit 2 ;;
+            bootstrap "$1" bookworm "$DEBIAN_MIRROR" main /usr/share/keyrings/debian-archive-keyring.gpg ;;
+        *) echo "podman-setup: no recipe for base image $1 (known: ubuntu:24.04 ubuntu:22.04 debian:bookworm)" >&2
+           return 2 ;;
     esac
+}
+for image in $BASE_IMAGES; do
+    $SUDO podman image exists "docker.io/library/$image" || build_image "$image"
 done
 $SUDO podman info --format '{{.Host.OCIRuntime.Name}} {{.Host.CgroupManager}}' >/dev/null
 echo "podman-setup: ok ($(podman --version), images: $BASE_IMAGES)"

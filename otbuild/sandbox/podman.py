@@ -26,6 +26,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -150,18 +151,17 @@ class PodmanSandbox(Sandbox):
             write_subtree(task, "solution", root / "solution")
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
         mb, fsize = limits.memory_mb, limits.file_size_mb * 1024 * 1024
-        _podman("run", "-d", "--init", "--name", self.container, "--network=none", "--hostname", "sandbox",
-                f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
-                f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
-                "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
-                "--label", f"otbuild.trial={root}", *mounts, "--entrypoint", "sleep", image, "infinity",
-                timeout=300)
-        try:
+        try:  # a failed `run` can leave the container created: removed as well
+            _podman("run", "-d", "--init", "--name", self.container, "--network=none", "--hostname", "sandbox",
+                    f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
+                    f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
+                    "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
+                    "--label", f"otbuild.trial={root}", *mounts, "--entrypoint", "sleep", image, "infinity",
+                    timeout=300)
             info = json.loads(_podman("inspect", self.container).stdout)[0]
             init = int(info["State"]["Pid"])
             self._pidns = os.readlink(f"/proc/{init}/ns/pid")
-            # catatonit and the `sleep infinity` below it keep the container up
-            self._keep = {init} | {pid for pid, (ppid, _) in scan().items() if ppid == init}
+            self._keep = {init} | _keeper(init)  # catatonit and its `sleep infinity`
             self.workdir = info["Config"].get("WorkingDir") or "/"
         except BaseException:
             self._remove()
@@ -259,6 +259,17 @@ def _base_ulimits() -> tuple[str, ...]:
         value = -1 if hard == resource.RLIM_INFINITY else hard
         out += ["--ulimit", f"{name}={value}:{value}"]
     return tuple(out)
+
+
+def _keeper(init: int, timeout: float = 10.0) -> set[int]:
+    """The child catatonit starts (`sleep infinity`): killing it would stop the container."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = {pid for pid, (ppid, _) in scan().items() if ppid == init}
+        if found:
+            return found
+        time.sleep(0.01)
+    raise ContainerError(f"the container's init (pid {init}) started no process in {timeout:g}s")
 
 
 def _environ(pid: int) -> list[bytes]:
