@@ -9,7 +9,7 @@ import pytest
 
 from otbuild import sandbox
 from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, open_sandbox
-from otbuild.sandbox.podman import IMAGE_REPO, environment_hash, image_exists
+from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, environment_hash, image_exists
 from otbuild.stages.rollout import check_podman
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
@@ -80,6 +80,14 @@ def test_image_is_cached_by_environment_content(tmp_path):
     with open_sandbox(a, tmp_path, backend="podman") as box:
         assert image_exists(f"{IMAGE_REPO}:{environment_hash(a)[:24]}")
         assert box.workdir == "/app" and box.run("cat extra.txt", timeout=10).output == "x"
+
+
+@needs_podman
+def test_a_failed_build_names_the_task_and_leaves_nothing(tmp_path):
+    broken = ot_agent_task("broken", 1, "FROM no-such-base:1\nWORKDIR /app\n")
+    with pytest.raises(ImageBuildError, match=r"task 'broken': podman build failed .*base image is missing"):
+        open_sandbox(broken, tmp_path, backend="podman")
+    assert not any(tmp_path.iterdir())  # no trial root left behind
 
 
 RECIPE = """
