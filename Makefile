@@ -17,6 +17,7 @@ setup:  ## Python package + dev extras (editable), and the sandbox's Debian pack
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(APT_PACKAGES); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[dev]'
+	@scripts/podman-setup.sh  # podman for `sandbox: podman|auto`: packages, config, base images
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
 
 harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class

@@ -13,6 +13,7 @@ if [ -x "$VENV/bin/harbor" ] && "$VENV/bin/python" - "$HARBOR_VERSION" <<'PY' 2>
 import sys
 from importlib.metadata import version
 import otbuild.harbor, otbuild.sandbox  # noqa: F401  (the editable install points here)
+import podman_compose  # noqa: F401  (Harbor's `-e podman` on a podman without `podman compose`)
 sys.exit(0 if version("harbor") == sys.argv[1] else 1)
 PY
 then
@@ -34,7 +35,7 @@ find_python() {
 PY=$(find_python) || { echo "harbor-env: Harbor needs Python >= 3.12; none found (set HARBOR_PYTHON)" >&2; exit 2; }
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "harbor==$HARBOR_VERSION" 2>&1 \
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "harbor==$HARBOR_VERSION" podman-compose 2>&1 \
     | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
     | grep -v "^WARNING: Location" || true

@@ -30,6 +30,26 @@ def make_task(name: str, instruction: str, **metadata) -> TaskRecord:
     return TaskRecord(t, runnable_locally=True, metadata=metadata)
 
 
+# What OT-Agent tasks' environments look like: a distribution image, packages installed by RUN,
+# the task's files copied in. The RUN layer comes first, so podman builds it once for all tasks.
+OT_AGENT_DOCKERFILE = """\
+FROM ubuntu:24.04
+RUN apt-get update && apt-get install -y --no-install-recommends tmux python3 procps
+WORKDIR /app
+COPY app/ /app/
+"""
+
+
+def in_ot_agent_image(task: TaskDir) -> TaskDir:
+    """A copy of `task` whose environment is built from OT_AGENT_DOCKERFILE (files under
+    environment/app/ are what it copies)."""
+    out = TaskDir(task.name)
+    for rel, f in task.files.items():
+        out.add(rel, f.data, f.executable)
+    out.add("environment/Dockerfile", OT_AGENT_DOCKERFILE)
+    return out
+
+
 def write_source(path: Path, source: str, instructions: list[str], **metadata_lists) -> Path:
     records = [
         make_task(f"{source}-{i}", text, **{k: v[i] for k, v in metadata_lists.items()})

@@ -464,17 +464,10 @@ def test_charts_escape_and_draw():
 def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkeypatch):
     """Stages run in process (no snakemake): sources -> mix -> task_filter. A hand-made source
     artifact carries a licence and hostile text in its metadata and quarantine reasons."""
-    from otbuild.runner import run_spec
-
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "t.yaml").write_text(
+    nodes = _run_in_process(tmp_path, "t", (
         "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\n  b: {kind: synthetic, rank: 2, count: 4, seed: 2}\n"
-        "mix: {n: 2, total: 8}\ntask_filter: {dedup: true, sample: {n: 5}}\n")
-    plan = plan_recipe(load_recipe(tmp_path / "recipes" / "t.yaml", tmp_path))
-    nodes = [n for n in plan.nodes if n.stage != "report"]
-    for n in nodes:
-        run_spec(n.spec())
+        "mix: {n: 2, total: 8}\ntask_filter: {dedup: true, sample: {n: 5}}\n"))
     hostile = tmp_path / "artifacts" / "source" / "x"
     hostile.mkdir(parents=True)
     write_source(hostile / "tasks.parquet", "evil", ["one task", "two task"], license=["<b>MIT|x</b>", "<b>MIT|x</b>"])
@@ -502,3 +495,34 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
     assert "license: <b>MIT|x</b>" in card.split("---\n")[1]  # YAML front matter (a string)
     assert "| evil | table |" in card and "&lt;b&gt;MIT\\|x&lt;/b&gt; (2)" in card
     assert "No teacher: this is a task set." in card
+
+
+def test_a_trace_set_that_kept_nothing_is_reported_not_a_crash(tmp_path, monkeypatch):
+    """A trace filter that keeps 0 rows (every trace failed, say): the report says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "do it"}, {"role": "assistant", "content": "done"}]}) + "\n")
+    nodes = _run_in_process(tmp_path, "z", (
+        "sources:\n  a: {kind: synthetic, rank: 1, count: 2, seed: 1}\n"
+        "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\n"
+        "trace_filter: {min_turns: 5}\n"))
+    build(report_settings("z", nodes), tmp_path / "out")
+    p = parse((tmp_path / "out" / "report.html").read_text())
+    assert "No traces: this trace set has 0 rows (the funnel says where they went)." in p.notes["recipe-traces"]
+    assert table(p, "recipe-funnel")["trace_filter"][1] == "0"
+    assert "| rows (traces) | 0 |" in (tmp_path / "out" / "dataset_card.md").read_text()
+
+
+def _run_in_process(project, name: str, recipe: str) -> list:
+    """Write recipes/NAME.yaml and run its stages but the report in this process (no
+    snakemake); the plan's nodes that ran."""
+    from otbuild.runner import run_spec
+
+    (project / "recipes").mkdir()
+    (project / "recipes" / f"{name}.yaml").write_text(recipe)
+    plan = plan_recipe(load_recipe(project / "recipes" / f"{name}.yaml", project))
+    nodes = [n for n in plan.nodes if n.stage != "report"]
+    for n in nodes:
+        run_spec(n.spec())
+    return nodes
+

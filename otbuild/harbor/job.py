@@ -155,10 +155,13 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                      max_timeout_sec=max_timeout_sec)
     path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
     log = Path(log or workdir / f"{job_name}.harbor.log")
+    command = harbor_command(path, harbor=exe)
+    env = harbor_env(api_key_env=api_key_env)
+    # the tools installed beside harbor come first (podman-compose, for `-e podman`)
+    env["PATH"] = os.pathsep.join([str(Path(command[0]).parent), env.get("PATH", "/usr/bin:/bin")])
     with open(log, "wb") as out:
-        proc = subprocess.run(harbor_command(path, harbor=exe), stdout=out,
-                              stderr=subprocess.STDOUT, cwd=workdir, timeout=timeout_sec,
-                              env=harbor_env(api_key_env=api_key_env), check=False)
+        proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+                              timeout=timeout_sec, env=env, check=False)
     if proc.returncode != 0 or not (job_dir / "result.json").is_file():
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"harbor run exited with {proc.returncode} (config {path}, log "

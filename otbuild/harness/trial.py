@@ -74,8 +74,9 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
     limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
     try:
-        with open_sandbox(task, workdir, backend=settings.backend, limits=limits,
-                          with_solution=getattr(engine, "needs_solution", False)) as box:
+        # in a thread: podman may build the task's image first
+        with await asyncio.to_thread(open_sandbox, task, workdir, backend=settings.backend, limits=limits,
+                                     with_solution=getattr(engine, "needs_solution", False)) as box:
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions)
             except ContextLengthExceededError as e:
@@ -116,8 +117,8 @@ def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int =
     """The row for a task that needs its container image: recorded as an infrastructure
     exception (the trace filter drops it with that reason), never run on the host."""
     return _trace_row(task, task_id, engine, datetime.now(UTC), time.monotonic(), [], [], None,
-                      "TaskNotRunnableLocally", {"exception_message": "the task needs its container image; "
-                      "run it through the harbor backend"}, False, 0.0, sample_idx, run_id, source)
+                      "TaskNotRunnableLocally", {"exception_message": "the task needs its container image; run "
+                      "it with sandbox: podman or auto, or through harbor"}, False, 0.0, sample_idx, run_id, source)
 
 
 def _trace_row(task, task_id, engine, started, t0, conversations, completions, reward, exception, details,

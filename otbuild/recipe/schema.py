@@ -238,7 +238,7 @@ class Teacher(LLM):
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
     timeout_cap_sec: float = Field(default=7200, gt=0)
-    sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
+    sandbox: Literal["bwrap", "unshare", "none", "podman", "auto", "harbor"] = "bwrap"
     limits: SandboxLimits = SandboxLimits()
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
     keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the "
@@ -322,7 +322,7 @@ class Eval(Strict):
     max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
     shards: int = execution_only(1, ge=1, le=MAX_SHARDS)
     concurrency: int = execution_only(4, ge=1)
-    sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
+    sandbox: Literal["bwrap", "unshare", "none", "podman", "auto", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()
     keep_reasoning: bool = True  # as the teacher's

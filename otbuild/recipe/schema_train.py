@@ -106,7 +106,7 @@ class Sft(Strict):
 
 
 class RlSandbox(Strict):
-    backend: Literal["bwrap", "unshare", "none"] = "bwrap"
+    backend: Literal["bwrap", "unshare", "none", "podman", "auto"] = "bwrap"
     max_episodes: int = Field(default=50, ge=1)
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)

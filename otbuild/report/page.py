@@ -55,7 +55,7 @@ def _anchor(*parts) -> str:
 
 
 def _group_charts(g: Group) -> dict:
-    c: dict = {"g": g}
+    c: dict = dict.fromkeys(("funnel", "mix", "turns", "rewards", "sft", "rl", "eval")) | {"g": g}
     if g.funnel:
         c["funnel"] = charts.bars([(s.name, s.rows or 0) for s in g.funnel], title="rows per stage")
     if g.mix:

@@ -15,7 +15,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from otbuild.sandbox import bwrap, unshare
+from otbuild.sandbox import bwrap, podman, unshare
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
@@ -24,17 +24,23 @@ from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
+from otbuild.tasks.harbor_meta import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
 
 __all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
-           "backend_problem", "head_tail", "open_sandbox", "read_reward", "resolve_backend"]
+           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "open_sandbox",
+           "read_reward", "resolve_backend"]
 
 log = logging.getLogger(__name__)
-BACKENDS = ("bwrap", "unshare", "none")
+BACKENDS = ("bwrap", "unshare", "none", "podman", "auto")
 
 
 class SandboxUnavailable(SandboxError):
     """No isolating backend works on this host; the message says why."""
+
+
+class TaskNotRunnableLocally(SandboxUnavailable):
+    """The task needs its container image and podman cannot run it here; names the task."""
 
 
 @functools.cache
@@ -42,7 +48,26 @@ def backend_problem(backend: str) -> str | None:
     """None when `backend` works here, else why not (checked once per process)."""
     if backend == "none":
         return None
-    return (bwrap if backend == "bwrap" else unshare).available()
+    return {"bwrap": bwrap, "unshare": unshare, "podman": podman}[backend].available()
+
+
+def backend_for(task: TaskDir, backend: str) -> str:
+    """`auto`: bwrap (or its fallback) for a task whose image a local sandbox can lay out
+    (no RUN lines, no prebuilt image), podman for the rest; other backends as they are.
+    TaskNotRunnableLocally, naming the task, when podman is needed and cannot run."""
+    if backend != "auto":
+        return backend
+    try:
+        local = runnable_locally(task)
+    except KeyError:  # no task.toml: its Dockerfile decides
+        local = runnable_locally(task, {})
+    if local:
+        return "bwrap"
+    problem = backend_problem("podman")
+    if problem is not None:
+        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines or a "
+                                     f"prebuilt image) and podman cannot run it here: {problem}")
+    return "podman"
 
 
 def resolve_backend(backend: str) -> str:
@@ -59,6 +84,8 @@ def resolve_backend(backend: str) -> str:
     if backend == "bwrap" and backend_problem("unshare") is None:
         log.warning("sandbox: %s; using the 'unshare' backend", problem)
         return "unshare"
+    if backend == "podman":
+        raise SandboxUnavailable(f"sandbox podman: {problem}")
     raise SandboxUnavailable(problem if backend == "unshare" else
                              f"{problem}; unshare fallback: {backend_problem('unshare')}")
 
@@ -76,19 +103,25 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
     in only when a command asks `with_tests`. `cleanup` removes the root at close. Raises
     SandboxError (LayoutError, SandboxUnavailable, ...) when the trial cannot be set up.
     """
-    backend = resolve_backend(backend)
-    layout: Layout = plan(task)
+    backend = resolve_backend(backend_for(task, backend))
+    layout = None if backend == "podman" else plan(task)  # podman builds the image instead
     try:
         return _materialised(task, Path(workdir).resolve(), backend, limits, layout, with_solution, cleanup)
     except OSError as e:  # a full disk, a workdir we may not write, ...
         raise SandboxError(f"task {task.name!r}: could not set up its trial under {workdir}: {e}") from e
 
 
-def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout,
+def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout | None,
                   with_solution: bool, cleanup: bool) -> Sandbox:
     workdir.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)[:60] or "trial"
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
+    if backend == "podman":
+        try:
+            return podman.open_podman(task, root, limits, with_solution=with_solution, cleanup=cleanup)
+        except BaseException:
+            remove_tree(root)
+            raise
     identity = acquire() if backend != "none" else Identity(os.getuid(), os.getgid(), False)
     try:
         materialise(layout, root)

@@ -50,13 +50,17 @@ class Sandbox:
         self._with_solution, self._cleanup = with_solution, cleanup
         self._system = system_mounts()
         self.uid = inside_uid(backend, identity)
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        """Per-trial state every backend shares, and the watchdog of the trial's wall clock."""
         self._tests_ready = False
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._handed_out = False  # argv() was given to a caller: kill_all is needed at close
-        self.deadline = time.monotonic() + limits.wall_seconds
-        self._watchdog = threading.Timer(limits.wall_seconds, self.kill_all)
+        self.deadline = time.monotonic() + self.limits.wall_seconds
+        self._watchdog = threading.Timer(self.limits.wall_seconds, self.kill_all)
         self._watchdog.daemon = True
         self._watchdog.start()
 
@@ -87,6 +91,11 @@ class Sandbox:
                                f"({self.limits.wall_seconds:g}s) ran out")
         if with_tests:
             self._ensure_tests()
+        return self._command_argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
+
+    def _command_argv(self, command: list[str], *, with_tests: bool, cwd: str | None,
+                      env: dict[str, str] | None, tty: bool) -> list[str]:
+        """The backend's host argv for one command (checks done)."""
         has_caps = self._identity.privileged or self.backend == "unshare"
         prefix = self.limits.prlimit() + (
             [] if self.backend == "none" else self._identity.drop(has_caps=has_caps))
@@ -134,6 +143,7 @@ class Sandbox:
             proc.stdout.close()
             with self._lock:
                 self._procs.discard(proc)
+            self._command_ended(proc)
         timed_out = timed_out or time.monotonic() >= self.deadline
         text = data.decode("utf-8", errors="replace")
         if over:
@@ -184,6 +194,9 @@ class Sandbox:
         self.close()
 
     # -- internals ----------------------------------------------------------------------
+    def _command_ended(self, proc: subprocess.Popen) -> None:
+        """After run()'s command: here its namespace took everything it started with it."""
+
     def _kill_tree(self, proc: subprocess.Popen) -> None:
         kill_until_gone(lambda: descendants([proc.pid], scan()) if proc.poll() is None else set())
 
@@ -192,16 +205,22 @@ class Sandbox:
         agent left there counts as a reward."""
         if self._tests_ready:
             return
-        verifier = self.root / "logs" / "verifier"
-        if verifier.is_symlink() or verifier.is_file():
-            verifier.unlink()
-        elif verifier.exists():
-            remove_tree(verifier)
-        verifier.mkdir(parents=True)
+        verifier = reset_verifier(self.root)
         write_subtree(self.task, "tests", self.root / "tests")
         if self._identity.privileged and self.backend != "none":
             os.chown(verifier, self._identity.uid, self._identity.gid)
         self._tests_ready = True
+
+
+def reset_verifier(root: Path) -> Path:
+    """An empty `logs/verifier` (whatever the agent put there, a symlink included, is gone)."""
+    verifier = root / "logs" / "verifier"
+    if verifier.is_symlink() or verifier.is_file():
+        verifier.unlink()
+    elif verifier.exists():
+        remove_tree(verifier)
+    verifier.mkdir(parents=True)
+    return verifier
 
 
 def inside_uid(backend: str, identity: Identity) -> int:

@@ -146,6 +146,9 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     from otbuild.sandbox import Limits
 
     rows = task_rows(inputs, {t.row for t in todo})
+    containers = settings["sandbox"] in ("podman", "auto")  # a task's own image can run here
+    if containers:
+        check_podman(settings["sandbox"], [r for r in rows.values() if not r["runnable_locally"]])
     trial_settings = TrialSettings(
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
@@ -164,7 +167,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
                     row = rows[t.row]
                     task = TaskDir.unpack(row["path"], row["task_binary"])
                     ids = {"sample_idx": t.sample_idx, "run_id": run_id, "source": row["source"]}
-                    if row["runnable_locally"]:
+                    if row["runnable_locally"] or containers:
                         workdir = workroot / f"{t.index}"
                         trace = await run_trial(task, row["task_id"], engine, trial_settings, workdir, **ids)
                         shutil.rmtree(workdir, ignore_errors=True)
@@ -182,6 +185,17 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         await engine.aclose()
         shutil.rmtree(workroot, ignore_errors=True)
         progress.finish()
+
+
+def check_podman(backend: str, need_image: list[dict]) -> None:
+    """Fail before any trial when tasks need their image and podman cannot run here."""
+    from otbuild.sandbox import backend_problem
+
+    if (backend == "podman" or need_image) and (problem := backend_problem("podman")):
+        names = sorted({r["path"] for r in need_image})
+        which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
+                 "image (RUN lines or a prebuilt image)" if need_image else "the recipe asks for it")
+        raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
 
 
 def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",

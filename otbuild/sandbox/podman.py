@@ -1,0 +1,293 @@
+"""The podman backend: a trial in a long-lived container of the task's own image.
+
+The image is built from the task's `environment/Dockerfile` (build context `environment/`,
+`--pull=never`: base images come from `scripts/podman-setup.sh`) and cached under a tag made
+of the content hash of `environment/`, so equal environments share one image and a rebuild
+is free. A trial is one container (`--init`, `--network=none`, memory, pids and cpu limits);
+commands run in it through `podman exec`. `/logs` is the trial root's `logs/` (the reward is
+read from the host side, as for bwrap), `/solution` is mounted read-only for the oracle only,
+and `/tests` is copied in when the verifier first runs.
+
+Every command gets a marker in its environment; when it ends, the processes still carrying
+that marker (what it left in the background) are killed, and `kill_all` kills everything in
+the container's pid namespace except its init and the process that keeps the container up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import resource
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from otbuild.sandbox.errors import SandboxError
+from otbuild.sandbox.layout import write_subtree
+from otbuild.sandbox.limits import Limits
+from otbuild.sandbox.procs import kill_until_gone, scan
+from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
+from otbuild.tasks.harbor_meta import parse_task_toml
+from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
+
+log = logging.getLogger(__name__)
+
+IMAGE_REPO = "localhost/otbuild-env"
+BUILD_TIMEOUT_SEC = 3600
+LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
+MARKER = "OTBUILD_EXEC"
+
+
+class ImageBuildError(SandboxError):
+    """`podman build` of a task's environment failed; the message has the build log's tail."""
+
+
+class ContainerError(SandboxError):
+    """The trial's container could not be started or copied into."""
+
+
+def available() -> str | None:
+    """None when podman can run containers here, else why not."""
+    if shutil.which("podman") is None:
+        return "podman is not installed (scripts/podman-setup.sh installs and configures it)"
+    try:
+        r = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return "`podman info` did not answer within 120 s"
+    if r.returncode != 0:
+        return f"`podman info` failed: {_tail(r.stderr, 500)}"
+    if os.geteuid() != 0 and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        log.warning("podman runs rootless on cgroup v1: --memory, --pids-limit and --cpus are "
+                    "NOT enforced (run as root, or on cgroup v2)")
+    return None
+
+
+def _podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and r.returncode != 0:
+        raise ContainerError(f"podman {args[0]} failed (exit {r.returncode}): {_tail(r.stderr, 2000)}")
+    return r
+
+
+def _tail(text: str, n: int) -> str:
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+# -- images ---------------------------------------------------------------------------------
+def environment_hash(task: TaskDir) -> str:
+    """sha256 over the paths, modes and bytes of `environment/` (the build's whole input)."""
+    h = hashlib.sha256(b"otbuild-env-1\0")
+    for rel, f in sorted(task.files.items()):
+        if rel.startswith("environment/"):
+            h.update(f"{rel}\0{int(f.executable)}\0{len(f.data)}\0".encode())
+            h.update(f.data)
+    return h.hexdigest()
+
+
+def image_exists(ref: str) -> bool:
+    return _podman("image", "exists", ref, check=False).returncode == 0
+
+
+def ensure_image(task: TaskDir, docker_image: str | None = None) -> str:
+    """The image a trial of `task` runs in, built when missing (one build per environment
+    hash at a time, across processes). A prebuilt `docker_image` is used only when present."""
+    if DOCKERFILE not in task.files:
+        if docker_image and image_exists(docker_image):
+            return docker_image
+        raise ImageBuildError(f"task {task.name!r}: no environment/Dockerfile to build"
+                              + (f", and its image {docker_image!r} is not present locally"
+                                 if docker_image else ""))
+    tag = f"{IMAGE_REPO}:{environment_hash(task)[:24]}"
+    if image_exists(tag):
+        return tag
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_DIR / f"{tag.rsplit(':', 1)[1]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not image_exists(tag):
+            _build(task, tag)
+    return tag
+
+
+def _build(task: TaskDir, tag: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="otbuild-build-") as ctx:
+        write_subtree(task, "environment", Path(ctx))
+        try:
+            r = subprocess.run(["podman", "build", "--pull=never", "--layers", "--quiet", "-t", tag,
+                                "-f", str(Path(ctx) / "Dockerfile"), ctx],
+                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_SEC, check=False)
+        except subprocess.TimeoutExpired:
+            raise ImageBuildError(f"task {task.name!r}: podman build ran past {BUILD_TIMEOUT_SEC}s") from None
+    if r.returncode != 0:
+        hint = ("; a base image is missing: scripts/podman-setup.sh builds ubuntu and debian ones"
+                if "image not known" in r.stderr or "pull policy" in r.stderr else "")
+        raise ImageBuildError(f"task {task.name!r}: podman build failed (exit {r.returncode}){hint}:\n"
+                              f"{_tail(r.stdout + r.stderr, 3000)}")
+    log.info("built %s for task %s", tag, task.name)
+
+
+# -- the trial ------------------------------------------------------------------------------
+class PodmanSandbox(Sandbox):
+    """A trial in its own container. Same interface and guarantees as the bwrap sandbox."""
+
+    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float,
+                 with_solution: bool, cleanup: bool):
+        self.task, self.root, self.backend, self.limits = task, root, "podman", limits
+        self._with_solution, self._cleanup = with_solution, cleanup
+        self.uid = 0
+        self.container = f"otbuild-{secrets.token_hex(6)}"
+        for d in ("agent", "verifier"):
+            (root / "logs" / d).mkdir(parents=True, exist_ok=True)
+        mounts = ["-v", f"{root / 'logs'}:/logs"]
+        if with_solution:
+            write_subtree(task, "solution", root / "solution")
+            mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
+        mb, fsize = limits.memory_mb, limits.file_size_mb * 1024 * 1024
+        try:  # a failed `run` can leave the container created: removed as well
+            _podman("run", "-d", "--init", "--name", self.container, "--network=none", "--hostname", "sandbox",
+                    f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
+                    f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
+                    "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
+                    "--label", f"otbuild.trial={root}", *mounts, "--entrypoint", "sleep", image, "infinity",
+                    timeout=300)
+            info = json.loads(_podman("inspect", self.container).stdout)[0]
+            init = int(info["State"]["Pid"])
+            self._pidns = os.readlink(f"/proc/{init}/ns/pid")
+            self._keep = {init} | _keeper(init)  # catatonit and its `sleep infinity`
+            self.workdir = info["Config"].get("WorkingDir") or "/"
+        except BaseException:
+            self._remove()
+            raise
+        self._start_clock()
+
+    # -- commands -------------------------------------------------------------------
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The image's own environment (its ENV lines) plus TERM and `extra`."""
+        return {"TERM": "dumb", **(extra or {})}
+
+    def _command_argv(self, command: list[str], *, with_tests: bool, cwd: str | None,
+                      env: dict[str, str] | None, tty: bool) -> list[str]:
+        env_args = [a for k, v in self.env(env).items() for a in ("--env", f"{k}={v}")]
+        return ["podman", "exec", "-i", *(["-t"] if tty else []),
+                "--env", f"{MARKER}={secrets.token_hex(8)}", *env_args,
+                "--workdir", cwd or self.workdir, self.container, *command]
+
+    def _command_ended(self, proc: subprocess.Popen) -> None:
+        """What the command left running (the processes carrying its marker) is killed."""
+        marker = next(a for a in proc.args if a.startswith(MARKER + "=")).encode()
+        kill_until_gone(lambda: {p for p in self._namespace_pids() - self._keep if marker in _environ(p)})
+
+    def _kill_tree(self, proc: subprocess.Popen) -> None:
+        self._command_ended(proc)
+        super()._kill_tree(proc)
+
+    def _ensure_tests(self) -> None:
+        """tests/ copied to /tests (a fresh copy: the agent may have made its own /tests) and
+        an empty logs/verifier, once, for the verifier."""
+        if self._tests_ready:
+            return
+        reset_verifier(self.root)
+        with tempfile.TemporaryDirectory(prefix="otbuild-tests-") as d:
+            write_subtree(self.task, "tests", Path(d) / "tests")
+            _podman("exec", "--user", "0", self.container, "/bin/rm", "-rf", "/tests")
+            _podman("cp", f"{d}/tests", f"{self.container}:/tests")
+        self._tests_ready = True
+
+    # -- the end ------------------------------------------------------------------------
+    def kill_all(self) -> None:
+        """SIGKILL every process in the container but the two that keep it up, and the
+        `podman exec` clients on the host; return when none is left."""
+        def find() -> set[int]:
+            with self._lock:
+                clients = {p.pid for p in self._procs if p.poll() is None}
+            return (self._namespace_pids() - self._keep) | clients
+
+        left = kill_until_gone(find)
+        if left:
+            log.error("sandbox %s: processes survived kill_all: %s", self.container, sorted(left))
+        self._handed_out = False
+
+    def close(self) -> None:
+        """Remove the container (every process in it dies); the root only if `cleanup`."""
+        if self._closed:
+            return
+        self._watchdog.cancel()
+        self._closed = True
+        self.kill_all()
+        self._remove()
+        if self._cleanup:
+            remove_tree(self.root)
+
+    def _namespace_pids(self) -> set[int]:
+        found = set()
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if os.readlink(f"{entry.path}/ns/pid") == self._pidns:
+                        found.add(int(entry.name))
+                except OSError:
+                    pass
+        return found
+
+    def _remove(self) -> None:
+        _podman("rm", "-f", "-t", "0", self.container, check=False, timeout=120)
+
+
+@functools.cache
+def _base_ulimits() -> tuple[str, ...]:
+    """Any --ulimit replaces podman's default ulimits, and podman lowers its own nofile/nproc to
+    those defaults, so they must be passed again: containers.conf's `default_ulimits` (which
+    scripts/podman-setup.sh writes), else this process's hard limits."""
+    for conf in (os.environ.get("CONTAINERS_CONF"), "/etc/containers/containers.conf",
+                 "/usr/share/containers/containers.conf"):
+        try:
+            listed = tomllib.loads(Path(conf).read_text())["containers"]["default_ulimits"]
+        except (TypeError, OSError, KeyError, tomllib.TOMLDecodeError):
+            continue
+        return tuple(a for u in listed for a in ("--ulimit", u))
+    out: list[str] = []
+    for name, res in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        hard = resource.getrlimit(res)[1]
+        value = -1 if hard == resource.RLIM_INFINITY else hard
+        out += ["--ulimit", f"{name}={value}:{value}"]
+    return tuple(out)
+
+
+def _keeper(init: int, timeout: float = 10.0) -> set[int]:
+    """The child catatonit starts (`sleep infinity`): killing it would stop the container."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = {pid for pid, (ppid, _) in scan().items() if ppid == init}
+        if found:
+            return found
+        time.sleep(0.01)
+    raise ContainerError(f"the container's init (pid {init}) started no process in {timeout:g}s")
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
+                cleanup: bool) -> PodmanSandbox:
+    """Build (or reuse) the task's image and start its trial container in `root`."""
+    try:
+        env_cfg = parse_task_toml(task).get("environment", {})
+    except KeyError:  # no task.toml
+        env_cfg = {}
+    image = ensure_image(task, env_cfg.get("docker_image"))
+    cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
+    return PodmanSandbox(task, root, image, limits, cpus=cpus, with_solution=with_solution, cleanup=cleanup)

@@ -1,0 +1,139 @@
+"""OT-Agent-format tasks (a Dockerfile that installs packages with RUN) through `sandbox: auto`:
+podman builds and runs their images, bwrap the tasks that need no image; a real snakemake run
+of the paper's recipe shape with the oracle teacher yields traces."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from otbuild import sandbox
+from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, open_sandbox
+from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, environment_hash, image_exists
+from otbuild.stages.rollout import check_podman
+from otbuild.tasks.table import TaskRecord, write_tasks
+from otbuild.tasks.taskdir import TaskDir
+from tests.conftest import OT_AGENT_DOCKERFILE, snakemake
+
+needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
+                                  reason=f"podman unusable here: {backend_problem('podman')}")
+
+SOLVE = """\
+#!/bin/bash
+cd /app
+ls -la
+grep -n port config.ini
+sed -i 's/^port = .*/port = {port}/' config.ini
+python3 -c "import configparser; c = configparser.ConfigParser(); c.read('config.ini'); print(c['server']['port'])"
+tmux -V
+echo done > /app/status.txt
+"""
+TEST = """\
+#!/bin/bash
+ok=1
+grep -qx 'port = {port}' /app/config.ini || ok=0
+command -v tmux >/dev/null && python3 -c pass || ok=0
+echo $ok > /logs/verifier/reward.txt
+"""
+
+
+def ot_agent_task(name: str, port: int, dockerfile: str = OT_AGENT_DOCKERFILE) -> TaskDir:
+    """An OT-Agent-style Harbor task: fix a port in a config file (the verifier also needs
+    the packages the Dockerfile installs)."""
+    t = TaskDir(name)
+    t.add("instruction.md", f"The server in /app/config.ini must listen on port {port}. Fix the config.")
+    t.add("task.toml", "version = \"1.0\"\n\n[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n"
+                       "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n")
+    t.add("environment/Dockerfile", dockerfile)
+    t.add("environment/app/config.ini", "[server]\nhost = 0.0.0.0\nport = 80\n")
+    t.add("solution/solve.sh", SOLVE.format(port=port), executable=True)
+    t.add("tests/test.sh", TEST.format(port=port), executable=True)
+    return t
+
+
+NO_RUN = "FROM ubuntu:24.04\nWORKDIR /app\nCOPY app/ /app/\n"  # a local sandbox lays it out
+
+
+def test_auto_picks_the_backend_per_task_and_names_a_task_it_cannot_run(monkeypatch):
+    assert backend_for(ot_agent_task("local", 1, NO_RUN), "auto") == "bwrap"
+    assert backend_for(ot_agent_task("img", 1), "bwrap") == "bwrap"  # other backends as asked
+    monkeypatch.setattr(sandbox.podman, "available", lambda: "podman is not installed")
+    backend_problem.cache_clear()
+    try:
+        with pytest.raises(TaskNotRunnableLocally, match="task 'needs-image'.*podman is not installed"):
+            open_sandbox(ot_agent_task("needs-image", 1), "/nonexistent", backend="auto")
+        with pytest.raises(RuntimeError, match="tasks a, b need their container image.*not installed"):
+            check_podman("auto", [{"path": "b"}, {"path": "a"}])
+        check_podman("auto", [])  # nothing needs podman: fine without it
+        with pytest.raises(RuntimeError, match="sandbox podman: the recipe asks for it"):
+            check_podman("podman", [])
+    finally:
+        backend_problem.cache_clear()
+
+
+@needs_podman
+def test_image_is_cached_by_environment_content(tmp_path):
+    a, b = ot_agent_task("a", 8080), ot_agent_task("b", 9090)
+    assert environment_hash(a) == environment_hash(b)  # same environment/: one image
+    a.add("environment/app/extra.txt", "x")
+    assert environment_hash(a) != environment_hash(b)
+    with open_sandbox(a, tmp_path, backend="podman") as box:
+        assert image_exists(f"{IMAGE_REPO}:{environment_hash(a)[:24]}")
+        assert box.workdir == "/app" and box.run("cat extra.txt", timeout=10).output == "x"
+
+
+@needs_podman
+def test_a_failed_build_names_the_task_and_leaves_nothing(tmp_path):
+    broken = ot_agent_task("broken", 1, "FROM no-such-base:1\nWORKDIR /app\n")
+    with pytest.raises(ImageBuildError, match=r"task 'broken': podman build failed .*base image is missing"):
+        open_sandbox(broken, tmp_path, backend="podman")
+    assert not any(tmp_path.iterdir())  # no trial root left behind
+
+
+RECIPE = """
+description: the shape of otagent_v2_100k over OT-Agent-format tasks, with the oracle teacher
+sources:
+  swesmith: {kind: harbor-parquet, rank: 1, path: data/swesmith.parquet}
+  stackexchange_superuser: {kind: harbor-parquet, rank: 2, path: data/superuser.parquet}
+  stackexchange_tezos: {kind: harbor-parquet, rank: 3, path: data/tezos.parquet}
+mix: {n: 3, total: 4, order: shuffle, seed: 0}
+task_filter: {dedup: true}
+teacher:
+  engine: oracle
+  sandbox: auto
+  shards: 2
+  concurrency: 2
+  max_episodes: 20
+trace_filter: {min_turns: 5, drop_timed_out: true, drop_subagent: true, drop_exceptions: true}
+"""
+
+
+@pytest.mark.slow
+@needs_podman
+def test_ot_agent_tasks_yield_traces_end_to_end(project):
+    (project / "data").mkdir()
+    tasks = {"swesmith": [ot_agent_task("swe-1", 8081), ot_agent_task("swe-2", 8082)],
+             "superuser": [ot_agent_task("su-1", 8083)],
+             "tezos": [ot_agent_task("tezos-local", 8084, NO_RUN)]}
+    for source, ts in tasks.items():
+        write_tasks(project / "data" / f"{source}.parquet", [TaskRecord(t, True) for t in ts], source=source)
+    (project / "recipes" / "ot.yaml").write_text(RECIPE)
+
+    snakemake(project, "ot", "--cores", "2")
+
+    results = project / "results" / "ot"
+    table = pq.read_table(results / "task_filter" / "kept.parquet").to_pylist()
+    assert {r["path"]: r["runnable_locally"] for r in table} == {
+        "swe-1": False, "swe-2": False, "su-1": False, "tezos-local": True}  # the source decides
+    traces = pq.read_table(results / "teacher" / "traces.parquet").to_pylist()
+    assert sorted(t["task"] for t in traces) == ["su-1", "swe-1", "swe-2", "tezos-local"]
+    for t in traces:
+        assert t["exception"] is None and t["reward"] == 1.0, (t["task"], t["metadata"])
+        assert t["n_turns"] >= 5 and t["conversations"][0]["role"] == "user"
+    kept = pq.read_table(results / "trace_filter" / "kept.parquet").to_pylist()
+    assert len(kept) == 4
+    # the RUN tasks ran in their own images (built by podman); the other one in bwrap
+    by_name = {t.name: t for ts in tasks.values() for t in ts}
+    assert image_exists(f"{IMAGE_REPO}:{environment_hash(by_name['swe-1'])[:24]}")
+    assert not image_exists(f"{IMAGE_REPO}:{environment_hash(by_name['tezos-local'])[:24]}")
+    assert "traces <b>4</b>" in (results / "report" / "report.html").read_text()
