@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,3 +238,31 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
     assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update
     assert not [p for p in psutil.process_iter(["cmdline"]) if "otbuild.serve" in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow
+def test_rl_update_on_two_ranks_is_the_update_on_one(tmp_path):
+    """Data parallel RLOO: two ranks (torchrun, DeepSpeed on gloo), each with half of a step's
+    sequences and a different number of micro-batches, make the update one process makes
+    with all of them: same gradient norm, same weights."""
+    import torch
+
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.train.model import load_model
+
+    model = make_tiny_model(tmp_path / "model", vocab_size=320)
+    worker = Path(__file__).with_name("rl_update_ranks.py")
+    out = {}
+    for world in (1, 2):
+        out[world] = tmp_path / f"world{world}.pt"
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                        str(worker), str(model), str(out[world])], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
+    one, two = (torch.load(out[w], weights_only=False) for w in (1, 2))
+    # DeepSpeed's global norm (ZeRO-2) shows a wrong scaling of the ranks' gradients, the
+    # weights (Adam: scale-free) a wrong share of them
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    for k, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-4, atol=1e-5)  # lr 1e-2
+    before = load_model(model).state_dict()
+    assert any(not torch.equal(before[k], w) for k, w in one["weights"].items())  # it did update

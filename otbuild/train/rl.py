@@ -396,6 +396,33 @@ def _all_reduce(t, op):
     return t.item()
 
 
+def make_engine(settings: dict, model_dir: Path, *, on_gpu: bool):
+    """DeepSpeed over this rank's replica of the model in model_dir: (engine, its config).
+    A step has as many micro-batches as its rollouts give, so the accumulation is unmanaged:
+    backward() accumulates, step() reduces over the ranks and applies."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from otbuild.train.dist import ds_config
+    from otbuild.train.model import load_model
+
+    world = dist.get_world_size()
+    client_opt = settings["optimizer"] == "torch" or (settings["optimizer"] == "auto" and not on_gpu)
+    conf = ds_config({**settings, "global_batch_size": world, "per_device_batch_size": 1},
+                     world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
+    conf["managed_gradient_accumulation"] = False
+    if conf["zero_optimization"]["stage"] == 1:
+        conf["zero_optimization"]["overlap_comm"] = False  # DeepSpeed: only stage 2 overlaps then
+    model = load_model(model_dir, dtype=torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32)
+    b1, b2 = settings["adam_betas"]
+    opt = torch.optim.AdamW(model.parameters(), lr=settings["learning_rate"], betas=(b1, b2),
+                            weight_decay=settings["weight_decay"]) if client_opt else None
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf,
+                                           model_parameters=None if client_opt else model.parameters())
+    return engine, conf
+
+
 def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     """RLOO on one process or on each of the ranks a launcher started (one per GPU): DeepSpeed
     data parallel, bf16 on GPU, each rank rolling out its share of the step's tasks."""
@@ -403,7 +430,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     import torch.distributed as dist
 
     from otbuild.recipe.schema_train import Rl
-    from otbuild.train.dist import ds_config, init_distributed, placement
+    from otbuild.train.dist import init_distributed, placement
     from otbuild.train.model import load_model, load_tokenizer
     from otbuild.train.sft import _save_checkpoint
 
@@ -412,7 +439,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
     # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
-    deepspeed = init_distributed(on_gpu, timeout=timedelta(hours=24))
+    init_distributed(on_gpu, timeout=timedelta(hours=24))
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -425,22 +452,10 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     if not tasks:
         raise ValueError("the task table is empty")
     seed = settings["seed"]
-    client_opt = settings["optimizer"] == "torch" or (settings["optimizer"] == "auto" and not on_gpu)
-    conf = ds_config({**settings, "global_batch_size": world, "per_device_batch_size": 1},
-                     world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
-    # a step has as many micro-batches as its rollouts give: backward() accumulates, step() applies
-    conf["managed_gradient_accumulation"] = False
-    if conf["zero_optimization"]["stage"] == 1:
-        conf["zero_optimization"]["overlap_comm"] = False  # DeepSpeed: only stage 2 overlaps then
-    dtype = torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32
-    tok, template = load_tokenizer(sft_dir)
-    model = load_model(sft_dir, dtype=dtype)
-    b1, b2 = settings["adam_betas"]
-    opt = torch.optim.AdamW(model.parameters(), lr=settings["learning_rate"], betas=(b1, b2),
-                            weight_decay=settings["weight_decay"]) if client_opt else None
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=None if client_opt else model.parameters(),
-                                           optimizer=opt, config=conf)
+    engine, conf = make_engine(settings, sft_dir, on_gpu=on_gpu)
     model = engine.module
+    dtype = next(model.parameters()).dtype
+    tok, template = load_tokenizer(sft_dir)
     ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if settings["kl_coef"] > 0 else None
     ckdir = outdir / CHECKPOINTS
     start = 0
