@@ -90,6 +90,7 @@ write_config() {
         echo "AccountingStorageHost=127.0.0.1"
         echo "AccountingStoragePort=16819"
         echo "AccountingStorageTRES=gres/gpu"
+        echo "AccountingStoreFlags=job_comment"
         for i in $(seq "$NODES"); do
             echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=64 RealMemory=512000 Gres=gpu:h100:8 State=UNKNOWN"
         done
