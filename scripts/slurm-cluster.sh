@@ -98,16 +98,18 @@ write_config() {
         echo "PartitionName=cpu Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
         echo "PartitionName=gpu Nodes=$nodes MaxTime=INFINITE State=UP"
     } > "$ETC/slurm.conf.tmp"
-    mv "$ETC/slurm.conf.tmp" "$ETC/slurm.conf"
     { echo "$MARK"; echo "AutoDetect=off"
-      echo "NodeName=node[1-$NODES] Name=gpu Type=h100 File=/dev/tty[0-7]"; } > "$ETC/gres.conf"
+      echo "NodeName=node[1-$NODES] Name=gpu Type=h100 File=/dev/tty[0-7]"; } > "$ETC/gres.conf.tmp"
     { echo "$MARK"
       echo "DbdHost=localhost"; echo "DbdAddr=127.0.0.1"; echo "DbdPort=16819"; echo "SlurmUser=root"
       echo "AuthType=auth/munge"; echo "PidFile=$RUN/slurmdbd.pid"; echo "LogFile=$LOGS/slurmdbd.log"
       echo "StorageType=accounting_storage/mysql"; echo "StorageHost=127.0.0.1"
       echo "StoragePort=$DB_PORT"; echo "StorageUser=slurm"; echo "StoragePass=otbuild"
-      echo "StorageLoc=slurm_acct_db"; } > "$ETC/slurmdbd.conf"
-    chmod 600 "$ETC/slurmdbd.conf"
+      echo "StorageLoc=slurm_acct_db"; } > "$ETC/slurmdbd.conf.tmp"
+    chmod 600 "$ETC/slurmdbd.conf.tmp"
+    for f in slurm.conf gres.conf slurmdbd.conf; do
+        if cmp -s "$ETC/$f.tmp" "$ETC/$f"; then rm "$ETC/$f.tmp"; else mv "$ETC/$f.tmp" "$ETC/$f"; CHANGED=1; fi
+    done
     # torch's rendezvous (and users' scripts) resolve the node names
     grep -qE "^127\.0\.0\.1 .*\bnode1\b" /etc/hosts || \
         echo "127.0.0.1 $(for i in $(seq "$NODES"); do printf 'node%s ' "$i"; done)" >> /etc/hosts
@@ -166,7 +168,10 @@ nodes_up() {  # every node idle, mixed or allocated (not down/unknown)
 
 start() {
     command -v slurmctld >/dev/null || die "not installed: run $0 install"
+    [ "$(id -u)" = 0 ] || die "start: the daemons run as root (run as root)"
+    CHANGED=0
     write_config
+    [ $CHANGED = 1 ] && alive slurmctld && { echo "slurm-cluster: config changed, restarting"; stop; }
     start_munge
     start_mariadb
     start_slurm
