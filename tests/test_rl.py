@@ -249,15 +249,14 @@ def test_rl_update_on_two_ranks_is_the_update_on_one(tmp_path):
 
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.model import load_model
+    from tests import rl_update_ranks
 
     model = make_tiny_model(tmp_path / "model", vocab_size=320)
-    worker = Path(__file__).with_name("rl_update_ranks.py")
-    out = {}
-    for world in (1, 2):
-        out[world] = tmp_path / f"world{world}.pt"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                        str(worker), str(model), str(out[world])], check=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
+    out = {1: tmp_path / "world1.pt", 2: tmp_path / "world2.pt"}
+    rl_update_ranks.main(str(model), str(out[1]))  # one process: this one
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    rl_update_ranks.__file__, str(model), str(out[2])], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
     one, two = (torch.load(out[w], weights_only=False) for w in (1, 2))
     # DeepSpeed's global norm (ZeRO-2) shows a wrong scaling of the ranks' gradients, the
     # weights (Adam: scale-free) a wrong share of them
