@@ -3,13 +3,16 @@
 # Rules are thin shell calls into `otbuild stage ...`; the logic lives in the otbuild package.
 from pathlib import Path
 
+from otbuild.recovery import recover
 from otbuild.workflow import Workflow
 
+recover(Path.cwd())  # after a killed run: stale locks, markers of jobs that did finish
 WF = Workflow.load_or_exit(Path.cwd())
 
 wildcard_constraints:
     id="[0-9a-f]{16}",
     shard="[0-9]+",
+    shards="[0-9]+",
 
 
 include: "rules/common.smk"

@@ -16,17 +16,17 @@ from otbuild.stages import PROVENANCE, STAGES
 STYLE = {"ok": "green", "not-built": "yellow"}
 
 
-def audit_plan(plan: Plan, console: Console) -> int:
+def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
     table = Table(title=f"audit: {plan.recipe.name}")
     for col in ("artifact", "id", "status", "rows", "built", "code", "detail"):
-        table.add_column(col, no_wrap=col != "detail")
+        table.add_column(col, no_wrap=col not in ("code", "detail"))
     findings = 0
     for n in plan.nodes:
-        c = check(n.dir, n.stage)
+        c = check(n.dir, n.stage, verify)
         record = read_record(n.dir) or {}
         findings += c.is_finding
-        rows = ", ".join(str(o.get("rows", "-")) for o in record.get("outputs", []))
-        code = "[yellow]changed since build[/]" if c.code_drift else ("same" if record else "")
+        rows = ", ".join(str(o["rows"]) for o in record.get("outputs", []) if "rows" in o)
+        code = f"[yellow]{_code_note(c)}[/]" if c.code_drift else ("same" if record else "")
         table.add_row(
             n.label, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
             record.get("finished_at", "")[:16].replace("T", " "), code, c.detail,
@@ -39,20 +39,24 @@ def audit_plan(plan: Plan, console: Console) -> int:
     return EXIT_OK
 
 
-def show_artifact(path: Path, console: Console) -> int:
+def _code_note(c) -> str:
+    return "changed since build" + (f": {', '.join(c.code_changed)}" if c.code_changed else "")
+
+
+def show_artifact(path: Path, console: Console, verify: bool = False) -> int:
     """Full record of the artifact containing `path`, with its current check."""
     d = path if path.is_dir() else path.parent
     stage = d.parent.name
     if stage not in STAGES:
         console.print(f"[red]{path}: not inside an artifact dir (artifacts/<stage>/<id>/)[/]")
         return EXIT_FINDINGS
-    c = check(d, stage)
+    c = check(d, stage, verify)
     record = read_record(d)
     console.print(f"[bold]{d}[/]  status: [{STYLE.get(c.status, 'red')}]{c.status}[/] {c.detail}")
     if record is None:
         console.print(f"[red]no {PROVENANCE}[/]")
         return EXIT_FINDINGS
     if c.code_drift:
-        console.print("[yellow]note: the stage's code changed since this artifact was built[/]")
+        console.print(f"[yellow]note: the stage's code {_code_note(c)}[/]")
     console.print_json(json.dumps(record))
     return EXIT_FINDINGS if c.is_finding else EXIT_OK

@@ -112,7 +112,10 @@ def report(recipe, profile, snakemake_args):
 
 @main.command()
 @click.argument("target")
-def audit(target):
+@click.option("--verify", is_flag=True,
+              help="Rehash every file from its bytes; without it, a file whose path, size, mtime, ctime "
+                   "and inode are unchanged keeps its cached sha256 (.otbuild/digests.json).")
+def audit(target, verify):
     """Prove where artifacts came from. TARGET is a recipe (checks all of its artifacts) or an
     artifact dir/file (shows its full record). Exits 1 if any artifact drifted from its record,
     lacks one, or is not built."""
@@ -120,8 +123,8 @@ def audit(target):
 
     path = Path(target)
     if path.exists() and "artifacts" in path.resolve().parts:
-        sys.exit(audit_mod.show_artifact(path, out))
-    sys.exit(audit_mod.audit_plan(_plan(target), out))
+        sys.exit(audit_mod.show_artifact(path, out, verify))
+    sys.exit(audit_mod.audit_plan(_plan(target), out, verify))
 
 
 @main.command()

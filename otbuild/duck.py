@@ -25,6 +25,17 @@ def sql_literal(value) -> str:
 _env.filters["sql"] = sql_literal
 
 
+def regex_error(pattern: str) -> str | None:
+    """Why DuckDB's regexp functions (RE2 syntax: no lookaround, no backreferences) refuse
+    `pattern`, or None: the check a filter's SQL will face, made before anything runs."""
+    with duckdb.connect() as con:
+        try:
+            con.execute(f"SELECT regexp_matches('', {sql_literal(pattern)})")
+        except duckdb.Error as e:
+            return str(e).removeprefix("Invalid Input Error: ")
+    return None
+
+
 def connect(memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
     """Memory is capped (OTBUILD_DUCKDB_MEMORY, default 1GB); beyond it DuckDB spills to disk."""
     con = duckdb.connect()

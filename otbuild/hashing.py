@@ -22,13 +22,14 @@ def settings_hash(obj, length: int = 16) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
 
 
-def file_sha256(path: Path | str) -> str:
-    """sha256 of a file's bytes, remembered per (path, size, mtime, inode) in .otbuild/."""
+def file_sha256(path: Path | str, cached: bool = True) -> str:
+    """sha256 of a file's bytes, remembered per (path, size, mtime, ctime, inode) in .otbuild/
+    (any write changes ctime, which no user can set back); `cached=False` rehashes."""
     path = Path(path)
     st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
     cache = _load_cache()
-    if key not in cache:
+    if key not in cache or not cached:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):

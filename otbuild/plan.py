@@ -1,8 +1,11 @@
 """Recipe -> DAG of content-addressed stage nodes.
 
-A node's id hashes its stage, the stage's implementation version, its own settings and the
-ids of its inputs, so an edit changes exactly the edited stage and what lies downstream, and
-recipes sharing a prefix share artifacts. Artifacts live at artifacts/<stage>/<id>/.
+A node's id hashes its stage, the stage's implementation version, the identity of its own
+settings and the ids of its inputs, so an edit changes exactly the edited stage and what lies
+downstream, and recipes sharing a prefix share artifacts. Artifacts live at
+artifacts/<stage>/<id>/. The identity of a recipe section follows one rule
+(otbuild/recipe/base.py): execution-only fields are left out, the others count only when they
+differ from their default.
 """
 
 from __future__ import annotations
@@ -12,12 +15,10 @@ from functools import cached_property
 from pathlib import Path
 
 from otbuild.hashing import content_digest, settings_hash
+from otbuild.recipe.base import identity
 from otbuild.recipe.load import LoadedRecipe
 from otbuild.stages import PROVENANCE, STAGES
 
-# Settings that change how a stage runs, not what it produces: not part of its id.
-EXECUTION_ONLY = {"concurrency", "save_steps", "save_total_limit", "keep_checkpoints", "launcher",
-                  "gpus_per_node", "master_port"}
 # Settings naming files outside the project's artifacts: hashed by content.
 FILE_KEYS = {"path", "labels", "tasks", "instances"}
 ARTIFACTS = Path("artifacts")
@@ -57,10 +58,11 @@ class Node:
     def main_output(self) -> Path:
         return self.outputs[0]
 
-    @property
-    def shard_outputs(self) -> list[Path]:
-        """Sharded stages run as one job per shard, then a merge job."""
-        return [self.dir / "shards" / f"{k}.parquet" for k in range(self.settings.get("shards", 0))]
+    def shard_outputs(self, shards: int | None = None) -> list[Path]:
+        """Sharded stages run as one job per shard, then a merge job. `shards` (an execution
+        knob) defaults to the recipe's; a built artifact keeps the layout it was built with."""
+        n = self.settings.get("shards", 0) if shards is None else shards
+        return [self.dir / "shards" / f"{k}-of-{n}.parquet" for k in range(n)]
 
     def spec(self) -> dict:
         """Everything `otbuild stage run` needs, as plain JSON."""
@@ -118,45 +120,44 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
     sources = {name: _source_node(loaded, name, src) for name, src in ranked}
     if r.augment:  # per source, before the mix: the augmented set takes the source's place
-        settings = r.augment.model_dump(exclude={"sources"})
         for name in r.augment.sources or list(sources):
-            sources[name] = _llm_node("augment", f"augment/{name}", settings, [sources[name]])
+            sources[name] = _section_node("augment", f"augment/{name}", r.augment, [sources[name]],
+                                          exclude={"sources"})
     tasks: list[Node] = list(sources.values())
     if r.mix:
         top = [name for name, _ in ranked[: r.mix.n]]
-        settings = {**r.mix.model_dump(), "sources": top}
-        tasks = [Node("mix", "mix", settings, settings, tuple(sources[n] for n in top))]
+        tasks = [_section_node("mix", "mix", r.mix, [sources[n] for n in top], extra={"sources": top})]
     if r.task_filter:
         if r.task_filter.llm:
-            tasks = [_llm_node("task_score", "task_score", r.task_filter.llm.model_dump(), tasks)]
-        settings = r.task_filter.model_dump(exclude={"llm"})
-        tasks = [Node("task_filter", "task_filter", settings, settings, tuple(tasks))]
+            tasks = [_section_node("task_score", "task_score", r.task_filter.llm, tasks)]
+        tasks = [_section_node("task_filter", "task_filter", r.task_filter, tasks, exclude={"llm"})]
     traces: list[Node] = []
     if r.teacher:
-        traces.append(_llm_node("rollout", "teacher", r.teacher.model_dump(), tasks))
+        traces.append(_section_node("rollout", "teacher", r.teacher, tasks))
     for name, imp in sorted(r.trace_imports.items()):
         traces.append(_file_node(loaded, "trace_import", f"trace_imports/{name}",
-                                 {"name": name, **imp.model_dump(exclude_none=True)}))
+                                 {"name": name, **imp.model_dump(exclude_none=True)},
+                                 {"name": name, **identity(imp)}))
     finals = traces or tasks
     if r.trace_filter:
-        settings = r.trace_filter.model_dump()
-        finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(traces))]
+        finals = [_section_node("trace_filter", "trace_filter", r.trace_filter, traces)]
     model = None
     if r.sft:
-        model = finals = [_llm_node("sft", "sft", _model_settings(loaded, r.sft.model_dump()), finals)]
+        node = _section_node("sft", "sft", r.sft, finals)
+        for d in (node.settings, node.identity):
+            _resolve_model(loaded, d["model"])
+        model = finals = [node]
         if r.rl:
-            model = finals = [_llm_node("rl", "rl", r.rl.model_dump(), [*model, *tasks])]
+            model = finals = [_section_node("rl", "rl", r.rl, [*model, *tasks])]
     if r.eval:
         finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
 
 
-def _model_settings(loaded: LoadedRecipe, settings: dict) -> dict:
+def _resolve_model(loaded: LoadedRecipe, spec: dict) -> None:
     """A pretrained model dir in the project is resolved; an HF id (in the local cache) is kept."""
-    spec = settings["model"]
     if spec["kind"] == "pretrained" and loaded.resolve(spec["path"]).exists():
         spec["path"] = str(loaded.resolve(spec["path"]).resolve())
-    return settings
 
 
 def _relabel(node: Node, prefix: str) -> Node:
@@ -169,44 +170,53 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings.
     Without an explicit model, the recipe's last checkpoint is served (transformers or vllm)."""
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
+    trial = {"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards", "concurrency", "sandbox",
+             "limits", "harbor", "keep_reasoning"}
+    checkpoint_serving = {"serve_with", "engine_args", "temperature", "max_tokens"}
     if ev.model is not None:
         model = ev.model.model_dump()
-    else:
+        ident = {**identity(ev, exclude={"benchmarks", "model", *checkpoint_serving}),
+                 "model": identity(ev.model, exclude={*trial, "samples_per_task", "agent_timeout_sec"})}
+    else:  # the checkpoint is an input: its id is in this node's id
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
                  "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
+        ident = identity(ev, exclude={"benchmarks"})
         benchmarks.append(checkpoint)
-    trial = ev.model_dump(include={"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards",
-                                   "concurrency", "sandbox", "limits", "harbor"})
-    settings = {**model, **trial, "samples_per_task": ev.repeats, "agent_timeout_sec": None,
+    settings = {**model, **ev.model_dump(include=trial), "samples_per_task": ev.repeats, "agent_timeout_sec": None,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
-    return _llm_node("eval", "eval", settings, benchmarks)
+    return Node("eval", "eval", settings, ident, tuple(benchmarks))
 
 
-def _llm_node(stage: str, label: str, settings: dict, inputs: list[Node]) -> Node:
-    identity = {k: v for k, v in settings.items() if k not in EXECUTION_ONLY}
-    return Node(stage, label, settings, identity, tuple(inputs))
+def _section_node(stage: str, label: str, section, inputs: list[Node], exclude: set[str] = frozenset(),
+                  extra: dict | None = None) -> Node:
+    """A node whose settings are a recipe section (less `exclude`, plus `extra`); its identity
+    follows the section's id rule (otbuild/recipe/base.py)."""
+    extra = extra or {}
+    return Node(stage, label, {**section.model_dump(exclude=exclude), **extra},
+                {**identity(section, exclude=exclude), **extra}, tuple(inputs))
 
 
 def _source_node(loaded: LoadedRecipe, name: str, src, group: str = "sources") -> Node:
-    return _file_node(loaded, "source", f"{group}/{name}", {"name": name, **src.model_dump(exclude={"rank"})})
+    return _file_node(loaded, "source", f"{group}/{name}", {"name": name, **src.model_dump(exclude={"rank"})},
+                      {"name": name, **identity(src, exclude={"rank"})})
 
 
-def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict) -> Node:
+def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ident: dict) -> Node:
     """A node reading external files (FILE_KEYS). It is addressed by their content, not by
     where they lie. Data not there yet (to be fetched before the build) still plans, under
     an id that changes once it arrives."""
-    identity, missing = dict(settings), []
+    ident, missing = dict(ident), []
     for key in FILE_KEYS & settings.keys():
         if settings[key] is None:
             continue
         path = loaded.resolve(settings[key])
         settings[key] = str(path.resolve())
         if path.exists():
-            identity[key] = {"sha256": content_digest(path)}
+            ident[key] = {"sha256": content_digest(path)}
         else:
-            identity[key] = {"missing": settings[key]}
+            ident[key] = {"missing": settings[key]}
             missing.append(str(path))
-    return Node(stage, label, settings, identity, missing=tuple(missing))
+    return Node(stage, label, settings, ident, missing=tuple(missing))
 
 
 def _topo(finals: list[Node]) -> list[Node]:

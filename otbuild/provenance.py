@@ -6,8 +6,6 @@ complete. `check` recomputes hashes and says whether the files still match the r
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import platform
 import socket
@@ -20,26 +18,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 import otbuild
-from otbuild.duck import SQL_DIR
+from otbuild.codehash import code_files, code_sha256
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.stages import PROVENANCE, STAGES
 
-KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click")
+KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click", "torch", "transformers",
+                "deepspeed", "vllm")  # those installed are recorded
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def code_sha256(stage: str) -> str:
-    """Hash of the stage's own code: its module and its SQL templates."""
-    d = STAGES[stage]
-    h = hashlib.sha256()
-    h.update(Path(importlib.util.find_spec(d.module).origin).read_bytes())
-    for t in d.sql:
-        h.update((SQL_DIR / t).read_bytes())
-    return h.hexdigest()[:16]
 
 
 def package_versions() -> dict[str, str]:
@@ -50,6 +39,16 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return out
+
+
+def artifact_files(outdir: Path, stage: str) -> list[Path]:
+    """The stage's declared outputs, then every other file at the top of the artifact dir (a
+    checkpoint's config and tokenizer files, ...): what the record covers. Hidden files, the
+    record itself and subdirs (resume state, shards) are not part of the artifact."""
+    declared = [outdir / o for o in STAGES[stage].outputs]
+    others = sorted(p for p in outdir.iterdir() if p.is_file() and p not in declared
+                    and p.name != PROVENANCE and not p.name.startswith("."))
+    return declared + others
 
 
 def describe_file(path: Path) -> dict:
@@ -68,9 +67,10 @@ def write_record(spec: dict, rule: str, started: str, stats: dict) -> dict:
         "stage_version": STAGES[spec["stage"]].version,
         "settings": spec["settings"],
         "inputs": [{**describe_file(Path(i["path"])), "id": i["id"], "stage": i["stage"]} for i in spec["inputs"]],
-        "outputs": [describe_file(outdir / o) for o in STAGES[spec["stage"]].outputs],
+        "outputs": [describe_file(p) for p in artifact_files(outdir, spec["stage"])],
         "stats": stats,  # what the stage reports, e.g. rejections per reason
-        "code_sha256": code_sha256(spec["stage"]),
+        "code_sha256": code_sha256(spec["stage"], code := code_files(spec["stage"])),
+        "code": code,  # the stage's code files by path: `otbuild audit` names what changed
         "otbuild_version": otbuild.__version__,
         "packages": package_versions(),
         "host": socket.gethostname(),
@@ -94,13 +94,22 @@ class Check:
     status: str  # ok | drifted | no-record | not-built | input-drift
     detail: str = ""
     code_drift: bool = False
+    code_changed: tuple[str, ...] = ()  # the stage's code files that changed since the build
 
     @property
     def is_finding(self) -> bool:
         return self.status != "ok"
 
 
-def check(artifact_dir: Path, stage: str) -> Check:
+def _code_drift(record: dict, stage: str) -> tuple[bool, tuple[str, ...]]:
+    now_files = code_files(stage)
+    then = record.get("code", {})
+    changed = tuple(sorted(f for f in then.keys() | now_files.keys() if then.get(f) != now_files.get(f)))
+    return record.get("code_sha256") != code_sha256(stage, now_files), changed if then else ()
+
+
+def check(artifact_dir: Path, stage: str, verify: bool = False) -> Check:
+    """Compare the files with the record; `verify` rehashes every file (no digest cache)."""
     artifact_dir = Path(artifact_dir)
     outputs = [artifact_dir / o for o in STAGES[stage].outputs]
     record = read_record(artifact_dir)
@@ -114,13 +123,13 @@ def check(artifact_dir: Path, stage: str) -> Check:
         p = Path(o["path"])
         if not p.exists():
             problems.append(f"{p.name} missing")
-        elif file_sha256(p) != o["sha256"]:
-            problems.append(f"{p.name} sha256 {file_sha256(p)[:12]} != recorded {o['sha256'][:12]}")
-    drift = record.get("code_sha256") != code_sha256(stage)
+        elif (digest := file_sha256(p, cached=not verify)) != o["sha256"]:
+            problems.append(f"{p.name} sha256 {digest[:12]} != recorded {o['sha256'][:12]}")
+    drift = _code_drift(record, stage)
     if problems:
-        return Check("drifted", "; ".join(problems), drift)
+        return Check("drifted", "; ".join(problems), *drift)
     for i in record["inputs"]:
         p = Path(i["path"])
-        if p.exists() and file_sha256(p) != i["sha256"]:
-            return Check("input-drift", f"input {p} changed since this artifact was built", drift)
-    return Check("ok", "", drift)
+        if p.exists() and file_sha256(p, cached=not verify) != i["sha256"]:
+            return Check("input-drift", f"input {p} changed since this artifact was built", *drift)
+    return Check("ok", "", *drift)

@@ -2,7 +2,8 @@
 
 One model on the CPU or one GPU; requests run one at a time. Endpoints: POST
 /v1/chat/completions (messages, temperature, max_tokens, top_p, seed, stop, n=1; greedy when
-temperature is 0; `usage` token counts), GET /v1/models, GET /health. Prints
+temperature is 0; `usage` token counts; a request over the model's context window is a 400
+that says so, as vLLM's), GET /v1/models, GET /health. Prints
 `otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
 """
 
@@ -64,9 +65,11 @@ class ChatModel:
         ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         n_in = ids.shape[1]
         room = (self.max_len - n_in) if self.max_len else None
-        if room is not None and room < (max_tokens or 1):
-            raise RequestError(400, f"This model's maximum context length is {self.max_len} "
-                                    f"tokens; the prompt has {n_in} and max_tokens is {max_tokens}")
+        if room is not None and room < (max_tokens or 1):  # vLLM's answer, word for word
+            raise RequestError(400, f"This model's maximum context length is {self.max_len} tokens. "
+                                    f"However, you requested {n_in + (max_tokens or 1)} tokens ({n_in} in "
+                                    f"the messages, {max_tokens or 1} in the completion). Please reduce "
+                                    "the length of the messages or completion.")
         if max_tokens is None:
             max_tokens = min(DEFAULT_MAX_TOKENS, room) if room else DEFAULT_MAX_TOKENS
         sample = temperature > 0

@@ -44,6 +44,13 @@ class Workflow:
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]
 
+    def shard_inputs(self, stage: str, id: str) -> list[str]:
+        """What a merge job reads. A built artifact names the shards it was built from, so a
+        changed `shards` (not part of the id) neither reruns nor mixes layouts."""
+        node = self.node(stage, id)
+        built = (read_record(node.dir) or {}).get("settings", {}).get("shards")
+        return [str(p) for p in node.shard_outputs(built)]
+
     def spec_arg(self, stage: str, id: str) -> str:
         return shlex.quote(canonical_json(self.node(stage, id).spec()))
 

@@ -6,18 +6,18 @@ rule eval:
     input:
         stage_inputs("eval"),
     output:
-        "artifacts/eval/{id}/shards/{shard}.parquet",
+        "artifacts/eval/{id}/shards/{shard}-of-{shards}.parquet",
     params:
         spec=stage_spec("eval"),
     log:
-        "logs/eval/{id}/{shard}.log",
+        "logs/eval/{id}/{shard}-of-{shards}.log",
     shell:
         OTBUILD + " stage eval --spec {params.spec} --shard {wildcards.shard} > {log} 2>&1"
 
 
 rule eval_merge:
     input:
-        lambda wc: [str(p) for p in WF.node("eval", wc.id).shard_outputs],
+        lambda wc: WF.shard_inputs("eval", wc.id),
     output:
         **stage_outputs("eval"),
     params:

@@ -5,18 +5,18 @@ rule rollout:
     input:
         stage_inputs("rollout"),
     output:
-        "artifacts/rollout/{id}/shards/{shard}.parquet",
+        "artifacts/rollout/{id}/shards/{shard}-of-{shards}.parquet",
     params:
         spec=stage_spec("rollout"),
     log:
-        "logs/rollout/{id}/{shard}.log",
+        "logs/rollout/{id}/{shard}-of-{shards}.log",
     shell:
         OTBUILD + " stage rollout --spec {params.spec} --shard {wildcards.shard} > {log} 2>&1"
 
 
 rule rollout_merge:
     input:
-        lambda wc: [str(p) for p in WF.node("rollout", wc.id).shard_outputs],
+        lambda wc: WF.shard_inputs("rollout", wc.id),
     output:
         **stage_outputs("rollout"),
     params:

@@ -145,6 +145,29 @@ def scripted():
         srv.server_close()
 
 
+# --- the tiny chat model, served -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random chat model built here (no download), with a 1600-token context: room for
+    terminus-2's first prompt (~1450 of its tokens) and a short answer, not for a second turn."""
+    pytest.importorskip("transformers")
+    from otbuild.engines.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model", max_position_embeddings=1600)
+
+
+@pytest.fixture(scope="session")
+def local_server(tiny_model):
+    """`otbuild serve` on the tiny model, shared by the session: its /v1 base URL."""
+    from otbuild.engines.local import start_local_server
+
+    base_url, stop = start_local_server(tiny_model, device="cpu")
+    yield base_url
+    stop()
+
+
 def chat_answer(text: str, completion_tokens: int = 0) -> dict:
     """An OpenAI chat completion body carrying `text`."""
     return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},

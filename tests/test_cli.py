@@ -1,8 +1,11 @@
 """The CLI as users call it: exit codes 0/1/2, clear errors, show/export/plan/build."""
 
+from collections import Counter
+
+import pyarrow.parquet as pq
 import pytest
 
-from otbuild.stages import source
+from otbuild.stages import mix, source
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import otbuild
 
@@ -60,6 +63,19 @@ def test_export_tasks_writes_harbor_dirs(project, built_source):
     assert task.files["tests/test.sh"].executable
     res = otbuild(project, "export", "tasks", str(built_source), "out")  # never overwrites
     assert res.returncode == 2
+
+
+def test_export_tasks_of_an_upsampled_mix_names_copies_apart(project, built_source):
+    out = project / "mix"
+    out.mkdir()
+    mix.run({"n": 1, "total": 10, "order": "shuffle", "seed": 0, "sources": ["a"]}, [built_source], out)
+    res = otbuild(project, "export", "tasks", str(out / "tasks.parquet"), "out")
+    assert res.returncode == 0, res.stderr
+    copies = Counter(pq.read_table(out / "tasks.parquet", columns=["path"]).column("path").to_pylist())
+    assert sorted(copies.values()) == [2, 2, 3, 3]  # 10 rows from 4 tasks
+    expected = {f"{p}-{k}" if k > 1 else p for p, n in copies.items() for k in range(1, n + 1)}
+    assert {d.name for d in (project / "out").iterdir()} == expected
+    assert all((project / "out" / n / "instruction.md").read_text() for n in expected)
 
 
 def test_build_dry_run_goes_through_snakemake(project):

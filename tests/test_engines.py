@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from otbuild.engines import ENGINES, EngineError, engine_settings, make_engine, register
+from otbuild.engines import ENGINES, ContextLengthExceededError, EngineError, engine_settings, make_engine, register
 from otbuild.engines.process import free_port
+from otbuild.engines.settings import VLLMSettings
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
 from otbuild.serve import READY
@@ -105,6 +106,27 @@ def test_400_is_not_retried(scripted):
     assert e.value.status == 400 and len(srv.requests) == 1
 
 
+def test_context_overflow_is_told_apart(scripted):
+    """How vLLM (old and new), OpenAI and SGLang say a request is over the context window."""
+    overflows = [
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+        "(4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+        "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is "
+        "4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).",
+        "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+    ]
+    for message in overflows:
+        srv = scripted([(400, {"object": "error", "message": message, "type": "BadRequestError", "code": 400})])
+        with pytest.raises(ContextLengthExceededError, match="HTTP 400") as e:
+            asyncio.run(complete_with(openai(srv.base_url)))
+        assert e.value.status == 400 and len(srv.requests) == 1
+    srv = scripted([(400, {"error": {"message": "temperature must be >= 0"}})])
+    with pytest.raises(EngineError) as e:
+        asyncio.run(complete_with(openai(srv.base_url)))
+    assert type(e.value) is EngineError
+
+
 def test_5xx_gives_up_after_max_retries(scripted):
     srv = scripted([(500, {"error": "boom"})])
     with pytest.raises(EngineError, match="after 3 attempt.*HTTP 500") as e:
@@ -166,24 +188,31 @@ def test_vllm_command_glm47_awq():
                        "--tensor-parallel-size", "1", "--data-parallel-size", "2"]
 
 
+def test_vllm_settings_fit_the_model(tmp_path):
+    """What vLLM would refuse after loading weights is a ConfigError up front."""
+    def settings(model, **kw):
+        return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
+
+    assert settings("zai-org/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
+    with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8': by its name it is saved as FP8"):
+        settings("zai-org/GLM-4.6-FP8", quantization="awq")
+    with pytest.raises(ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"):
+        settings("moonshotai/Kimi-K2.5", quantization="awq")
+    assert settings("Qwen/Qwen3-8B", quantization="fp8").quantization == "fp8"  # quantized on load
+    qwen3 = tmp_path / "qwen3-ckpt"  # a checkpoint dir: its config.json is the evidence
+    qwen3.mkdir()
+    (qwen3 / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 40960}))
+    with pytest.raises(ConfigError, match="max_model_len 65536 exceeds .*max_position_embeddings 40960: .*rope_scaling"):
+        settings(str(qwen3), max_model_len=65536)
+    with pytest.raises(ConfigError, match="needs a checkpoint saved as AWQ; by its config.json, .* is not"):
+        settings(str(qwen3), quantization="awq")
+    yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}
+    cmd = vllm_command(settings(str(qwen3), max_model_len=65536, hf_overrides=yarn), 9)
+    assert cmd[cmd.index("--max-model-len") + 1] == "65536"
+    assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == yarn
+
+
 # --- serving the tiny model ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    from otbuild.engines.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-model")
-
-
-@pytest.fixture(scope="module")
-def local_server(tiny_model):
-    from otbuild.engines.local import start_local_server
-
-    base_url, stop = start_local_server(tiny_model, device="cpu")
-    yield base_url
-    stop()
 
 
 def server_processes(marker: Path) -> list:
@@ -215,7 +244,7 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
         asyncio.run(complete_with(make_engine(
             {"engine": "openai", "base_url": local_server, "model": "other"})))
     assert e.value.status == 404
-    with pytest.raises(EngineError, match="HTTP 400.*maximum context length"):
+    with pytest.raises(ContextLengthExceededError, match="HTTP 400.*maximum context length is 1600 tokens"):
         asyncio.run(complete_with(engine, max_tokens=5000))
 
 
@@ -228,7 +257,7 @@ def test_transformers_engine_starts_and_stops_its_server(tiny_model):
             alive = server_processes(tiny_model)
         return engine, c, alive
 
-    before = {p.pid for p in server_processes(tiny_model)}  # the module's shared server
+    before = {p.pid for p in server_processes(tiny_model)}  # the session's shared server
     engine, c, alive = asyncio.run(run())
     assert (engine.name, engine.provider) == ("transformers", "transformers")
     assert c.n_output_tokens > 0 and {p.pid for p in alive} - before
@@ -242,7 +271,7 @@ def fake_vllm(fake_vllm_bin, tmp_path, tiny_model):
     """A `vllm` on PATH that serves the tiny model with `otbuild serve`; returns its settings."""
     return {
         "engine": "vllm", "model": str(tiny_model), "served_model_name": "tiny",
-        "tensor_parallel_size": 4, "quantization": "awq", "max_tokens": 8,
+        "tensor_parallel_size": 4, "max_model_len": 1024, "max_tokens": 8,
         "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(fake_vllm_bin)},
         "startup_timeout_sec": 60,
     }
@@ -265,7 +294,7 @@ def test_vllm_lifecycle_success(fake_vllm, tiny_model):
     assert started and {p.pid for p in server_processes(tiny_model)} == before
     [argv] = launched(fake_vllm)
     assert argv[:2] == ["serve", str(tiny_model)] and "--tensor-parallel-size" in argv
-    assert argv[argv.index("--quantization") + 1] == "awq"
+    assert argv[argv.index("--max-model-len") + 1] == "1024"
     assert READY in Path(fake_vllm["log_path"]).read_text()  # the server's log is kept
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from otbuild.harbor.job import (
     run_harbor_job,
     write_job_config,
 )
+from otbuild.recipe.schema import Teacher
 from otbuild.sources.synthetic import generate
 from otbuild.tasks.table import write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
@@ -108,6 +110,79 @@ def test_ingest_handwritten_trial(tmp_path):
     assert ingest.job_scores(trial.parent) == [{
         "model": "m", "benchmark": "bench", "repeat": 0, "task": "t1", "reward": None,
         "exception": "RuntimeError", "duration": 2.5}]
+
+
+def _trial(job: Path, name: str, task: str, steps: list, **files) -> Path:
+    trial = job / name
+    (trial / "agent").mkdir(parents=True)
+    (trial / "result.json").write_text(json.dumps({
+        "task_name": task, "trial_name": name, "config": {"task": {"path": f"/tasks/{task}"}},
+        "agent_info": {"name": "terminus-2", "model_info": {"name": "m", "provider": "openai"}},
+        "verifier_result": {"rewards": {"reward": 1.0}}}))
+    (trial / "agent" / "trajectory.json").write_text(json.dumps({"steps": steps}))
+    for fname, data in files.items():
+        (trial / "agent" / fname).write_text(json.dumps(data))
+    return trial
+
+
+def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
+    """terminus-2's context summarization writes subagent trajectories beside the main one
+    (harbor 0.26: agent/trajectory.summarization-N-{summary,questions,answers}.json, agent
+    name terminus-2-summarization-*); Harbor rollouts keep them as is_subagent rows."""
+    from otbuild.recipe.schema import TraceFilter
+    from otbuild.stages import trace_filter
+    from otbuild.stages.rollout_harbor import shard_rows
+    from otbuild.traces.table import write_traces
+
+    steps = [{"source": "user", "message": "task"}] + [
+        {"source": "agent", "message": f"step {i}", "observation": {"results": [{"content": "ok"}]}}
+        for i in range(6)]
+    summary = {"session_id": "s-sum", "agent": {"name": "terminus-2-summarization-summary",
+                                                "extra": {"parent_session_id": "s", "summarization_index": 1}},
+               "steps": [{"source": "user", "message": "Summarize"}] + steps[1:]}
+    job = tmp_path / "job"
+    _trial(job, "t1__a", "t1", steps, **{"trajectory.summarization-1-summary.json": summary})
+    _trial(job, "t1-2__b", "t1-2", steps[:3])  # an upsampled copy of t1, exported apart
+    rows = list(ingest.read_job(job, subagents=True))
+    ids = [{"task": "t1", "task_id": f"id{i}", "source": "s", "sample_idx": 0, "run_id": "r",
+            "teacher": "vllm:m"} for i in range(2)]
+    out = shard_rows(["t1", "t1-2"], ids, rows)
+    assert [(r["task"], r["task_id"], r["is_subagent"], r["n_turns"]) for r in out] == [
+        ("t1", "id0", False, 6), ("t1", "id1", False, 2), ("t1", "id0", True, 6)]
+    write_traces(tmp_path / "traces.parquet", out)
+    for drop, kept_n in ((True, 1), (False, 2)):
+        dest = tmp_path / f"filtered-{drop}"
+        dest.mkdir()
+        stats = trace_filter.run(TraceFilter(drop_subagent=drop).model_dump(), [tmp_path / "traces.parquet"], dest)
+        assert stats["kept"] == kept_n
+        assert stats["rejected_by_reason"] == ({"min_turns": 1, "subagent": 1} if drop else {"min_turns": 1})
+
+
+def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
+    """Timeout cap, episodes, temperature and max_tokens reach Harbor's job config."""
+    from otbuild.stages.rollout_harbor import harbor_options
+
+    teacher = Teacher(engine="vllm", model="m", temperature=0.3, max_tokens=1234, max_episodes=7,
+                      timeout_multiplier=4, timeout_cap_sec=600, sandbox="harbor").model_dump()
+    options = harbor_options(teacher)
+    cfg = job_config(tmp_path, tmp_path / "jobs", "j", model="openai/m", **options)
+    [agent] = cfg["agents"]
+    assert agent["name"] == "terminus-2" and agent["max_timeout_sec"] == 150  # 150 x 4 = the cap
+    assert agent["kwargs"] == {"max_turns": 7, "temperature": 0.3, "llm_call_kwargs": {"max_tokens": 1234}}
+    assert cfg["timeout_multiplier"] == 4 and cfg["environment"]["type"] == "docker"
+    mine = {**teacher, "harbor": {**teacher["harbor"], "agent_kwargs": {"temperature": 1.0}}}
+    assert harbor_options(mine)["agent_kwargs"]["temperature"] == 1.0  # harbor.agent_kwargs win
+    oracle = harbor_options(Teacher(engine="oracle", sandbox="harbor").model_dump())
+    assert oracle["agent"] == "oracle" and oracle["agent_kwargs"] is None
+    if HARBOR.is_file():  # Harbor itself reads the config and resolves the trial's timeout
+        py = HARBOR.parent / "python"
+        code = ("import json,sys; from harbor.models.job.config import JobConfig; "
+                "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); a = c.agents[0]; "
+                "print(min(900, a.max_timeout_sec) * c.timeout_multiplier, a.kwargs['max_turns'])")
+        path = write_job_config(tmp_path / "job.json", cfg)
+        res = subprocess.run([str(py), "-c", code, str(path)], capture_output=True, text=True, check=False)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == ["600.0", "7"]  # a 900 s task: min(900 x 4, 600)
 
 
 # -- real harbor runs ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.engines import Completion, EngineError
+from otbuild.engines import ENGINES, Completion, EngineError, make_engine
 from otbuild.engines.oracle import OracleEngine
 from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
@@ -20,9 +20,10 @@ from otbuild.harness.trial import TrialSettings, run_trial
 from otbuild.recipe.schema import Teacher
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
-from otbuild.stages.rollout import plan_trials
+from otbuild.stages.rollout import plan_trials, run_shard
 from otbuild.tasks.table import write_tasks
-from tests.conftest import DATA
+from otbuild.tasks.taskdir import TaskDir
+from tests.conftest import DATA, chat_answer
 
 needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
@@ -145,6 +146,112 @@ def test_engine_failure_is_an_infrastructure_exception(tmp_path):
     assert trace["reward"] is None
 
 
+@needs_sandbox
+def test_a_bug_raises_and_only_infrastructure_errors_are_recorded(tmp_path):
+    task = next(generate(1, 3)).task
+    with pytest.raises(TypeError, match="a bug"):  # not an "infrastructure error" dropped unseen
+        _trial(task, ScriptedEngine([TypeError("a bug in an engine")]), tmp_path / "bug")
+    garbled = TaskDir("garbled-reward")
+    garbled.add("instruction.md", "Do nothing.")
+    garbled.add("tests/test.sh", "#!/bin/sh\necho passed > /logs/verifier/reward.txt\n", executable=True)
+    trace = _trial(garbled, ScriptedEngine([]), tmp_path / "garbled")
+    assert trace["exception"] == "VerifierOutputParseError" and trace["reward"] is None
+    assert "not a number: 'passed" in json.loads(trace["metadata"])["exception_message"]
+
+
+class BuggyEngine(ScriptedEngine):
+    def __init__(self, settings):
+        super().__init__([TypeError("a bug in an engine")])
+
+
+@needs_sandbox
+def test_a_bug_stops_the_rollout_shard(tmp_path, monkeypatch):
+    """The shard job fails with the bug (after the other trials are cancelled and their
+    sandboxes closed), instead of writing it down as an infrastructure error."""
+    monkeypatch.setitem(ENGINES, "buggy", BuggyEngine)
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(3, 3), source="synth")
+    settings = {**Teacher(engine="oracle", concurrency=3).model_dump(), "engine": "buggy"}
+    with pytest.raises(ExceptionGroup) as e:
+        run_shard(settings, [tasks], tmp_path / "out", 0)
+    assert e.group_contains(TypeError, match="a bug in an engine")
+    assert not (tmp_path / "out" / "shards" / "0.parquet").exists()
+
+
+def strict_endpoint(answers: list[str], reasoning: str | None = None):
+    """An OpenAI-compatible stand-in that, as strict hosted APIs do, refuses a message with
+    any key but role and content; it answers `answers` in turn (with `reasoning_content`)."""
+    def reply(body):
+        bad = [sorted(set(m) - {"role", "content"}) for m in body["messages"] if set(m) - {"role", "content"}]
+        if bad:
+            return 400, {"error": {"message": f"messages: unknown keys {bad}", "type": "invalid_request_error"}}
+        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        out = chat_answer(answers[min(turn, len(answers) - 1)])
+        out["choices"][0]["message"]["reasoning_content"] = reasoning
+        return 200, out
+    return reply
+
+
+THREE_TURNS = [answer("echo hi\n"), answer(complete=True), answer(complete=True)]
+
+
+@needs_sandbox
+def test_the_model_is_sent_role_and_content_only(tmp_path, scripted):
+    srv = scripted(strict_endpoint(THREE_TURNS))
+    task = next(generate(1, 3)).task
+
+    async def trial():
+        async with make_engine({"engine": "openai", "base_url": srv.base_url, "model": "m"}) as engine:
+            return await run_trial(task, task.task_id(), engine, TrialSettings(), tmp_path / "w")
+
+    trace = asyncio.run(trial())
+    assert trace["exception"] is None and trace["reward"] == 0.0 and trace["n_turns"] == 3
+    assert len(srv.requests) == 3 and trace["n_output_tokens"] > 0
+
+
+@needs_sandbox
+def test_reasoning_is_kept_in_traces_unless_switched_off(tmp_path, scripted):
+    """A reasoning parser's text (`reasoning_content`) goes into the trace before the answer,
+    as Harbor exports it; the model is never sent it back. `keep_reasoning: false` (recipe)
+    leaves it out."""
+    srv = scripted(strict_endpoint(THREE_TURNS, reasoning="I should say hi."))
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(1, 3), source="synth")
+    convs = {}
+    for keep in (True, False):
+        settings = Teacher(engine="openai", base_url=srv.base_url, model="m", keep_reasoning=keep).model_dump()
+        outdir = tmp_path / f"keep-{keep}"
+        run_shard(settings, [tasks], outdir, 0)
+        [row] = pq.read_table(outdir / "shards" / "0.parquet").to_pylist()
+        assert row["exception"] is None and row["n_turns"] == 3
+        convs[keep] = [m["content"] for m in row["conversations"] if m["role"] == "assistant"]
+    assert convs[True] == [f"<think>I should say hi.</think>\n{a}" for a in THREE_TURNS]
+    assert convs[False] == THREE_TURNS
+    sent = [m["content"] for r in srv.requests for m in r["body"]["messages"] if m["role"] == "assistant"]
+    assert sent and not any("I should say hi" in c for c in sent)
+
+
+@needs_sandbox
+def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_model, local_server):
+    """A small model served by `otbuild serve` with a 1600-token context (as vLLM's
+    --max-model-len) has room for the first prompt and one answer, not for the next turn: the
+    server's 400 ends the trial as a failed task with its reason, not as an infrastructure
+    error."""
+    task = next(generate(1, 3)).task
+
+    async def trial():
+        async with make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
+                                "temperature": 0.0, "max_tokens": 64}) as engine:
+            return await run_trial(task, task.task_id(), engine, TrialSettings(), tmp_path / "w")
+
+    trace = asyncio.run(trial())
+    meta = json.loads(trace["metadata"])
+    assert trace["exception"] is None and not trace["timed_out"] and trace["reward"] == 0.0
+    assert trace["result"] == "ContextLengthExceededError" and meta["stop_reason"] == "context_length_exceeded"
+    assert "maximum context length is 1600 tokens" in meta["stop_message"]
+    assert trace["n_turns"] == 1 and trace["conversations"][-1]["role"] == "assistant"
+
+
 # -- rollout shards: resume after a kill ----------------------------------------------------
 @needs_sandbox
 @pytest.mark.slow
@@ -156,7 +263,7 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     spec = json.dumps({"stage": "rollout", "id": "a" * 16, "settings": settings,
                        "inputs": [{"id": "t", "stage": "task_filter", "path": str(tasks)}], "outdir": str(outdir)})
     cmd = [sys.executable, "-m", "otbuild", "stage", "rollout", "--spec", spec, "--shard", "1"]
-    partial = outdir / "shards" / "1.partial.jsonl"
+    partial = outdir / "shards" / "1-of-2.partial.jsonl"
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not partial.exists() or len(partial.read_text().splitlines()) < 4):
@@ -164,16 +271,38 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done_before = len(partial.read_text().splitlines())
-    assert 4 <= done_before < 15 and not (outdir / "shards" / "1.parquet").exists()
+    assert 4 <= done_before < 15 and not (outdir / "shards" / "1-of-2.parquet").exists()
 
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{done_before} already done, {15 - done_before} to run" in res.stdout
-    rows = pq.read_table(outdir / "shards" / "1.parquet").to_pylist()
+    rows = pq.read_table(outdir / "shards" / "1-of-2.parquet").to_pylist()
     expected = [t for t in plan_trials([tasks], 1) if t.index % 2 == 1]
     names = pq.read_table(tasks, columns=["path"]).column("path").to_pylist()
     assert [r["task"] for r in rows] == [names[t.row] for t in expected]  # each trial once, in order
     assert all(r["reward"] == 1.0 for r in rows) and not partial.exists()
+
+
+@needs_sandbox
+def test_a_torn_last_line_is_dropped_and_the_shard_goes_on(tmp_path, capsys):
+    """A crash or a full disk mid-write leaves half a record at the end of the partial file:
+    the next attempt cuts it off, keeps the whole records and reruns only that trial."""
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(3, 11, difficulties=[1]), source="synth")
+    settings = Teacher(engine="oracle", concurrency=3).model_dump()
+    outdir = tmp_path / "rollout"
+    run_shard(settings, [tasks], outdir, 0)
+    shard = outdir / "shards" / "0-of-1.parquet"
+    rows = pq.read_table(shard).to_pylist()
+    shard.unlink()
+    lines = [json.dumps({"_trial": i, **r}) for i, r in enumerate(rows)]
+    partial = shard.with_suffix(".partial.jsonl")
+    partial.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][: len(lines[2]) // 2])
+    capsys.readouterr()
+    run_shard(settings, [tasks], outdir, 0)
+    assert "2 already done, 1 to run" in capsys.readouterr().out
+    assert [r["task"] for r in pq.read_table(shard).to_pylist()] == [r["task"] for r in rows]
+    assert not partial.exists()
 
 
 @needs_sandbox

@@ -3,6 +3,7 @@
 import pytest
 
 from otbuild.errors import ConfigError
+from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from tests.conftest import REPO
 
@@ -93,3 +94,107 @@ def test_unbuilt_stage_and_yaml_and_cycles(recipes):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "recipes").glob("*.yaml")))
 def test_shipped_recipes_validate(name):
     load_recipe(name, REPO)
+
+
+def test_regexes_are_checked_by_duckdb_re2(recipes):
+    """Python's `re` accepts lookarounds; DuckDB (RE2), which runs the filter, does not."""
+    root = _write(recipes, "look", BASE.replace("sample: {n: 5}", "include_regex: 'foo(?=bar)'"))
+    msg = _error(root, "look")
+    assert "task_filter.include_regex: not a valid regular expression for DuckDB" in msg and "(?=" in msg
+    root = _write(recipes, "ok", BASE.replace("sample: {n: 5}", r"exclude_regex: '\bsudo\s+rm\b'"))
+    assert load_recipe("ok", root).recipe.task_filter.exclude_regex == r"\bsudo\s+rm\b"
+
+
+def test_duplicate_keys_are_refused_with_both_lines(recipes):
+    root = _write(recipes, "dup", BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nteacher: {engine: oracle, shards: 4}\n")
+    assert "dup.yaml: line 9, column 1: not valid YAML (duplicate key 'teacher', first set on line 7)" in _error(root, "dup")
+    root = _write(recipes, "dup2", BASE.replace("count: 10, seed: 1}", "count: 10, seed: 1, count: 3}"))
+    assert "duplicate key 'count', first set on line 3" in _error(root, "dup2")
+    root = _write(recipes, "merge", BASE + "x: &t {engine: oracle}\n".replace("x", "teacher") + "trace_filter: {}\n")
+    assert load_recipe("merge", root).recipe.teacher.engine == "oracle"  # anchors alone are fine
+
+
+def test_alias_bombs_and_absurd_sizes_are_refused(recipes):
+    levels = ["&a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 6):  # 10^6 values once expanded, from a few hundred bytes
+        levels.append(f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]")
+    bomb = "".join(f"  l{i}: {lv}\n" for i, lv in enumerate(levels))
+    root = _write(recipes, "bomb", BASE + "teacher:\n  engine: vllm\n  model: m\n  engine_args:\n    extra_args:\n"
+                  + bomb.replace("  l", "      l") + "trace_filter: {}\n")
+    assert "not valid YAML (aliases expand to more than 100000 values)" in _error(root, "bomb")
+    root = _write(recipes, "loop", "sources: &s\n  a: {kind: synthetic, count: 1}\n  b: *s\n")
+    assert "an alias refers to itself" in _error(root, "loop")
+    root = _write(recipes, "huge", BASE.replace("count: 10, seed: 1", "count: 100000000000000000000000, seed: 1")
+                  .replace("total: 10", "total: 1.0e+12")
+                  + "teacher: {engine: oracle, shards: 1000000000000}\ntrace_filter: {}\n")
+    msg = _error(root, "huge")
+    assert "sources.a.count: Input should be less than or equal to 10000000" in msg
+    assert "teacher.shards: Input should be less than or equal to 10000" in msg
+    assert "mix.total: Input should be less than or equal to 10000000" in msg
+
+
+def test_source_paths_that_cannot_be_read_are_config_errors(recipes, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "not_a_dir.txt").write_text("x")
+    root = _write(recipes, "swe", f"sources:\n  swe: {{kind: swe-instances, path: {tmp_path}/empty}}\n")
+    assert ("swe.yaml: sources.swe.path: expected a .jsonl/.ndjson/.json file or a folder of them, "
+            f"found none in {tmp_path}/empty") in _error(root, "swe")
+    root = _write(recipes, "hd", "sources:\n  h: {kind: harbor-dir, path: not_a_dir.txt}\n")
+    assert f"hd.yaml: sources.h.path: expected a folder of task dirs, found the file {tmp_path}/not_a_dir.txt" in _error(root, "hd")
+    root = _write(recipes, "bm", BASE + f"eval:\n  model: {{engine: oracle}}\n  benchmarks:\n    b: {{kind: tb1-dir, path: {tmp_path}/empty}}\n")
+    assert "eval.benchmarks.b.path: expected a folder of task dirs, found none in" in _error(root, "bm")
+    (tmp_path / "labels").mkdir()
+    root = _write(recipes, "imp", f"trace_imports:\n  m: {{kind: mini-swe-agent, path: {tmp_path}/empty}}\n"
+                  "  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n")
+    msg = _error(root, "imp")
+    assert f"imp.yaml: trace_imports.m.path: expected a .traj.json file or a folder of them, found none in {tmp_path}/empty" in msg
+    root = _write(recipes, "imp2", "trace_imports:\n  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n")
+    assert f"trace_imports.s.labels: expected a JSON/JSONL file, found the folder {tmp_path}/labels" in _error(root, "imp2")
+    root = _write(recipes, "later", "sources:\n  h: {kind: harbor-dir, path: data/not/there/yet}\n")
+    assert load_recipe("later", root).recipe.sources["h"].path  # data may arrive before the build
+
+
+def test_sources_no_stage_uses_are_an_error(recipes, tmp_path):
+    imports = "trace_imports:\n  m: {kind: messages-jsonl, path: chats.jsonl}\ntrace_filter: {}\n"
+    root = _write(recipes, "unused", BASE + imports)
+    assert "unused.yaml: sources: no stage uses these tasks" in _error(root, "unused")
+    root = _write(recipes, "imports_only", imports)
+    assert [n.stage for n in plan_recipe(load_recipe("imports_only", root)).nodes] == ["trace_import", "trace_filter", "report"]
+    root = _write(recipes, "nothing", "description: empty\n")
+    assert "nothing to build from" in _error(root, "nothing")
+
+
+def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
+    """A teacher.model grid over an AWQ base passed `--quantization awq` to every model."""
+    from otbuild.engines import engine_settings
+    from otbuild.engines.vllm import vllm_command
+    from otbuild.recipe.ablate import candidates
+
+    commands = {}
+    for name, cand in candidates(load_recipe("ablate_teacher", REPO)):
+        commands[cand.recipe.teacher.model] = vllm_command(engine_settings(cand.recipe.teacher.model_dump()), 1)
+    glm47, glm46, kimi = (commands[m] for m in ("zai-org/GLM-4.7-AWQ", "zai-org/GLM-4.6-FP8", "moonshotai/Kimi-K2.5"))
+    assert glm47[glm47.index("--quantization") + 1] == "awq" and "--quantization" not in glm46 + kimi
+    assert glm46[glm46.index("--reasoning-parser") + 1] == "glm45"
+    assert kimi[kimi.index("--reasoning-parser") + 1] == "kimi_k2" and "--trust-remote-code" in kimi
+    # the old grid is refused at validate time, naming the candidate and the mismatch
+    (recipes / "parent.yaml").write_text(BASE + "teacher: {engine: vllm, model: zai-org/GLM-4.7-AWQ, "
+                                         "engine_args: {quantization: awq}}\ntrace_filter: {}\n"
+                                         "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n")
+    root = _write(recipes, "grid", "extends: parent\nablate:\n  teacher.model: [zai-org/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n")
+    with pytest.raises(ConfigError, match=r"candidate \[teacher.model=zai-org/GLM-4.6-FP8\].*teacher: .*saved as FP8"):
+        plan_recipe(load_recipe("grid", root))
+
+
+def test_eval_context_beyond_the_models_needs_rope_scaling(recipes, tmp_path):
+    base = tmp_path / "qwen3"  # the SFT base: the checkpoint keeps its config
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "qwen3", "max_position_embeddings": 40960}')
+    recipe = (BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: pretrained, path: qwen3}}\n"
+              "eval:\n  benchmarks: {b: {kind: synthetic, count: 1}}\n  serve_with: vllm\n"
+              "  engine_args: {max_model_len: 65536}\n")
+    root = _write(recipes, "long", recipe)
+    assert "long.yaml: eval.engine_args: max_model_len 65536 exceeds" in _error(root, "long")
+    yarn = "{max_model_len: 65536, hf_overrides: {rope_scaling: {rope_type: yarn, factor: 2.0}}}"
+    root = _write(recipes, "yarn", recipe.replace("{max_model_len: 65536}", yarn))
+    assert load_recipe("yarn", root).recipe.eval.engine_args["hf_overrides"]

@@ -166,6 +166,16 @@ def test_tools_work_inside(box):
     assert "c\n" in r.output and "42\n" in r.output and "/root\n" in r.output
 
 
+def test_python_multiprocessing_works_inside(box):
+    """Semaphores live in /dev/shm: each sandbox has a private one its unprivileged uid can
+    write (bwrap's own is root's 0755, and multiprocessing failed with PermissionError)."""
+    canary = f"otbuild-{box.root.name}"
+    r = box.run("python3 -c 'import multiprocessing as mp; print(sum(mp.Pool(2).map(abs, [-20, -22])))';"
+                f" stat -c %a /dev/shm; touch /dev/shm/{canary}", timeout=60)
+    assert r.exit_code == 0 and r.output.split() == ["42", "1777"], r.output
+    assert not (Path("/dev/shm") / canary).exists()  # not the host's /dev/shm
+
+
 # -- hostile commands -----------------------------------------------------------------------
 def _repo_fingerprint() -> tuple[str, set[Path]]:
     """Content of the sandbox's own files (nobody else edits them during the test) and which

@@ -267,13 +267,14 @@ def test_nl2bash_pairs():
     recs, bad = split(nl2bash.read(NL))
     assert len(recs) == len(src) == 2000 and not bad
     verified = [r for r in recs.values() if "tests/test.sh" in r.task.files]
-    assert 300 < len(verified) < 1000  # the rule keeps a real, conservative share
+    assert 100 < len(verified) < 1000  # the rule keeps a real, conservative share
     for r in src:
         rec = recs[f"nl2bash-{r['id']}"]
         assert r["nl"].strip() in rec.task.instruction
         assert r["cmd"].strip() in rec.task.text("solution/solve.sh")
         has_tests = "tests/test.sh" in rec.task.files
-        assert has_tests == (nl2bash.check_command(r["cmd"]) is None)
+        silent = "prints nothing" in rec.metadata.get("verifier_skipped", "")
+        assert has_tests == (nl2bash.check_command(r["cmd"]) is None and not silent)
         if has_tests:
             assert rec.task.text("tests/reference.sh").strip() == r["cmd"].strip()
             assert rec.task.text("tests/fixture/notes.txt") == rec.task.text(
@@ -288,6 +289,32 @@ def test_nl2bash_pairs():
         if r["cmd"].split()[0] in ("sudo", "rm", "chmod", "ssh", "top", "date")
     ]
     assert unsafe and all(nl2bash.check_command(c) for c in unsafe)
+
+
+def _verify(task, command: str, tmp_path) -> float:
+    """tests/test.sh of `task` in the real sandbox, with `command` in /app/command.sh."""
+    from otbuild.sandbox import open_sandbox, read_reward
+
+    with open_sandbox(task, tmp_path, cleanup=False) as box:
+        (box.root / "app" / "command.sh").write_text(command + "\n")
+        box.run("bash /tests/test.sh", timeout=60, with_tests=True)
+        return read_reward(box.root)
+
+
+def test_nl2bash_verifiers_fail_a_trivial_command(tmp_path):
+    """A reference that prints nothing in the fixture (here: succeeds or fails silently) would
+    give `true` or `false` a pass: such pairs get no verifier; the others fail both."""
+    rows = [{"id": "silent", "nl": "list js files except under proc",
+             "cmd": "find . -type d -name proc -prune -o -name '*.js'"},
+            {"id": "fails", "nl": "diff two files", "cmd": "diff -u file1 file2"},
+            {"id": "todo", "nl": "count TODO lines", "cmd": "grep -r -c TODO src"}]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = {r.metadata["id"]: r for r in nl2bash.read(tmp_path / "pairs.jsonl")}
+    for quiet in ("silent", "fails"):
+        assert "tests/test.sh" not in recs[quiet].task.files
+        assert "prints nothing in the fixture" in recs[quiet].metadata["verifier_skipped"]
+    todo = recs["todo"].task
+    assert [_verify(todo, c, tmp_path) for c in ("true", "false", "grep -r -c TODO src")] == [0.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize("cmd", [
@@ -384,7 +411,7 @@ def test_table_on_real_jsonl_and_formats(tmp_path):
 def test_generated_scripts_are_valid_shell(tmp_path):
     import subprocess
 
-    nl = next(r for r in split(nl2bash.read(NL))[0].values() if "tests/test.sh" in r.task.files)
+    nl = next(r for r in nl2bash.read(NL) if isinstance(r, TaskRecord) and "tests/test.sh" in r.task.files)
     swe = next(iter(split(swe_instances.read(SMITH))[0].values()))
     for t in (nl.task, swe.task):
         for rel in ("tests/test.sh", "solution/solve.sh"):

@@ -1,10 +1,12 @@
 """Real snakemake runs: content addressing holds end to end, the audit catches drift."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -73,10 +75,13 @@ def test_audit_proves_and_catches_drift(project):
     assert {i["stage"] for i in record["inputs"]} == {"source"} and all(len(i["sha256"]) == 64 for i in record["inputs"])
     assert record["outputs"][0]["rows"] == 10 and "duckdb" in record["packages"]
 
+    assert {"otbuild/stages/mix.py", "otbuild/sql/mix.sql", "otbuild/duck.py"} <= record["code"].keys()
     record["code_sha256"] = "0" * 16  # as if the stage's code had changed since the build
+    record["code"]["otbuild/duck.py"] = "0" * 16
     (mix_dir / "provenance.json").write_text(json.dumps(record))
     res = otbuild(project, "audit", "r")
     assert res.returncode == 0 and "changed since build" in res.stdout  # reported, not a finding
+    assert "otbuild/duck.py" in res.stdout  # named
 
     with open(mix_dir / "tasks.parquet", "ab") as f:  # tamper with a built artifact
         f.write(b"x")
@@ -85,6 +90,81 @@ def test_audit_proves_and_catches_drift(project):
     assert "drifted" in res.stdout and mix_dir.name in res.stdout
     res = otbuild(project, "audit", str(mix_dir / "tasks.parquet"))
     assert res.returncode == 1 and '"rule": "mix"' in res.stdout
+
+    tasks = next((project / "artifacts" / "source").iterdir()) / "tasks.parquet"
+    st, data = tasks.stat(), bytearray(tasks.read_bytes())
+    data[len(data) // 2] ^= 1
+    with open(tasks, "r+b") as f:  # a byte flipped in place: same inode, size and mtime
+        f.write(data)
+    os.utime(tasks, ns=(st.st_atime_ns, st.st_mtime_ns))
+    for args in (["audit", "r"], ["audit", "--verify", "r"]):
+        res = otbuild(project, *args)
+        assert res.returncode == 1 and tasks.parent.name in res.stdout, res.stdout
+
+
+ROLLOUT = """
+sources:
+  a: {kind: synthetic, rank: 1, count: 6, seed: 4, difficulties: [3]}
+teacher: {engine: oracle, shards: 2, concurrency: 1}
+"""
+
+
+def _start(project, *args):
+    return subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=project, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _kill_snakemake_and_wait_for_its_jobs(proc):
+    """kill -9 of snakemake itself; the jobs it started run on, orphaned, to their end."""
+    proc.kill()
+    log = proc.communicate()[0]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return log
+        time.sleep(0.1)
+    raise AssertionError("the killed run's jobs did not end")
+
+
+def _wait_for(predicate, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_killed_build_recovers_by_itself(project):
+    """kill -9 of snakemake mid-rollout and again mid-merge: a plain rerun neither hits
+    LockException nor asks for --rerun-incomplete, and keeps what the killed jobs finished."""
+    _write(project, "r", ROLLOUT)
+    artifacts = project / "artifacts" / "rollout"
+    proc = _start(project, "r")  # 1: killed while the shards run
+    _wait_for(lambda: any(p.read_text().count("\n") >= 1 for p in artifacts.glob("*/shards/*.partial.jsonl")))
+    _kill_snakemake_and_wait_for_its_jobs(proc)
+    assert list((project / ".snakemake" / "locks").glob("*.lock"))
+    assert len(list(artifacts.glob("*/shards/*-of-2.parquet"))) == 2  # the orphaned jobs finished
+
+    proc = _start(project, "r")  # 2: plain restart, killed while the merge runs
+    _wait_for(lambda: list((project / "logs" / "rollout").glob("*/merge.log")) or proc.poll() is not None)
+    log = _kill_snakemake_and_wait_for_its_jobs(proc)
+    assert "LockException" not in log and "IncompleteFilesException" not in log, log
+    assert "removed the locks of a snakemake run that is no longer running" in log
+    assert "2 output(s) of killed jobs were complete and are kept" in log
+    assert "rule rollout:" not in log  # the finished shards were not rerun
+    assert (next(artifacts.iterdir()) / "provenance.json").exists()  # the orphaned merge finished
+
+    ran, log = snakemake(project, "r")  # 3: plain restart again
+    assert "LockException" not in log and "IncompleteFilesException" not in log
+    assert "output(s) of killed jobs were complete and are kept" in log
+    assert ran == {"report": 1, "r": 1}, log  # the merge's complete outputs were kept
+    traces = pq.read_table(project / "results" / "r" / "teacher" / "traces.parquet").to_pylist()
+    assert len(traces) == 6 and all(t["reward"] == 1.0 for t in traces)
+
+    _write(project, "r", ROLLOUT.replace("shards: 2, concurrency: 1", "shards: 3, concurrency: 2"))
+    dry, log = snakemake(project, "r", "-n")  # execution knobs: nothing reruns
+    assert dry == {"r": 1}, log
 
 
 def test_failed_stage_leaves_nothing_that_looks_complete(project):

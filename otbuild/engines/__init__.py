@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from otbuild.engines.base import Completion, Engine, EngineError
+from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
 from otbuild.engines.settings import engine_settings
 from otbuild.errors import ConfigError
 
@@ -64,5 +64,5 @@ async def open_engine(settings: dict) -> Engine:
     return engine
 
 
-__all__ = ["ENGINES", "Completion", "Engine", "EngineError", "engine_settings", "make_engine",
-           "open_engine", "register"]
+__all__ = ["ENGINES", "Completion", "ContextLengthExceededError", "Engine", "EngineError",
+           "engine_settings", "make_engine", "open_engine", "register"]

@@ -27,6 +27,12 @@ class EngineError(Exception):
         self.status = status
 
 
+class ContextLengthExceededError(EngineError):
+    """The request does not fit the model's context window (prompt + max_tokens): not an
+    infrastructure failure but the end of a trial, which the harness records as a task failure
+    (as Harbor's terminus-2 does)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """An LLM backend. Use as `async with make_engine(settings) as engine:` (starts a managed

@@ -1,7 +1,8 @@
 """The `openai` engine: any OpenAI-compatible chat endpoint over httpx (no SDK).
 
 Bounded concurrency (one semaphore per engine), retries with exponential backoff and jitter on
-transport errors, timeouts, 429 and 5xx; other 4xx fail at once. Failures raise EngineError.
+transport errors, timeouts, 429 and 5xx; other 4xx fail at once. Failures raise EngineError;
+a request the model's context window cannot hold raises its subclass ContextLengthExceededError.
 """
 
 from __future__ import annotations
@@ -9,13 +10,20 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 from collections import Counter
 
 import httpx
 
-from otbuild.engines.base import Completion, EngineError
+from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.engines.settings import ClientSettings, OpenAISettings
 from otbuild.errors import ConfigError
+
+# How OpenAI-compatible servers say a request is over the context window: vLLM and OpenAI
+# ("maximum context length", "context_length_exceeded"), vLLM's "maximum model length",
+# SGLang ("the model's context length"), Anthropic-style gateways ("prompt is too long").
+CONTEXT_OVERFLOW = re.compile(r"context[ _]length|maximum model length|prompt is too long|"
+                              r"context window", re.IGNORECASE)
 
 
 class OpenAIEngine:
@@ -116,7 +124,8 @@ class OpenAIEngine:
             status, last = r.status_code, f"HTTP {r.status_code}: {r.text[:500]}"
             if r.status_code != 429 and r.status_code < 500:
                 self.stats["errors"] += 1
-                raise EngineError(f"{self._who()} rejected the request ({last})", status=status)
+                error = ContextLengthExceededError if CONTEXT_OVERFLOW.search(r.text) else EngineError
+                raise error(f"{self._who()} rejected the request ({last})", status=status)
             retry_after = _seconds(r.headers.get("retry-after"))
         self.stats["errors"] += 1
         raise EngineError(

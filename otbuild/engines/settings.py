@@ -3,6 +3,10 @@
 An engine's settings are a flat mapping: `engine` (the registry key) plus the keys of that
 engine's settings class; a managed server's launch options may also be nested under
 `engine_args` (flattened on load). Unknown keys are config errors.
+
+Fields made with `_execution(...)` change how a request is sent or a server runs, not what the
+model answers (concurrency, retries, timeouts, host/port, parallelism): `identity_args` leaves
+them, and values equal to their defaults, out of content ids (see otbuild/recipe/base.py).
 """
 
 from __future__ import annotations
@@ -11,6 +15,11 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import ClassVar
 
 from otbuild.errors import ConfigError
+
+
+def _execution(default):
+    """A setting that does not change what the engine produces: not part of content ids."""
+    return field(default=default, metadata={"execution_only": True})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,11 +35,11 @@ class ClientSettings:
     top_p: float | None = None
     seed: int | None = None
     extra_body: dict = field(default_factory=dict)  # merged into every request body
-    concurrency: int = 8  # requests in flight per engine
-    max_retries: int = 5  # retries after the first attempt (transport errors, 429, 5xx)
-    request_timeout_sec: float = 600.0  # per request
-    backoff_sec: float = 1.0  # the first retry waits ~backoff_sec, doubling, with jitter
-    backoff_max_sec: float = 60.0
+    concurrency: int = _execution(8)  # requests in flight per engine
+    max_retries: int = _execution(5)  # retries after the first attempt (transport errors, 429, 5xx)
+    request_timeout_sec: float = _execution(600.0)  # per request
+    backoff_sec: float = _execution(1.0)  # the first retry waits ~backoff_sec, doubling, with jitter
+    backoff_max_sec: float = _execution(60.0)
 
     def __post_init__(self):
         if not self.model:
@@ -82,11 +91,11 @@ class OpenAISettings(ClientSettings):
 class ServerSettings(ClientSettings):
     """A server the engine starts itself, on this node, and stops when it is closed."""
 
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: a free port
+    host: str = _execution("127.0.0.1")
+    port: int | None = _execution(None)  # None: a free port
     served_model_name: str | None = None  # None: `model`
-    startup_timeout_sec: float = 300.0
-    log_path: str | None = None  # the server's stdout+stderr; None: a temporary file
+    startup_timeout_sec: float = _execution(300.0)
+    log_path: str | None = _execution(None)  # the server's stdout+stderr; None: a temporary file
     env: dict = field(default_factory=dict)  # extra environment variables for the server
 
 
@@ -96,8 +105,8 @@ class TransformersSettings(ServerSettings):
 
     engine: ClassVar[str] = "transformers"
 
-    device: str = "auto"  # auto, cpu, cuda, cuda:N
-    concurrency: int = 2  # the server runs one request at a time; 2 keeps it busy
+    device: str = _execution("auto")  # auto, cpu, cuda, cuda:N
+    concurrency: int = _execution(2)  # the server runs one request at a time; 2 keeps it busy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,23 +115,47 @@ class VLLMSettings(ServerSettings):
 
     engine: ClassVar[str] = "vllm"
 
-    concurrency: int = 64  # vLLM batches concurrent requests
-    startup_timeout_sec: float = 1800.0  # big checkpoints load slowly
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    max_model_len: int | None = None
-    quantization: str | None = None  # e.g. awq
-    gpu_memory_utilization: float | None = None
+    concurrency: int = _execution(64)  # vLLM batches concurrent requests
+    startup_timeout_sec: float = _execution(1800.0)  # big checkpoints load slowly
+    tensor_parallel_size: int = _execution(1)
+    data_parallel_size: int = _execution(1)
+    max_model_len: int | None = None  # beyond the model's own context: rope scaling in hf_overrides
+    quantization: str | None = None  # e.g. awq; unset: the checkpoint's own (from its config)
+    hf_overrides: dict | None = None  # e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}
+    gpu_memory_utilization: float | None = _execution(None)
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     extra_args: list[str] = field(default_factory=list)  # appended to the command line as is
-    vllm_executable: str = "vllm"
+    vllm_executable: str = _execution("vllm")
+
+    def __post_init__(self):
+        super().__post_init__()
+        from otbuild.engines.model_config import check_vllm_model
+
+        check_vllm_model(self.model, self.quantization, self.max_model_len, self.hf_overrides)
 
 
 SETTINGS: dict[str, type[ClientSettings]] = {
     c.engine: c for c in (OpenAISettings, TransformersSettings, VLLMSettings)
 }
+
+
+def identity_args(engine: str, args: dict) -> dict:
+    """The launch settings in `args` that belong in a content id: not execution-only, not
+    equal to the engine's default. Keys the engine does not know are kept (validate rejects them)."""
+    known = {f.name: f for f in fields(SETTINGS[engine])} if engine in SETTINGS else {}
+    out = {}
+    for key, value in args.items():
+        f = known.get(key)
+        if f is not None and (f.metadata.get("execution_only") or value == _default(f)):
+            continue
+        out[key] = value
+    return out
+
+
+def _default(f):
+    return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
 def engine_settings(section: dict) -> dict:

@@ -3,6 +3,7 @@ optional install), on a free port, and the openai engine pointed at it."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ def vllm_command(settings: dict | VLLMSettings, port: int) -> list[str]:
         "--tool-call-parser": s.tool_call_parser,
         "--reasoning-parser": s.reasoning_parser,
         "--seed": s.seed,
+        "--hf-overrides": json.dumps(s.hf_overrides) if s.hf_overrides else None,
     }
     cmd += [x for flag, v in options.items() if v is not None for x in (flag, str(v))]
     if s.enable_auto_tool_choice:

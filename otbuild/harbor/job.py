@@ -44,13 +44,15 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
                environment: str = OTBUILD_ENV, n_attempts: int = 1, n_concurrent: int = 4,
                agent_kwargs: dict | None = None, environment_kwargs: dict | None = None,
                timeout_multiplier: float = 1.0, agent_timeout_sec: float | None = None,
-               task_names: list[str] | None = None, max_retries: int = 0) -> dict:
+               max_timeout_sec: float | None = None, task_names: list[str] | None = None,
+               max_retries: int = 0) -> dict:
     """A Harbor JobConfig (schema: `harbor job schema`) as a dict.
 
     `environment`: a Harbor environment type (docker, daytona, modal, ...), `otbuild` (ours,
     no container), or an import path `module:Class`. `agent`: oracle, terminus-2 (or any
     Harbor agent name); `model` in litellm form (`openai/NAME` for an OpenAI-compatible
-    server at `base_url`, e.g. `otbuild serve`)."""
+    server at `base_url`, e.g. `otbuild serve`). Harbor's agent timeout is
+    min(task's or `agent_timeout_sec`, `max_timeout_sec`) x `timeout_multiplier`."""
     if agent != "oracle" and not model:
         raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
     agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
@@ -60,6 +62,8 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
         agent_cfg["base_url"] = base_url
     if agent_timeout_sec is not None:
         agent_cfg["override_timeout_sec"] = float(agent_timeout_sec)
+    if max_timeout_sec is not None:
+        agent_cfg["max_timeout_sec"] = float(max_timeout_sec)
     env_cfg: dict = {"kwargs": dict(environment_kwargs or {}), "delete": True}
     if environment == OTBUILD_ENV:
         env_cfg["import_path"] = OTBUILD_IMPORT_PATH
@@ -129,7 +133,8 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                    environment: str = OTBUILD_ENV, n_attempts: int = 1, n_concurrent: int = 4,
                    job_name: str = "job", agent_kwargs: dict | None = None,
                    environment_kwargs: dict | None = None, timeout_multiplier: float = 1.0,
-                   agent_timeout_sec: float | None = None, harbor: str | Path | None = None,
+                   agent_timeout_sec: float | None = None, max_timeout_sec: float | None = None,
+                   harbor: str | Path | None = None,
                    api_key_env: str | None = None, timeout_sec: float | None = None,
                    log: Path | None = None) -> Path:
     """Run one Harbor job over `tasks` (a task parquet, or a dir of Harbor task dirs) and
@@ -146,7 +151,8 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
     cfg = job_config(tasks_dir, jobs_dir, job_name, agent=agent, model=model, base_url=base_url,
                      environment=environment, n_attempts=n_attempts, n_concurrent=n_concurrent,
                      agent_kwargs=agent_kwargs, environment_kwargs=environment_kwargs,
-                     timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec)
+                     timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec,
+                     max_timeout_sec=max_timeout_sec)
     path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
     log = Path(log or workdir / f"{job_name}.harbor.log")
     with open(log, "wb") as out:

@@ -1,9 +1,14 @@
 """One trial: a task, an engine, a sandbox; terminus-2 turns until the agent is done, then the
 task's verifier. Returns a trace row (otbuild/traces/table.py).
 
-Task failures (wrong answer, agent timeout) and infrastructure errors (the sandbox would not
-start, the engine failed after its retries, the verifier timed out) are kept apart: the
-latter set `exception` to the error's class name, which is also the row's `result`.
+Task failures (wrong answer, agent timeout, a conversation the model's context window no
+longer holds) and infrastructure errors (the sandbox would not start, the engine failed after
+its retries, the verifier timed out or wrote a malformed reward) are kept apart: the latter
+set `exception` to the error's class name, which is also the row's `result`. Any other
+exception is a bug and propagates.
+
+The model is sent `{role, content}` messages only; what a trace keeps beside them (token
+counts, a reasoning parser's text) comes from the completions.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.sandbox import Limits, open_sandbox, read_reward
+from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
 from otbuild.tasks.harbor_meta import parse_task_toml
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
@@ -33,14 +39,25 @@ class TrialSettings:
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec
     backend: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
+    keep_reasoning: bool = True  # a reasoning parser's text stays in the trace, in <think>...</think>
 
 
 class VerifierTimeoutError(Exception):
     pass
 
 
-class SandboxError(Exception):
-    pass
+class VerifierOutputParseError(Exception):
+    """reward.txt / reward.json is malformed (Harbor's name for it)."""
+
+
+# what a trial records as its infrastructure exception; anything else raised is a bug
+INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError)
+# why the agent stopped: the trace's metadata.stop_reason
+DONE = "task_complete"
+TIMEOUT = "agent_timeout"
+MAX_EPISODES = "max_episodes"
+SHELL_EXITED = "shell_exited"
+CONTEXT_EXCEEDED = "context_length_exceeded"  # the next request would not fit the model
 
 
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
@@ -50,30 +67,42 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     agent_timeout = effective_timeout(settings.agent_timeout_sec or meta["agent"], settings.timeout_multiplier,
                                       settings.timeout_cap_sec)
     verifier_timeout = settings.verifier_timeout_sec or meta["verifier"]
-    messages: list[dict] = []
-    reward = exception = None
+    messages: list[dict] = []  # what the model is sent
+    completions: list[Completion] = []  # its answers, one per assistant message
+    reward = exception = failure = stop = None
     details: dict = {}
-    timed_out = False
-    episodes = 0
     # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
     limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
     try:
         with open_sandbox(task, workdir, backend=settings.backend, limits=limits,
                           with_solution=getattr(engine, "needs_solution", False)) as box:
             try:
-                episodes, timed_out = await _agent(box, task, engine, settings, agent_timeout, messages)
+                stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions)
+            except ContextLengthExceededError as e:
+                stop, failure, details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
             finally:
                 box.kill_all()  # nothing the agent started survives into the verifier
-            result = await asyncio.to_thread(
-                box.run, ["bash", "/tests/test.sh"], timeout=verifier_timeout, with_tests=True)
-            if result.timed_out:
-                raise VerifierTimeoutError(f"verifier exceeded {verifier_timeout}s")
-            reward, details = _reward(read_reward(box.root))
-    except Exception as e:  # noqa: BLE001 - every infrastructure failure is recorded, not raised
+            if stop == CONTEXT_EXCEEDED:
+                reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
+            else:
+                reward, extra = await _verify(box, verifier_timeout)
+                details.update(extra)
+    except INFRASTRUCTURE_ERRORS as e:
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
-    return _trace_row(task, task_id, engine, started, t0, messages, reward, exception, details, timed_out,
-                      episodes, agent_timeout, sample_idx, run_id, source)
+    return _trace_row(task, task_id, engine, started, t0, _conversation(messages, completions, settings),
+                      completions, reward, exception, {"stop_reason": stop, **details}, stop == TIMEOUT,
+                      agent_timeout, sample_idx, run_id, source, failure=failure)
+
+
+async def _verify(box, timeout: float) -> tuple[float | None, dict]:
+    result = await asyncio.to_thread(box.run, ["bash", "/tests/test.sh"], timeout=timeout, with_tests=True)
+    if result.timed_out:
+        raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
+    try:
+        return _reward(read_reward(box.root))
+    except ValueError as e:
+        raise VerifierOutputParseError(str(e)) from e
 
 
 def effective_timeout(base_sec: float, multiplier: float, cap_sec: float) -> float:
@@ -86,15 +115,16 @@ def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int =
                        source: str = "") -> dict:
     """The row for a task that needs its container image: recorded as an infrastructure
     exception (the trace filter drops it with that reason), never run on the host."""
-    return _trace_row(task, task_id, engine, datetime.now(UTC), time.monotonic(), [], None,
+    return _trace_row(task, task_id, engine, datetime.now(UTC), time.monotonic(), [], [], None,
                       "TaskNotRunnableLocally", {"exception_message": "the task needs its container image; "
-                      "run it through the harbor backend"}, False, 0, 0.0, sample_idx, run_id, source)
+                      "run it through the harbor backend"}, False, 0.0, sample_idx, run_id, source)
 
 
-def _trace_row(task, task_id, engine, started, t0, messages, reward, exception, details, timed_out,
-               episodes, agent_timeout, sample_idx, run_id, source) -> dict:
-    usage = _usage(messages)
-    conversations = _trim(messages)
+def _trace_row(task, task_id, engine, started, t0, conversations, completions, reward, exception, details,
+               timed_out, agent_timeout, sample_idx, run_id, source, *, failure=None) -> dict:
+    """`failure` names a task failure that is not a wrong answer (ContextLengthExceededError):
+    the row's `result`, as in Harbor's export."""
+    episodes = len(completions)
     return {
         "conversations": conversations,
         "agent": "terminus-2",
@@ -105,7 +135,7 @@ def _trace_row(task, task_id, engine, started, t0, messages, reward, exception, 
         "episode": f"episode-{max(episodes - 1, 0)}",
         "run_id": run_id,
         "trial_name": f"{task.name}__{sample_idx}__{run_id[:8]}",
-        "result": exception or ("" if reward is None else f"{reward:g}"),
+        "result": exception or failure or ("" if reward is None else f"{reward:g}"),
         "task_id": task_id,
         "source": source,
         "teacher": f"{engine.name}:{engine.model}",
@@ -115,8 +145,8 @@ def _trace_row(task, task_id, engine, started, t0, messages, reward, exception, 
         "timed_out": timed_out,
         "exception": exception,
         "is_subagent": False,
-        "n_input_tokens": usage[0],
-        "n_output_tokens": usage[1],
+        "n_input_tokens": sum(c.n_input_tokens for c in completions),
+        "n_output_tokens": sum(c.n_output_tokens for c in completions),
         "duration_s": round(time.monotonic() - t0, 3),
         "metadata": json.dumps({"agent_timeout_sec": agent_timeout, "episodes": episodes, **details},
                                sort_keys=True, default=str),
@@ -124,38 +154,38 @@ def _trace_row(task, task_id, engine, started, t0, messages, reward, exception, 
 
 
 async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: float,
-                 messages: list[dict]) -> tuple[int, bool]:
-    """Terminus-2 turns. Returns (episodes run, timed out)."""
+                 messages: list[dict], completions: list[Completion]) -> str:
+    """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
+    a context overflow raises ContextLengthExceededError."""
     deadline = time.monotonic() + timeout
-    term = await asyncio.to_thread(
-        Terminal, box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
+    term = await asyncio.to_thread(_open_terminal, box)
     try:
         screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": protocol.first_prompt(task.instruction, screen)})
         pending_complete = False
-        for episode in range(settings.max_episodes):
+        for _ in range(settings.max_episodes):
             left = deadline - time.monotonic()
             if left <= 0:
-                return episode, True
+                return TIMEOUT
             try:
                 # the oracle reads the task's solution; a model's request gets the messages only
                 extra = {"task": task} if getattr(engine, "needs_solution", False) else {}
                 completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
             except TimeoutError:
-                return episode, True
-            messages.append({"role": "assistant", "content": completion.text,
-                             "_usage": (completion.n_input_tokens, completion.n_output_tokens)})
+                return TIMEOUT
+            completions.append(completion)
+            messages.append({"role": "assistant", "content": completion.text})
             try:
                 answer = protocol.parse_answer(completion.text)
             except protocol.ParseError as e:
                 messages.append({"role": "user", "content": protocol.parse_error_reply(e)})
                 continue
             if answer.task_complete and pending_complete:
-                return episode + 1, False
+                return DONE
             output = await _execute(term, answer.commands, deadline)
             if not term.alive:
                 messages.append({"role": "user", "content": protocol.observation_reply(output)})
-                return episode + 1, False
+                return SHELL_EXITED
             if answer.task_complete:
                 pending_complete = True
                 reply = protocol.confirm_reply(output)
@@ -163,9 +193,16 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                 pending_complete = False
                 reply = protocol.observation_reply(output)
             messages.append({"role": "user", "content": reply})
-        return settings.max_episodes, False
+        return MAX_EPISODES
     finally:
         await asyncio.to_thread(term.close)
+
+
+def _open_terminal(box) -> Terminal:
+    try:
+        return Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
+    except OSError as e:  # no pty or no fork left on the host
+        raise SandboxError(f"could not start the agent's terminal: {e}") from e
 
 
 async def _execute(term: Terminal, commands: list[protocol.Command], deadline: float) -> str:
@@ -201,14 +238,18 @@ def _reward(value) -> tuple[float | None, dict]:
     return reward, {"reward_json": value}
 
 
-def _usage(messages: list[dict]) -> tuple[int, int]:
-    pairs = [m["_usage"] for m in messages if "_usage" in m]
-    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-
-
-def _trim(messages: list[dict]) -> list[dict]:
-    """The conversation as {role, content}, ending on the model's last answer."""
-    out = [{"role": m["role"], "content": m["content"]} for m in messages]
+def _conversation(messages: list[dict], completions: list[Completion], settings: TrialSettings) -> list[dict]:
+    """The trace's conversation, ending on the model's last answer; with `keep_reasoning`, an
+    answer's reasoning goes before it as Harbor's export has it: <think>REASONING</think>\nTEXT."""
+    answers = iter(completions)
+    out = []
+    for m in messages:
+        content = m["content"]
+        if m["role"] == "assistant":
+            c = next(answers)
+            if settings.keep_reasoning and c.reasoning:
+                content = f"<think>{c.reasoning}</think>\n{content}"
+        out.append({"role": m["role"], "content": content})
     while out and out[-1]["role"] != "assistant":
         out.pop()
     return out

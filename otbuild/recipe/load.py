@@ -63,9 +63,52 @@ def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
 
 
 # -- extends + deep merge, remembering which file set each key ------------------------------
+# A recipe is a few hundred values; aliases may not expand it beyond this (a YAML "billion
+# laughs" would otherwise take gigabytes once hashed or written out).
+MAX_YAML_VALUES = 100_000
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """safe_load that refuses a duplicate key (YAML keeps the last one silently) and aliases
+    that are recursive or expand beyond MAX_YAML_VALUES."""
+
+    def construct_document(self, node):
+        _expanded_size(node, {}, set())
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        first: dict = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key, line = self.construct_scalar(key_node), key_node.start_mark.line + 1
+                if key in first:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}, first set on line {first[key]}", key_node.start_mark)
+                first[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict, open_: set) -> int:
+    """How many values `node` holds with every alias expanded."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_:
+        raise yaml.constructor.ConstructorError(None, None, "an alias refers to itself", node.start_mark)
+    open_.add(id(node))
+    kids = [x for kv in node.value for x in kv] if isinstance(node, yaml.MappingNode) else (
+        node.value if isinstance(node, yaml.SequenceNode) else [])
+    n = 1 + sum(_expanded_size(k, sizes, open_) for k in kids)
+    open_.discard(id(node))
+    if n > MAX_YAML_VALUES:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"aliases expand to more than {MAX_YAML_VALUES} values", node.start_mark)
+    sizes[id(node)] = n
+    return n
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -202,10 +245,17 @@ def _check_engine(section: dict, where: str, file: Path) -> None:
 
 def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     llms = {"teacher": recipe.teacher, "augment": recipe.augment,
-            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None}
+            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
+            "eval.model": recipe.eval.model if recipe.eval else None}
     for where, section in llms.items():
         if section is not None and section.engine != "oracle":
             _check_engine(section.model_dump(), where, _file_for(tuple(where.split(".")), origin, path))
+    ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
+    if ev and ev.model is None and ev.serve_with == "vllm" and base and base.kind == "pretrained":
+        local = path.resolve().parent.parent / base.path  # the checkpoint keeps its base's config
+        model = str(local) if local.exists() else base.path
+        _check_engine({"engine": "vllm", "model": model, "engine_args": ev.engine_args},
+                      "eval.engine_args", _file_for(("eval", "engine_args"), origin, path))
     unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
     if unknown:
         raise ConfigError(f"{_file_for(('augment', 'sources'), origin, path)}: augment.sources: "
@@ -216,6 +266,10 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     if recipe.eval and recipe.eval.model is None and not recipe.sft:
         raise ConfigError(f"{_file_for(('eval',), origin, path)}: eval.model: required key is missing "
                           "(the recipe trains no model: name an engine, e.g. {engine: oracle} for the ceiling)")
+    if recipe.sources and recipe.trace_imports and not (recipe.teacher or recipe.rl):
+        raise ConfigError(f"{_file_for(('sources',), origin, path)}: sources: no stage uses these tasks (the "
+                          "traces come from trace_imports): add a `teacher` to roll them out, or remove `sources`")
+    _check_paths(recipe, origin, path)
     unranked = sorted(n for n, s in recipe.sources.items() if s.rank is None)
     if recipe.mix and unranked:
         raise ConfigError(f"{_file_for(('sources', unranked[0]), origin, path)}: sources.{unranked[0]}.rank: "
@@ -225,3 +279,29 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
         raise ConfigError(
             f"{file}: mix.n: found {recipe.mix.n}, expected at most the number of sources ({len(recipe.sources)})"
         )
+
+
+def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:
+    """A path that exists must be what its key reads (data still to come is fine)."""
+    from otbuild.sources import files_problem, path_problem
+    from otbuild.traces.imports import PATH_FORMS
+
+    root = path.resolve().parent.parent
+    problems: dict[tuple, tuple[str | None, str | None]] = {}  # key path -> (problem, kind)
+    groups = {"sources": recipe.sources, "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {}}
+    for group, sources in groups.items():
+        for name, src in sources.items():
+            if src.kind != "synthetic":
+                problems[(*group.split("."), name, "path")] = (path_problem(src.kind, root / src.path), src.kind)
+    for name, imp in recipe.trace_imports.items():
+        loc = ("trace_imports", name)
+        problems[(*loc, "path")] = (files_problem(root / imp.path, PATH_FORMS[imp.kind]), imp.kind)
+        if imp.tasks:
+            problems[(*loc, "tasks")] = (path_problem("harbor-parquet", root / imp.tasks), None)
+        for key in ("labels", "instances"):
+            if getattr(imp, key, None) and (folder := root / getattr(imp, key)).is_dir():
+                problems[(*loc, key)] = (f"expected a JSON/JSONL file, found the folder {folder}", imp.kind)
+    for loc, (problem, kind) in problems.items():
+        if problem:
+            raise ConfigError(f"{_file_for(loc, origin, path)}: {'.'.join(loc)}: {problem}"
+                              + (f" (kind {kind!r})" if kind else ""))

@@ -2,21 +2,30 @@
 
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
+
+Content ids (otbuild/recipe/base.py): fields made with `execution_only(...)` are never part of
+an id; every other field is, but only when it differs from its default. So a new field must
+come with a default that keeps today's behaviour, and a knob that does not change outputs is
+declared `execution_only`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from otbuild.recipe.base import Strict
+from otbuild.recipe.base import Strict, engine_args, execution_only
 from otbuild.recipe.schema_train import Rl, Sft
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
+# Size bounds: a typo (`shards: 1000000000000`, `count: 1.0e+23`) is an error, not an endless build.
+MAX_TASKS = 10_000_000  # tasks or rollouts one stage makes (the paper's largest set: 100K)
+MAX_SHARDS = 10_000  # jobs per sharded stage
+MAX_REPEATS = 1_000  # samples per task, eval repeats, surface forms per task
+MAX_EPISODES = 10_000  # agent turns per trial
 
 
 class SyntheticSource(Strict):
@@ -24,7 +33,7 @@ class SyntheticSource(Strict):
 
     kind: Literal["synthetic"]
     rank: int | None = Field(default=None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
-    count: int = Field(ge=1)
+    count: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
     families: list[Literal[FAMILIES]] | None = None  # type: ignore[valid-type]
     difficulties: list[Literal[1, 2, 3]] | None = None
@@ -107,7 +116,7 @@ Source = Annotated[
 
 class Mix(Strict):
     n: int = Field(ge=1, description="Top-N sources by rank")
-    total: int = Field(ge=1, description="tasks in the mix; total/n from each source")
+    total: int = Field(ge=1, le=MAX_TASKS, description="tasks in the mix; total/n from each source")
     order: Literal["shuffle", "round_robin"] = "shuffle"
     seed: int = 0
 
@@ -124,7 +133,7 @@ class Bounds(Strict):
 
 
 class Sample(Strict):
-    n: int = Field(ge=1)
+    n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
 
 
@@ -133,8 +142,8 @@ class Score(Strict):
     at least one rollout; see docs/task-filter.md for the exact formula)."""
 
     column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
-    top_k: int | None = Field(default=None, ge=1)
-    budget: int | None = Field(default=None, ge=1, description="total rollouts: sets n_rollouts per task")
+    top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
+    budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
 
     @model_validator(mode="after")
     def _one_mode(self):
@@ -155,11 +164,10 @@ class TaskFilter(Strict):
     @field_validator("include_regex", "exclude_regex")
     @classmethod
     def _regex(cls, v):
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"not a valid regular expression ({e})") from None
+        from otbuild.duck import regex_error
+
+        if v is not None and (error := regex_error(v)):
+            raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
         return v
 
 
@@ -198,7 +206,8 @@ class HarborBackend(Strict):
 
 class LLM(Strict):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
-    transformers model dir. Execution knobs (`concurrency`) are not part of content ids."""
+    transformers model dir. Execution knobs (concurrency, retries, the client's timeout) are
+    not part of content ids."""
 
     engine: Literal["openai", "vllm", "transformers"]
     model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
@@ -206,10 +215,10 @@ class LLM(Strict):
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
-    max_retries: int = Field(default=5, ge=0)
-    request_timeout_sec: float = Field(default=600, gt=0)
-    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve: tensor_parallel_size, ...
-    concurrency: int = Field(default=4, ge=1)
+    max_retries: int = execution_only(5, ge=0)
+    request_timeout_sec: float = execution_only(600, gt=0)
+    engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
+    concurrency: int = execution_only(4, ge=1)
 
     @model_validator(mode="after")
     def _endpoint(self):
@@ -223,21 +232,30 @@ class Teacher(LLM):
 
     engine: Literal["oracle", "openai", "vllm", "transformers"]
     model: str | None = Field(default=None, description="not needed for the oracle")
-    samples_per_task: int = Field(default=1, ge=1)
-    shards: int = Field(default=1, ge=1, description="separate Snakemake jobs (Slurm fans them out)")
-    max_episodes: int = Field(default=50, ge=1)
+    samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
+    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
     timeout_cap_sec: float = Field(default=7200, gt=0)
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     limits: SandboxLimits = SandboxLimits()
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
+    keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the "
+                                 "traces, before the answer in <think>...</think> (as Harbor exports it)")
 
     @model_validator(mode="after")
     def _model_needed(self):
         if self.engine != "oracle" and not self.model:
             raise ValueError(f"engine {self.engine!r} needs `model`")
-        return self
+        return _reasoning_switch(self)
+
+
+def _reasoning_switch(section):
+    if section.sandbox == "harbor" and not section.keep_reasoning:
+        raise ValueError("keep_reasoning: false applies to otbuild's own harness; with sandbox: "
+                         "harbor the traces are what Harbor exports (reasoning included)")
+    return section
 
 
 class Augment(LLM):
@@ -246,7 +264,7 @@ class Augment(LLM):
 
     sources: list[str] | None = Field(default=None, description="sources to augment; default: all")
     kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
-    k: int = Field(default=1, ge=1, description="surface forms per task and kind")
+    k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
     seed: int = 0
 
@@ -293,25 +311,30 @@ class Eval(Strict):
     `serve_with`) unless an engine section names another (an API model, the oracle ceiling)."""
 
     benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
-    repeats: int = Field(default=3, ge=1)
+    repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
     model: Teacher | None = None
     serve_with: Literal["transformers", "vllm"] = "transformers"  # for the trained checkpoint
-    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm serve args for the checkpoint
+    engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
     timeout_multiplier: float = Field(default=1.0, gt=0, description="paper: 2 for 8B, 16 for 32B")
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
-    max_episodes: int = Field(default=50, ge=1)
-    shards: int = Field(default=1, ge=1)
-    concurrency: int = Field(default=4, ge=1)
+    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS)
+    concurrency: int = execution_only(4, ge=1)
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()
+    keep_reasoning: bool = True  # as the teacher's
+
+    @model_validator(mode="after")
+    def _reasoning(self):
+        return _reasoning_switch(self)
 
 
 class Recipe(Strict):
     description: str = ""
-    sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
+    sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(default_factory=dict)
     mix: Mix | None = None
     augment: Augment | None = None
     task_filter: TaskFilter | None = None
@@ -321,13 +344,19 @@ class Recipe(Strict):
     sft: Sft | None = None
     rl: Rl | None = None
     eval: Eval | None = None
-    # setting path -> values, e.g. {"mix.n": [1, 2, 4]}: the grid's candidates share every
+    # setting path -> values, e.g. {"mix.n": [1, 2, 4]} (a mapping merges into a section, e.g.
+    # {"teacher": [{model: A}, {model: B, engine_args: {...}}]}): the grid's candidates share every
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
-    ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")],
+    ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")],
                  Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _inputs_exist(self):
+        if not (self.sources or self.trace_imports):
+            raise ValueError("nothing to build from: add `sources` (tasks) or `trace_imports` (traces)")
+        needing = [k for k in ("mix", "augment", "task_filter", "teacher", "rl") if getattr(self, k)]
+        if needing and not self.sources:
+            raise ValueError(f"{needing[0]} works on tasks: add `sources`")
         if (self.trace_filter or self.sft) and not (self.teacher or self.trace_imports):
             raise ValueError("trace_filter and sft need traces: add a `teacher` or `trace_imports` section")
         if self.rl and not self.sft:

@@ -5,8 +5,8 @@ Qwen3-8B/32B, lr 4e-5 cosine, warmup 0.1, global batch 96, 32K context, DeepSpee
 template; RLOO with PPO clip 0.2/0.2, no KL, AdamW lr 5e-6, batch 64, 8 samples, temperature
 0.7), so the otagent_v2_* recipes only name the base model. CPU recipes (smoke) set a `tiny`
 model and small numbers. Execution knobs that do not change what is produced
-(`save_steps`, `concurrency`, `launcher`) belong in the `stage_settings` exclusions of the
-content id; see docs/training.md.
+(`save_steps`, `concurrency`, `launcher`, ...) are `execution_only`: not part of the content
+id (otbuild/recipe/base.py); see docs/training.md.
 
 What the stages consume and produce (otbuild/stages/sft.py, otbuild/stages/rl.py):
   sft: inputs [kept.parquet of trace_filter]             -> checkpoint dir (checkpoint.json first)
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from otbuild.recipe.base import Strict
+from otbuild.recipe.base import Strict, engine_args, execution_only
 
 
 class TinyModel(Strict):
@@ -62,9 +62,9 @@ ModelSpec = Annotated[TinyModel | PretrainedModel, Field(discriminator="kind")]
 class Launch(Strict):
     """How a training stage starts its processes: one per GPU across the nodes Slurm grants."""
 
-    launcher: Literal["auto", "local", "torchrun", "deepspeed"] = "auto"
-    gpus_per_node: int | None = Field(default=None, ge=1, description="default: what Slurm grants")
-    master_port: int = Field(default=29500, ge=1024, le=65535)
+    launcher: Literal["auto", "local", "torchrun", "deepspeed"] = execution_only("auto")
+    gpus_per_node: int | None = execution_only(None, ge=1, description="default: what Slurm grants")
+    master_port: int = execution_only(29500, ge=1024, le=65535)
 
 
 class Sft(Launch):
@@ -96,9 +96,9 @@ class Sft(Launch):
     gradient_checkpointing: bool = True
     optimizer: Literal["auto", "torch", "deepspeed"] = Field(
         default="auto", description="auto: DeepSpeed's fused Adam on GPU, torch AdamW on CPU")
-    save_steps: int = Field(default=100, ge=1, description="resumable checkpoint every N steps")
-    save_total_limit: int = Field(default=1, ge=1)
-    keep_checkpoints: bool = Field(default=False, description="keep checkpoints/ after the final save")
+    save_steps: int = execution_only(100, ge=1, description="resumable checkpoint every N steps")
+    save_total_limit: int = execution_only(1, ge=1)
+    keep_checkpoints: bool = execution_only(False, description="keep checkpoints/ after the final save")
 
     @model_validator(mode="after")
     def _batches(self):
@@ -146,8 +146,8 @@ class Rl(Launch):
     seed: int = 0
     rollout: Literal["transformers", "vllm"] = Field(
         default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step")
-    vllm_args: dict[str, Any] = Field(
-        default_factory=dict, description="rollout: vllm: vllm serve settings (tensor_parallel_size, ...)")
+    vllm_args: dict[str, Any] = engine_args(
+        of="rollout", description="rollout: vllm: vllm serve settings (tensor_parallel_size, ...)")
     sandbox: RlSandbox = RlSandbox()
-    concurrency: int = Field(default=8, ge=1)
-    save_steps: int = Field(default=10, ge=1)
+    concurrency: int = execution_only(8, ge=1)
+    save_steps: int = execution_only(10, ge=1)

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from otbuild.sandbox import bwrap, unshare
+from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
 from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, write_subtree
@@ -25,14 +26,14 @@ from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
 from otbuild.tasks.taskdir import TaskDir
 
-__all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxUnavailable",
+__all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
            "backend_problem", "head_tail", "open_sandbox", "read_reward", "resolve_backend"]
 
 log = logging.getLogger(__name__)
 BACKENDS = ("bwrap", "unshare", "none")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(SandboxError):
     """No isolating backend works on this host; the message says why."""
 
 
@@ -72,11 +73,19 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
 
     The root holds the environment files where the Dockerfile puts them, private /tmp,
     $HOME (/root) and /logs; `solution/` only `with_solution` (the oracle); tests/ are copied
-    in only when a command asks `with_tests`. `cleanup` removes the root at close.
+    in only when a command asks `with_tests`. `cleanup` removes the root at close. Raises
+    SandboxError (LayoutError, SandboxUnavailable, ...) when the trial cannot be set up.
     """
     backend = resolve_backend(backend)
     layout: Layout = plan(task)
-    workdir = Path(workdir).resolve()
+    try:
+        return _materialised(task, Path(workdir).resolve(), backend, limits, layout, with_solution, cleanup)
+    except OSError as e:  # a full disk, a workdir we may not write, ...
+        raise SandboxError(f"task {task.name!r}: could not set up its trial under {workdir}: {e}") from e
+
+
+def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout,
+                  with_solution: bool, cleanup: bool) -> Sandbox:
     workdir.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)[:60] or "trial"
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))

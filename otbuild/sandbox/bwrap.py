@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 
+from otbuild.sandbox.hostfs import SHM_BYTES, SHM_MODE
 from otbuild.sandbox.spec import Invocation
 
 BWRAP = "bwrap"
@@ -52,6 +53,9 @@ def argv(inv: Invocation) -> list[str]:
         flag = {"ro": "--ro-bind", "rw": "--bind", "symlink": "--symlink"}[m.kind]
         a += [flag, m.src, m.dest]
     a += ["--proc", "/proc", "--dev", "/dev"]
+    # bwrap's own /dev/shm is root's, 0755: a tmpfs the trial's uid can write instead
+    size = ["--size", str(SHM_BYTES)] if _supports("--size") else []  # bwrap >= 0.8
+    a += ["--perms", SHM_MODE, *size, "--tmpfs", "/dev/shm"]
     for key, value in inv.env.items():
         a += ["--setenv", key, value]
     return [*a, "--chdir", inv.cwd, "--", *inv.prefix, *inv.command]

@@ -20,6 +20,10 @@ ETC_ALLOW = (
 )
 ETC_GENERATED = ("passwd", "group", "hosts", "hostname")
 HOSTNAME = "sandbox"
+# /dev/shm: a private tmpfs, writable by the trial's unprivileged uid (POSIX semaphores, e.g.
+# Python multiprocessing), sticky like the host's, and as big as Docker gives a container.
+SHM_MODE = "1777"
+SHM_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)

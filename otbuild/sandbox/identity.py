@@ -16,6 +16,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otbuild.sandbox.errors import SandboxError
+
 UID_BASE = 2_000_000
 UID_RANGE = 100_000
 LOCK_DIR = Path("/tmp/otbuild-sandbox-uids")
@@ -64,7 +66,7 @@ def acquire() -> Identity:
             os.close(fd)
             continue
         return Identity(uid, uid, privileged=True, _lock=fd)
-    raise RuntimeError("no free sandbox uid")
+    raise SandboxError("no free sandbox uid")
 
 
 def _uid_in_use(uid: int) -> bool:

@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from otbuild.sandbox.errors import SandboxError
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
 ENV_PREFIX = "environment/"
@@ -25,7 +26,7 @@ SYSTEM_TOPS = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "
 BASE_DIRS = ("tmp", "root", "logs/agent", "logs/verifier", "var/tmp")
 
 
-class LayoutError(ValueError):
+class LayoutError(SandboxError, ValueError):
     """A task whose environment cannot be laid out in a local sandbox."""
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otbuild.sandbox import bwrap, none, unshare
+from otbuild.sandbox.errors import SandboxError, WallClockExceeded
 from otbuild.sandbox.hostfs import system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, write_subtree
@@ -82,7 +83,7 @@ class Sandbox:
         if self._closed:
             raise RuntimeError("sandbox is closed")
         if time.monotonic() >= self.deadline:
-            raise TimeoutError(f"trial {self.root.name}: its wall clock "
+            raise WallClockExceeded(f"trial {self.root.name}: its wall clock "
                                f"({self.limits.wall_seconds:g}s) ran out")
         if with_tests:
             self._ensure_tests()
@@ -110,9 +111,12 @@ class Sandbox:
             return RunResult(-9, "[the trial's wall clock ran out]\n", True, False, 0.0)
         args = self._argv(command, with_tests=with_tests, cwd=cwd, env=env)
         deadline = min(start + timeout, self.deadline)
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env={"PATH": PATH}, cwd=self.root)
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={"PATH": PATH}, cwd=self.root)
+        except OSError as e:  # no fork, no pipe: the host is out of something
+            raise SandboxError(f"trial {self.root.name}: could not start {args[0]}: {e}") from e
         with self._lock:
             self._procs.add(proc)
         try:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from otbuild.sandbox.hostfs import SHM_BYTES, SHM_MODE
 from otbuild.sandbox.spec import Invocation
 
 STAGING = ".unshare-root"  # empty dir under the trial root that the new root is mounted on
@@ -70,7 +71,8 @@ def argv(inv: Invocation) -> list[str]:
         f"mount -t tmpfs -o mode=0755,nosuid tmpfs {n}/dev",
         (f"for d in null zero full random urandom tty; do touch {n}/dev/$d;"
          f" mount --bind /dev/$d {n}/dev/$d; done"),
-        f"mkdir {n}/dev/pts {n}/dev/shm && mount -t tmpfs -o mode=1777 tmpfs {n}/dev/shm",
+        (f"mkdir {n}/dev/pts {n}/dev/shm && mount -t tmpfs"
+         f" -o mode={SHM_MODE},size={SHM_BYTES},nosuid,nodev tmpfs {n}/dev/shm"),
         (f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {n}/dev/pts"
          f" && ln -s pts/ptmx {n}/dev/ptmx || true"),
         (f"ln -s /proc/self/fd {n}/dev/fd; ln -s /proc/self/fd/0 {n}/dev/stdin;"

@@ -19,18 +19,23 @@ and deterministic by `check_command` (else `has_tests` is False and metadata
   sed -i or w/e commands, awk system/getline/redirects, uniq OUTFILE, xargs -P, find
   -delete/-fprint/-ok and time-relative tests); find -exec/-execdir and xargs are allowed
   when the command they run passes the same check;
-- no absolute paths (except /dev/null) or `..` in path arguments, so it stays in the fixture.
+- no absolute paths (except /dev/null) or `..` in path arguments, so it stays in the fixture;
+- and it prints something in the fixture: a reference that prints nothing would be matched by
+  a trivial command (`true`, or `false` when the reference fails), so it gets no verifier.
+  `silent_references` finds those by running the safe references in the local sandbox (never
+  on the host itself: bwrap, else unshare), all of a batch in one sandbox.
 At verification time test.sh copies the fixture (tests/fixture/) to a fresh
 /tmp/nl2bash_root/work, runs the reference there (LC_ALL=C, 20 s timeout), does the same for
 /app/command.sh, and writes 1 when stdout matches (exactly, or as sorted lines when the
-reference lists files with `find` and does not sort) and both succeed or both fail. The
-reference never runs on the build host. A reference that prints nothing in the fixture
-gives a weak check (an empty command would match); metadata cannot say so without running it.
+reference lists files with `find` and does not sort), both succeed or both fail, and the
+reference printed something (so an empty command never passes, whatever the image's tools).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -326,18 +331,45 @@ def _pairs(path: Path) -> Iterator[Row]:
 
 
 def read(path: Path, verifier: bool = True) -> Iterator[TaskRecord | Quarantined]:
-    """Yield one TaskRecord or Quarantined per pair. `verifier: false` never adds tests."""
+    """Yield one TaskRecord or Quarantined per pair. `verifier: false` never adds tests.
+    Safe references are probed in the local sandbox, PROBE_BATCH at a time."""
     seen = Dedup()
-    for n, row in enumerate(_pairs(Path(path))):
-        if row.data is None:
-            yield Quarantined(row.where, row.reason, row.detail)
-            continue
-        item = convert(row.data, row.where, n, verifier)
-        if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
-            item = Quarantined(
-                item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
-            )
-        yield item
+    rows = enumerate(_pairs(Path(path)))
+    while batch := list(itertools.islice(rows, PROBE_BATCH)):
+        safe = {c for _, r in batch if verifier and r.data and (c := _first(r.data, CMD_KEYS))
+                and check_command(c.strip()) is None}
+        silent = silent_references(sorted(c.strip() for c in safe)) if safe else set()
+        for n, row in batch:
+            if row.data is None:
+                yield Quarantined(row.where, row.reason, row.detail)
+                continue
+            item = convert(row.data, row.where, n, verifier, silent)
+            if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
+                item = Quarantined(
+                    item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
+                )
+            yield item
+
+
+def silent_references(commands: list[str]) -> set[str]:
+    """The commands that print nothing in a fresh copy of the fixture (as test.sh runs them):
+    an empty /app/command.sh would match them. Run in the local sandbox (never on the host
+    itself), all in one go. Raises SandboxUnavailable when no sandbox works here."""
+    from otbuild.sandbox import Limits, open_sandbox
+
+    probe = TaskDir("nl2bash-probe")
+    probe.add(DOCKERFILE, DOCKERFILE_TEXT + "COPY probe/ /app/probe/\n")
+    for rel, (text, exe) in FIXTURE.items():
+        probe.add(f"environment/work/{rel}", text, executable=exe)
+    for i, cmd in enumerate(commands):
+        probe.add(f"environment/probe/{i}.sh", cmd + "\n")
+    with tempfile.TemporaryDirectory(prefix="nl2bash-probe-") as tmp, \
+            open_sandbox(probe, Path(tmp), limits=Limits(wall_seconds=60 + 20 * len(commands)), cleanup=True) as box:
+        res = box.run(PROBE_SH.replace("@N@", str(len(commands))), timeout=60 + 20 * len(commands))
+    printed = dict(line.split() for line in res.output.splitlines() if re.fullmatch(r"\d+ [01]", line))
+    if res.exit_code != 0 or len(printed) != len(commands):
+        raise RuntimeError(f"nl2bash: probing the references failed (exit {res.exit_code}): {res.output[-2000:]}")
+    return {cmd for i, cmd in enumerate(commands) if printed[str(i)] == "0"}
 
 
 def _first(d: dict, keys) -> str | None:
@@ -347,7 +379,8 @@ def _first(d: dict, keys) -> str | None:
     return None
 
 
-def convert(d: dict, where: str, n: int, verifier: bool = True) -> TaskRecord | Quarantined:
+def convert(d: dict, where: str, n: int, verifier: bool = True,
+            silent: set[str] = frozenset()) -> TaskRecord | Quarantined:  # type: ignore[assignment]
     rid = as_text(d.get("id"))
     name = task_name("nl2bash", rid if rid is not None else n)
     nl, cmd = _first(d, NL_KEYS), _first(d, CMD_KEYS)
@@ -357,6 +390,8 @@ def convert(d: dict, where: str, n: int, verifier: bool = True) -> TaskRecord | 
         return Quarantined(name, "missing field", f"{where}: no command")
     nl, cmd = nl.strip(), cmd.strip()
     reason = check_command(cmd) if verifier else "verifier disabled"
+    if reason is None and cmd in silent:
+        reason = "the reference prints nothing in the fixture: a trivial command would pass"
     task = TaskDir(name)
     task.add(INSTRUCTION, (
         "The directory /app/work holds a small file tree. Write a one-line bash command that does "
@@ -392,6 +427,22 @@ def convert(d: dict, where: str, n: int, verifier: bool = True) -> TaskRecord | 
     return TaskRecord(task, runnable_locally=True, metadata=meta)
 
 
+PROBE_BATCH = 256
+# Each reference in the fixture where test.sh runs it, printing "INDEX 1" if it prints, four
+# at a time. One copy serves all: the safety check lets through only commands that write nothing.
+PROBE_SH = r"""export LC_ALL=C
+W=/tmp/nl2bash_root/work
+mkdir -p "$W" && cp -a /app/work/. "$W"/ && touch -d @0 "$W" /tmp/nl2bash_root && cd "$W" || exit 1
+probe() {  # every 4th reference from $1
+    for ((i = $1; i < @N@; i += 4)); do
+        (ulimit -f 1; exec timeout 20 bash "/app/probe/$i.sh" </dev/null >"/tmp/out.$1" 2>/dev/null)
+        [ -s "/tmp/out.$1" ] && echo "$i 1" || echo "$i 0"
+    done
+}
+for k in 0 1 2 3; do probe $k >"/tmp/probe.$k" & done
+wait && cat /tmp/probe.[0-3]
+"""
+
 TEST_SH = r"""#!/bin/bash
 # otbuild nl2bash verifier: run the reference and /app/command.sh, each in a fresh copy of
 # the fixture, and compare their output (reward 1 = same output and same success).
@@ -417,7 +468,9 @@ if cmp -s /tmp/nl2bash_ref.out /tmp/nl2bash_agent.out; then
 elif [ @UNORDERED@ = 1 ] && cmp -s <(sort /tmp/nl2bash_ref.out) <(sort /tmp/nl2bash_agent.out); then
     same=1
 fi
-if [ $same = 1 ] && [ $ok_ref = $ok_agent ]; then
+if [ ! -s /tmp/nl2bash_ref.out ]; then  # nothing to compare: a trivial command would pass
+    echo "the reference printed nothing"
+elif [ $same = 1 ] && [ $ok_ref = $ok_agent ]; then
     echo 1 > /logs/verifier/reward.txt
 fi
 diff /tmp/nl2bash_ref.out /tmp/nl2bash_agent.out | head -50

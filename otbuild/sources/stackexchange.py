@@ -33,6 +33,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
+from otbuild.sources import PATH_FORMS
 from otbuild.sources._html import html_to_markdown
 from otbuild.sources._rows import (
     Dedup,
@@ -74,8 +75,7 @@ def read(path: Path, site: str | None = None) -> Iterator[TaskRecord | Quarantin
     """Yield one TaskRecord or Quarantined per question in `path`. Raises SourceFormatError
     (a ValueError) for a malformed file, naming it and the line/position."""
     seen = Dedup()
-    exts = (".xml", ".jsonl", ".ndjson", ".json", ".csv", ".parquet")
-    for f in record_files(Path(path), exts):
+    for f in record_files(Path(path), PATH_FORMS["stackexchange"]):
         items = _posts_xml(f, site) if f.suffix.lower() == ".xml" else _export(f, site)
         for item in items:
             if isinstance(item, TaskRecord) and (

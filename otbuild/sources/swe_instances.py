@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from otbuild.sources import PATH_FORMS
 from otbuild.sources._rows import Dedup, as_list, as_text, heredoc, iter_rows, task_name
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
@@ -90,7 +91,7 @@ def read(
     """Yield one TaskRecord or Quarantined per instance of `path` (a .json/.jsonl file or a
     folder of them, sorted). Raises SourceFormatError (a ValueError) for a malformed file."""
     seen = Dedup()
-    for row in iter_rows(Path(path), (".jsonl", ".ndjson", ".json")):
+    for row in iter_rows(Path(path), PATH_FORMS["swe-instances"]):
         if row.data is None:
             yield Quarantined(row.where, row.reason, row.detail)
             continue

@@ -6,6 +6,7 @@ CREATE OR REPLACE TEMP VIEW ev_scores AS
 SELECT {{ model | sql }} AS model, source AS benchmark, sample_idx AS repeat, task, task_id,
        coalesce(reward, 0.0) AS reward, exception, timed_out, duration_s AS duration
 FROM read_parquet({{ traces | sql }})
+WHERE NOT coalesce(is_subagent, false)  -- a subagent's trace is part of its trial, not a trial
 ORDER BY benchmark, repeat, task;
 
 {% include "eval_summary.sql" %}

@@ -26,5 +26,5 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions FROM ev_summary").fetchall()
-    return {"trials": len(rows), "shards": shards,
+    return {"trials": sum(1 for r in rows if not r["is_subagent"]), "shards": shards,
             "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e} for b, m, s, e in summary}}

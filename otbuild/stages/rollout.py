@@ -1,10 +1,13 @@
 """Teacher rollouts: tasks x samples -> trials, in shards that are separate Snakemake jobs.
 
-Trial t (tasks in table order, each task's samples in turn) belongs to shard t mod `shards`.
-A shard appends every finished trial to shards/K.partial.jsonl (flushed and fsynced) as it
-completes; a killed job that runs again skips the trials already there, so nothing is redone
-and nothing is duplicated. The shard's parquet is written (atomically) when all its trials
-are done. The merge job concatenates the shards, in trial order, into traces.parquet.
+Trial t (tasks in table order, each task's samples in turn) belongs to shard t mod N
+(N = `shards`, an execution knob: not part of the id). Shard K of N appends every finished
+trial to shards/K-of-N.partial.jsonl (flushed and fsynced) as it completes; a killed job that
+runs again drops a torn last line (a crash or a full disk mid-write) and skips the trials
+already there, in any shard's partial file (trial numbers do not depend on N, so a restart
+with another N loses nothing), so nothing is redone and nothing is duplicated. The shard's
+parquet, shards/K-of-N.parquet, is written (atomically) when all its trials are done. The
+merge job concatenates the shards, in trial order, into traces.parquet.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
 table has one (upsampling weights from the task filter).
@@ -50,39 +53,45 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
-def shard_path(outdir: Path, shard: int) -> Path:
-    return outdir / "shards" / f"{shard}.parquet"
+def shard_path(outdir: Path, shards: int, shard: int) -> Path:
+    return outdir / "shards" / f"{shard}-of-{shards}.parquet"
 
 
 def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
-    trials = [t for t in plan_trials(inputs, settings["samples_per_task"]) if t.index % settings["shards"] == shard]
+    n = settings["shards"]
+    trials = [t for t in plan_trials(inputs, settings["samples_per_task"]) if t.index % n == shard]
+    dest = shard_path(outdir, n, shard)
     if settings["sandbox"] == "harbor":
         from otbuild.stages.rollout_harbor import run_harbor_shard
 
-        write_traces(shard_path(outdir, shard), run_harbor_shard(settings, inputs, outdir, shard, trials))
+        write_traces(dest, run_harbor_shard(settings, inputs, outdir, shard, trials))
         return
-    partial = shard_path(outdir, shard).with_suffix(".partial.jsonl")
+    partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    done = _read_partial(partial)
+    _drop_torn_tail(partial)
+    done = _read_partials(outdir)
     todo = [t for t in trials if t.index not in done]
     print(f"shard {shard}: {len(trials)} trials, {len(done)} already done, {len(todo)} to run", flush=True)
     if todo:
         asyncio.run(_run_trials(settings, inputs, todo, partial, run_id=outdir.name, total=len(trials),
                                 already=len(done)))
-        done = _read_partial(partial)
+        done = _read_partials(outdir)
     missing = [t.index for t in trials if t.index not in done]
     if missing:
         raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
-    write_traces(shard_path(outdir, shard), (done[t.index] for t in trials))
-    partial.unlink()
+    write_traces(dest, (done[t.index] for t in trials))
+    partial.unlink(missing_ok=True)
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     """Merge the shards into traces.parquet."""
     rows, shards = merge_shards(settings, outdir)
+    subagents = sum(1 for r in rows if r["is_subagent"])
+    rows = [r for r in rows if not r["is_subagent"]]
     rewards = [r["reward"] for r in rows if r["reward"] is not None]
     return {
         "trials": len(rows),
+        "subagent_traces": subagents,
         "shards": shards,
         "passed": sum(1 for r in rewards if r >= 1.0),
         "exceptions": sum(1 for r in rows if r["exception"]),
@@ -93,23 +102,40 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
 def merge_shards(settings: dict, outdir: Path) -> tuple[list[dict], list[dict]]:
     """The shards' rows in trial order (trial t is row t // S of shard t % S), written to
     traces.parquet; returns them and the shards' paths and sha256."""
-    shards = [shard_path(outdir, k) for k in range(settings["shards"])]
+    shards = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
     parts = [pq.read_table(p, schema=TRACE_SCHEMA).to_pylist() for p in shards]
     rows = [part[pos] for pos in range(max(map(len, parts), default=0)) for part in parts if pos < len(part)]
     write_traces(outdir / "traces.parquet", rows)
+    for stale in (outdir / "shards").glob("*.partial.jsonl"):  # left by a run with another N
+        stale.unlink()
     return rows, [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
 
 
-def _read_partial(path: Path) -> dict[int, dict]:
-    """Finished trials by index; a line cut short by a crash is ignored (the trial reruns)."""
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a partial file back to its last complete line, so appends start on a fresh line."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            print(f"{path.name}: dropped a torn last line ({len(data) - keep} bytes)", flush=True)
+            f.truncate(keep)
+            os.fsync(f.fileno())
+
+
+def _read_partials(outdir: Path) -> dict[int, dict]:
+    """Finished trials by index, from every shard's partial file; a line that is not a whole
+    record (cut short by a crash, another job's line being written) is ignored: it reruns."""
     done: dict[int, dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
+    for path in sorted((outdir / "shards").glob("*.partial.jsonl")):
+        for line in path.read_bytes().splitlines():
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            done[rec.pop("_trial")] = rec
+            if isinstance(rec, dict) and isinstance(rec.get("_trial"), int):
+                done[rec.pop("_trial")] = rec
     return done
 
 
@@ -124,6 +150,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
         backend=settings["sandbox"], limits=Limits(**settings.get("limits", {})),
+        keep_reasoning=settings["keep_reasoning"],
     )
     progress = Progress(total, already)
     sem = asyncio.Semaphore(settings["concurrency"])
@@ -148,7 +175,9 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
                     os.fsync(out.fileno())
                     progress.update(trace)
 
-            await asyncio.gather(*(one(t) for t in todo))
+            async with asyncio.TaskGroup() as tg:  # a bug in one trial cancels the others, then raises
+                for t in todo:
+                    tg.create_task(one(t))
     finally:
         await engine.aclose()
         shutil.rmtree(workroot, ignore_errors=True)

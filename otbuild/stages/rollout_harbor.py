@@ -1,7 +1,10 @@
 """Rollout shards through Harbor: for tasks that need their container image (docker, daytona,
 modal, ...), or to use Harbor's own agents. The shard's tasks go to one Harbor job per number
 of attempts; the job dirs are ingested into trace rows in the shard's trial order. A rerun
-of a killed shard runs its Harbor jobs again (Harbor's job dir is the unit of work here)."""
+of a killed shard runs its Harbor jobs again (Harbor's job dir is the unit of work here).
+Subagent trajectories (terminus-2's context summarization) come as extra `is_subagent` rows
+after the shard's trials, as Harbor's own trace export has them: `trace_filter.drop_subagent`
+decides whether they train; eval scores count trials only."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
     from otbuild.stages.rollout import task_rows
+    from otbuild.tasks.export import export_names
 
     rows = task_rows(inputs, {t.row for t in trials}, columns=TASK_SCHEMA.names)
     per_task: dict[int, int] = defaultdict(int)
@@ -31,13 +35,13 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
     by_attempts: dict[int, list[int]] = defaultdict(list)
     for row, n in per_task.items():
         by_attempts[n].append(row)
-    work = outdir / "harbor" / f"shard-{shard}"
+    work = outdir / "harbor" / f"shard-{shard}-of-{settings['shards']}"
     work.mkdir(parents=True, exist_ok=True)
-    hb = settings["harbor"]
-    traces: dict[tuple[str, int], dict] = {}
+    options = harbor_options(settings)
+    names: dict[int, str] = {}  # row -> its task dir in the Harbor jobs (copies apart)
+    job_rows: list[dict] = []
     engine = None
     try:
-        agent = hb["agent"] or ("oracle" if settings["engine"] == "oracle" else "terminus-2")
         model, base_url = settings.get("model"), settings.get("base_url")
         if settings["engine"] in ("vllm", "transformers"):  # start the server; Harbor talks to it
             from otbuild.engines import engine_settings, open_engine
@@ -47,24 +51,54 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
+            names.update(zip(task_rows_n, export_names(tasks)))
             job = await asyncio.to_thread(
-                run_harbor_job, tasks, work, agent=agent, model=f"openai/{model}" if model else None,
-                base_url=base_url, environment=hb["environment"], n_attempts=n,
-                n_concurrent=settings["concurrency"], job_name=f"attempts-{n}",
-                agent_kwargs=hb["agent_kwargs"] or None, environment_kwargs=hb["environment_kwargs"] or None,
-                timeout_multiplier=settings["timeout_multiplier"], agent_timeout_sec=settings.get("agent_timeout_sec"),
-                api_key_env=settings.get("api_key_env"), log=work / f"attempts-{n}.log")
-            for trace in read_job(job):
-                traces[(trace["task"], trace["sample_idx"])] = trace
+                run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
+                base_url=base_url, n_attempts=n, n_concurrent=settings["concurrency"],
+                job_name=f"attempts-{n}", api_key_env=settings.get("api_key_env"),
+                log=work / f"attempts-{n}.log", **options)
+            job_rows += read_job(job, subagents=True)
     finally:
         if engine is not None:
             await engine.aclose()
-    out, seen = [], defaultdict(int)
-    for t in trials:  # the j-th attempt of a task fills its j-th trial in this shard
-        row = rows[t.row]
-        j = seen[row["path"]]
-        seen[row["path"]] += 1
-        out.append({**traces[(row["path"], j)], "task_id": row["task_id"], "source": row["source"],
-                    "sample_idx": t.sample_idx, "run_id": outdir.name,
-                    "teacher": f"{settings['engine']}:{settings.get('model') or 'oracle'}"})
-    return out
+    ids = [{"task": rows[t.row]["path"], "task_id": rows[t.row]["task_id"], "source": rows[t.row]["source"],
+            "sample_idx": t.sample_idx, "run_id": outdir.name,
+            "teacher": f"{settings['engine']}:{settings.get('model') or 'oracle'}"} for t in trials]
+    return shard_rows([names[t.row] for t in trials], ids, job_rows)
+
+
+def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[dict]:
+    """One row per trial (its task dir `names[i]`, its columns `ids[i]`) from the Harbor jobs'
+    rows: the j-th trial of a task takes the task's j-th attempt. Subagent rows follow all
+    the trials, so that merged shards keep the trials in order."""
+    main, subagents = {}, defaultdict(list)
+    for r in job_rows:
+        key = (r["task"], r["sample_idx"])
+        if r["is_subagent"]:
+            subagents[key].append(r)
+        else:
+            main[key] = r
+    out, subs, seen = [], [], defaultdict(int)
+    for name, cols in zip(names, ids):
+        key = (name, seen[name])
+        seen[name] += 1
+        out.append({**main[key], **cols})
+        subs += [{**sub, **cols} for sub in subagents[key]]
+    return out + subs
+
+
+def harbor_options(settings: dict) -> dict:
+    """The trial settings as `run_harbor_job` options: the agent, its timeout and the cap
+    (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
+    terminus agents the episode limit, temperature and max_tokens (harbor.agent_kwargs win)."""
+    hb = settings["harbor"]
+    agent = hb["agent"] or ("oracle" if settings["engine"] == "oracle" else "terminus-2")
+    kwargs = dict(hb["agent_kwargs"])
+    if agent.startswith("terminus"):
+        kwargs = {"max_turns": settings["max_episodes"], "temperature": settings["temperature"], **kwargs}
+        kwargs["llm_call_kwargs"] = {"max_tokens": settings["max_tokens"], **(kwargs.get("llm_call_kwargs") or {})}
+    multiplier = settings["timeout_multiplier"]
+    return {"agent": agent, "agent_kwargs": kwargs or None, "environment": hb["environment"],
+            "environment_kwargs": hb["environment_kwargs"] or None, "timeout_multiplier": multiplier,
+            "agent_timeout_sec": settings.get("agent_timeout_sec"),
+            "max_timeout_sec": settings["timeout_cap_sec"] / multiplier}

@@ -29,7 +29,9 @@ TRACE_SCHEMA = pa.schema(
         ("episode", pa.string()),  # "episode-N": the last episode of the trial
         ("run_id", pa.string()),
         ("trial_name", pa.string()),
-        ("result", pa.string()),  # reward as text, or the exception's class name
+        # reward as text, or the exception's class name (ContextLengthExceededError: a task
+        # failure whose reward is 0, as Harbor exports it)
+        ("result", pa.string()),
         # typed columns
         ("task_id", pa.string()),
         ("source", pa.string()),  # task source, or the importer for imported traces

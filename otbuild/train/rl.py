@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from otbuild.engines.base import Completion, EngineError
+from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
@@ -108,10 +108,6 @@ class Turn:
     completion_ids: list[int]
 
 
-class ContextExceededError(EngineError):
-    pass
-
-
 class Policy:
     """The model being trained, shared by every rollout of a step (generation is serialised)."""
 
@@ -160,7 +156,7 @@ class PolicyEngine:
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
-            raise ContextExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
+            raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
         ids = await asyncio.to_thread(p.sample, prompt)
         self.turns.append(Turn(prompt, ids))
         stopped = bool(ids) and ids[-1] == p.tok.eos_token_id
@@ -187,7 +183,7 @@ class ServedPolicyEngine(PolicyEngine):
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
-            raise ContextExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
+            raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
         c = await self.server.complete(messages, temperature=p.temperature,
                                        max_tokens=min(p.max_tokens, p.max_context - len(prompt)))
         ids = p.tok(c.text, add_special_tokens=False)["input_ids"]

@@ -18,6 +18,12 @@ IMPORTERS = {
     "swe-agent": "swe_agent",
     "messages-jsonl": "messages_jsonl",
 }
+# The files each importer reads in a folder (a file `path` is read whatever its name).
+PATH_FORMS = {
+    "mini-swe-agent": (".traj.json",),
+    "swe-agent": (".traj",),
+    "messages-jsonl": (".jsonl", ".ndjson", ".json", ".parquet"),
+}
 
 
 def importer(kind: str):

@@ -1,0 +1,91 @@
+"""What a stage's code is: every file of otbuild that can run when the stage runs, hashed.
+
+Provenance records these hashes (`code`, and `code_sha256` over them) so that `otbuild audit`
+names the files changed since an artifact was built. The files of a stage: its module and the
+otbuild modules it imports, directly or not (found in the source, so imports inside functions
+count; a module that imports by name, importlib, brings every module of its package), the
+`__init__` of each package on the way, its SQL templates and the template folders its modules
+read (a module naming a `templates` folder: its own, else the package's).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from functools import cache
+from pathlib import Path
+
+import otbuild
+from otbuild.duck import SQL_DIR
+from otbuild.stages import STAGES
+
+PACKAGE = Path(otbuild.__file__).parent
+
+
+def code_files(stage: str) -> dict[str, str]:
+    """sha256 (16 hex digits) of every file of the stage's code, by path (otbuild/...)."""
+    stage_def = STAGES[stage]
+    files = set(_closure(_module_file(stage_def.module)))
+    files |= {Path(SQL_DIR.name, t) for t in stage_def.sql}
+    for f in [f for f in files if f.suffix == ".py" and _reads_templates(f)]:
+        folder = next(d for d in ((PACKAGE / f).parent / "templates", PACKAGE / "templates") if d.is_dir())
+        files |= {p.relative_to(PACKAGE) for p in folder.rglob("*") if p.is_file()}
+    return {f"otbuild/{f.as_posix()}": hashlib.sha256((PACKAGE / f).read_bytes()).hexdigest()[:16]
+            for f in sorted(files)}
+
+
+def code_sha256(stage: str, files: dict[str, str] | None = None) -> str:
+    """One hash over the stage's code files."""
+    files = code_files(stage) if files is None else files
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _module_file(module: str) -> Path | None:
+    """`otbuild.a.b` -> a/b.py or a/b/__init__.py (relative to PACKAGE); None if not a module."""
+    parts = module.split(".")[1:]
+    for f in (Path(*parts, "__init__.py"), Path(*parts).with_suffix(".py") if parts else None):
+        if f is not None and (PACKAGE / f).is_file():
+            return f
+    return None
+
+
+@cache
+def _imports(f: Path) -> tuple[Path, ...]:
+    """The otbuild modules (and their packages' __init__ files) that file `f` imports."""
+    source = (PACKAGE / f).read_text()
+    package = ["otbuild", *f.parent.parts]
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            mod = ".".join(p for p in (base, node.module or "") if p)
+            names += [mod, *(f"{mod}.{a.name}" for a in node.names)]
+    out = set()
+    for name in names:
+        parts = name.split(".")
+        if parts[0] != "otbuild":
+            continue
+        out |= {m for i in range(1, len(parts) + 1) if (m := _module_file(".".join(parts[:i])))}
+    if "import_module(" in source:  # imports by name: any module of its package may run
+        out |= {p.relative_to(PACKAGE) for p in (PACKAGE / f).parent.glob("*.py")}
+    return tuple(sorted(out - {f}))
+
+
+@cache
+def _reads_templates(f: Path) -> bool:
+    """The module names a `templates` folder (its own, else the package's)."""
+    tree = ast.parse((PACKAGE / f).read_text())
+    return any(isinstance(n, ast.Constant) and n.value == "templates" for n in ast.walk(tree))
+
+
+def _closure(start: Path) -> list[Path]:
+    seen, todo = set(), [start]
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo += _imports(f)
+    return sorted(seen)

@@ -1,0 +1,99 @@
+"""Recover by itself from a snakemake run that was killed (kill -9, a lost node, OOM).
+
+A killed snakemake leaves `.snakemake/locks/` (the next run fails with LockException) and
+`.snakemake/incomplete/` markers on the outputs of the jobs it was running (the next run
+refuses them without --rerun-incomplete), even when those jobs, left running, finished.
+The Snakefile calls `recover` before snakemake takes its lock:
+
+- Locks are removed when no snakemake runs in this project on this host and the run that took
+  them was started on this host (`locks/otbuild-owner.json`, beside snakemake's lock files and
+  removed with them). Locks taken on another host are left, with the one command to run.
+- An incomplete marker is removed when its file is provably complete: an artifact's file when
+  the artifact has its provenance record (written last), a shard's parquet (written
+  atomically). The rest are rerun (`rerun-incomplete` in profiles/default); stages resume.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+from otbuild.fsio import write_json
+from otbuild.stages import PROVENANCE
+
+OWNER = "otbuild-owner.json"
+
+
+def recover(root: Path) -> None:
+    """Make a restart after a kill just work; print what was done."""
+    state = Path(root) / ".snakemake"
+    locks = list((state / "locks").glob("*.lock"))
+    if "--nolock" in sys.argv or _live_snakemake(Path(root)):
+        return  # a job of a run, or a live run: its locks are real (snakemake says so itself)
+    if locks:
+        owner = _read_owner(state / "locks" / OWNER)
+        if owner.get("host", socket.gethostname()) != socket.gethostname():
+            print(f"otbuild: {state / 'locks'} is held by a snakemake started on {owner['host']} "
+                  f"(pid {owner.get('pid')}); if it is no longer running there, run: snakemake --unlock",
+                  file=sys.stderr)
+            return
+        shutil.rmtree(state / "locks", ignore_errors=True)
+        print(f"otbuild: removed the locks of a snakemake run that is no longer running "
+              f"(pid {owner.get('pid', '?')})", file=sys.stderr)
+    kept = _clear_complete_markers(Path(root), state / "incomplete")
+    if kept:
+        print(f"otbuild: {kept} output(s) of killed jobs were complete and are kept", file=sys.stderr)
+    write_json(state / "locks" / OWNER, {"host": socket.gethostname(), "pid": os.getpid()})
+
+
+def _read_owner(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _live_snakemake(root: Path) -> list[int]:
+    """Other snakemake processes on this host whose working directory is `root`."""
+    live, me, root = [], os.getpid(), root.resolve()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if not any(b"snakemake" in a for a in argv[:3]) or b"--nolock" in argv:
+                continue
+            if Path(os.readlink(proc / "cwd")) == root:
+                live.append(int(proc.name))
+        except OSError:
+            continue  # gone, or not ours to look at
+    return live
+
+
+def _clear_complete_markers(root: Path, incomplete: Path) -> int:
+    kept = 0
+    for marker in incomplete.glob("*") if incomplete.is_dir() else ():
+        try:
+            key = base64.urlsafe_b64decode(marker.name).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue  # snakemake's own bookkeeping (e.g. a migration flag), or a split long name
+        if _complete(root, key):
+            marker.unlink()
+            kept += 1
+    return kept
+
+
+def _complete(root: Path, key: str) -> bool:
+    """Files of an artifact dir are complete once its provenance record exists; a shard's
+    parquet is written by an atomic rename, so it is complete once it exists."""
+    parts = Path(key).parts
+    if len(parts) < 4 or parts[0] != "artifacts" or not (root / key).is_file():
+        return False
+    if parts[3] == "shards":
+        return key.endswith(".parquet")
+    return (root.joinpath(*parts[:3]) / PROVENANCE).is_file()
