@@ -193,19 +193,26 @@ SLURM_4x4 = {"SLURM_JOB_ID": "4242", "SLURM_NODELIST": "gh[001-004]", "SLURM_JOB
 
 
 def test_launch_command_for_a_4_node_4_gpu_slurm_allocation():
-    argv = ["python", "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out"]
+    """One srun task per node, without a GPU option (each sees every GPU of the job on its node);
+    each node's launcher starts one process per GPU that node has, read there."""
+    argv = ["python", "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out dir"]
     cmd = launch_command({"master_port": 29511}, SLURM_4x4, argv)
-    assert cmd[:7] == ["srun", "--overlap", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1",
-                       "--kill-on-bad-exit=1", "--gpus-per-node=4"]
-    assert cmd[7:] == ["python", "-m", "torch.distributed.run", "--nnodes=4", "--nproc-per-node=4",
-                       "--rdzv-backend=c10d", "--rdzv-endpoint=gh001:29511", "--rdzv-id=4242",
-                       "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out"]
+    assert cmd[:8] == ["srun", "--overlap", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1",
+                       "--kill-on-bad-exit=1", "bash", "-c"]
+    assert cmd[8] == ("exec python -m torch.distributed.run --nnodes=4 --nproc-per-node=${SLURM_GPUS_ON_NODE:-1} "
+                      "--rdzv-backend=c10d --rdzv-endpoint=gh001:29511 --rdzv-id=4242 "
+                      "-m otbuild.train sft kept.parquet --outdir 'out dir'")
     ds = launch_command({"launcher": "deepspeed", "master_port": 29511}, SLURM_4x4, argv)
-    assert ds[:7] == cmd[:7] and ds[7:9] == ["bash", "-c"]
-    assert ("deepspeed --no_ssh --num_nodes=4 --num_gpus=4 --node_rank=$SLURM_NODEID "
-            "--master_addr=gh001 --master_port=29511 --module otbuild.train sft") in ds[9]
-    # gpus_per_node from the recipe wins over Slurm's; 4 x 4 = 16 ranks: 96 / 16 = 6 accumulation
-    assert "--nproc-per-node=2" in launch_command({"gpus_per_node": 2}, SLURM_4x4, argv)
+    assert ds[:8] == cmd[:8]
+    assert ds[8].startswith("exec deepspeed --no_ssh --num_nodes=4 --num_gpus=${SLURM_GPUS_ON_NODE:-1} "
+                            "--node_rank=$SLURM_NODEID --master_addr=gh001 --master_port=29511 "
+                            "--module otbuild.train sft")
+    # gpus_per_node from the recipe wins over Slurm's
+    assert "--nproc-per-node=2 " in launch_command({"gpus_per_node": 2}, SLURM_4x4, argv)[8]
+    # inside a job step (a rule without `mpi`): no new step, torchrun on this node's GPUs
+    step = {**SLURM_4x4, "SLURM_STEP_ID": "0"}
+    assert launch_command({}, step, argv)[:5] == ["python", "-m", "torch.distributed.run", "--standalone",
+                                                  "--nproc-per-node=4"]
     # no Slurm: one local process (the stage trains in process), or torchrun --standalone
     assert launch_command({}, {}, argv) == argv
     assert launch_command({"gpus_per_node": 8}, {}, argv)[:5] == [

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -219,7 +220,8 @@ GPU_RULES = {"augment", "rollout", "sft", "rl", "eval"}
                                     "ablate_teacher", "ablate_trace_filter"])
 def test_slurm_dry_run_from_the_repo_root(recipe):
     """The literal user command; the `slurm` link makes the profile resolvable from here.
-    Every GPU rule lands on GPU resources, the CPU rules do not."""
+    Every GPU rule lands on GPU resources (GPUs per node), the CPU rules do not; multi-node
+    rules run their own srun (`mpi`), or the plugin would squeeze them into `srun -n1`."""
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", recipe, "-n"],
                           cwd=REPO, capture_output=True, text=True, check=False)
     log = proc.stdout + proc.stderr
@@ -231,8 +233,9 @@ def test_slurm_dry_run_from_the_repo_root(recipe):
         jobs.setdefault(name, set()).add(next((ln for ln in block.splitlines() if "resources:" in ln), ""))
     assert GPU_RULES & set(jobs), sorted(jobs)
     for rule, lines in jobs.items():
-        on_gpu = {"slurm_partition=<gpu-partition>" in ln and "gpu=" in ln for ln in lines}
+        on_gpu = {"slurm_partition=<gpu-partition>" in ln and "gres=gpu:<gpu-model>:" in ln for ln in lines}
         assert on_gpu == {rule in GPU_RULES}, (rule, lines)
+        assert all("mpi=srun" in ln for ln in lines if re.search(r"\bnodes=([2-9]|\d\d)", ln)), (rule, lines)
     if "sft" in jobs:
         assert all("nodes=4" in ln for ln in jobs["sft"])  # multi-node DeepSpeed
 

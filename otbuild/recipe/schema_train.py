@@ -59,7 +59,15 @@ class PretrainedModel(Strict):
 ModelSpec = Annotated[TinyModel | PretrainedModel, Field(discriminator="kind")]
 
 
-class Sft(Strict):
+class Launch(Strict):
+    """How a training stage starts its processes: one per GPU across the nodes Slurm grants."""
+
+    launcher: Literal["auto", "local", "torchrun", "deepspeed"] = execution_only("auto")
+    gpus_per_node: int | None = execution_only(None, ge=1, description="default: what Slurm grants")
+    master_port: int = execution_only(29500, ge=1024, le=65535)
+
+
+class Sft(Launch):
     """Full-parameter SFT through DeepSpeed on the filtered traces (loss on assistant tokens)."""
 
     model: ModelSpec
@@ -91,9 +99,6 @@ class Sft(Strict):
     save_steps: int = execution_only(100, ge=1, description="resumable checkpoint every N steps")
     save_total_limit: int = execution_only(1, ge=1)
     keep_checkpoints: bool = execution_only(False, description="keep checkpoints/ after the final save")
-    launcher: Literal["auto", "local", "torchrun", "deepspeed"] = execution_only("auto")
-    gpus_per_node: int | None = execution_only(None, ge=1, description="default: what Slurm grants")
-    master_port: int = execution_only(29500, ge=1024, le=65535)
 
     @model_validator(mode="after")
     def _batches(self):
@@ -113,8 +118,10 @@ class RlSandbox(Strict):
     timeout_cap_sec: float = Field(default=7200, gt=0)
 
 
-class Rl(Strict):
-    """RLOO on the SFT checkpoint: multi-turn rollouts in the terminus-2 harness, verifier reward."""
+class Rl(Launch):
+    """RLOO on the SFT checkpoint: multi-turn rollouts in the terminus-2 harness, verifier reward.
+    Every rank (one per GPU) rolls out its share of a step's tasks with its replica of the
+    policy; the update is DeepSpeed data parallel (ZeRO 0-2: every rank keeps whole weights)."""
 
     steps: int = Field(ge=1, description="optimizer steps (each: batch_size tasks x samples_per_task)")
     batch_size: int = Field(default=64, ge=1, description="tasks per step")
@@ -132,6 +139,10 @@ class Rl(Strict):
     std_eps: float = Field(default=1e-6, gt=0)
     ppo_epochs: int = Field(default=1, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
+    zero_stage: Literal[0, 1, 2] = 2
+    precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU")
+    optimizer: Literal["auto", "torch", "deepspeed"] = Field(
+        default="auto", description="auto: DeepSpeed's fused Adam on GPU, torch AdamW on CPU")
     seed: int = 0
     rollout: Literal["transformers", "vllm"] = Field(
         default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step")

@@ -37,7 +37,7 @@ STAGES: dict[str, StageDef] = {
                  ("eval.sql", "eval_summary.sql"), sharded=True),
         StageDef("rank", 1, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
         StageDef("sft", 1, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
-        StageDef("rl", 1, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
+        StageDef("rl", 2, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
         StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report"),
         StageDef(
             "trace_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",

@@ -3,8 +3,9 @@
 Outputs (in the artifact dir): checkpoint.json (manifest, written last: feeds downstream),
 model.safetensors, train_log.jsonl, plus config.json, generation_config.json and the tokenizer
 files. Locally the training runs in this process (DeepSpeed on gloo); on a Slurm allocation
-with several GPUs it is launched with `otbuild.train.dist.launch_command` (srun + torchrun),
-and this process waits for it. A killed run resumes from outdir/checkpoints/.
+or with several GPUs it is launched with `otbuild.train.dist.launch_command` (srun + torchrun,
+one process per GPU), and this process waits for it. RL (otbuild/stages/rl.py) runs the same
+way. A killed run resumes from outdir/checkpoints/.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) ->
     spec.write_text(json.dumps(settings))
     argv = [sys.executable, "-m", "otbuild.train", kind, *map(str, inputs), "--outdir", str(outdir),
             "--settings", f"@{spec}"]
-    # RL runs in one process (in-process rollouts); SFT scales out over the allocation
-    cmd = launch_command(settings, dict(os.environ), argv) if kind == "sft" else argv
+    cmd = launch_command(settings, dict(os.environ), argv)
     if cmd == argv:
         # this process is the only rank: its own rendezvous port, never one inherited from a
         # parent (a test run, another job on the node) that may already be listening on it
@@ -47,5 +47,5 @@ def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) ->
         manifest = json.loads((outdir / "checkpoint.json").read_text())
     spec.unlink(missing_ok=True)
     keys = ("steps", "tokens_seen", "supervised_tokens_seen", "train_seconds", "world_size", "data",
-            "reward_mean_last", "files")
+            "reward_mean_last", "placement", "files")
     return {k: manifest[k] for k in keys if k in manifest}

@@ -5,15 +5,18 @@ env that torch.distributed needs (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MAS
 DeepSpeed uses gloo on the CPU, nccl on a GPU. On a Slurm allocation the rule runs
 `launch_command(settings, env)`: one `srun` task per node, each a torchrun (or deepspeed)
 launcher starting one process per GPU, all meeting at a c10d rendezvous on the first node of
-SLURM_NODELIST (SLURM_JOB_ID as the rendezvous id).
+the allocation's node list (SLURM_JOB_ID as the rendezvous id).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
+import subprocess
 import sys
+from datetime import timedelta
 
 from otbuild.errors import ConfigError
 
@@ -59,6 +62,53 @@ def expand_hostlist(spec: str) -> list[str]:
     return hosts
 
 
+def slurm_hosts(env: dict) -> list[str]:
+    """The allocation's nodes, in order. Snakemake's job wrapper drops SLURM_* but the job id
+    before it runs a rule, so without SLURM_JOB_NODELIST the list comes from squeue."""
+    spec = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not spec:
+        spec = subprocess.run(["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%N"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    return expand_hostlist(spec)
+
+
+def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> list[str]:
+    """The command that runs `argv` (default: this training job's entry point) on the resources
+    in `env`: one process per GPU across the Slurm allocation, or a single local process.
+
+    On Slurm: one srun task per node, without a GPU option, so each task sees every GPU the job
+    holds on its node (`--gres=gpu:MODEL:N` per node in the profile); its launcher starts
+    `gpus_per_node` processes, default the node's SLURM_GPUS_ON_NODE, read on that node."""
+    argv = argv or [sys.executable, "-m", "otbuild.train", "sft"]
+    launcher = settings.get("launcher", "auto")
+    gpus = settings.get("gpus_per_node")
+    port = int(settings.get("master_port", 29500))
+    in_job = "SLURM_JOB_ID" in env and "SLURM_STEP_ID" not in env  # a job step cannot start steps
+    if in_job and launcher != "local":
+        hosts = slurm_hosts(env)
+        n = len(hosts)
+        per_node = str(gpus) if gpus else "${SLURM_GPUS_ON_NODE:-1}"
+        # --overlap: the rule itself already runs in the job's batch step
+        srun = ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1"]
+        if launcher == "deepspeed":
+            # the deepspeed launcher's --no_ssh mode: one launcher per node, given its rank
+            node = ["deepspeed", "--no_ssh", f"--num_nodes={n}", f"--num_gpus={per_node}",
+                    "--node_rank=$SLURM_NODEID", f"--master_addr={hosts[0]}", f"--master_port={port}",
+                    "--module", *map(shlex.quote, argv[2:])]
+        else:
+            node = [shlex.quote(argv[0]), "-m", "torch.distributed.run", f"--nnodes={n}",
+                    f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={hosts[0]}:{port}", f"--rdzv-id={env['SLURM_JOB_ID']}",
+                    *map(shlex.quote, argv[1:])]
+        return srun + ["bash", "-c", " ".join(["exec", *node])]
+    gpus = gpus or slurm_gpus_per_node(env)
+    if launcher in ("torchrun", "auto") and (gpus or 0) > 1:
+        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                *argv[1:]]
+    return argv
+
+
 def slurm_gpus_per_node(env: dict) -> int | None:
     for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
         v = env.get(key)
@@ -69,34 +119,13 @@ def slurm_gpus_per_node(env: dict) -> int | None:
     return None
 
 
-def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> list[str]:
-    """The command that runs `argv` (default: this training job's entry point) on the resources
-    in `env`: one process per GPU across the Slurm allocation, or a single local process."""
-    argv = argv or [sys.executable, "-m", "otbuild.train", "sft"]
-    launcher = settings.get("launcher", "auto")
-    gpus = settings.get("gpus_per_node") or slurm_gpus_per_node(env)
-    port = int(settings.get("master_port", 29500))
-    if "SLURM_JOB_ID" in env and launcher != "local":
-        hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
-        nnodes = int(env.get("SLURM_NNODES") or len(hosts))
-        gpus = gpus or 1
-        # --overlap: the rule itself already runs in a job step (snakemake's slurm executor)
-        srun = ["srun", "--overlap", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=1", f"--gpus-per-node={gpus}"]
-        if launcher == "deepspeed":
-            # the deepspeed launcher's --no_ssh mode: one launcher per node, given its rank
-            return srun + ["bash", "-c", " ".join([
-                "exec", "deepspeed", "--no_ssh", f"--num_nodes={nnodes}", f"--num_gpus={gpus}",
-                "--node_rank=$SLURM_NODEID", f"--master_addr={hosts[0]}", f"--master_port={port}",
-                "--module", *argv[2:]])]
-        return srun + [argv[0], "-m",
-                       "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={gpus}",
-                       "--rdzv-backend=c10d", f"--rdzv-endpoint={hosts[0]}:{port}",
-                       f"--rdzv-id={env['SLURM_JOB_ID']}", *argv[1:]]
-    if launcher in ("torchrun", "auto") and (gpus or 0) > 1:
-        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                *argv[1:]]
-    return argv
+def placement(device) -> dict:
+    """Where this rank runs: its node, the GPUs Slurm gave the node, the device it trains on."""
+    env = os.environ
+    return {"rank": int(env.get("RANK", 0)), "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "node": env.get("SLURMD_NODENAME") or socket.gethostname(), "slurm_job_id": env.get("SLURM_JOB_ID"),
+            "gpus_on_node": slurm_gpus_per_node(env), "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+            "device": str(device)}
 
 
 def free_port() -> int:
@@ -113,8 +142,9 @@ def ensure_single_process_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
-def init_distributed(on_gpu: bool):
-    """DeepSpeed's process group (gloo on the CPU, nccl on GPUs); idempotent."""
+def init_distributed(on_gpu: bool, timeout: timedelta | None = None):
+    """DeepSpeed's process group (gloo on the CPU, nccl on GPUs); idempotent. `timeout`: how
+    long a collective waits for the slowest rank (default DeepSpeed's 30 minutes)."""
     ensure_single_process_env()
     import sys
 
@@ -126,7 +156,8 @@ def init_distributed(on_gpu: bool):
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (~90 s, a C++
         # toolchain) on first use; gloo does the same job, so otbuild skips the build.
         ds_torch_comm.build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    kw = {"timeout": timeout} if timeout else {}
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", **kw)
     return deepspeed
 
 

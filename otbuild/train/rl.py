@@ -16,14 +16,19 @@ One step:
    sampling distribution). logp_old is the policy before the step's update (recomputed here,
    as with a separate rollout engine), so with ppo_epochs 1 the ratio starts at 1.
 4. AdamW (lr 5e-6), grad clipping; one line per step in train_log.jsonl (reward, loss, ...);
-   checkpoints/step-N every save_steps; a killed run resumes from the last one.
+   checkpoints/step-N (DeepSpeed's: weights, optimizer) every save_steps; a killed run resumes
+   from the last one.
+
+Scale-out: one process per GPU (otbuild.train.dist.launch_command: srun + torchrun over the
+Slurm allocation), DeepSpeed data parallel with ZeRO 0-2 and bf16 on GPU. Each rank holds a
+whole replica of the policy, rolls out its share of the step's tasks (whole tasks: a task's k
+samples share their baseline), and the update sums the ranks' gradients (`update`).
 
 A trajectory's turns are joined into one sequence when each prompt extends the previous
 prompt + completion token for token (the usual case); otherwise they are separate sequences.
 
-GPU scale-out (not run here): rollouts on vLLM (`rollout: vllm`) and the update through
-DeepSpeed; after each step the trainer gathers the weights and pushes them into the vLLM
-workers (docs/training.md, "Weight sync").
+Rollouts on vLLM (`rollout: vllm`, one trainer process): the step's policy is saved and
+served (docs/training.md, "Weight sync").
 """
 
 from __future__ import annotations
@@ -31,15 +36,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
 import shutil
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from otbuild.engines.base import Completion, ContextLengthExceededError
+from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.train.chat import clean
@@ -121,7 +129,7 @@ class Policy:
         with self.lock, torch.no_grad():
             was_training = self.model.training
             self.model.eval()
-            x = torch.tensor([prompt_ids])
+            x = torch.tensor([prompt_ids], device=self.model.device)
             out = self.model.generate(
                 x, attention_mask=torch.ones_like(x), do_sample=True, temperature=self.temperature,
                 top_k=0, top_p=1.0, max_new_tokens=budget, eos_token_id=self.tok.eos_token_id,
@@ -229,6 +237,7 @@ def token_logprobs(model, seqs: list[Sequence], temperature: float, pad_id: int)
         ids[i, :len(s.ids)] = torch.tensor(s.ids)
         attn[i, :len(s.ids)] = 1
         tmask[i, :len(s.ids)] = torch.tensor(s.mask)
+    ids, attn, tmask = (t.to(model.device) for t in (ids, attn, tmask))
     hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     sel = tmask[:, 1:]
     logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature
@@ -314,31 +323,41 @@ def _micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]
     return out
 
 
-def update(model, optimizer, seqs: list[Sequence], settings: dict, pad_id: int, ref_model=None) -> dict:
-    """One RLOO/PPO update over a step's sequences. Returns loss and diagnostics."""
+def update(engine, seqs: list[Sequence], settings: dict, pad_id: int, ref_model=None) -> dict:
+    """One RLOO/PPO update over a step's sequences; on several ranks each brings its own. The
+    loss is normalised by the assistant tokens of every rank and DeepSpeed sums the ranks'
+    gradients, so the update is the one a single process would make over all the sequences.
+    Every rank runs the same number of micro-batches (padded with zero-loss ones), as the
+    collectives need. Returns this rank's loss and diagnostics (the grad norm is global)."""
     import torch
+    import torch.distributed as dist
 
+    model, world = engine.module, dist.get_world_size()
     T = settings.get("temperature", 0.7)
-    n_tokens = sum(sum(s.mask[1:]) for s in seqs)  # every assistant token, zero advantage or not
     active = [s for s in seqs if s.advantage != 0.0]
     micro = _micro_batches(active, settings.get("micro_batch_tokens", 16384))
-    stats = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": n_tokens,
+    local_tokens = sum(sum(s.mask[1:]) for s in seqs)  # every assistant token, zero advantage or not
+    counts = torch.tensor([local_tokens, len(micro)], dtype=torch.long, device=engine.device)
+    n_tokens = int(_all_reduce(counts[:1], dist.ReduceOp.SUM))
+    n_micro = int(_all_reduce(counts[1:], dist.ReduceOp.MAX))
+    stats = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
              "active_sequences": len(active), "grad_norm": 0.0}
-    if not active or n_tokens == 0:
+    if n_micro == 0 or n_tokens == 0:
         return stats
+    real = len(micro)
+    micro += [[Sequence([pad_id, pad_id], [False, True])] for _ in range(n_micro - real)]
+    kl_coef = settings.get("kl_coef", 0.0)
     with torch.no_grad():
         for mb in micro:
             for s, lp in zip(mb, token_logprobs(model, mb, T, pad_id), strict=True):
                 s.old_logp = lp
-            if ref_model is not None and settings.get("kl_coef", 0.0) > 0:
+            if ref_model is not None and kl_coef > 0:
                 for s, lp in zip(mb, token_logprobs(ref_model, mb, T, pad_id), strict=True):
                     s.ref_logp = lp
     model.train()
-    kl_coef = settings.get("kl_coef", 0.0)
-    for _ in range(settings.get("ppo_epochs", 1)):
-        optimizer.zero_grad(set_to_none=True)
+    for _ in range(settings.get("ppo_epochs", 1)):  # one optimizer step per PPO epoch
         total = 0.0
-        for mb in micro:
+        for i, mb in enumerate(micro):
             lps = token_logprobs(model, mb, T, pad_id)
             logp = torch.cat(lps)
             old = torch.cat([s.old_logp for s in mb])
@@ -350,122 +369,168 @@ def update(model, optimizer, seqs: list[Sequence], settings: dict, pad_id: int, 
             if kl_coef > 0:
                 kl = (k3_kl(logp, torch.cat([s.ref_logp for s in mb]))).sum() / n_tokens
                 loss = loss + kl_coef * kl
-                stats["kl"] += float(kl.detach())
-            loss.backward()
+                stats["kl"] += float(kl.detach()) if i < real else 0.0
+            if i >= real:
+                loss = loss * 0.0  # padding: in the graph for the collectives, no gradient
+            engine.backward(loss * world)  # DeepSpeed averages the ranks' gradients: sum them
             total += float(loss.detach())
-            stats["clipped_tokens"] += st["clipped_tokens"]
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.get("max_grad_norm", 1.0))
-        optimizer.step()
-        stats["loss"], stats["grad_norm"] = total, float(gn)
+            stats["clipped_tokens"] += st["clipped_tokens"] if i < real else 0
+        gn_local = None
+        if world == 1 and engine.zero_optimization_stage() == 0:  # DeepSpeed does not report it
+            grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+            gn_local = float(torch.stack(grads).norm()) if grads else 0.0
+        engine.step()  # unmanaged accumulation: the micro-batches' gradients, reduced, applied
+        gn = engine.get_global_grad_norm()
+        stats["loss"], stats["grad_norm"] = total, float(gn) if gn is not None else gn_local
     return stats
 
 
-def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
+def _all_reduce(t, op):
+    import torch.distributed as dist
+
+    dist.all_reduce(t, op=op)
+    return t.item()
+
+
+def make_engine(settings: dict, model_dir: Path, *, on_gpu: bool):
+    """DeepSpeed over this rank's replica of the model in model_dir: (engine, its config).
+    A step has as many micro-batches as its rollouts give, so the accumulation is unmanaged:
+    backward() accumulates, step() reduces over the ranks and applies."""
+    import deepspeed
     import torch
+    import torch.distributed as dist
+
+    from otbuild.train.dist import ds_config
+    from otbuild.train.model import load_model
+
+    world = dist.get_world_size()
+    client_opt = settings["optimizer"] == "torch" or (settings["optimizer"] == "auto" and not on_gpu)
+    conf = ds_config({**settings, "global_batch_size": world, "per_device_batch_size": 1},
+                     world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
+    conf["managed_gradient_accumulation"] = False
+    if conf["zero_optimization"]["stage"] == 1:
+        conf["zero_optimization"]["overlap_comm"] = False  # DeepSpeed: only stage 2 overlaps then
+    model = load_model(model_dir, dtype=torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32)
+    b1, b2 = settings["adam_betas"]
+    opt = torch.optim.AdamW(model.parameters(), lr=settings["learning_rate"], betas=(b1, b2),
+                            weight_decay=settings["weight_decay"]) if client_opt else None
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf,
+                                           model_parameters=None if client_opt else model.parameters())
+    return engine, conf
+
+
+def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
+    """RLOO on one process or on each of the ranks a launcher started (one per GPU): DeepSpeed
+    data parallel, bf16 on GPU, each rank rolling out its share of the step's tasks."""
+    import torch
+    import torch.distributed as dist
 
     from otbuild.recipe.schema_train import Rl
+    from otbuild.train.dist import init_distributed, placement
     from otbuild.train.model import load_model, load_tokenizer
+    from otbuild.train.sft import _save_checkpoint
 
     settings = Rl.model_validate(settings).model_dump()  # the recipe's defaults, checked
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    on_gpu = torch.cuda.is_available()
+    # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
+    init_distributed(on_gpu, timeout=timedelta(hours=24))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if settings["rollout"] == "vllm" and world > 1:
+        raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
+                          "were started; use gpus_per_node: 1 on one node, or rollout: transformers")
+    log = log if rank == 0 else (lambda _: None)
     sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])
     tasks = read_tasks(Path(inputs[1]))
     if not tasks:
         raise ValueError("the task table is empty")
-    seed = settings.get("seed", 0)
-    ckdir = outdir / CHECKPOINTS
-    latest = ckdir / "latest"
-    start = 0
-    load_from = sft_dir
-    if latest.exists():
-        start = int(latest.read_text().strip())
-        load_from = ckdir / f"step-{start}"
+    seed = settings["seed"]
+    engine, conf = make_engine(settings, sft_dir, on_gpu=on_gpu)
+    model = engine.module
+    dtype = next(model.parameters()).dtype
     tok, template = load_tokenizer(sft_dir)
-    model = load_model(load_from)
-    ref = load_model(sft_dir).eval() if settings.get("kl_coef", 0.0) > 0 else None
-    b1, b2 = settings.get("adam_betas", (0.9, 0.999))
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.get("learning_rate", 5e-6), betas=(b1, b2),
-                            weight_decay=settings.get("weight_decay", 0.0))
-    if start:
-        opt.load_state_dict(torch.load(load_from / "optimizer.pt", weights_only=True))
+    ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if settings["kl_coef"] > 0 else None
+    ckdir = outdir / CHECKPOINTS
+    start = 0
+    if (ckdir / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckdir))
+        start = client["step"]
         log(f"rl: resumed from step {start}")
-    _truncate_log(outdir / LOG, start)
-    policy = Policy(model, tok, temperature=settings.get("temperature", 0.7),
-                    max_tokens=settings.get("max_tokens", 4096), max_context=settings.get("max_context", 32768),
-                    name=str(sft_dir))
-    steps, B, k = settings["steps"], settings.get("batch_size", 64), settings.get("samples_per_task", 8)
+    if rank == 0:
+        _truncate_log(outdir / LOG, start)
+    log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
+        f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
+    policy = Policy(model, tok, temperature=settings["temperature"], max_tokens=settings["max_tokens"],
+                    max_context=settings["max_context"], name=str(sft_dir))
+    steps, B, k = settings["steps"], settings["batch_size"], settings["samples_per_task"]
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
-    history = []
     try:
         for step in range(start, steps):
             t0 = time.monotonic()
-            torch.manual_seed(seed * 1_000_003 + step)
-            random.seed(seed * 1_000_003 + step)
+            torch.manual_seed(seed * 1_000_003 + step + rank * 7_919)
+            random.seed(seed * 1_000_003 + step + rank * 7_919)
             indices = global_batch_rows(len(tasks), step, min(B, len(tasks)), seed)
-            roll = served_rollout if settings.get("rollout") == "vllm" else rollout
-            trajs = asyncio.run(roll(policy, tasks, indices, k, settings, workroot / f"step-{step}",
+            mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
+            roll = served_rollout if settings["rollout"] == "vllm" else rollout
+            trajs = asyncio.run(roll(policy, tasks, mine, k, settings, workroot / f"step-{step}",
                                      run_id=f"{outdir.name}-{step}"))
             t1 = time.monotonic()
             seqs, groups_zero = [], 0
-            for g in range(len(indices)):
+            for g in range(len(mine)):
                 group = trajs[g * k:(g + 1) * k]
-                adv = rloo_advantages([t.reward for t in group], settings.get("std_eps", 1e-6))
+                adv = rloo_advantages([t.reward for t in group], settings["std_eps"])
                 groups_zero += all(a == 0.0 for a in adv)
                 for t, a in zip(group, adv, strict=True):
                     for s in sequences(t.turns):
                         s.advantage = a
                         seqs.append(s)
-            st = update(model, opt, seqs, settings, tok.pad_token_id, ref) if seqs else {}
-            rewards = [t.reward for t in trajs]
+            st = update(engine, seqs, settings, tok.pad_token_id, ref)
+            parts = [None] * world
+            dist.all_gather_object(parts, {
+                **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
+                "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0})
+            rewards = [r for p in parts for r in p["rewards"]]
+            total = {key: sum(p[key] for p in parts) for key in
+                     ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors")}
             rec = {"step": step + 1, "reward_mean": sum(rewards) / len(rewards),
                    "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
-                   "loss": st.get("loss", 0.0), "grad_norm": st.get("grad_norm", 0.0),
-                   "kl": st.get("kl", 0.0), "clipped_tokens": st.get("clipped_tokens", 0),
-                   "assistant_tokens": st.get("assistant_tokens", 0), "trajectories": len(trajs),
-                   "sequences": len(seqs), "zero_advantage_tasks": groups_zero,
-                   "errors": sum(1 for t in trajs if t.error),
-                   "lr": opt.param_groups[0]["lr"], "rollout_seconds": round(t1 - t0, 3),
+                   "loss": total["loss"], "grad_norm": st["grad_norm"], "kl": total["kl"],
+                   "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
+                   "trajectories": len(rewards), "sequences": total["sequences"],
+                   "zero_advantage_tasks": total["zero"], "errors": total["errors"],
+                   "lr": engine.get_lr()[0], "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
                    "update_seconds": round(time.monotonic() - t1, 3)}
-            history.append(rec)
-            with open(outdir / LOG, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            if rank == 0:
+                with open(outdir / LOG, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
             log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
-            if (step + 1) % settings.get("save_steps", 10) == 0 and step + 1 < steps:
-                _save(model, tok, opt, ckdir, step + 1)
+            if (step + 1) % settings["save_steps"] == 0 and step + 1 < steps:
+                _save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
-    model.save_pretrained(outdir, safe_serialization=True, max_shard_size="10000GB")
-    tok.save_pretrained(outdir)
-    shutil.rmtree(ckdir, ignore_errors=True)
-    last = [json.loads(x) for x in (outdir / LOG).read_text().splitlines()]
-    manifest = {
-        "kind": "rl", "algorithm": "rloo", "base_checkpoint": str(sft_dir), "chat_template": template,
-        "steps": steps, "reward_mean_first": last[0]["reward_mean"] if last else None,
-        "reward_mean_last": last[-1]["reward_mean"] if last else None,
-        "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir())
-                  if p.is_file() and p.name not in (MANIFEST, "provenance.json") and not p.name.startswith(".")},
-    }
-    write_json(outdir / MANIFEST, manifest)
+    places = [None] * world
+    dist.all_gather_object(places, placement(engine.device))
+    manifest = {}
+    if rank == 0:
+        model.save_pretrained(outdir, safe_serialization=True, max_shard_size="10000GB")
+        tok.save_pretrained(outdir)
+        shutil.rmtree(ckdir, ignore_errors=True)
+        last = [json.loads(x) for x in (outdir / LOG).read_text().splitlines()]
+        manifest = {
+            "kind": "rl", "algorithm": "rloo", "base_checkpoint": str(sft_dir), "chat_template": template,
+            "steps": steps, "world_size": world, "placement": places, "deepspeed": conf,
+            "reward_mean_first": last[0]["reward_mean"] if last else None,
+            "reward_mean_last": last[-1]["reward_mean"] if last else None,
+            "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir()) if p.is_file()
+                      and p.name not in (MANIFEST, "provenance.json") and not p.name.startswith(".")},
+        }
+        write_json(outdir / MANIFEST, manifest)
+    dist.barrier()
     return manifest
-
-
-def _save(model, tok, opt, ckdir: Path, step: int) -> None:
-    import torch
-
-    dest = ckdir / f"step-{step}"
-    tmp = ckdir / f".step-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True, max_shard_size="10000GB")
-    torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    (ckdir / ".latest.tmp").write_text(str(step))
-    (ckdir / ".latest.tmp").rename(ckdir / "latest")
-    for p in ckdir.glob("step-*"):
-        if p != dest:
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def _truncate_log(path: Path, step: int) -> None:

@@ -2,7 +2,8 @@
 
 outdir after a successful run:
   checkpoint.json          manifest, written last: files + sha256, base model, steps, tokens,
-                           data policy stats, the settings (first output: feeds downstream)
+                           data policy stats, the settings, where each rank ran (node, GPUs)
+                           (first output: feeds downstream)
   model.safetensors        the weights (one file), config.json, generation_config.json
   tokenizer.json, tokenizer_config.json, chat_template.jinja (what the tokenizer saves)
   train_log.jsonl          one line per optimizer step: step, epoch, loss, lr, grad_norm,
@@ -28,7 +29,7 @@ from pathlib import Path
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.train import data as D
-from otbuild.train.dist import ds_config, init_distributed
+from otbuild.train.dist import ds_config, init_distributed, placement
 from otbuild.train.model import load_model, load_tokenizer, materialise
 
 LOG = "train_log.jsonl"
@@ -212,6 +213,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     train_time = time.monotonic() - t0
     state = engine._zero3_consolidated_16bit_state_dict() if conf["zero_optimization"]["stage"] == 3 \
         else engine.module.state_dict()
+    places = [None] * world
+    dist.all_gather_object(places, placement(engine.device))
     manifest = {}
     if rank == 0:
         state = {k.removeprefix("model."): v for k, v in state.items()}
@@ -224,7 +227,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         manifest = {
             "kind": "sft", "base_model": spec, "chat_template": template, "steps": step,
             "total_steps": total_steps, "steps_per_epoch": spe, "epochs": settings.get("epochs"),
-            "world_size": world, "gradient_accumulation_steps": accum, "global_batch_size": G,
+            "world_size": world, "placement": places, "gradient_accumulation_steps": accum,
+            "global_batch_size": G,
             "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
             "train_seconds": round(train_time, 3), "wall_seconds": round(time.monotonic() - t_start, 3),
             "data": ds.stats, "deepspeed": conf,
