@@ -101,6 +101,8 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
         evals.append(next(n for n in nodes if n.stage == "eval"))
         finals += nodes
     settings = {"candidates": [e.label.split("/")[1] for e in evals]}
+    if loaded.recipe.eval and loaded.recipe.eval.rank_by != "pass_at_1":  # the default keeps ids
+        settings["metric"] = loaded.recipe.eval.rank_by
     finals.append(Node("rank", "ranking", settings, settings, tuple(evals)))
     return _with_report(loaded, _topo(finals))
 
@@ -133,7 +135,7 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         tasks = [Node("task_filter", "task_filter", settings, settings, tuple(tasks))]
     traces: list[Node] = []
     if r.teacher:
-        traces.append(_llm_node("rollout", "teacher", r.teacher.model_dump(), tasks))
+        traces.append(_llm_node("rollout", "teacher", _harness(r, r.teacher.model_dump()), tasks))
     for name, imp in sorted(r.trace_imports.items()):
         traces.append(_file_node(loaded, "trace_import", f"trace_imports/{name}",
                                  {"name": name, **imp.model_dump(exclude_none=True)}))
@@ -143,12 +145,20 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         finals = [Node("trace_filter", "trace_filter", settings, settings, tuple(traces))]
     model = None
     if r.sft:
-        model = finals = [_llm_node("sft", "sft", _model_settings(loaded, r.sft.model_dump()), finals)]
+        model = finals = [_llm_node("sft", "sft", _harness(r, _model_settings(loaded, r.sft.model_dump())), finals)]
         if r.rl:
-            model = finals = [_llm_node("rl", "rl", r.rl.model_dump(), [*model, *tasks])]
+            model = finals = [_llm_node("rl", "rl", _harness(r, r.rl.model_dump()), [*model, *tasks])]
     if r.eval:
         finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+def _harness(recipe, settings: dict) -> dict:
+    """A stage that renders or runs harness turns gets the prompt style; the default is left
+    out, so recipes that do not set it keep their ids."""
+    if recipe.harness.prompt != "terminus2":
+        settings["prompt"] = recipe.harness.prompt
+    return settings
 
 
 def _model_settings(loaded: LoadedRecipe, settings: dict) -> dict:
@@ -179,7 +189,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
                                    "concurrency", "sandbox", "limits", "harbor"})
     settings = {**model, **trial, "samples_per_task": ev.repeats, "agent_timeout_sec": None,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
-    return _llm_node("eval", "eval", settings, benchmarks)
+    return _llm_node("eval", "eval", _harness(loaded.recipe, settings), benchmarks)
 
 
 def _llm_node(stage: str, label: str, settings: dict, inputs: list[Node]) -> Node:

@@ -336,3 +336,41 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     a, b = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=1e-5)
+
+
+# -- the tiny student that learns (issue 11) -------------------------------------------------
+def _pieces(tok, text: str) -> list[str]:
+    return [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+
+def test_names_tokenizer_keeps_a_name_the_same_tokens_everywhere():
+    from otbuild.engines.tiny import train_tokenizer
+
+    texts = ["Move every file from `/app/reports_42/` into `/app/inbox_17/`.",
+             '{"keystrokes":"mv reports_42/* inbox_17/\\n"}'] * 20
+    byte = train_tokenizer(texts, vocab_size=300)
+    assert " reports" in _pieces(byte, "mv reports_42/") and " reports" not in _pieces(byte, "`/app/reports_42/`")
+    names = train_tokenizer(texts, vocab_size=300, kind="names")
+    for text in ("mv reports_42/", "`/app/reports_42/`", '"reports_42 x"'):
+        pieces = _pieces(names, text)
+        at = pieces.index("reports_")
+        assert pieces[at:at + 2] == ["reports_", "42"] and "".join(pieces) == text
+
+
+def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
+    """max_steps: 0 saves the base model as built; harness.prompt compact (the `prompt` the
+    plan adds) rewrites the traces before the tokenizer is trained on them."""
+    from safetensors.numpy import load_file
+
+    from otbuild.harness.protocol import compact_conversation
+    from otbuild.train.model import materialise
+    from otbuild.train.sft import train
+
+    traces = write_toy_traces(tmp_path / "kept.parquet", 6, full_prompt=True)
+    spec = {**TINY, "tokenizer": "names"}
+    manifest = train({**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}, [traces], tmp_path / "ck")
+    assert manifest["steps"] == 0 and not _log(tmp_path / "ck")
+    base = materialise(spec, tmp_path / "base", [compact_conversation(c) for c in D.read_conversations([traces])])
+    assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
+    a, b = load_file(base / "model.safetensors"), load_file(tmp_path / "ck" / "model.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

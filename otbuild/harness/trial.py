@@ -33,6 +33,7 @@ class TrialSettings:
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec
     backend: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
+    prompt: str = "terminus2"  # the prompt style (protocol.PROMPTS)
 
 
 class VerifierTimeoutError(Exception):
@@ -127,11 +128,12 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                  messages: list[dict]) -> tuple[int, bool]:
     """Terminus-2 turns. Returns (episodes run, timed out)."""
     deadline = time.monotonic() + timeout
+    style = protocol.prompt_style(settings.prompt)
     term = await asyncio.to_thread(
         Terminal, box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
     try:
         screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
-        messages.append({"role": "user", "content": protocol.first_prompt(task.instruction, screen)})
+        messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
         pending_complete = False
         for episode in range(settings.max_episodes):
             left = deadline - time.monotonic()
@@ -139,7 +141,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                 return episode, True
             try:
                 # the oracle reads the task's solution; a model's request gets the messages only
-                extra = {"task": task} if getattr(engine, "needs_solution", False) else {}
+                extra = {"task": task, "style": style} if getattr(engine, "needs_solution", False) else {}
                 completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
             except TimeoutError:
                 return episode, True
@@ -148,20 +150,20 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
             try:
                 answer = protocol.parse_answer(completion.text)
             except protocol.ParseError as e:
-                messages.append({"role": "user", "content": protocol.parse_error_reply(e)})
+                messages.append({"role": "user", "content": style.parse_error_reply(e)})
                 continue
             if answer.task_complete and pending_complete:
                 return episode + 1, False
             output = await _execute(term, answer.commands, deadline)
             if not term.alive:
-                messages.append({"role": "user", "content": protocol.observation_reply(output)})
+                messages.append({"role": "user", "content": style.observation_reply(output)})
                 return episode + 1, False
             if answer.task_complete:
                 pending_complete = True
-                reply = protocol.confirm_reply(output)
+                reply = style.confirm_reply(output)
             else:
                 pending_complete = False
-                reply = protocol.observation_reply(output)
+                reply = style.observation_reply(output)
             messages.append({"role": "user", "content": reply})
         return settings.max_episodes, False
     finally:

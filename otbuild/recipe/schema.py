@@ -307,6 +307,15 @@ class Eval(Strict):
     sandbox: Literal["bwrap", "unshare", "none", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()
+    rank_by: Literal["pass_at_1", "partial_credit"] = Field(
+        default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
+
+
+class Harness(Strict):
+    """How the terminus-2 harness talks to the model, the same for rollouts, SFT, RL and eval."""
+
+    prompt: Literal["terminus2", "compact"] = Field(
+        default="terminus2", description="compact: a short system text and compact JSON, for tiny students")
 
 
 class Recipe(Strict):
@@ -318,6 +327,7 @@ class Recipe(Strict):
     teacher: Teacher | None = None
     trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
     trace_filter: TraceFilter | None = None
+    harness: Harness = Harness()
     sft: Sft | None = None
     rl: Rl | None = None
     eval: Eval | None = None

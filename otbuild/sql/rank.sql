@@ -7,9 +7,10 @@
 -- by one common factor). A benchmark whose candidates all score the same contributes 0.
 -- A candidate missing a benchmark is flagged (complete = false, missing lists it) and gets
 -- no rank; its mean z over the benchmarks it has is shown, not averaged in silently.
+-- `column` is the summary's score compared: mean (pass@1) or partial_mean (partial credit).
 CREATE OR REPLACE TEMP VIEW rk_scores AS
 {% for path in inputs %}
-SELECT {{ candidates[loop.index0] | sql }} AS candidate, benchmark, mean FROM read_parquet({{ path | sql }})
+SELECT {{ candidates[loop.index0] | sql }} AS candidate, benchmark, {{ column }} AS mean FROM read_parquet({{ path | sql }})
 {% if not loop.last %}UNION ALL{% endif %}
 {% endfor %};
 

@@ -6,12 +6,16 @@ from pathlib import Path
 
 from otbuild import duck
 
+METRICS = {"pass_at_1": "mean", "partial_credit": "partial_mean"}  # summary.parquet columns
+
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
-    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"])
+    metric = settings.get("metric", "pass_at_1")
+    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"],
+                      column=METRICS[metric])
     duck.copy_to_parquet(con, "SELECT * FROM rk_ranking", outdir / "ranking.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM rk_z", outdir / "zscores.parquet")
     top = con.execute("SELECT candidate, mean_z FROM rk_ranking WHERE rank = 1").fetchall()
     incomplete = con.execute("SELECT candidate FROM rk_ranking WHERE NOT complete").fetchall()
-    return {"best": [c for c, _ in top], "incomplete": [c for (c,) in incomplete]}
+    return {"best": [c for c, _ in top], "incomplete": [c for (c,) in incomplete], "metric": metric}

@@ -124,6 +124,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
         backend=settings["sandbox"], limits=Limits(**settings.get("limits", {})),
+        prompt=settings.get("prompt", "terminus2"),
     )
     progress = Progress(total, already)
     sem = asyncio.Semaphore(settings["concurrency"])

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from otbuild.fsio import write_json
+from otbuild.harness.protocol import compact_conversation
 from otbuild.hashing import file_sha256
 from otbuild.train import data as D
 from otbuild.train.dist import ds_config, init_distributed
@@ -88,7 +89,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
 
     from otbuild.recipe.schema_train import Sft
 
-    settings = Sft.model_validate(settings).model_dump()  # the recipe's defaults, checked
+    prompt = settings.get("prompt", "terminus2")  # the recipe's harness.prompt (plan adds it)
+    settings = Sft.model_validate({k: v for k, v in settings.items() if k != "prompt"}).model_dump()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
@@ -101,6 +103,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     t_start = time.monotonic()
 
     conversations = D.read_conversations(inputs)
+    if prompt == "compact":  # traces rendered as the student will see them at eval
+        conversations = [compact_conversation(c) for c in conversations]
     spec = settings["model"]
     base_dir = outdir / "base_model"
     if rank == 0:
@@ -121,7 +125,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     conf = ds_config(settings, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
     accum = conf["gradient_accumulation_steps"]
     spe = D.steps_per_epoch(len(ds.rows), G)
-    total_steps = max(1, math.ceil(settings.get("epochs", 1.0) * spe))
+    total_steps = settings["max_steps"] if settings.get("max_steps") is not None else \
+        max(1, math.ceil(settings.get("epochs", 1.0) * spe))
     warmup = math.ceil(settings.get("warmup_ratio", 0.0) * total_steps)
 
     dschf = None
