@@ -85,6 +85,13 @@ class Sft(Strict):
     truncation: Literal["right", "drop"] = Field(
         default="right", description="right: keep the first cutoff_len tokens; drop: skip the trace")
     packing: bool = False
+    copy_loss_weight: float = Field(
+        default=0.0, ge=0, description="tiny students: weight of an auxiliary copying objective (random "
+        "token strings, repeated) added to every step; it installs the induction heads a model trained "
+        "from scratch lacks, so names are copied from the instruction into commands")
+    train_on_prompt: bool = Field(
+        default=False, description="loss on every token, not only the assistant's (tiny students: the "
+        "terminal's echo of each command teaches copying)")
     token_budget: int | None = Field(
         default=None, ge=1, description="compute-controlled ablations: train on this many tokens")
     # execution

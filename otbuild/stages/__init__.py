@@ -35,7 +35,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("rollout", 1, ("traces.parquet",), "otbuild.stages.rollout", sharded=True),
         StageDef("eval", 2, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  ("eval.sql", "eval_summary.sql"), sharded=True),
-        StageDef("rank", 1, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
+        StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
         StageDef("sft", 1, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
         StageDef("rl", 1, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
         StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report"),

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from otbuild import duck
 
-METRICS = {"pass_at_1": "mean", "partial_credit": "partial_mean"}  # summary.parquet columns
+# summary.parquet's columns: the score compared and its standard error
+METRICS = {"pass_at_1": ("mean", "stderr"), "partial_credit": ("partial_mean", "partial_stderr")}
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     metric = settings.get("metric", "pass_at_1")
+    column, error = METRICS[metric]
+    errors = [error if error in pq.ParquetFile(p).schema_arrow.names else "NULL" for p in inputs]
     duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"],
-                      column=METRICS[metric])
+                      column=column, errors=errors)
     duck.copy_to_parquet(con, "SELECT * FROM rk_ranking", outdir / "ranking.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM rk_z", outdir / "zscores.parquet")
     top = con.execute("SELECT candidate, mean_z FROM rk_ranking WHERE rank = 1").fetchall()

@@ -36,6 +36,7 @@ LOG = "train_log.jsonl"
 MANIFEST = "checkpoint.json"
 CHECKPOINTS = "checkpoints"
 LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
+COPY_BATCH, COPY_SPAN = 4, 20  # the copying objective: 4 rows of 20 random tokens, each repeated
 
 
 def lr_lambda(kind: str, warmup: int, total: int):
@@ -84,6 +85,21 @@ def _loss_module(model):
     return CausalLMLoss(model)
 
 
+def copy_batch(tok, step: int, seed: int, rank: int) -> dict:
+    """Rows of COPY_SPAN random (non-special) tokens followed by the same tokens again; the
+    targets are the repeat. Deterministic in (seed, step, rank): a resumed run sees the same."""
+    import torch
+
+    special = set(tok.all_special_ids)
+    allowed = torch.tensor([i for i in range(len(tok)) if i not in special])
+    g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1009 + rank)
+    x = allowed[torch.randint(len(allowed), (COPY_BATCH, COPY_SPAN), generator=g)]
+    ids = torch.cat([x, x], 1)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, COPY_SPAN + 1:] = True  # the first token of the repeat cannot be known yet
+    return {"input_ids": ids, "target_mask": mask}
+
+
 def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     import torch
 
@@ -114,7 +130,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
     ds = D.build(tok, conversations, cutoff_len=settings["cutoff_len"],
                  truncation=settings.get("truncation", "right"), packing=settings.get("packing", False),
-                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0))
+                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0),
+                 train_on_prompt=settings.get("train_on_prompt", False))
     if not ds.rows:
         raise ValueError(f"no trainable traces: {ds.stats}")
 
@@ -163,6 +180,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
 
     delay = float(os.environ.get("OTBUILD_TRAIN_STEP_DELAY", "0"))  # tests: make a run killable
+    copy_weight, seed = settings.get("copy_loss_weight", 0.0), settings.get("seed", 0)
     per_rank = per_device * accum
     t0 = time.monotonic() - elapsed0
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
@@ -174,13 +192,18 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             n_tok = sum(len(r.input_ids) for r in rows)
             mine = rows[rank * per_rank:(rank + 1) * per_rank]
             lr = scheduler.get_last_lr()[0]
-            loss_sum, gn_local = 0.0, None
+            loss_sum, gn_local, copy_loss = 0.0, None, None
             for m in range(accum):
                 batch = D.collate(mine[m * per_device:(m + 1) * per_device], tok.pad_token_id)
                 batch.pop("n_tokens")
                 batch = {k: v.to(engine.device) for k, v in batch.items()}
                 total = engine(**batch)
-                engine.backward(total / max(n_sup, 1) * accum * world)
+                objective = total / max(n_sup, 1) * accum * world
+                if copy_weight and m == 0:  # once per step and rank, averaged over ranks
+                    cb = {k: v.to(engine.device) for k, v in copy_batch(tok, step, seed, rank).items()}
+                    copy_loss = engine(**cb) / int(cb["target_mask"][:, 1:].sum())
+                    objective = objective + copy_weight * copy_loss * accum
+                engine.backward(objective)
                 if m == accum - 1 and conf["zero_optimization"]["stage"] == 0:
                     grads = [p.grad.float().norm() for p in module.parameters() if p.grad is not None]
                     gn_local = float(torch.stack(grads).norm()) if grads else 0.0
@@ -200,6 +223,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                    "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
                    "supervised_tokens": n_sup, "tokens_seen": tokens_seen,
                    "supervised_tokens_seen": sup_seen, "time": round(time.monotonic() - t0, 3)}
+            if copy_loss is not None:
+                rec["copy_loss"] = float(copy_loss.detach())
             if logf:
                 logf.write(json.dumps(rec) + "\n")
                 logf.flush()
