@@ -184,6 +184,10 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     else:
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
                  "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
+        if loaded.recipe.harness.constrained_decoding:  # the default keeps ids
+            from otbuild.harness.protocol import ANSWER_REGEX
+
+            model["extra_body"] = {"guided_regex": ANSWER_REGEX}
         benchmarks.append(checkpoint)
     trial = ev.model_dump(include={"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards",
                                    "concurrency", "sandbox", "limits", "harbor"})

@@ -374,3 +374,20 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
     assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
     a, b = load_file(base / "model.safetensors"), load_file(tmp_path / "ck" / "model.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_copy_objective_is_logged_deterministic_and_trains(tmp_path, tok, traces):
+    """copy_loss_weight adds a copying objective (random strings, repeated; targets the repeat)
+    to every step: logged as copy_loss, the same batch for the same (seed, step, rank)."""
+    from otbuild.train.sft import COPY_SPAN, copy_batch, train
+
+    a, b = copy_batch(tok, 3, 0, 0), copy_batch(tok, 3, 0, 0)
+    assert a["input_ids"].equal(b["input_ids"]) and not a["input_ids"].equal(copy_batch(tok, 4, 0, 0)["input_ids"])
+    ids = a["input_ids"]
+    assert ids[:, :COPY_SPAN].equal(ids[:, COPY_SPAN:]) and not set(ids.flatten().tolist()) & set(tok.all_special_ids)
+    assert a["target_mask"][:, COPY_SPAN + 1:].all() and not a["target_mask"][:, :COPY_SPAN + 1].any()
+    train({**FAST, "global_batch_size": 1, "per_device_batch_size": 1, "max_steps": 20, "learning_rate": 3e-3,
+           "copy_loss_weight": 1.0}, [traces], tmp_path / "ck")
+    log = _log(tmp_path / "ck")
+    assert len(log) == 20 and all("copy_loss" in r for r in log)
+    assert log[-1]["copy_loss"] < log[0]["copy_loss"]

@@ -316,6 +316,9 @@ class Harness(Strict):
 
     prompt: Literal["terminus2", "compact"] = Field(
         default="terminus2", description="compact: a short system text and compact JSON, for tiny students")
+    constrained_decoding: bool = Field(
+        default=False, description="eval of a served checkpoint: every answer is decoded inside the JSON "
+        "frame (guided_regex; otbuild serve and vLLM honour it)")
 
 
 class Recipe(Strict):
