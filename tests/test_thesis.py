@@ -20,8 +20,6 @@ eval:
   repeats: 2
   max_episodes: 6
   rank_by: partial_credit
-ablate:
-  sft.max_steps: [0, 1500]
 """
 
 
