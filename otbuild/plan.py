@@ -103,6 +103,8 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
         evals.append(next(n for n in nodes if n.stage == "eval"))
         finals += nodes
     settings = {"candidates": [e.label.split("/")[1] for e in evals]}
+    if loaded.recipe.eval and loaded.recipe.eval.rank_by != "pass_at_1":  # the default keeps ids
+        settings["metric"] = loaded.recipe.eval.rank_by
     finals.append(Node("rank", "ranking", settings, settings, tuple(evals)))
     return _with_report(loaded, _topo(finals))
 
@@ -133,7 +135,7 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         tasks = [_section_node("task_filter", "task_filter", r.task_filter, tasks, exclude={"llm"})]
     traces: list[Node] = []
     if r.teacher:
-        traces.append(_section_node("rollout", "teacher", r.teacher, tasks))
+        traces.append(_section_node("rollout", "teacher", r.teacher, tasks, extra=_harness(r)))
     for name, imp in sorted(r.trace_imports.items()):
         traces.append(_file_node(loaded, "trace_import", f"trace_imports/{name}",
                                  {"name": name, **imp.model_dump(exclude_none=True)},
@@ -143,15 +145,21 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         finals = [_section_node("trace_filter", "trace_filter", r.trace_filter, traces)]
     model = None
     if r.sft:
-        node = _section_node("sft", "sft", r.sft, finals)
+        node = _section_node("sft", "sft", r.sft, finals, extra=_harness(r))
         for d in (node.settings, node.identity):
             _resolve_model(loaded, d["model"])
         model = finals = [node]
         if r.rl:
-            model = finals = [_section_node("rl", "rl", r.rl, [*model, *tasks])]
+            model = finals = [_section_node("rl", "rl", r.rl, [*model, *tasks], extra=_harness(r))]
     if r.eval:
         finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+def _harness(recipe) -> dict:
+    """What a stage that renders or runs harness turns adds to its settings and id: the prompt
+    style, when not the default (the id rule)."""
+    return identity(recipe.harness, exclude={"constrained_decoding"})
 
 
 def _resolve_model(loaded: LoadedRecipe, spec: dict) -> None:
@@ -175,16 +183,21 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     checkpoint_serving = {"serve_with", "engine_args", "temperature", "max_tokens"}
     if ev.model is not None:
         model = ev.model.model_dump()
-        ident = {**identity(ev, exclude={"benchmarks", "model", *checkpoint_serving}),
+        ident = {**identity(ev, exclude={"benchmarks", "rank_by", "model", *checkpoint_serving}),
                  "model": identity(ev.model, exclude={*trial, "samples_per_task", "agent_timeout_sec"})}
     else:  # the checkpoint is an input: its id is in this node's id
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
                  "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
-        ident = identity(ev, exclude={"benchmarks"})
+        ident = identity(ev, exclude={"benchmarks", "rank_by"})  # rank_by: the ranking's
+        if loaded.recipe.harness.constrained_decoding:
+            from otbuild.harness.protocol import ANSWER_REGEX
+
+            model["extra_body"] = ident["extra_body"] = {"guided_regex": ANSWER_REGEX}
         benchmarks.append(checkpoint)
     settings = {**model, **ev.model_dump(include=trial), "samples_per_task": ev.repeats, "agent_timeout_sec": None,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
-    return Node("eval", "eval", settings, ident, tuple(benchmarks))
+    harness = _harness(loaded.recipe)
+    return Node("eval", "eval", {**settings, **harness}, {**ident, **harness}, tuple(benchmarks))
 
 
 def _section_node(stage: str, label: str, section, inputs: list[Node], exclude: set[str] = frozenset(),

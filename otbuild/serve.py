@@ -2,8 +2,9 @@
 
 One model on the CPU or one GPU; requests run one at a time. Endpoints: POST
 /v1/chat/completions (messages, temperature, max_tokens, top_p, seed, stop, n=1; greedy when
-temperature is 0; `usage` token counts; a request over the model's context window is a 400
-that says so, as vLLM's), GET /v1/models, GET /health. Prints
+temperature is 0; `guided_regex` constrains the answer to a regular expression, as vLLM's
+does: otbuild/engines/guided.py; `usage` token counts; a request over the model's context
+window is a 400 that says so, as vLLM's), GET /v1/models, GET /health. Prints
 `otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
 """
 
@@ -55,7 +56,7 @@ class ChatModel:
 
     def chat(self, messages: list[dict], *, max_tokens: int | None = None,
              temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-             stop: list[str] = ()) -> dict:
+             stop: list[str] = (), guided_regex: str | None = None) -> dict:
         from transformers import GenerationConfig
 
         torch = self.torch
@@ -77,12 +78,22 @@ class ChatModel:
             max_new_tokens=max_tokens, do_sample=sample, eos_token_id=sorted(self.eos) or None,
             pad_token_id=self.pad, **({"temperature": temperature, "top_p": top_p} if sample else {}),
         )
+        processors = None
+        if guided_regex:
+            from transformers import LogitsProcessorList
+
+            from otbuild.engines.guided import RegexConstraint
+
+            try:
+                processors = LogitsProcessorList([RegexConstraint(self.tokenizer, guided_regex, n_in, self.eos)])
+            except ValueError as e:
+                raise RequestError(400, str(e)) from None
         with self.lock, torch.inference_mode():
             if seed is not None:
                 torch.manual_seed(seed)
             ids = ids.to(self.device)
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=config)
+                                      generation_config=config, logits_processor=processors)
         new = out[0, n_in:].tolist()
         finish = "stop" if new and new[-1] in self.eos else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
@@ -112,6 +123,7 @@ def _request_args(body: dict) -> dict:
             "top_p": float(body.get("top_p", 1.0)),
             "seed": None if body.get("seed") is None else int(body["seed"]),
             "stop": [stop] if isinstance(stop, str) else list(stop),
+            "guided_regex": body.get("guided_regex"),
         }
     except (TypeError, ValueError) as e:
         raise RequestError(400, f"bad parameter: {e}") from e

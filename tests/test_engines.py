@@ -248,6 +248,25 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
         asyncio.run(complete_with(engine, max_tokens=5000))
 
 
+def test_guided_regex_keeps_a_random_model_inside_the_answer_frame(local_server, tiny_model):
+    """`guided_regex` (extra_body, as for vLLM): even random weights answer inside the language."""
+    import regex
+
+    from otbuild.harness.protocol import ANSWER_REGEX
+
+    def ask(pattern, **kw):
+        engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
+                              "temperature": 1.0, "seed": 3, "extra_body": {"guided_regex": pattern}, **kw})
+        return asyncio.run(complete_with(engine, n=3))
+
+    assert {c.text for c in ask("(yes|no)", max_tokens=10)} <= {"yes", "no"}
+    for c in ask(ANSWER_REGEX, max_tokens=30):
+        assert regex.fullmatch(ANSWER_REGEX, c.text, partial=True), c.text
+    assert not any(regex.fullmatch(ANSWER_REGEX, c.text, partial=True) for c in ask(None, max_tokens=30))
+    with pytest.raises(EngineError, match="HTTP 400.*not a valid regular expression"):
+        ask("(unclosed", max_tokens=5)
+
+
 def test_transformers_engine_starts_and_stops_its_server(tiny_model):
     async def run():
         engine = make_engine({"engine": "transformers", "model": str(tiny_model),

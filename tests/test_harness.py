@@ -99,6 +99,61 @@ def test_terminal_keys_and_early_return(tmp_path):
         term.close()
 
 
+def _terminus2_trace() -> list[dict]:
+    t2 = protocol.Terminus2
+    ans = [t2.format_answer({"analysis": "The dir is there. Nothing moved yet.", "plan": "Move the files. Then stop.",
+                             "commands": [{"keystrokes": "mv a/*.txt b/\n", "duration": 1.0}],
+                             "task_complete": False}),
+           t2.format_answer({"analysis": "Done.", "plan": "Finish.", "commands": [], "task_complete": True})]
+    return [{"role": "user", "content": t2.first_prompt("Move the .txt files from a to b.", "root@box:/app# ")},
+            {"role": "assistant", "content": ans[0]},
+            {"role": "user", "content": t2.observation_reply("mv a/*.txt b/\nroot@box:/app# ")},
+            {"role": "assistant", "content": "not json"},
+            {"role": "user", "content": t2.parse_error_reply(protocol.ParseError("no JSON object found"))},
+            {"role": "assistant", "content": ans[1]},
+            {"role": "user", "content": t2.confirm_reply("root@box:/app# ")},
+            {"role": "assistant", "content": ans[1]}]
+
+
+def test_compact_style_is_short_and_keeps_the_task():
+    full = protocol.Terminus2.first_prompt("Move the .txt files from a to b.", "root@box:/app# ")
+    short = protocol.Compact.first_prompt("Move the .txt files from a to b.", "root@box:/app# ")
+    assert len(short) * 4 < len(full)
+    assert "Move the .txt files from a to b." in short and short.rstrip().endswith("root@box:/app#")
+    text = protocol.Compact.format_answer({"analysis": "", "plan": "p", "commands": [], "task_complete": True})
+    assert "\n" not in text and protocol.parse_answer(text).task_complete
+    with pytest.raises(ValueError, match="unknown prompt style 'short'"):
+        protocol.prompt_style("short")
+
+
+def test_compact_conversation_rewrites_a_terminus2_trace():
+    conv = _terminus2_trace()
+    got = protocol.compact_conversation(conv)
+    assert [m["role"] for m in got] == [m["role"] for m in conv]
+    assert got[0]["content"] == protocol.Compact.first_prompt("Move the .txt files from a to b.", "root@box:/app# ")
+    first = protocol.parse_answer(got[1]["content"])
+    assert got[1]["content"].startswith('{"analysis":"The dir is there."') and "\n  " not in got[1]["content"]
+    assert (first.plan, first.commands[0].keystrokes) == ("Move the files.", "mv a/*.txt b/\n")
+    assert got[2]["content"] == protocol.Compact.observation_reply("mv a/*.txt b/\nroot@box:/app# ")
+    assert got[3]["content"] == "not json"  # what the model said is kept when it does not parse
+    assert got[4]["content"] == protocol.Compact.parse_error_reply("no JSON object found")
+    assert got[6]["content"] == protocol.Compact.confirm_reply("root@box:/app# ")
+    assert sum(len(m["content"]) for m in got) * 3 < sum(len(m["content"]) for m in conv)
+    assert protocol.compact_conversation(got) == got  # a compact trace stays as it is
+
+
+@needs_sandbox
+def test_compact_oracle_trial_and_partial_credit(tmp_path):
+    rec = next(generate(1, 11, ["files"], [1]))
+    trace = _trial(rec.task, OracleEngine(), tmp_path, prompt="compact")
+    conv = trace["conversations"]
+    assert trace["reward"] == 1.0 and conv[0]["content"].startswith("Solve the task in a Linux shell.")
+    assert all("\n  " not in m["content"] for m in conv if m["role"] == "assistant")
+    assert conv[2]["content"].startswith("Output:\n")
+    assert protocol.compact_conversation(conv) == conv
+    assert json.loads(trace["metadata"])["reward_json"] == {"reward": 1.0, "partial_credit": 1.0}
+
+
 # -- trials ---------------------------------------------------------------------------------
 def _trial(task, engine, tmp_path, **settings):
     return asyncio.run(run_trial(task, task.task_id(), engine, TrialSettings(**settings), tmp_path / "w",

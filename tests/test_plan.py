@@ -152,3 +152,30 @@ def test_a_new_defaulted_field_keeps_every_id():
                                                        "new_knob": Field(default=3, ge=0)})
         assert identity(newer(**data)) == identity(cls(**data)), cls.__name__
         assert identity(newer(**data, new_knob=4)) == {**identity(cls(**data)), "new_knob": 4}
+
+
+STUDENT = """
+sources:
+  a: {kind: synthetic, rank: 1, count: 4, seed: 1}
+teacher: {engine: oracle}
+trace_filter: {min_turns: 0}
+sft: {model: {kind: tiny}}
+eval: {benchmarks: {held: {kind: synthetic, count: 2, seed: 9}}}
+"""
+
+
+def test_harness_settings_reach_the_stages_that_render_turns(tmp_path):
+    """harness.prompt goes to the rollouts, SFT and eval (not the task or trace stages);
+    constrained decoding to the eval's engine; left at their defaults they change no id."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "base.yaml").write_text(STUDENT)
+    (tmp_path / "recipes" / "same.yaml").write_text(STUDENT + "harness: {prompt: terminus2}\n")
+    (tmp_path / "recipes" / "tiny.yaml").write_text(
+        STUDENT + "harness: {prompt: compact, constrained_decoding: true}\n")
+    base, same, tiny = (plan_recipe(load_recipe(n, tmp_path)) for n in ("base", "same", "tiny"))
+    assert [n.id for n in base.nodes[:-1]] == [n.id for n in same.nodes[:-1]]
+    by_label = {n.label: n for n in tiny.nodes}
+    assert {n.label for n in tiny.nodes if n.settings.get("prompt") == "compact"} == {"teacher", "sft", "eval"}
+    assert by_label["eval"].settings["extra_body"]["guided_regex"].startswith("[ \\n]{0,8}\\{")
+    moved = {n.label for n, m in zip(base.nodes, tiny.nodes) if n.id != m.id}
+    assert moved == {"teacher", "trace_filter", "sft", "eval", "report"}

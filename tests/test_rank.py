@@ -54,3 +54,17 @@ def test_candidate_missing_a_benchmark_is_flagged_not_ranked(tmp_path):
     assert got["b"]["rank"] == 1 and got["a"]["rank"] == 2
     # y's mean and sd come from a and b only
     assert got["a"]["n_benchmarks"] == 2 and got["c"]["n_benchmarks"] == 1
+
+
+def test_rank_by_partial_credit(tmp_path):
+    """`metric: partial_credit` ranks on the summary's partial_mean instead of pass@1."""
+    paths = []
+    for cand, (mean, partial) in {"a": (0.2, 0.9), "b": (0.4, 0.5)}.items():
+        paths.append(tmp_path / f"{cand}.parquet")
+        pq.write_table(pa.table({"model": ["m"], "benchmark": ["x"], "mean": [mean], "partial_mean": [partial]}),
+                       paths[-1])
+    for metric, best in (("pass_at_1", "b"), ("partial_credit", "a")):
+        out = tmp_path / metric
+        out.mkdir()
+        stats = rank.run({"candidates": ["a", "b"], "metric": metric}, paths, out)
+        assert stats["best"] == [best] and stats["metric"] == metric

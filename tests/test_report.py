@@ -263,12 +263,13 @@ def test_every_section_with_the_artifacts_numbers(built):
     assert rl["steps"] == ["12"] and rl["last"] == [charts.num(built["rl"]["log"][-1]["reward_mean"])]
     assert rl["step"][:3] == ["reward_mean", "loss", "pass_rate"]
 
-    # eval: mean and stderr per benchmark from summary.parquet
+    # eval: mean and stderr, partial credit and its stderr per benchmark from summary.parquet
     summary = pq.read_table(d("eval") / "summary.parquet").to_pylist()
     ev = table(p, "recipe-eval")
     for r in summary:
         assert ev[r["benchmark"]][:3] == [r["model"], charts.num(r["mean"]), charts.num(r["stderr"])]
-        assert ev[r["benchmark"]][4] == str(r["n_tasks"])
+        assert ev[r["benchmark"]][3:5] == [charts.num(r.get("partial_mean")), charts.num(r.get("partial_stderr"))]
+        assert ev[r["benchmark"]][6] == str(r["n_tasks"])
 
     # one chart per section, each an inline SVG; no section is marked missing
     for section in ("recipe-funnel", "recipe-mix", "recipe-traces", "recipe-reward", "recipe-sft", "recipe-rl",
@@ -306,7 +307,7 @@ def test_ablation_ranking_and_funnel_per_candidate(built):
         # sections without artifacts: one line each, not an error
         assert p.notes[f"{sid}-sft"] == ["No SFT checkpoint in this recipe."]
         assert p.notes[f"{sid}-rl"] == ["No RL checkpoint in this recipe."]
-    z = {(r[0], r[1]): r[5] for r in p.rows["ranking"] if len(r) == 6 and r[0].startswith("eval.")}
+    z = {(r[0], r[1]): r[6] for r in p.rows["ranking"] if len(r) == 7 and r[0].startswith("eval.")}
     assert z[("eval.max_episodes=3", "heldout")] == "-1"
 
 

@@ -143,20 +143,20 @@ def test_solution_passes_its_tests(task, tmp_path, backend):
         assert r.exit_code == 0, r.output
         r = b.run("bash /tests/test.sh", timeout=30, with_tests=True)
         assert r.exit_code == 0, r.output
-        assert read_reward(b.root) == 1.0
+        assert read_reward(b.root) == {"reward": 1.0, "partial_credit": 1.0}
 
 
 def test_without_solution_reward_is_0(box):
     r = box.run("bash /tests/test.sh", timeout=30, with_tests=True)
-    assert read_reward(box.root) == 0.0, r.output
+    assert read_reward(box.root)["reward"] == 0.0, r.output
 
 
 def test_agent_cannot_forge_the_reward(box):
     box.run("echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json",
             timeout=10)
-    assert read_reward(box.root) == 1.0  # planted ...
+    assert read_reward(box.root) == {"reward": 1.0}  # planted ...
     box.run("bash /tests/test.sh", timeout=30, with_tests=True)
-    assert read_reward(box.root) == 0.0  # ... and cleared before the verifier ran
+    assert read_reward(box.root)["reward"] == 0.0  # ... and cleared before the verifier ran
 
 
 def test_tests_and_solution_visibility(task, tmp_path, backend):
@@ -419,6 +419,8 @@ def test_read_reward(tmp_path):
     (v / "reward.json").write_text('{"reward": 0.5, "extra": 2}')
     assert read_reward(tmp_path) == {"reward": 0.5, "extra": 2.0}
     (v / "reward.txt").write_text(" 1\n")
+    assert read_reward(tmp_path) == {"reward": 1.0, "extra": 2.0}  # reward.txt's reward, json's metrics
+    (v / "reward.json").unlink()
     assert read_reward(tmp_path) == 1.0
     (v / "reward.txt").write_text("yes")
     with pytest.raises(ValueError, match="not a number"):

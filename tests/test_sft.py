@@ -343,3 +343,58 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     a, b = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=1e-5)
+
+
+# -- the tiny student that learns (issue 11) -------------------------------------------------
+def _pieces(tok, text: str) -> list[str]:
+    return [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+
+def test_names_tokenizer_keeps_a_name_the_same_tokens_everywhere():
+    from otbuild.engines.tiny import train_tokenizer
+
+    texts = ["Move every file from `/app/reports_42/` into `/app/inbox_17/`.",
+             '{"keystrokes":"mv reports_42/* inbox_17/\\n"}'] * 20
+    byte = train_tokenizer(texts, vocab_size=300)
+    assert " reports" in _pieces(byte, "mv reports_42/") and " reports" not in _pieces(byte, "`/app/reports_42/`")
+    names = train_tokenizer(texts, vocab_size=300, kind="names")
+    for text in ("mv reports_42/", "`/app/reports_42/`", '"reports_42 x"'):
+        pieces = _pieces(names, text)
+        at = pieces.index("reports_")
+        assert pieces[at:at + 2] == ["reports_", "42"] and "".join(pieces) == text
+
+
+def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
+    """max_steps: 0 saves the base model as built; harness.prompt compact (the `prompt` the
+    plan adds) rewrites the traces before the tokenizer is trained on them."""
+    from safetensors.numpy import load_file
+
+    from otbuild.harness.protocol import compact_conversation
+    from otbuild.train.model import materialise
+    from otbuild.train.sft import train
+
+    traces = write_toy_traces(tmp_path / "kept.parquet", 6, full_prompt=True)
+    spec = {**TINY, "tokenizer": "names"}
+    manifest = train({**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}, [traces], tmp_path / "ck")
+    assert manifest["steps"] == 0 and not _log(tmp_path / "ck")
+    base = materialise(spec, tmp_path / "base", [compact_conversation(c) for c in D.read_conversations([traces])])
+    assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
+    a, b = load_file(base / "model.safetensors"), load_file(tmp_path / "ck" / "model.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_copy_objective_is_logged_deterministic_and_trains(tmp_path, tok, traces):
+    """copy_loss_weight adds a copying objective (random strings, repeated; targets the repeat)
+    to every step: logged as copy_loss, the same batch for the same (seed, step, rank)."""
+    from otbuild.train.sft import COPY_SPAN, copy_batch, train
+
+    a, b = copy_batch(tok, 3, 0, 0), copy_batch(tok, 3, 0, 0)
+    assert a["input_ids"].equal(b["input_ids"]) and not a["input_ids"].equal(copy_batch(tok, 4, 0, 0)["input_ids"])
+    ids = a["input_ids"]
+    assert ids[:, :COPY_SPAN].equal(ids[:, COPY_SPAN:]) and not set(ids.flatten().tolist()) & set(tok.all_special_ids)
+    assert a["target_mask"][:, COPY_SPAN + 1:].all() and not a["target_mask"][:, :COPY_SPAN + 1].any()
+    train({**FAST, "global_batch_size": 1, "per_device_batch_size": 1, "max_steps": 20, "learning_rate": 3e-3,
+           "copy_loss_weight": 1.0}, [traces], tmp_path / "ck")
+    log = _log(tmp_path / "ck")
+    assert len(log) == 20 and all("copy_loss" in r for r in log)
+    assert log[-1]["copy_loss"] < log[0]["copy_loss"]

@@ -224,3 +224,35 @@ def test_an_incomplete_solution_fails(tmp_path):
         assert reward.strip() == "0", (rec.task.name, log)
         checked += 1
     assert checked >= 10
+
+
+@needs_bwrap
+def test_verifier_writes_partial_credit(tmp_path):
+    """reward.json: the reward and the fraction of checks passed; an incomplete solution earns
+    part of the credit, nothing done earns less, the full solution all of it."""
+    import json
+
+    rec = next(r for r in SAMPLE if r.metadata["family"] == "files" and r.metadata["difficulty"] == 2)
+    lines = rec.task.text("solution/solve.sh").splitlines()
+
+    def credit(name, solve):
+        reward, log = _reward(rec, tmp_path / name, solve)
+        return reward.strip(), json.loads((tmp_path / name / rec.task.name / "logs/verifier/reward.json").read_text())
+
+    assert credit("full", "/solution/solve.sh") == ("1", {"reward": 1.0, "partial_credit": 1.0})
+    half, got = credit("half", "\n".join(lines[:-1]) + "\n")
+    none, nothing = credit("none", None)
+    assert half == none == "0" and got["reward"] == nothing["reward"] == 0.0
+    assert nothing["partial_credit"] < got["partial_credit"] < 1.0
+
+
+def test_by_year_names_every_year_its_solution_uses():
+    """Solvable from the instruction: every year the reference solution files by is named."""
+    seen = 0
+    for rec in generate(60, 5, ["files"]):
+        if "by_year" in rec.metadata["variants"]:
+            years = re.search(r"for y in ([\d ]+); do mkdir", rec.task.text("solution/solve.sh")).group(1).split()
+            assert all(y in rec.task.instruction for y in years), rec.task.instruction
+            seen += 1
+    assert seen >= 5
+

@@ -3,9 +3,9 @@ top-level command per turn, so its traces are real multi-turn terminal sessions.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
+from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
 from otbuild.tasks.taskdir import SOLUTION, TaskDir
 
@@ -20,12 +20,16 @@ class OracleEngine:
     def __init__(self, settings: dict | None = None):
         self.model = "oracle"
 
-    async def complete(self, messages: list[dict], *, task: TaskDir, **_):
+    async def complete(self, messages: list[dict], *, task: TaskDir, style=protocol.Terminus2, **_):
         from otbuild.engines import Completion
 
         steps = _steps(task.text(SOLUTION) or "")
         turn = sum(1 for m in messages if m["role"] == "assistant")
-        if turn < len(steps):
+        if style is protocol.Compact:  # short analysis/plan: the commands carry the trace
+            answer = {"analysis": "", "plan": f"step {turn + 1}" if turn < len(steps) else "done",
+                      "commands": [{"keystrokes": steps[turn] + "\n", "duration": ORACLE_DURATION}]
+                      if turn < len(steps) else [], "task_complete": turn >= len(steps)}
+        elif turn < len(steps):
             answer = {
                 "analysis": f"Step {turn + 1} of {len(steps)} of the reference solution.",
                 "plan": f"Run: {steps[turn].splitlines()[0]}",
@@ -35,7 +39,7 @@ class OracleEngine:
         else:
             answer = {"analysis": "The reference solution has been run.", "plan": "Mark the task complete.",
                       "commands": [], "task_complete": True}
-        text = json.dumps(answer, indent=2)
+        text = style.format_answer(answer)
         return Completion(text, 0, 0, "stop")
 
     async def aclose(self) -> None:

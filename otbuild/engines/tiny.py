@@ -33,15 +33,33 @@ def corpus() -> list[str]:
     return lines
 
 
+TOKENIZERS = ("bytelevel", "names")
+
+
 def train_tokenizer(texts, *, vocab_size: int, special_tokens: list[str] | None = None,
                     chat_template: str = CHAT_TEMPLATE, eos_token: str = "<|im_end|>",
-                    pad_token: str = "<|endoftext|>"):
-    """A byte-level BPE tokenizer trained on `texts` (deterministic for the same texts)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+                    pad_token: str = "<|endoftext|>", kind: str = "bytelevel"):
+    """A byte-level BPE tokenizer trained on `texts` (deterministic for the same texts).
+
+    `kind`: `bytelevel` (GPT-2's pre-tokenizer: a word carries the space before it) or
+    `names`, for tiny students that must copy names: every whitespace and punctuation
+    character (but `_`) and every run of digits is a piece of its own before BPE, so
+    `reports_42` is the same tokens (`reports_`, `42`) in "`/app/reports_42/`" as in
+    "mv reports_42/ x": copying a name is copying its tokens, and its number follows a
+    token that is unique in the task (a one-step induction)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if kind == "names":
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\p{N}+|[^\p{L}\p{N}_]"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif kind == "bytelevel":
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; choose from {list(TOKENIZERS)}")
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(special_tokens or SPECIAL), show_progress=False,
@@ -61,16 +79,18 @@ def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384, t
                     special_tokens: list[str] | None = None, hidden_size: int = 32,
                     intermediate_size: int = 64, num_hidden_layers: int = 2,
                     num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                    max_position_embeddings: int = 1024) -> Path:
+                    max_position_embeddings: int = 1024, tokenizer: str = "bytelevel") -> Path:
     """Write a model dir (config, weights, tokenizer, chat template) to `dest`; return it.
 
-    `texts` (default: `corpus()`) trains the tokenizer; `arch` is "qwen2" or "qwen3"."""
+    `texts` (default: `corpus()`) trains the tokenizer (`tokenizer`: its kind, see
+    `train_tokenizer`); `arch` is "qwen2" or "qwen3"."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     dest = Path(dest)
     tok = train_tokenizer(corpus() if texts is None else texts, vocab_size=vocab_size,
-                          special_tokens=special_tokens, chat_template=chat_template or CHAT_TEMPLATE)
+                          special_tokens=special_tokens, chat_template=chat_template or CHAT_TEMPLATE,
+                          kind=tokenizer)
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
     extra = {"head_dim": hidden_size // num_attention_heads} if arch == "qwen3" else {}

@@ -1,4 +1,10 @@
-"""The terminus-2 turn protocol: parse the model's JSON answer, and the harness's replies."""
+"""The terminus-2 turn protocol: parse the model's JSON answer, and the harness's replies.
+
+Two prompt styles share the protocol (`prompt_style(name)`): `terminus2`, the harness's own
+texts (a ~525-token instruction), and `compact`, for tiny students: a short system text,
+answers as JSON without indentation and with short analysis/plan, terse replies. The same
+style is used by rollouts, SFT (`compact_conversation` rewrites any terminus2 trace) and eval.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +34,23 @@ class Answer:
 
 class ParseError(ValueError):
     pass
+
+
+PROMPTS = ("terminus2", "compact")
+
+
+def _answer_regex() -> str:
+    """The answer frame as a regular expression (for constrained decoding): the keys in the
+    prompt's order, JSON strings, durations as plain numbers, a little whitespace allowed."""
+    w = r"[ \n]{0,8}"
+    string = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
+    key = lambda name: f'{w}"{name}"{w}:{w}'  # noqa: E731
+    command = rf'{w}\{{{key("keystrokes")}{string}{w},{key("duration")}[0-9]{{1,3}}(?:\.[0-9]{{1,2}})?{w}\}}'
+    return (rf'{w}\{{{key("analysis")}{string}{w},{key("plan")}{string}{w},{key("commands")}\['
+            rf'(?:{command}(?:{w},{command})*)?{w}\]{w},{key("task_complete")}(?:true|false){w}\}}')
+
+
+ANSWER_REGEX = _answer_regex()
 
 
 def first_prompt(instruction: str, terminal_state: str) -> str:
@@ -111,3 +134,102 @@ def cap_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
         + f"\n[... output limited to {limit} bytes; {omitted} interior bytes omitted ...]\n"
         + data[-half:].decode("utf-8", "ignore")
     )
+
+
+def format_answer(answer: dict) -> str:
+    return json.dumps(answer, indent=2)
+
+
+class Terminus2:
+    """The harness's texts (terminus-2's own)."""
+
+    name = "terminus2"
+    first_prompt = staticmethod(first_prompt)
+    parse_error_reply = staticmethod(parse_error_reply)
+    observation_reply = staticmethod(observation_reply)
+    confirm_reply = staticmethod(confirm_reply)
+    format_answer = staticmethod(format_answer)
+
+
+class Compact:
+    """Short texts for tiny students: every token the student reads is one it can afford."""
+
+    name = "compact"
+    ANALYSIS_CHARS = 120  # analysis/plan of a rewritten trace: the first sentence, at most this
+
+    @staticmethod
+    def first_prompt(instruction: str, terminal_state: str) -> str:
+        return render("compact_prompt.j2", instruction=instruction.strip(), terminal_state=terminal_state)
+
+    @staticmethod
+    def parse_error_reply(error: Exception) -> str:
+        return f"Invalid answer: {error}. Reply with one JSON object."
+
+    @staticmethod
+    def observation_reply(output: str) -> str:
+        return f"Output:\n{output}"
+
+    @staticmethod
+    def confirm_reply(output: str) -> str:
+        return f"Output:\n{output}\nDone? Reply task_complete true again to confirm."
+
+    @staticmethod
+    def format_answer(answer: dict) -> str:
+        return json.dumps(answer, separators=(",", ":"))
+
+
+def prompt_style(name: str):
+    """The texts of prompt style `name` (one of PROMPTS)."""
+    styles = {"terminus2": Terminus2, "compact": Compact}
+    if name not in styles:
+        raise ValueError(f"unknown prompt style {name!r}; choose from {list(styles)}")
+    return styles[name]
+
+
+_T2_FIRST = re.compile(r"Task Description:\n(.*)\n\nCurrent terminal state:\n(.*)\Z", re.DOTALL)
+_T2_ERROR = re.compile(r"Previous response had parsing errors:\nERROR: (.*)\n\nPlease fix", re.DOTALL)
+_T2_CONFIRM = re.compile(r"Current terminal state:\n(.*)\n\nAre you sure you want", re.DOTALL)
+_T2_OUTPUT = "New Terminal Output:\n"
+
+
+def compact_conversation(conversation: list[dict]) -> list[dict]:
+    """A terminus2 trace in the compact style (a compact one is returned as it is): the first
+    prompt, the replies and every parseable answer rewritten; anything else kept verbatim."""
+    out, first = [], True
+    for m in conversation:
+        role, text = m["role"], m.get("content") or ""
+        if role == "user":
+            text = _compact_user(text, first)
+            first = False
+        elif role == "assistant":
+            text = _compact_answer(text)
+        out.append({**m, "content": text})
+    return out
+
+
+def _compact_user(text: str, first: bool) -> str:
+    if first and (m := _T2_FIRST.search(text)):
+        return Compact.first_prompt(m.group(1), m.group(2).removesuffix("\n"))  # the template adds it
+    if text.startswith(_T2_OUTPUT):
+        return Compact.observation_reply(text[len(_T2_OUTPUT):])
+    if m := _T2_ERROR.match(text):
+        return Compact.parse_error_reply(m.group(1))
+    if m := _T2_CONFIRM.match(text):
+        return Compact.confirm_reply(m.group(1))
+    return text
+
+
+def _compact_answer(text: str) -> str:
+    try:
+        a = parse_answer(text)
+    except ParseError:
+        return text
+    return Compact.format_answer({
+        "analysis": _short(a.analysis), "plan": _short(a.plan),
+        "commands": [{"keystrokes": c.keystrokes, "duration": c.duration} for c in a.commands],
+        "task_complete": a.task_complete})
+
+
+def _short(text: str) -> str:
+    first = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
+    return first[:Compact.ANALYSIS_CHARS]

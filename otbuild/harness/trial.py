@@ -40,6 +40,7 @@ class TrialSettings:
     backend: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
     keep_reasoning: bool = True  # a reasoning parser's text stays in the trace, in <think>...</think>
+    prompt: str = "terminus2"  # the prompt style (protocol.PROMPTS)
 
 
 class VerifierTimeoutError(Exception):
@@ -159,10 +160,11 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
     """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
     a context overflow raises ContextLengthExceededError."""
     deadline = time.monotonic() + timeout
+    style = protocol.prompt_style(settings.prompt)
     term = await asyncio.to_thread(_open_terminal, box)
     try:
         screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
-        messages.append({"role": "user", "content": protocol.first_prompt(task.instruction, screen)})
+        messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
         pending_complete = False
         for _ in range(settings.max_episodes):
             left = deadline - time.monotonic()
@@ -170,7 +172,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                 return TIMEOUT
             try:
                 # the oracle reads the task's solution; a model's request gets the messages only
-                extra = {"task": task} if getattr(engine, "needs_solution", False) else {}
+                extra = {"task": task, "style": style} if getattr(engine, "needs_solution", False) else {}
                 completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
             except TimeoutError:
                 return TIMEOUT
@@ -179,20 +181,20 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
             try:
                 answer = protocol.parse_answer(completion.text)
             except protocol.ParseError as e:
-                messages.append({"role": "user", "content": protocol.parse_error_reply(e)})
+                messages.append({"role": "user", "content": style.parse_error_reply(e)})
                 continue
             if answer.task_complete and pending_complete:
                 return DONE
             output = await _execute(term, answer.commands, deadline)
             if not term.alive:
-                messages.append({"role": "user", "content": protocol.observation_reply(output)})
+                messages.append({"role": "user", "content": style.observation_reply(output)})
                 return SHELL_EXITED
             if answer.task_complete:
                 pending_complete = True
-                reply = protocol.confirm_reply(output)
+                reply = style.confirm_reply(output)
             else:
                 pending_complete = False
-                reply = protocol.observation_reply(output)
+                reply = style.observation_reply(output)
             messages.append({"role": "user", "content": reply})
         return MAX_EPISODES
     finally:

@@ -325,11 +325,23 @@ class Eval(Strict):
     sandbox: Literal["bwrap", "unshare", "none", "podman", "auto", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()
+    rank_by: Literal["pass_at_1", "partial_credit"] = Field(
+        default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
     keep_reasoning: bool = True  # as the teacher's
 
     @model_validator(mode="after")
     def _reasoning(self):
         return _reasoning_switch(self)
+
+
+class Harness(Strict):
+    """How the terminus-2 harness talks to the model, the same for rollouts, SFT, RL and eval."""
+
+    prompt: Literal["terminus2", "compact"] = Field(
+        default="terminus2", description="compact: a short system text and compact JSON, for tiny students")
+    constrained_decoding: bool = Field(
+        default=False, description="eval of a served checkpoint: every answer is decoded inside the JSON "
+        "frame (guided_regex; otbuild serve and vLLM honour it)")
 
 
 class Recipe(Strict):
@@ -341,6 +353,7 @@ class Recipe(Strict):
     teacher: Teacher | None = None
     trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
     trace_filter: TraceFilter | None = None
+    harness: Harness = Harness()
     sft: Sft | None = None
     rl: Rl | None = None
     eval: Eval | None = None

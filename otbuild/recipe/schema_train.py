@@ -29,6 +29,9 @@ class TinyModel(Strict):
 
     kind: Literal["tiny"]
     vocab_size: int = Field(default=1024, ge=300, description="BPE target (256 bytes + merges + specials)")
+    tokenizer: Literal["bytelevel", "names"] = Field(
+        default="bytelevel", description="names: spaces, punctuation and digits isolated before BPE, "
+        "so a name is the same tokens wherever it appears (students that must copy names)")
     hidden_size: int = Field(default=64, ge=8)
     intermediate_size: int = Field(default=128, ge=8)
     num_hidden_layers: int = Field(default=2, ge=1)
@@ -78,6 +81,8 @@ class Sft(Launch):
     global_batch_size: int = Field(default=96, ge=1, description="sequences per optimizer step")
     per_device_batch_size: int = Field(default=1, ge=1)
     epochs: float = Field(default=5.0, gt=0, description="paper: 5-7")
+    max_steps: int | None = Field(
+        default=None, ge=0, description="optimizer steps, overriding epochs (0: the untrained base model)")
     max_grad_norm: float = Field(default=1.0, gt=0)
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = Field(default=1e-8, gt=0)
@@ -88,6 +93,13 @@ class Sft(Launch):
     truncation: Literal["right", "drop"] = Field(
         default="right", description="right: keep the first cutoff_len tokens; drop: skip the trace")
     packing: bool = False
+    copy_loss_weight: float = Field(
+        default=0.0, ge=0, description="tiny students: weight of an auxiliary copying objective (random "
+        "token strings, repeated) added to every step; it installs the induction heads a model trained "
+        "from scratch lacks, so names are copied from the instruction into commands")
+    train_on_prompt: bool = Field(
+        default=False, description="loss on every token, not only the assistant's (tiny students: the "
+        "terminal's echo of each command teaches copying)")
     token_budget: int | None = Field(
         default=None, ge=1, description="compute-controlled ablations: train on this many tokens")
     # execution

@@ -12,14 +12,21 @@ MAX_BYTES = 1 << 20
 
 
 def read_reward(root: Path) -> float | dict[str, float] | None:
-    """`logs/verifier/reward.txt` (a float) or else `reward.json` (a flat dict of numbers);
-    None when neither exists. Raises ValueError for a malformed reward. Symlinks are refused
-    (the sandbox could plant one pointing at a host file)."""
+    """`logs/verifier/reward.txt` (a float) and/or `reward.json` (a flat dict of numbers): the
+    float alone, the dict alone, or with both the dict whose "reward" is reward.txt's (metrics
+    beside the reward, e.g. the synthetic verifiers' partial credit); None when neither
+    exists. Raises ValueError for a malformed reward. Symlinks are refused (the sandbox could
+    plant one pointing at a host file)."""
+    found = {}
     for name, parse in (("reward.txt", _float), ("reward.json", _flat_dict)):
         data = _read_no_follow(Path(root), ("logs", "verifier", name))
         if data is not None:
-            return parse(data.decode("utf-8", errors="replace"), name)
-    return None
+            found[name] = parse(data.decode("utf-8", errors="replace"), name)
+    if "reward.json" not in found:
+        return found.get("reward.txt")
+    if "reward.txt" not in found:
+        return found["reward.json"]
+    return {**found["reward.json"], "reward": found["reward.txt"]}
 
 
 def _float(text: str, name: str) -> float:

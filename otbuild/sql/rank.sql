@@ -7,9 +7,12 @@
 -- by one common factor). A benchmark whose candidates all score the same contributes 0.
 -- A candidate missing a benchmark is flagged (complete = false, missing lists it) and gets
 -- no rank; its mean z over the benchmarks it has is shown, not averaged in silently.
+-- `column` is the summary's score compared: mean (pass@1) or partial_mean (partial credit);
+-- its standard error over repeats (`errors`, NULL for a summary without one) is carried along.
 CREATE OR REPLACE TEMP VIEW rk_scores AS
 {% for path in inputs %}
-SELECT {{ candidates[loop.index0] | sql }} AS candidate, benchmark, mean FROM read_parquet({{ path | sql }})
+SELECT {{ candidates[loop.index0] | sql }} AS candidate, benchmark, {{ column }} AS mean,
+       CAST({{ errors[loop.index0] }} AS DOUBLE) AS stderr FROM read_parquet({{ path | sql }})
 {% if not loop.last %}UNION ALL{% endif %}
 {% endfor %};
 
@@ -17,11 +20,11 @@ CREATE OR REPLACE TEMP VIEW rk_z AS
 WITH cands AS (SELECT DISTINCT candidate FROM rk_scores),
      benches AS (SELECT DISTINCT benchmark FROM rk_scores),
      grid AS (
-         SELECT c.candidate, b.benchmark, s.mean
+         SELECT c.candidate, b.benchmark, s.mean, s.stderr
          FROM cands c CROSS JOIN benches b LEFT JOIN rk_scores s USING (candidate, benchmark)
      ),
      stats AS (SELECT benchmark, avg(mean) AS mu, stddev_pop(mean) AS sigma FROM grid GROUP BY benchmark)
-SELECT g.candidate, g.benchmark, g.mean, st.mu, st.sigma,
+SELECT g.candidate, g.benchmark, g.mean, g.stderr, st.mu, st.sigma,
        CASE WHEN g.mean IS NULL THEN NULL
             WHEN st.sigma IS NULL OR st.sigma = 0 THEN 0.0
             ELSE (g.mean - st.mu) / st.sigma END AS z

@@ -23,7 +23,7 @@ class StageDef:
 STAGES: dict[str, StageDef] = {
     s.name: s
     for s in (
-        StageDef("source", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
+        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
         StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql", "_inputs.sql")),
         StageDef("augment", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment"),
         StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score"),
@@ -33,9 +33,9 @@ STAGES: dict[str, StageDef] = {
         ),
         StageDef("trace_import", 1, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import"),
         StageDef("rollout", 1, ("traces.parquet",), "otbuild.stages.rollout", sharded=True),
-        StageDef("eval", 1, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
+        StageDef("eval", 2, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  ("eval.sql", "eval_summary.sql"), sharded=True),
-        StageDef("rank", 1, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
+        StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
         StageDef("sft", 1, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
         StageDef("rl", 2, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
         StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report"),

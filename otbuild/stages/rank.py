@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from otbuild import duck
+
+# summary.parquet's columns: the score compared and its standard error
+METRICS = {"pass_at_1": ("mean", "stderr"), "partial_credit": ("partial_mean", "partial_stderr")}
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
-    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"])
+    metric = settings.get("metric", "pass_at_1")
+    column, error = METRICS[metric]
+    errors = [error if error in pq.ParquetFile(p).schema_arrow.names else "NULL" for p in inputs]
+    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"],
+                      column=column, errors=errors)
     duck.copy_to_parquet(con, "SELECT * FROM rk_ranking", outdir / "ranking.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM rk_z", outdir / "zscores.parquet")
     top = con.execute("SELECT candidate, mean_z FROM rk_ranking WHERE rank = 1").fetchall()
     incomplete = con.execute("SELECT candidate FROM rk_ranking WHERE NOT complete").fetchall()
-    return {"best": [c for c, _ in top], "incomplete": [c for (c,) in incomplete]}
+    return {"best": [c for c, _ in top], "incomplete": [c for (c,) in incomplete], "metric": metric}

@@ -154,6 +154,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
         backend=settings["sandbox"], limits=Limits(**settings.get("limits", {})),
         keep_reasoning=settings["keep_reasoning"],
+        prompt=settings.get("prompt", "terminus2"),
     )
     progress = Progress(total, already)
     sem = asyncio.Semaphore(settings["concurrency"])

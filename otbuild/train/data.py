@@ -49,7 +49,10 @@ def read_conversations(paths) -> list[list[dict]]:
 
 
 def build(tokenizer, conversations, *, cutoff_len: int, truncation: str = "right",
-          packing: bool = False, token_budget: int | None = None, seed: int = 0) -> Dataset:
+          packing: bool = False, token_budget: int | None = None, seed: int = 0,
+          train_on_prompt: bool = False) -> Dataset:
+    """Tokenised rows with their loss masks: assistant tokens, or (`train_on_prompt`) every
+    token but each trace's first."""
     stats = {"traces": len(conversations), "template_mismatch": 0, "no_assistant_tokens": 0,
              "truncated": 0, "dropped_too_long": 0, "tokens_cut": 0, "over_budget": 0,
              "truncation": truncation, "cutoff_len": cutoff_len, "token_budget": token_budget}
@@ -60,6 +63,8 @@ def build(tokenizer, conversations, *, cutoff_len: int, truncation: str = "right
         except TemplateMismatch:
             stats["template_mismatch"] += 1
             continue
+        if train_on_prompt:
+            mask = np.arange(len(ids)) > 0
         if len(ids) > cutoff_len:
             if truncation == "drop":
                 stats["dropped_too_long"] += 1

@@ -30,7 +30,7 @@ def materialise(spec: dict, dest: Path, conversations=None) -> Path:
                                      "max_position_embeddings") if k in spec}
         return make_tiny_model(dest, seed=spec.get("seed", 0), vocab_size=spec.get("vocab_size", 1024),
                                texts=texts or None, arch="qwen3", chat_template=qwen3_template(),
-                               special_tokens=QWEN3_SPECIAL, **size)
+                               special_tokens=QWEN3_SPECIAL, tokenizer=spec.get("tokenizer", "bytelevel"), **size)
     path = Path(spec["path"])
     return path if path.exists() else Path(spec["path"])  # an HF id: resolved from the local cache
 

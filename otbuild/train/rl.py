@@ -293,7 +293,8 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: d
     sb = settings.get("sandbox", {})
     ts = TrialSettings(max_episodes=sb.get("max_episodes", 50), agent_timeout_sec=sb.get("agent_timeout_sec"),
                        timeout_multiplier=sb.get("timeout_multiplier", 1.0),
-                       timeout_cap_sec=sb.get("timeout_cap_sec", 7200.0), backend=sb.get("backend", "bwrap"))
+                       timeout_cap_sec=sb.get("timeout_cap_sec", 7200.0), backend=sb.get("backend", "bwrap"),
+                       prompt=settings.get("prompt", "terminus2"))
     sem = asyncio.Semaphore(settings.get("concurrency", 8))
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
@@ -430,7 +431,9 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     from otbuild.train.model import load_model, load_tokenizer
     from otbuild.train.sft import _save_checkpoint
 
-    settings = Rl.model_validate(settings).model_dump()  # the recipe's defaults, checked
+    prompt = settings.get("prompt", "terminus2")  # the recipe's harness.prompt (plan adds it)
+    settings = {**Rl.model_validate({k: v for k, v in settings.items() if k != "prompt"}).model_dump(),
+                "prompt": prompt}  # the recipe's defaults, checked
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from otbuild.fsio import write_json
+from otbuild.harness.protocol import compact_conversation
 from otbuild.hashing import file_sha256
 from otbuild.train import data as D
 from otbuild.train.dist import ds_config, init_distributed, placement
@@ -36,6 +37,7 @@ LOG = "train_log.jsonl"
 MANIFEST = "checkpoint.json"
 CHECKPOINTS = "checkpoints"
 LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
+COPY_BATCH, COPY_SPAN = 4, 20  # the copying objective: 4 rows of 20 random tokens, each repeated
 
 
 def lr_lambda(kind: str, warmup: int, total: int):
@@ -84,12 +86,28 @@ def _loss_module(model):
     return CausalLMLoss(model)
 
 
+def copy_batch(tok, step: int, seed: int, rank: int) -> dict:
+    """Rows of COPY_SPAN random (non-special) tokens followed by the same tokens again; the
+    targets are the repeat. Deterministic in (seed, step, rank): a resumed run sees the same."""
+    import torch
+
+    special = set(tok.all_special_ids)
+    allowed = torch.tensor([i for i in range(len(tok)) if i not in special])
+    g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1009 + rank)
+    x = allowed[torch.randint(len(allowed), (COPY_BATCH, COPY_SPAN), generator=g)]
+    ids = torch.cat([x, x], 1)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, COPY_SPAN + 1:] = True  # the first token of the repeat cannot be known yet
+    return {"input_ids": ids, "target_mask": mask}
+
+
 def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     import torch
 
     from otbuild.recipe.schema_train import Sft
 
-    settings = Sft.model_validate(settings).model_dump()  # the recipe's defaults, checked
+    prompt = settings.get("prompt", "terminus2")  # the recipe's harness.prompt (plan adds it)
+    settings = Sft.model_validate({k: v for k, v in settings.items() if k != "prompt"}).model_dump()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
@@ -102,6 +120,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     t_start = time.monotonic()
 
     conversations = D.read_conversations(inputs)
+    if prompt == "compact":  # traces rendered as the student will see them at eval
+        conversations = [compact_conversation(c) for c in conversations]
     spec = settings["model"]
     base_dir = outdir / "base_model"
     if rank == 0:
@@ -111,7 +131,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
     ds = D.build(tok, conversations, cutoff_len=settings["cutoff_len"],
                  truncation=settings.get("truncation", "right"), packing=settings.get("packing", False),
-                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0))
+                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0),
+                 train_on_prompt=settings.get("train_on_prompt", False))
     if not ds.rows:
         raise ValueError(f"no trainable traces: {ds.stats}")
 
@@ -122,7 +143,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     conf = ds_config(settings, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
     accum = conf["gradient_accumulation_steps"]
     spe = D.steps_per_epoch(len(ds.rows), G)
-    total_steps = max(1, math.ceil(settings.get("epochs", 1.0) * spe))
+    total_steps = settings["max_steps"] if settings.get("max_steps") is not None else \
+        max(1, math.ceil(settings.get("epochs", 1.0) * spe))
     warmup = math.ceil(settings.get("warmup_ratio", 0.0) * total_steps)
 
     dschf = None
@@ -159,6 +181,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
 
     delay = float(os.environ.get("OTBUILD_TRAIN_STEP_DELAY", "0"))  # tests: make a run killable
+    copy_weight, seed = settings.get("copy_loss_weight", 0.0), settings.get("seed", 0)
     per_rank = per_device * accum
     t0 = time.monotonic() - elapsed0
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
@@ -170,13 +193,18 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             n_tok = sum(len(r.input_ids) for r in rows)
             mine = rows[rank * per_rank:(rank + 1) * per_rank]
             lr = scheduler.get_last_lr()[0]
-            loss_sum, gn_local = 0.0, None
+            loss_sum, gn_local, copy_loss = 0.0, None, None
             for m in range(accum):
                 batch = D.collate(mine[m * per_device:(m + 1) * per_device], tok.pad_token_id)
                 batch.pop("n_tokens")
                 batch = {k: v.to(engine.device) for k, v in batch.items()}
                 total = engine(**batch)
-                engine.backward(total / max(n_sup, 1) * accum * world)
+                objective = total / max(n_sup, 1) * accum * world
+                if copy_weight and m == 0:  # once per step and rank, averaged over ranks
+                    cb = {k: v.to(engine.device) for k, v in copy_batch(tok, step, seed, rank).items()}
+                    copy_loss = engine(**cb) / int(cb["target_mask"][:, 1:].sum())
+                    objective = objective + copy_weight * copy_loss * accum
+                engine.backward(objective)
                 if m == accum - 1 and conf["zero_optimization"]["stage"] == 0:
                     grads = [p.grad.float().norm() for p in module.parameters() if p.grad is not None]
                     gn_local = float(torch.stack(grads).norm()) if grads else 0.0
@@ -196,6 +224,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                    "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
                    "supervised_tokens": n_sup, "tokens_seen": tokens_seen,
                    "supervised_tokens_seen": sup_seen, "time": round(time.monotonic() - t0, 3)}
+            if copy_loss is not None:
+                rec["copy_loss"] = float(copy_loss.detach())
             if logf:
                 logf.write(json.dumps(rec) + "\n")
                 logf.flush()

@@ -121,9 +121,8 @@ def build_task(family: Family, level: int, seed: int, index: int,
     for op in ops:
         for rel, data in op.files.items():
             task.add(f"environment/app/{rel}", data)
-    checks = [c for op in ops for c in op.checks]
-    task.add("tests/test.sh", TEST_SH.format(prelude=CHECK_PRELUDE, checks="\n".join(checks)),
-             executable=True)
+    checks = "".join(f"    lambda: {c},\n" for op in ops for c in op.checks)
+    task.add("tests/test.sh", TEST_SH.format(prelude=CHECK_PRELUDE, checks=checks), executable=True)
     task.add("solution/solve.sh", SOLVE_SH.format(steps="\n".join(steps)), executable=True)
     return task, [op.name for op in ops]
 
@@ -179,18 +178,30 @@ DOCKERFILE = "FROM python:3.12-slim\nWORKDIR /app\nCOPY app/ /app/\n"
 SOLVE_SH = "#!/bin/sh\n# Reference solution: one top-level command per step.\n{steps}\n"
 
 TEST_SH = """#!/bin/sh
-# Verifier: checks the end state under /app and writes 1 (pass) or 0 (fail).
+# Verifier: checks the end state under /app. reward.txt: 1 when every check passes, else 0;
+# reward.json: that reward and partial_credit, the fraction of checks that passed.
 mkdir -p /logs/verifier
-if python3 - <<'CHECKS'
+echo 0 > /logs/verifier/reward.txt
+python3 - <<'CHECKS'
 {prelude}
-{checks}
-print("all checks passed")
+
+
+CHECKS = [
+{checks}]
+passed = 0
+for check in CHECKS:
+    try:
+        check()
+        passed += 1
+    except Exception as e:  # noqa: BLE001 - a check that cannot run has failed
+        print("FAIL:", e)
+partial = passed / len(CHECKS)
+with open("/logs/verifier/reward.json", "w") as f:
+    json.dump({{"reward": float(partial == 1), "partial_credit": partial}}, f)
+with open("/logs/verifier/reward.txt", "w") as f:
+    f.write("1\\n" if partial == 1 else "0\\n")
+print(f"{{passed}}/{{len(CHECKS)}} checks passed")
 CHECKS
-then
-    echo 1 > /logs/verifier/reward.txt
-else
-    echo 0 > /logs/verifier/reward.txt
-fi
 """
 
 CHECK_PRELUDE = '''import gzip
@@ -205,9 +216,12 @@ import tempfile
 APP = "/app"
 
 
+class CheckFailed(Exception):
+    pass
+
+
 def fail(msg):
-    print("FAIL:", msg)
-    sys.exit(1)
+    raise CheckFailed(msg)
 
 
 def read(rel, binary=False):

@@ -112,9 +112,9 @@ def by_year(ctx: Ctx) -> Op:
         names.append(f"{y}-{m:02d}-{day:02d}_{w}.{ctx.rng.choice(('txt', 'md', 'csv'))}")
     names += [f"{years[0]}-01-01_{ctx.pick(WORDS)}.txt"]  # every year used at least once
     op = Op("by_year",
-            f"The files in `/app/{d}/` are named `YYYY-MM-DD_<name>`. Move each one into a "
-            f"subdirectory of `/app/{d}/` named after its year (for example "
-            f"`/app/{d}/{years[0]}/`), keeping the file name.")
+            f"The files in `/app/{d}/` are named `YYYY-MM-DD_<name>`, from the years "
+            f"{', '.join(map(str, years))}. Move each one into a subdirectory of `/app/{d}/` named "
+            f"after its year (for example `/app/{d}/{years[0]}/`), keeping the file name.")
     op.files = _seed_files(ctx, d, names)
     ys = " ".join(str(y) for y in years)
     op.steps = [f"for y in {ys}; do mkdir -p {d}/$y; done",
