@@ -504,7 +504,6 @@ def test_a_trace_set_that_kept_nothing_is_reported_not_a_crash(tmp_path, monkeyp
     (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": [
         {"role": "user", "content": "do it"}, {"role": "assistant", "content": "done"}]}) + "\n")
     nodes = _run_in_process(tmp_path, "z", (
-        "sources:\n  a: {kind: synthetic, rank: 1, count: 2, seed: 1}\n"
         "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\n"
         "trace_filter: {min_turns: 5}\n"))
     build(report_settings("z", nodes), tmp_path / "out")
