@@ -452,3 +452,18 @@ def test_unknown_backend():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_sandbox_needs_only_the_standard_library():
+    """Harbor's environment class imports otbuild.sandbox in Harbor's own Python, where otbuild
+    is installed without its dependencies (scripts/harbor-env.sh)."""
+    code = ("import sys, importlib.abc\n"
+            "class NoThirdParty(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        top = name.partition('.')[0]\n"
+            "        if top not in sys.stdlib_module_names and top != 'otbuild':\n"
+            "            raise ImportError(f'third-party module {name} imported')\n"
+            "sys.meta_path.insert(0, NoThirdParty())\n"
+            "import otbuild.sandbox, otbuild.sandbox.podman, otbuild.tasks.task_toml\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -17,7 +17,7 @@ import yaml
 
 from otbuild.sources import harbor_dir, harbor_parquet, tb1_dir
 from otbuild.tasks.export import export_tasks
-from otbuild.tasks.harbor_meta import runnable_locally
+from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 

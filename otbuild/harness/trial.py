@@ -24,7 +24,7 @@ from otbuild.engines.base import Completion, ContextLengthExceededError, EngineE
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
-from otbuild.tasks.harbor_meta import parse_task_toml
+from otbuild.tasks.task_toml import parse_task_toml
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt

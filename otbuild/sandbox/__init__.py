@@ -24,7 +24,7 @@ from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
-from otbuild.tasks.harbor_meta import runnable_locally
+from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
 
 __all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",

@@ -35,7 +35,7 @@ from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.procs import kill_until_gone, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
-from otbuild.tasks.harbor_meta import parse_task_toml
+from otbuild.tasks.task_toml import parse_task_toml
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
 log = logging.getLogger(__name__)

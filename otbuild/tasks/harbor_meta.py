@@ -1,12 +1,10 @@
 """Helpers shared by the Harbor-dir, HF-parquet and Terminal-Bench-1 source adapters:
-loading a task dir safely, validating it, reading `task.toml`, deciding `runnable_locally`,
-extracting typed metadata, and streaming task parquet rows."""
+loading a task dir safely, validating it into a record (its `task.toml`: task_toml.py), and
+streaming task parquet rows."""
 
 from __future__ import annotations
 
 import json
-import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -14,18 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.tasks.table import Quarantined, TaskRecord
+from otbuild.tasks.task_toml import parse_task_toml, runnable_locally, task_metadata
 from otbuild.tasks.taskdir import (
-    DOCKERFILE,
     INSTRUCTION,
     TASK_TOML,
     TESTS,
     TaskDir,
     TaskFormatError,
 )
-
-# Dockerfile instructions that only configure an image, never install anything into it.
-LOCAL_DOCKERFILE_OPS = {"FROM", "WORKDIR", "COPY", "ENV", "ARG", "LABEL", "USER"}
-SETUP_SCRIPT = "environment/setup.sh"
 
 
 # -- source folders -------------------------------------------------------------
@@ -59,60 +53,6 @@ def load_dir(path: Path) -> TaskDir | Quarantined:
 
 
 # -- validation and records -------------------------------------------------------
-def parse_task_toml(task: TaskDir) -> dict:
-    """`task.toml` as a dict; TaskFormatError when it is not TOML or has wrong types."""
-    try:
-        config = tomllib.loads(task.files[TASK_TOML].data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise TaskFormatError(f"task {task.name!r}: {e}") from e
-    for table in ("metadata", "agent", "verifier", "environment"):
-        if not isinstance(config.get(table, {}), dict):
-            raise TaskFormatError(f"task {task.name!r}: [{table}] is not a table")
-    for table in ("agent", "verifier"):
-        t = config.get(table, {}).get("timeout_sec")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
-            raise TaskFormatError(f"task {task.name!r}: [{table}] timeout_sec is not a number")
-    return config
-
-
-def task_metadata(config: dict) -> dict:
-    """The `[metadata]` table plus agent/verifier timeouts and docker_image where present."""
-    meta = dict(config.get("metadata", {}))
-    for key, value in (
-        ("agent_timeout_sec", config.get("agent", {}).get("timeout_sec")),
-        ("verifier_timeout_sec", config.get("verifier", {}).get("timeout_sec")),
-        ("docker_image", config.get("environment", {}).get("docker_image")),
-    ):
-        if value is not None:
-            meta[key] = value
-    return meta
-
-
-def runnable_locally(task: TaskDir, config: dict | None = None) -> bool:
-    """True only when the task needs no container image we cannot reproduce locally:
-
-    - `task.toml` has no `[environment] docker_image` (a prebuilt image), and
-    - `environment/Dockerfile` is absent or has only FROM/WORKDIR/COPY/ENV/ARG/LABEL/USER
-      instructions and comments (no RUN, ADD, ... that would install or fetch things), and
-    - there is no `environment/setup.sh` (a Terminal-Bench-1 provisioning script).
-    """
-    config = parse_task_toml(task) if config is None else config
-    if config.get("environment", {}).get("docker_image") or SETUP_SCRIPT in task.files:
-        return False
-    dockerfile = task.text(DOCKERFILE)
-    return dockerfile is None or dockerfile_ops(dockerfile) <= LOCAL_DOCKERFILE_OPS
-
-
-def dockerfile_ops(text: str) -> set[str]:
-    """Upper-cased instruction keywords of a Dockerfile (continuation lines folded)."""
-    logical = re.sub(r"\\[ \t]*\r?\n", " ", text)
-    return {
-        line.split()[0].upper()
-        for line in logical.splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    }
-
-
 def harbor_record(task: TaskDir, extra_metadata: dict | None = None) -> TaskRecord | Quarantined:
     """Validate a Harbor task dir held in memory and describe it, or quarantine it."""
     name = task.name
