@@ -378,11 +378,15 @@ def test_wall_clock_ends_the_trial(task, tmp_path, backend):
             b.argv(["true"])
 
 
-def test_memory_hog_fails(box):
-    r = box.run(["python3", "-c", "x = bytearray(10 * 1024**3); print('allocated')"], timeout=30)
+def test_memory_hog_fails(task, tmp_path, backend, monkeypatch):
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    with open_sandbox(task, tmp_path / "trials", backend=backend, limits=FAST) as box:
+        r = box.run(["python3", "-c", "x = bytearray(10 * 1024**3); print('allocated')"], timeout=30)
     assert r.exit_code != 0 and "allocated" not in r.output
     # an address-space rlimit (local) or the container's memory cgroup (podman: OOM-killed)
-    assert "MemoryError" in r.output if box.backend != "podman" else r.exit_code == 137, r
+    assert "MemoryError" in r.output if backend != "podman" else r.exit_code == 137, r
+    assert not list((tmp_path / "cwd").iterdir())  # nothing left in the caller's directory (conmon's `oom`)
 
 
 def test_cpu_burn_is_killed(task, tmp_path, backend):

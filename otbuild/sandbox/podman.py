@@ -71,8 +71,9 @@ def available() -> str | None:
     return None
 
 
-def _podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+def _podman(*args: str, timeout: float = 120, check: bool = True, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess:
+    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd)
     if check and r.returncode != 0:
         raise ContainerError(f"podman {args[0]} failed (exit {r.returncode}): {_tail(r.stderr, 2000)}")
     return r
@@ -158,7 +159,7 @@ class PodmanSandbox(Sandbox):
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
                     "--label", f"otbuild.trial={root}", *mounts, "--entrypoint", "sleep", image, "infinity",
-                    timeout=300)
+                    timeout=300, cwd=root)  # conmon's cwd: it writes an `oom` file there on an OOM kill
             info = json.loads(_podman("inspect", self.container).stdout)[0]
             init = int(info["State"]["Pid"])
             self._pidns = os.readlink(f"/proc/{init}/ns/pid")
