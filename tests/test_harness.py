@@ -361,6 +361,21 @@ def test_a_torn_last_line_is_dropped_and_the_shard_goes_on(tmp_path, capsys):
 
 
 @needs_sandbox
+def test_shards_finishing_together_do_not_trip_over_each_others_files(tmp_path):
+    """Shard 1 removes its partial file as it finishes, possibly between shard 0 listing the
+    partial files and reading them (seen in a real build: FileNotFoundError, job failed)."""
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(4, 12, difficulties=[1]), source="synth")
+    settings = Teacher(engine="oracle", shards=2, concurrency=2).model_dump()
+    outdir = tmp_path / "rollout"
+    (outdir / "shards").mkdir(parents=True)
+    # listed by the glob, gone when read: what a just-finished shard's file looks like
+    (outdir / "shards" / "1-of-2.partial.jsonl").symlink_to(tmp_path / "removed")
+    run_shard(settings, [tasks], outdir, 0)
+    assert len(pq.read_table(outdir / "shards" / "0-of-2.parquet")) == 2
+
+
+@needs_sandbox
 @pytest.mark.slow
 @pytest.mark.skipif(not (DATA / "terminal_bench_tasks").is_dir(), reason="../shared/data/dev is not present")
 @pytest.mark.skipif(subprocess.run(["/usr/bin/python3", "-c", "import pytest"], check=False).returncode != 0,

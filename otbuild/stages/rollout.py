@@ -126,10 +126,15 @@ def _drop_torn_tail(path: Path) -> None:
 
 def _read_partials(outdir: Path) -> dict[int, dict]:
     """Finished trials by index, from every shard's partial file; a line that is not a whole
-    record (cut short by a crash, another job's line being written) is ignored: it reruns."""
+    record (cut short by a crash, another job's line being written) is ignored: it reruns. A
+    file that vanishes meanwhile is its shard's, finished (its rows are in its parquet)."""
     done: dict[int, dict] = {}
     for path in sorted((outdir / "shards").glob("*.partial.jsonl")):
-        for line in path.read_bytes().splitlines():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        for line in data.splitlines():
             try:
                 rec = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
