@@ -161,6 +161,8 @@ def collate(rows: list[Row], pad_id: int) -> dict:
     if packed:
         if len(rows) > 1:
             raise ValueError("packing uses one packed row per micro-batch (per_device_batch_size: 1)")
+        # no 2D mask: transformers reads the traces' blocks from the restarting position_ids
+        # (with a mask, a packed row's traces would attend across their boundaries)
         batch["position_ids"] = pos
     else:
         batch["attention_mask"] = attn
