@@ -33,7 +33,8 @@ def test_a_tiny_student_learns_what_its_base_cannot(project):
     base, student = summary["sft.max_steps=0"], summary["sft.max_steps=1500"]
     assert base["repeats"] == student["repeats"] == 2 and base["n_tasks"] == 10
     assert base["mean"] == 0.0 and base["partial_mean"] == 0.0  # random weights do nothing useful
-    assert student["partial_mean"] > 0.05 and student["partial_stderr"] is not None
+    # measured: 0.3 pass@1 in both repeats (3 of 10 tasks solved); the base solves none
+    assert student["mean"] > 0 and student["partial_mean"] > 0.05 and student["partial_stderr"] is not None
     traces = pq.read_table(out / "candidates" / "sft.max_steps=1500" / "eval" / "traces.parquet").to_pylist()
     first = traces[0]["conversations"][0]["content"]
     assert first.startswith("Solve the task in a Linux shell.") and len(first) < 1500  # the compact prompt
