@@ -192,7 +192,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
         if loaded.recipe.harness.constrained_decoding:
             from otbuild.harness.protocol import ANSWER_REGEX
 
-            model["extra_body"] = ident["extra_body"] = {"guided_regex": ANSWER_REGEX}
+            model["extra_body"] = ident["extra_body"] = {"structured_outputs": {"regex": ANSWER_REGEX}}
         benchmarks.append(checkpoint)
     settings = {**model, **ev.model_dump(include=trial), "samples_per_task": ev.repeats, "agent_timeout_sec": None,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}

@@ -2,8 +2,8 @@
 
 One model on the CPU or one GPU; requests run one at a time. Endpoints: POST
 /v1/chat/completions (messages, temperature, max_tokens, top_p, seed, stop, n=1; greedy when
-temperature is 0; `guided_regex` constrains the answer to a regular expression, as vLLM's
-does: otbuild/engines/guided.py; `usage` token counts; a request over the model's context
+temperature is 0; `structured_outputs: {regex: ...}` constrains the answer to a regular
+expression, as vLLM's does: otbuild/engines/guided.py; `usage` token counts; a request over the model's context
 window is a 400 that says so, as vLLM's), GET /v1/models, GET /health. Prints
 `otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
 """
@@ -56,7 +56,7 @@ class ChatModel:
 
     def chat(self, messages: list[dict], *, max_tokens: int | None = None,
              temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-             stop: list[str] = (), guided_regex: str | None = None) -> dict:
+             stop: list[str] = (), regex: str | None = None) -> dict:
         from transformers import GenerationConfig
 
         torch = self.torch
@@ -79,13 +79,13 @@ class ChatModel:
             pad_token_id=self.pad, **({"temperature": temperature, "top_p": top_p} if sample else {}),
         )
         processors = None
-        if guided_regex:
+        if regex:
             from transformers import LogitsProcessorList
 
             from otbuild.engines.guided import RegexConstraint
 
             try:
-                processors = LogitsProcessorList([RegexConstraint(self.tokenizer, guided_regex, n_in, self.eos)])
+                processors = LogitsProcessorList([RegexConstraint(self.tokenizer, regex, n_in, self.eos)])
             except ValueError as e:
                 raise RequestError(400, str(e)) from None
         with self.lock, torch.inference_mode():
@@ -114,6 +114,9 @@ def _request_args(body: dict) -> dict:
     if body.get("stream"):
         raise RequestError(400, "streaming is not supported")
     stop = body.get("stop") or []
+    structured = body.get("structured_outputs") or {}
+    if not isinstance(structured, dict) or set(structured) - {"regex"}:
+        raise RequestError(400, "structured_outputs: only {\"regex\": PATTERN} is supported")
     try:
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         return {
@@ -123,7 +126,7 @@ def _request_args(body: dict) -> dict:
             "top_p": float(body.get("top_p", 1.0)),
             "seed": None if body.get("seed") is None else int(body["seed"]),
             "stop": [stop] if isinstance(stop, str) else list(stop),
-            "guided_regex": body.get("guided_regex"),
+            "regex": structured.get("regex"),
         }
     except (TypeError, ValueError) as e:
         raise RequestError(400, f"bad parameter: {e}") from e

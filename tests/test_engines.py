@@ -248,15 +248,16 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
         asyncio.run(complete_with(engine, max_tokens=5000))
 
 
-def test_guided_regex_keeps_a_random_model_inside_the_answer_frame(local_server, tiny_model):
-    """`guided_regex` (extra_body, as for vLLM): even random weights answer inside the language."""
+def test_structured_regex_keeps_a_random_model_inside_the_answer_frame(local_server, tiny_model):
+    """`structured_outputs: {regex}` (extra_body, as for vLLM): even random weights answer
+    inside the language; other structured outputs are refused, not ignored."""
     import regex
 
     from otbuild.harness.protocol import ANSWER_REGEX
 
     def ask(pattern, **kw):
         engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
-                              "temperature": 1.0, "seed": 3, "extra_body": {"guided_regex": pattern}, **kw})
+                              "temperature": 1.0, "seed": 3, "extra_body": {"structured_outputs": {"regex": pattern}}, **kw})
         return asyncio.run(complete_with(engine, n=3))
 
     assert {c.text for c in ask("(yes|no)", max_tokens=10)} <= {"yes", "no"}
@@ -265,6 +266,10 @@ def test_guided_regex_keeps_a_random_model_inside_the_answer_frame(local_server,
     assert not any(regex.fullmatch(ANSWER_REGEX, c.text, partial=True) for c in ask(None, max_tokens=30))
     with pytest.raises(EngineError, match="HTTP 400.*not a valid regular expression"):
         ask("(unclosed", max_tokens=5)
+    engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
+                          "extra_body": {"structured_outputs": {"json": {"type": "object"}}}})
+    with pytest.raises(EngineError, match="HTTP 400.*only"):
+        asyncio.run(complete_with(engine, max_tokens=5))
 
 
 def test_transformers_engine_starts_and_stops_its_server(tiny_model):

@@ -176,6 +176,6 @@ def test_harness_settings_reach_the_stages_that_render_turns(tmp_path):
     assert [n.id for n in base.nodes[:-1]] == [n.id for n in same.nodes[:-1]]
     by_label = {n.label: n for n in tiny.nodes}
     assert {n.label for n in tiny.nodes if n.settings.get("prompt") == "compact"} == {"teacher", "sft", "eval"}
-    assert by_label["eval"].settings["extra_body"]["guided_regex"].startswith("[ \\n]{0,8}\\{")
+    assert by_label["eval"].settings["extra_body"]["structured_outputs"]["regex"].startswith("[ \\n]{0,8}\\{")
     moved = {n.label for n, m in zip(base.nodes, tiny.nodes) if n.id != m.id}
     assert moved == {"teacher", "trace_filter", "sft", "eval", "report"}

@@ -1,5 +1,6 @@
-"""Constrained decoding for `otbuild serve`: a request's `guided_regex` (vLLM's name for it)
-keeps every generated token inside the language of that regular expression.
+"""Constrained decoding for `otbuild serve`: a request's `structured_outputs: {regex: ...}`
+(vLLM's request field; its older `guided_regex` was removed in vLLM 0.12) keeps every
+generated token inside the language of that regular expression.
 
 At each step the candidates are tried in order of their score; a token is allowed when the
 text generated so far plus the token's text is still a prefix of some match (the `regex`
@@ -23,7 +24,7 @@ class RegexConstraint:
         try:
             self.rx = regex.compile(pattern)
         except regex.error as e:
-            raise ValueError(f"guided_regex is not a valid regular expression: {e}") from None
+            raise ValueError(f"structured_outputs.regex is not a valid regular expression: {e}") from None
         self.tok, self.prompt_len, self.eos = tokenizer, prompt_len, set(eos_ids)
         self.pieces: dict[int, str] = {}
 

@@ -341,7 +341,7 @@ class Harness(Strict):
         default="terminus2", description="compact: a short system text and compact JSON, for tiny students")
     constrained_decoding: bool = Field(
         default=False, description="eval of a served checkpoint: every answer is decoded inside the JSON "
-        "frame (guided_regex; otbuild serve and vLLM honour it)")
+        "frame (the request's structured_outputs.regex; otbuild serve and vLLM honour it)")
 
 
 class Recipe(Strict):
