@@ -164,6 +164,18 @@ def test_sources_no_stage_uses_are_an_error(recipes, tmp_path):
     assert "nothing to build from" in _error(root, "nothing")
 
 
+def test_constrained_decoding_that_would_constrain_nothing_is_an_error(recipes):
+    """It applies to the served checkpoint's eval: with an explicit eval.model, or no eval, it
+    would silently do nothing."""
+    harness = "harness: {constrained_decoding: true}\n"
+    root = _write(recipes, "explicit", BASE + harness + "eval:\n  model: {engine: oracle}\n"
+                  "  benchmarks: {h: {kind: synthetic, count: 2}}\n")
+    assert "explicit.yaml: harness.constrained_decoding: applies to the eval of the recipe's own" in \
+        _error(root, "explicit")
+    root = _write(recipes, "noeval", BASE + harness)
+    assert "noeval.yaml: harness.constrained_decoding" in _error(root, "noeval")
+
+
 def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
     """A teacher.model grid over an AWQ base passed `--quantization awq` to every model."""
     from otbuild.engines import engine_settings

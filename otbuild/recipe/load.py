@@ -266,6 +266,10 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     if recipe.eval and recipe.eval.model is None and not recipe.sft:
         raise ConfigError(f"{_file_for(('eval',), origin, path)}: eval.model: required key is missing "
                           "(the recipe trains no model: name an engine, e.g. {engine: oracle} for the ceiling)")
+    if recipe.harness.constrained_decoding and not (recipe.eval and recipe.eval.model is None):
+        raise ConfigError(f"{_file_for(('harness', 'constrained_decoding'), origin, path)}: "
+                          "harness.constrained_decoding: applies to the eval of the recipe's own checkpoint "
+                          "(no eval.model); here it would constrain nothing: remove it")
     if recipe.sources and recipe.trace_imports and not (recipe.teacher or recipe.rl):
         raise ConfigError(f"{_file_for(('sources',), origin, path)}: sources: no stage uses these tasks (the "
                           "traces come from trace_imports): add a `teacher` to roll them out, or remove `sources`")
