@@ -24,7 +24,7 @@ from otbuild.engines.base import Completion, ContextLengthExceededError, EngineE
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
-from otbuild.tasks.task_toml import parse_task_toml
+from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt
@@ -223,8 +223,8 @@ async def _execute(term: Terminal, commands: list[protocol.Command], deadline: f
 
 def _task_timeouts(task: TaskDir) -> dict:
     try:
-        cfg = parse_task_toml(task)
-    except (KeyError, TaskFormatError):  # a task without a usable task.toml gets the defaults
+        cfg = task_config(task)
+    except TaskFormatError:  # a task without a usable task.toml gets the defaults
         cfg = {}
     return {
         "agent": float((cfg.get("agent") or {}).get("timeout_sec", 900.0)),

@@ -57,11 +57,7 @@ def backend_for(task: TaskDir, backend: str) -> str:
     TaskNotRunnableLocally, naming the task, when podman is needed and cannot run."""
     if backend != "auto":
         return backend
-    try:
-        local = runnable_locally(task)
-    except KeyError:  # no task.toml: its Dockerfile decides
-        local = runnable_locally(task, {})
-    if local:
+    if runnable_locally(task):
         return "bwrap"
     problem = backend_problem("podman")
     if problem is not None:

@@ -33,9 +33,9 @@ from pathlib import Path
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
-from otbuild.sandbox.procs import kill_until_gone, scan
+from otbuild.sandbox.procs import kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
-from otbuild.tasks.task_toml import parse_task_toml
+from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ class PodmanSandbox(Sandbox):
     def _command_ended(self, proc: subprocess.Popen) -> None:
         """What the command left running (the processes carrying its marker) is killed."""
         marker = next(a for a in proc.args if a.startswith(MARKER + "=")).encode()
-        kill_until_gone(lambda: {p for p in self._namespace_pids() - self._keep if marker in _environ(p)})
+        kill_until_gone(lambda: pids_with_env(marker, self._namespace_pids() - self._keep))
 
     def _kill_tree(self, proc: subprocess.Popen) -> None:
         self._command_ended(proc)
@@ -274,21 +274,10 @@ def _keeper(init: int, timeout: float = 10.0) -> set[int]:
     raise ContainerError(f"the container's init (pid {init}) started no process in {timeout:g}s")
 
 
-def _environ(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
 def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
                 cleanup: bool) -> PodmanSandbox:
     """Build (or reuse) the task's image and start its trial container in `root`."""
-    try:
-        env_cfg = parse_task_toml(task).get("environment", {})
-    except KeyError:  # no task.toml
-        env_cfg = {}
+    env_cfg = task_config(task).get("environment", {})
     image = ensure_image(task, env_cfg.get("docker_image"))
     cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
     return PodmanSandbox(task, root, image, limits, cpus=cpus, with_solution=with_solution, cleanup=cleanup)

@@ -42,6 +42,20 @@ def descendants(tops: Iterable[int], table: dict[int, tuple[int, list[str]]]) ->
     return found
 
 
+def pids_with_env(entry: bytes, among: Iterable[int] | None = None) -> set[int]:
+    """The processes (of `among`, default all) whose environment has `entry` (b"NAME=value")."""
+    pids = among if among is not None else (int(e.name) for e in os.scandir("/proc") if e.name.isdigit())
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if entry in f.read().split(b"\0"):
+                    found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
 def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[int]:
     """SIGKILL what `find` returns until it returns nothing (or `timeout`); the survivors."""
     end = time.monotonic() + timeout

@@ -20,7 +20,7 @@ from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, write_subtree
 from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import read_bounded
-from otbuild.sandbox.procs import descendants, kill_until_gone, scan
+from otbuild.sandbox.procs import descendants, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation
 from otbuild.tasks.taskdir import TaskDir
 
@@ -165,7 +165,7 @@ class Sandbox:
                 tops |= {p.pid for p in self._procs if p.poll() is None}
             found = descendants(tops, table) & table.keys()
             if self.backend == "none":
-                found |= _with_env(f"OTBUILD_SANDBOX_ROOT={root}".encode())
+                found |= pids_with_env(f"OTBUILD_SANDBOX_ROOT={root}".encode())
             if self._identity.privileged and self.backend != "none":
                 found |= set(pids_of_uid(self._identity.uid))
             return found
@@ -226,19 +226,6 @@ def reset_verifier(root: Path) -> Path:
 def inside_uid(backend: str, identity: Identity) -> int:
     """The uid commands have inside the sandbox (0 for unshare in a user namespace)."""
     return 0 if backend == "unshare" and not identity.privileged else identity.uid
-
-
-def _with_env(marker: bytes) -> set[int]:
-    found = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"{entry.path}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        found.add(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 def remove_tree(path: Path) -> None:

@@ -30,6 +30,11 @@ def parse_task_toml(task: TaskDir) -> dict:
     return config
 
 
+def task_config(task: TaskDir) -> dict:
+    """`task.toml` as a dict, {} for a task without one."""
+    return parse_task_toml(task) if TASK_TOML in task.files else {}
+
+
 def task_metadata(config: dict) -> dict:
     """The `[metadata]` table plus agent/verifier timeouts and docker_image where present."""
     meta = dict(config.get("metadata", {}))
@@ -51,7 +56,7 @@ def runnable_locally(task: TaskDir, config: dict | None = None) -> bool:
       instructions and comments (no RUN, ADD, ... that would install or fetch things), and
     - there is no `environment/setup.sh` (a Terminal-Bench-1 provisioning script).
     """
-    config = parse_task_toml(task) if config is None else config
+    config = task_config(task) if config is None else config
     if config.get("environment", {}).get("docker_image") or SETUP_SCRIPT in task.files:
         return False
     dockerfile = task.text(DOCKERFILE)
