@@ -373,3 +373,12 @@ def test_sigterm_stops_the_vllm_server(fake_vllm, tiny_model, tmp_path):
         proc.kill()
         proc.wait()
     assert {p.pid for p in server_processes(tiny_model)} == before
+
+
+def test_a_relative_model_path_not_there_yet_is_not_an_hf_id():
+    """`../models/m` (to come before the build) was looked up in the HF cache as an id, and the
+    hub's id check raised out of `otbuild validate` as a traceback."""
+    from otbuild.engines.model_config import check_vllm_model, model_config
+
+    assert model_config("../models/not-there-yet") is None
+    check_vllm_model("../models/not-there-yet", None, 4096, None)  # nothing to check against: passes

@@ -32,7 +32,7 @@ def model_config(model: str) -> dict | None:
             from huggingface_hub import try_to_load_from_cache
         except ImportError:
             return None
-        found = try_to_load_from_cache(model, "config.json") if "/" in model and not Path(model).exists() else None
+        found = try_to_load_from_cache(model, "config.json") if _names_a_model(model) else None
         if not isinstance(found, str):
             return None
         path = Path(found)
