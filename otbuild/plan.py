@@ -17,7 +17,7 @@ from pathlib import Path
 from otbuild.hashing import content_digest, settings_hash
 from otbuild.recipe.base import identity
 from otbuild.recipe.load import LoadedRecipe
-from otbuild.stages import PROVENANCE, STAGES
+from otbuild.stages import PROVENANCE, STAGES, shard_path
 
 # Settings naming files outside the project's artifacts: hashed by content.
 FILE_KEYS = {"path", "labels", "tasks", "instances"}
@@ -62,7 +62,7 @@ class Node:
         """Sharded stages run as one job per shard, then a merge job. `shards` (an execution
         knob) defaults to the recipe's; a built artifact keeps the layout it was built with."""
         n = self.settings.get("shards", 0) if shards is None else shards
-        return [self.dir / "shards" / f"{k}-of-{n}.parquet" for k in range(n)]
+        return [shard_path(self.dir, n, k) for k in range(n)]
 
     def spec(self) -> dict:
         """Everything `otbuild stage run` needs, as plain JSON."""

@@ -53,6 +53,7 @@ class ChatModel:
         pad = self.tokenizer.pad_token_id
         self.pad = pad if pad is not None else next(iter(self.eos), 0)
         self.lock = threading.Lock()
+        self.pieces: dict[int, str] = {}  # token -> text, for constrained decoding
 
     def chat(self, messages: list[dict], *, max_tokens: int | None = None,
              temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
@@ -85,7 +86,7 @@ class ChatModel:
             from otbuild.engines.guided import RegexConstraint
 
             try:
-                processors = LogitsProcessorList([RegexConstraint(self.tokenizer, regex, n_in, self.eos)])
+                processors = LogitsProcessorList([RegexConstraint(self.tokenizer, regex, n_in, self.eos, self.pieces)])
             except ValueError as e:
                 raise RequestError(400, str(e)) from None
         with self.lock, torch.inference_mode():

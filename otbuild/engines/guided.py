@@ -18,7 +18,8 @@ TOP_K = 16  # allowed candidates kept per step (sampling draws among them)
 class RegexConstraint:
     """A transformers logits processor for one request (batch of one)."""
 
-    def __init__(self, tokenizer, pattern: str, prompt_len: int, eos_ids):
+    def __init__(self, tokenizer, pattern: str, prompt_len: int, eos_ids, pieces: dict[int, str] | None = None):
+        """`pieces`: a token -> text cache shared by the requests of one tokenizer."""
         import regex
 
         try:
@@ -26,7 +27,7 @@ class RegexConstraint:
         except regex.error as e:
             raise ValueError(f"structured_outputs.regex is not a valid regular expression: {e}") from None
         self.tok, self.prompt_len, self.eos = tokenizer, prompt_len, set(eos_ids)
-        self.pieces: dict[int, str] = {}
+        self.pieces = {} if pieces is None else pieces
 
     def _piece(self, token: int) -> str:
         if token not in self.pieces:
@@ -34,10 +35,10 @@ class RegexConstraint:
         return self.pieces[token]
 
     def _allowed(self, text: str, token: int, done: bool) -> bool:
-        if token in self.eos:
-            return done
+        if token in self.eos or done:
+            return token in self.eos and done
         piece = self._piece(token)
-        return not done and bool(piece) and self.rx.fullmatch(text + piece, partial=True) is not None
+        return bool(piece) and self.rx.fullmatch(text + piece, partial=True) is not None
 
     def __call__(self, input_ids, scores):
         import torch

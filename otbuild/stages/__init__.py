@@ -8,6 +8,7 @@ that keep the semantics do not bump it (the audit reports code drift instead).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,8 @@ STAGES: dict[str, StageDef] = {
 }
 
 PROVENANCE = "provenance.json"
+
+
+def shard_path(outdir: Path, shards: int, shard: int) -> Path:
+    """Where shard K of N of a sharded stage writes its rows (the merge job reads them all)."""
+    return Path(outdir) / "shards" / f"{shard}-of-{shards}.parquet"

@@ -28,6 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from otbuild.hashing import file_sha256
+from otbuild.stages import shard_path
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import TRACE_SCHEMA, write_traces
 
@@ -51,10 +52,6 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
                 trials += [Trial(len(trials) + s, row, s) for s in range(int(n or 0))]
                 row += 1
     return trials
-
-
-def shard_path(outdir: Path, shards: int, shard: int) -> Path:
-    return outdir / "shards" / f"{shard}-of-{shards}.parquet"
 
 
 def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:

@@ -38,6 +38,7 @@ MANIFEST = "checkpoint.json"
 CHECKPOINTS = "checkpoints"
 LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
 COPY_BATCH, COPY_SPAN = 4, 20  # the copying objective: 4 rows of 20 random tokens, each repeated
+COPY_TARGETS = COPY_BATCH * (COPY_SPAN - 1)  # the repeat less its first token, per row
 
 
 def lr_lambda(kind: str, warmup: int, total: int):
@@ -86,13 +87,21 @@ def _loss_module(model):
     return CausalLMLoss(model)
 
 
-def copy_batch(tok, step: int, seed: int, rank: int) -> dict:
-    """Rows of COPY_SPAN random (non-special) tokens followed by the same tokens again; the
-    targets are the repeat. Deterministic in (seed, step, rank): a resumed run sees the same."""
+def copyable_tokens(tok):
+    """The ids the copying objective draws from: every non-special token."""
     import torch
 
     special = set(tok.all_special_ids)
-    allowed = torch.tensor([i for i in range(len(tok)) if i not in special])
+    return torch.tensor([i for i in range(len(tok)) if i not in special])
+
+
+def copy_batch(tok, step: int, seed: int, rank: int, allowed=None) -> dict:
+    """Rows of COPY_SPAN random (non-special) tokens followed by the same tokens again; the
+    targets are the repeat. Deterministic in (seed, step, rank): a resumed run sees the same.
+    `allowed`: copyable_tokens(tok), computed once by a training loop."""
+    import torch
+
+    allowed = copyable_tokens(tok) if allowed is None else allowed
     g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1009 + rank)
     x = allowed[torch.randint(len(allowed), (COPY_BATCH, COPY_SPAN), generator=g)]
     ids = torch.cat([x, x], 1)
@@ -182,6 +191,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
 
     delay = float(os.environ.get("OTBUILD_TRAIN_STEP_DELAY", "0"))  # tests: make a run killable
     copy_weight, seed = settings.get("copy_loss_weight", 0.0), settings.get("seed", 0)
+    copyable = copyable_tokens(tok) if copy_weight else None
     per_rank = per_device * accum
     t0 = time.monotonic() - elapsed0
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
@@ -201,8 +211,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                 total = engine(**batch)
                 objective = total / max(n_sup, 1) * accum * world
                 if copy_weight and m == 0:  # once per step and rank, averaged over ranks
-                    cb = {k: v.to(engine.device) for k, v in copy_batch(tok, step, seed, rank).items()}
-                    copy_loss = engine(**cb) / int(cb["target_mask"][:, 1:].sum())
+                    cb = {k: v.to(engine.device) for k, v in copy_batch(tok, step, seed, rank, copyable).items()}
+                    copy_loss = engine(**cb) / COPY_TARGETS
                     objective = objective + copy_weight * copy_loss * accum
                 engine.backward(objective)
                 if m == accum - 1 and conf["zero_optimization"]["stage"] == 0:
