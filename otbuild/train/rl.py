@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -401,20 +400,18 @@ def make_engine(settings: dict, model_dir: Path, *, on_gpu: bool):
     import torch
     import torch.distributed as dist
 
-    from otbuild.train.dist import ds_config
+    from otbuild.train.dist import client_adamw, ds_config, uses_client_optimizer
     from otbuild.train.model import load_model
 
     world = dist.get_world_size()
-    client_opt = settings["optimizer"] == "torch" or (settings["optimizer"] == "auto" and not on_gpu)
+    client_opt = uses_client_optimizer(settings, on_gpu)
     conf = ds_config({**settings, "global_batch_size": world, "per_device_batch_size": 1},
                      world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
     conf["managed_gradient_accumulation"] = False
     if conf["zero_optimization"]["stage"] == 1:
         conf["zero_optimization"]["overlap_comm"] = False  # DeepSpeed: only stage 2 overlaps then
     model = load_model(model_dir, dtype=torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32)
-    b1, b2 = settings["adam_betas"]
-    opt = torch.optim.AdamW(model.parameters(), lr=settings["learning_rate"], betas=(b1, b2),
-                            weight_decay=settings["weight_decay"]) if client_opt else None
+    opt = client_adamw(model.parameters(), settings) if client_opt else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf,
                                            model_parameters=None if client_opt else model.parameters())
     return engine, conf
@@ -440,8 +437,6 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
     init_distributed(on_gpu, timeout=timedelta(hours=24))
     rank, world = dist.get_rank(), dist.get_world_size()
-    if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if settings["rollout"] == "vllm" and world > 1:
         raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
                           "were started; use gpus_per_node: 1 on one node, or rollout: transformers")

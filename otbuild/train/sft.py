@@ -30,7 +30,7 @@ from otbuild.fsio import write_json
 from otbuild.harness.protocol import compact_conversation
 from otbuild.hashing import file_sha256
 from otbuild.train import data as D
-from otbuild.train.dist import ds_config, init_distributed, placement
+from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
 from otbuild.train.model import load_model, load_tokenizer, materialise
 
 LOG = "train_log.jsonl"
@@ -124,8 +124,6 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     t_start = time.monotonic()
 
     conversations = D.read_conversations(inputs)
@@ -147,8 +145,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
 
     G = settings["global_batch_size"]
     per_device = settings.get("per_device_batch_size", 1)
-    client_opt = settings.get("optimizer", "auto") == "torch" or (
-        settings.get("optimizer", "auto") == "auto" and not on_gpu)
+    client_opt = uses_client_optimizer(settings, on_gpu)
     conf = ds_config(settings, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
     accum = conf["gradient_accumulation_steps"]
     spe = D.steps_per_epoch(len(ds.rows), G)
@@ -166,11 +163,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     if settings.get("gradient_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     module = _loss_module(model)
-    b1, b2 = settings.get("adam_betas", (0.9, 0.999))
-    optimizer = torch.optim.AdamW(
-        module.parameters(), lr=settings["learning_rate"], betas=(b1, b2),
-        eps=settings.get("adam_eps", 1e-8), weight_decay=settings.get("weight_decay", 0.0),
-    ) if client_opt else None
+    optimizer = client_adamw(module.parameters(), settings) if client_opt else None
     sched = lr_lambda(settings.get("lr_scheduler", "cosine"), warmup, total_steps)
     engine, _, _, scheduler = deepspeed.initialize(
         model=module, model_parameters=None if client_opt else module.parameters(), optimizer=optimizer,
