@@ -59,20 +59,43 @@ def _read_owner(path: Path) -> dict:
 
 
 def _live_snakemake(root: Path) -> list[int]:
-    """Other snakemake processes on this host whose working directory is `root`."""
+    """Other snakemake processes on this host whose working directory is `root` (not
+    wrappers around one, which outlive it or wrap this very run)."""
     live, me, root = [], os.getpid(), root.resolve()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == me:
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if not any(b"snakemake" in a for a in argv[:3]) or b"--nolock" in argv:
+            if not runs_snakemake(argv) or b"--nolock" in argv:
                 continue
             if Path(os.readlink(proc / "cwd")) == root:
                 live.append(int(proc.name))
         except OSError:
             continue  # gone, or not ours to look at
     return live
+
+
+def runs_snakemake(argv: list[bytes]) -> bool:
+    """Whether a command line is Snakemake's own process: Python running its console script
+    (`snakemake ...`, which the kernel starts as `python .../snakemake ...`) or `python -m
+    snakemake`. A wrapper that names it (timeout, /usr/bin/time, srun, a shell) is not."""
+    prog = os.path.basename(argv[0]) if argv else b""
+    if prog == b"snakemake":
+        return True
+    if not prog.startswith((b"python", b"pypy")):
+        return False
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in (b"-X", b"-W", b"--check-hash-based-pycs"):
+            next(args, None)  # an interpreter option with a value
+        elif arg == b"-m":
+            return next(args, None) == b"snakemake"
+        elif not arg.startswith(b"-"):
+            return os.path.basename(arg) == b"snakemake"
+        elif arg in (b"-c", b"-"):
+            return False  # a command or stdin, not the snakemake program
+    return False
 
 
 def _clear_complete_markers(root: Path, incomplete: Path) -> int:

@@ -2,12 +2,17 @@
 check is tests/test_workflow.py::test_a_killed_build_recovers_by_itself)."""
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from otbuild.recovery import recover
+import pytest
+
+from otbuild.recovery import recover, runs_snakemake
 
 
 def _locked(root, owner=None):
@@ -33,11 +38,19 @@ def test_locks_taken_on_another_host_stay_with_the_command_to_run(tmp_path, caps
     assert "snakemake --unlock" in err
 
 
+def _spawn(argv, cwd):
+    proc = subprocess.Popen(argv, cwd=cwd)
+    time.sleep(0.2)
+    return proc
+
+
 def test_locks_of_a_live_snakemake_stay(tmp_path):
     lock = _locked(tmp_path)
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # snakemake"], cwd=tmp_path)
+    program = tmp_path / "bin" / "snakemake"  # a console script named snakemake, run by Python
+    program.parent.mkdir()
+    program.write_text("import time\ntime.sleep(60)\n")
+    live = _spawn([sys.executable, str(program), "r"], tmp_path)
     try:
-        time.sleep(0.2)
         recover(tmp_path)
         assert lock.exists()
     finally:
@@ -45,3 +58,58 @@ def test_locks_of_a_live_snakemake_stay(tmp_path):
         live.wait()
     recover(tmp_path)
     assert not lock.exists()
+
+
+def test_a_wrapper_naming_snakemake_is_not_a_live_run(tmp_path):
+    """`timeout 600 snakemake R` (or time, srun) outlives a killed snakemake, and wraps the
+    restart itself: neither may keep the dead run's locks."""
+    lock = _locked(tmp_path, {"host": socket.gethostname(), "pid": 999999999})
+    program = tmp_path / "bin" / "snakemake"  # wrapped, but not Snakemake's process (a shell runs it)
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\nsleep 60\n")
+    program.chmod(0o755)
+    wrapper = _spawn(["timeout", "60", str(program)], tmp_path)
+    try:
+        recover(tmp_path)
+        assert not lock.exists()
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+
+
+def test_snakemake_is_told_apart_from_what_wraps_or_mentions_it():
+    def runs(cmd):
+        return runs_snakemake([a.encode() for a in cmd.split()])
+
+    for cmd in ("/venv/bin/python3.12 /venv/bin/snakemake smoke", "python -u -m snakemake -n smoke",
+                "python3 -X dev /x/snakemake", "snakemake smoke"):
+        assert runs(cmd), cmd
+    for cmd in ("timeout 600 snakemake smoke", "/usr/bin/time -v snakemake smoke", "srun snakemake smoke",
+                "bash -c snakemake", "python -c snakemake", "python -m pytest tests/snakemake",
+                "python /x/run_snakemake.py", "vim Snakefile", ""):
+        assert not runs(cmd), cmd
+
+
+@pytest.mark.slow
+def test_a_run_killed_then_restarted_under_timeout_recovers(project):
+    """The issue's repro: setsid snakemake R & ...; kill -9 -- -$!; timeout 600 snakemake R."""
+    (project / "recipes" / "r.yaml").write_text(
+        "sources:\n  a: {kind: synthetic, rank: 1, count: 4, seed: 4, difficulties: [3]}\n"
+        "teacher: {engine: oracle, shards: 2, concurrency: 1}\n")
+    first = subprocess.Popen([sys.executable, "-m", "snakemake", "r"], cwd=project, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((project / "artifacts").glob("rollout/*/shards/*.partial.jsonl")):
+        assert first.poll() is None and time.monotonic() < deadline, "the first run never reached its rollouts"
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # the run and all its jobs
+    first.wait()
+    assert list((project / ".snakemake" / "locks").glob("*.lock"))
+
+    console_script = Path(sys.executable).with_name("snakemake")
+    restart = subprocess.run(["timeout", "600", str(console_script), "r"], cwd=project,
+                             capture_output=True, text=True, check=False)
+    log = restart.stdout + restart.stderr
+    assert restart.returncode == 0, log[-4000:]
+    assert "LockException" not in log and "removed the locks of a snakemake run" in log
+    assert (project / "results" / "r" / "teacher" / "traces.parquet").exists()
