@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import otbuild
@@ -31,7 +32,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except ConfigError as e:
-            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
             ctx.exit(EXIT_USAGE)
 
 
@@ -118,11 +119,18 @@ def report(recipe, profile, snakemake_args):
 def audit(target, verify):
     """Prove where artifacts came from. TARGET is a recipe (checks all of its artifacts) or an
     artifact dir/file (shows its full record). Exits 1 if any artifact drifted from its record,
-    lacks one, or is not built."""
+    lacks one, or is not built; 2 if TARGET is neither a recipe nor a path inside an artifact."""
     from otbuild import audit as audit_mod
 
-    path = Path(target)
-    if path.exists() and "artifacts" in path.resolve().parts:
+    try:
+        path = Path(target).resolve()  # results/NAME/LABEL links into artifacts/
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(f"{target}: cannot resolve the path ({e})") from None
+    if "artifacts" in Path(target).parts or (path.exists() and "artifacts" in path.parts):  # not a recipe
+        if not path.exists():
+            raise ConfigError(f"{target}: no such file or folder")
+        if (path if path.is_dir() else path.parent).parent.name not in STAGES:
+            raise ConfigError(f"{target}: not inside an artifact dir (artifacts/<stage>/<id>/)")
         sys.exit(audit_mod.show_artifact(path, out, verify))
     sys.exit(audit_mod.audit_plan(_plan(target), out, verify))
 

@@ -86,3 +86,22 @@ def test_build_dry_run_goes_through_snakemake(project):
     (project / "recipes" / "good.yaml").write_text(RECIPE + "mix: {n: 5, total: 1}\n")
     res = otbuild(project, "build", "good", "-n")
     assert res.returncode == 2 and "mix.n: found 5" in res.stderr
+
+
+def test_errors_are_printed_whole_with_exit_2(project):
+    """Brackets in a message are text (an ablation candidate's name), and a bad path is a usage
+    error: no traceback, exit 2."""
+    (project / "recipes" / "grid.yaml").write_text(
+        RECIPE + "mix: {n: 1, total: 4}\neval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n"
+        "ablate:\n  mix.order: [shuffle, '']\n")
+    res = otbuild(project, "validate", "grid")
+    assert res.returncode == 2 and "error: ablate candidate [mix.order=]: " in res.stderr, res.stderr
+    (project / "loop").symlink_to(project / "loop")
+    (project / "recipes" / "loop.yaml").write_text("sources:\n  h: {kind: harbor-parquet, rank: 1, path: loop}\n")
+    res = otbuild(project, "validate", "loop")
+    assert res.returncode == 2 and "loop.yaml: sources.h.path: cannot resolve" in res.stderr, res.stderr
+    (project / "artifacts" / "nostage" / "x").mkdir(parents=True)
+    for path, why in (("artifacts/mix/0123456789abcdef/tasks.parquet", "no such file or folder"),
+                      ("artifacts/nostage/x", "not inside an artifact dir"), ("loop", "cannot resolve the path")):
+        res = otbuild(project, "audit", path)
+        assert res.returncode == 2 and f"error: {path}: {why}" in res.stderr, res.stderr

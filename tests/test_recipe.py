@@ -1,5 +1,7 @@
 """Recipes: extends + deep merge, strict schema, errors that name file, key, found, expected."""
 
+import os
+
 import pytest
 
 from otbuild.errors import ConfigError
@@ -210,3 +212,64 @@ def test_eval_context_beyond_the_models_needs_rope_scaling(recipes, tmp_path):
     yarn = "{max_model_len: 65536, hf_overrides: {rope_scaling: {rope_type: yarn, factor: 2.0}}}"
     root = _write(recipes, "yarn", recipe.replace("{max_model_len: 65536}", yarn))
     assert load_recipe("yarn", root).recipe.eval.engine_args["hf_overrides"]
+
+
+EVAL = "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n"
+
+
+def test_an_ablation_grid_is_bounded_before_any_candidate_is_made(recipes):
+    axes = ", ".join(str(i) for i in range(1, 1001))
+    root = _write(recipes, "huge", f"extends: base\n{EVAL}ablate:\n  mix.seed: [{axes}]\n  task_filter.sample.seed: [{axes}]\n")
+    msg = _error(root, "huge")  # 10^6 candidates: refused from the product of the axes
+    assert "huge.yaml: ablate: the grid has 1000 x 1000 = 1000000 candidates, expected at most " \
+           "max_candidates (1000)" in msg
+    grid = f"extends: base\n{EVAL}ablate:\n  mix.seed: [1, 2, 3]\n  mix.order: [shuffle, round_robin]\n"
+    root = _write(recipes, "six", grid + "max_candidates: 5\n")
+    assert "the grid has 3 x 2 = 6 candidates, expected at most max_candidates (5)" in _error(root, "six")
+    _write(recipes, "six", grid + "max_candidates: 6\n")
+    raised = plan_recipe(load_recipe("six", root))
+    _write(recipes, "six", grid)
+    assert [n.id for n in raised.nodes] == [n.id for n in plan_recipe(load_recipe("six", root)).nodes]
+
+
+def test_deep_yaml_nesting_is_a_config_error_not_a_recursion_error(recipes):
+    root = _write(recipes, "deep", BASE + "description: " + "[" * 20000 + "]" * 20000 + "\n")
+    assert "deep.yaml: line 7, column 113: not valid YAML (nested more than 100 levels deep)" in _error(root, "deep")
+    block = "".join("  " * i + f"k{i}:\n" for i in range(3000))
+    root = _write(recipes, "deep2", BASE + "teacher:\n  engine: vllm\n  model: m\n  engine_args:\n"
+                  + block.replace("k", "    k") + "trace_filter: {}\n")
+    assert "not valid YAML (nested more than 100 levels deep)" in _error(root, "deep2")
+
+
+def test_nan_and_infinity_are_config_errors_everywhere(recipes):
+    root = _write(recipes, "nan", BASE + "teacher: {engine: oracle}\ntrace_filter: {min_reward: .nan}\n")
+    assert "nan.yaml: trace_filter.min_reward: expected a finite number, found nan" in _error(root, "nan")
+    root = _write(recipes, "inf", "extends: base\n" + EVAL.replace("count: 1}}", "count: 1}}, timeout_multiplier: .inf"))
+    assert "inf.yaml: eval.timeout_multiplier: expected a finite number, found inf" in _error(root, "inf")
+    root = _write(recipes, "args", BASE + "teacher: {engine: vllm, model: m, engine_args: {x: [1, -.Inf]}}\n"
+                  "trace_filter: {}\n")
+    assert "args.yaml: teacher.engine_args.x.1: expected a finite number, found -inf" in _error(root, "args")
+    root = _write(recipes, "grid", f"extends: base\n{EVAL}ablate:\n  task_filter.sample.n: [3, .nan]\n")
+    assert "grid.yaml: ablate.task_filter.sample.n.1: expected a finite number, found nan" in _error(root, "grid")
+
+
+def test_unreadable_source_paths_name_the_key(recipes, tmp_path):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    root = _write(recipes, "loop", "sources:\n  h: {kind: harbor-parquet, path: loop1}\n")
+    assert "loop.yaml: sources.h.path: cannot resolve" in _error(root, "loop")
+    root = _write(recipes, "imp", "trace_imports:\n  t: {kind: messages-jsonl, path: loop1}\ntrace_filter: {}\n")
+    assert "imp.yaml: trace_imports.t.path: cannot resolve" in _error(root, "imp")
+    os.mkfifo(tmp_path / "fifo")
+    for source in ("{kind: harbor-parquet, path: /dev/zero}", "{kind: harbor-dir, path: fifo}",
+                   "{kind: table, path: fifo, columns: {instruction: q}}"):
+        root = _write(recipes, "special", f"sources:\n  h: {source}\n")
+        assert "special.yaml: sources.h.path: expected a file or a folder, found a special file" in _error(root, "special")
+
+
+def test_engine_urls_must_be_http(recipes):
+    for url in ("file:///tmp/x", "localhost:8000/v1", "http://", "ftp://host/v1"):
+        root = _write(recipes, "url", BASE + f"teacher: {{engine: openai, model: m, base_url: '{url}'}}\ntrace_filter: {{}}\n")
+        assert "url.yaml: teacher.base_url: expected an http(s) URL" in _error(root, "url"), url
+    _write(recipes, "url", BASE + "teacher: {engine: openai, model: m, base_url: 'https://api.x.com/v1'}\ntrace_filter: {}\n")
+    assert load_recipe("url", root).recipe.teacher.base_url == "https://api.x.com/v1"

@@ -306,3 +306,22 @@ def test_tb1_quarantine_reasons(tmp_path):
         ("e", "bad task.yaml"),
         ("f", "missing tests"),
     ]
+
+
+def test_a_source_with_no_usable_task_fails_its_stage(tmp_path):
+    """A folder of folders that are not tasks (say /etc) built "successfully" with 0 tasks."""
+    from otbuild.stages import source
+
+    folder = tmp_path / "etc"
+    _write(folder / "apt", {"sources.list": "deb x\n"})
+    _write(folder / "ssh", {"ssh_config": "Host *\n"})
+    _write(folder / "task", {k: v for k, v in GOOD.items() if k != "tests/test.sh"})
+    settings = {"name": "h", "kind": "harbor-dir", "path": str(folder), "allow_empty": False}
+    with pytest.raises(source.EmptySourceError) as e:
+        source.run(settings, [], tmp_path / "out")
+    assert str(e.value) == (
+        f"source 'h': no usable task in {folder}: 3 item(s) quarantined (2 missing instruction.md, e.g. apt; "
+        "1 missing tests/test.sh, e.g. task); set `allow_empty: true` on the source if that is expected")
+    stats = source.run({**settings, "allow_empty": True}, [], tmp_path / "out")
+    assert stats["tasks"] == 0 and stats["quarantined_by_reason"] == {"missing instruction.md": 2,
+                                                                        "missing tests/test.sh": 1}

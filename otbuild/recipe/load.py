@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -53,6 +56,7 @@ def load_recipe(name_or_path: str | Path, root: Path | None = None) -> LoadedRec
 def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
     """The schema, then the checks across keys; errors name the file that set each key."""
     try:
+        _check_finite(data, origin, path, ())
         recipe = Recipe.model_validate(data)
         _check_semantics(recipe, origin, path)
     except ValidationError as e:
@@ -62,15 +66,39 @@ def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
     return recipe
 
 
+def _check_finite(value, origin: dict, path: Path, loc: tuple) -> None:
+    """NaN and infinity are config errors wherever they appear (YAML's .nan, .inf)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        raise ConfigError(f"{_file_for(loc, origin, path)}: {where}: expected a finite number, found {value}")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        _check_finite(item, origin, path, (*loc, key))
+
+
 # -- extends + deep merge, remembering which file set each key ------------------------------
 # A recipe is a few hundred values; aliases may not expand it beyond this (a YAML "billion
-# laughs" would otherwise take gigabytes once hashed or written out).
+# laughs" would otherwise take gigabytes once hashed or written out), nor nest deeper than
+# MAX_YAML_DEPTH (the parser recurses per level).
 MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 100
 
 
 class _RecipeLoader(yaml.SafeLoader):
-    """safe_load that refuses a duplicate key (YAML keeps the last one silently) and aliases
-    that are recursive or expand beyond MAX_YAML_VALUES."""
+    """safe_load that refuses a duplicate key (YAML keeps the last one silently), nesting
+    deeper than MAX_YAML_DEPTH and aliases that are recursive or expand beyond MAX_YAML_VALUES."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_document(self, node):
         _expanded_size(node, {}, set())
@@ -260,6 +288,11 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     if unknown:
         raise ConfigError(f"{_file_for(('augment', 'sources'), origin, path)}: augment.sources: "
                           f"no source(s) {', '.join(unknown)}" + _suggest(unknown[0], sorted(recipe.sources), "sources"))
+    if (size := math.prod(len(v) for v in recipe.ablate.values())) > recipe.max_candidates:
+        axes = " x ".join(str(len(v)) for v in recipe.ablate.values())
+        raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: the grid has {axes} = {size} "
+                          f"candidates, expected at most max_candidates ({recipe.max_candidates}): shrink "
+                          "the grid, or raise `max_candidates` if you mean it")
     if recipe.ablate and not recipe.eval:
         raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: candidates are ranked by their "
                           "eval scores: add an `eval` section")
@@ -291,21 +324,38 @@ def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:
     from otbuild.traces.imports import PATH_FORMS
 
     root = path.resolve().parent.parent
-    problems: dict[tuple, tuple[str | None, str | None]] = {}  # key path -> (problem, kind)
+    checks: dict[tuple, tuple[Path, typing.Callable, str | None]] = {}  # key path -> (path, check, kind)
     groups = {"sources": recipe.sources, "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {}}
     for group, sources in groups.items():
         for name, src in sources.items():
             if src.kind != "synthetic":
-                problems[(*group.split("."), name, "path")] = (path_problem(src.kind, root / src.path), src.kind)
+                checks[(*group.split("."), name, "path")] = (root / src.path, partial(path_problem, src.kind), src.kind)
     for name, imp in recipe.trace_imports.items():
         loc = ("trace_imports", name)
-        problems[(*loc, "path")] = (files_problem(root / imp.path, PATH_FORMS[imp.kind]), imp.kind)
+        checks[(*loc, "path")] = (root / imp.path, partial(files_problem, forms=PATH_FORMS[imp.kind]), imp.kind)
         if imp.tasks:
-            problems[(*loc, "tasks")] = (path_problem("harbor-parquet", root / imp.tasks), None)
+            checks[(*loc, "tasks")] = (root / imp.tasks, partial(path_problem, "harbor-parquet"), None)
         for key in ("labels", "instances"):
-            if getattr(imp, key, None) and (folder := root / getattr(imp, key)).is_dir():
-                problems[(*loc, key)] = (f"expected a JSON/JSONL file, found the folder {folder}", imp.kind)
-    for loc, (problem, kind) in problems.items():
-        if problem:
+            if getattr(imp, key, None):
+                checks[(*loc, key)] = (root / getattr(imp, key), _json_file_problem, imp.kind)
+    for loc, (file, check, kind) in checks.items():
+        if problem := _special_file_problem(file) or check(file):
             raise ConfigError(f"{_file_for(loc, origin, path)}: {'.'.join(loc)}: {problem}"
                               + (f" (kind {kind!r})" if kind else ""))
+
+
+def _special_file_problem(path: Path) -> str | None:
+    """A path that cannot be resolved (a symlink loop), or that exists as something other than
+    a file or a folder (a device, a FIFO, a socket: reading one never ends or yields nothing)."""
+    try:
+        path.resolve()
+        mode = path.stat().st_mode if path.exists() else None
+    except (OSError, RuntimeError) as e:
+        return f"cannot resolve {path}: {e}"
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return f"expected a file or a folder, found a special file (device, FIFO or socket): {path}"
+    return None
+
+
+def _json_file_problem(path: Path) -> str | None:
+    return f"expected a JSON/JSONL file, found the folder {path}" if path.is_dir() else None

@@ -12,6 +12,7 @@ declared `execution_only`.
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -39,7 +40,14 @@ class SyntheticSource(Strict):
     difficulties: list[Literal[1, 2, 3]] | None = None
 
 
-class PathSource(Strict):
+class FileSource(Strict):
+    """What every source read from files has: a source that yields no usable task fails its
+    stage (naming the path and why its items were quarantined) unless it may be empty."""
+
+    allow_empty: bool = execution_only(False, description="a source with 0 usable tasks is not an error")
+
+
+class PathSource(FileSource):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
@@ -47,7 +55,7 @@ class PathSource(Strict):
     path: str = Field(min_length=1, description="relative to the project root, or absolute")
 
 
-class SweInstancesSource(Strict):
+class SweInstancesSource(FileSource):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
@@ -62,7 +70,7 @@ class SweInstancesSource(Strict):
     )
 
 
-class StackExchangeSource(Strict):
+class StackExchangeSource(FileSource):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
@@ -73,7 +81,7 @@ class StackExchangeSource(Strict):
     )
 
 
-class Nl2BashSource(Strict):
+class Nl2BashSource(FileSource):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
@@ -92,7 +100,7 @@ class TableColumns(Strict):
     metadata: list[str] = []
 
 
-class TableSource(Strict):
+class TableSource(FileSource):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
@@ -219,6 +227,14 @@ class LLM(Strict):
     request_timeout_sec: float = execution_only(600, gt=0)
     engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
     concurrency: int = execution_only(4, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, url: str | None) -> str | None:
+        parts = urlsplit(url or "http://x")
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("expected an http(s) URL of an OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+        return url
 
     @model_validator(mode="after")
     def _endpoint(self):
@@ -362,6 +378,8 @@ class Recipe(Strict):
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
     ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")],
                  Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
+    # the grid's size is checked before any candidate is made (each is validated and planned)
+    max_candidates: int = Field(default=1000, ge=1, le=MAX_TASKS)
 
     @model_validator(mode="after")
     def _inputs_exist(self):

@@ -24,7 +24,7 @@ PATH_FORMS: dict[str, tuple[str, ...] | None] = {
     "table": EXTENSIONS,
 }  # fmt: skip
 # Settings keys every path source has; the others are the kind's options, passed to `read`.
-COMMON_KEYS = {"kind", "rank", "path", "name"}
+COMMON_KEYS = {"kind", "rank", "path", "name", "allow_empty"}
 
 
 def read_source(settings: dict) -> Iterator[TaskRecord | Quarantined]:
