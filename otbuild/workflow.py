@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from otbuild.errors import ConfigError
+from otbuild.errors import EXIT_USAGE, ConfigError
 from otbuild.fsio import atomic_path, write_json
 from otbuild.hashing import canonical_json
 from otbuild.plan import RESULTS, Node, Plan, plan_recipe
@@ -21,25 +21,41 @@ OTBUILD = f"{shlex.quote(sys.executable)} -m otbuild"
 
 
 class Workflow:
-    """All recipes under ROOT/recipes, planned. Any invalid recipe stops the build (exit 2)."""
+    """All recipes under ROOT/recipes, planned. An invalid recipe blocks only its own target:
+    asking for it ends the run with its error (exit 2) before anything runs; the others build,
+    with a warning that names it."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.plans: dict[str, Plan] = {}
         self.nodes: dict[tuple[str, str], Node] = {}
+        self.broken: dict[str, str] = {}  # recipe name -> its error
         for path in sorted((self.root / "recipes").glob("*.yaml")):
-            plan = plan_recipe(load_recipe(path, self.root))
+            try:
+                plan = plan_recipe(load_recipe(path, self.root))
+            except ConfigError as e:
+                self.broken[path.stem] = str(e)
+                continue
             self.plans[plan.recipe.name] = plan
             for n in plan.nodes:
                 self.nodes[(n.stage, n.id)] = n
 
     @classmethod
     def load_or_exit(cls, root: Path) -> Workflow:
-        try:
-            return cls(root)
-        except ConfigError as e:
-            print(f"otbuild: {e}", file=sys.stderr)
-            sys.exit(2)
+        """The workflow, after a warning naming each invalid recipe (their targets cannot build)."""
+        wf = cls(root)
+        for name, error in wf.broken.items():
+            print(f"otbuild: warning: recipes/{name}.yaml is not valid, so target {name!r} cannot be "
+                  f"built (the others can): {error.splitlines()[0]}", file=sys.stderr)
+        return wf
+
+    def refuse(self, name: str):
+        """The input function of an invalid recipe's target: asked for, it ends the run with the
+        recipe's errors (exit 2) while Snakemake builds its DAG, before any job or lock."""
+        def fail(wildcards):
+            print(f"otbuild: {self.broken[name]}", file=sys.stderr)
+            sys.exit(EXIT_USAGE)
+        return fail
 
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]

@@ -1,6 +1,9 @@
 # One target rule per recipe: `snakemake NAME` builds every artifact of recipes/NAME.yaml and
 # then (re)publishes results/NAME/ (links + manifest). It has no output file, so Snakemake
 # always runs it: that is cheap and keeps the view true after an edit and an edit back.
+import re
+
+from otbuild.recipe.schema import NAME_RE
 from otbuild.workflow import publish
 
 for _name, _plan in WF.plans.items():
@@ -15,3 +18,17 @@ for _name, _plan in WF.plans.items():
         localrule: True
         run:
             publish(WF.plans[params.recipe])
+
+
+# An invalid recipe's target: its errors end a run that asks for it (exit 2), before anything
+# runs; runs for other targets only warn about it (otbuild/workflow.py).
+for _name in (n for n in WF.broken if re.match(NAME_RE, n)):
+
+    rule:
+        name:
+            _name
+        input:
+            WF.refuse(_name),
+        localrule: True
+        run:
+            pass

@@ -184,6 +184,25 @@ def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
     assert not (project / "artifacts").exists()
 
 
+def test_an_invalid_recipe_blocks_only_its_own_target(project):
+    """A malformed recipe beside a good one: the good one builds (with a warning naming the
+    bad one); asking for the bad one, or one extending it, is its error and exit 2."""
+    _write(project, "r", RECIPE)
+    _write(project, "bad", RECIPE.replace("order: round_robin", "ordr: round_robin"))
+    _write(project, "child", "extends: bad\n")
+    _write(project, "deep", "description: " + "[" * 20000 + "]" * 20000 + "\n")
+    ran, log = snakemake(project, "r")
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
+    assert "warning: recipes/bad.yaml is not valid, so target 'bad' cannot be built (the others can): " \
+           f"{project}/recipes/bad.yaml: mix.ordr: unknown key" in log
+    assert "target 'child' cannot be built" in log and "target 'deep' cannot be built" in log
+    for target in ("bad", "child"):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", target], cwd=project, capture_output=True,
+                              text=True, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"otbuild: {project}/recipes/bad.yaml: mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
+
+
 def test_smoke_recipe_builds(project):
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     ran, _ = snakemake(project, "smoke")
