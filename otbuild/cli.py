@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import otbuild
-from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError
+from otbuild.errors import EXIT_FINDINGS, ConfigError, StageError
 from otbuild.stages import STAGES
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
@@ -26,14 +26,15 @@ err = Console(stderr=True, width=_WIDTH)
 
 
 class Group(click.Group):
-    """Turns a ConfigError anywhere into its message on stderr and exit code 2."""
+    """Turns a ConfigError anywhere into its message on stderr and exit code 2 (a StageError:
+    exit code 1)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except ConfigError as e:
+        except (ConfigError, StageError) as e:
             err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False, soft_wrap=True)
-            ctx.exit(EXIT_USAGE)
+            ctx.exit(e.exit_code)
 
 
 @click.group(cls=Group, epilog="Exit codes: 0 ok, 1 findings or a failed build, 2 usage or config error.")

@@ -8,3 +8,10 @@ class ConfigError(Exception):
     """A recipe or command-line problem: printed as is, exit code 2, nothing written."""
 
     exit_code = EXIT_USAGE
+
+
+class StageError(Exception):
+    """A stage that cannot make a valid artifact (e.g. a source with no usable item): printed
+    as is in the job's log, exit code 1, no provenance record."""
+
+    exit_code = EXIT_FINDINGS

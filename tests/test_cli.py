@@ -105,3 +105,13 @@ def test_errors_are_printed_whole_with_exit_2(project):
                       ("artifacts/nostage/x", "not inside an artifact dir"), ("loop", "cannot resolve the path")):
         res = otbuild(project, "audit", path)
         assert res.returncode == 2 and f"error: {path}: {why}" in res.stderr, res.stderr
+
+
+def test_a_stage_that_makes_nothing_fails_with_its_reason(project):
+    (project / "empty" / "not_a_task").mkdir(parents=True)
+    spec = ('{"id": "0123456789abcdef", "stage": "source", "inputs": [], "outdir": "artifacts/source/0123456789abcdef", '
+            f'"settings": {{"name": "h", "kind": "harbor-dir", "path": "{project}/empty", "allow_empty": false}}}}')
+    res = otbuild(project, "stage", "source", "--spec", spec)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert f"error: source 'h': no usable item in {project}/empty: 1 quarantined (1 missing instruction.md" in res.stderr
+    assert not (project / "artifacts" / "source" / "0123456789abcdef" / "provenance.json").exists()

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from otbuild.errors import StageError
 from otbuild.sources import harbor_dir, harbor_parquet, tb1_dir
 from otbuild.tasks.export import export_tasks
 from otbuild.tasks.task_toml import runnable_locally
@@ -317,11 +318,11 @@ def test_a_source_with_no_usable_task_fails_its_stage(tmp_path):
     _write(folder / "ssh", {"ssh_config": "Host *\n"})
     _write(folder / "task", {k: v for k, v in GOOD.items() if k != "tests/test.sh"})
     settings = {"name": "h", "kind": "harbor-dir", "path": str(folder), "allow_empty": False}
-    with pytest.raises(source.EmptySourceError) as e:
+    with pytest.raises(StageError) as e:
         source.run(settings, [], tmp_path / "out")
     assert str(e.value) == (
-        f"source 'h': no usable task in {folder}: 3 item(s) quarantined (2 missing instruction.md, e.g. apt; "
-        "1 missing tests/test.sh, e.g. task); set `allow_empty: true` on the source if that is expected")
+        f"source 'h': no usable item in {folder}: 3 quarantined (2 missing instruction.md, e.g. apt; "
+        "1 missing tests/test.sh, e.g. task); set `allow_empty: true` on it if that is expected")
     stats = source.run({**settings, "allow_empty": True}, [], tmp_path / "out")
     assert stats["tasks"] == 0 and stats["quarantined_by_reason"] == {"missing instruction.md": 2,
                                                                         "missing tests/test.sh": 1}

@@ -41,10 +41,11 @@ class SyntheticSource(Strict):
 
 
 class FileSource(Strict):
-    """What every source read from files has: a source that yields no usable task fails its
-    stage (naming the path and why its items were quarantined) unless it may be empty."""
+    """What everything read from files has (task sources, trace imports): one that yields no
+    usable item fails its stage (naming the path and why its items were quarantined) unless
+    it may be empty."""
 
-    allow_empty: bool = execution_only(False, description="a source with 0 usable tasks is not an error")
+    allow_empty: bool = execution_only(False, description="0 usable items is not an error")
 
 
 class PathSource(FileSource):
@@ -293,7 +294,7 @@ class TaskScorer(LLM):
     kind: Literal["askllm", "response_length"]
 
 
-class SweTrajectoryImport(Strict):
+class SweTrajectoryImport(FileSource):
     """mini-swe-agent `.traj.json` or SWE-agent `.traj` files (a file or a folder)."""
 
     kind: Literal["mini-swe-agent", "swe-agent"]
@@ -306,7 +307,7 @@ class SweTrajectoryImport(Strict):
     agent: str | None = None
 
 
-class MessagesImport(Strict):
+class MessagesImport(FileSource):
     """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
 
     kind: Literal["messages-jsonl"]

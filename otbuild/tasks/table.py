@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from otbuild.errors import StageError
 from otbuild.fsio import atomic_path
 from otbuild.tasks.taskdir import SOLUTION, TESTS, TaskDir
 
@@ -77,6 +79,22 @@ class Quarantined:
     name: str
     reason: str
     detail: str = ""
+
+
+def check_not_empty(what: str, path: str, kept: int, quarantined: list[Quarantined], allow_empty: bool) -> None:
+    """A source that yields no usable item fails, naming its path and why each kind of item
+    was quarantined (the count and a first example per reason)."""
+    if kept or allow_empty:
+        return
+    first: dict[str, Quarantined] = {}
+    for q in quarantined:
+        first.setdefault(q.reason, q)
+    counts = Counter(q.reason for q in quarantined)
+    why = "; ".join(f"{n} {reason}, e.g. {first[reason].name}" + (f": {first[reason].detail}" if first[reason].detail else "")
+                    for reason, n in counts.most_common())
+    raise StageError(f"{what}: no usable item in {path}: "
+                     + (f"{len(quarantined)} quarantined ({why})" if quarantined else "nothing there to read")
+                     + "; set `allow_empty: true` on it if that is expected")
 
 
 QUARANTINE_SCHEMA = pa.schema(
