@@ -36,6 +36,9 @@ class Workflow:
             except ConfigError as e:
                 self.broken[path.stem] = str(e)
                 continue
+            except Exception as e:  # noqa: BLE001 (a bug must not block the other recipes either)
+                self.broken[path.stem] = f"{path}: cannot be planned ({type(e).__name__}: {e}; a bug in otbuild)"
+                continue
             self.plans[plan.recipe.name] = plan
             for n in plan.nodes:
                 self.nodes[(n.stage, n.id)] = n

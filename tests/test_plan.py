@@ -179,3 +179,23 @@ def test_harness_settings_reach_the_stages_that_render_turns(tmp_path):
     assert by_label["eval"].settings["extra_body"]["structured_outputs"]["regex"].startswith("[ \\n]{0,8}\\{")
     moved = {n.label for n, m in zip(base.nodes, tiny.nodes) if n.id != m.id}
     assert moved == {"teacher", "trace_filter", "sft", "eval", "report"}
+
+
+def test_a_recipe_that_cannot_be_planned_leaves_the_others_planned(tmp_path, monkeypatch, capsys):
+    """The Snakefile's view: every valid recipe has its plan; each invalid one (a config error,
+    bytes that are not text, even a bug while planning) is named, never raised."""
+    from otbuild import workflow
+
+    (tmp_path / "recipes").mkdir()
+    good = "sources:\n  a: {kind: synthetic, rank: 1, count: 2}\n"
+    for name, text in (("good", good), ("typo", good.replace("count", "cont")), ("bug", good)):
+        (tmp_path / "recipes" / f"{name}.yaml").write_text(text)
+    (tmp_path / "recipes" / "binary.yaml").write_bytes(b'description: "\xff"\n')
+    real = workflow.plan_recipe
+    monkeypatch.setattr(workflow, "plan_recipe", lambda r: real(r) if r.name != "bug" else 1 / 0)
+    wf = workflow.Workflow.load_or_exit(tmp_path)
+    assert set(wf.plans) == {"good"} and set(wf.broken) == {"typo", "binary", "bug"}
+    assert "sources.a.cont: unknown key" in wf.broken["typo"]
+    assert "binary.yaml: byte 14: not valid YAML (not UTF-8 text" in wf.broken["binary"]
+    assert "bug.yaml: cannot be planned (ZeroDivisionError: division by zero; a bug in otbuild)" in wf.broken["bug"]
+    assert "warning: recipes/typo.yaml is not valid, so target 'typo' cannot be built" in capsys.readouterr().err

@@ -136,11 +136,13 @@ def _expanded_size(node: yaml.Node, sizes: dict, open_: set) -> int:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        doc = yaml.load(path.read_text(), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+        doc = yaml.load(path.read_bytes(), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.reader.ReaderError as e:  # bytes that are not UTF-8 (or UTF-16) text
+        raise ConfigError(f"{path}: byte {e.position}: not valid YAML (not UTF-8 text: {e.reason})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):
