@@ -6,8 +6,9 @@ refuses them without --rerun-incomplete), even when those jobs, left running, fi
 The Snakefile calls `recover` before snakemake takes its lock:
 
 - Locks are removed when no Snakemake process (not a wrapper naming it: timeout, time, srun)
-  runs in this project on this host and the run that took them was started on this host (`locks/otbuild-owner.json`, beside snakemake's lock files and
-  removed with them). Locks taken on another host are left, with the one command to run.
+  runs in this project on this host and the run that took them was started on this host
+  (`locks/otbuild-owner.json`, beside snakemake's lock files and removed with them). Locks
+  taken on another host are left, with the one command to run.
 - An incomplete marker is removed when its file is provably complete: an artifact's file when
   the artifact has its provenance record (written last), a shard's parquet (written
   atomically). The rest are rerun (`rerun-incomplete` in profiles/default); stages resume.
