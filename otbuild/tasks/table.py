@@ -90,8 +90,8 @@ def check_not_empty(what: str, path: str, kept: int, quarantined: list[Quarantin
     for q in quarantined:
         first.setdefault(q.reason, q)
     counts = Counter(q.reason for q in quarantined)
-    why = "; ".join(f"{n} {reason}, e.g. {first[reason].name}" + (f": {first[reason].detail}" if first[reason].detail else "")
-                    for reason, n in counts.most_common())
+    why = "; ".join(f"{n} {reason}, e.g. {q.name}" + (f": {q.detail}" if q.detail else "")
+                    for reason, n in counts.most_common() if (q := first[reason]))
     raise StageError(f"{what}: no usable item in {path}: "
                      + (f"{len(quarantined)} quarantined ({why})" if quarantined else "nothing there to read")
                      + "; set `allow_empty: true` on it if that is expected")
