@@ -328,6 +328,8 @@ class Eval(Strict):
     rank_by: Literal["pass_at_1", "partial_credit"] = Field(
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
     keep_reasoning: bool = True  # as the teacher's
+    allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "
+                                                 "harness prompt than its rollouts' (validate refuses it otherwise)")
 
     @model_validator(mode="after")
     def _reasoning(self):
