@@ -204,6 +204,12 @@ class HarborBackend(Strict):
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+def harbor_agent(agent: str | None, engine: str | None) -> str:
+    """The Harbor agent a section runs: its `harbor.agent`, else oracle for the oracle engine,
+    else terminus-2."""
+    return agent or ("oracle" if engine == "oracle" else "terminus-2")
+
+
 class LLM(Strict):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
     transformers model dir. Execution knobs (concurrency, retries, the client's timeout) are
