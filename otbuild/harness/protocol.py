@@ -1,10 +1,11 @@
 """The terminus-2 turn protocol: parse the model's JSON answer, and the harness's replies.
 
 Two prompt styles share the protocol (`prompt_style(name)`): `terminus2`, the harness's own
-texts (a ~450-token instruction, in otbuild's words: Harbor's exact terminus-2 text reaches
-traces only through Harbor, `sandbox: harbor`), and `compact`, for tiny students: a short system text,
-answers as JSON without indentation and with short analysis/plan, terse replies. The same
-style is used by rollouts, SFT (`compact_conversation` rewrites any terminus2 trace) and eval.
+texts (a ~1,300-character instruction in otbuild's words; Harbor's exact terminus-2 text
+reaches traces only through Harbor, `sandbox: harbor`), and `compact`, for tiny students: a
+short system text, answers as JSON without indentation and with short analysis/plan, terse
+replies. The same style is used by rollouts, SFT (`compact_conversation` rewrites any
+terminus2 trace) and eval.
 """
 
 from __future__ import annotations
