@@ -171,7 +171,7 @@ def scripted():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny random chat model built here (no download), with a 1600-token context: room for
-    terminus-2's first prompt (~1450 of its tokens) and a short answer, not for a second turn."""
+    the terminus2 first prompt and an answer or two, not for a whole trial."""
     pytest.importorskip("transformers")
     from otbuild.engines.tiny import make_tiny_model
 

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import plan_trials, run_shard
 from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from tests.conftest import DATA, chat_answer
+from tests.conftest import DATA, REPO, chat_answer
 
 needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
@@ -126,6 +127,37 @@ def test_compact_style_is_short_and_keeps_the_task():
         protocol.prompt_style("short")
 
 
+HARBOR_TEMPLATES = sorted(REPO.glob(".venv-harbor/lib/python3*/site-packages/harbor/agents/terminus_2/templates"))
+
+
+@pytest.mark.skipif(not HARBOR_TEMPLATES, reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
+def test_terminus2_texts_are_otbuilds_own_words_not_harbors():
+    """The protocol (keys, their meaning) is a format; the prose is not ours to copy: no
+    sentence of Harbor's terminus-2 prompt appears in what otbuild's harness sends."""
+    t2 = protocol.Terminus2
+    ours = "\n".join([t2.first_prompt("Do X.", "$ "), t2.parse_error_reply(ValueError("e")),
+                      t2.confirm_reply("$ "), t2.observation_reply("$ ")])
+    ours = " ".join(ours.split())
+    harbor = (HARBOR_TEMPLATES[-1] / "terminus-json-plain.txt").read_text()
+    sentences = [" ".join(s.split()) for s in re.split(r"(?<=[.?!:])\s|\n", harbor)]
+    prose = [s for s in sentences if len(s.split()) >= 5 and not s.startswith(('"', "{"))]
+    assert len(prose) > 20  # the template was read
+    assert [s for s in prose if s in ours] == []
+
+
+def test_compact_conversation_reads_harbor_worded_terminus2_traces():
+    """Traces Harbor ran (or exported) carry Harbor's terminus-2 texts; compacting them works
+    as for otbuild's own."""
+    harbor_worded = [{"role": "user", "content": "(Harbor's instructions)\n\nTask Description:\nDo X.\n\n"
+                      "Current terminal state:\n$ \n"},
+                     {"role": "user", "content": "Previous response had parsing errors:\nERROR: bad\n\nPlease fix."},
+                     {"role": "user", "content": "Current terminal state:\n$ \n\nAre you sure you want to stop?"}]
+    got = protocol.compact_conversation(harbor_worded)
+    assert [m["content"] for m in got] == [protocol.Compact.first_prompt("Do X.", "$ "),
+                                           protocol.Compact.parse_error_reply("bad"),
+                                           protocol.Compact.confirm_reply("$ ")]
+
+
 def test_compact_conversation_rewrites_a_terminus2_trace():
     conv = _terminus2_trace()
     got = protocol.compact_conversation(conv)
@@ -138,7 +170,7 @@ def test_compact_conversation_rewrites_a_terminus2_trace():
     assert got[3]["content"] == "not json"  # what the model said is kept when it does not parse
     assert got[4]["content"] == protocol.Compact.parse_error_reply("no JSON object found")
     assert got[6]["content"] == protocol.Compact.confirm_reply("root@box:/app# ")
-    assert sum(len(m["content"]) for m in got) * 3 < sum(len(m["content"]) for m in conv)
+    assert sum(len(m["content"]) for m in got) * 2.5 < sum(len(m["content"]) for m in conv)
     assert protocol.compact_conversation(got) == got  # a compact trace stays as it is
 
 
@@ -178,8 +210,8 @@ def test_parse_errors_are_fed_back_and_completion_is_confirmed_twice(tmp_path):
     task = next(generate(1, 3)).task
     engine = ScriptedEngine(["not json at all", answer("echo hi\n", complete=True), answer(complete=True)])
     trace = _trial(task, engine, tmp_path)
-    assert "parsing errors" in engine.seen[1][-1]["content"]
-    assert "Are you sure you want to mark the task as complete" in engine.seen[2][-1]["content"]
+    assert "could not be read:\nERROR: no JSON object found" in engine.seen[1][-1]["content"]
+    assert 'To confirm, answer again with "task_complete": true' in engine.seen[2][-1]["content"]
     assert trace["n_turns"] == 3 and trace["reward"] == 0.0  # did nothing useful
     assert trace["n_input_tokens"] == 300 and trace["n_output_tokens"] == 30
 
@@ -289,9 +321,9 @@ def test_reasoning_is_kept_in_traces_unless_switched_off(tmp_path, scripted):
 @needs_sandbox
 def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_model, local_server):
     """A small model served by `otbuild serve` with a 1600-token context (as vLLM's
-    --max-model-len) has room for the first prompt and one answer, not for the next turn: the
-    server's 400 ends the trial as a failed task with its reason, not as an infrastructure
-    error."""
+    --max-model-len) has room for the first prompt and an answer or two, not for a whole trial:
+    the server's 400 ends the trial as a failed task with its reason, not as an infrastructure
+    error; the turns before it are kept."""
     task = next(generate(1, 3)).task
 
     async def trial():
@@ -304,7 +336,7 @@ def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_mode
     assert trace["exception"] is None and not trace["timed_out"] and trace["reward"] == 0.0
     assert trace["result"] == "ContextLengthExceededError" and meta["stop_reason"] == "context_length_exceeded"
     assert "maximum context length is 1600 tokens" in meta["stop_message"]
-    assert trace["n_turns"] == 1 and trace["conversations"][-1]["role"] == "assistant"
+    assert 1 <= trace["n_turns"] <= 3 and trace["conversations"][-1]["role"] == "assistant"
 
 
 # -- rollout shards: resume after a kill ----------------------------------------------------

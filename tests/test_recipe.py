@@ -273,3 +273,37 @@ def test_engine_urls_must_be_http(recipes):
         assert "url.yaml: teacher.base_url: expected an http(s) URL" in _error(root, "url"), url
     _write(recipes, "url", BASE + "teacher: {engine: openai, model: m, base_url: 'https://api.x.com/v1'}\ntrace_filter: {}\n")
     assert load_recipe("url", root).recipe.teacher.base_url == "https://api.x.com/v1"
+
+
+def test_eval_on_another_harness_prompt_than_the_rollouts_is_refused(recipes):
+    """The 100K recipe's student trained on otbuild's terminus-2 text and was evaluated on
+    Harbor's: validate refuses that unless eval.allow_prompt_mismatch says it is meant."""
+    def recipe(teacher, ev, more=""):
+        return (BASE + f"teacher: {{engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m, sandbox: {teacher}}}\n"
+                "sft: {model: {kind: pretrained, path: qwen3}}\n" + more +
+                f"eval:\n  benchmarks: {{h: {{kind: synthetic, count: 2}}}}\n  sandbox: {ev}\n")
+
+    msg = _error(_write(recipes, "mixed", recipe("bwrap", "harbor")), "mixed")
+    assert "mixed.yaml: eval: the checkpoint is evaluated with the harbor:terminus-2 prompt but teacher " \
+           "rollouts use otbuild:terminus2" in msg and "eval.allow_prompt_mismatch: true" in msg
+    msg = _error(_write(recipes, "compact", recipe("harbor", "bwrap", "harness: {prompt: compact}\n")), "compact")
+    assert "evaluated with the otbuild:compact prompt but teacher rollouts use harbor:terminus-2" in msg
+    root = _write(recipes, "rl", recipe("harbor", "harbor", "rl: {steps: 1}\n"))
+    assert "but rl rollouts use otbuild:terminus2" in _error(root, "rl")
+    # one harness (Harbor's, or otbuild's in any local sandbox) validates; so does the switch,
+    # which changes no content id
+    _write(recipes, "local", recipe("bwrap", "podman"))
+    _write(recipes, "one", recipe("harbor", "harbor"))
+    _write(recipes, "allowed", recipe("harbor", "harbor") + "  allow_prompt_mismatch: true\n")
+    _write(recipes, "mismatch", recipe("bwrap", "harbor") + "  allow_prompt_mismatch: true\n")
+    ids = {name: {n.label: n.id for n in plan_recipe(load_recipe(name, root)).nodes if n.stage != "report"}
+           for name in ("local", "one", "allowed", "mismatch")}  # (a report's id has the recipe's name)
+    assert ids["one"] == ids["allowed"]
+
+
+def test_paper_recipes_use_one_harness_end_to_end():
+    from otbuild.recipe.load import harness_prompt
+
+    for name in ("otagent_v2_100k", "otagent_v2_10k"):
+        r = load_recipe(name, REPO).recipe
+        assert harness_prompt(r.teacher, r) == harness_prompt(r.eval, r) == "harbor:terminus-2", name

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import fields
 
 from otbuild.engines.base import Completion
 from otbuild.engines.openai import OpenAIEngine
 from otbuild.engines.process import install_sigterm_cleanup
-from otbuild.engines.settings import ClientSettings, ServerSettings
+from otbuild.engines.settings import ServerSettings
 
 
 class ManagedServerEngine:
@@ -40,11 +39,8 @@ class ManagedServerEngine:
                 return
             install_sigterm_cleanup()  # here: signal handlers need the main thread
             self.base_url, self._stop = await asyncio.to_thread(self._launch)
-            client = {f.name: getattr(self.settings, f.name) for f in fields(ClientSettings)}
-            self._client = OpenAIEngine(
-                ClientSettings(**{**client, "model": self.model}),
-                base_url=self.base_url, name=self.name, provider=self.provider, trust_env=False,
-            )
+            self._client = OpenAIEngine(self.settings.request_settings(), base_url=self.base_url,
+                                        name=self.name, provider=self.provider, trust_env=False)
 
     async def complete(self, messages: list[dict], **kw) -> Completion:
         await self.start()

@@ -75,14 +75,6 @@ class OpenAIEngine:
             await self._client.aclose()
             self._client = None
 
-    def _body(self, messages: list[dict], kw: dict) -> dict:
-        s = self.settings
-        body = {"model": s.model, "messages": messages, "temperature": s.temperature}
-        for key in ("max_tokens", "top_p", "seed"):
-            if getattr(s, key) is not None:
-                body[key] = getattr(s, key)
-        return {**body, **s.extra_body, **kw}
-
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             n, t = self.settings.concurrency, self.settings.request_timeout_sec
@@ -104,7 +96,7 @@ class OpenAIEngine:
 
     async def complete(self, messages: list[dict], **kw) -> Completion:
         """One completion; `kw` overrides request body keys (temperature, max_tokens, ...)."""
-        body = self._body(messages, kw)
+        body = request_body(self.settings, messages, kw)
         attempts = self.settings.max_retries + 1
         last, status, retry_after = "", None, None
         for attempt in range(attempts):
@@ -153,6 +145,16 @@ class OpenAIEngine:
             usage_reported=bool(usage),
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
         )
+
+
+def request_body(settings: ClientSettings, messages: list[dict], kw: dict) -> dict:
+    """The JSON body of one chat completion request: the settings' sampling keys (those set),
+    then `extra_body`, then the request's own `kw` (each overriding what came before)."""
+    body = {"model": settings.model, "messages": messages, "temperature": settings.temperature}
+    for key in ("max_tokens", "top_p", "seed"):
+        if getattr(settings, key) is not None:
+            body[key] = getattr(settings, key)
+    return {**body, **settings.extra_body, **kw}
 
 
 def _seconds(value: str | None) -> float | None:

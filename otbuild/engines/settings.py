@@ -76,6 +76,10 @@ class ClientSettings:
     def to_dict(self) -> dict:
         return {"engine": self.engine, **asdict(self)}
 
+    def request_settings(self) -> ClientSettings:
+        """What a request body is built from (`otbuild.engines.openai.request_body`)."""
+        return self
+
 
 @dataclass(frozen=True, kw_only=True)
 class OpenAISettings(ClientSettings):
@@ -97,6 +101,11 @@ class ServerSettings(ClientSettings):
     startup_timeout_sec: float = _execution(300.0)
     log_path: str | None = _execution(None)  # the server's stdout+stderr; None: a temporary file
     env: dict = field(default_factory=dict)  # extra environment variables for the server
+
+    def request_settings(self) -> ClientSettings:
+        """The client's settings, under the name the server serves the model as."""
+        client = {f.name: getattr(self, f.name) for f in fields(ClientSettings)}
+        return ClientSettings(**{**client, "model": self.served_model_name or self.model})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,7 @@
-"""The `vllm` engine: `vllm serve MODEL` on this GPU node (through its CLI only: vLLM is an
-optional install), on a free port, and the openai engine pointed at it."""
+"""The `vllm` engine: `vllm serve MODEL` on this GPU node (through its CLI only: vLLM brings
+its own CUDA torch; the tested release is pyproject's `vllm` extra), on a free port, and the
+openai engine pointed at it. tests/test_vllm_contract.py checks these command lines and the
+request bodies against that release's own parser and request models."""
 
 from __future__ import annotations
 

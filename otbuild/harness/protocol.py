@@ -1,9 +1,11 @@
 """The terminus-2 turn protocol: parse the model's JSON answer, and the harness's replies.
 
 Two prompt styles share the protocol (`prompt_style(name)`): `terminus2`, the harness's own
-texts (a ~525-token instruction), and `compact`, for tiny students: a short system text,
-answers as JSON without indentation and with short analysis/plan, terse replies. The same
-style is used by rollouts, SFT (`compact_conversation` rewrites any terminus2 trace) and eval.
+texts (a ~1,300-character instruction in otbuild's words; Harbor's exact terminus-2 text
+reaches traces only through Harbor, `sandbox: harbor`), and `compact`, for tiny students: a
+short system text, answers as JSON without indentation and with short analysis/plan, terse
+replies. The same style is used by rollouts, SFT (`compact_conversation` rewrites any
+terminus2 trace) and eval.
 """
 
 from __future__ import annotations
@@ -104,10 +106,7 @@ def _json_object(text: str) -> dict:
 
 
 def parse_error_reply(error: Exception) -> str:
-    return (
-        f"Previous response had parsing errors:\nERROR: {error}\n\n"
-        "Please fix these issues and provide a proper JSON response."
-    )
+    return f"Your last answer could not be read:\nERROR: {error}\n\nAnswer again with one valid JSON object."
 
 
 def observation_reply(output: str) -> str:
@@ -116,9 +115,8 @@ def observation_reply(output: str) -> str:
 
 def confirm_reply(output: str) -> str:
     return (
-        f"Current terminal state:\n{output}\n\nAre you sure you want to mark the task as complete? "
-        "This will trigger your solution to be graded and you won't be able to make any further "
-        'corrections. If so, include "task_complete": true in your JSON response again.'
+        f"The terminal now:\n{output}\n\nMarking the task complete ends the trial: the tests run and "
+        'nothing can be changed after. To confirm, answer again with "task_complete": true.'
     )
 
 
@@ -141,7 +139,7 @@ def format_answer(answer: dict) -> str:
 
 
 class Terminus2:
-    """The harness's texts (terminus-2's own)."""
+    """The harness's texts: terminus-2's protocol, otbuild's words."""
 
     name = "terminus2"
     first_prompt = staticmethod(first_prompt)
@@ -186,9 +184,13 @@ def prompt_style(name: str):
     return styles[name]
 
 
-_T2_FIRST = re.compile(r"Task Description:\n(.*)\n\nCurrent terminal state:\n(.*)\Z", re.DOTALL)
-_T2_ERROR = re.compile(r"Previous response had parsing errors:\nERROR: (.*)\n\nPlease fix", re.DOTALL)
-_T2_CONFIRM = re.compile(r"Current terminal state:\n(.*)\n\nAre you sure you want", re.DOTALL)
+# otbuild's terminus2 texts, and Harbor's terminus-2 ones (traces that Harbor ran or exported)
+_T2_FIRST = re.compile(r"(?:The task|Task Description):\n(.*)\n\n(?:The terminal now|Current terminal state):\n(.*)\Z",
+                       re.DOTALL)
+_T2_ERROR = re.compile(r"(?:Your last answer could not be read|Previous response had parsing errors):\nERROR: (.*)"
+                       r"\n\n(?:Answer again|Please fix)", re.DOTALL)
+_T2_CONFIRM = re.compile(r"(?:The terminal now|Current terminal state):\n(.*)\n\n"
+                         r"(?:Marking the task complete|Are you sure you want)", re.DOTALL)
 _T2_OUTPUT = "New Terminal Output:\n"
 
 

@@ -213,6 +213,12 @@ class HarborBackend(Strict):
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+def harbor_agent(agent: str | None, engine: str | None) -> str:
+    """The Harbor agent a section runs: its `harbor.agent`, else oracle for the oracle engine,
+    else terminus-2."""
+    return agent or ("oracle" if engine == "oracle" else "terminus-2")
+
+
 class LLM(Strict):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
     transformers model dir. Execution knobs (concurrency, retries, the client's timeout) are
@@ -345,6 +351,8 @@ class Eval(Strict):
     rank_by: Literal["pass_at_1", "partial_credit"] = Field(
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
     keep_reasoning: bool = True  # as the teacher's
+    allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "
+                                                 "harness prompt than its rollouts' (validate refuses it otherwise)")
 
     @model_validator(mode="after")
     def _reasoning(self):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from otbuild.recipe.schema import harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA
 
 
@@ -92,7 +93,7 @@ def harbor_options(settings: dict) -> dict:
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens (harbor.agent_kwargs win)."""
     hb = settings["harbor"]
-    agent = hb["agent"] or ("oracle" if settings["engine"] == "oracle" else "terminus-2")
+    agent = harbor_agent(hb["agent"], settings["engine"])
     kwargs = dict(hb["agent_kwargs"])
     if agent.startswith("terminus"):
         kwargs = {"max_turns": settings["max_episodes"], "temperature": settings["temperature"], **kwargs}
