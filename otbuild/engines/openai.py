@@ -15,6 +15,7 @@ from collections import Counter
 
 import httpx
 
+from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.engines.settings import ClientSettings, OpenAISettings
 from otbuild.errors import ConfigError
@@ -81,7 +82,7 @@ class OpenAIEngine:
         for key in ("max_tokens", "top_p", "seed"):
             if getattr(s, key) is not None:
                 body[key] = getattr(s, key)
-        return {**body, **s.extra_body, **kw}
+        return request_policy.apply(s.request_params, s.model, {**body, **s.extra_body, **kw})
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:

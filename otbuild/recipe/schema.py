@@ -215,6 +215,9 @@ class LLM(Strict):
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
+    request_params: Literal["auto", "standard", "reasoning"] = Field(
+        default="auto", description="which body fields the model takes: auto picks by model name "
+        "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md")
     max_retries: int = execution_only(5, ge=0)
     request_timeout_sec: float = execution_only(600, gt=0)
     engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
@@ -267,6 +270,7 @@ class Augment(LLM):
     k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
     seed: int = 0
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
 class TaskScorer(LLM):
@@ -275,6 +279,7 @@ class TaskScorer(LLM):
     score is its answer's length in tokens: longer answers mark harder tasks)."""
 
     kind: Literal["askllm", "response_length"]
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
 class SweTrajectoryImport(Strict):
