@@ -31,4 +31,29 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    return duck.write_split(con, "tf", outdir)
+    stats = duck.write_split(con, "tf", outdir)
+    check_not_emptied(stats)
+    return stats
+
+
+# The steps in the order they run, with the reasons (the text before ':') they reject with.
+STEPS = (("instruction present", ("empty_instruction",)), ("instruction_chars", ("too_short", "too_long")),
+         ("include_regex", ("include_regex",)), ("exclude_regex", ("exclude_regex",)), ("score", ("score",)),
+         ("dedup", ("duplicate",)), ("score.top_k", ("below_top_k",)), ("sample", ("not_sampled",)))
+
+
+def check_not_emptied(stats: dict) -> None:
+    """Fail, naming the step, when the filter keeps nothing of a non-empty input (a scorer that
+    scored nothing, a regex that matches nothing): no build goes on with 0 tasks."""
+    total = stats["kept"] + stats["rejected"]
+    if stats["kept"] or not total:
+        return
+    by_reason, left = stats["rejected_by_reason"], total
+    for step, reasons in STEPS:
+        dropped = {r: by_reason[r] for r in reasons if by_reason.get(r)}
+        left -= sum(dropped.values())
+        if not left:
+            raise RuntimeError(
+                f"task_filter: step {step} left 0 of the {total} tasks "
+                f"({', '.join(f'{r}: {n}' for r, n in dropped.items())}; all rejections: {by_reason}); "
+                "see rejected.parquet for each task's reason")
