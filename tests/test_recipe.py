@@ -210,3 +210,19 @@ def test_eval_context_beyond_the_models_needs_rope_scaling(recipes, tmp_path):
     yarn = "{max_model_len: 65536, hf_overrides: {rope_scaling: {rope_type: yarn, factor: 2.0}}}"
     root = _write(recipes, "yarn", recipe.replace("{max_model_len: 65536}", yarn))
     assert load_recipe("yarn", root).recipe.eval.engine_args["hf_overrides"]
+
+
+@pytest.mark.parametrize("name, traces", [("otagent_v2_100k", 100_000), ("otagent_v2_10k", 10_000)])
+def test_paper_recipes_filter_traces_as_the_paper_did(name, traces):
+    """The paper's final pipeline drops only traces under 5 turns and ends with its trace count
+    after that filter: the budget counts kept traces, the filter caps exactly."""
+    from otbuild.stages.task_filter import planned_rollouts
+
+    r = load_recipe(name, REPO).recipe
+    tf = r.trace_filter
+    assert tf.min_turns == 5 and not (tf.drop_timed_out or tf.drop_subagent or tf.drop_exceptions)
+    assert tf.sample.n == traces == r.task_filter.score.budget
+    score = r.task_filter.score.model_dump()
+    assert planned_rollouts(score) == traces  # until a pilot's keep rate is set
+    assert planned_rollouts({**score, "keep_rate": 0.6}) == -(-traces * 10 // 6)
+    assert r.task_filter.llm.shards > 1 and r.augment.shards > 1  # ~50K and ~21K requests resume

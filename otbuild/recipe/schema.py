@@ -144,11 +144,15 @@ class Score(Strict):
     column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
     top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
     budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
+    keep_rate: float = Field(default=1.0, gt=0, le=1, description="the trace filter's measured keep rate: the "
+                             "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned")
 
     @model_validator(mode="after")
     def _one_mode(self):
         if (self.top_k is None) == (self.budget is None):
             raise ValueError("set exactly one of top_k (keep the k best) or budget (rollouts by score)")
+        if self.keep_rate != 1.0 and self.budget is None:
+            raise ValueError("keep_rate scales a rollout budget: set budget with it")
         return self
 
 
@@ -182,6 +186,8 @@ class TraceFilter(Strict):
     drop_exceptions: bool = True  # infrastructure errors, not task failures
     min_reward: float | None = None  # success-only: keep traces whose reward >= this
     dedup: bool = True  # identical conversations
+    sample: Sample | None = Field(default=None, description="keep exactly n of what is left (a seeded choice): "
+                                  "the kept-traces target of a budget planned with task_filter.score.keep_rate")
 
 
 class SandboxLimits(Strict):

@@ -3,6 +3,7 @@ Writes kept.parquet and rejected.parquet; every rejected row carries its reason.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from otbuild import duck
@@ -16,16 +17,23 @@ def score_expr(column: str) -> str:
     return f'"{column}"'
 
 
+def planned_rollouts(score: dict | None) -> int | None:
+    """The rollouts a budget plans: `budget` kept traces at the trace filter's measured keep rate."""
+    if not score or not score.get("budget"):
+        return None
+    return math.ceil(score["budget"] / score.get("keep_rate", 1.0) - 1e-9)
+
+
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     score = settings.get("score")
+    budget = planned_rollouts(score)
     duck.run_template(
         con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=settings["dedup"],
         chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
-        score_expr=score_expr(score["column"]) if score else None,
+        score_expr=score_expr(score["column"]) if score else None, rollouts=budget,
     )
-    budget = (score or {}).get("budget")
     if budget:
         kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchone()[0]
         if budget < kept:
@@ -33,7 +41,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
                              "every task gets at least one, so the budget must be at least the task count")
     stats = duck.write_split(con, "tf", outdir)
     check_not_emptied(stats)
-    return stats
+    return {**stats, "rollouts_planned": budget} if budget else stats
 
 
 # The steps in the order they run, with the reasons (the text before ':') they reject with.
