@@ -259,3 +259,31 @@ def test_llm_stages_take_empty_and_one_row_inputs(tmp_path, scripted, n):
     stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["rewrite", "combine"],
                                     shards=2).model_dump(), [src], tmp_path / "aug")
     assert stats["tasks"] == 3 * n and len(srv.requests) == 3 * n
+
+
+@pytest.mark.slow
+def test_sharded_llm_stages_through_snakemake(project, scripted):
+    """The real DAG: augment and task_score as shard jobs plus a merge; changing `shards` (not
+    in the id) after the build reruns nothing."""
+    from tests.conftest import snakemake
+
+    srv = scripted(lambda body: (200, chat_answer(
+        "Rating: 50" if "rate" in _prompt(body).lower() else "<think>hmm</think>Do it again, carefully.")))
+    recipe = f"""
+sources:
+  a: {{kind: synthetic, count: 5, seed: 1}}
+augment: {{engine: openai, base_url: '{srv.base_url}', model: m, k: 2, shards: 3}}
+task_filter:
+  dedup: false
+  llm: {{engine: openai, base_url: '{srv.base_url}', model: m, kind: askllm, shards: 2}}
+  score: {{column: llm_score, top_k: 100}}
+"""
+    (project / "recipes" / "r.yaml").write_text(recipe)
+    ran, log = snakemake(project, "r")
+    assert ran["augment"] == 3 and ran["augment_merge"] == 1 and ran["task_score"] == 2 and ran["task_score_merge"] == 1, log
+    kept = pq.read_table(project / "results" / "r" / "task_filter" / "kept.parquet").to_pylist()
+    assert len(kept) == 15 and {r["llm_score"] for r in kept} == {50.0}
+    assert len(srv.requests) == 10 + 15  # each request once
+    (project / "recipes" / "r.yaml").write_text(recipe.replace("shards: 3", "shards: 5"))
+    ran, _ = snakemake(project, "r")
+    assert ran == {"r": 1}

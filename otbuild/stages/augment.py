@@ -40,8 +40,8 @@ def _forms(settings: dict) -> list[tuple[str, int]]:
 
 def requests(settings: dict, inputs: list[Path]):
     forms = _forms(settings)
-    instructions = _column(inputs, "instruction")
-    partners = _partners(len(instructions), settings["seed"]) if "combine" in settings["kinds"] else None
+    instructions = _column(inputs, "instruction") if "combine" in settings["kinds"] else None
+    partners = _partners(len(instructions), settings["seed"]) if instructions is not None else None
 
     def wanted_requests(wanted):
         number = 0
