@@ -145,9 +145,8 @@ def clean(text: str) -> tuple[str | None, str]:
 
 
 def _rows(inputs: list[Path], columns: list[str]):
-    for path in inputs:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
-            yield from batch.to_pylist()
+    for batch in llm_requests.input_batches(inputs, columns, BATCH_ROWS):
+        yield from batch.to_pylist()
 
 
 def _column(inputs: list[Path], name: str) -> pa.Array:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from otbuild import duck
 from otbuild.engines import ContextLengthExceededError, EngineError, engine_settings, open_engine
@@ -145,6 +146,14 @@ def shard_records(outdir: Path, shards: int) -> list[dict]:
     for stale in partial_files(outdir):
         stale.unlink()
     return [{"path": str(p), "sha256": file_sha256(p)} for p in (shard_path(outdir, shards, k) for k in range(shards))]
+
+
+def input_batches(inputs: list[Path], columns: list[str] | None = None, rows: int = 1024) -> Iterator[pa.RecordBatch]:
+    """The inputs' rows in order, in batches, without pyarrow's pre-buffering (which keeps
+    every row group read so far: memory would grow with the table)."""
+    for path in inputs:
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        yield from pf.iter_batches(batch_size=rows, columns=columns)
 
 
 def _list(paths: list[Path]) -> str:

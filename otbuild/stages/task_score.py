@@ -86,9 +86,8 @@ def _batches(inputs: list[Path], columns: list[str], schema: pa.Schema | None = 
     """The inputs' rows in order, in batches; with `schema`, every batch cast to it (a column an
     input lacks is null)."""
     for path in inputs:
-        pf = pq.ParquetFile(path)
-        present = [c for c in columns if c in pf.schema_arrow.names]
-        for batch in pf.iter_batches(batch_size=rows, columns=present):
+        present = [c for c in columns if c in pq.ParquetFile(path).schema_arrow.names]
+        for batch in llm_requests.input_batches([path], present, rows):
             if schema is not None:
                 arrays = [batch.column(n) if n in present else pa.nulls(batch.num_rows, f.type)
                           for n, f in zip(schema.names, schema)]
