@@ -287,3 +287,18 @@ task_filter:
     (project / "recipes" / "r.yaml").write_text(recipe.replace("shards: 3", "shards: 5"))
     ran, _ = snakemake(project, "r")
     assert ran == {"r": 1}
+
+
+def test_a_restart_with_another_shard_count_asks_nothing_twice(tmp_path, scripted):
+    srv = scripted(lambda body: (200, chat_answer(f"Rating: {len(_prompt(body)) % 90 + 1}")))
+    texts = [f"Task {i}: write {i} into /app/n.txt" for i in range(12)]
+    src = write_source(tmp_path / "in.parquet", "s", texts)
+    out = tmp_path / "out"
+    section = dict(engine="openai", base_url=srv.base_url, model="m", kind="askllm")
+    task_score.run_shard(TaskScorer(**section, shards=2).model_dump(), [src], out, 0)  # half done, then N changes
+    assert len(srv.requests) == 6
+    stats = _build(task_score, TaskScorer(**section, shards=5).model_dump(), [src], out)
+    assert len(srv.requests) == 12 and stats["scored"] == 12
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [f"{k}-of-5.parquet" for k in range(5)]
+    rows = pq.read_table(out / "tasks.parquet").to_pylist()
+    assert [r["instruction"] for r in rows] == texts

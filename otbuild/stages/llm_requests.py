@@ -3,10 +3,10 @@
 A stage numbers its requests 0..M-1 in input order. Request r belongs to shard r mod N
 (`shards`, an execution knob: not part of the id). Shard K of N appends each answer to
 shards/K-of-N.partial.jsonl (flushed and fsynced); a killed job that runs again drops a torn
-last line and skips every request answered in any shard's partial file, so no request is sent
-twice for an answer already kept, even after a restart with another N. When all of its
-requests are answered the shard writes shards/K-of-N.parquet (atomically, one row per request,
-sorted). The merge job streams the answers of every shard in request order (DuckDB sorts,
+last line and skips every request answered in any shard's partial file or finished shard, so
+no request is sent twice for an answer already kept, even after a restart with another N. When
+all of its requests are answered the shard writes shards/K-of-N.parquet (atomically, one row
+per request, sorted). The merge job streams the answers of every shard in request order (DuckDB sorts,
 spilling to disk) beside the input rows.
 
 The first request a job sends is sent alone: a 4xx answer to it (a model name the endpoint
@@ -29,7 +29,7 @@ from otbuild.engines import ContextLengthExceededError, EngineError, engine_sett
 from otbuild.fsio import atomic_path
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
-from otbuild.stages.partials import append, drop_torn_tail, iter_records, partial_files
+from otbuild.stages.partials import append, drop_torn_tail, partial_files
 
 # (request number, messages, body overrides such as a seed)
 Request = tuple[int, list[dict], dict]
@@ -52,7 +52,7 @@ def run_shard(stage: str, settings: dict, requests: Callable[[Callable[[int], bo
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     drop_torn_tail(partial)
-    done = {r for r, _ in iter_records(outdir, "request")}
+    done = {r for (r,) in duck.connect().execute(f"SELECT request FROM ({_answers_sql(outdir)})").fetchall()}
     todo = iter(requests(lambda r: r % n == shard and r not in done))
     print(f"{stage} shard {shard} of {n}: {len(done)} requests already answered (all shards)", flush=True)
     sent = asyncio.run(_answer(stage, settings, todo, partial))
@@ -113,12 +113,19 @@ def _write_shard(outdir: Path, n: int, shard: int, dest: Path) -> None:
 
 
 def _answers_sql(outdir: Path) -> str:
-    files = partial_files(outdir)
-    if not files:
+    """Every answer kept so far, once per request: the partial files and the shard parquets of
+    any layout (a restart with another `shards` keeps what a finished shard of the old one had)."""
+    columns = ", ".join(ANSWER_COLUMNS)
+    parts = []
+    if partials := partial_files(outdir):
+        types = "{" + ", ".join(f"'{c}': '{t}'" for c, t in ANSWER_COLUMNS.items()) + "}"
+        parts.append(f"""SELECT {columns} FROM read_json({_list(partials)}, format='newline_delimited',
+                         ignore_errors=true, columns={types}) WHERE request IS NOT NULL""")
+    if finished := sorted((Path(outdir) / "shards").glob("*-of-*.parquet")):
+        parts.append(f"SELECT {columns} FROM read_parquet({_list(finished)})")
+    if not parts:
         return "SELECT " + ", ".join(f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items()) + " WHERE false"
-    columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in ANSWER_COLUMNS.items()) + "}"
-    return f"""SELECT DISTINCT ON (request) * FROM read_json({_list(files)}, format='newline_delimited',
-                   ignore_errors=true, columns={columns}) WHERE request IS NOT NULL"""
+    return f"SELECT DISTINCT ON (request) * FROM ({' UNION ALL '.join(parts)})"
 
 
 def answers(outdir: Path, shards: int, expected: int, batch_rows: int = 1024) -> Iterator[dict]:
@@ -141,11 +148,12 @@ def answers(outdir: Path, shards: int, expected: int, batch_rows: int = 1024) ->
 
 
 def shard_records(outdir: Path, shards: int) -> list[dict]:
-    """The shards a merge read (path, sha256), for its stats; partial files left by a run with
-    another shard count are removed (their answers are in the shards)."""
-    for stale in partial_files(outdir):
+    """The shards a merge read (path, sha256), for its stats; what a run with another shard
+    count left (partial files, shards) is removed: its answers are in these shards."""
+    current = [shard_path(outdir, shards, k) for k in range(shards)]
+    for stale in set((Path(outdir) / "shards").glob("*-of-*")) - set(current):
         stale.unlink()
-    return [{"path": str(p), "sha256": file_sha256(p)} for p in (shard_path(outdir, shards, k) for k in range(shards))]
+    return [{"path": str(p), "sha256": file_sha256(p)} for p in current]
 
 
 def input_batches(inputs: list[Path], columns: list[str] | None = None, rows: int = 1024) -> Iterator[pa.RecordBatch]:
