@@ -39,6 +39,7 @@ def _forms(settings: dict) -> list[tuple[str, int]]:
 
 
 def requests(settings: dict, inputs: list[Path]):
+    """`requests(wanted)` for llm_requests.run_shard: each task's forms in turn, in input order."""
     forms = _forms(settings)
     instructions = _column(inputs, "instruction") if "combine" in settings["kinds"] else None
     partners = _partners(len(instructions), settings["seed"]) if instructions is not None else None

@@ -27,6 +27,7 @@ TEMPLATES = {"askllm": "askllm.j2", "response_length": "response_length.j2"}
 
 
 def requests(settings: dict, inputs: list[Path]):
+    """`requests(wanted)` for llm_requests.run_shard: one request per task, in input order."""
     template = TEMPLATES[settings["kind"]]
 
     def wanted_requests(wanted):
@@ -34,7 +35,8 @@ def requests(settings: dict, inputs: list[Path]):
         for batch in _batches(inputs, ["instruction"]):
             for instruction in batch.column(0).to_pylist():
                 if wanted(number):
-                    yield number, [{"role": "user", "content": render(template, instruction=(instruction or "").strip())}], {}
+                    prompt = render(template, instruction=(instruction or "").strip())
+                    yield number, [{"role": "user", "content": prompt}], {}
                 number += 1
 
     return wanted_requests
