@@ -86,3 +86,13 @@ def test_build_dry_run_goes_through_snakemake(project):
     (project / "recipes" / "good.yaml").write_text(RECIPE + "mix: {n: 5, total: 1}\n")
     res = otbuild(project, "build", "good", "-n")
     assert res.returncode == 2 and "mix.n: found 5" in res.stderr
+
+
+def test_validate_warns_about_sampling_settings_a_reasoning_model_is_not_sent(project):
+    llm = "{engine: openai, base_url: 'http://x/v1', model: MODEL, kind: askllm, temperature: 0}"
+    recipe = "sources:\n  a: {kind: synthetic, count: 3}\ntask_filter: {llm: %s, score: {column: llm_score, top_k: 2}}\n"
+    (project / "recipes" / "r.yaml").write_text(recipe % llm.replace("MODEL", "gpt-5-nano"))
+    res = otbuild(project, "validate", "r")
+    assert res.returncode == 0 and "gpt-5-nano is a reasoning model: temperature not sent" in res.stderr, res.stderr
+    (project / "recipes" / "r.yaml").write_text(recipe % llm.replace("MODEL", "Qwen/Qwen3-8B"))
+    assert "reasoning model" not in otbuild(project, "validate", "r").stderr

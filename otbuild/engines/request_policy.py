@@ -61,3 +61,10 @@ def refusal(model: str, body: dict) -> tuple[str, str, str] | None:
         if key in body:
             return (key, "unsupported_parameter", f"Unsupported parameter: '{key}' is not supported with this model.")
     return None
+
+
+def not_sent(policy: str, model: str, section: dict) -> list[str]:
+    """The recipe's sampling settings in `section` that this model will not be sent."""
+    if resolve(policy, model) == "standard":
+        return []
+    return [k for k in SAMPLING_DEFAULTS if k in section]
