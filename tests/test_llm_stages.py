@@ -302,3 +302,27 @@ def test_a_restart_with_another_shard_count_asks_nothing_twice(tmp_path, scripte
     assert sorted(p.name for p in (out / "shards").iterdir()) == [f"{k}-of-5.parquet" for k in range(5)]
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
     assert [r["instruction"] for r in rows] == texts
+
+
+def test_a_task_score_built_before_shards_stays_built(project):
+    """An artifact built as one job (its record has no `shards`) is what its merge rule reads as
+    then: the same inputs, so Snakemake (rerun-triggers mtime, input) runs nothing."""
+    from otbuild.provenance import PROVENANCE
+    from otbuild.workflow import Workflow
+
+    (project / "recipes" / "r.yaml").write_text(
+        "sources:\n  a: {kind: synthetic, count: 4}\ntask_filter:\n"
+        "  llm: {engine: openai, base_url: 'http://x/v1', model: m, kind: askllm, shards: 3}\n"
+        "  score: {column: llm_score, top_k: 2}\n")
+    wf = Workflow(project)
+    node = next(n for n in wf.plans["r"].nodes if n.stage == "task_score")
+    assert [p.rsplit("/", 1)[1] for p in wf.shard_inputs("task_score", node.id)] == [
+        "0-of-3.parquet", "1-of-3.parquet", "2-of-3.parquet"]
+    (project / node.dir).mkdir(parents=True)
+    (project / node.dir / PROVENANCE).write_text(json.dumps({"settings": {"kind": "askllm"}}))
+    cwd = os.getcwd()
+    os.chdir(project)  # artifact paths are relative to the project
+    try:
+        assert wf.shard_inputs("task_score", node.id) == [str(node.inputs[0].main_output)]
+    finally:
+        os.chdir(cwd)
