@@ -107,6 +107,13 @@ def test_a_later_engine_failure_leaves_that_score_empty(tmp_path, scripted):
     rows = pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()
     assert [r["llm_score"] for r in rows] == [40.0, None, 40.0] and rows[1]["llm_response"].startswith("[EngineError]")
     assert stats["engine_errors"] == 1 and stats["scored"] == 2
+    # the endpoint is back: a shard job run again asks only the failed request
+    srv.script = lambda body: (200, chat_answer("Rating: 41"))
+    settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm").model_dump()
+    task_score.run_shard(settings, [src], tmp_path / "out", 0)
+    assert len(srv.requests) == 4 and "Count" in _prompt(srv.requests[-1]["body"])
+    task_score.run(settings, [src], tmp_path / "out")
+    assert [r["llm_score"] for r in pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()] == [40.0, 41.0, 40.0]
 
 
 def test_a_refused_first_request_fails_the_stage_at_once(tmp_path, scripted):

@@ -12,7 +12,8 @@ spilling to disk) beside the input rows.
 The first request a job sends is sent alone: a 4xx answer to it (a model name the endpoint
 does not know, a field the model refuses) fails the job at once with the API's message
 instead of leaving every row with the same error. Later failures (after the engine's retries)
-are answers with `error` set: the stage decides what they mean for its row.
+are answers with `error` set: the stage decides what they mean for its row. They do not count
+as answered: a shard job run again (after a kill, or by hand after an outage) asks them again.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def run_shard(stage: str, settings: dict, requests: Callable[[Callable[[int], bo
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     drop_torn_tail(partial)
-    done = {r for (r,) in duck.connect().execute(f"SELECT request FROM ({_answers_sql(outdir)})").fetchall()}
+    done = {r for (r,) in duck.connect().execute(
+        f"SELECT request FROM ({_answers_sql(outdir)}) WHERE error IS NULL").fetchall()}
     todo = iter(requests(lambda r: r % n == shard and r not in done))
     print(f"{stage} shard {shard} of {n}: {len(done)} requests already answered (all shards)", flush=True)
     sent = asyncio.run(_answer(stage, settings, todo, partial))
@@ -125,7 +127,7 @@ def _answers_sql(outdir: Path) -> str:
         parts.append(f"SELECT {columns} FROM read_parquet({_list(finished)})")
     if not parts:
         return "SELECT " + ", ".join(f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items()) + " WHERE false"
-    return f"SELECT DISTINCT ON (request) * FROM ({' UNION ALL '.join(parts)})"
+    return f"SELECT DISTINCT ON (request) * FROM ({' UNION ALL '.join(parts)}) ORDER BY request, error IS NOT NULL"
 
 
 def answers(outdir: Path, shards: int, expected: int, batch_rows: int = 1024) -> Iterator[dict]:
