@@ -226,7 +226,7 @@ def test_task_score_resumes_after_kill_9_without_asking_twice(tmp_path, scripted
     merge has every row exactly once, with its own answer."""
     texts = [f"Task number {i}: print {i} to /app/out.txt" for i in range(60)]
     srv = scripted(lambda body: (200, chat_answer(f"Rating: {int(_prompt(body).split('Task number ')[1].split(':')[0]) + 1}")),
-                   delay=0.05)
+                   delay=0.1)
     src = write_source(tmp_path / "in.parquet", "s", texts)
     out = tmp_path / "out"
     settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", shards=2,
