@@ -59,6 +59,20 @@ def validate(recipes):
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
         for node, path in plan.missing:
             err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
+        for node, keys in _not_sent(plan):
+            err.print(f"[yellow]warning:[/] {node.label}: {node.settings['model']} is a reasoning model: "
+                      f"{', '.join(keys)} not sent (only its default is accepted; docs/engines.md)")
+
+
+def _not_sent(plan):
+    """Sampling settings a recipe sets (not left at their default) that a reasoning model is not sent."""
+    from otbuild.engines.request_policy import not_sent
+
+    for node in plan.nodes:
+        s = node.settings
+        if s.get("engine") in ("openai", "vllm", "transformers") and s.get("model"):
+            if keys := not_sent(s.get("request_params", "auto"), s["model"], node.identity):
+                yield node, keys
 
 
 @main.command()

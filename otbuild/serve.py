@@ -4,7 +4,9 @@ One model on the CPU or one GPU; requests run one at a time. Endpoints: POST
 /v1/chat/completions (messages, temperature, max_tokens, top_p, seed, stop, n=1; greedy when
 temperature is 0; `structured_outputs: {regex: ...}` constrains the answer to a regular
 expression, as vLLM's does: otbuild/engines/guided.py; `usage` token counts; a request over the model's context
-window is a 400 that says so, as vLLM's), GET /v1/models, GET /health. Prints
+window is a 400 that says so, as vLLM's; served under a reasoning model's name, e.g. gpt-5-nano,
+it refuses `max_tokens` and non-default sampling knobs as OpenAI's API does:
+otbuild/engines/request_policy.py), GET /v1/models, GET /health. Prints
 `otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
 """
 
@@ -19,14 +21,16 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from otbuild.engines import request_policy
+
 READY = "otbuild serve: listening on "
 DEFAULT_MAX_TOKENS = 512
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | int | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.param, self.code = status, param, code or status
 
 
 class ChatModel:
@@ -158,9 +162,9 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: int, message: str) -> None:
+    def _error(self, status: int, message: str, param: str | None = None, code: str | int | None = None) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
-        self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+        self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": code or status}})
 
     def do_GET(self):
         if self.path == "/health":
@@ -183,11 +187,14 @@ class Handler(BaseHTTPRequestHandler):
             name = self.server.served_model_name
             if body.get("model", name) != name:
                 raise RequestError(404, f"the model `{body.get('model')}` does not exist")
+            if refused := request_policy.refusal(name, body):  # as strict as OpenAI's API
+                param, code, message = refused
+                raise RequestError(400, message, param, code)
             out = self.server.model.chat(**_request_args(body))
         except json.JSONDecodeError as e:
             return self._error(400, f"invalid JSON: {e}")
         except RequestError as e:
-            return self._error(e.status, str(e))
+            return self._error(e.status, str(e), e.param, e.code)
         except Exception as e:  # noqa: BLE001 - a generation failure: the server lives on
             return self._error(500, f"{type(e).__name__}: {e}")
         self._send(200, {

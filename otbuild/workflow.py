@@ -65,9 +65,13 @@ class Workflow:
 
     def shard_inputs(self, stage: str, id: str) -> list[str]:
         """What a merge job reads. A built artifact names the shards it was built from, so a
-        changed `shards` (not part of the id) neither reruns nor mixes layouts."""
+        changed `shards` (not part of the id) neither reruns nor mixes layouts, and one built
+        before its stage had shards reads what that job read: it stays built."""
         node = self.node(stage, id)
-        built = (read_record(node.dir) or {}).get("settings", {}).get("shards")
+        record = read_record(node.dir)
+        if record and "shards" not in record.get("settings", {}):  # built as one job, before
+            return [str(n.main_output) for n in node.inputs]      # the stage had shards: as then
+        built = record["settings"]["shards"] if record else None
         return [str(p) for p in node.shard_outputs(built)]
 
     def spec_arg(self, stage: str, id: str) -> str:

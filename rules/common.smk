@@ -19,3 +19,20 @@ def stage_spec(stage):
 
 def stage_shell(stage):
     return OTBUILD + f" stage {stage} --spec {{params.spec}} > {{log}} 2>&1"
+
+
+def shard_output(stage):
+    """Shard K of N of a sharded stage (one job each; the merge job reads them all)."""
+    return f"artifacts/{stage}/{{id}}/shards/{{shard}}-of-{{shards}}.parquet"
+
+
+def shard_log(stage):
+    return f"logs/{stage}/{{id}}/{{shard}}-of-{{shards}}.log"
+
+
+def shard_shell(stage):
+    return OTBUILD + f" stage {stage} --spec {{params.spec}} --shard {{wildcards.shard}} > {{log}} 2>&1"
+
+
+def merge_inputs(stage):
+    return lambda wc: WF.shard_inputs(stage, wc.id)

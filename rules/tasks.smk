@@ -39,27 +39,55 @@ rule task_filter:
         stage_shell("task_filter")
 
 
+# LLM surface forms (a vLLM server per shard job): one job per shard (they resume), then a merge.
 rule augment:
     input:
         stage_inputs("augment"),
+    output:
+        shard_output("augment"),
+    params:
+        spec=stage_spec("augment"),
+    log:
+        shard_log("augment"),
+    shell:
+        shard_shell("augment")
+
+
+rule augment_merge:
+    input:
+        merge_inputs("augment"),
     output:
         **stage_outputs("augment"),
     params:
         spec=stage_spec("augment"),
     log:
-        "logs/augment/{id}.log",
+        "logs/augment/{id}/merge.log",
     shell:
         stage_shell("augment")
 
 
+# LLM scores (a hosted API or a vLLM server per shard job): one job per shard (they resume), then a merge.
 rule task_score:
     input:
         stage_inputs("task_score"),
+    output:
+        shard_output("task_score"),
+    params:
+        spec=stage_spec("task_score"),
+    log:
+        shard_log("task_score"),
+    shell:
+        shard_shell("task_score")
+
+
+rule task_score_merge:
+    input:
+        merge_inputs("task_score"),
     output:
         **stage_outputs("task_score"),
     params:
         spec=stage_spec("task_score"),
     log:
-        "logs/task_score/{id}.log",
+        "logs/task_score/{id}/merge.log",
     shell:
         stage_shell("task_score")

@@ -115,3 +115,13 @@ def test_a_stage_that_makes_nothing_fails_with_its_reason(project):
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert f"error: source 'h': no usable item in {project}/empty: 1 quarantined (1 missing instruction.md" in res.stderr
     assert not (project / "artifacts" / "source" / "0123456789abcdef" / "provenance.json").exists()
+
+
+def test_validate_warns_about_sampling_settings_a_reasoning_model_is_not_sent(project):
+    llm = "{engine: openai, base_url: 'http://x/v1', model: MODEL, kind: askllm, temperature: 0}"
+    recipe = "sources:\n  a: {kind: synthetic, count: 3}\ntask_filter: {llm: %s, score: {column: llm_score, top_k: 2}}\n"
+    (project / "recipes" / "r.yaml").write_text(recipe % llm.replace("MODEL", "gpt-5-nano"))
+    res = otbuild(project, "validate", "r")
+    assert res.returncode == 0 and "gpt-5-nano is a reasoning model: temperature not sent" in res.stderr, res.stderr
+    (project / "recipes" / "r.yaml").write_text(recipe % llm.replace("MODEL", "Qwen/Qwen3-8B"))
+    assert "reasoning model" not in otbuild(project, "validate", "r").stderr

@@ -307,3 +307,19 @@ def test_paper_recipes_use_one_harness_end_to_end():
     for name in ("otagent_v2_100k", "otagent_v2_10k"):
         r = load_recipe(name, REPO).recipe
         assert harness_prompt(r.teacher, r) == harness_prompt(r.eval, r) == "harbor:terminus-2", name
+
+
+@pytest.mark.parametrize("name, traces", [("otagent_v2_100k", 100_000), ("otagent_v2_10k", 10_000)])
+def test_paper_recipes_filter_traces_as_the_paper_did(name, traces):
+    """The paper's final pipeline drops only traces under 5 turns and ends with its trace count
+    after that filter: the budget counts kept traces, the filter caps exactly."""
+    from otbuild.stages.task_filter import planned_rollouts
+
+    r = load_recipe(name, REPO).recipe
+    tf = r.trace_filter
+    assert tf.min_turns == 5 and not (tf.drop_timed_out or tf.drop_subagent or tf.drop_exceptions)
+    assert tf.sample.n == traces == r.task_filter.score.budget
+    score = r.task_filter.score.model_dump()
+    assert planned_rollouts(score) == traces  # until a pilot's keep rate is set
+    assert planned_rollouts({**score, "keep_rate": 0.6}) == -(-traces * 10 // 6)
+    assert r.task_filter.llm.shards > 1 and r.augment.shards > 1  # ~50K and ~21K requests resume

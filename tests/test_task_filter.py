@@ -84,3 +84,29 @@ def test_seeded_subsample(tmp_path):
     assert len(a) == 10 and list(a["task_id"]) == list(b["task_id"])
     assert set(a["task_id"]) != set(c["task_id"])
     assert set(rej["reason"]) == {"not_sampled: seeded subsample of 10"}
+
+
+def test_a_step_that_keeps_nothing_fails_naming_it(tmp_path):
+    """The issue's build: a scorer whose every score is null, a budget: the filter used to keep
+    0 tasks and the build went on. Now the step that emptied the set is named."""
+    texts = [f"task number {i} with a long enough instruction" for i in range(4)]
+    with pytest.raises(RuntimeError, match=r"step score left 0 of the 4 tasks \(score: 4;"):
+        _run(tmp_path, texts, difficulty=[None] * 4, score={"column": "metadata.difficulty", "budget": 100})
+    with pytest.raises(RuntimeError, match=r"step include_regex left 0 of the 7 tasks \(include_regex: 6;"):
+        _run(tmp_path, include_regex="nothing matches this")
+
+
+def test_an_empty_input_is_not_an_emptied_one(tmp_path):
+    kept, rejected = _run(tmp_path, [])
+    assert len(kept) == len(rejected) == 0
+
+
+def test_keep_rate_plans_the_rollouts_a_kept_traces_budget_needs(tmp_path):
+    """budget counts kept traces; at a measured keep rate of 0.4 the filter plans ceil(11 / 0.4)
+    = 28 rollouts, by the same formula."""
+    texts = [f"task number {i} with a long enough instruction" for i in range(4)]
+    kept, _ = _run(tmp_path, texts, difficulty=[1, 3, 4, 0],
+                   score={"column": "metadata.difficulty", "budget": 11, "keep_rate": 0.4})
+    assert kept["n_rollouts"].sum() == 28 and list(kept["n_rollouts"]) == [4, 10, 13, 1]
+    with pytest.raises(ValueError, match="keep_rate scales a rollout budget"):
+        TaskFilter(score={"column": "llm_score", "top_k": 3, "keep_rate": 0.5})

@@ -51,3 +51,17 @@ def test_success_only_and_switches(tmp_path):
     kept, reasons, _ = _run(tmp_path, rows, min_reward=1.0, drop_timed_out=False, min_turns=3)
     assert list(kept["trial_name"]) == ["pass", "slow"]
     assert reasons == {"fail": "min_reward: 0.0 < 1.0", "none": "no_reward"}
+
+
+def test_sample_caps_the_kept_traces_exactly(tmp_path):
+    """A kept-traces target: exactly n of what the rules keep, a seeded choice, the rest rejected
+    with their reason; keep_rate measures the rules alone (what a budget's oversampling wants)."""
+    rows = [trace(f"t{i}", 6 if i % 4 else 2) for i in range(40)]  # 30 pass min_turns
+    kept, reasons, stats = _run(tmp_path, rows, sample={"n": 25, "seed": 1})
+    assert len(kept) == 25 and stats["keep_rate"] == 0.75
+    assert sum(r.startswith("not_sampled: seeded subsample of 25") for r in reasons.values()) == 5
+    again, _, _ = _run(tmp_path, rows, sample={"n": 25, "seed": 1})
+    other, _, _ = _run(tmp_path, rows, sample={"n": 25, "seed": 2})
+    assert list(again["trial_name"]) == list(kept["trial_name"]) != list(other["trial_name"])
+    few, _, _ = _run(tmp_path, rows, sample={"n": 100})
+    assert len(few) == 30  # fewer than the target: all of them

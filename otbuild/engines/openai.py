@@ -15,6 +15,7 @@ from collections import Counter
 
 import httpx
 
+from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.engines.settings import ClientSettings, OpenAISettings
 from otbuild.errors import ConfigError
@@ -149,12 +150,14 @@ class OpenAIEngine:
 
 def request_body(settings: ClientSettings, messages: list[dict], kw: dict) -> dict:
     """The JSON body of one chat completion request: the settings' sampling keys (those set),
-    then `extra_body`, then the request's own `kw` (each overriding what came before)."""
+    then `extra_body`, then the request's own `kw` (each overriding what came before), shaped
+    by the model's request policy (`request_policy`)."""
     body = {"model": settings.model, "messages": messages, "temperature": settings.temperature}
     for key in ("max_tokens", "top_p", "seed"):
         if getattr(settings, key) is not None:
             body[key] = getattr(settings, key)
-    return {**body, **settings.extra_body, **kw}
+    return request_policy.apply(settings.request_params, settings.model,
+                                {**body, **settings.extra_body, **kw})
 
 
 def _seconds(value: str | None) -> float | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import ClassVar
 
+from otbuild.engines.request_policy import POLICIES
 from otbuild.errors import ConfigError
 
 
@@ -35,6 +36,7 @@ class ClientSettings:
     top_p: float | None = None
     seed: int | None = None
     extra_body: dict = field(default_factory=dict)  # merged into every request body
+    request_params: str = "auto"  # auto | standard | reasoning: otbuild/engines/request_policy.py
     concurrency: int = _execution(8)  # requests in flight per engine
     max_retries: int = _execution(5)  # retries after the first attempt (transport errors, 429, 5xx)
     request_timeout_sec: float = _execution(600.0)  # per request
@@ -48,6 +50,9 @@ class ClientSettings:
             raise ConfigError(
                 f"engine {self.engine!r}: need concurrency >= 1, max_retries >= 0, request_timeout_sec > 0"
             )
+        if self.request_params not in POLICIES:
+            raise ConfigError(f"engine {self.engine!r}: request_params must be one of {', '.join(POLICIES)}, "
+                              f"not {self.request_params!r}")
 
     @classmethod
     def from_dict(cls, settings: dict):

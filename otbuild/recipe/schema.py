@@ -153,11 +153,15 @@ class Score(Strict):
     column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
     top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
     budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
+    keep_rate: float = Field(default=1.0, gt=0, le=1, description="the trace filter's measured keep rate: the "
+                             "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned")
 
     @model_validator(mode="after")
     def _one_mode(self):
         if (self.top_k is None) == (self.budget is None):
             raise ValueError("set exactly one of top_k (keep the k best) or budget (rollouts by score)")
+        if self.keep_rate != 1.0 and self.budget is None:
+            raise ValueError("keep_rate scales a rollout budget: set budget with it")
         return self
 
 
@@ -191,6 +195,8 @@ class TraceFilter(Strict):
     drop_exceptions: bool = True  # infrastructure errors, not task failures
     min_reward: float | None = None  # success-only: keep traces whose reward >= this
     dedup: bool = True  # identical conversations
+    sample: Sample | None = Field(default=None, description="keep exactly n of what is left (a seeded choice): "
+                                  "the kept-traces target of a budget planned with task_filter.score.keep_rate")
 
 
 class SandboxLimits(Strict):
@@ -230,6 +236,9 @@ class LLM(Strict):
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
+    request_params: Literal["auto", "standard", "reasoning"] = Field(
+        default="auto", description="which body fields the model takes: auto picks by model name "
+        "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md")
     max_retries: int = execution_only(5, ge=0)
     request_timeout_sec: float = execution_only(600, gt=0)
     engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
@@ -290,6 +299,7 @@ class Augment(LLM):
     k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
     seed: int = 0
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
 class TaskScorer(LLM):
@@ -298,6 +308,7 @@ class TaskScorer(LLM):
     score is its answer's length in tokens: longer answers mark harder tasks)."""
 
     kind: Literal["askllm", "response_length"]
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
 class SweTrajectoryImport(FileSource):

@@ -70,12 +70,12 @@ WITH base AS (
     )
 )
 {% if score and score.budget %}
--- Rollout budget B over the N kept tasks: every task gets one rollout, and the other B - N
+-- Rollout budget B (planned rollouts: ceil(budget / keep_rate)) over the N kept tasks: every task gets one rollout, and the other B - N
 -- go in proportion to score (largest remainder: floors first, then the biggest fractional
 -- parts, ties in input order). With all scores 0 the extra rollouts are spread evenly.
 , shared AS (
     SELECT *, CASE WHEN reason IS NULL THEN
-        ({{ score.budget }} - count(*) FILTER (WHERE reason IS NULL) OVER ())
+        ({{ rollouts }} - count(*) FILTER (WHERE reason IS NULL) OVER ())
         * coalesce(score / nullif(sum(score) FILTER (WHERE reason IS NULL) OVER (), 0),
                    1.0 / count(*) FILTER (WHERE reason IS NULL) OVER ())
     END AS _share

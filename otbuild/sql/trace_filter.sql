@@ -1,7 +1,8 @@
 {% from "_inputs.sql" import union_inputs %}
 -- Trace filter. A trace is rejected by the first rule it fails, in this order, and keeps that
 -- rule's reason: infrastructure exception, timeout, subagent trace, fewer than min_turns
--- turns, reward below min_reward (success-only), duplicate conversation (first one wins).
+-- turns, reward below min_reward (success-only), duplicate conversation (first one wins), then
+-- a seeded subsample of exactly sample.n of what is left (the n smallest md5(seed:name:ord)).
 CREATE OR REPLACE TEMP VIEW trf_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
@@ -21,12 +22,23 @@ WITH checked AS (
     coalesce(trial_name, 'row ' || _ord) AS _name
     FROM trf_src
 )
-SELECT _ord, {% if dedup %}CASE WHEN reason IS NULL AND _dup > 1 THEN 'duplicate: same conversation as ' || _first ELSE reason END{% else %}reason{% endif %} AS reason
-FROM (
-    SELECT *, row_number() OVER w AS _dup, first_value(_name) OVER w AS _first
-    FROM checked
-    WINDOW w AS (PARTITION BY reason IS NULL, _key ORDER BY _ord)
-);
+, deduped AS (
+    SELECT _ord, _name, {% if dedup %}CASE WHEN reason IS NULL AND _dup > 1 THEN 'duplicate: same conversation as ' || _first ELSE reason END{% else %}reason{% endif %} AS reason
+    FROM (
+        SELECT *, row_number() OVER w AS _dup, first_value(_name) OVER w AS _first
+        FROM checked
+        WINDOW w AS (PARTITION BY reason IS NULL, _key ORDER BY _ord)
+    )
+)
+{% if sample %}
+SELECT _ord, CASE WHEN reason IS NULL AND _pick > {{ sample.n }}
+                  THEN 'not_sampled: seeded subsample of {{ sample.n }}' ELSE reason END AS reason
+FROM (SELECT *, row_number() OVER (PARTITION BY reason IS NULL
+                                   ORDER BY md5({{ sample.seed | sql }} || ':' || _name || ':' || _ord)) AS _pick
+      FROM deduped);
+{% else %}
+SELECT _ord, reason FROM deduped;
+{% endif %}
 
 CREATE OR REPLACE TEMP VIEW trf_kept AS
 SELECT s.* EXCLUDE (_file, file_row_number, _ord)

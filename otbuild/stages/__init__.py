@@ -26,8 +26,8 @@ STAGES: dict[str, StageDef] = {
     for s in (
         StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
         StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql", "_inputs.sql")),
-        StageDef("augment", 1, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment"),
-        StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score"),
+        StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", sharded=True),
+        StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", sharded=True),
         StageDef(
             "task_filter", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
             ("task_filter.sql", "_inputs.sql"),

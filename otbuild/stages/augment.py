@@ -4,7 +4,11 @@ Each new task is its parent's task dir with a new instruction.md; it records the
 task id (`parent_task_id`) and how it was made (`augmentation`). `combine` pairs each task
 with a seeded partner from the same input and keeps the first parent's environment and
 verifier (so the partner's part is not checked: use it for sources judged by an LLM).
-Answers that are empty or fail after the engine's retries are quarantined with the reason.
+Reasoning is never part of a new instruction: text up to a closing `</think>` (a model
+served without a reasoning parser) is cut off, and an answer still holding `<think>` is
+quarantined. Answers that are empty or fail after the engine's retries are quarantined with
+the reason. Requests run in `shards` jobs that resume (otbuild/stages/llm_requests.py); the
+merge streams the parents and the answers.
 """
 
 from __future__ import annotations
@@ -18,52 +22,100 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild.engines import EngineError
-from otbuild.engines.batch import complete_all
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
+from otbuild.stages import llm_requests
 from otbuild.tasks.table import TASK_SCHEMA, Quarantined, TaskRecord, write_quarantine
 from otbuild.tasks.taskdir import INSTRUCTION, TaskDir
 
 SCHEMA = TASK_SCHEMA.append(pa.field("parent_task_id", pa.string())).append(pa.field("augmentation", pa.string()))
+THINK, END_THINK = "<think>", "</think>"
+BATCH_ROWS = 256
+
+
+def _forms(settings: dict) -> list[tuple[str, int]]:
+    """(kind, j) of each request one task makes, in request order."""
+    return [(kind, j) for kind in settings["kinds"] for j in range(settings["k"])]
+
+
+def requests(settings: dict, inputs: list[Path]):
+    """`requests(wanted)` for llm_requests.run_shard: each task's forms in turn, in input order."""
+    forms = _forms(settings)
+    instructions = _column(inputs, "instruction") if "combine" in settings["kinds"] else None
+    partners = _partners(len(instructions), settings["seed"]) if instructions is not None else None
+
+    def wanted_requests(wanted):
+        number = 0
+        for i, row in enumerate(_rows(inputs, ["task_id", "instruction"])):
+            for kind, j in forms:
+                if wanted(number):
+                    partner = instructions[partners[i]].as_py() if kind == "combine" else None
+                    yield number, _prompt(row["instruction"], kind, partner), \
+                        {"seed": _seed(settings["seed"], row["task_id"], kind, j)}
+                number += 1
+
+    return wanted_requests
+
+
+def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
+    llm_requests.run_shard("augment", settings, requests(settings, inputs), outdir, shard)
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    rows = [r for p in inputs for r in pq.read_table(p, columns=TASK_SCHEMA.names).to_pylist()]
-    partners = _partners(len(rows), settings["seed"])
-    jobs = [(i, kind, j) for i in range(len(rows)) for kind in settings["kinds"] for j in range(settings["k"])]
-    requests = [(_prompt(rows, i, kind, partners), {"seed": _seed(settings["seed"], rows[i]["task_id"], kind, j)})
-                for i, kind, j in jobs]
-    answers = complete_all(settings, requests)
-    out = [{**r, "parent_task_id": None, "augmentation": None} for r in rows] if settings["keep_original"] else []
-    quarantined = []
-    for (i, kind, j), answer in zip(jobs, answers):
-        parent = rows[i]
-        name = f"{parent['path']}-{kind}{j}"
-        text = _clean(answer.text) if not isinstance(answer, EngineError) else ""
-        if not text:
-            why = f"engine error: {answer}" if isinstance(answer, EngineError) else "empty answer"
-            quarantined.append(Quarantined(name, why.split(":")[0], str(answer)[:500]))
-            continue
-        task = TaskDir.unpack(name, parent["task_binary"])
-        task.add(INSTRUCTION, text.rstrip() + "\n")
-        meta = {**json.loads(parent["metadata"] or "{}"), "augmentation": kind,
-                "parent_task_id": parent["task_id"]}
-        if kind == "combine":
-            meta["partner_task_id"] = rows[partners[i]]["task_id"]
-        row = TaskRecord(task, parent["runnable_locally"], meta).row(parent["source"])
-        out.append({**row, "parent_task_id": parent["task_id"], "augmentation": kind})
-    with atomic_path(outdir / "tasks.parquet") as tmp:
-        pq.write_table(pa.Table.from_pylist(out, SCHEMA), tmp, compression="zstd")
+    """Merge: the parents (with keep_original), then each parent's new forms in request order."""
+    forms = _forms(settings)
+    n_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
+    answers = llm_requests.answers(outdir, settings["shards"], n_rows * len(forms))
+    partner_ids = _column(inputs, "task_id") if "combine" in settings["kinds"] else None
+    partners = _partners(n_rows, settings["seed"]) if partner_ids is not None else None
+    quarantined: list[Quarantined] = []
+    kept = new = 0
+    with atomic_path(outdir / "tasks.parquet") as tmp, pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as w:
+        buffer: list[dict] = []
+
+        def emit(row: dict) -> None:
+            nonlocal kept
+            buffer.append(row)
+            kept += 1
+            if len(buffer) >= BATCH_ROWS:
+                w.write_table(pa.Table.from_pylist(buffer, SCHEMA))
+                buffer.clear()
+
+        if settings["keep_original"]:
+            for parent in _rows(inputs, TASK_SCHEMA.names):
+                emit({**parent, "parent_task_id": None, "augmentation": None})
+        for i, parent in enumerate(_rows(inputs, TASK_SCHEMA.names)):
+            for kind, j in forms:
+                answer = next(answers)
+                name = f"{parent['path']}-{kind}{j}"
+                text, why = (None, f"engine error: {answer['error']}") if answer["error"] else clean(answer["text"])
+                if text is None:
+                    quarantined.append(Quarantined(name, why.split(":")[0], (answer["error"] or answer["text"])[:500]))
+                    continue
+                task = TaskDir.unpack(name, parent["task_binary"])
+                task.add(INSTRUCTION, text.rstrip() + "\n")
+                meta = {**json.loads(parent["metadata"] or "{}"), "augmentation": kind,
+                        "parent_task_id": parent["task_id"]}
+                if kind == "combine":
+                    meta["partner_task_id"] = partner_ids[partners[i]].as_py()
+                row = TaskRecord(task, parent["runnable_locally"], meta).row(parent["source"])
+                emit({**row, "parent_task_id": parent["task_id"], "augmentation": kind})
+                new += 1
+        if buffer:
+            w.write_table(pa.Table.from_pylist(buffer, SCHEMA))
+    next(answers, None)  # runs the answers' own check: exactly one per request
     write_quarantine(outdir / "quarantine.parquet", quarantined, "augment")
-    return {"tasks": len(out), "new": len(out) - (len(rows) if settings["keep_original"] else 0),
-            "quarantined": len(quarantined), "quarantined_by_reason": dict(Counter(q.reason for q in quarantined))}
+    reasons = dict(Counter(q.reason for q in quarantined))
+    if quarantined and not new:
+        (outdir / "tasks.parquet").unlink()
+        raise RuntimeError(f"augment: all {len(quarantined)} answers were quarantined ({reasons}); "
+                           f"first: {quarantined[0].reason}: {quarantined[0].detail[:300]}")
+    return {"tasks": kept, "new": new, "quarantined": len(quarantined), "quarantined_by_reason": reasons,
+            "shards": llm_requests.shard_records(outdir, settings["shards"])}
 
 
-def _prompt(rows: list[dict], i: int, kind: str, partners: list[int]) -> list[dict]:
-    partner = rows[partners[i]]["instruction"] if kind == "combine" else None
-    content = render(f"augment_{kind}.j2", instruction=rows[i]["instruction"].strip(),
-                     partner=(partner or "").strip())
+def _prompt(instruction: str, kind: str, partner: str | None) -> list[dict]:
+    content = render(f"augment_{kind}.j2", instruction=(instruction or "").strip(), partner=(partner or "").strip())
     return [{"role": "user", "content": content}]
 
 
@@ -79,9 +131,26 @@ def _seed(seed: int, task_id: str, kind: str, j: int) -> int:
     return int(hashlib.sha256(f"{seed}:{task_id}:{kind}:{j}".encode()).hexdigest()[:8], 16)
 
 
-def _clean(text: str) -> str:
-    """The answer without a code fence around it."""
-    text = text.strip()
+def clean(text: str) -> tuple[str | None, str]:
+    """(the new instruction, "") or (None, why it is not one). Reasoning is cut off: all up to
+    the last `</think>` (a reasoning model served without a parser writes its thinking in the
+    answer, its opening tag often in the prompt); a `<think>` left after that (unclosed: the
+    answer ran out mid-thought) rejects the answer. A code fence around the answer goes."""
+    text = text.rsplit(END_THINK, 1)[-1].strip()
+    if THINK in text:
+        return None, f"reasoning in answer: {THINK} without {END_THINK}"
     if text.startswith("```") and text.endswith("```"):
         text = text.split("\n", 1)[1].rsplit("```", 1)[0] if "\n" in text else ""
-    return text.strip()
+    text = text.strip()
+    return (text, "") if text else (None, "empty answer")
+
+
+def _rows(inputs: list[Path], columns: list[str]):
+    for batch in llm_requests.input_batches(inputs, columns, BATCH_ROWS):
+        yield from batch.to_pylist()
+
+
+def _column(inputs: list[Path], name: str) -> pa.Array:
+    """One narrow column of every input (instructions or ids for combine's partners), in arrow."""
+    return pa.chunked_array([c for p in inputs for c in pq.read_table(p, columns=[name]).column(name).chunks],
+                            pa.string())

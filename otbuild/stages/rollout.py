@@ -16,8 +16,6 @@ table has one (upsampling weights from the task filter).
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import shutil
 import sys
 import tempfile
@@ -29,6 +27,7 @@ import pyarrow.parquet as pq
 
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
+from otbuild.stages.partials import append, drop_torn_tail, iter_records
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import TRACE_SCHEMA, write_traces
 
@@ -65,7 +64,7 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
         return
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    _drop_torn_tail(partial)
+    drop_torn_tail(partial)
     done = _read_partials(outdir)
     todo = [t for t in trials if t.index not in done]
     print(f"shard {shard}: {len(trials)} trials, {len(done)} already done, {len(todo)} to run", flush=True)
@@ -108,39 +107,6 @@ def merge_shards(settings: dict, outdir: Path) -> tuple[list[dict], list[dict]]:
     return rows, [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a partial file back to its last complete line, so appends start on a fresh line."""
-    if not path.exists():
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
-        if keep < len(data):
-            print(f"{path.name}: dropped a torn last line ({len(data) - keep} bytes)", flush=True)
-            f.truncate(keep)
-            os.fsync(f.fileno())
-
-
-def _read_partials(outdir: Path) -> dict[int, dict]:
-    """Finished trials by index, from every shard's partial file; a line that is not a whole
-    record (cut short by a crash, another job's line being written) is ignored: it reruns. A
-    file that vanishes meanwhile is its shard's, finished (its rows are in its parquet)."""
-    done: dict[int, dict] = {}
-    for path in sorted((outdir / "shards").glob("*.partial.jsonl")):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        for line in data.splitlines():
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("_trial"), int):
-                done[rec.pop("_trial")] = rec
-    return done
-
-
 async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int) -> None:
     from otbuild.engines import engine_settings, open_engine
@@ -176,9 +142,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
                         shutil.rmtree(workdir, ignore_errors=True)
                     else:
                         trace = not_runnable_trace(task, row["task_id"], engine, **ids)
-                    out.write(json.dumps({"_trial": t.index, **trace}) + "\n")
-                    out.flush()
-                    os.fsync(out.fileno())
+                    append(out, {"_trial": t.index, **trace})
                     progress.update(trace)
 
             async with asyncio.TaskGroup() as tg:  # a bug in one trial cancels the others, then raises
@@ -188,6 +152,15 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         await engine.aclose()
         shutil.rmtree(workroot, ignore_errors=True)
         progress.finish()
+
+
+def _read_partials(outdir: Path) -> dict[int, dict]:
+    """Finished trials by index, from every shard's partial file."""
+    done = {}
+    for index, rec in iter_records(outdir, "_trial"):
+        rec.pop("_trial")
+        done[index] = rec
+    return done
 
 
 def check_podman(backend: str, need_image: list[dict]) -> None:

@@ -3,6 +3,7 @@ Writes kept.parquet and rejected.parquet; every rejected row carries its reason.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from otbuild import duck
@@ -16,19 +17,51 @@ def score_expr(column: str) -> str:
     return f'"{column}"'
 
 
+def planned_rollouts(score: dict | None) -> int | None:
+    """The rollouts a budget plans: `budget` kept traces at the trace filter's measured keep rate."""
+    if not score or not score.get("budget"):
+        return None
+    return math.ceil(score["budget"] / score.get("keep_rate", 1.0) - 1e-9)
+
+
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     score = settings.get("score")
+    budget = planned_rollouts(score)
     duck.run_template(
         con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=settings["dedup"],
         chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
-        score_expr=score_expr(score["column"]) if score else None,
+        score_expr=score_expr(score["column"]) if score else None, rollouts=budget,
     )
-    budget = (score or {}).get("budget")
     if budget:
         kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchone()[0]
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    return duck.write_split(con, "tf", outdir)
+    stats = duck.write_split(con, "tf", outdir)
+    check_not_emptied(stats)
+    return {**stats, "rollouts_planned": budget} if budget else stats
+
+
+# The steps in the order they run, with the reasons (the text before ':') they reject with.
+STEPS = (("instruction present", ("empty_instruction",)), ("instruction_chars", ("too_short", "too_long")),
+         ("include_regex", ("include_regex",)), ("exclude_regex", ("exclude_regex",)), ("score", ("score",)),
+         ("dedup", ("duplicate",)), ("score.top_k", ("below_top_k",)), ("sample", ("not_sampled",)))
+
+
+def check_not_emptied(stats: dict) -> None:
+    """Fail, naming the step, when the filter keeps nothing of a non-empty input (a scorer that
+    scored nothing, a regex that matches nothing): no build goes on with 0 tasks."""
+    total = stats["kept"] + stats["rejected"]
+    if stats["kept"] or not total:
+        return
+    by_reason, left = stats["rejected_by_reason"], total
+    for step, reasons in STEPS:
+        dropped = {r: by_reason[r] for r in reasons if by_reason.get(r)}
+        left -= sum(dropped.values())
+        if not left:
+            raise RuntimeError(
+                f"task_filter: step {step} left 0 of the {total} tasks "
+                f"({', '.join(f'{r}: {n}' for r, n in dropped.items())}; all rejections: {by_reason}); "
+                "see rejected.parquet for each task's reason")

@@ -1,5 +1,7 @@
 """Trace filter: min turns (paper: 5), timeouts, subagents, infrastructure exceptions,
-optional success-only, dedup. Writes kept.parquet and rejected.parquet (with reasons)."""
+optional success-only, dedup, then an exact cap (`sample`). Writes kept.parquet and
+rejected.parquet (with reasons); `keep_rate` in its stats is the measured share it kept before
+the cap, what task_filter.score.keep_rate wants."""
 
 from __future__ import annotations
 
@@ -12,4 +14,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
                       offsets=duck.input_offsets(inputs), **settings)
-    return duck.write_split(con, "trf", outdir)
+    stats = duck.write_split(con, "trf", outdir)
+    total = stats["kept"] + stats["rejected"]
+    capped = stats["rejected_by_reason"].get("not_sampled", 0)
+    return {**stats, "keep_rate": round((stats["kept"] + capped) / total, 4) if total else None}

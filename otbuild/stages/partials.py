@@ -1,0 +1,52 @@
+"""Partial files of resumable shards: one JSON record per finished unit of work (a trial, an
+LLM request), appended, flushed and fsynced as it completes, at shards/K-of-N.partial.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a partial file back to its last complete line, so appends start on a fresh line."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            print(f"{path.name}: dropped a torn last line ({len(data) - keep} bytes)", flush=True)
+            f.truncate(keep)
+            os.fsync(f.fileno())
+
+
+def partial_files(outdir: Path) -> list[Path]:
+    return sorted((Path(outdir) / "shards").glob("*.partial.jsonl"))
+
+
+def iter_records(outdir: Path, key: str) -> Iterator[tuple[int, dict]]:
+    """(record[key], record) of every finished unit, from every shard's partial file (so a
+    restart with another shard count loses nothing); a line that is not a whole record (cut
+    short by a crash, another job's line being written) is skipped: that unit runs again. A
+    file that vanishes meanwhile is its shard's, finished (its rows are in its parquet)."""
+    for path in partial_files(outdir):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        for line in data.splitlines():
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get(key), int):
+                yield rec[key], rec
+
+
+def append(out, record: dict) -> None:
+    """One finished unit, durable before the next starts counting on it."""
+    out.write(json.dumps(record) + "\n")
+    out.flush()
+    os.fsync(out.fileno())
