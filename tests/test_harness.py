@@ -214,6 +214,18 @@ def test_a_bug_raises_and_only_infrastructure_errors_are_recorded(tmp_path):
     assert "not a number: 'passed" in json.loads(trace["metadata"])["exception_message"]
 
 
+@needs_sandbox
+def test_a_verifier_that_dies_before_writing_a_reward_is_an_infrastructure_exception(tmp_path):
+    task = TaskDir("offline-verifier")
+    task.add("instruction.md", "Do nothing.")
+    task.add("tests/test.sh", "#!/bin/bash\nset -e\npip download --no-cache-dir -q pytest -d /tmp/w\n"
+             "pytest /tests\necho 1 > /logs/verifier/reward.txt\n", executable=True)
+    trace = _trial(task, ScriptedEngine([]), tmp_path)
+    assert trace["exception"] == "RewardFileNotFoundError" and trace["result"] == "RewardFileNotFoundError"
+    assert trace["reward"] is None  # no verdict: not a failed task (reward 0)
+    assert "wrote no /logs/verifier/reward.txt" in json.loads(trace["metadata"])["exception_message"]
+
+
 class BuggyEngine(ScriptedEngine):
     def __init__(self, settings):
         super().__init__([TypeError("a bug in an engine")])

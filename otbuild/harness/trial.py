@@ -51,8 +51,14 @@ class VerifierOutputParseError(Exception):
     """reward.txt / reward.json is malformed (Harbor's name for it)."""
 
 
+class RewardFileNotFoundError(Exception):
+    """The verifier ended without writing a reward: it died before judging (e.g. it could not
+    install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
+
+
 # what a trial records as its infrastructure exception; anything else raised is a bug
-INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError)
+INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
+                         RewardFileNotFoundError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -102,9 +108,13 @@ async def _verify(box, timeout: float) -> tuple[float | None, dict]:
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:
-        return _reward(read_reward(box.root))
+        value = read_reward(box.root)
     except ValueError as e:
         raise VerifierOutputParseError(str(e)) from e
+    if value is None:
+        raise RewardFileNotFoundError(f"the verifier (exit {result.exit_code}) wrote no /logs/verifier/reward.txt "
+                                      f"or reward.json; its output ends: {result.output[-1500:]}")
+    return _reward(value)
 
 
 def effective_timeout(base_sec: float, multiplier: float, cap_sec: float) -> float:
