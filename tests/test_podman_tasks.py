@@ -4,13 +4,16 @@ of the paper's recipe shape with the oracle teacher yields traces."""
 
 from __future__ import annotations
 
+import fnmatch
+
 import pyarrow.parquet as pq
 import pytest
 
 from otbuild import sandbox
-from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, open_sandbox
+from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
 from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, environment_hash, image_exists
 from otbuild.stages.rollout import check_podman
+from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import OT_AGENT_DOCKERFILE, snakemake
@@ -51,7 +54,36 @@ def ot_agent_task(name: str, port: int, dockerfile: str = OT_AGENT_DOCKERFILE) -
     return t
 
 
-NO_RUN = "FROM ubuntu:24.04\nWORKDIR /app\nCOPY app/ /app/\n"  # a local sandbox lays it out
+# no RUN lines and FROM the host's own release: a local sandbox lays it out on the host's /usr
+NO_RUN = f"FROM {host_images()[0]}\nWORKDIR /app\nCOPY app/ /app/\n"
+
+
+def test_auto_sends_a_task_whose_base_image_the_host_is_not_to_podman(monkeypatch):
+    monkeypatch.setattr(sandbox.podman, "available", lambda: None)
+    monkeypatch.delenv("OTBUILD_HOST_IMAGES", raising=False)
+    backend_problem.cache_clear()
+    host_images.cache_clear()
+    try:
+        other_python = ot_agent_task("py313", 1, "FROM python:3.13\nWORKDIR /app\nCOPY app/ /app/\n")
+        if any(fnmatch.fnmatchcase("python:3.13", p) for p in host_images()):
+            pytest.skip("the host is a python:3.13 image")
+        assert needs_image(other_python) and backend_for(other_python, "auto") == "podman"
+        assert backend_for(ot_agent_task("same-release", 1, NO_RUN), "auto") == "bwrap"
+        says_so = ot_agent_task("says-so", 1, "FROM python:3.13\nWORKDIR /app\n")
+        says_so.add("task.toml", "[metadata]\nhost_compatible = true\n")
+        assert backend_for(says_so, "auto") == "bwrap"
+        monkeypatch.setenv("OTBUILD_HOST_IMAGES", "python:3.13*")  # the declared list, extended
+        host_images.cache_clear()
+        assert backend_for(other_python, "auto") == "bwrap"
+    finally:
+        backend_problem.cache_clear()
+        host_images.cache_clear()
+
+
+def test_base_images_are_the_dockerfiles_external_froms():
+    assert base_images("ARG V=3.13\nFROM --platform=linux/amd64 python:${V} AS build\nRUN x\n"
+                       "FROM build\nFROM docker.io/library/ubuntu\nFROM ghcr.io/o/r:1 AS b\n") == [
+        "python:3.13", "ubuntu:latest", "ghcr.io/o/r:1"]
 
 
 def test_auto_picks_the_backend_per_task_and_names_a_task_it_cannot_run(monkeypatch):

@@ -24,11 +24,12 @@ from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
+from otbuild.tasks.base_image import host_compatible
 from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
 
 __all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
-           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "open_sandbox",
+           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "needs_image", "open_sandbox",
            "read_reward", "resolve_backend"]
 
 log = logging.getLogger(__name__)
@@ -53,17 +54,24 @@ def backend_problem(backend: str) -> str | None:
 
 def backend_for(task: TaskDir, backend: str) -> str:
     """`auto`: bwrap (or its fallback) for a task whose image a local sandbox can lay out
-    (no RUN lines, no prebuilt image), podman for the rest; other backends as they are.
+    (no RUN lines, no prebuilt image) on a host that can stand in for its `FROM` image
+    (`host_compatible`), podman for the rest; other backends as they are.
     TaskNotRunnableLocally, naming the task, when podman is needed and cannot run."""
     if backend != "auto":
         return backend
-    if runnable_locally(task):
+    if not needs_image(task):
         return "bwrap"
     problem = backend_problem("podman")
     if problem is not None:
-        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines or a "
-                                     f"prebuilt image) and podman cannot run it here: {problem}")
+        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines, a "
+                                     f"prebuilt image or a FROM the host is not) and podman cannot "
+                                     f"run it here: {problem}")
     return "podman"
+
+
+def needs_image(task: TaskDir) -> bool:
+    """Under `auto`: the task runs in its own image (podman), not on the host's filesystem."""
+    return not (runnable_locally(task) and host_compatible(task))
 
 
 def resolve_backend(backend: str) -> str:
