@@ -5,13 +5,15 @@ of the paper's recipe shape with the oracle teacher yields traces."""
 from __future__ import annotations
 
 import fnmatch
+import secrets
+import subprocess
 
 import pyarrow.parquet as pq
 import pytest
 
 from otbuild import sandbox
-from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
-from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, environment_hash, image_exists
+from otbuild.sandbox import Limits, TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
+from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, ensure_image, environment_hash, image_exists
 from otbuild.stages.rollout import check_podman
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
@@ -169,3 +171,47 @@ def test_ot_agent_tasks_yield_traces_end_to_end(project):
     assert image_exists(f"{IMAGE_REPO}:{environment_hash(by_name['swe-1'])[:24]}")
     assert not image_exists(f"{IMAGE_REPO}:{environment_hash(by_name['tezos-local'])[:24]}")
     assert "traces <b>4</b>" in (results / "report" / "report.html").read_text()
+
+
+def _with_environment(task: TaskDir, environment: str) -> TaskDir:
+    task.add("task.toml", f"[agent]\ntimeout_sec = 120.0\n\n[environment]\n{environment}")
+    return task
+
+
+@pytest.fixture
+def own_network(monkeypatch):
+    """A podman network of the test's own with an HTTP server in it (never an outside
+    address); trials that may use the network join it. Yields the server's URL."""
+    net, server = f"otbuild-test-{secrets.token_hex(4)}", f"otbuild-test-srv-{secrets.token_hex(4)}"
+    image = ensure_image(ot_agent_task("server", 1))
+    subprocess.run(["podman", "network", "create", net], check=True, capture_output=True)
+    try:
+        subprocess.run(["podman", "run", "-d", "--name", server, "--network", net, "--entrypoint", "python3",
+                        image, "-m", "http.server", "8000"], check=True, capture_output=True)
+        ip = subprocess.run(["podman", "inspect", "-f", f'{{{{(index .NetworkSettings.Networks "{net}").IPAddress}}}}',
+                             server], check=True, capture_output=True, text=True).stdout.strip()
+        monkeypatch.setenv("OTBUILD_PODMAN_NETWORK", net)
+        yield f"http://{ip}:8000/"
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", server], capture_output=True)
+        subprocess.run(["podman", "network", "rm", "-f", net], capture_output=True)
+
+
+@needs_podman
+def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
+    probe = ("python3 -c \"import time, urllib.request\nfor _ in range(20):\n    try:\n        print(urllib.request"
+             f".urlopen('{own_network}', timeout=2).status); break\n    except OSError as e:\n        err = e; "
+             "time.sleep(0.25)\nelse:\n    raise SystemExit(str(err))\"")
+
+    def reaches(task, limits=Limits()):
+        with open_sandbox(task, tmp_path, backend="podman", limits=limits, cleanup=True) as box:
+            r = box.run(probe, timeout=30)
+            return r.exit_code == 0 and r.output.strip() == "200"
+
+    harbor_default = ot_agent_task("net-default", 1)
+    harbor_default.files.pop("task.toml")
+    assert reaches(harbor_default)  # as Harbor: the network unless the task says otherwise
+    assert reaches(_with_environment(ot_agent_task("net-on", 1), "allow_internet = true\n"))
+    assert not reaches(_with_environment(ot_agent_task("net-off", 1), "allow_internet = false\n"))
+    assert not reaches(_with_environment(ot_agent_task("net-mode", 1), 'network_mode = "no-network"\n'))
+    assert not reaches(harbor_default, Limits(network="none"))  # the recipe forces it off

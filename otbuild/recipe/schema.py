@@ -192,6 +192,9 @@ class SandboxLimits(Strict):
     file_size_mb: int = Field(default=512, ge=1)
     max_processes: int = Field(default=256, ge=8)
     output_bytes: int = Field(default=10_000_000, ge=10_000)
+    network: Literal["task", "none"] = Field(
+        default="task", description="podman: the network task.toml's allow_internet allows (Harbor's default: "
+        "the internet), or none for every task")
 
 
 class HarborBackend(Strict):

@@ -3,7 +3,7 @@
 The image is built from the task's `environment/Dockerfile` (build context `environment/`,
 `--pull=never`: base images come from `scripts/podman-setup.sh`) and cached under a tag made
 of the content hash of `environment/`, so equal environments share one image and a rebuild
-is free. A trial is one container (`--init`, `--network=none`, memory, pids and cpu limits);
+is free. A trial is one container (`--init`, the network task.toml allows, memory, pids, cpu limits);
 commands run in it through `podman exec`. `/logs` is the trial root's `logs/` (the reward is
 read from the host side, as for bwrap), `/solution` is mounted read-only for the oracle only,
 and `/tests` is copied in when the verifier first runs.
@@ -140,7 +140,7 @@ def _build(task: TaskDir, tag: str) -> None:
 class PodmanSandbox(Sandbox):
     """A trial in its own container. Same interface and guarantees as the bwrap sandbox."""
 
-    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float,
+    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float, network: str,
                  with_solution: bool, cleanup: bool):
         self.task, self.root, self.backend, self.limits = task, root, "podman", limits
         self._with_solution, self._cleanup = with_solution, cleanup
@@ -154,7 +154,7 @@ class PodmanSandbox(Sandbox):
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
         mb, fsize = limits.memory_mb, limits.file_size_mb * 1024 * 1024
         try:  # a failed `run` can leave the container created: removed as well
-            _podman("run", "-d", "--init", "--name", self.container, "--network=none", "--hostname", "sandbox",
+            _podman("run", "-d", "--init", "--name", self.container, f"--network={network}", "--hostname", "sandbox",
                     f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
@@ -280,4 +280,15 @@ def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: boo
     env_cfg = task_config(task).get("environment", {})
     image = ensure_image(task, env_cfg.get("docker_image"))
     cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
-    return PodmanSandbox(task, root, image, limits, cpus=cpus, with_solution=with_solution, cleanup=cleanup)
+    network = trial_network(env_cfg) if limits.network == "task" else "none"
+    return PodmanSandbox(task, root, image, limits, cpus=cpus, network=network, with_solution=with_solution,
+                         cleanup=cleanup)
+
+
+def trial_network(env_cfg: dict) -> str:
+    """The podman network of a trial of a task with this `[environment]`: none when it says
+    `network_mode = "no-network"` or `allow_internet = false`, else (Harbor's default: public)
+    `OTBUILD_PODMAN_NETWORK` or podman's default network."""
+    mode = env_cfg.get("network_mode")
+    allowed = mode != "no-network" if mode is not None else env_cfg.get("allow_internet", True) is not False
+    return os.environ.get("OTBUILD_PODMAN_NETWORK", "podman") if allowed else "none"
