@@ -148,6 +148,18 @@ def serve(args):
     sys.exit(serve_main(list(args)))
 
 
+@main.command()
+@click.option("--containers", is_flag=True, help="Remove podman trial containers whose build is no longer "
+              "running (left by kill -9); those of live builds are kept.")
+def clean(containers):
+    """Remove what killed builds left behind."""
+    if not containers:
+        raise click.UsageError("say what to clean: --containers")
+    from otbuild.sandbox.podman import remove_leaked_containers
+
+    out.print(f"removed {remove_leaked_containers()} trial container(s) of builds that are no longer running")
+
+
 @main.group()
 def ingest():
     """Bring results made elsewhere in as otbuild tables."""

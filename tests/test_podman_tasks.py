@@ -5,15 +5,21 @@ of the paper's recipe shape with the oracle teacher yields traces."""
 from __future__ import annotations
 
 import fnmatch
+import os
 import secrets
+import signal
+import socket
 import subprocess
+import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from otbuild import sandbox
 from otbuild.sandbox import Limits, TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
-from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, ensure_image, environment_hash, image_exists
+from otbuild.sandbox import podman
+from otbuild.sandbox.podman import IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash, image_exists
 from otbuild.stages.rollout import check_podman
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
@@ -215,3 +221,56 @@ def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
     assert not reaches(_with_environment(ot_agent_task("net-off", 1), "allow_internet = false\n"))
     assert not reaches(_with_environment(ot_agent_task("net-mode", 1), 'network_mode = "no-network"\n'))
     assert not reaches(harbor_default, Limits(network="none"))  # the recipe forces it off
+
+
+def _trial_containers() -> set[str]:
+    r = subprocess.run(["podman", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={OWNER_LABEL}"],
+                       capture_output=True, text=True, check=True)
+    return set(r.stdout.split())
+
+
+SLOW_RECIPE = """
+sources:
+  swesmith: {kind: harbor-parquet, rank: 1, path: data/swesmith.parquet}
+teacher: {engine: oracle, sandbox: podman, concurrency: 2, max_episodes: 20}
+trace_filter: {min_turns: 1}
+"""
+
+
+@pytest.mark.slow
+@needs_podman
+def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project):
+    (project / "data").mkdir()
+    tasks = [ot_agent_task(f"slow-{i}", 8090 + i) for i in range(2)]
+    for t in tasks:  # a long step, so the kill finds the trials running
+        t.add("solution/solve.sh", "#!/bin/bash\nsleep 6\n" + SOLVE.format(port=8090 + int(t.name[-1])),
+              executable=True)
+    write_tasks(project / "data" / "swesmith.parquet", [TaskRecord(t, False) for t in tasks], source="swesmith")
+    (project / "recipes" / "slow.yaml").write_text(SLOW_RECIPE)
+    before = _trial_containers()
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "slow", "--cores", "2"], cwd=project,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while len(_trial_containers() - before) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its jobs: a lost node
+        proc.wait()
+    left = _trial_containers() - before
+    assert len(left) == 2  # what kill -9 leaves: containers nothing will close
+
+    _, log = snakemake(project, "slow", "--cores", "2")  # the restart cleans up and rebuilds
+    assert "removed 2 trial container(s) of builds that are no longer running" in log
+    assert not left & _trial_containers()
+    assert not _trial_containers() - before  # and the rebuild's own trials were closed
+    traces = pq.read_table(project / "results" / "slow" / "teacher" / "traces.parquet").to_pylist()
+    assert [t["reward"] for t in traces] == [1.0, 1.0]
+
+
+def test_clean_containers_removes_only_those_of_dead_builds(monkeypatch):
+    removed = []
+    monkeypatch.setattr(podman, "_podman", lambda *a, **k: removed.append(a) or subprocess.CompletedProcess(
+        a, 0, stdout=f"aaa {podman.owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"))
+    monkeypatch.setattr(podman.shutil, "which", lambda _: "/usr/bin/podman")
+    assert podman.leaked_containers() == ["bbb"]  # a live owner's and another host's stay

@@ -24,6 +24,7 @@ import os
 import resource
 import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -44,6 +45,7 @@ IMAGE_REPO = "localhost/otbuild-env"
 BUILD_TIMEOUT_SEC = 3600
 LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
 MARKER = "OTBUILD_EXEC"
+OWNER_LABEL = "otbuild.owner"  # host:pid:start time of the process (the build's job) running the trial
 
 
 class ImageBuildError(SandboxError):
@@ -136,6 +138,47 @@ def _build(task: TaskDir, tag: str) -> None:
     log.info("built %s for task %s", tag, task.name)
 
 
+# -- containers of dead builds --------------------------------------------------------------
+def owner(pid: int | None = None) -> str:
+    """`host:pid:start`: names a live process unambiguously (a reused pid starts later)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "gone"
+
+
+def leaked_containers() -> list[str]:
+    """Trial containers on this host whose owner (the job that ran the trial: a build killed
+    with kill -9, a lost job) is gone: nothing will ever close them."""
+    if shutil.which("podman") is None:
+        return []
+    r = _podman("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
+                f'{{{{.ID}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}', check=False)
+    leaked = []
+    for line in r.stdout.splitlines():
+        cid, _, label = line.partition(" ")
+        host, _, rest = label.partition(":")
+        pid, _, _start = rest.partition(":")
+        if host == socket.gethostname() and pid.isdigit() and owner(int(pid)) != label:
+            leaked.append(cid)
+    return leaked
+
+
+def remove_leaked_containers() -> int:
+    """Remove the trial containers of dead builds (their processes, exec sessions and conmon
+    go with them); the number removed."""
+    leaked = leaked_containers()
+    if leaked:
+        _podman("rm", "-f", "-t", "0", *leaked, check=False, timeout=300)
+    return len(leaked)
+
+
 # -- the trial ------------------------------------------------------------------------------
 class PodmanSandbox(Sandbox):
     """A trial in its own container. Same interface and guarantees as the bwrap sandbox."""
@@ -158,7 +201,7 @@ class PodmanSandbox(Sandbox):
                     f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
-                    "--label", f"otbuild.trial={root}", *mounts, "--entrypoint", "sleep", image, "infinity",
+                    "--label", f"otbuild.trial={root}", "--label", f"{OWNER_LABEL}={owner()}", *mounts, "--entrypoint", "sleep", image, "infinity",
                     timeout=300, cwd=root)  # conmon's cwd: it writes an `oom` file there on an OOM kill
             info = json.loads(_podman("inspect", self.container).stdout)[0]
             init = int(info["State"]["Pid"])
