@@ -161,6 +161,28 @@ def clean(containers):
 
 
 @main.group()
+def images():
+    """Container images for podman trials."""
+
+
+@images.command("load")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def images_load(folder):
+    """Import every image tarball in FOLDER (`podman save` / `docker save`: docker-archive or
+    OCI) into podman's storage: base images for clusters that reach no registry."""
+    from otbuild.sandbox.podman import ContainerError, load_images
+
+    try:
+        loaded = load_images(folder)
+    except ContainerError as e:
+        raise ConfigError(str(e)) from None
+    for path, names in loaded:
+        out.print(f"[green]loaded[/] {names} from {path.name}")
+    if not loaded:
+        raise ConfigError(f"{folder}: no image tarballs in it")
+
+
+@main.group()
 def ingest():
     """Bring results made elsewhere in as otbuild tables."""
 

@@ -24,7 +24,7 @@ from otbuild.stages.rollout import check_podman
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from tests.conftest import OT_AGENT_DOCKERFILE, snakemake
+from tests.conftest import OT_AGENT_DOCKERFILE, otbuild, snakemake
 
 needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
                                   reason=f"podman unusable here: {backend_problem('podman')}")
@@ -274,3 +274,28 @@ def test_clean_containers_removes_only_those_of_dead_builds(monkeypatch):
         a, 0, stdout=f"aaa {podman.owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"))
     monkeypatch.setattr(podman.shutil, "which", lambda _: "/usr/bin/podman")
     assert podman.leaked_containers() == ["bbb"]  # a live owner's and another host's stay
+
+
+@needs_podman
+def test_images_load_imports_saved_tarballs_for_offline_clusters(tmp_path, project):
+    ref = f"localhost/otbuild-test-load:{secrets.token_hex(4)}"
+    subprocess.run(["podman", "tag", "docker.io/library/debian:bookworm", ref], check=True)
+    archives = tmp_path / "images"
+    archives.mkdir()
+    subprocess.run(["podman", "save", "-q", "-o", str(archives / "base.tar"), ref], check=True)
+    subprocess.run(["podman", "rmi", ref], check=True, capture_output=True)
+    task = ot_agent_task("from-registry", 1, f"FROM {ref}\nWORKDIR /app\nCOPY app/ /app/\n")
+    try:
+        assert not image_exists(ref)
+        with pytest.raises(ImageBuildError, match="base image is missing.*otbuild images load DIR"):
+            open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never"))
+        r = otbuild(project, "images", "load", str(archives))
+        assert r.returncode == 0 and ref in r.stdout and image_exists(ref)
+        with open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never")) as box:
+            assert box.run("cat /etc/debian_version", timeout=30).output.startswith("12")
+        (archives / "junk.tar").write_text("not an image")
+        r = otbuild(project, "images", "load", str(archives))
+        assert r.returncode == 2 and "junk.tar: not a docker-archive or OCI image tarball" in r.stderr
+    finally:
+        subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)
+        subprocess.run(["podman", "rmi", "-f", f"{IMAGE_REPO}:{environment_hash(task)[:24]}"], capture_output=True)

@@ -195,6 +195,8 @@ class SandboxLimits(Strict):
     network: Literal["task", "none"] = Field(
         default="task", description="podman: the network task.toml's allow_internet allows (Harbor's default: "
         "the internet), or none for every task")
+    pull: Literal["never", "missing", "always"] = execution_only(
+        "missing", description="podman: fetch a task's base image from its registry when not present locally")
 
 
 class HarborBackend(Strict):

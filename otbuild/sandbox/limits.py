@@ -28,6 +28,7 @@ class Limits:
     wall_seconds: float = 900
     output_bytes: int = 10_000_000
     network: str = "task"
+    pull: str = "missing"  # podman's policy for base images: never | missing | always
 
     def prlimit(self) -> list[str]:
         """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to

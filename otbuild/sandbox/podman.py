@@ -1,7 +1,8 @@
 """The podman backend: a trial in a long-lived container of the task's own image.
 
 The image is built from the task's `environment/Dockerfile` (build context `environment/`,
-`--pull=never`: base images come from `scripts/podman-setup.sh`) and cached under a tag made
+`--pull` as `Limits.pull` says; offline, base images come from `scripts/podman-setup.sh` or
+`otbuild images load`) and cached under a tag made
 of the content hash of `environment/`, so equal environments share one image and a rebuild
 is free. A trial is one container (`--init`, the network task.toml allows, memory, pids, cpu limits);
 commands run in it through `podman exec`. `/logs` is the trial root's `logs/` (the reward is
@@ -45,6 +46,8 @@ IMAGE_REPO = "localhost/otbuild-env"
 BUILD_TIMEOUT_SEC = 3600
 LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
 MARKER = "OTBUILD_EXEC"
+LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
+             "scripts/podman-setup.sh builds ubuntu and debian ones)")
 OWNER_LABEL = "otbuild.owner"  # host:pid:start time of the process (the build's job) running the trial
 
 
@@ -101,14 +104,16 @@ def image_exists(ref: str) -> bool:
     return _podman("image", "exists", ref, check=False).returncode == 0
 
 
-def ensure_image(task: TaskDir, docker_image: str | None = None) -> str:
+def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "missing") -> str:
     """The image a trial of `task` runs in, built when missing (one build per environment
-    hash at a time, across processes). A prebuilt `docker_image` is used only when present."""
+    hash at a time, across processes). `pull` (never | missing | always) is podman's policy for
+    base images and a prebuilt `docker_image`."""
     if DOCKERFILE not in task.files:
-        if docker_image and image_exists(docker_image):
+        if docker_image and (image_exists(docker_image) if pull == "never" else _pull(docker_image, pull)):
             return docker_image
         raise ImageBuildError(f"task {task.name!r}: no environment/Dockerfile to build"
                               + (f", and its image {docker_image!r} is not present locally"
+                                 f"{'' if pull == 'never' else ' nor could it be pulled'}{LOAD_HINT}"
                                  if docker_image else ""))
     tag = f"{IMAGE_REPO}:{environment_hash(task)[:24]}"
     if image_exists(tag):
@@ -117,25 +122,47 @@ def ensure_image(task: TaskDir, docker_image: str | None = None) -> str:
     with open(LOCK_DIR / f"{tag.rsplit(':', 1)[1]}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not image_exists(tag):
-            _build(task, tag)
+            _build(task, tag, pull)
     return tag
 
 
-def _build(task: TaskDir, tag: str) -> None:
+def _pull(ref: str, pull: str) -> bool:
+    if pull == "missing" and image_exists(ref):
+        return True
+    return _podman("pull", "-q", ref, check=False, timeout=BUILD_TIMEOUT_SEC).returncode == 0
+
+
+def _build(task: TaskDir, tag: str, pull: str) -> None:
     with tempfile.TemporaryDirectory(prefix="otbuild-build-") as ctx:
         write_subtree(task, "environment", Path(ctx))
         try:
-            r = subprocess.run(["podman", "build", "--pull=never", "--layers", "--quiet", "-t", tag,
+            r = subprocess.run(["podman", "build", f"--pull={pull}", "--layers", "--quiet", "-t", tag,
                                 "-f", str(Path(ctx) / "Dockerfile"), ctx],
                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_SEC, check=False)
         except subprocess.TimeoutExpired:
             raise ImageBuildError(f"task {task.name!r}: podman build ran past {BUILD_TIMEOUT_SEC}s") from None
     if r.returncode != 0:
-        hint = ("; a base image is missing: scripts/podman-setup.sh builds ubuntu and debian ones"
-                if "image not known" in r.stderr or "pull policy" in r.stderr else "")
+        missing = ("image not known" in r.stderr or "pull policy" in r.stderr
+                   or "initializing source" in r.stderr or "short-name" in r.stderr)
+        hint = f"; a base image is missing{LOAD_HINT}" if missing else ""
         raise ImageBuildError(f"task {task.name!r}: podman build failed (exit {r.returncode}){hint}:\n"
                               f"{_tail(r.stdout + r.stderr, 3000)}")
     log.info("built %s for task %s", tag, task.name)
+
+
+def load_images(folder: Path) -> list[tuple[Path, str]]:
+    """`podman load` every file in `folder` (docker-archive or OCI tarballs, as `podman save`
+    or `docker save` write them, gzipped or not), for clusters no registry reaches: (file,
+    the images it held) per file. ContainerError naming the file that is not an image archive."""
+    loaded = []
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        r = _podman("load", "-i", str(path), check=False, timeout=BUILD_TIMEOUT_SEC)
+        if r.returncode != 0:
+            raise ContainerError(f"{path}: not a docker-archive or OCI image tarball podman can load: "
+                                 f"{_tail(r.stderr, 1000)}")
+        names = [ln.split(":", 1)[1].strip() for ln in r.stdout.splitlines() if ln.startswith("Loaded image")]
+        loaded.append((path, ", ".join(names)))
+    return loaded
 
 
 # -- containers of dead builds --------------------------------------------------------------
@@ -321,7 +348,7 @@ def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: boo
                 cleanup: bool) -> PodmanSandbox:
     """Build (or reuse) the task's image and start its trial container in `root`."""
     env_cfg = task_config(task).get("environment", {})
-    image = ensure_image(task, env_cfg.get("docker_image"))
+    image = ensure_image(task, env_cfg.get("docker_image"), limits.pull)
     cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
     network = trial_network(env_cfg) if limits.network == "task" else "none"
     return PodmanSandbox(task, root, image, limits, cpus=cpus, network=network, with_solution=with_solution,
