@@ -50,13 +50,36 @@ def _plan(recipe: str):
 
 @main.command()
 @click.argument("recipes", nargs=-1, required=True)
-def validate(recipes):
+@click.option("--images", is_flag=True, help="Also list each distinct base image the recipes' tasks start "
+              "FROM and whether podman has it here (exit 1 when one is missing).")
+def validate(recipes, images):
     """Check RECIPES (names under recipes/ or paths) against the schema; write nothing."""
+    missing_images = 0
     for r in recipes:
         plan = _plan(r)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
         for node, path in plan.missing:
             err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
+        if images:
+            missing_images += _print_images(plan)
+    if missing_images:
+        raise SystemExit(1)
+
+
+def _print_images(plan) -> int:
+    """The base-image table of one plan; how many images are missing."""
+    from otbuild.sandbox.preflight import base_image_counts, image_presence
+
+    counts = base_image_counts(plan)
+    presence = image_presence(sorted(counts))
+    table = Table(title=f"base images: {plan.recipe.name}")
+    for col in ("image", "tasks", "here"):
+        table.add_column(col)
+    for image, present in presence.items():
+        shown = {True: "[green]present[/]", False: "[red]missing[/]", None: "[yellow]podman unavailable[/]"}
+        table.add_row(image, str(counts[image]), shown[present])
+    out.print(table)
+    return sum(1 for p in presence.values() if p is not True)
 
 
 @main.command()

@@ -299,3 +299,19 @@ def test_images_load_imports_saved_tarballs_for_offline_clusters(tmp_path, proje
     finally:
         subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)
         subprocess.run(["podman", "rmi", "-f", f"{IMAGE_REPO}:{environment_hash(task)[:24]}"], capture_output=True)
+
+
+@needs_podman
+def test_validate_images_lists_each_base_image_and_whether_it_is_here(project):
+    (project / "data").mkdir()
+    tasks = [ot_agent_task("a", 1), ot_agent_task("b", 2),
+             ot_agent_task("c", 3, "FROM localhost/swesmith.x86_64.repo_1234:latest\nRUN true\n")]
+    write_tasks(project / "data" / "t.parquet", [TaskRecord(t, False) for t in tasks], source="t")
+    (project / "recipes" / "imgs.yaml").write_text(
+        "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\nteacher: {engine: oracle, sandbox: podman}\n")
+    r = otbuild(project, "validate", "--images", "imgs")
+    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in r.stdout.splitlines() if line.startswith("│ ")]
+    rows = {c[0]: c[1:] for c in cells}
+    assert rows["ubuntu:24.04"] == ["2", "present"]
+    assert rows["localhost/swesmith.x86_64.repo_1234:latest"] == ["1", "missing"]
+    assert r.returncode == 1
