@@ -19,7 +19,8 @@ import pytest
 from otbuild import sandbox
 from otbuild.sandbox import Limits, TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
 from otbuild.sandbox import podman
-from otbuild.sandbox.podman import IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash, image_exists
+from otbuild.sandbox.podman import (IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash,
+                                    image_exists)
 from otbuild.stages.rollout import check_podman
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
@@ -194,8 +195,9 @@ def own_network(monkeypatch):
     try:
         subprocess.run(["podman", "run", "-d", "--name", server, "--network", net, "--entrypoint", "python3",
                         image, "-m", "http.server", "8000"], check=True, capture_output=True)
-        ip = subprocess.run(["podman", "inspect", "-f", f'{{{{(index .NetworkSettings.Networks "{net}").IPAddress}}}}',
-                             server], check=True, capture_output=True, text=True).stdout.strip()
+        address = f'{{{{(index .NetworkSettings.Networks "{net}").IPAddress}}}}'
+        ip = subprocess.run(["podman", "inspect", "-f", address, server], check=True, capture_output=True,
+                            text=True).stdout.strip()
         monkeypatch.setenv("OTBUILD_PODMAN_NETWORK", net)
         yield f"http://{ip}:8000/"
     finally:
@@ -308,10 +310,23 @@ def test_validate_images_lists_each_base_image_and_whether_it_is_here(project):
              ot_agent_task("c", 3, "FROM localhost/swesmith.x86_64.repo_1234:latest\nRUN true\n")]
     write_tasks(project / "data" / "t.parquet", [TaskRecord(t, False) for t in tasks], source="t")
     (project / "recipes" / "imgs.yaml").write_text(
-        "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\nteacher: {engine: oracle, sandbox: podman}\n")
+        "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\n"
+        "teacher: {engine: oracle, sandbox: podman}\n")
     r = otbuild(project, "validate", "--images", "imgs")
-    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in r.stdout.splitlines() if line.startswith("│ ")]
+    lines = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
+    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in lines]
     rows = {c[0]: c[1:] for c in cells}
     assert rows["ubuntu:24.04"] == ["2", "present"]
     assert rows["localhost/swesmith.x86_64.repo_1234:latest"] == ["1", "missing"]
     assert r.returncode == 1
+
+
+@needs_podman
+def test_a_podman_trial_is_stopped_at_its_disk_cap_wherever_it_writes(tmp_path):
+    task = ot_agent_task("disk-hog", 1)
+    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(storage_mb=32), cleanup=True) as box:
+        assert box.run("head -c 4000000 /dev/zero > /usr/local/small", timeout=30).exit_code == 0
+        assert not box.disk_exceeded
+        r = box.run("for i in $(seq 1 200); do head -c 1048576 /dev/zero > /usr/local/f$i; sleep 0.02; done",
+                    timeout=60)  # the image's own filesystem, not a mounted dir
+        assert box.disk_exceeded and r.exit_code != 0 and r.duration_s < 30

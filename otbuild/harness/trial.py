@@ -65,6 +65,7 @@ TIMEOUT = "agent_timeout"
 MAX_EPISODES = "max_episodes"
 SHELL_EXITED = "shell_exited"
 CONTEXT_EXCEEDED = "context_length_exceeded"  # the next request would not fit the model
+DISK_EXCEEDED = "disk_limit_exceeded"  # the trial wrote storage_mb: a failed task, unverified
 
 
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
@@ -92,9 +93,13 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                 box.kill_all()  # nothing the agent started survives into the verifier
             if stop == CONTEXT_EXCEEDED:
                 reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
-            else:
+            elif not box.disk_exceeded:
                 reward, extra = await _verify(box, verifier_timeout)
                 details.update(extra)
+            if box.disk_exceeded:  # the trial filled its writable space: everything was killed
+                stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
+                details["stop_message"] = (f"the trial reached its disk limit of {box.limits.storage_mb} MB "
+                                           "(task.toml storage_mb, else limits.storage_mb); every process was killed")
     except INFRASTRUCTURE_ERRORS as e:
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]

@@ -197,6 +197,8 @@ class SandboxLimits(Strict):
         "the internet), or none for every task")
     pull: Literal["never", "missing", "always"] = execution_only(
         "missing", description="podman: fetch a task's base image from its registry when not present locally")
+    storage_mb: int = Field(default=10240, ge=16, description="a trial's writable space, for tasks whose "
+                            "task.toml sets no storage_mb; reaching it ends the trial as a task failure")
 
 
 class HarborBackend(Strict):

@@ -29,6 +29,7 @@ class Limits:
     output_bytes: int = 10_000_000
     network: str = "task"
     pull: str = "missing"  # podman's policy for base images: never | missing | always
+    storage_mb: int = 10240  # the trial's writable space (a task's own storage_mb wins): otbuild/sandbox/disk.py
 
     def prlimit(self) -> list[str]:
         """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to

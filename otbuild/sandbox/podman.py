@@ -25,7 +25,6 @@ import os
 import resource
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -35,7 +34,8 @@ from pathlib import Path
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
-from otbuild.sandbox.procs import kill_until_gone, pids_with_env, scan
+from otbuild.sandbox.disk import MB, storage_opt, tree_usage
+from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
@@ -166,20 +166,6 @@ def load_images(folder: Path) -> list[tuple[Path, str]]:
 
 
 # -- containers of dead builds --------------------------------------------------------------
-def owner(pid: int | None = None) -> str:
-    """`host:pid:start`: names a live process unambiguously (a reused pid starts later)."""
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return "gone"
-
-
 def leaked_containers() -> list[str]:
     """Trial containers on this host whose owner (the job that ran the trial: a build killed
     with kill -9, a lost job) is gone: nothing will ever close them."""
@@ -187,14 +173,7 @@ def leaked_containers() -> list[str]:
         return []
     r = _podman("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
                 f'{{{{.ID}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}', check=False)
-    leaked = []
-    for line in r.stdout.splitlines():
-        cid, _, label = line.partition(" ")
-        host, _, rest = label.partition(":")
-        pid, _, _start = rest.partition(":")
-        if host == socket.gethostname() and pid.isdigit() and owner(int(pid)) != label:
-            leaked.append(cid)
-    return leaked
+    return [cid for cid, _, label in (ln.partition(" ") for ln in r.stdout.splitlines()) if owner_is_gone(label)]
 
 
 def remove_leaked_containers() -> int:
@@ -222,23 +201,29 @@ class PodmanSandbox(Sandbox):
         if with_solution:
             write_subtree(task, "solution", root / "solution")
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
-        mb, fsize = limits.memory_mb, limits.file_size_mb * 1024 * 1024
+        mb, fsize = limits.memory_mb, limits.file_size_mb * MB
         try:  # a failed `run` can leave the container created: removed as well
             _podman("run", "-d", "--init", "--name", self.container, f"--network={network}", "--hostname", "sandbox",
                     f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
-                    "--label", f"otbuild.trial={root}", "--label", f"{OWNER_LABEL}={owner()}", *mounts, "--entrypoint", "sleep", image, "infinity",
+                    "--label", f"otbuild.trial={root}", "--label", f"{OWNER_LABEL}={owner()}", *mounts,
+                    *storage_opt(image, limits.storage_mb), "--entrypoint", "sleep", image, "infinity",
                     timeout=300, cwd=root)  # conmon's cwd: it writes an `oom` file there on an OOM kill
             info = json.loads(_podman("inspect", self.container).stdout)[0]
             init = int(info["State"]["Pid"])
             self._pidns = os.readlink(f"/proc/{init}/ns/pid")
             self._keep = {init} | _keeper(init)  # catatonit and its `sleep infinity`
             self.workdir = info["Config"].get("WorkingDir") or "/"
+            self._upper = Path(info["GraphDriver"]["Data"].get("UpperDir") or root / "no-upper-dir")
         except BaseException:
             self._remove()
             raise
         self._start_clock()
+
+    def _disk_used(self) -> int:
+        """What the trial wrote: the container's writable layer and /logs."""
+        return tree_usage(self._upper, self.root / "logs")
 
     # -- commands -------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -292,6 +277,7 @@ class PodmanSandbox(Sandbox):
         if self._closed:
             return
         self._watchdog.cancel()
+        self._disk.stop()
         self._closed = True
         self.kill_all()
         self._remove()
