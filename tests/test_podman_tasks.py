@@ -22,6 +22,7 @@ from otbuild.sandbox import podman
 from otbuild.sandbox.podman import (IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash,
                                     image_exists)
 from otbuild.stages.rollout import check_podman
+from otbuild.sources.synthetic import generate
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
@@ -81,6 +82,9 @@ def test_auto_sends_a_task_whose_base_image_the_host_is_not_to_podman(monkeypatc
         says_so = ot_agent_task("says-so", 1, "FROM python:3.13\nWORKDIR /app\n")
         says_so.add("task.toml", "[metadata]\nhost_compatible = true\n")
         assert backend_for(says_so, "auto") == "bwrap"
+        synthetic = next(generate(1, 0)).task  # otbuild's own tasks: FROM python:3.12-slim, stdlib only
+        assert "python:3.12-slim" in synthetic.text("environment/Dockerfile")
+        assert backend_for(synthetic, "auto") == "bwrap"
         monkeypatch.setenv("OTBUILD_HOST_IMAGES", "python:3.13*")  # the declared list, extended
         host_images.cache_clear()
         assert backend_for(other_python, "auto") == "bwrap"

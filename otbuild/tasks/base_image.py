@@ -5,7 +5,8 @@ be what the `FROM` image would have been: the same distribution release, or a `p
 image of the host's Python version on the host's release. The declared list (`host_images`) is
 built from the host's /etc/os-release and python3, plus `OTBUILD_HOST_IMAGES` (space-separated
 patterns, `*` matching anything). A task may also say so itself: `[metadata] host_compatible =
-true`; otbuild's synthetic tasks (only bash and Python's standard library) do by their generator.
+true`; otbuild's own synthetic, stackexchange and nl2bash tasks (only bash and Python's standard
+library) are by their metadata.
 Standard library only (Harbor's environment class imports the tasks package in its own Python).
 """
 
@@ -20,7 +21,10 @@ import subprocess
 from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
-HOST_GENERATORS = ("otbuild.synthetic",)  # generated tasks that need nothing the host lacks
+# otbuild's own tasks, which need only bash and Python's standard library whatever their FROM:
+# synthetic ([metadata] generator), stackexchange and nl2bash adapters' ([metadata] source)
+HOST_GENERATORS = ("otbuild.synthetic",)
+HOST_SOURCES = ("stackexchange", "nl2bash")
 
 
 def base_images(dockerfile: str) -> list[str]:
@@ -90,7 +94,8 @@ def host_compatible(task: TaskDir) -> bool:
     """True when a sandbox on the host's root filesystem gives the task what its image would:
     no Dockerfile, the task says so, or its final FROM matches `host_images()`."""
     meta = task_config(task).get("metadata", {})
-    if meta.get("host_compatible") is True or meta.get("generator") in HOST_GENERATORS:
+    if (meta.get("host_compatible") is True or meta.get("generator") in HOST_GENERATORS
+            or meta.get("source") in HOST_SOURCES):
         return True
     if task.text(DOCKERFILE) is None:
         return True
