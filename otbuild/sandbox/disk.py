@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,11 +112,14 @@ class DiskWatch:
         self._thread.start()
 
     def _watch(self) -> None:
-        while not self._stopped.wait(POLL_SEC):
+        pause = POLL_SEC
+        while not self._stopped.wait(pause):
+            start = time.monotonic()
             try:
                 used = self._measure()
             except OSError:
                 continue
+            pause = max(POLL_SEC, 10 * (time.monotonic() - start))  # a big tree: at most 10% of a core
             if used >= self._cap - SLACK_BYTES:
                 self.exceeded = True
                 self._on_exceeded()
