@@ -2,12 +2,12 @@
 
 The image is built from the task's `environment/Dockerfile` (build context `environment/`,
 `--pull` as `Limits.pull` says; offline, base images come from `scripts/podman-setup.sh` or
-`otbuild images load`) and cached under a tag made
-of the content hash of `environment/`, so equal environments share one image and a rebuild
-is free. A trial is one container (`--init`, the network task.toml allows, memory, pids, cpu limits);
-commands run in it through `podman exec`. `/logs` is the trial root's `logs/` (the reward is
-read from the host side, as for bwrap), `/solution` is mounted read-only for the oracle only,
-and `/tests` is copied in when the verifier first runs.
+`otbuild images load`) and cached under a tag made of the content hash of `environment/`, so
+equal environments share one image and a rebuild is free. A trial is one container (`--init`,
+the network its task.toml allows, memory, pids, cpu and disk limits); commands run in it
+through `podman exec`. `/logs` is the trial root's `logs/` (the reward is read from the host
+side, as for bwrap), `/solution` is mounted read-only for the oracle only, and `/tests` is
+copied in when the verifier first runs.
 
 Every command gets a marker in its environment; when it ends, the processes still carrying
 that marker (what it left in the background) are killed, and `kill_all` kills everything in
@@ -31,10 +31,10 @@ import time
 import tomllib
 from pathlib import Path
 
+from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
-from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.tasks.task_toml import task_config
