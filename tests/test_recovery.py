@@ -2,12 +2,17 @@
 check is tests/test_workflow.py::test_a_killed_build_recovers_by_itself)."""
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from otbuild.recovery import recover
+import pytest
+
+from otbuild.recovery import recover, remove_dead_trial_containers
 
 
 def _locked(root, owner=None):
@@ -45,3 +50,19 @@ def test_locks_of_a_live_snakemake_stay(tmp_path):
         live.wait()
     recover(tmp_path)
     assert not lock.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="trial roots are tmpfs mounts only as root")
+def test_the_trial_tmpfs_of_a_killed_build_is_unmounted_at_the_next_start(tmp_path, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom otbuild.sandbox import open_sandbox\n"
+        "from otbuild.sources.synthetic import generate\n"
+        f"box = open_sandbox(next(generate(1, 3)).task, Path({str(tmp_path)!r}))\n"
+        "print(box.root, flush=True)\ntime.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    root = holder.stdout.readline().strip()
+    assert root in Path("/proc/self/mounts").read_text()
+    holder.kill()  # kill -9: nothing closes its trial
+    holder.wait()
+    remove_dead_trial_containers()
+    assert root not in Path("/proc/self/mounts").read_text()
+    assert re.search(r"unmounted \d+ trial tmpfs", capsys.readouterr().err)
