@@ -484,3 +484,10 @@ def test_a_trial_cannot_write_past_its_disk_cap(generated, tmp_path):
         if os.geteuid() == 0:  # a tmpfs root: the write itself stops at the cap
             assert r.exit_code != 0 and "No space left on device" in r.output
             assert (b.root / "tmp" / "big").stat().st_size <= 16 * 1024 * 1024
+
+
+def test_a_kept_root_keeps_the_trials_files_after_close(generated, tmp_path):
+    with open_sandbox(generated, tmp_path, limits=replace(FAST, storage_mb=16)) as b:
+        b.run("echo kept > /app/note; mkdir -p /root/d && echo x > /root/d/y", timeout=10)
+    assert (b.root / "app" / "note").read_text() == "kept\n" and (b.root / "root" / "d" / "y").exists()
+    assert str(b.root) not in Path("/proc/self/mounts").read_text()  # and no mount is left

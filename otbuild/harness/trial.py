@@ -84,7 +84,7 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     try:
         # in a thread: podman may build the task's image first
         with await asyncio.to_thread(open_sandbox, task, workdir, backend=settings.backend, limits=limits,
-                                     with_solution=getattr(engine, "needs_solution", False)) as box:
+                                     with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions)
             except ContextLengthExceededError as e:

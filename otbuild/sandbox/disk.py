@@ -11,7 +11,9 @@ ext4) the watcher alone bounds it, so a fast writer can overshoot by what it wri
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import shutil
 import stat
 import subprocess
 import threading
@@ -20,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otbuild.sandbox.procs import owner, owner_is_gone
+
+log = logging.getLogger(__name__)
 
 MB = 1024 * 1024
 POLL_SEC = 0.5
@@ -53,8 +57,19 @@ def remove_leaked_scratch() -> int:
     return len(leaked)
 
 
-def unmount_scratch(root: Path) -> None:
+def unmount_scratch(root: Path, keep_files: bool = False) -> None:
+    """Unmount the trial's tmpfs; `keep_files` copies its files to the host disk first, at the
+    same path (a caller that keeps the root after close)."""
+    kept = root.with_name(root.name + ".kept")
+    if keep_files:
+        try:
+            shutil.copytree(root, kept, symlinks=True)
+        except (OSError, shutil.Error) as e:
+            log.warning("trial %s: its files could not all be kept: %s", root, e)
     subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
+    if keep_files and kept.exists():
+        root.rmdir()
+        kept.rename(root)
 
 
 @functools.cache

@@ -198,7 +198,7 @@ class Sandbox:
         self._closed = True
         self._identity.release()
         if self._scratch:
-            unmount_scratch(self.root)  # the trial's files go with it
+            unmount_scratch(self.root, keep_files=not self._cleanup)
         if self._cleanup:
             remove_tree(self.root)
 
