@@ -150,7 +150,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     rows = task_rows(inputs, {t.row for t in todo})
     containers = settings["sandbox"] in ("podman", "auto")  # a task's own image can run here
     if containers:
-        check_podman(settings["sandbox"], [r for r in rows.values() if _needs_image(r)])
+        check_podman(settings["sandbox"], [r for r in rows.values() if _needs_image(r, settings["sandbox"])])
     trial_settings = TrialSettings(
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
@@ -190,10 +190,13 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         progress.finish()
 
 
-def _needs_image(row: dict) -> bool:
+def _needs_image(row: dict, backend: str) -> bool:
+    """The task runs in its own image: no RUN-free layout, or (auto) a FROM the host is not."""
     from otbuild.sandbox import needs_image
 
-    return not row["runnable_locally"] or needs_image(TaskDir.unpack(row["path"], row["task_binary"]))
+    if not row["runnable_locally"] or backend != "auto":
+        return not row["runnable_locally"]
+    return needs_image(TaskDir.unpack(row["path"], row["task_binary"]))
 
 
 def check_podman(backend: str, need_image: list[dict]) -> None:
