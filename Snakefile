@@ -3,10 +3,11 @@
 # Rules are thin shell calls into `otbuild stage ...`; the logic lives in the otbuild package.
 from pathlib import Path
 
-from otbuild.recovery import recover
+from otbuild.recovery import recover, remove_dead_trial_containers
 from otbuild.workflow import Workflow
 
 recover(Path.cwd())  # after a killed run: stale locks, markers of jobs that did finish
+remove_dead_trial_containers()  # and the podman trial containers it left running
 WF = Workflow.load_or_exit(Path.cwd())
 
 wildcard_constraints:

@@ -52,8 +52,11 @@ def _plan(recipe: str):
 
 @main.command()
 @click.argument("recipes", nargs=-1, required=True)
-def validate(recipes):
+@click.option("--images", is_flag=True, help="Also list each distinct base image the recipes' tasks start "
+              "FROM and whether podman has it here (exit 1 when one is missing).")
+def validate(recipes, images):
     """Check RECIPES (names under recipes/ or paths) against the schema; write nothing."""
+    missing_images = 0
     for r in recipes:
         plan = _plan(r)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
@@ -62,6 +65,10 @@ def validate(recipes):
         for node, keys in _not_sent(plan):
             err.print(f"[yellow]warning:[/] {node.label}: {node.settings['model']} is a reasoning model: "
                       f"{', '.join(keys)} not sent (only its default is accepted; docs/engines.md)")
+        if images:
+            missing_images += _print_images(plan)
+    if missing_images:
+        raise SystemExit(1)
 
 
 def _not_sent(plan):
@@ -73,6 +80,22 @@ def _not_sent(plan):
         if s.get("engine") in ("openai", "vllm", "transformers") and s.get("model"):
             if keys := not_sent(s.get("request_params", "auto"), s["model"], node.identity):
                 yield node, keys
+
+
+def _print_images(plan) -> int:
+    """The base-image table of one plan; how many images are missing."""
+    from otbuild.sandbox.preflight import base_image_counts, image_presence
+
+    counts = base_image_counts(plan)
+    presence = image_presence(sorted(counts))
+    table = Table(title=f"base images: {plan.recipe.name}")
+    for col in ("image", "tasks", "here"):
+        table.add_column(col)
+    for image, present in presence.items():
+        shown = {True: "[green]present[/]", False: "[red]missing[/]", None: "[yellow]podman unavailable[/]"}
+        table.add_row(image, str(counts[image]), shown[present])
+    out.print(table)
+    return sum(1 for p in presence.values() if p is not True)
 
 
 @main.command()
@@ -169,6 +192,40 @@ def serve(args):
     from otbuild.serve import main as serve_main
 
     sys.exit(serve_main(list(args)))
+
+
+@main.command()
+@click.option("--containers", is_flag=True, help="Remove podman trial containers whose build is no longer "
+              "running (left by kill -9); those of live builds are kept.")
+def clean(containers):
+    """Remove what killed builds left behind."""
+    if not containers:
+        raise click.UsageError("say what to clean: --containers")
+    from otbuild.sandbox.podman import remove_leaked_containers
+
+    out.print(f"removed {remove_leaked_containers()} trial container(s) of builds that are no longer running")
+
+
+@main.group()
+def images():
+    """Container images for podman trials."""
+
+
+@images.command("load")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def images_load(folder):
+    """Import every image tarball in FOLDER (`podman save` / `docker save`: docker-archive or
+    OCI) into podman's storage: base images for clusters that reach no registry."""
+    from otbuild.sandbox.podman import ContainerError, load_images
+
+    try:
+        loaded = load_images(folder)
+    except ContainerError as e:
+        raise ConfigError(str(e)) from None
+    for path, names in loaded:
+        out.print(f"[green]loaded[/] {names} from {path.name}")
+    if not loaded:
+        raise ConfigError(f"{folder}: no image tarballs in it")
 
 
 @main.group()

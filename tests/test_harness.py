@@ -246,6 +246,34 @@ def test_a_bug_raises_and_only_infrastructure_errors_are_recorded(tmp_path):
     assert "not a number: 'passed" in json.loads(trace["metadata"])["exception_message"]
 
 
+@needs_sandbox
+def test_a_trial_that_fills_its_disk_ends_as_a_task_failure(tmp_path):
+    task = TaskDir("disk-hog")
+    task.add("instruction.md", "Fill the disk.")
+    task.add("task.toml", "[environment]\nstorage_mb = 16\n")  # Harbor's field
+    task.add("tests/test.sh", "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n", executable=True)
+    hog = "for i in $(seq 1 64); do head -c 1048576 /dev/zero > /app/f$i || break; sleep 0.02; done; sleep 30\n"
+    t = time.monotonic()
+    trace = _trial(task, ScriptedEngine([answer(hog, duration=60), answer(complete=True), answer(complete=True)]),
+                   tmp_path)
+    assert time.monotonic() - t < 30  # ended by the cap, not by the command's own end
+    meta = json.loads(trace["metadata"])
+    assert trace["result"] == "DiskLimitExceededError" and trace["exception"] is None and trace["reward"] == 0.0
+    assert meta["stop_reason"] == "disk_limit_exceeded" and "disk limit of 16 MB" in meta["stop_message"]
+
+
+@needs_sandbox
+def test_a_verifier_that_dies_before_writing_a_reward_is_an_infrastructure_exception(tmp_path):
+    task = TaskDir("offline-verifier")
+    task.add("instruction.md", "Do nothing.")
+    task.add("tests/test.sh", "#!/bin/bash\nset -e\npip download --no-cache-dir -q pytest -d /tmp/w\n"
+             "pytest /tests\necho 1 > /logs/verifier/reward.txt\n", executable=True)
+    trace = _trial(task, ScriptedEngine([]), tmp_path)
+    assert trace["exception"] == "RewardFileNotFoundError" and trace["result"] == "RewardFileNotFoundError"
+    assert trace["reward"] is None  # no verdict: not a failed task (reward 0)
+    assert "wrote no /logs/verifier/reward.txt" in json.loads(trace["metadata"])["exception_message"]
+
+
 class BuggyEngine(ScriptedEngine):
     def __init__(self, settings):
         super().__init__([TypeError("a bug in an engine")])

@@ -4,16 +4,29 @@ of the paper's recipe shape with the oracle teacher yields traces."""
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
 import pyarrow.parquet as pq
 import pytest
 
 from otbuild import sandbox
-from otbuild.sandbox import TaskNotRunnableLocally, backend_for, backend_problem, open_sandbox
-from otbuild.sandbox.podman import IMAGE_REPO, ImageBuildError, environment_hash, image_exists
+from otbuild.sandbox import Limits, TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
+from otbuild.sandbox import podman
+from otbuild.sandbox.podman import (IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash,
+                                    image_exists)
 from otbuild.stages.rollout import check_podman
+from otbuild.sources.synthetic import generate
+from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from tests.conftest import OT_AGENT_DOCKERFILE, snakemake
+from tests.conftest import OT_AGENT_DOCKERFILE, otbuild, snakemake
 
 needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
                                   reason=f"podman unusable here: {backend_problem('podman')}")
@@ -51,7 +64,39 @@ def ot_agent_task(name: str, port: int, dockerfile: str = OT_AGENT_DOCKERFILE) -
     return t
 
 
-NO_RUN = "FROM ubuntu:24.04\nWORKDIR /app\nCOPY app/ /app/\n"  # a local sandbox lays it out
+# no RUN lines and FROM the host's own release: a local sandbox lays it out on the host's /usr
+NO_RUN = f"FROM {host_images()[0]}\nWORKDIR /app\nCOPY app/ /app/\n"
+
+
+def test_auto_sends_a_task_whose_base_image_the_host_is_not_to_podman(monkeypatch):
+    monkeypatch.setattr(sandbox.podman, "available", lambda: None)
+    monkeypatch.delenv("OTBUILD_HOST_IMAGES", raising=False)
+    backend_problem.cache_clear()
+    host_images.cache_clear()
+    try:
+        other_python = ot_agent_task("py313", 1, "FROM python:3.13\nWORKDIR /app\nCOPY app/ /app/\n")
+        if any(fnmatch.fnmatchcase("python:3.13", p) for p in host_images()):
+            pytest.skip("the host is a python:3.13 image")
+        assert needs_image(other_python) and backend_for(other_python, "auto") == "podman"
+        assert backend_for(ot_agent_task("same-release", 1, NO_RUN), "auto") == "bwrap"
+        says_so = ot_agent_task("says-so", 1, "FROM python:3.13\nWORKDIR /app\n")
+        says_so.add("task.toml", "[metadata]\nhost_compatible = true\n")
+        assert backend_for(says_so, "auto") == "bwrap"
+        synthetic = next(generate(1, 0)).task  # otbuild's own tasks: FROM python:3.12-slim, stdlib only
+        assert "python:3.12-slim" in synthetic.text("environment/Dockerfile")
+        assert backend_for(synthetic, "auto") == "bwrap"
+        monkeypatch.setenv("OTBUILD_HOST_IMAGES", "python:3.13*")  # the declared list, extended
+        host_images.cache_clear()
+        assert backend_for(other_python, "auto") == "bwrap"
+    finally:
+        backend_problem.cache_clear()
+        host_images.cache_clear()
+
+
+def test_base_images_are_the_dockerfiles_external_froms():
+    assert base_images("ARG V=3.13\nFROM --platform=linux/amd64 python:${V} AS build\nRUN x\n"
+                       "FROM build\nFROM docker.io/library/ubuntu\nFROM ghcr.io/o/r:1 AS b\n") == [
+        "python:3.13", "ubuntu:latest", "ghcr.io/o/r:1"]
 
 
 def test_auto_picks_the_backend_per_task_and_names_a_task_it_cannot_run(monkeypatch):
@@ -137,3 +182,155 @@ def test_ot_agent_tasks_yield_traces_end_to_end(project):
     assert image_exists(f"{IMAGE_REPO}:{environment_hash(by_name['swe-1'])[:24]}")
     assert not image_exists(f"{IMAGE_REPO}:{environment_hash(by_name['tezos-local'])[:24]}")
     assert "traces <b>4</b>" in (results / "report" / "report.html").read_text()
+
+
+def _with_environment(task: TaskDir, environment: str) -> TaskDir:
+    task.add("task.toml", f"[agent]\ntimeout_sec = 120.0\n\n[environment]\n{environment}")
+    return task
+
+
+@pytest.fixture
+def own_network(monkeypatch):
+    """A podman network of the test's own with an HTTP server in it (never an outside
+    address); trials that may use the network join it. Yields the server's URL."""
+    net, server = f"otbuild-test-{secrets.token_hex(4)}", f"otbuild-test-srv-{secrets.token_hex(4)}"
+    image = ensure_image(ot_agent_task("server", 1))
+    subprocess.run(["podman", "network", "create", net], check=True, capture_output=True)
+    try:
+        subprocess.run(["podman", "run", "-d", "--name", server, "--network", net, "--entrypoint", "python3",
+                        image, "-m", "http.server", "8000"], check=True, capture_output=True)
+        address = f'{{{{(index .NetworkSettings.Networks "{net}").IPAddress}}}}'
+        ip = subprocess.run(["podman", "inspect", "-f", address, server], check=True, capture_output=True,
+                            text=True).stdout.strip()
+        monkeypatch.setenv("OTBUILD_PODMAN_NETWORK", net)
+        yield f"http://{ip}:8000/"
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", server], capture_output=True)
+        subprocess.run(["podman", "network", "rm", "-f", net], capture_output=True)
+
+
+@needs_podman
+def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
+    probe = ("python3 -c \"import time, urllib.request\nfor _ in range(20):\n    try:\n        print(urllib.request"
+             f".urlopen('{own_network}', timeout=2).status); break\n    except OSError as e:\n        err = e; "
+             "time.sleep(0.25)\nelse:\n    raise SystemExit(str(err))\"")
+
+    def reaches(task, limits=Limits()):
+        with open_sandbox(task, tmp_path, backend="podman", limits=limits, cleanup=True) as box:
+            r = box.run(probe, timeout=30)
+            return r.exit_code == 0 and r.output.strip() == "200"
+
+    harbor_default = ot_agent_task("net-default", 1)
+    harbor_default.files.pop("task.toml")
+    assert reaches(harbor_default)  # as Harbor: the network unless the task says otherwise
+    assert reaches(_with_environment(ot_agent_task("net-on", 1), "allow_internet = true\n"))
+    assert not reaches(_with_environment(ot_agent_task("net-off", 1), "allow_internet = false\n"))
+    assert not reaches(_with_environment(ot_agent_task("net-mode", 1), 'network_mode = "no-network"\n'))
+    assert not reaches(harbor_default, Limits(network="none"))  # the recipe forces it off
+
+
+def _trial_containers() -> set[str]:
+    r = subprocess.run(["podman", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={OWNER_LABEL}"],
+                       capture_output=True, text=True, check=True)
+    return set(r.stdout.split())
+
+
+SLOW_RECIPE = """
+sources:
+  swesmith: {kind: harbor-parquet, rank: 1, path: data/swesmith.parquet}
+teacher: {engine: oracle, sandbox: podman, concurrency: 2, max_episodes: 20}
+trace_filter: {min_turns: 1}
+"""
+
+
+@pytest.mark.slow
+@needs_podman
+def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project):
+    (project / "data").mkdir()
+    tasks = [ot_agent_task(f"slow-{i}", 8090 + i) for i in range(2)]
+    for t in tasks:  # a long step, so the kill finds the trials running
+        t.add("solution/solve.sh", "#!/bin/bash\nsleep 6\n" + SOLVE.format(port=8090 + int(t.name[-1])),
+              executable=True)
+    write_tasks(project / "data" / "swesmith.parquet", [TaskRecord(t, False) for t in tasks], source="swesmith")
+    (project / "recipes" / "slow.yaml").write_text(SLOW_RECIPE)
+    before = _trial_containers()
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "slow", "--cores", "2"], cwd=project,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while len(_trial_containers() - before) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its jobs: a lost node
+        proc.wait()
+    left = _trial_containers() - before
+    assert len(left) == 2  # what kill -9 leaves: containers nothing will close
+
+    _, log = snakemake(project, "slow", "--cores", "2")  # the restart cleans up and rebuilds
+    assert "removed 2 trial container(s) of builds that are no longer running" in log
+    assert not left & _trial_containers()
+    assert not _trial_containers() - before  # and the rebuild's own trials were closed
+    traces = pq.read_table(project / "results" / "slow" / "teacher" / "traces.parquet").to_pylist()
+    assert [t["reward"] for t in traces] == [1.0, 1.0]
+
+
+def test_clean_containers_removes_only_those_of_dead_builds(monkeypatch):
+    removed = []
+    monkeypatch.setattr(podman, "_podman", lambda *a, **k: removed.append(a) or subprocess.CompletedProcess(
+        a, 0, stdout=f"aaa {podman.owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"))
+    monkeypatch.setattr(podman.shutil, "which", lambda _: "/usr/bin/podman")
+    assert podman.leaked_containers() == ["bbb"]  # a live owner's and another host's stay
+
+
+@needs_podman
+def test_images_load_imports_saved_tarballs_for_offline_clusters(tmp_path, project):
+    ref = f"localhost/otbuild-test-load:{secrets.token_hex(4)}"
+    subprocess.run(["podman", "tag", "docker.io/library/debian:bookworm", ref], check=True)
+    archives = tmp_path / "images"
+    archives.mkdir()
+    subprocess.run(["podman", "save", "-q", "-o", str(archives / "base.tar"), ref], check=True)
+    subprocess.run(["podman", "rmi", ref], check=True, capture_output=True)
+    task = ot_agent_task("from-registry", 1, f"FROM {ref}\nWORKDIR /app\nCOPY app/ /app/\n")
+    try:
+        assert not image_exists(ref)
+        with pytest.raises(ImageBuildError, match="base image is missing.*otbuild images load DIR"):
+            open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never"))
+        r = otbuild(project, "images", "load", str(archives))
+        assert r.returncode == 0 and ref in r.stdout and image_exists(ref)
+        with open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never")) as box:
+            assert box.run("cat /etc/debian_version", timeout=30).output.startswith("12")
+        (archives / "junk.tar").write_text("not an image")
+        r = otbuild(project, "images", "load", str(archives))
+        assert r.returncode == 2 and "junk.tar: not a docker-archive or OCI image tarball" in r.stderr
+    finally:
+        subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)
+        subprocess.run(["podman", "rmi", "-f", f"{IMAGE_REPO}:{environment_hash(task)[:24]}"], capture_output=True)
+
+
+@needs_podman
+def test_validate_images_lists_each_base_image_and_whether_it_is_here(project):
+    (project / "data").mkdir()
+    tasks = [ot_agent_task("a", 1), ot_agent_task("b", 2),
+             ot_agent_task("c", 3, "FROM localhost/swesmith.x86_64.repo_1234:latest\nRUN true\n")]
+    write_tasks(project / "data" / "t.parquet", [TaskRecord(t, False) for t in tasks], source="t")
+    (project / "recipes" / "imgs.yaml").write_text(
+        "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\n"
+        "teacher: {engine: oracle, sandbox: podman}\n")
+    r = otbuild(project, "validate", "--images", "imgs")
+    lines = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
+    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in lines]
+    rows = {c[0]: c[1:] for c in cells}
+    assert rows["ubuntu:24.04"] == ["2", "present"]
+    assert rows["localhost/swesmith.x86_64.repo_1234:latest"] == ["1", "missing"]
+    assert r.returncode == 1
+
+
+@needs_podman
+def test_a_podman_trial_is_stopped_at_its_disk_cap_wherever_it_writes(tmp_path):
+    task = ot_agent_task("disk-hog", 1)
+    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(storage_mb=32), cleanup=True) as box:
+        assert box.run("head -c 4000000 /dev/zero > /usr/local/small", timeout=30).exit_code == 0
+        assert not box.disk_exceeded
+        r = box.run("for i in $(seq 1 200); do head -c 1048576 /dev/zero > /usr/local/f$i; sleep 0.02; done",
+                    timeout=60)  # the image's own filesystem, not a mounted dir
+        assert box.disk_exceeded and r.exit_code != 0 and r.duration_s < 30

@@ -3,6 +3,7 @@ check is tests/test_workflow.py::test_a_killed_build_recovers_by_itself)."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from otbuild.recovery import recover, runs_snakemake
+from otbuild.recovery import recover, remove_dead_trial_containers, runs_snakemake
 
 
 def _locked(root, owner=None):
@@ -113,3 +114,19 @@ def test_a_run_killed_then_restarted_under_timeout_recovers(project):
     assert restart.returncode == 0, log[-4000:]
     assert "LockException" not in log and "removed the locks of a snakemake run" in log
     assert (project / "results" / "r" / "teacher" / "traces.parquet").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="trial roots are tmpfs mounts only as root")
+def test_the_trial_tmpfs_of_a_killed_build_is_unmounted_at_the_next_start(tmp_path, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom otbuild.sandbox import open_sandbox\n"
+        "from otbuild.sources.synthetic import generate\n"
+        f"box = open_sandbox(next(generate(1, 3)).task, Path({str(tmp_path)!r}))\n"
+        "print(box.root, flush=True)\ntime.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    root = holder.stdout.readline().strip()
+    assert root in Path("/proc/self/mounts").read_text()
+    holder.kill()  # kill -9: nothing closes its trial
+    holder.wait()
+    remove_dead_trial_containers()
+    assert root not in Path("/proc/self/mounts").read_text()
+    assert re.search(r"unmounted \d+ trial tmpfs", capsys.readouterr().err)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -471,3 +472,22 @@ def test_the_sandbox_needs_only_the_standard_library():
             "import otbuild.sandbox, otbuild.sandbox.podman, otbuild.tasks.task_toml\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_trial_cannot_write_past_its_disk_cap(generated, tmp_path):
+    with open_sandbox(generated, tmp_path, limits=replace(FAST, storage_mb=16)) as b:
+        r = b.run("head -c 40000000 /dev/zero > /tmp/big", timeout=30)
+        deadline = time.monotonic() + 5
+        while not b.disk_exceeded and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.disk_exceeded  # the trial is marked (and was killed): the harness ends it
+        if os.geteuid() == 0:  # a tmpfs root: the write itself stops at the cap
+            assert r.exit_code != 0 and "No space left on device" in r.output
+            assert (b.root / "tmp" / "big").stat().st_size <= 16 * 1024 * 1024
+
+
+def test_a_kept_root_keeps_the_trials_files_after_close(generated, tmp_path):
+    with open_sandbox(generated, tmp_path, limits=replace(FAST, storage_mb=16)) as b:
+        b.run("echo kept > /app/note; mkdir -p /root/d && echo x > /root/d/y", timeout=10)
+    assert (b.root / "app" / "note").read_text() == "kept\n" and (b.root / "root" / "d" / "y").exists()
+    assert str(b.root) not in Path("/proc/self/mounts").read_text()  # and no mount is left

@@ -51,14 +51,21 @@ class VerifierOutputParseError(Exception):
     """reward.txt / reward.json is malformed (Harbor's name for it)."""
 
 
+class RewardFileNotFoundError(Exception):
+    """The verifier ended without writing a reward: it died before judging (e.g. it could not
+    install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
+
+
 # what a trial records as its infrastructure exception; anything else raised is a bug
-INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError)
+INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
+                         RewardFileNotFoundError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
 MAX_EPISODES = "max_episodes"
 SHELL_EXITED = "shell_exited"
 CONTEXT_EXCEEDED = "context_length_exceeded"  # the next request would not fit the model
+DISK_EXCEEDED = "disk_limit_exceeded"  # the trial wrote storage_mb: a failed task, unverified
 
 
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
@@ -77,7 +84,7 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     try:
         # in a thread: podman may build the task's image first
         with await asyncio.to_thread(open_sandbox, task, workdir, backend=settings.backend, limits=limits,
-                                     with_solution=getattr(engine, "needs_solution", False)) as box:
+                                     with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions)
             except ContextLengthExceededError as e:
@@ -86,9 +93,13 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                 box.kill_all()  # nothing the agent started survives into the verifier
             if stop == CONTEXT_EXCEEDED:
                 reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
-            else:
+            elif not box.disk_exceeded:
                 reward, extra = await _verify(box, verifier_timeout)
                 details.update(extra)
+            if box.disk_exceeded:  # the trial filled its writable space: everything was killed
+                stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
+                details["stop_message"] = (f"the trial reached its disk limit of {box.limits.storage_mb} MB "
+                                           "(task.toml storage_mb, else limits.storage_mb); every process was killed")
     except INFRASTRUCTURE_ERRORS as e:
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
@@ -102,9 +113,13 @@ async def _verify(box, timeout: float) -> tuple[float | None, dict]:
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:
-        return _reward(read_reward(box.root))
+        value = read_reward(box.root)
     except ValueError as e:
         raise VerifierOutputParseError(str(e)) from e
+    if value is None:
+        raise RewardFileNotFoundError(f"the verifier (exit {result.exit_code}) wrote no /logs/verifier/reward.txt "
+                                      f"or reward.json; its output ends: {result.output[-1500:]}")
+    return _reward(value)
 
 
 def effective_timeout(base_sec: float, multiplier: float, cap_sec: float) -> float:

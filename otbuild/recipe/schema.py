@@ -207,6 +207,13 @@ class SandboxLimits(Strict):
     file_size_mb: int = Field(default=512, ge=1)
     max_processes: int = Field(default=256, ge=8)
     output_bytes: int = Field(default=10_000_000, ge=10_000)
+    network: Literal["task", "none"] = Field(
+        default="task", description="podman: the network task.toml's allow_internet allows (Harbor's default: "
+        "the internet), or none for every task")
+    pull: Literal["never", "missing", "always"] = execution_only(
+        "missing", description="podman: fetch a task's base image from its registry when not present locally")
+    storage_mb: int = Field(default=10240, ge=16, description="a trial's writable space, for tasks whose "
+                            "task.toml sets no storage_mb; reaching it ends the trial as a task failure")
 
 
 class HarborBackend(Strict):

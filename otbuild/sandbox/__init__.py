@@ -13,9 +13,11 @@ import logging
 import os
 import re
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from otbuild.sandbox import bwrap, podman, unshare
+from otbuild.sandbox.disk import mount_scratch, unmount_scratch
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
@@ -24,11 +26,12 @@ from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
-from otbuild.tasks.task_toml import runnable_locally
-from otbuild.tasks.taskdir import TaskDir
+from otbuild.tasks.base_image import host_compatible
+from otbuild.tasks.task_toml import runnable_locally, task_config
+from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
 __all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
-           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "open_sandbox",
+           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "needs_image", "open_sandbox",
            "read_reward", "resolve_backend"]
 
 log = logging.getLogger(__name__)
@@ -53,17 +56,24 @@ def backend_problem(backend: str) -> str | None:
 
 def backend_for(task: TaskDir, backend: str) -> str:
     """`auto`: bwrap (or its fallback) for a task whose image a local sandbox can lay out
-    (no RUN lines, no prebuilt image), podman for the rest; other backends as they are.
+    (no RUN lines, no prebuilt image) on a host that can stand in for its `FROM` image
+    (`host_compatible`), podman for the rest; other backends as they are.
     TaskNotRunnableLocally, naming the task, when podman is needed and cannot run."""
     if backend != "auto":
         return backend
-    if runnable_locally(task):
+    if not needs_image(task):
         return "bwrap"
     problem = backend_problem("podman")
     if problem is not None:
-        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines or a "
-                                     f"prebuilt image) and podman cannot run it here: {problem}")
+        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines, a "
+                                     f"prebuilt image or a FROM the host is not) and podman cannot "
+                                     f"run it here: {problem}")
     return "podman"
+
+
+def needs_image(task: TaskDir) -> bool:
+    """Under `auto`: the task runs in its own image (podman), not on the host's filesystem."""
+    return not (runnable_locally(task) and host_compatible(task))
 
 
 def resolve_backend(backend: str) -> str:
@@ -101,10 +111,20 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
     """
     backend = resolve_backend(backend_for(task, backend))
     layout = None if backend == "podman" else plan(task)  # podman builds the image instead
+    limits = replace(limits, storage_mb=_task_storage_mb(task) or limits.storage_mb)
     try:
         return _materialised(task, Path(workdir).resolve(), backend, limits, layout, with_solution, cleanup)
     except OSError as e:  # a full disk, a workdir we may not write, ...
         raise SandboxError(f"task {task.name!r}: could not set up its trial under {workdir}: {e}") from e
+
+
+def _task_storage_mb(task: TaskDir) -> int | None:
+    """The task's own `[environment] storage_mb` (Harbor's field), when it sets a usable one."""
+    try:
+        mb = task_config(task).get("environment", {}).get("storage_mb")
+    except TaskFormatError:  # the trial reports the task's defaults
+        return None
+    return mb if isinstance(mb, int) and not isinstance(mb, bool) and mb > 0 else None
 
 
 def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout | None,
@@ -119,7 +139,9 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
             remove_tree(root)
             raise
     identity = acquire() if backend != "none" else Identity(os.getuid(), os.getgid(), False)
+    scratch = False
     try:
+        scratch = mount_scratch(root, limits.storage_mb)
         materialise(layout, root)
         if with_solution:
             write_subtree(task, "solution", root / "solution")
@@ -129,9 +151,11 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
         if identity.privileged:  # the trial's own dirs belong to the trial uid
             for top in layout.tops():
                 _chown_tree(root / top, identity.uid, identity.gid)
-        return Sandbox(task, root, backend, limits, layout, identity, with_solution, cleanup)
+        return Sandbox(task, root, backend, limits, layout, identity, with_solution, cleanup, scratch)
     except BaseException:
         identity.release()
+        if scratch:
+            unmount_scratch(root)
         remove_tree(root)
         raise
 

@@ -15,7 +15,10 @@ class Limits:
     `cpu_seconds`, `memory_mb` (address space), `file_size_mb` are per process (rlimits);
     `max_processes` counts the trial's processes (RLIMIT_NPROC of the trial's own uid or user
     namespace); `wall_seconds` bounds the whole trial (every process is killed when it runs
-    out); `output_bytes` caps what the host reads from one command or terminal.
+    out); `output_bytes` caps what the host reads from one command or terminal. `network`:
+    "task" gives a podman trial the network its task.toml allows (Harbor's default: the
+    internet; `allow_internet = false` or `network_mode = "no-network"`: none), "none" never
+    any (bwrap trials always have loopback only).
     """
 
     cpu_seconds: int = 600
@@ -24,6 +27,9 @@ class Limits:
     max_processes: int = 256
     wall_seconds: float = 900
     output_bytes: int = 10_000_000
+    network: str = "task"
+    pull: str = "missing"  # podman's policy for base images: never | missing | always
+    storage_mb: int = 10240  # the trial's writable space (a task's own storage_mb wins): otbuild/sandbox/disk.py
 
     def prlimit(self) -> list[str]:
         """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to

@@ -1,12 +1,13 @@
 """The podman backend: a trial in a long-lived container of the task's own image.
 
 The image is built from the task's `environment/Dockerfile` (build context `environment/`,
-`--pull=never`: base images come from `scripts/podman-setup.sh`) and cached under a tag made
-of the content hash of `environment/`, so equal environments share one image and a rebuild
-is free. A trial is one container (`--init`, `--network=none`, memory, pids and cpu limits);
-commands run in it through `podman exec`. `/logs` is the trial root's `logs/` (the reward is
-read from the host side, as for bwrap), `/solution` is mounted read-only for the oracle only,
-and `/tests` is copied in when the verifier first runs.
+`--pull` as `Limits.pull` says; offline, base images come from `scripts/podman-setup.sh` or
+`otbuild images load`) and cached under a tag made of the content hash of `environment/`, so
+equal environments share one image and a rebuild is free. A trial is one container (`--init`,
+the network its task.toml allows, memory, pids, cpu and disk limits); commands run in it
+through `podman exec`. `/logs` is the trial root's `logs/` (the reward is read from the host
+side, as for bwrap), `/solution` is mounted read-only for the oracle only, and `/tests` is
+copied in when the verifier first runs.
 
 Every command gets a marker in its environment; when it ends, the processes still carrying
 that marker (what it left in the background) are killed, and `kill_all` kills everything in
@@ -30,10 +31,11 @@ import time
 import tomllib
 from pathlib import Path
 
+from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
-from otbuild.sandbox.procs import kill_until_gone, pids_with_env, scan
+from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
@@ -44,6 +46,9 @@ IMAGE_REPO = "localhost/otbuild-env"
 BUILD_TIMEOUT_SEC = 3600
 LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
 MARKER = "OTBUILD_EXEC"
+LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
+             "scripts/podman-setup.sh builds ubuntu and debian ones)")
+OWNER_LABEL = "otbuild.owner"  # host:pid:start time of the process (the build's job) running the trial
 
 
 class ImageBuildError(SandboxError):
@@ -99,14 +104,16 @@ def image_exists(ref: str) -> bool:
     return _podman("image", "exists", ref, check=False).returncode == 0
 
 
-def ensure_image(task: TaskDir, docker_image: str | None = None) -> str:
+def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "missing") -> str:
     """The image a trial of `task` runs in, built when missing (one build per environment
-    hash at a time, across processes). A prebuilt `docker_image` is used only when present."""
+    hash at a time, across processes). `pull` (never | missing | always) is podman's policy for
+    base images and a prebuilt `docker_image`."""
     if DOCKERFILE not in task.files:
-        if docker_image and image_exists(docker_image):
+        if docker_image and (image_exists(docker_image) if pull == "never" else _pull(docker_image, pull)):
             return docker_image
         raise ImageBuildError(f"task {task.name!r}: no environment/Dockerfile to build"
                               + (f", and its image {docker_image!r} is not present locally"
+                                 f"{'' if pull == 'never' else ' nor could it be pulled'}{LOAD_HINT}"
                                  if docker_image else ""))
     tag = f"{IMAGE_REPO}:{environment_hash(task)[:24]}"
     if image_exists(tag):
@@ -115,32 +122,74 @@ def ensure_image(task: TaskDir, docker_image: str | None = None) -> str:
     with open(LOCK_DIR / f"{tag.rsplit(':', 1)[1]}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not image_exists(tag):
-            _build(task, tag)
+            _build(task, tag, pull)
     return tag
 
 
-def _build(task: TaskDir, tag: str) -> None:
+def _pull(ref: str, pull: str) -> bool:
+    if pull == "missing" and image_exists(ref):
+        return True
+    return _podman("pull", "-q", ref, check=False, timeout=BUILD_TIMEOUT_SEC).returncode == 0
+
+
+def _build(task: TaskDir, tag: str, pull: str) -> None:
     with tempfile.TemporaryDirectory(prefix="otbuild-build-") as ctx:
         write_subtree(task, "environment", Path(ctx))
         try:
-            r = subprocess.run(["podman", "build", "--pull=never", "--layers", "--quiet", "-t", tag,
+            r = subprocess.run(["podman", "build", f"--pull={pull}", "--layers", "--quiet", "-t", tag,
                                 "-f", str(Path(ctx) / "Dockerfile"), ctx],
                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_SEC, check=False)
         except subprocess.TimeoutExpired:
             raise ImageBuildError(f"task {task.name!r}: podman build ran past {BUILD_TIMEOUT_SEC}s") from None
     if r.returncode != 0:
-        hint = ("; a base image is missing: scripts/podman-setup.sh builds ubuntu and debian ones"
-                if "image not known" in r.stderr or "pull policy" in r.stderr else "")
+        missing = ("image not known" in r.stderr or "pull policy" in r.stderr
+                   or "initializing source" in r.stderr or "short-name" in r.stderr)
+        hint = f"; a base image is missing{LOAD_HINT}" if missing else ""
         raise ImageBuildError(f"task {task.name!r}: podman build failed (exit {r.returncode}){hint}:\n"
                               f"{_tail(r.stdout + r.stderr, 3000)}")
     log.info("built %s for task %s", tag, task.name)
+
+
+def load_images(folder: Path) -> list[tuple[Path, str]]:
+    """`podman load` every file in `folder` (docker-archive or OCI tarballs, as `podman save`
+    or `docker save` write them, gzipped or not), for clusters no registry reaches: (file,
+    the images it held) per file. ContainerError naming the file that is not an image archive."""
+    loaded = []
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        r = _podman("load", "-i", str(path), check=False, timeout=BUILD_TIMEOUT_SEC)
+        if r.returncode != 0:
+            raise ContainerError(f"{path}: not a docker-archive or OCI image tarball podman can load: "
+                                 f"{_tail(r.stderr, 1000)}")
+        names = [ln.split(":", 1)[1].strip() for ln in r.stdout.splitlines() if ln.startswith("Loaded image")]
+        loaded.append((path, ", ".join(names)))
+    return loaded
+
+
+# -- containers of dead builds --------------------------------------------------------------
+def leaked_containers() -> list[str]:
+    """Trial containers on this host whose owner (the job that ran the trial: a build killed
+    with kill -9, a lost job) is gone: nothing will ever close them."""
+    if shutil.which("podman") is None:
+        return []
+    r = _podman("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
+                f'{{{{.ID}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}', check=False)
+    return [cid for cid, _, label in (ln.partition(" ") for ln in r.stdout.splitlines()) if owner_is_gone(label)]
+
+
+def remove_leaked_containers() -> int:
+    """Remove the trial containers of dead builds (their processes, exec sessions and conmon
+    go with them); the number removed."""
+    leaked = leaked_containers()
+    if leaked:
+        _podman("rm", "-f", "-t", "0", *leaked, check=False, timeout=300)
+    return len(leaked)
 
 
 # -- the trial ------------------------------------------------------------------------------
 class PodmanSandbox(Sandbox):
     """A trial in its own container. Same interface and guarantees as the bwrap sandbox."""
 
-    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float,
+    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float, network: str,
                  with_solution: bool, cleanup: bool):
         self.task, self.root, self.backend, self.limits = task, root, "podman", limits
         self._with_solution, self._cleanup = with_solution, cleanup
@@ -152,23 +201,29 @@ class PodmanSandbox(Sandbox):
         if with_solution:
             write_subtree(task, "solution", root / "solution")
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
-        mb, fsize = limits.memory_mb, limits.file_size_mb * 1024 * 1024
+        mb, fsize = limits.memory_mb, limits.file_size_mb * MB
         try:  # a failed `run` can leave the container created: removed as well
-            _podman("run", "-d", "--init", "--name", self.container, "--network=none", "--hostname", "sandbox",
+            _podman("run", "-d", "--init", "--name", self.container, f"--network={network}", "--hostname", "sandbox",
                     f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
-                    "--label", f"otbuild.trial={root}", *mounts, "--entrypoint", "sleep", image, "infinity",
+                    "--label", f"otbuild.trial={root}", "--label", f"{OWNER_LABEL}={owner()}", *mounts,
+                    *storage_opt(image, limits.storage_mb), "--entrypoint", "sleep", image, "infinity",
                     timeout=300, cwd=root)  # conmon's cwd: it writes an `oom` file there on an OOM kill
             info = json.loads(_podman("inspect", self.container).stdout)[0]
             init = int(info["State"]["Pid"])
             self._pidns = os.readlink(f"/proc/{init}/ns/pid")
             self._keep = {init} | _keeper(init)  # catatonit and its `sleep infinity`
             self.workdir = info["Config"].get("WorkingDir") or "/"
+            self._upper = Path(info["GraphDriver"]["Data"].get("UpperDir") or root / "no-upper-dir")
         except BaseException:
             self._remove()
             raise
         self._start_clock()
+
+    def _disk_used(self) -> int:
+        """What the trial wrote: the container's writable layer and /logs."""
+        return tree_usage(self._upper, self.root / "logs")
 
     # -- commands -------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -222,6 +277,7 @@ class PodmanSandbox(Sandbox):
         if self._closed:
             return
         self._watchdog.cancel()
+        self._disk.stop()
         self._closed = True
         self.kill_all()
         self._remove()
@@ -278,6 +334,17 @@ def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: boo
                 cleanup: bool) -> PodmanSandbox:
     """Build (or reuse) the task's image and start its trial container in `root`."""
     env_cfg = task_config(task).get("environment", {})
-    image = ensure_image(task, env_cfg.get("docker_image"))
+    image = ensure_image(task, env_cfg.get("docker_image"), limits.pull)
     cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
-    return PodmanSandbox(task, root, image, limits, cpus=cpus, with_solution=with_solution, cleanup=cleanup)
+    network = trial_network(env_cfg) if limits.network == "task" else "none"
+    return PodmanSandbox(task, root, image, limits, cpus=cpus, network=network, with_solution=with_solution,
+                         cleanup=cleanup)
+
+
+def trial_network(env_cfg: dict) -> str:
+    """The podman network of a trial of a task with this `[environment]`: none when it says
+    `network_mode = "no-network"` or `allow_internet = false`, else (Harbor's default: public)
+    `OTBUILD_PODMAN_NETWORK` or podman's default network."""
+    mode = env_cfg.get("network_mode")
+    allowed = mode != "no-network" if mode is not None else env_cfg.get("allow_internet", True) is not False
+    return os.environ.get("OTBUILD_PODMAN_NETWORK", "podman") if allowed else "none"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterable
 
@@ -69,3 +70,24 @@ def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
+
+
+def owner(pid: int | None = None) -> str:
+    """`host:pid:start`: names a live process unambiguously (a reused pid starts later)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def owner_is_gone(label: str) -> bool:
+    """True when `label` (an `owner()`) names a process of this host that no longer runs."""
+    host, _, rest = label.partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and owner(int(pid)) != label
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return "gone"

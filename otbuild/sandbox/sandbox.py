@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otbuild.sandbox import bwrap, none, unshare
+from otbuild.sandbox.disk import MB, DiskWatch, mounted_usage, tree_usage, unmount_scratch
 from otbuild.sandbox.errors import SandboxError, WallClockExceeded
 from otbuild.sandbox.hostfs import system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
@@ -43,10 +44,11 @@ class Sandbox:
     """A materialised trial. Use as a context manager; `close()` kills every process."""
 
     def __init__(self, task: TaskDir, root: Path, backend: str, limits: Limits, layout: Layout,
-                 identity: Identity, with_solution: bool, cleanup: bool):
+                 identity: Identity, with_solution: bool, cleanup: bool, scratch: bool = False):
         self.task, self.root, self.backend, self.limits = task, root, backend, limits
         self.workdir = layout.workdir
         self._layout, self._identity = layout, identity
+        self._scratch = scratch  # the root is a tmpfs of storage_mb (disk.mount_scratch)
         self._with_solution, self._cleanup = with_solution, cleanup
         self._system = system_mounts()
         self.uid = inside_uid(backend, identity)
@@ -63,6 +65,16 @@ class Sandbox:
         self._watchdog = threading.Timer(self.limits.wall_seconds, self.kill_all)
         self._watchdog.daemon = True
         self._watchdog.start()
+        self._disk = DiskWatch(self._disk_used, self.limits.storage_mb * MB, self.kill_all)
+
+    @property
+    def disk_exceeded(self) -> bool:
+        """The trial reached its storage_mb: every process was killed then."""
+        return self._disk.exceeded
+
+    def _disk_used(self) -> int:
+        """Bytes the trial wrote (and its environment files): all of its root."""
+        return mounted_usage(self.root) if self._scratch else tree_usage(self.root)
 
     # -- commands -------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -180,10 +192,13 @@ class Sandbox:
         if self._closed:
             return
         self._watchdog.cancel()
+        self._disk.stop()
         if self._handed_out:  # run() leaves nothing behind; what argv() started may live on
             self.kill_all()
         self._closed = True
         self._identity.release()
+        if self._scratch:
+            unmount_scratch(self.root, keep_files=not self._cleanup)
         if self._cleanup:
             remove_tree(self.root)
 

@@ -116,7 +116,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     rows = task_rows(inputs, {t.row for t in todo})
     containers = settings["sandbox"] in ("podman", "auto")  # a task's own image can run here
     if containers:
-        check_podman(settings["sandbox"], [r for r in rows.values() if not r["runnable_locally"]])
+        check_podman(settings["sandbox"], [r for r in rows.values() if _needs_image(r, settings["sandbox"])])
     trial_settings = TrialSettings(
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
@@ -163,6 +163,15 @@ def _read_partials(outdir: Path) -> dict[int, dict]:
     return done
 
 
+def _needs_image(row: dict, backend: str) -> bool:
+    """The task runs in its own image: no RUN-free layout, or (auto) a FROM the host is not."""
+    from otbuild.sandbox import needs_image
+
+    if not row["runnable_locally"] or backend != "auto":
+        return not row["runnable_locally"]
+    return needs_image(TaskDir.unpack(row["path"], row["task_binary"]))
+
+
 def check_podman(backend: str, need_image: list[dict]) -> None:
     """Fail before any trial when tasks need their image and podman cannot run here."""
     from otbuild.sandbox import backend_problem
@@ -170,7 +179,7 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
     if (backend == "podman" or need_image) and (problem := backend_problem("podman")):
         names = sorted({r["path"] for r in need_image})
         which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
-                 "image (RUN lines or a prebuilt image)" if need_image else "the recipe asks for it")
+                 "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image else "the recipe asks for it")
         raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
 
 

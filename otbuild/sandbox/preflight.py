@@ -1,0 +1,33 @@
+"""Before a build: the distinct base images a recipe's tasks start FROM, and whether podman
+has each (`otbuild validate --images`), so a missing one shows before any GPU job starts."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from otbuild.sources import read_source
+from otbuild.tasks.base_image import task_base_images
+from otbuild.tasks.table import Quarantined
+
+
+def base_image_counts(plan) -> Counter:
+    """Image -> number of the recipe's tasks (sources and benchmarks) that start FROM it,
+    streamed from each source's own files (sources whose files are not there yet are skipped)."""
+    counts: Counter = Counter()
+    for node in plan.nodes:
+        if node.stage != "source" or node.missing:
+            continue
+        for item in read_source(node.settings):
+            if not isinstance(item, Quarantined):
+                counts.update(set(task_base_images(item.task)))
+    return counts
+
+
+def image_presence(images) -> dict[str, bool | None]:
+    """Image -> present in podman's storage; None for all when podman cannot run here."""
+    from otbuild.sandbox import backend_problem
+    from otbuild.sandbox.podman import image_exists
+
+    if backend_problem("podman") is not None:
+        return dict.fromkeys(images)
+    return {image: image_exists(image) for image in images}
