@@ -193,7 +193,7 @@ def test_vllm_settings_fit_the_model(tmp_path):
     def settings(model, **kw):
         return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
 
-    assert settings("zai-org/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
+    assert settings("QuantTrio/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
     with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8': by its name it is saved as FP8"):
         settings("zai-org/GLM-4.6-FP8", quantization="awq")
     with pytest.raises(ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"):
