@@ -116,13 +116,14 @@ def report(recipe, profile, snakemake_args):
               help="Rehash every file from its bytes; without it, a file whose path, size, mtime, ctime "
                    "and inode are unchanged keeps its cached sha256 (.otbuild/digests.json).")
 def audit(target, verify):
-    """Prove where artifacts came from. TARGET is a recipe (checks all of its artifacts) or an
-    artifact dir/file (shows its full record). Exits 1 if any artifact drifted from its record,
-    lacks one, or is not built."""
+    """Prove where artifacts came from. TARGET is a recipe (checks all of its artifacts) or a
+    file or dir inside an artifact, also through results/RECIPE/ (shows its full record).
+    Exits 1 if any artifact drifted from its record, lacks one, or is not built; 2 if TARGET
+    is neither."""
     from otbuild import audit as audit_mod
 
     path = Path(target)
-    if path.exists() and "artifacts" in path.resolve().parts:
+    if path.exists() and path.suffix not in (".yaml", ".yml"):  # a recipe file is audited as a recipe
         sys.exit(audit_mod.show_artifact(path, out, verify))
     sys.exit(audit_mod.audit_plan(_plan(target), out, verify))
 

@@ -86,3 +86,27 @@ def test_build_dry_run_goes_through_snakemake(project):
     (project / "recipes" / "good.yaml").write_text(RECIPE + "mix: {n: 5, total: 1}\n")
     res = otbuild(project, "build", "good", "-n")
     assert res.returncode == 2 and "mix.n: found 5" in res.stderr
+
+
+def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
+    """The README's `results/RECIPE/LABEL/FILE` paths are links into artifacts/: audit follows
+    them; a path that is in no artifact is a usage error (2), naming it."""
+    from otbuild.hashing import canonical_json
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+    from otbuild.workflow import publish
+
+    (project / "recipes" / "good.yaml").write_text(RECIPE)
+    monkeypatch.chdir(project)
+    plan = plan_recipe(load_recipe("good", project))
+    node = next(n for n in plan.nodes if n.stage == "source")
+    res = otbuild(project, "stage", "source", "--spec", canonical_json(node.spec()))
+    assert res.returncode == 0, res.stderr
+    publish(plan)
+    for path in ("results/good/sources/a/tasks.parquet", "results/good/sources/a", f"{node.dir}/tasks.parquet"):
+        res = otbuild(project, "audit", path)
+        assert res.returncode == 0, path + res.stdout + res.stderr
+        assert node.id in res.stdout and '"stage": "source"' in res.stdout
+    for path in ("results/good/manifest.json", "artifacts/source", "recipes"):
+        res = otbuild(project, "audit", path)
+        assert res.returncode == 2 and f"{path}: not inside an artifact dir" in res.stderr, res.stdout + res.stderr
