@@ -1,13 +1,14 @@
-# otbuild: every recipes/NAME.yaml becomes a target `NAME` (snakemake smoke).
+# otbuild: every recipes/NAME.yaml becomes a target `NAME` (snakemake smoke); a recipe file elsewhere
+# becomes one with `--config otbuild_recipe=PATH` (what `otbuild build PATH` passes).
 # Artifacts are content-addressed (artifacts/<stage>/<id>/); results/<recipe>/ is the human view.
 # Rules are thin shell calls into `otbuild stage ...`; the logic lives in the otbuild package.
 from pathlib import Path
 
 from otbuild.recovery import recover
-from otbuild.workflow import Workflow
+from otbuild.workflow import RECIPE_KEY, Workflow
 
 recover(Path.cwd())  # after a killed run: stale locks, markers of jobs that did finish
-WF = Workflow.load_or_exit(Path.cwd())
+WF = Workflow.load_or_exit(Path.cwd(), config.get(RECIPE_KEY))  # + a recipe file from `otbuild build PATH`
 
 wildcard_constraints:
     id="[0-9a-f]{16}",

@@ -15,28 +15,39 @@ from otbuild.fsio import atomic_path, write_json
 from otbuild.hashing import canonical_json
 from otbuild.plan import RESULTS, Node, Plan, plan_recipe
 from otbuild.provenance import read_record
-from otbuild.recipe.load import load_recipe
+from otbuild.recipe.load import LoadedRecipe, load_recipe
 
 OTBUILD = f"{shlex.quote(sys.executable)} -m otbuild"
 
 
-class Workflow:
-    """All recipes under ROOT/recipes, planned. Any invalid recipe stops the build (exit 2)."""
+# The Snakemake config key naming a recipe file outside ROOT/recipes (`otbuild build PATH`).
+RECIPE_KEY = "otbuild_recipe"
 
-    def __init__(self, root: Path):
+
+class Workflow:
+    """All recipes under ROOT/recipes, planned, plus `extra` (a recipe file elsewhere, its
+    target its file's stem). Any invalid recipe stops the build (exit 2)."""
+
+    def __init__(self, root: Path, extra: str | Path | None = None):
         self.root = Path(root)
         self.plans: dict[str, Plan] = {}
         self.nodes: dict[tuple[str, str], Node] = {}
         for path in sorted((self.root / "recipes").glob("*.yaml")):
-            plan = plan_recipe(load_recipe(path, self.root))
-            self.plans[plan.recipe.name] = plan
-            for n in plan.nodes:
-                self.nodes[(n.stage, n.id)] = n
+            self._add(plan_recipe(load_recipe(path, self.root)))
+        if extra:
+            loaded = load_recipe(Path(extra), self.root)
+            if outside_recipe(loaded, self.root):
+                self._add(plan_recipe(loaded))
+
+    def _add(self, plan: Plan) -> None:
+        self.plans[plan.recipe.name] = plan
+        for n in plan.nodes:
+            self.nodes[(n.stage, n.id)] = n
 
     @classmethod
-    def load_or_exit(cls, root: Path) -> Workflow:
+    def load_or_exit(cls, root: Path, extra: str | Path | None = None) -> Workflow:
         try:
-            return cls(root)
+            return cls(root, extra)
         except ConfigError as e:
             print(f"otbuild: {e}", file=sys.stderr)
             sys.exit(2)
@@ -53,6 +64,17 @@ class Workflow:
 
     def spec_arg(self, stage: str, id: str) -> str:
         return shlex.quote(canonical_json(self.node(stage, id).spec()))
+
+
+def outside_recipe(loaded: LoadedRecipe, root: Path) -> Path | None:
+    """The recipe's file when it is not ROOT/recipes/NAME.yaml, for Snakemake's config
+    (RECIPE_KEY); None when it is. A file elsewhere whose stem names another recipe is refused."""
+    own = Path(root) / "recipes" / f"{loaded.name}.yaml"
+    if not own.exists():
+        return loaded.path.resolve()
+    if own.resolve() != loaded.path.resolve():
+        raise ConfigError(f"{loaded.path}: its target name {loaded.name!r} is taken by {own}; rename the file")
+    return None
 
 
 def publish(plan: Plan) -> Path:

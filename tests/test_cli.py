@@ -110,3 +110,19 @@ def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
     for path in ("results/good/manifest.json", "artifacts/source", "recipes"):
         res = otbuild(project, "audit", path)
         assert res.returncode == 2 and f"{path}: not inside an artifact dir" in res.stderr, res.stdout + res.stderr
+
+
+def test_build_a_recipe_file_outside_recipes(project, tmp_path_factory):
+    """RECIPE may be a path: Snakemake is told about the file (its stem is the target); a file
+    whose stem names another recipe under recipes/ is refused up front, with the reason."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "mine.yaml").write_text(RECIPE)
+    res = otbuild(project, "build", str(elsewhere / "mine.yaml"), "-n", "--config", "unrelated=1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "This was a dry-run" in res.stdout + res.stderr and "source" in res.stdout
+    (project / "recipes" / "mine.yaml").write_text(RECIPE.replace("seed: 1", "seed: 2"))
+    for cmd in ("build", "report"):
+        res = otbuild(project, cmd, str(elsewhere / "mine.yaml"), "-n")
+        assert res.returncode == 2 and "target name 'mine' is taken by" in res.stderr and "recipes/mine.yaml; rename" in res.stderr, res.stderr
+    res = otbuild(project, "build", "recipes/mine.yaml", "-n")  # the same file by its path: as by its name
+    assert res.returncode == 0, res.stdout + res.stderr
