@@ -166,6 +166,32 @@ def test_concurrency_bound(scripted):
     assert len(results) == 10 and srv.max_in_flight == 3
 
 
+def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
+    """A recipe's unset `concurrency` means the engine's own default (vLLM batches 64 requests),
+    for the engine's client and for the trials the rollout runs at once; set, it wins. It is
+    execution-only: spelling it out keeps the stage's id."""
+    from otbuild.engines.settings import ORACLE_CONCURRENCY, concurrency
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    (tmp_path / "recipes").mkdir()
+
+    def teacher(section: str):
+        (tmp_path / "recipes" / "r.yaml").write_text(
+            "sources:\n  a: {kind: synthetic, rank: 1, count: 4}\n" + f"teacher: {section}\n")
+        return next(n for n in plan_recipe(load_recipe("r", tmp_path)).nodes if n.stage == "rollout")
+
+    vllm = teacher("{engine: vllm, model: Qwen/Qwen3-8B}")
+    engine = make_engine(engine_settings(vllm.settings))
+    assert engine.settings.concurrency == concurrency(vllm.settings) == 64
+    pinned = teacher("{engine: vllm, model: Qwen/Qwen3-8B, concurrency: 16}")
+    assert make_engine(engine_settings(pinned.settings)).settings.concurrency == concurrency(pinned.settings) == 16
+    assert pinned.id == vllm.id
+    assert concurrency(teacher("{engine: transformers, model: some/dir}").settings) == 2
+    assert concurrency(teacher("{engine: openai, base_url: http://h/v1, model: m}").settings) == 8
+    assert concurrency(teacher("{engine: oracle}").settings) == ORACLE_CONCURRENCY
+
+
 # --- vllm command -------------------------------------------------------------------------
 
 
