@@ -123,6 +123,7 @@ def test_build_a_recipe_file_outside_recipes(project, tmp_path_factory):
     (project / "recipes" / "mine.yaml").write_text(RECIPE.replace("seed: 1", "seed: 2"))
     for cmd in ("build", "report"):
         res = otbuild(project, cmd, str(elsewhere / "mine.yaml"), "-n")
-        assert res.returncode == 2 and "target name 'mine' is taken by" in res.stderr and "recipes/mine.yaml; rename" in res.stderr, res.stderr
+        assert res.returncode == 2, res.stderr
+        assert "target name 'mine' is taken by" in res.stderr and "recipes/mine.yaml; rename" in res.stderr
     res = otbuild(project, "build", "recipes/mine.yaml", "-n")  # the same file by its path: as by its name
     assert res.returncode == 0, res.stdout + res.stderr
