@@ -131,8 +131,11 @@ def audit(target, verify):
     from otbuild import audit as audit_mod
 
     path = Path(target)
-    if path.exists() and path.suffix not in (".yaml", ".yml"):  # a recipe file is audited as a recipe
+    is_recipe = path.suffix in (".yaml", ".yml")  # a recipe file is audited as a recipe
+    if path.exists() and not is_recipe:
         sys.exit(audit_mod.show_artifact(path, out, verify))
+    if not is_recipe and (path.suffix or len(path.parts) > 1):
+        raise ConfigError(f"{target}: no such file (audit takes a recipe or a path inside an artifact)")
     sys.exit(audit_mod.audit_plan(_plan(target), out, verify))
 
 

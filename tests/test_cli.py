@@ -110,6 +110,8 @@ def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
     for path in ("results/good/manifest.json", "artifacts/source", "recipes"):
         res = otbuild(project, "audit", path)
         assert res.returncode == 2 and f"{path}: not inside an artifact dir" in res.stderr, res.stdout + res.stderr
+    res = otbuild(project, "audit", "results/good/nope.parquet")
+    assert res.returncode == 2 and "results/good/nope.parquet: no such file" in res.stderr
 
 
 def test_build_a_recipe_file_outside_recipes(project, tmp_path_factory):
