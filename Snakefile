@@ -8,7 +8,8 @@ from otbuild.recovery import recover
 from otbuild.workflow import RECIPE_KEY, Workflow
 
 recover(Path.cwd())  # after a killed run: stale locks, markers of jobs that did finish
-WF = Workflow.load_or_exit(Path.cwd(), config.get(RECIPE_KEY))  # + a recipe file from `otbuild build PATH`
+WF = Workflow.load_or_exit(Path.cwd())
+WF.add_outside_recipe(config.get(RECIPE_KEY))  # a recipe file elsewhere, from `otbuild build PATH`
 
 wildcard_constraints:
     id="[0-9a-f]{16}",

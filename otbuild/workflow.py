@@ -20,34 +20,23 @@ from otbuild.recipe.load import LoadedRecipe, load_recipe
 OTBUILD = f"{shlex.quote(sys.executable)} -m otbuild"
 
 
-# The Snakemake config key naming a recipe file outside ROOT/recipes (`otbuild build PATH`).
-RECIPE_KEY = "otbuild_recipe"
-
-
 class Workflow:
-    """All recipes under ROOT/recipes, planned, plus `extra` (a recipe file elsewhere, its
-    target its file's stem). Any invalid recipe stops the build (exit 2)."""
+    """All recipes under ROOT/recipes, planned. Any invalid recipe stops the build (exit 2)."""
 
-    def __init__(self, root: Path, extra: str | Path | None = None):
+    def __init__(self, root: Path):
         self.root = Path(root)
         self.plans: dict[str, Plan] = {}
         self.nodes: dict[tuple[str, str], Node] = {}
         for path in sorted((self.root / "recipes").glob("*.yaml")):
-            self._add(plan_recipe(load_recipe(path, self.root)))
-        if extra:
-            loaded = load_recipe(Path(extra), self.root)
-            if outside_recipe(loaded, self.root):
-                self._add(plan_recipe(loaded))
-
-    def _add(self, plan: Plan) -> None:
-        self.plans[plan.recipe.name] = plan
-        for n in plan.nodes:
-            self.nodes[(n.stage, n.id)] = n
+            plan = plan_recipe(load_recipe(path, self.root))
+            self.plans[plan.recipe.name] = plan
+            for n in plan.nodes:
+                self.nodes[(n.stage, n.id)] = n
 
     @classmethod
-    def load_or_exit(cls, root: Path, extra: str | Path | None = None) -> Workflow:
+    def load_or_exit(cls, root: Path) -> Workflow:
         try:
-            return cls(root, extra)
+            return cls(root)
         except ConfigError as e:
             print(f"otbuild: {e}", file=sys.stderr)
             sys.exit(2)
@@ -64,6 +53,25 @@ class Workflow:
 
     def spec_arg(self, stage: str, id: str) -> str:
         return shlex.quote(canonical_json(self.node(stage, id).spec()))
+
+    def add_outside_recipe(self, path: str | Path | None) -> None:
+        """Plan a recipe file outside ROOT/recipes too (`otbuild build PATH` names it in the
+        config, RECIPE_KEY): its target is its file's stem. Invalid: exit 2 with its error."""
+        if not path:
+            return
+        try:
+            loaded = load_recipe(Path(path), self.root)
+            plan = plan_recipe(loaded) if outside_recipe(loaded, self.root) else None
+        except ConfigError as e:
+            print(f"otbuild: {e}", file=sys.stderr)
+            sys.exit(2)
+        if plan is not None:
+            self.plans[plan.recipe.name] = plan
+            self.nodes.update({(n.stage, n.id): n for n in plan.nodes})
+
+
+# The Snakemake config key naming a recipe file outside ROOT/recipes (`otbuild build PATH`).
+RECIPE_KEY = "otbuild_recipe"
 
 
 def outside_recipe(loaded: LoadedRecipe, root: Path) -> Path | None:
