@@ -129,4 +129,3 @@ def test_build_dry_run_goes_through_snakemake(project):
     (project / "recipes" / "good.yaml").write_text(RECIPE + "mix: {n: 5, total: 1}\n")
     res = otbuild(project, "build", "good", "-n")
     assert res.returncode == 2 and "mix.n: found 5" in res.stderr
-
