@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from otbuild.errors import EXIT_FINDINGS, EXIT_OK
+from otbuild.errors import EXIT_FINDINGS, EXIT_OK, ConfigError
 from otbuild.plan import Plan
 from otbuild.provenance import check, read_record
 from otbuild.stages import PROVENANCE, STAGES
@@ -43,13 +43,21 @@ def _code_note(c) -> str:
     return "changed since build" + (f": {', '.join(c.code_changed)}" if c.code_changed else "")
 
 
+def artifact_dir(path: Path) -> Path:
+    """The artifact dir (artifacts/<stage>/<id>/) holding `path`, links resolved (so a
+    results/<recipe>/<label>/... path works too)."""
+    resolved = path.resolve()
+    for d in (resolved, *resolved.parents):
+        if d.parent.name in STAGES and d.parent.parent.name == "artifacts":
+            return d
+    raise ConfigError(f"{path}: not inside an artifact dir (artifacts/<stage>/<id>/, or a link to one "
+                      "under results/<recipe>/)")
+
+
 def show_artifact(path: Path, console: Console, verify: bool = False) -> int:
     """Full record of the artifact containing `path`, with its current check."""
-    d = path if path.is_dir() else path.parent
+    d = artifact_dir(path)
     stage = d.parent.name
-    if stage not in STAGES:
-        console.print(f"[red]{path}: not inside an artifact dir (artifacts/<stage>/<id>/)[/]")
-        return EXIT_FINDINGS
     c = check(d, stage, verify)
     record = read_record(d)
     console.print(f"[bold]{d}[/]  status: [{STYLE.get(c.status, 'red')}]{c.status}[/] {c.detail}")

@@ -124,12 +124,20 @@ def plan(recipe):
 def build(recipe, profile, dry_run, snakemake_args):
     """Build RECIPE with Snakemake (validated first). Extra args go to snakemake."""
     p = _plan(recipe)
-    code = _snakemake(p.recipe.name, profile, ["-n"] * dry_run + list(snakemake_args))
+    code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))
     sys.exit(0 if code == 0 else EXIT_FINDINGS)
 
 
-def _snakemake(target: str, profile: str | None, args: list[str]) -> int:
-    cmd = [sys.executable, "-m", "snakemake", target, *(["--profile", profile] if profile else []), *args]
+def _snakemake(plan, profile: str | None, args: list[str]) -> int:
+    """`snakemake RECIPE`; a recipe file outside recipes/ is named in Snakemake's config."""
+    from otbuild.workflow import RECIPE_KEY, outside_recipe
+
+    path = outside_recipe(plan.recipe, Path.cwd())
+    if path is not None:
+        pair = f"{RECIPE_KEY}={path}"
+        flag = next((i for i, a in enumerate(args) if a in ("--config", "-C")), None)
+        args = [*args[:flag + 1], pair, *args[flag + 1:]] if flag is not None else [*args, "--config", pair]
+    cmd = [sys.executable, "-m", "snakemake", plan.recipe.name, *(["--profile", profile] if profile else []), *args]
     err.print(f"[dim]$ {' '.join(cmd)}[/]")
     return subprocess.call(cmd, cwd=Path.cwd())
 
@@ -142,7 +150,7 @@ def report(recipe, profile, snakemake_args):
     """Build RECIPE (what is missing) and its report: one self-contained HTML page and a
     dataset card, linked from results/RECIPE/report/."""
     p = _plan(recipe)
-    code = _snakemake(p.recipe.name, profile, list(snakemake_args))
+    code = _snakemake(p, profile, list(snakemake_args))
     if code:
         sys.exit(EXIT_FINDINGS)
     view = Path("results") / p.recipe.name / "report"

@@ -15,7 +15,7 @@ from otbuild.fsio import atomic_path, write_json
 from otbuild.hashing import canonical_json
 from otbuild.plan import RESULTS, Node, Plan, plan_recipe
 from otbuild.provenance import read_record
-from otbuild.recipe.load import load_recipe
+from otbuild.recipe.load import LoadedRecipe, load_recipe
 
 OTBUILD = f"{shlex.quote(sys.executable)} -m otbuild"
 
@@ -76,6 +76,36 @@ class Workflow:
 
     def spec_arg(self, stage: str, id: str) -> str:
         return shlex.quote(canonical_json(self.node(stage, id).spec()))
+
+    def add_outside_recipe(self, path: str | Path | None) -> None:
+        """Plan a recipe file outside ROOT/recipes too (`otbuild build PATH` names it in the
+        config, RECIPE_KEY): its target is its file's stem. Invalid: exit 2 with its error."""
+        if not path:
+            return
+        try:
+            loaded = load_recipe(Path(path), self.root)
+            plan = plan_recipe(loaded) if outside_recipe(loaded, self.root) else None
+        except ConfigError as e:
+            print(f"otbuild: {e}", file=sys.stderr)
+            sys.exit(2)
+        if plan is not None:
+            self.plans[plan.recipe.name] = plan
+            self.nodes.update({(n.stage, n.id): n for n in plan.nodes})
+
+
+# The Snakemake config key naming a recipe file outside ROOT/recipes (`otbuild build PATH`).
+RECIPE_KEY = "otbuild_recipe"
+
+
+def outside_recipe(loaded: LoadedRecipe, root: Path) -> Path | None:
+    """The recipe's file when it is not ROOT/recipes/NAME.yaml, for Snakemake's config
+    (RECIPE_KEY); None when it is. A file elsewhere whose stem names another recipe is refused."""
+    own = Path(root) / "recipes" / f"{loaded.name}.yaml"
+    if not own.exists():
+        return loaded.path.resolve()
+    if own.resolve() != loaded.path.resolve():
+        raise ConfigError(f"{loaded.path}: its target name {loaded.name!r} is taken by {own}; rename the file")
+    return None
 
 
 def publish(plan: Plan) -> Path:

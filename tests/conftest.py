@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -59,13 +60,27 @@ def write_source(path: Path, source: str, instructions: list[str], **metadata_li
     return path
 
 
+def make_project(path: Path) -> Path:
+    """An empty otbuild project at `path`: the repo's Snakefile, rules and profiles, own recipes/."""
+    for name in ("Snakefile", "rules", "profiles"):
+        (path / name).symlink_to(REPO / name)
+    (path / "recipes").mkdir()
+    return path
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """An empty otbuild project: the repo's Snakefile, rules and profiles, own recipes/."""
-    for name in ("Snakefile", "rules", "profiles"):
-        (tmp_path / name).symlink_to(REPO / name)
-    (tmp_path / "recipes").mkdir()
-    return tmp_path
+    return make_project(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def smoke_build(tmp_path_factory) -> tuple[Path, Counter]:
+    """The smoke recipe built once per test session by the real snakemake CLI, in its own
+    project: (the project, the jobs that build ran per rule). Tests read it, never change it."""
+    project = make_project(tmp_path_factory.mktemp("smoke"))
+    shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
+    ran, _ = snakemake(project, "smoke")
+    return project, ran
 
 
 def snakemake(project: Path, *args: str, check: bool = True) -> tuple[Counter, str]:

@@ -40,6 +40,49 @@ def test_plan_lists_stages_and_ids(project):
     assert "sources/a" in res.stdout and "task_filter" in res.stdout and "pending" in res.stdout
 
 
+def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
+    """The README's `results/RECIPE/LABEL/FILE` paths are links into artifacts/: audit follows
+    them; a path that is in no artifact is a usage error (2), naming it."""
+    from otbuild.hashing import canonical_json
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+    from otbuild.workflow import publish
+
+    (project / "recipes" / "good.yaml").write_text(RECIPE)
+    monkeypatch.chdir(project)
+    plan = plan_recipe(load_recipe("good", project))
+    node = next(n for n in plan.nodes if n.stage == "source")
+    res = otbuild(project, "stage", "source", "--spec", canonical_json(node.spec()))
+    assert res.returncode == 0, res.stderr
+    publish(plan)
+    for path in ("results/good/sources/a/tasks.parquet", "results/good/sources/a", f"{node.dir}/tasks.parquet"):
+        res = otbuild(project, "audit", path)
+        assert res.returncode == 0, path + res.stdout + res.stderr
+        assert node.id in res.stdout and '"stage": "source"' in res.stdout
+    res = otbuild(project, "audit", "artifacts/source")
+    assert res.returncode == 2 and "artifacts/source: not inside an artifact dir" in res.stderr, res.stderr
+    for path in ("results/good/manifest.json", "results/good/nope.parquet", "nope"):
+        res = otbuild(project, "audit", path)
+        assert res.returncode == 2 and path in res.stderr, res.stdout + res.stderr
+
+
+def test_build_a_recipe_file_outside_recipes(project, tmp_path_factory):
+    """RECIPE may be a path: Snakemake is told about the file (its stem is the target); a file
+    whose stem names another recipe under recipes/ is refused up front, with the reason."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "mine.yaml").write_text(RECIPE)
+    res = otbuild(project, "build", str(elsewhere / "mine.yaml"), "-n", "--config", "unrelated=1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "This was a dry-run" in res.stdout + res.stderr and "source" in res.stdout
+    (project / "recipes" / "mine.yaml").write_text(RECIPE.replace("seed: 1", "seed: 2"))
+    for cmd in ("build", "report"):
+        res = otbuild(project, cmd, str(elsewhere / "mine.yaml"), "-n")
+        assert res.returncode == 2, res.stderr
+        assert "target name 'mine' is taken by" in res.stderr and "recipes/mine.yaml; rename" in res.stderr
+    res = otbuild(project, "build", "recipes/mine.yaml", "-n")  # the same file by its path: as by its name
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_show_table_and_row(project, built_source):
     res = otbuild(project, "show", str(built_source), "--columns", "path,source")
     assert res.returncode == 0 and "4 rows" in res.stdout and "synthetic-" in res.stdout

@@ -166,6 +166,32 @@ def test_concurrency_bound(scripted):
     assert len(results) == 10 and srv.max_in_flight == 3
 
 
+def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
+    """A recipe's unset `concurrency` means the engine's own default (vLLM batches 64 requests),
+    for the engine's client and for the trials the rollout runs at once; set, it wins. It is
+    execution-only: spelling it out keeps the stage's id."""
+    from otbuild.engines.settings import ORACLE_CONCURRENCY, concurrency
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    (tmp_path / "recipes").mkdir()
+
+    def teacher(section: str):
+        (tmp_path / "recipes" / "r.yaml").write_text(
+            "sources:\n  a: {kind: synthetic, rank: 1, count: 4}\n" + f"teacher: {section}\n")
+        return next(n for n in plan_recipe(load_recipe("r", tmp_path)).nodes if n.stage == "rollout")
+
+    vllm = teacher("{engine: vllm, model: Qwen/Qwen3-8B}")
+    engine = make_engine(engine_settings(vllm.settings))
+    assert engine.settings.concurrency == concurrency(vllm.settings) == 64
+    pinned = teacher("{engine: vllm, model: Qwen/Qwen3-8B, concurrency: 16}")
+    assert make_engine(engine_settings(pinned.settings)).settings.concurrency == concurrency(pinned.settings) == 16
+    assert pinned.id == vllm.id
+    assert concurrency(teacher("{engine: transformers, model: some/dir}").settings) == 2
+    assert concurrency(teacher("{engine: openai, base_url: http://h/v1, model: m}").settings) == 8
+    assert concurrency(teacher("{engine: oracle}").settings) == ORACLE_CONCURRENCY
+
+
 # --- vllm command -------------------------------------------------------------------------
 
 
@@ -193,7 +219,7 @@ def test_vllm_settings_fit_the_model(tmp_path):
     def settings(model, **kw):
         return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
 
-    assert settings("zai-org/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
+    assert settings("QuantTrio/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
     with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8': by its name it is saved as FP8"):
         settings("zai-org/GLM-4.6-FP8", quantization="awq")
     with pytest.raises(ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"):
@@ -202,7 +228,8 @@ def test_vllm_settings_fit_the_model(tmp_path):
     qwen3 = tmp_path / "qwen3-ckpt"  # a checkpoint dir: its config.json is the evidence
     qwen3.mkdir()
     (qwen3 / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 40960}))
-    with pytest.raises(ConfigError, match="max_model_len 65536 exceeds .*max_position_embeddings 40960: .*rope_scaling"):
+    with pytest.raises(ConfigError, match=r"max_model_len 65536 exceeds .*max_position_embeddings 40960 "
+                                          r"\(by its config.json\): .*rope_scaling"):
         settings(str(qwen3), max_model_len=65536)
     with pytest.raises(ConfigError, match="needs a checkpoint saved as AWQ; by its config.json, .* is not"):
         settings(str(qwen3), quantization="awq")
@@ -210,6 +237,33 @@ def test_vllm_settings_fit_the_model(tmp_path):
     cmd = vllm_command(settings(str(qwen3), max_model_len=65536, hf_overrides=yarn), 9)
     assert cmd[cmd.index("--max-model-len") + 1] == "65536"
     assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == yarn
+
+
+def test_context_checked_by_model_family_without_config(tmp_path, monkeypatch):
+    """On a machine without the model cached (a laptop validating for a GPU node), the
+    context of the families the docs and recipes name comes from their model cards."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+
+    def settings(model, **kw):
+        return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
+
+    for model in ("Qwen/Qwen3-8B", "/models/Qwen3-32B"):
+        with pytest.raises(ConfigError, match=r"65536 exceeds .*max_position_embeddings 40960 \(by its "
+                                              r"family's model card \(no config.json on this machine\)\)"):
+            settings(model, max_model_len=65536)
+        assert settings(model, max_model_len=40960).max_model_len == 40960
+    yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}
+    assert settings("Qwen/Qwen3-8B", max_model_len=65536, hf_overrides=yarn).max_model_len == 65536
+    assert settings("Qwen/Qwen3-30B-A3B-Instruct-2507", max_model_len=262144).max_model_len == 262144
+    assert settings("QuantTrio/GLM-4.7-AWQ", max_model_len=202752).max_model_len == 202752
+    with pytest.raises(ConfigError, match="262144 exceeds .*GLM-4.7-AWQ.*202752"):
+        settings("QuantTrio/GLM-4.7-AWQ", max_model_len=262144)
+    with pytest.raises(ConfigError, match="200000 exceeds .*Kimi-K2-Instruct'.*131072"):
+        settings("moonshotai/Kimi-K2-Instruct", max_model_len=200000)
+    assert settings("moonshotai/Kimi-K2.5", max_model_len=200000).max_model_len == 200000
+    assert settings("some-org/unknown-model", max_model_len=10**6).max_model_len == 10**6  # no evidence: vLLM decides
 
 
 # --- serving the tiny model ---------------------------------------------------------------

@@ -187,15 +187,15 @@ def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
     commands = {}
     for name, cand in candidates(load_recipe("ablate_teacher", REPO)):
         commands[cand.recipe.teacher.model] = vllm_command(engine_settings(cand.recipe.teacher.model_dump()), 1)
-    glm47, glm46, kimi = (commands[m] for m in ("zai-org/GLM-4.7-AWQ", "zai-org/GLM-4.6-FP8", "moonshotai/Kimi-K2.5"))
+    glm47, glm46, kimi = (commands[m] for m in ("QuantTrio/GLM-4.7-AWQ", "zai-org/GLM-4.6-FP8", "moonshotai/Kimi-K2.5"))
     assert glm47[glm47.index("--quantization") + 1] == "awq" and "--quantization" not in glm46 + kimi
     assert glm46[glm46.index("--reasoning-parser") + 1] == "glm45"
     assert kimi[kimi.index("--reasoning-parser") + 1] == "kimi_k2" and "--trust-remote-code" in kimi
     # the old grid is refused at validate time, naming the candidate and the mismatch
-    (recipes / "parent.yaml").write_text(BASE + "teacher: {engine: vllm, model: zai-org/GLM-4.7-AWQ, "
+    (recipes / "parent.yaml").write_text(BASE + "teacher: {engine: vllm, model: QuantTrio/GLM-4.7-AWQ, "
                                          "engine_args: {quantization: awq}}\ntrace_filter: {}\n"
                                          "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n")
-    root = _write(recipes, "grid", "extends: parent\nablate:\n  teacher.model: [zai-org/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n")
+    root = _write(recipes, "grid", "extends: parent\nablate:\n  teacher.model: [QuantTrio/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n")
     with pytest.raises(ConfigError, match=r"candidate \[teacher.model=zai-org/GLM-4.6-FP8\].*teacher: .*saved as FP8"):
         plan_recipe(load_recipe("grid", root))
 

@@ -203,9 +203,8 @@ def test_an_invalid_recipe_blocks_only_its_own_target(project):
         assert f"otbuild: {project}/recipes/bad.yaml: mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
 
 
-def test_smoke_recipe_builds(project):
-    shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
-    ran, _ = snakemake(project, "smoke")
+def test_smoke_recipe_builds(smoke_build):
+    project, ran = smoke_build
     assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
                    "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1, "smoke": 1}
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")

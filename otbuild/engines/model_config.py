@@ -8,7 +8,8 @@ refuse after minutes of loading weights, said at `otbuild validate` time.
   (`hf_overrides: {rope_scaling: {rope_type: yarn, factor: F, original_max_position_embeddings: N}}`).
 
 The model's `config.json` is read from a local dir or the local HF cache (never downloaded);
-without it the model's name is the evidence (`GLM-4.7-AWQ`, `GLM-4.6-FP8`, `...-GPTQ-Int4`).
+without it the model's name is the evidence (`GLM-4.7-AWQ`, `GLM-4.6-FP8`, `...-GPTQ-Int4`), and
+the context of the families in KNOWN_CONTEXT. Errors say which evidence they used.
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ from otbuild.errors import ConfigError
 # Formats a checkpoint is saved in, as vLLM's `--quantization` and model names spell them.
 FORMATS = ("awq", "gptq", "fp8")
 NEEDS_CHECKPOINT = ("awq", "gptq")  # fp8 can also quantize a bf16 checkpoint on load
+
+# The context (config.json's max_position_embeddings) of the families the docs and recipes
+# name, from their model cards: the check's evidence when config.json is not on this machine
+# (a GPU node's cache). Patterns match the model's name in lower case; the first match wins.
+KNOWN_CONTEXT = (
+    (r"^qwen3-.*(2507|coder|next)", 262_144),  # Qwen3 2507 / Coder / Next: 262,144 native
+    (r"^qwen3-", 40_960),  # Qwen3: 32,768 native (+8,192 for the answer), 131,072 with YaRN x4
+    (r"^glm-4\.5", 131_072),  # GLM-4.5, GLM-4.5-Air: 128K
+    (r"^glm-4\.[67]", 202_752),  # GLM-4.6, GLM-4.7 (and their FP8/AWQ uploads): 200K
+    (r"^kimi-k2-(instruct|base)$", 131_072),  # the first Kimi K2: 128K
+    (r"^kimi-k2", 262_144),  # Kimi K2 0905, K2 Thinking, K2.5: 256K
+)
 
 
 def model_config(model: str) -> dict | None:
@@ -65,12 +78,26 @@ def check_vllm_model(model: str, quantization: str | None, max_model_len: int | 
     if wanted in NEEDS_CHECKPOINT and not fmt and (config is not None or _names_a_model(model)):
         raise ConfigError(f"quantization {quantization!r} needs a checkpoint saved as {wanted.upper()}; by {evidence}, "
                           f"{model!r} is not: leave quantization unset, or serve a model saved as {wanted.upper()}")
-    limit = (config or {}).get("max_position_embeddings")
+    limit, source = context_limit(model, config)
     scaled = (hf_overrides or {}).get("rope_scaling") or (config or {}).get("rope_scaling")
-    if max_model_len and isinstance(limit, int) and max_model_len > limit and not scaled:
-        raise ConfigError(f"max_model_len {max_model_len} exceeds {model!r}'s max_position_embeddings {limit}: "
-                          "lower it, or add rope scaling, e.g. hf_overrides: {rope_scaling: {rope_type: yarn, "
-                          f"factor: {max_model_len / limit:g}, original_max_position_embeddings: {limit}}}}}")
+    if max_model_len and limit and max_model_len > limit and not scaled:
+        raise ConfigError(f"max_model_len {max_model_len} exceeds {model!r}'s max_position_embeddings {limit} "
+                          f"(by {source}): lower it, or add rope scaling, e.g. hf_overrides: {{rope_scaling: "
+                          f"{{rope_type: yarn, factor: {max_model_len / limit:g}, "
+                          f"original_max_position_embeddings: {limit}}}}}")
+
+
+def context_limit(model: str, config: dict | None) -> tuple[int | None, str]:
+    """The model's max_position_embeddings and where it came from: its config.json, else the
+    model card of its family (KNOWN_CONTEXT); (None, ...) when neither knows."""
+    if config is not None:
+        limit = config.get("max_position_embeddings")
+        return (limit if isinstance(limit, int) else None), "its config.json"
+    name = Path(model).name.lower()
+    for pattern, limit in KNOWN_CONTEXT:
+        if re.search(pattern, name):
+            return limit, "its family's model card (no config.json on this machine)"
+    return None, "nothing: no config.json here and an unknown family"
 
 
 def _names_a_model(model: str) -> bool:

@@ -173,7 +173,19 @@ def _default(f):
 
 
 def engine_settings(section: dict) -> dict:
-    """The keys of `section` (e.g. a recipe's teacher section) that its engine reads."""
+    """The keys of `section` (e.g. a recipe's teacher section) that its engine reads; a key
+    left unset (None, e.g. a recipe's `concurrency`) takes the engine's own default."""
     cls = SETTINGS.get(section.get("engine"))
     known = {f.name for f in fields(cls)} | {"engine_args"} if cls else set()
-    return {k: v for k, v in section.items() if k in known or k == "engine"}
+    return {k: v for k, v in section.items() if (k in known and v is not None) or k == "engine"}
+
+
+ORACLE_CONCURRENCY = 4  # the oracle has no server to keep busy: trials at once are sandboxes on a CPU
+
+
+def concurrency(section: dict) -> int:
+    """Requests (so trials) in flight for `section`: its `concurrency`, else its engine's default."""
+    if section.get("concurrency"):
+        return section["concurrency"]
+    cls = SETTINGS.get(section.get("engine"))
+    return _default(next(f for f in fields(cls) if f.name == "concurrency")) if cls else ORACLE_CONCURRENCY

@@ -249,7 +249,8 @@ class LLM(Strict):
     max_retries: int = execution_only(5, ge=0)
     request_timeout_sec: float = execution_only(600, gt=0)
     engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
-    concurrency: int = execution_only(4, ge=1)
+    concurrency: int | None = execution_only(
+        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)")
 
     @field_validator("base_url")
     @classmethod
@@ -362,7 +363,7 @@ class Eval(Strict):
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
     max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
     shards: int = execution_only(1, ge=1, le=MAX_SHARDS)
-    concurrency: int = execution_only(4, ge=1)
+    concurrency: int | None = execution_only(None, ge=1, description="trials at once per job; default: the engine's")
     sandbox: Literal["bwrap", "unshare", "none", "podman", "auto", "harbor"] = "bwrap"
     harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
     limits: SandboxLimits = SandboxLimits()

@@ -110,6 +110,7 @@ def merge_shards(settings: dict, outdir: Path) -> tuple[list[dict], list[dict]]:
 async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int) -> None:
     from otbuild.engines import engine_settings, open_engine
+    from otbuild.engines.settings import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
     from otbuild.sandbox import Limits
 
@@ -125,7 +126,7 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         prompt=settings.get("prompt", "terminus2"),
     )
     progress = Progress(total, already)
-    sem = asyncio.Semaphore(settings["concurrency"])
+    sem = asyncio.Semaphore(concurrency(settings))
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(engine_settings(settings))
     try:

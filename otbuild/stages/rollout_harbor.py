@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from otbuild.engines.settings import concurrency
 from otbuild.recipe.schema import harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA
 
@@ -55,7 +56,7 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
             names.update(zip(task_rows_n, export_names(tasks)))
             job = await asyncio.to_thread(
                 run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
-                base_url=base_url, n_attempts=n, n_concurrent=settings["concurrency"],
+                base_url=base_url, n_attempts=n, n_concurrent=concurrency(settings),
                 job_name=f"attempts-{n}", api_key_env=settings.get("api_key_env"),
                 log=work / f"attempts-{n}.log", **options)
             job_rows += read_job(job, subagents=True)
