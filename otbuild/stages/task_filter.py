@@ -1,4 +1,5 @@
-"""Task filter (non-LLM kinds): dedup, length bounds, regexes, score top-k/weights, subsample.
+"""Task filter (non-LLM kinds): dedup, length bounds, regexes, decontamination against benchmarks,
+score top-k/weights, subsample.
 Writes kept.parquet and rejected.parquet; every rejected row carries its reason."""
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ def score_expr(column: str) -> str:
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    """`inputs`: the task tables, then (with `decontaminate`) one per name in its `against`."""
     con = duck.connect()
     score = settings.get("score")
+    decontaminate = settings.get("decontaminate")
+    if decontaminate:
+        inputs, refs = inputs[: -len(decontaminate["against"])], inputs[-len(decontaminate["against"]):]
+        duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs),
+                          refs=[str(p) for p in refs], **decontaminate)
     duck.run_template(
         con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=settings["dedup"],
+        decontaminate=decontaminate,
         chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
         score_expr=score_expr(score["column"]) if score else None,
@@ -31,4 +39,9 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    return duck.write_split(con, "tf", outdir)
+    stats = duck.write_split(con, "tf", outdir)
+    if decontaminate:  # per benchmark, the rows rejected for overlapping it
+        stats["contaminated_by_benchmark"] = dict(con.execute(
+            "SELECT benchmark, count(*) FROM tf_decided JOIN dc_hits USING (_ord) WHERE reason = contamination"
+            " GROUP BY ALL ORDER BY ALL").fetchall())
+    return stats
