@@ -198,6 +198,40 @@ def export_tasks_cmd(parquet, dest):
     out.print(f"[green]wrote[/] {n} task dir(s) to {dest}")
 
 
+@export.command("llamafactory")
+@click.argument("recipe")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--gpus", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs the lab trains on in all: sets gradient accumulation so the global batch is the recipe's.")
+@click.option("--model", help="model_name_or_path (default: the recipe's sft.model path).")
+@click.option("--name", default="otbuild_sft", show_default=True, help="The dataset's name in dataset_info.json.")
+def export_llamafactory_cmd(recipe, dest, gpus, model, name):
+    """RECIPE's SFT traces and settings for LLaMA-Factory, in DEST: the sharegpt data,
+    dataset_info.json, ds_zN_config.json and train_NAME.yaml (run it from DEST)."""
+    from otbuild.train.llamafactory import write_handoff
+
+    plan = _plan(recipe)
+    sft = [n for n in plan.nodes if n.stage == "sft"]
+    if len(sft) != 1:
+        raise ConfigError(f"{plan.recipe.path}: {'no sft section' if not sft else f'{len(sft)} sft stages (an ablation)'}: "
+                          "export a recipe with exactly one")
+    node, settings = sft[0], sft[0].settings
+    traces = [i.main_output for i in node.inputs]
+    if missing := [str(p) for p in traces if not p.exists()]:
+        raise ConfigError(f"{plan.recipe.path}: the traces are not built yet ({', '.join(missing)}): "
+                          f"run `otbuild build {recipe}` first")
+    if model is None and settings["model"]["kind"] != "pretrained":
+        raise ConfigError(f"{plan.recipe.path}: sft.model is a {settings['model']['kind']} model otbuild builds "
+                          "itself: pass --model (an HF id or a model dir)")
+    header = (f"LLaMA-Factory training of recipe {plan.recipe.name} ({plan.recipe.path}), its sft stage {node.id}\n"
+              f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
+    try:
+        stats = write_handoff(traces, dest, settings, model or settings["model"]["path"], gpus, name, header)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}, dataset_info.json and {stats['yaml']}")
+
+
 @main.group()
 def stage():
     """Run one stage from its spec (what the Snakemake rules call)."""
