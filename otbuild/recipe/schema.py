@@ -167,7 +167,7 @@ class Decontaminate(Strict):
 
     against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
         min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out")
-    ngram: int = Field(default=13, ge=1, le=1000, description="words per n-gram (13: GPT-3's decontamination)")
+    ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
     min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
 
     @field_validator("against")

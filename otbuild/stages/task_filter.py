@@ -39,9 +39,4 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    stats = duck.write_split(con, "tf", outdir)
-    if decontaminate:  # per benchmark, the rows rejected for overlapping it
-        stats["contaminated_by_benchmark"] = dict(con.execute(
-            "SELECT benchmark, count(*) FROM tf_decided JOIN dc_hits USING (_ord) WHERE reason = contamination"
-            " GROUP BY ALL ORDER BY ALL").fetchall())
-    return stats
+    return duck.write_split(con, "tf", outdir)
