@@ -232,6 +232,36 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name):
     out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}, dataset_info.json and {stats['yaml']}")
 
 
+@main.command()
+@click.argument("recipe")
+@click.argument("artifact")
+@click.option("--repo", required=True, help="The Hub dataset repo, ORG/NAME.")
+@click.option("--out", "dest", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write the folder (default: publish/RECIPE/ARTIFACT); it must not exist.")
+@click.option("--dry-run", is_flag=True, help="Write the folder only; upload nothing.")
+@click.option("--private", is_flag=True, help="Create the repo private (when it does not exist yet).")
+def publish(recipe, artifact, repo, dest, dry_run, private):
+    """Write ARTIFACT (a label of RECIPE, e.g. trace_filter) as a Hub-ready dataset folder:
+    parquet shards, a dataset card, the resolved recipe and a manifest of ids and sha256s; then
+    upload it with the token huggingface_hub finds (HF_TOKEN or a saved login)."""
+    from otbuild.publish import hub_folder, upload
+
+    token = None
+    if not dry_run:
+        from huggingface_hub import get_token
+
+        if not (token := get_token()):
+            raise ConfigError("no Hugging Face token (set HF_TOKEN or run `hf auth login`); "
+                              "--dry-run writes the folder only")
+    plan = _plan(recipe)
+    folder = dest or Path("publish") / plan.recipe.name / artifact.replace("/", "__")
+    manifest = hub_folder(plan, artifact, folder, repo)
+    rows = sum(f["rows"] for f in manifest["files"])
+    out.print(f"[green]wrote[/] {folder}: {rows} rows in {len(manifest['files'])} file(s), README.md, manifest.json")
+    if not dry_run:
+        out.print(f"[green]uploaded[/] {upload(folder, repo, token, private)}")
+
+
 @main.group()
 def stage():
     """Run one stage from its spec (what the Snakemake rules call)."""
