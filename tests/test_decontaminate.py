@@ -4,9 +4,11 @@ the real dev data."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from bench.decontaminate import reference  # the rule pair by pair, in plain Python
@@ -142,3 +144,30 @@ def test_the_paper_recipes_decontaminate_against_their_benchmarks(name):
     against = [i.label for i in plan["task_filter"].inputs if i.label.startswith("benchmarks/")]
     assert against == [i.label for i in plan["eval"].inputs if i.label.startswith("benchmarks/")]
     assert len(against) == 3
+
+
+@pytest.mark.slow
+def test_a_real_build_decontaminates_against_a_source_it_does_not_mix(project):
+    """snakemake builds the held-out set for the task filter alone, and the filter's rejections
+    are the rule's, benchmark task named."""
+    from tests.conftest import snakemake
+
+    (project / "recipes" / "r.yaml").write_text("""
+sources:
+  train: {kind: synthetic, rank: 1, count: 40, seed: 1}
+  held: {kind: synthetic, rank: 2, count: 15, seed: 2, families: [text]}
+mix: {n: 1, total: 40}
+task_filter: {dedup: false, decontaminate: {against: [held], ngram: 8}}
+""")
+    jobs, _ = snakemake(project, "r", "--cores", "1")
+    assert jobs["source"] == 2 and jobs["task_filter"] == 1
+    nodes = {n.label: n for n in plan_recipe(load_recipe("r", project)).nodes}
+    tf, held = nodes["task_filter"], nodes["sources/held"]
+    record = json.loads((project / tf.provenance).read_text())
+    assert [i["id"] for i in record["inputs"]] == [nodes["mix"].id, held.id]
+    mixed = pq.read_table(project / nodes["mix"].main_output, columns=["path", "instruction"]).to_pydict()
+    bench = pq.read_table(project / held.main_output, columns=["path", "instruction"]).to_pydict()
+    expected = reference(mixed["instruction"], [("held", list(zip(bench["path"], bench["instruction"])))], 8)
+    rejected = pq.read_table(project / tf.dir / "rejected.parquet", columns=["path", "reason"]).to_pydict()
+    assert expected and dict(zip(rejected["path"], rejected["reason"])) == {mixed["path"][i]: r for i, r in expected.items()}
+    assert record["stats"]["rejected_by_reason"] == ({"contaminated by held": len(expected)} if expected else {})
