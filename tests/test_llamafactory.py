@@ -115,3 +115,23 @@ def test_unbuilt_traces_and_tiny_models_are_errors(built):
     assert result.exit_code == 2 and "pass --model" in result.output
     assert _export("r", "lf", "--model", "Qwen/Qwen3-0.6B").exit_code == 0
     assert yaml.safe_load((built / "lf" / "train_otbuild_sft.yaml").read_text())["model_name_or_path"] == "Qwen/Qwen3-0.6B"
+
+
+def test_zero_stage_precision_and_steps_map_to_their_llamafactory_settings():
+    from otbuild.recipe.schema_train import Sft
+    from otbuild.train.llamafactory import deepspeed_config, training_args
+
+    def args(**sft):
+        return training_args(Sft(model={"kind": "tiny"}, **sft).model_dump(), "d", 8, "m")
+
+    assert "deepspeed" not in args(zero_stage=0) and deepspeed_config(0) is None
+    assert args(zero_stage=1)["deepspeed"] == "ds_z2_config.json" == args(zero_stage=2)["deepspeed"]
+    assert deepspeed_config(1)["zero_optimization"]["stage"] == 2
+    plain = args()
+    assert "max_steps" not in plain and plain["bf16"] and not plain["disable_gradient_checkpointing"]
+    other = args(max_steps=0, precision="fp32", gradient_checkpointing=False, lr_scheduler="linear",
+                 per_device_batch_size=4, global_batch_size=64)
+    assert (other["max_steps"], other["bf16"], other["disable_gradient_checkpointing"]) == (0, False, True)
+    assert args(packing=True)["packing"] and not plain["packing"]
+    assert (other["lr_scheduler_type"], other["gradient_accumulation_steps"]) == ("linear", 2)  # 64 = 8 x 4 x 2
+    assert set(plain) | set(other) <= LLAMAFACTORY_ARGS
