@@ -277,6 +277,70 @@ def export_tasks_cmd(parquet, dest):
     out.print(f"[green]wrote[/] {n} task dir(s) to {dest}")
 
 
+@export.command("llamafactory")
+@click.argument("recipe")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--gpus", type=click.IntRange(min=1), default=8, show_default=True,
+              help="GPUs the lab trains on in all: sets gradient accumulation so the global batch is the recipe's.")
+@click.option("--model", help="model_name_or_path (default: the recipe's sft.model path).")
+@click.option("--name", default="otbuild_sft", show_default=True, help="The dataset's name in dataset_info.json.")
+def export_llamafactory_cmd(recipe, dest, gpus, model, name):
+    """RECIPE's SFT traces and settings for LLaMA-Factory, in DEST: the sharegpt data,
+    dataset_info.json, ds_zN_config.json and train_NAME.yaml (run it from DEST)."""
+    from otbuild.train.llamafactory import write_handoff
+
+    plan = _plan(recipe)
+    sft = [n for n in plan.nodes if n.stage == "sft"]
+    if len(sft) != 1:
+        raise ConfigError(f"{plan.recipe.path}: {'no sft section' if not sft else f'{len(sft)} sft stages (an ablation)'}: "
+                          "export a recipe with exactly one")
+    node, settings = sft[0], sft[0].settings
+    traces = [i.main_output for i in node.inputs]
+    if missing := [str(p) for p in traces if not p.exists()]:
+        raise ConfigError(f"{plan.recipe.path}: the traces are not built yet ({', '.join(missing)}): "
+                          f"run `otbuild build {recipe}` first")
+    if model is None and settings["model"]["kind"] != "pretrained":
+        raise ConfigError(f"{plan.recipe.path}: sft.model is a {settings['model']['kind']} model otbuild builds "
+                          "itself: pass --model (an HF id or a model dir)")
+    header = (f"LLaMA-Factory training of recipe {plan.recipe.name} ({plan.recipe.path}), its sft stage {node.id}\n"
+              f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
+    try:
+        stats = write_handoff(traces, dest, settings, model or settings["model"]["path"], gpus, name, header)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}, dataset_info.json and {stats['yaml']}")
+
+
+@main.command()
+@click.argument("recipe")
+@click.argument("artifact")
+@click.option("--repo", required=True, help="The Hub dataset repo, ORG/NAME.")
+@click.option("--out", "dest", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write the folder (default: publish/RECIPE/ARTIFACT); it must not exist.")
+@click.option("--dry-run", is_flag=True, help="Write the folder only; upload nothing.")
+@click.option("--private", is_flag=True, help="Create the repo private (when it does not exist yet).")
+def publish(recipe, artifact, repo, dest, dry_run, private):
+    """Write ARTIFACT (a label of RECIPE, e.g. trace_filter) as a Hub-ready dataset folder:
+    parquet shards, a dataset card, the resolved recipe and a manifest of ids and sha256s; then
+    upload it with the token huggingface_hub finds (HF_TOKEN or a saved login)."""
+    from otbuild.publish import hub_folder, upload
+
+    token = None
+    if not dry_run:
+        from huggingface_hub import get_token
+
+        if not (token := get_token()):
+            raise ConfigError("no Hugging Face token (set HF_TOKEN or run `hf auth login`); "
+                              "--dry-run writes the folder only")
+    plan = _plan(recipe)
+    folder = dest or Path("publish") / plan.recipe.name / artifact.replace("/", "__")
+    manifest = hub_folder(plan, artifact, folder, repo)
+    rows = sum(f["rows"] for f in manifest["files"])
+    out.print(f"[green]wrote[/] {folder}: {rows} rows in {len(manifest['files'])} file(s), README.md, manifest.json")
+    if not dry_run:
+        out.print(f"[green]uploaded[/] {upload(folder, repo, token, private)}")
+
+
 @main.group()
 def stage():
     """Run one stage from its spec (what the Snakemake rules call)."""

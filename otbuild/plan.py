@@ -132,7 +132,8 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     if r.task_filter:
         if r.task_filter.llm:
             tasks = [_section_node("task_score", "task_score", r.task_filter.llm, tasks)]
-        tasks = [_section_node("task_filter", "task_filter", r.task_filter, tasks, exclude={"llm"})]
+        held_out = _held_out(loaded, r.task_filter.decontaminate)
+        tasks = [_section_node("task_filter", "task_filter", r.task_filter, [*tasks, *held_out], exclude={"llm"})]
     traces: list[Node] = []
     if r.teacher:
         traces.append(_section_node("rollout", "teacher", r.teacher, tasks, extra=_harness(r)))
@@ -154,6 +155,15 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     if r.eval:
         finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:
+    """The task sets a task filter decontaminates against, in `against` order, after its task
+    input: an eval benchmark (the same node the eval reads) or else a source, as built."""
+    r = loaded.recipe
+    benchmarks = r.eval.benchmarks if r.eval else {}
+    return [_source_node(loaded, name, benchmarks[name], group="benchmarks") if name in benchmarks
+            else _source_node(loaded, name, r.sources[name]) for name in (decontaminate.against if decontaminate else [])]
 
 
 def _harness(recipe) -> dict:

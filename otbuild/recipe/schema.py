@@ -165,8 +165,26 @@ class Score(Strict):
         return self
 
 
+class Decontaminate(Strict):
+    """Reject tasks whose instruction overlaps a benchmark's: the same normalised text, or at
+    least `min_shared` shared word n-grams (docs/task-filter.md)."""
+
+    against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
+        min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out")
+    ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
+    min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
+
+    @field_validator("against")
+    @classmethod
+    def _unique(cls, v):
+        if len(set(v)) < len(v):
+            raise ValueError(f"names a benchmark twice: {v}")
+        return v
+
+
 class TaskFilter(Strict):
     llm: TaskScorer | None = None  # scores every task first (a stage of its own: task_score)
+    decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
     dedup: bool = True
     instruction_chars: Bounds | None = None
     include_regex: str | None = None
@@ -422,5 +440,11 @@ class Recipe(Strict):
             raise ValueError("rl starts from the SFT checkpoint: add an `sft` section")
         if self.rl and not (self.mix or self.task_filter) and len(self.sources) > 1:
             raise ValueError("rl draws its tasks from one task set: add `mix` or `task_filter`")
+        if self.task_filter and self.task_filter.decontaminate:
+            known = [*(self.eval.benchmarks if self.eval else {}), *self.sources]
+            for name in self.task_filter.decontaminate.against:
+                if name not in known:
+                    raise ValueError(f"task_filter.decontaminate.against: {name!r} is neither a benchmark in "
+                                     f"eval.benchmarks nor a source (known: {', '.join(known) or 'none'})")
         return self
 

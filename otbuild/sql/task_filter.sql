@@ -1,6 +1,7 @@
 {% from "_inputs.sql" import union_inputs %}
 -- Task filter. Steps run in this order; a row is rejected by the first step it fails and
--- keeps that step's reason: per-row checks (instruction, length, regexes, score present),
+-- keeps that step's reason: per-row checks (instruction, length, regexes, overlap with a
+-- benchmark from decontaminate.sql, score present),
 -- then dedup on the normalised instruction (first occurrence wins), then top-k by score,
 -- then a seeded random subsample. Only narrow columns are decided here; the wide rows
 -- (with task_binary) are streamed once per output by joining on (_file, file_row_number).
@@ -11,7 +12,8 @@ CREATE OR REPLACE TEMP TABLE tf_decided AS
 WITH base AS (
     SELECT _file, file_row_number, _ord, task_id, instruction,
            {% if score %}TRY_CAST({{ score_expr }} AS DOUBLE){% else %}NULL::DOUBLE{% endif %} AS score
-    FROM tf_src
+           {%- if decontaminate %}, contamination{% endif %}
+    FROM tf_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
 ), checked AS (
     SELECT *, CASE
         WHEN trim(coalesce(instruction, '')) = '' THEN 'empty_instruction'
@@ -26,6 +28,9 @@ WITH base AS (
         {% endif %}
         {% if exclude_regex %}
         WHEN regexp_matches(instruction, {{ exclude_regex | sql }}) THEN 'exclude_regex: matched'
+        {% endif %}
+        {% if decontaminate %}
+        WHEN contamination IS NOT NULL THEN contamination
         {% endif %}
         {% if score %}
         WHEN score IS NULL THEN 'score: no numeric {{ score.column }}'

@@ -1,4 +1,5 @@
-"""Task filter (non-LLM kinds): dedup, length bounds, regexes, score top-k/weights, subsample.
+"""Task filter (non-LLM kinds): dedup, length bounds, regexes, decontamination against benchmarks,
+score top-k/weights, subsample.
 Writes kept.parquet and rejected.parquet; every rejected row carries its reason."""
 
 from __future__ import annotations
@@ -25,11 +26,18 @@ def planned_rollouts(score: dict | None) -> int | None:
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+    """`inputs`: the task tables, then (with `decontaminate`) one per name in its `against`."""
     con = duck.connect()
     score = settings.get("score")
+    decontaminate = settings.get("decontaminate")
+    if decontaminate:
+        inputs, refs = inputs[: -len(decontaminate["against"])], inputs[-len(decontaminate["against"]):]
+        duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs),
+                          refs=[str(p) for p in refs], **decontaminate)
     budget = planned_rollouts(score)
     duck.run_template(
         con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=settings["dedup"],
+        decontaminate=decontaminate,
         chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
         exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
         score_expr=score_expr(score["column"]) if score else None, rollouts=budget,
@@ -44,9 +52,11 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     return {**stats, "rollouts_planned": budget} if budget else stats
 
 
-# The steps in the order they run, with the reasons (the text before ':') they reject with.
+# The steps in the order they run, with the reasons (the text before ':', or how it starts) they
+# reject with.
 STEPS = (("instruction present", ("empty_instruction",)), ("instruction_chars", ("too_short", "too_long")),
-         ("include_regex", ("include_regex",)), ("exclude_regex", ("exclude_regex",)), ("score", ("score",)),
+         ("include_regex", ("include_regex",)), ("exclude_regex", ("exclude_regex",)),
+         ("decontaminate", ("contaminated by ",)), ("score", ("score",)),
          ("dedup", ("duplicate",)), ("score.top_k", ("below_top_k",)), ("sample", ("not_sampled",)))
 
 
@@ -58,10 +68,15 @@ def check_not_emptied(stats: dict) -> None:
         return
     by_reason, left = stats["rejected_by_reason"], total
     for step, reasons in STEPS:
-        dropped = {r: by_reason[r] for r in reasons if by_reason.get(r)}
+        dropped = {r: n for r, n in by_reason.items() if n and _rejects_with(reasons, r)}
         left -= sum(dropped.values())
         if not left:
             raise RuntimeError(
                 f"task_filter: step {step} left 0 of the {total} tasks "
                 f"({', '.join(f'{r}: {n}' for r, n in dropped.items())}; all rejections: {by_reason}); "
                 "see rejected.parquet for each task's reason")
+
+
+def _rejects_with(reasons: tuple[str, ...], reason: str) -> bool:
+    """A reason is a step's when it is one of its names, or starts with one ending in a space."""
+    return any(reason == r or (r.endswith(" ") and reason.startswith(r)) for r in reasons)

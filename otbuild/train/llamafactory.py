@@ -1,0 +1,86 @@
+"""A LLaMA-Factory handoff: a recipe's trace set and SFT settings as a folder a lab trains from
+on its own cluster with `llamafactory-cli train`.
+
+The folder holds the sharegpt data and its `dataset_info.json` (otbuild/train/export.py), the
+DeepSpeed config of the recipe's ZeRO stage, and `train_NAME.yaml`: the recipe's `sft` settings
+under LLaMA-Factory's argument names. Paths in the YAML are relative: run it from the folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from otbuild.fsio import atomic_path, write_json
+from otbuild.train.export import export_llamafactory
+
+# The DeepSpeed config LLaMA-Factory's examples ship (examples/deepspeed/ds_zN_config.json):
+# "auto" values are filled in by the trainer from the YAML's batch and precision settings.
+_AUTO = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "zero_allow_untested_optimizer": True,
+         "bf16": {"enabled": "auto"}}
+_ZERO = {
+    2: {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 5e8, "overlap_comm": False,
+        "reduce_scatter": True, "reduce_bucket_size": 5e8, "contiguous_gradients": True, "round_robin_gradients": True},
+    3: {"stage": 3, "overlap_comm": False, "contiguous_gradients": True, "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
+}
+
+
+def deepspeed_config(stage: int) -> dict | None:
+    """ZeRO stage 1 runs as 2 (LLaMA-Factory ships no stage-1 config); 0: plain data parallel."""
+    return {**_AUTO, "zero_optimization": _ZERO[max(stage, 2)]} if stage else None
+
+
+def training_args(sft: dict, dataset: str, gpus: int, model: str) -> dict:
+    """The recipe's `sft` section (model_dump) as LLaMA-Factory training arguments, for `gpus`
+    GPUs in all. The global batch is kept: gradient_accumulation = global / (gpus x per-device)."""
+    per_step = gpus * sft["per_device_batch_size"]
+    if sft["global_batch_size"] % per_step:
+        raise ValueError(f"sft.global_batch_size {sft['global_batch_size']} is not a multiple of {gpus} GPUs x "
+                         f"per_device_batch_size {sft['per_device_batch_size']}: choose --gpus to divide it")
+    args = {
+        "model_name_or_path": model, "trust_remote_code": True,
+        "stage": "sft", "do_train": True, "finetuning_type": "full",
+        **({"deepspeed": f"ds_z{max(sft['zero_stage'], 2)}_config.json"} if sft["zero_stage"] else {}),
+        "dataset": dataset, "dataset_dir": ".", "template": "qwen3", "cutoff_len": sft["cutoff_len"],
+        "train_on_prompt": sft["train_on_prompt"], "packing": sft["packing"], "overwrite_cache": True,
+        "output_dir": f"saves/{dataset}", "logging_steps": 1, "save_steps": sft["save_steps"],
+        "save_total_limit": sft["save_total_limit"], "plot_loss": True, "report_to": "none",
+        "per_device_train_batch_size": sft["per_device_batch_size"],
+        "gradient_accumulation_steps": sft["global_batch_size"] // per_step,
+        "learning_rate": sft["learning_rate"], "num_train_epochs": float(sft["epochs"]),
+        "lr_scheduler_type": sft["lr_scheduler"], "warmup_ratio": sft["warmup_ratio"],
+        "max_grad_norm": sft["max_grad_norm"], "adam_beta1": sft["adam_betas"][0], "adam_beta2": sft["adam_betas"][1],
+        "adam_epsilon": sft["adam_eps"], "weight_decay": sft["weight_decay"], "seed": sft["seed"],
+        "bf16": sft["precision"] != "fp32",
+        "disable_gradient_checkpointing": not sft["gradient_checkpointing"],
+    }
+    if sft.get("max_steps") is not None:
+        args["max_steps"] = sft["max_steps"]
+    return args
+
+
+def write_handoff(traces: list[Path], outdir: Path, sft: dict, model: str, gpus: int, name: str = "otbuild_sft",
+                  header: str = "") -> dict:
+    """Data, dataset_info.json, DeepSpeed config and training YAML under `outdir`."""
+    outdir = Path(outdir)
+    args = training_args(sft, name, gpus, model)  # a bad --gpus fails before anything is written
+    stats = export_llamafactory(traces, outdir, name)
+    if ds := deepspeed_config(sft["zero_stage"]):
+        write_json(outdir / args["deepspeed"], ds)
+    notes = [f"otbuild's {k} has no LLaMA-Factory counterpart and is not applied: {sft[k]}"
+             for k in ("token_budget",) if sft.get(k) is not None]
+    if sft["truncation"] == "drop":
+        notes.append("otbuild drops traces longer than cutoff_len; LLaMA-Factory truncates them")
+    if sft.get("copy_loss_weight"):
+        notes.append("otbuild's copy_loss_weight (an auxiliary objective for tiny students) is not applied")
+    text = "".join(f"# {line}\n" for line in [*header.splitlines(), *notes])
+    text += f"# run from this folder on {gpus} GPU(s): FORCE_TORCHRUN=1 llamafactory-cli train train_{name}.yaml\n"
+    yaml_path = outdir / f"train_{name}.yaml"
+    with atomic_path(yaml_path) as tmp:
+        tmp.write_text(text + yaml.safe_dump(args, sort_keys=False))
+    return {**stats, "yaml": str(yaml_path)}
