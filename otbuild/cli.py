@@ -1,4 +1,4 @@
-"""The otbuild command line. Run from the project root (where Snakefile and recipes/ are).
+"""The otbuild command line. Run from the project root (where recipes/ and profiles/ are).
 
 Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config error.
 """
@@ -49,6 +49,19 @@ def _plan(recipe: str):
 
 
 @main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def init(directory):
+    """Make DIRECTORY an otbuild project that uses the installed workflow: a Snakefile that
+    includes it, recipes/ (smoke and the paper's), profiles/default and profiles/slurm, a
+    README. Never overwrites: if any of these files exists, nothing is written (exit 2)."""
+    from otbuild.scaffold import init_project
+
+    for path in init_project(directory):
+        out.print(f"[green]wrote[/] {path}")
+    out.print(f"next: cd {directory} && snakemake smoke")
+
+
+@main.command()
 @click.argument("recipes", nargs=-1, required=True)
 def validate(recipes):
     """Check RECIPES (names under recipes/ or paths) against the schema; write nothing."""
@@ -90,7 +103,14 @@ def build(recipe, profile, dry_run, snakemake_args):
 
 
 def _snakemake(target: str, profile: str | None, args: list[str]) -> int:
-    cmd = [sys.executable, "-m", "snakemake", target, *(["--profile", profile] if profile else []), *args]
+    """Run snakemake on TARGET here: the project's Snakefile, else the packaged workflow."""
+    from snakemake.common import SNAKEFILE_CHOICES
+
+    from otbuild.workflow import SNAKEFILE
+
+    own = any(p.is_file() for p in SNAKEFILE_CHOICES) or {"-s", "--snakefile"} & set(args)
+    cmd = [sys.executable, "-m", "snakemake", target, *(["--profile", profile] if profile else []),
+           *([] if own else ["--snakefile", str(SNAKEFILE)]), *args]
     err.print(f"[dim]$ {' '.join(cmd)}[/]")
     return subprocess.call(cmd, cwd=Path.cwd())
 
