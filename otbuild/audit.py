@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import otbuild
-
 from rich.console import Console
 from rich.table import Table
 
+import otbuild
 from otbuild.errors import EXIT_FINDINGS, EXIT_OK
 from otbuild.plan import RESULTS, Plan
 from otbuild.provenance import check, read_record
@@ -23,7 +22,7 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
     for col in ("artifact", "id", "status", "rows", "built", "otbuild", "code", "detail"):
         table.add_column(col, no_wrap=col not in ("code", "detail"))
     findings = 0
-    other_versions, bumped = set(), []
+    other_versions, bumped = set(), set()
     previous = _published_ids(plan)
     for n in plan.nodes:
         c = check(n.dir, n.stage, verify)
@@ -39,7 +38,7 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
         if c.status == "not-built" and (was := previous.get(n.label)) and was != n.id:
             detail, change = _since_last_build(n, was)
             if change:
-                bumped.append(f"{n.stage} {change}")
+                bumped.add(f"{n.stage} {change}")
         table.add_row(
             n.label, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
             record.get("finished_at", "")[:16].replace("T", " "), version, code, detail,
@@ -49,7 +48,7 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
         console.print(f"[yellow]note: built by otbuild {', '.join(sorted(other_versions))}; this is "
                       f"{otbuild.__version__}[/] (ids hold the stage versions: what matches is reused)")
     if bumped:
-        console.print(f"[yellow]stage versions changed since the last build: {', '.join(sorted(set(bumped)))}[/]; "
+        console.print(f"[yellow]stage versions changed since the last build: {', '.join(sorted(bumped))}[/]; "
                       f"`snakemake {plan.recipe.name}` builds the new artifacts beside the old ones")
     if findings:
         console.print(f"[red]{findings} artifact(s) not proven[/]: drifted, without a record, or not built")

@@ -96,7 +96,8 @@ def plan(recipe):
 @click.option("-n", "--dry-run", is_flag=True, help="Show the jobs without running them.")
 @click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
 def build(recipe, profile, dry_run, snakemake_args):
-    """Build RECIPE with Snakemake (validated first). Extra args go to snakemake."""
+    """Build RECIPE with Snakemake (validated first). Extra args go to snakemake. A project
+    without a Snakefile gets the installed otbuild's workflow."""
     p = _plan(recipe)
     code = _snakemake(p.recipe.name, profile, ["-n"] * dry_run + list(snakemake_args))
     sys.exit(0 if code == 0 else EXIT_FINDINGS)
