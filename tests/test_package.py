@@ -43,6 +43,7 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path):
     """Every file under otbuild/ (templates, SQL, the workflow, the project template) is in the
     wheel: what a non-editable install reads at run time."""
     wheel = build_wheel(tmp_path)
+    assert wheel.name == f"otbuild-{otbuild.__version__}-py3-none-any.whl"  # one version, the package's
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("otbuild/")}
     source = {p.relative_to(REPO).as_posix() for p in (REPO / "otbuild").rglob("*")
               if p.is_file() and "__pycache__" not in p.parts}
