@@ -61,8 +61,8 @@ def write_source(path: Path, source: str, instructions: list[str], **metadata_li
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """An empty otbuild project: the repo's Snakefile (the packaged workflow) and profiles, own recipes/."""
-    for name in ("Snakefile", "profiles"):
+    """An empty otbuild project: the repo's Snakefile, rules and profiles, own recipes/."""
+    for name in ("Snakefile", "rules", "profiles"):
         (tmp_path / name).symlink_to(REPO / name)
     (tmp_path / "recipes").mkdir()
     return tmp_path

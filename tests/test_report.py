@@ -176,7 +176,7 @@ def built(tmp_path_factory):
     """rep (one recipe with every section but training from the DAG, SFT and RL dirs added by
     hand) and rep_ablate (two candidates ranked), reports made by the report stage."""
     project = tmp_path_factory.mktemp("report_project")
-    for name in ("Snakefile", "profiles"):
+    for name in ("Snakefile", "rules", "profiles"):
         (project / name).symlink_to(REPO / name)
     (project / "recipes").mkdir()
     (project / "recipes" / "rep.yaml").write_text(RECIPE)
