@@ -8,8 +8,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+import otbuild
 from otbuild.errors import EXIT_FINDINGS, EXIT_OK, ConfigError
-from otbuild.plan import Plan
+from otbuild.plan import RESULTS, Plan
 from otbuild.provenance import check, read_record
 from otbuild.stages import PROVENANCE, STAGES
 
@@ -18,25 +19,62 @@ STYLE = {"ok": "green", "not-built": "yellow"}
 
 def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
     table = Table(title=f"audit: {plan.recipe.name}")
-    for col in ("artifact", "id", "status", "rows", "built", "code", "detail"):
+    for col in ("artifact", "id", "status", "rows", "built", "otbuild", "code", "detail"):
         table.add_column(col, no_wrap=col not in ("code", "detail"))
     findings = 0
+    other_versions, bumped = set(), set()
+    previous = _published_ids(plan)
     for n in plan.nodes:
         c = check(n.dir, n.stage, verify)
         record = read_record(n.dir) or {}
         findings += c.is_finding
         rows = ", ".join(str(o["rows"]) for o in record.get("outputs", []) if "rows" in o)
         code = f"[yellow]{_code_note(c)}[/]" if c.code_drift else ("same" if record else "")
+        version = record.get("otbuild_version", "")
+        if version and version != otbuild.__version__:
+            other_versions.add(version)
+            version = f"[yellow]{version}[/]"
+        detail = c.detail
+        if c.status == "not-built" and (was := previous.get(n.label)) and was != n.id:
+            detail, change = _since_last_build(n, was)
+            if change:
+                bumped.add(f"{n.stage} {change}")
         table.add_row(
             n.label, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
-            record.get("finished_at", "")[:16].replace("T", " "), code, c.detail,
+            record.get("finished_at", "")[:16].replace("T", " "), version, code, detail,
         )
     console.print(table)
+    if other_versions:
+        console.print(f"[yellow]note: built by otbuild {', '.join(sorted(other_versions))}; this is "
+                      f"{otbuild.__version__}[/] (ids hold the stage versions: what matches is reused)")
+    if bumped:
+        console.print(f"[yellow]stage versions changed since the last build: {', '.join(sorted(bumped))}[/]; "
+                      f"`snakemake {plan.recipe.name}` builds the new artifacts beside the old ones")
     if findings:
         console.print(f"[red]{findings} artifact(s) not proven[/]: drifted, without a record, or not built")
         return EXIT_FINDINGS
     console.print(f"[green]all {len(plan.nodes)} artifact(s) match their provenance records[/]")
     return EXIT_OK
+
+
+def _published_ids(plan: Plan) -> dict[str, str]:
+    """label -> artifact id in the recipe's last published view (results/NAME/manifest.json)."""
+    try:
+        manifest = json.loads((RESULTS / plan.recipe.name / "manifest.json").read_text())
+        return {a["label"]: a["id"] for a in manifest["artifacts"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _since_last_build(n, was: str) -> tuple[str, str]:
+    """Why node `n`'s id moved away from `was`, the artifact its label last published: (detail,
+    the stage version change or '')."""
+    record = read_record(n.dir.parent / was) or {}
+    old, new = record.get("stage_version"), STAGES[n.stage].version
+    if old is not None and old != new:
+        change = f"{old} -> {new}"
+        return f"stage version {change} since {was} (built by otbuild {record.get('otbuild_version')})", change
+    return f"was {was}: its settings or inputs changed", ""
 
 
 def _code_note(c) -> str:

@@ -1,4 +1,4 @@
-"""The otbuild command line. Run from the project root (where Snakefile and recipes/ are).
+"""The otbuild command line. Run from the project root (where recipes/ and profiles/ are).
 
 Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config error.
 """
@@ -48,6 +48,19 @@ def _plan(recipe: str):
     from otbuild.recipe.load import load_recipe
 
     return plan_recipe(load_recipe(recipe, Path.cwd()))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def init(directory):
+    """Make DIRECTORY an otbuild project that uses the installed workflow: a Snakefile that
+    includes it, recipes/ (smoke and the paper's), profiles/default and profiles/slurm, a
+    README. Never overwrites: if any of these files exists, nothing is written (exit 2)."""
+    from otbuild.scaffold import init_project
+
+    for path in init_project(directory):
+        out.print(f"[green]wrote[/] {path}")
+    out.print(f"next: cd {directory} && snakemake smoke")
 
 
 @main.command()
@@ -122,22 +135,28 @@ def plan(recipe):
 @click.option("-n", "--dry-run", is_flag=True, help="Show the jobs without running them.")
 @click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
 def build(recipe, profile, dry_run, snakemake_args):
-    """Build RECIPE with Snakemake (validated first). Extra args go to snakemake."""
+    """Build RECIPE with Snakemake (validated first). Extra args go to snakemake. A project
+    without a Snakefile gets the installed otbuild's workflow."""
     p = _plan(recipe)
     code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))
     sys.exit(0 if code == 0 else EXIT_FINDINGS)
 
 
 def _snakemake(plan, profile: str | None, args: list[str]) -> int:
-    """`snakemake RECIPE`; a recipe file outside recipes/ is named in Snakemake's config."""
-    from otbuild.workflow import RECIPE_KEY, outside_recipe
+    """`snakemake RECIPE` here, with the project's Snakefile, else the packaged workflow; a recipe
+    file outside recipes/ is named in Snakemake's config."""
+    from snakemake.common import SNAKEFILE_CHOICES
+
+    from otbuild.workflow import RECIPE_KEY, SNAKEFILE, outside_recipe
 
     path = outside_recipe(plan.recipe, Path.cwd())
     if path is not None:
         pair = f"{RECIPE_KEY}={path}"
         flag = next((i for i, a in enumerate(args) if a in ("--config", "-C")), None)
         args = [*args[:flag + 1], pair, *args[flag + 1:]] if flag is not None else [*args, "--config", pair]
-    cmd = [sys.executable, "-m", "snakemake", plan.recipe.name, *(["--profile", profile] if profile else []), *args]
+    own = any(p.is_file() for p in SNAKEFILE_CHOICES) or {"-s", "--snakefile"} & set(args)
+    cmd = [sys.executable, "-m", "snakemake", plan.recipe.name, *(["--profile", profile] if profile else []),
+           *([] if own else ["--snakefile", str(SNAKEFILE)]), *args]
     err.print(f"[dim]$ {' '.join(cmd)}[/]")
     return subprocess.call(cmd, cwd=Path.cwd())
 

@@ -18,6 +18,8 @@ from otbuild.provenance import read_record
 from otbuild.recipe.load import LoadedRecipe, load_recipe
 
 OTBUILD = f"{shlex.quote(sys.executable)} -m otbuild"
+# The workflow a project's Snakefile includes (its rules/ beside it), or `otbuild build` runs.
+SNAKEFILE = Path(__file__).with_name("Snakefile")
 
 
 class Workflow:

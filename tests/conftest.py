@@ -61,8 +61,9 @@ def write_source(path: Path, source: str, instructions: list[str], **metadata_li
 
 
 def make_project(path: Path) -> Path:
-    """An empty otbuild project at `path`: the repo's Snakefile, rules and profiles, own recipes/."""
-    for name in ("Snakefile", "rules", "profiles"):
+    """An empty otbuild project at `path`: the repo's Snakefile (the packaged workflow) and
+    profiles, own recipes/."""
+    for name in ("Snakefile", "profiles"):
         (path / name).symlink_to(REPO / name)
     (path / "recipes").mkdir()
     return path

@@ -29,7 +29,7 @@ from otbuild.recipe.load import load_recipe
 from otbuild.report import build, charts, report_node, report_settings
 from otbuild.report.page import _md_cell
 from otbuild.stages import STAGES, StageDef
-from tests.conftest import REPO, snakemake, write_source
+from tests.conftest import REPO, make_project, snakemake, write_source
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPORT_STAGE = StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report")
@@ -175,10 +175,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def built(tmp_path_factory):
     """rep (one recipe with every section but training from the DAG, SFT and RL dirs added by
     hand) and rep_ablate (two candidates ranked), reports made by the report stage."""
-    project = tmp_path_factory.mktemp("report_project")
-    for name in ("Snakefile", "rules", "profiles"):
-        (project / name).symlink_to(REPO / name)
-    (project / "recipes").mkdir()
+    project = make_project(tmp_path_factory.mktemp("report_project"))
     (project / "recipes" / "rep.yaml").write_text(RECIPE)
     (project / "recipes" / "rep_ablate.yaml").write_text(ABLATE)
     snakemake(project, "rep", "rep_ablate")

@@ -201,7 +201,7 @@ def _repo_fingerprint() -> tuple[str, set[Path]]:
     for p in sorted(REPO.glob("otbuild/sandbox/*.py")) + [Path(__file__)]:
         h.update(p.read_bytes())
     top = {REPO / n for n in ("README.md", "pyproject.toml", "Snakefile", "Makefile", "otbuild",
-                              "tests", "rules", "recipes", ".git")}
+                              "tests", "recipes", ".git")}
     return h.hexdigest(), {p for p in top if p.exists()}
 
 

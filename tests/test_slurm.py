@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -89,10 +90,10 @@ def test_slurm_profile_runs_the_dag_on_a_real_cluster(project, cluster):
     assert [json.loads(x)["trajectories"] for x in rl_log] == [4]  # 2 tasks x 2 samples, over 2 ranks
 
 
-def local_profile(dest):
-    """profiles/slurm with the local cluster's account, partitions and GPU model filled in,
-    jobs sized for a 2-core machine, and status checks from the first second."""
-    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+def local_profile(dest, source=REPO / "profiles" / "slurm" / "config.yaml"):
+    """profiles/slurm (or `source`) with the local cluster's account, partitions and GPU model
+    filled in, jobs sized for a 2-core machine, and status checks from the first second."""
+    text = Path(source).read_text()
     for placeholder, value in {"<account>": "otbuild", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu",
                                "<gpu-model>": "h100"}.items():
         text = text.replace(placeholder, value)
