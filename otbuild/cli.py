@@ -100,6 +100,9 @@ def _print_images(plan) -> int:
     from otbuild.sandbox.preflight import base_image_counts, image_presence
 
     counts = base_image_counts(plan)
+    if not counts:
+        out.print(f"base images: {plan.recipe.name}: no task runs in its own image here")
+        return 0
     presence = image_presence(sorted(counts))
     table = Table(title=f"base images: {plan.recipe.name}")
     for col in ("image", "tasks", "here"):

@@ -85,6 +85,14 @@ CASES = {
         ["otbuild", "ingest", "harbor-job", "{job}", "--out", "{tmp}/ingested", "--benchmark", "b"]],
     "otbuild serve MODEL_DIR [--port P]": [["otbuild", "serve", "results/smoke/rl", "--port", "0"]],
     "otbuild stage NAME --spec JSON [--shard K]": [["otbuild", "stage", "trace_filter", "--spec", "{spec}"]],
+    "otbuild init DIR": [["otbuild", "init", "{tmp}/lab"]],
+    "otbuild validate --images RECIPE...": [["otbuild", "validate", "--images", "smoke"]],
+    "otbuild images load DIR": [["otbuild", "images", "load", "{images}"]],
+    "otbuild clean --containers": [["otbuild", "clean", "--containers"]],
+    "otbuild export llamafactory RECIPE DIR [--gpus N] [--model M] [--name D]": [
+        ["otbuild", "export", "llamafactory", "smoke", "{tmp}/lf", "--gpus", "1", "--model", "Qwen/Qwen3-8B"]],
+    "otbuild publish RECIPE ARTIFACT --repo ORG/NAME [--out D] [--dry-run] [--private]": [
+        ["otbuild", "publish", "smoke", "trace_filter", "--repo", "lab/smoke-traces", "--out", "{tmp}/pub", "--dry-run"]],
 }
 
 
@@ -123,6 +131,20 @@ def _serve(argv: list[str], cwd: Path) -> tuple[int, str]:
         proc.kill()
 
 
+def _saved_image(tmp: Path) -> Path:
+    """A folder holding one `podman save` tarball of a one-file image (removed from storage
+    again, so `images load` really imports it)."""
+    folder, name = tmp / "images", "localhost/otbuild-docs-test:1"
+    folder.mkdir()
+    (tmp / "rootfs").mkdir()
+    (tmp / "rootfs" / "hello").write_text("hi\n")
+    subprocess.run(["tar", "-C", str(tmp / "rootfs"), "-cf", str(tmp / "rootfs.tar"), "."], check=True)
+    subprocess.run(["podman", "import", str(tmp / "rootfs.tar"), name], check=True, capture_output=True)
+    subprocess.run(["podman", "save", "-o", str(folder / "tiny.tar"), name], check=True, capture_output=True)
+    subprocess.run(["podman", "rmi", name], check=True, capture_output=True)
+    return folder
+
+
 @pytest.mark.slow
 def test_readme_commands_run_on_the_smoke_build(smoke_build, tmp_path):
     from tests.test_harbor import _trial
@@ -133,7 +155,7 @@ def test_readme_commands_run_on_the_smoke_build(smoke_build, tmp_path):
                                 {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}}])
     node = next(n for n in plan_recipe(load_recipe("smoke", project)).nodes if n.stage == "trace_filter")
     spec = {**node.spec(), "outdir": str(tmp_path / "trace_filter")}  # the stage once more, beside the build
-    fill = {"tmp": str(tmp_path), "job": str(job), "spec": canonical_json(spec)}
+    fill = {"tmp": str(tmp_path), "job": str(job), "spec": canonical_json(spec), "images": str(_saved_image(tmp_path))}
     failures = []
     for documented, cmds in CASES.items():
         for cmd in cmds:

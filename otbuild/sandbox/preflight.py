@@ -11,16 +11,28 @@ from otbuild.tasks.table import Quarantined
 
 
 def base_image_counts(plan) -> Counter:
-    """Image -> number of the recipe's tasks (sources and benchmarks) that start FROM it,
-    streamed from each source's own files (sources whose files are not there yet are skipped)."""
+    """Image -> number of the recipe's tasks (sources and benchmarks) that run in it here:
+    every task under `sandbox: podman`, under `auto` those the host cannot stand in for
+    (`needs_image`); none when trials run only on bwrap, unshare or Harbor's own environments.
+    Streamed from each source's own files (sources whose files are not there yet are skipped)."""
+    from otbuild.sandbox import needs_image
+
+    backends = {_backend(n.settings.get("sandbox")) for n in plan.nodes if n.stage in ("rollout", "eval", "rl")}
+    if not backends & {"podman", "auto"}:
+        return Counter()
     counts: Counter = Counter()
     for node in plan.nodes:
         if node.stage != "source" or node.missing:
             continue
         for item in read_source(node.settings):
-            if not isinstance(item, Quarantined):
+            if not isinstance(item, Quarantined) and ("podman" in backends or needs_image(item.task)):
                 counts.update(set(task_base_images(item.task)))
     return counts
+
+
+def _backend(sandbox: str | dict | None) -> str | None:
+    """A rollout's or eval's `sandbox` is the backend's name; RL's is a section with `backend`."""
+    return sandbox.get("backend") if isinstance(sandbox, dict) else sandbox
 
 
 def image_presence(images) -> dict[str, bool | None]:
