@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from otbuild import duck
 from otbuild.engines import ContextLengthExceededError, EngineError, engine_settings, open_engine
+from otbuild.engines.settings import concurrency
 from otbuild.fsio import atomic_path
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
@@ -68,7 +69,7 @@ async def _answer(stage: str, settings: dict, todo: Iterator[Request], partial: 
     if first is None:
         return 0
     engine = await open_engine(engine_settings(settings))
-    window = asyncio.Semaphore(2 * settings.get("concurrency", 1))  # requests built ahead, not all
+    window = asyncio.Semaphore(2 * concurrency(settings))  # requests built ahead, not all
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 
