@@ -17,6 +17,8 @@ import pytest
 
 from otbuild.train import data as D
 from otbuild.train.chat import TemplateMismatch, tokenize_conversation
+from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
+from otbuild.traces.table import TRACE_SCHEMA, write_traces
 from otbuild.train.dist import (
     BatchSizeError,
     ds_config,
@@ -29,7 +31,7 @@ from otbuild.train.toy import trace_rows, write_toy_traces
 TINY = {"kind": "tiny", "vocab_size": 700, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 FAST = {"model": TINY, "learning_rate": 1e-3, "global_batch_size": 4, "per_device_batch_size": 2,
-        "epochs": 1, "cutoff_len": 384, "zero_stage": 0, "gradient_checkpointing": False,
+        "epochs": 1, "cutoff_len": 512, "zero_stage": 0, "gradient_checkpointing": False,
         "save_steps": 1000}
 
 
@@ -42,8 +44,30 @@ def traces(tmp_path_factory) -> Path:
 def tok(traces, tmp_path_factory):
     from otbuild.train.model import load_tokenizer, materialise
 
-    base = materialise(TINY, tmp_path_factory.mktemp("tiny") / "m", D.read_conversations([traces]))
+    base = materialise(TINY, tmp_path_factory.mktemp("tiny") / "m", traces)
     return load_tokenizer(base)[0]
+
+
+def _trace_set(dest: Path, convs) -> Path:
+    """A trace parquet holding these conversations."""
+    rows = []
+    for i, conv in enumerate(convs):
+        row = dict.fromkeys(TRACE_SCHEMA.names)
+        row.update(conversations=conv, task=f"t{i}", trial_name=f"t-{i}", sample_idx=0)
+        rows.append(row)
+    write_traces(dest, rows)
+    return dest
+
+
+def _tokenized(tmp_path: Path, tok, traces: Path, cutoff_len: int = 4096, template: str = "auto", **kw):
+    out = tmp_path / f"tokenized-{cutoff_len}-{template}-{'-'.join(f'{k}{v}' for k, v in kw.items())}"
+    build_tokenized_set(traces, tok, template, cutoff_len, out, **kw)
+    return TokenizedSet(out)
+
+
+def _build(tmp_path, tok, traces, cutoff_len=4096, truncation="right", **policy) -> D.Dataset:
+    return D.build(_tokenized(tmp_path, tok, traces, cutoff_len, truncation=truncation), cutoff_len=cutoff_len,
+                   **policy)
 
 
 # -- the loss mask --------------------------------------------------------------------------
@@ -78,58 +102,56 @@ def test_model_template_preferred_else_qwen3(tok):
     assert ensure_template(own) == "model" and own.chat_template == "{{ messages[0]['content'] }}"
     bare = Tok()
     bare.chat_template = None
-    assert ensure_template(bare) == "qwen3" and bare.chat_template == qwen3_template()
-    assert ensure_template(own, "qwen3") == "qwen3"
+    assert ensure_template(bare) == "qwen3_thinking" and bare.chat_template == qwen3_template()
+    assert ensure_template(bare) == "qwen3_thinking"  # idempotent: otbuild's own is not "the model's"
+    assert ensure_template(own, "qwen3") == "qwen3" and own.chat_template == qwen3_template()
 
 
-def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tok, traces):
+def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tmp_path, tok):
     from otbuild.train.model import load_tokenizer
 
     tok2 = load_tokenizer(Path(tok.name_or_path))[0]
     tok2.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
     with pytest.raises(TemplateMismatch):
         tokenize_conversation(tok2, CONV)
-    ds = D.build(tok2, [CONV], cutoff_len=512)
-    assert ds.stats["template_mismatch"] == 1 and not ds.rows
+    seqs = _tokenized(tmp_path, tok2, _trace_set(tmp_path / "one.parquet", [CONV]))
+    assert seqs.stats["dropped"]["template_mismatch"] == 1 and not len(seqs)
 
 
 # -- data policies --------------------------------------------------------------------------
-def test_truncation_policies_are_recorded(tok, traces):
+def test_truncation_policies_are_recorded(tmp_path, tok, traces):
     convs = D.read_conversations([traces])
     lengths = [len(tokenize_conversation(tok, c)[0]) for c in convs]
     cut = sorted(lengths)[len(lengths) // 2]
-    right = D.build(tok, convs, cutoff_len=cut, truncation="right")
-    drop = D.build(tok, convs, cutoff_len=cut, truncation="drop")
+    right = _build(tmp_path, tok, traces, cut, "right")
+    drop = _build(tmp_path, tok, traces, cut, "drop")
     longer = sum(n > cut for n in lengths)
     assert right.stats["truncated"] == longer and right.stats["tokens_cut"] == sum(n - cut for n in lengths if n > cut)
-    assert all(len(r.input_ids) <= cut for r in right.rows)
-    assert drop.stats["dropped_too_long"] == longer and len(drop.rows) == len(convs) - longer
+    assert all(len(right.row(i).input_ids) <= cut for i in range(len(right)))
+    assert drop.stats["dropped"]["too_long"] == longer and len(drop) == len(convs) - longer
 
 
-def test_token_budget_is_deterministic_and_respected(tok, traces):
-    convs = D.read_conversations([traces])
-    full = D.build(tok, convs, cutoff_len=4096)
+def test_token_budget_is_deterministic_and_respected(tmp_path, tok, traces):
+    full = _build(tmp_path, tok, traces)
     budget = full.stats["tokens"] // 2
-    a = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=3)
-    b = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=3)
-    c = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=4)
+    a, b, c = (_build(tmp_path, tok, traces, token_budget=budget, seed=s) for s in (3, 3, 4))
     assert a.stats["tokens"] <= budget and a.stats["tokens"] > budget // 2
-    assert [r.input_ids.tolist() for r in a.rows] == [r.input_ids.tolist() for r in b.rows]
-    assert a.stats["over_budget"] == len(convs) - len(a.rows)
-    assert {r.input_ids.tobytes() for r in a.rows} != {r.input_ids.tobytes() for r in c.rows}
+    rows = [[d.row(i).input_ids.tolist() for i in range(len(d))] for d in (a, b, c)]
+    assert rows[0] == rows[1] and a.stats["over_budget"] == len(full) - len(a)
+    assert {tuple(r) for r in rows[0]} != {tuple(r) for r in rows[2]}
 
 
-def test_packing_keeps_traces_apart(tok, traces):
+def test_packing_keeps_traces_apart(tmp_path, tok, traces):
     import torch
 
     from otbuild.train.model import load_model
     from otbuild.train.sft import _loss_module
 
-    convs = D.read_conversations([traces])[:4]
-    plain = D.build(tok, convs, cutoff_len=2048)
-    packed = D.build(tok, convs, cutoff_len=2048, packing=True)
-    assert len(packed.rows) < len(plain.rows)
-    row = packed.rows[0]
+    four = _trace_set(tmp_path / "four.parquet", D.read_conversations([traces])[:4])
+    plain = _build(tmp_path, tok, four, 2048)
+    packed = _build(tmp_path, tok, four, 2048, packing=True)
+    assert len(packed) < len(plain)
+    row = packed.row(0)
     starts = np.flatnonzero(row.position_ids == 0)
     assert len(starts) >= 2 and not row.mask[starts].any()
     # block-diagonal attention: the packed row's loss is the sum of its traces' losses
@@ -241,9 +263,8 @@ def test_schema_defaults_are_the_papers():
 def test_tiny_student_is_deterministic_and_has_the_template_specials(tmp_path, traces):
     from otbuild.train.model import materialise
 
-    convs = D.read_conversations([traces])
-    a = materialise(TINY, tmp_path / "a", convs)
-    b = materialise(TINY, tmp_path / "b", convs)
+    a = materialise(TINY, tmp_path / "a", traces)
+    b = materialise(TINY, tmp_path / "b", traces)
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     cfg = json.loads((a / "config.json").read_text())
@@ -369,7 +390,6 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
     plan adds) rewrites the traces before the tokenizer is trained on them."""
     from safetensors.numpy import load_file
 
-    from otbuild.harness.protocol import compact_conversation
     from otbuild.train.model import materialise
     from otbuild.train.sft import train
 
@@ -377,7 +397,7 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
     spec = {**TINY, "tokenizer": "names"}
     manifest = train({**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}, [traces], tmp_path / "ck")
     assert manifest["steps"] == 0 and not _log(tmp_path / "ck")
-    base = materialise(spec, tmp_path / "base", [compact_conversation(c) for c in D.read_conversations([traces])])
+    base = materialise(spec, tmp_path / "base", traces, "compact")
     assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
     a, b = load_file(base / "model.safetensors"), load_file(tmp_path / "ck" / "model.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
