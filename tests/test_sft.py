@@ -118,6 +118,74 @@ def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tmp_path, tok):
     assert seqs.stats["dropped"]["template_mismatch"] == 1 and not len(seqs)
 
 
+# -- reasoning traces and Qwen3's templates (issue 14) ----------------------------------------
+THINK = [{"role": "user", "content": "Count the files in /app."},
+         {"role": "assistant", "content": '<think>I should list them first.</think>\n{"commands": ["ls"]}'},
+         {"role": "user", "content": "a.txt b.txt c.txt"},
+         {"role": "assistant", "content": '<think>Three names, so 3.</think>\n{"answer": 3}'}]
+
+
+def _with_template(tok, template: str | None):
+    from otbuild.train.model import load_tokenizer
+
+    other = load_tokenizer(Path(tok.name_or_path))[0]
+    other.chat_template = template
+    return other
+
+
+def _real_qwen3(tok):
+    """A tokenizer with Qwen3's own chat template (the text TRL ships as qwen3.jinja)."""
+    trl = pytest.importorskip("trl")
+    return _with_template(tok, (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text())
+
+
+def test_qwen3s_own_template_drops_multi_turn_reasoning_traces_loudly(tmp_path, tok):
+    from otbuild.train.chat import render
+    from otbuild.train.sft import SftDataError, check_dropped
+
+    real = _real_qwen3(tok)
+    text = render(real, THINK)
+    assert "I should list them first." not in text and "Three names, so 3." in text  # Qwen3's behaviour
+    traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
+    seqs = _tokenized(tmp_path, real, traces, template="auto")
+    assert seqs.stats["chat_template"] == "model" and seqs.stats["dropped"]["template_mismatch"] == 3
+    with pytest.raises(SftDataError, match=r"think\.parquet: 3 of 3 traces dropped .*template_mismatch: 3.*"
+                       r"chat_template: qwen3_thinking"):
+        check_dropped(seqs.stats, 0.01, [traces])
+
+
+def test_qwen3_thinking_keeps_the_reasoning_of_every_turn(tmp_path, tok):
+    from otbuild.train.chat import for_template, render
+
+    real = _real_qwen3(tok)
+    ids, mask = tokenize_conversation(tok, THINK, "qwen3_thinking")
+    assert tok.decode(ids[mask]) == ('<think>\nI should list them first.\n</think>\n\n{"commands": ["ls"]}<|im_end|>'
+                                     '<think>\nThree names, so 3.\n</think>\n\n{"answer": 3}<|im_end|>')
+    # each turn laid out as Qwen3 lays out the turn it keeps (the last one)
+    ours = render(tok, for_template(THINK, "qwen3_thinking"))
+    assert ours.endswith(render(real, THINK)[render(real, THINK).rindex("<|im_start|>assistant"):])
+    traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
+    seqs = _tokenized(tmp_path, _with_template(tok, "{{ 'a model template' }}"), traces, template="qwen3_thinking")
+    assert len(seqs) == 3 and not any(seqs.stats["dropped"].values())
+    assert seqs.stats["chat_template"] == "qwen3_thinking"
+
+
+def test_qwen3_non_thinking_strips_the_reasoning_before_training(tmp_path, tok):
+    from otbuild.train.chat import for_template, render
+
+    real = _real_qwen3(tok)
+    ids, mask = tokenize_conversation(tok, THINK, "qwen3")
+    assert "think>" not in tok.decode(ids)
+    assert tok.decode(ids[mask]) == '{"commands": ["ls"]}<|im_end|>{"answer": 3}<|im_end|>'
+    # the history before the last user message is what Qwen3's own template renders
+    ours = render(tok, for_template(THINK, "qwen3"))
+    cut = ours.rindex("<|im_start|>assistant")
+    assert ours[:cut] == render(real, THINK)[:cut]
+    traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
+    seqs = _tokenized(tmp_path, tok, traces, template="qwen3")
+    assert len(seqs) == 3 and seqs.stats["chat_template"] == "qwen3"
+
+
 # -- data policies --------------------------------------------------------------------------
 def test_truncation_policies_are_recorded(tmp_path, tok, traces):
     convs = D.read_conversations([traces])
@@ -169,6 +237,108 @@ def test_packing_keeps_traces_apart(tmp_path, tok, traces):
             total += float(module(**sb))
             pos = s
     assert packed_loss == pytest.approx(total, rel=1e-4)
+
+
+def _first_fit(lengths, capacity, order):
+    """Quadratic reference: each sequence, in `order`, into the first row with room."""
+    bins, room = [], []
+    for i in order:
+        for b, left in enumerate(room):
+            if lengths[i] <= left:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packing_is_first_fit_decreasing_and_no_worse_than_first_fit(seed):
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([rng.integers(1, 4096, 300), rng.integers(3000, 8192, 40)])
+    capacity = 8192
+    bins = D.pack(lengths, capacity)
+    flat = np.concatenate(bins)
+    assert sorted(flat.tolist()) == list(range(len(lengths)))  # every sequence exactly once
+    assert all(lengths[b].sum() <= capacity for b in bins)
+    decreasing = np.argsort(-lengths, kind="stable").tolist()
+    assert [b.tolist() for b in bins] == _first_fit(lengths.tolist(), capacity, decreasing)
+    in_order = _first_fit(lengths.tolist(), capacity, range(len(lengths)))  # the packing it replaced
+    assert -(-int(lengths.sum()) // capacity) <= len(bins) <= len(in_order)
+    assert [b.tolist() for b in D.pack(lengths, capacity)] == [b.tolist() for b in bins]  # deterministic
+    assert D.pack([], capacity) == []
+    with pytest.raises(ValueError, match="does not fit"):
+        D.pack([capacity + 1], capacity)
+
+
+def test_packing_scales_n_log_n():
+    lengths = np.random.default_rng(0).integers(1, 32768, 100_000)
+    t0 = time.perf_counter()
+    bins = D.pack(lengths, 32768)
+    assert time.perf_counter() - t0 < 30  # the quadratic first fit takes hours here
+    assert len(bins) >= -(-int(lengths.sum()) // 32768)
+
+
+# -- the tokenized set -------------------------------------------------------------------------
+def test_tokenized_set_is_built_once_and_reused(tmp_path, tok, traces):
+    logs: list[str] = []
+    out = tmp_path / "tokenized"
+    first = build_tokenized_set(traces, tok, "auto", 512, out, log=logs.append)
+    stamp = (out / "tokens.arrow").stat().st_mtime_ns
+    again = build_tokenized_set(traces, tok, "auto", 512, out, log=logs.append)
+    assert again == first and (out / "tokens.arrow").stat().st_mtime_ns == stamp
+    assert [x.split(" ")[1] for x in logs] == ["tokenized", "reusing"]
+    seqs = TokenizedSet(out)
+    assert len(seqs) == first["sequences"] and seqs.lengths.sum() == first["tokens"]
+    for i, conv in enumerate(D.read_conversations([traces])):  # the same ids and mask as one by one
+        ids, mask = tokenize_conversation(tok, conv)
+        got_ids, got_mask = seqs.seq(i)
+        assert got_ids.tolist() == ids[:512].tolist() and got_mask.tolist() == mask[:512].tolist()
+    build_tokenized_set(traces, tok, "auto", 256, out, log=logs.append)  # another cutoff: rebuilt
+    assert logs[-1].startswith("sft: tokenized") and TokenizedSet(out).stats["cutoff_len"] == 256
+
+
+def test_tokenized_set_streams_in_bounded_batches(tmp_path, tok, traces):
+    """batch_rows traces at a time; the result does not depend on the batch size."""
+    a = build_tokenized_set(traces, tok, "auto", 512, tmp_path / "a", batch_rows=1)
+    b = build_tokenized_set(traces, tok, "auto", 512, tmp_path / "b", batch_rows=5)
+    assert a == b
+    sa, sb = TokenizedSet(tmp_path / "a"), TokenizedSet(tmp_path / "b")
+    assert all(sa.seq(i)[0].tolist() == sb.seq(i)[0].tolist() for i in range(len(sa)))
+
+
+def test_zero_and_one_row_trace_sets(tmp_path, tok, traces):
+    from otbuild.stages.sft import run
+    from otbuild.train.sft import SftDataError
+
+    empty = _trace_set(tmp_path / "empty.parquet", [])
+    stats = build_tokenized_set(empty, tok, "auto", 512, tmp_path / "t0")
+    assert stats["traces"] == 0 and len(TokenizedSet(tmp_path / "t0")) == 0
+    assert D.build(TokenizedSet(tmp_path / "t0"), cutoff_len=512, packing=True).stats["rows"] == 0
+    with pytest.raises(SftDataError, match=r"empty\.parquet: no trainable traces"):
+        run({**FAST, "max_steps": 1}, [empty], tmp_path / "ck0")
+    one = _trace_set(tmp_path / "one.parquet", D.read_conversations([traces])[:1])
+    out = run({**FAST, "max_steps": 2}, [one], tmp_path / "ck1")
+    assert out["steps"] == 2 and out["data"]["traces"] == 1 and out["data"]["rows"] == 1
+    assert not (tmp_path / "ck1" / "tokenized").exists()  # removed with the finished run
+
+
+def test_dropped_traces_are_counted_by_reason_and_fail_above_the_limit(tmp_path, traces):
+    from otbuild.stages.sft import run
+    from otbuild.train.sft import SftDataError
+
+    convs = D.read_conversations([traces])
+    no_answer = [{"role": "user", "content": "hello"}]
+    mixed = _trace_set(tmp_path / "mixed.parquet", [*convs, no_answer, []])
+    with pytest.raises(SftDataError, match=r"mixed\.parquet: 2 of 14 traces dropped \(14\.3%\), more than "
+                       r"sft\.max_dropped_fraction 0\.01: empty_conversation: 1, no_assistant_tokens: 1"):
+        run({**FAST, "max_steps": 1}, [mixed], tmp_path / "a")
+    out = run({**FAST, "max_steps": 1, "max_dropped_fraction": 0.2}, [mixed], tmp_path / "b")
+    assert out["data"]["dropped"] == {"empty_conversation": 1, "template_mismatch": 0, "too_long": 0,
+                                      "no_assistant_tokens": 1}
+    assert out["data"]["traces"] == 14 and out["data"]["sequences"] == 12
 
 
 def test_global_batches_cover_each_epoch_and_fill_the_last():

@@ -110,6 +110,27 @@ def span_mask(starts: np.ndarray, spans) -> np.ndarray:
     return mask
 
 
+def _first_token_from(enc, char: int, n: int) -> int | None:
+    """The first token of a backend `Encoding` that starts at or after `char` (None: unknown)."""
+    t = enc.char_to_token(char)
+    if t is None:
+        return n if char >= enc.token_to_chars(n - 1)[1] else None
+    return t if enc.token_to_chars(t)[0] >= char else t + 1
+
+
+def _encoding_mask(enc, spans) -> np.ndarray:
+    """span_mask from a handful of char -> token look-ups instead of every token's offsets."""
+    n = len(enc.ids)
+    mask = np.zeros(n, dtype=bool)
+    for a, b in spans:
+        lo, hi = (_first_token_from(enc, c, n) for c in (a, b))
+        if lo is None or hi is None:  # a character no token covers: fall back to every offset
+            starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=n)
+            return span_mask(starts, spans)
+        mask[lo:hi] = True
+    return mask
+
+
 def tokenize_batch(tokenizer, conversations, source: str = "model") -> list:
     """(input_ids int32, supervised bool) for each conversation, or the TemplateMismatch that
     made it unusable. One batched call of the fast tokenizer (in Rust, on every core)."""
@@ -125,14 +146,15 @@ def tokenize_batch(tokenizer, conversations, source: str = "model") -> list:
         texts.append(text)
         at.append(len(out) - 1)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        encs = [(e.ids, e.offsets) for e in backend.encode_batch(texts, add_special_tokens=False)]
+    if backend is not None and texts:
+        for i, enc in zip(at, backend.encode_batch(texts, add_special_tokens=False), strict=True):
+            out[i] = (np.asarray(enc.ids, dtype=np.int32), _encoding_mask(enc, out[i]) if enc.ids else
+                      np.zeros(0, dtype=bool))
     else:  # a slow (python) tokenizer
-        encs = [(e["input_ids"], e["offset_mapping"]) for e in
-                (tokenizer(t, add_special_tokens=False, return_offsets_mapping=True) for t in texts)]
-    for i, (ids, offsets) in zip(at, encs, strict=True):
-        starts = np.fromiter((o[0] for o in offsets), dtype=np.int64, count=len(offsets))
-        out[i] = (np.asarray(ids, dtype=np.int32), span_mask(starts, out[i]))
+        for i, text in zip(at, texts, strict=True):
+            enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            starts = np.asarray([o[0] for o in enc["offset_mapping"]], dtype=np.int64)
+            out[i] = (np.asarray(enc["input_ids"], dtype=np.int32), span_mask(starts, out[i]))
     return out
 
 

@@ -38,7 +38,7 @@ from otbuild.train.chat import TemplateMismatch, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
 FORMAT = 1  # bump when the layout or the tokenization changes: old sets are rebuilt
-BATCH_ROWS = 64  # traces per tokenizer call: memory ~ BATCH_ROWS x the largest trace
+BATCH_ROWS = 16  # traces per tokenizer call: memory ~ BATCH_ROWS x the largest trace
 DROP_REASONS = ("empty_conversation", "template_mismatch", "too_long", "no_assistant_tokens")
 SCHEMA = pa.schema([("trace", pa.int64()), ("input_ids", pa.list_(pa.int32())),
                     ("mask", pa.list_(pa.uint8())), ("length", pa.int32()), ("supervised", pa.int32())])
