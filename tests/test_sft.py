@@ -491,6 +491,13 @@ def test_loss_is_a_global_token_mean_whatever_the_micro_batching(tmp_path, trace
         np.testing.assert_allclose(wa[k], wb[k], atol=2e-5)
 
 
+def _last_step(path: Path) -> int:
+    """The last step a running job has logged (a line being written is not one yet)."""
+    log = path / "train_log.jsonl"
+    lines = log.read_text().splitlines(keepends=True) if log.exists() else []
+    return max([json.loads(x)["step"] for x in lines if x.endswith("\n")], default=0)
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     settings = {**FAST, "epochs": 4, "global_batch_size": 2, "per_device_batch_size": 1, "save_steps": 5}
@@ -513,7 +520,9 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     while not (latest.exists() and latest.read_text().strip() == "step-10"):
         assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
         time.sleep(0.1)
-    time.sleep(0.8)  # a few steps past the checkpoint, which the resumed run must redo
+    while _last_step(tmp_path / "run") <= 11:  # steps past the checkpoint, which the resumed run redoes
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.05)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     assert not (tmp_path / "run" / "checkpoint.json").exists()
@@ -522,6 +531,7 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     out, _ = again.communicate(timeout=180)
     assert again.returncode == 0, out
     assert "sft: resumed from step 10" in out
+    assert "sft: reusing the tokenized set" in out and "sft: tokenized " not in out  # not tokenized again
     log = _log(tmp_path / "run")
     assert [r["step"] for r in log] == list(range(1, 25))  # 12 rows / 2 x 4 epochs, none twice
     ref.communicate(timeout=180)
@@ -534,6 +544,24 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     a, b = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
+    """Two local ranks (torchrun, gloo): rank 0 tokenizes once, both train on its memory map."""
+    from otbuild.stages.sft import run
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k in set(os.environ) - set(env):
+            mp.delenv(k)
+        stats = run({**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2}, [traces],
+                    tmp_path / "ck")
+    out = capfd.readouterr().out
+    assert stats["world_size"] == 2 and stats["steps"] == 2
+    assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out
+    assert len([x for x in out.splitlines() if x.startswith("sft: ") and " rows, " in x]) == 2  # each rank
 
 
 # -- the tiny student that learns (issue 11) -------------------------------------------------

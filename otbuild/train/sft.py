@@ -138,8 +138,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                             train_on_prompt=settings.get("train_on_prompt", False), prompt=prompt, log=log)
     dist.barrier()
     if rank:
-        tok, template = load_tokenizer(materialise(spec, base_dir, inputs, prompt),
-                                       spec.get("chat_template", "auto"))
+        base = materialise(spec, base_dir, inputs, prompt)  # built by rank 0: found, not rebuilt
+        tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
     seqs = TokenizedSet(tokenized)
     check_dropped(seqs.stats, settings.get("max_dropped_fraction", 0.01), inputs)
     ds = D.build(seqs, cutoff_len=settings["cutoff_len"], packing=settings.get("packing", False),
