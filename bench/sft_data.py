@@ -128,7 +128,8 @@ def main() -> int:
         write_rows(traces, a.traces)
         tree = tmp / "baseline"
         tree.mkdir()
-        archive = subprocess.run(["git", "archive", a.baseline, "otbuild"], cwd=REPO, capture_output=True, check=True)
+        archive = subprocess.run(["git", "archive", a.baseline, "otbuild"], cwd=REPO, capture_output=True,
+                                 check=True)
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
         old = child("old", traces, tmp / "old", a.cutoff, tree)
         new = child("new", traces, tmp / "new", a.cutoff, None)

@@ -87,7 +87,10 @@ def build(seqs: TokenizedSet, *, cutoff_len: int, packing: bool = False, token_b
     stats["sequences"] = len(keep)
     stats["tokens"] = int(lengths[keep].sum())
     stats["supervised_tokens"] = int(seqs.supervised[keep].sum())
-    members = [keep[b] for b in pack(lengths[keep], cutoff_len)] if packing else [keep[i:i + 1] for i in range(len(keep))]
+    if packing:
+        members = [keep[b] for b in pack(lengths[keep], cutoff_len)]
+    else:
+        members = [keep[i:i + 1] for i in range(len(keep))]
     tokens = np.asarray([int(lengths[m].sum()) for m in members], dtype=np.int64)
     supervised = np.asarray([int(seqs.supervised[m].sum()) for m in members], dtype=np.int64)
     stats["rows"] = len(members)

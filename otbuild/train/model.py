@@ -2,8 +2,8 @@
 
 `tiny`: a Qwen3-architecture model built from its config, with a byte-level BPE tokenizer
 trained on a bounded sample of the trace set's text (deterministic: same traces, same
-vocabulary) and the qwen3 chat template's special tokens (otbuild.engines.tiny.make_tiny_model). `pretrained`: a local
-model dir (or an HF id already in the local cache); never downloaded by otbuild.
+vocabulary) and the qwen3 chat template's special tokens (otbuild.engines.tiny.make_tiny_model).
+`pretrained`: a local model dir (or an HF id already in the local cache); never downloaded.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ outdir after a successful run:
   train_log.jsonl          one line per optimizer step: step, epoch, loss, lr, grad_norm,
                            tokens (this step), tokens_seen, supervised_tokens_seen, time
 while running (and after a kill): checkpoints/step-N/ (DeepSpeed: weights, optimizer,
-scheduler, client state) + checkpoints/latest; base_model/ (a built tiny model).
+scheduler, client state) + checkpoints/latest; tokenized/ (the training set, tokenized once by
+rank 0 and memory-mapped by every rank: otbuild/train/tokenized.py); base_model/ (a built
+tiny model).
 
 Loss: cross entropy summed over the supervised (assistant) tokens of a global batch, divided
 by their count (token mean over the global batch, whatever the micro-batching). Logits are

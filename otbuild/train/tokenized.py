@@ -12,8 +12,9 @@ once per (traces, tokenizer, template, cutoff) and memory-mapped by every rank a
   meta.json     written last (a dir without it is not complete): the key it was built for and
                 the counts: traces, dropped by reason, truncated, tokens cut, tokens, ...
 
-The build streams: `batch_rows` traces at a time are read, rendered, tokenized in one batched
-call of the fast tokenizer and appended, so memory is bounded by the batch, not by the set.
+The build streams: `batch_rows` traces at a time (OTBUILD_TOKENIZE_BATCH, default 32) are read,
+rendered, tokenized in one batched call of the fast tokenizer (its threads on every core) and
+appended, so memory is bounded by the batch, not by the set.
 Dropped traces are counted by reason: `empty_conversation`, `template_mismatch` (the chat
 template rewrote an assistant turn), `too_long` (truncation: drop) and `no_assistant_tokens`
 (nothing supervised left, e.g. after truncation: right). A set already built for the same key
@@ -38,7 +39,9 @@ from otbuild.train.chat import TemplateMismatch, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
 FORMAT = 1  # bump when the layout or the tokenization changes: old sets are rebuilt
-BATCH_ROWS = 16  # traces per tokenizer call: memory ~ BATCH_ROWS x the largest trace
+# traces per tokenizer call, tokenized in parallel on every core: memory ~ BATCH_ROWS x the
+# largest trace x ~80 (its text, encodings and arrays: ~9 MB for a 110 KB trace)
+BATCH_ROWS = int(os.environ.get("OTBUILD_TOKENIZE_BATCH", "32"))
 DROP_REASONS = ("empty_conversation", "template_mismatch", "too_long", "no_assistant_tokens")
 SCHEMA = pa.schema([("trace", pa.int64()), ("input_ids", pa.list_(pa.int32())),
                     ("mask", pa.list_(pa.uint8())), ("length", pa.int32()), ("supervised", pa.int32())])
