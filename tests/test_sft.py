@@ -186,6 +186,33 @@ def test_qwen3_non_thinking_strips_the_reasoning_before_training(tmp_path, tok):
     assert len(seqs) == 3 and seqs.stats["chat_template"] == "qwen3"
 
 
+@pytest.mark.parametrize("kind", ["bytelevel", "names"])
+def test_byte_offsets_from_ids_give_the_tokenizers_own_offsets(tmp_path, traces, kind):
+    """The fast path (offsets summed from each id's bytes) masks exactly what the tokenizer's
+    own offsets mask, on non-ASCII text too; a normalizer that changes the text falls back."""
+    from tokenizers import normalizers
+
+    from otbuild.train.chat import byte_lengths, render, tokenize_batch
+    from otbuild.train.model import load_tokenizer, materialise
+
+    tok = load_tokenizer(materialise({**TINY, "tokenizer": kind}, tmp_path / kind, traces))[0]
+    extra = [{"role": "user", "content": "naïve café, 日本語 😀"},
+             {"role": "assistant", "content": "<think>über</think>\nrésumé 😀 Å"}]
+    convs = [c + extra for c in D.read_conversations([traces])] + [THINK, CONV]
+    lengths = byte_lengths(tok)
+    assert lengths is not None
+    for source in ("model", "qwen3_thinking", "qwen3"):
+        slow, fast = tokenize_batch(tok, convs, source), tokenize_batch(tok, convs, source, lengths)
+        for (ids_a, mask_a), (ids_b, mask_b) in zip(slow, fast, strict=True):
+            assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist()
+    tok.backend_tokenizer.normalizer = normalizers.NFKC()  # U+212B (3 bytes) becomes U+00C5 (2)
+    odd = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\u212b ok"}]
+    (ids_a, mask_a), = tokenize_batch(tok, [odd], "model")
+    (ids_b, mask_b), = tokenize_batch(tok, [odd], "model", lengths)
+    assert int(lengths[ids_b].sum()) != len(render(tok, odd).encode())  # so the offsets were used
+    assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist() and mask_b.any()
+
+
 # -- data policies --------------------------------------------------------------------------
 def test_truncation_policies_are_recorded(tmp_path, tok, traces):
     convs = D.read_conversations([traces])

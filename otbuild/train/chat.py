@@ -131,9 +131,48 @@ def _encoding_mask(enc, spans) -> np.ndarray:
     return mask
 
 
-def tokenize_batch(tokenizer, conversations, source: str = "model") -> list:
+def byte_lengths(tokenizer) -> np.ndarray | None:
+    """Per token id, the bytes of text it stands for, when the tokenizer is byte-level BPE
+    (every character of a token's string is one byte; an added token is its text); else None."""
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    kinds = {p.get("type") for p in pre.get("pretokenizers", [pre])}
+    if spec["model"].get("type") != "BPE" or "ByteLevel" not in kinds or \
+            (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        return None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    table = np.zeros(max(vocab.values()) + 1, dtype=np.int64)
+    for token, i in vocab.items():
+        table[i] = len(token)
+    for i, added in backend.get_added_tokens_decoder().items():
+        table[i] = len(added.content.encode())
+    return table
+
+
+def _byte_spans(text: str, spans) -> list[tuple[int, int]]:
+    """Character spans of `text` as UTF-8 byte spans."""
+    if text.isascii():
+        return spans
+    cp = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    ends = np.zeros(len(cp) + 1, dtype=np.int64)
+    np.cumsum(1 + (cp >= 0x80) + (cp >= 0x800) + (cp >= 0x10000), out=ends[1:])
+    return [(int(ends[a]), int(ends[b])) for a, b in spans]
+
+
+def tokenize_batch(tokenizer, conversations, source: str = "model",
+                   lengths: np.ndarray | None = None) -> list:
     """(input_ids int32, supervised bool) for each conversation, or the TemplateMismatch that
-    made it unusable. One batched call of the fast tokenizer (in Rust, on every core)."""
+    made it unusable. One batched call of the fast tokenizer (in Rust, on every core).
+
+    `lengths` (byte_lengths(tokenizer), computed once by the caller): the tokens' byte offsets
+    are summed from their ids, so the tokenizer need not track offsets (its faster call); a
+    text whose tokens do not add up to its bytes (a normalizer changed it) is encoded again
+    with offsets."""
     out, texts, at = [], [], []
     for conv in conversations:
         conv = for_template(conv, source)
@@ -146,21 +185,35 @@ def tokenize_batch(tokenizer, conversations, source: str = "model") -> list:
         texts.append(text)
         at.append(len(out) - 1)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and texts:
-        for i, enc in zip(at, backend.encode_batch(texts, add_special_tokens=False), strict=True):
-            out[i] = (np.asarray(enc.ids, dtype=np.int32), _encoding_mask(enc, out[i]) if enc.ids else
-                      np.zeros(0, dtype=bool))
-    else:  # a slow (python) tokenizer
+    if backend is None:  # a slow (python) tokenizer
         for i, text in zip(at, texts, strict=True):
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             starts = np.asarray([o[0] for o in enc["offset_mapping"]], dtype=np.int64)
             out[i] = (np.asarray(enc["input_ids"], dtype=np.int32), span_mask(starts, out[i]))
+        return out
+    redo = list(range(len(texts)))
+    if lengths is not None and texts:
+        redo = []
+        fast = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21
+        for k, enc in enumerate(fast(texts, add_special_tokens=False)):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            ends = np.cumsum(lengths[ids]) if len(ids) else np.zeros(0, dtype=np.int64)
+            if (ends[-1] if len(ends) else 0) != len(texts[k].encode()):
+                redo.append(k)
+                continue
+            starts = ends - lengths[ids]
+            out[at[k]] = (ids.astype(np.int32), span_mask(starts, _byte_spans(texts[k], out[at[k]])))
+    if redo:
+        for k, enc in zip(redo, backend.encode_batch([texts[k] for k in redo], add_special_tokens=False),
+                          strict=True):
+            out[at[k]] = (np.asarray(enc.ids, dtype=np.int32), _encoding_mask(enc, out[at[k]]) if enc.ids else
+                          np.zeros(0, dtype=bool))
     return out
 
 
 def tokenize_conversation(tokenizer, conversation, source: str = "model") -> tuple[np.ndarray, np.ndarray]:
     """(input_ids int32, supervised bool) for one conversation."""
-    (res,) = tokenize_batch(tokenizer, [conversation], source)
+    (res,) = tokenize_batch(tokenizer, [conversation], source, byte_lengths(tokenizer))
     if isinstance(res, TemplateMismatch):
         raise res
     return res

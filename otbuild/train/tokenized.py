@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path, write_json
 from otbuild.hashing import file_sha256
-from otbuild.train.chat import TemplateMismatch, ensure_template, tokenize_batch
+from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
 FORMAT = 1  # bump when the layout or the tokenization changes: old sets are rebuilt
@@ -91,10 +91,11 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
     stats = {"traces": 0, "sequences": 0, "dropped": dict.fromkeys(DROP_REASONS, 0), "truncated": 0,
              "tokens_cut": 0, "tokens": 0, "supervised_tokens": 0, "cutoff_len": cutoff_len,
              "truncation": truncation, "chat_template": source}
+    lengths = byte_lengths(tokenizer)
     with atomic_path(out / TOKENS) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
             pa.ipc.new_file(sink, SCHEMA) as writer:
         for convs in iter_conversations(paths, batch_rows, prompt):
-            batch = _tokenize(tokenizer, convs, source, stats, cutoff_len=cutoff_len,
+            batch = _tokenize(tokenizer, lengths, convs, source, stats, cutoff_len=cutoff_len,
                               truncation=truncation, train_on_prompt=train_on_prompt)
             if batch is not None:
                 writer.write_batch(batch)
@@ -106,14 +107,15 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
     return stats
 
 
-def _tokenize(tokenizer, convs: list, source: str, stats: dict, *, cutoff_len: int, truncation: str,
-              train_on_prompt: bool) -> pa.RecordBatch | None:
+def _tokenize(tokenizer, lengths, convs: list, source: str, stats: dict, *, cutoff_len: int,
+              truncation: str, train_on_prompt: bool) -> pa.RecordBatch | None:
     first = stats["traces"]
     stats["traces"] += len(convs)
     present = [i for i, c in enumerate(convs) if c]
     stats["dropped"]["empty_conversation"] += len(convs) - len(present)
     cols: dict[str, list] = {name: [] for name in SCHEMA.names}
-    for i, res in zip(present, tokenize_batch(tokenizer, [convs[i] for i in present], source), strict=True):
+    for i, res in zip(present, tokenize_batch(tokenizer, [convs[i] for i in present], source, lengths),
+                      strict=True):
         if isinstance(res, TemplateMismatch):
             stats["dropped"]["template_mismatch"] += 1
             continue
