@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 from otbuild.fsio import write_json
-from otbuild.harness.protocol import compact_conversation
 from otbuild.hashing import file_sha256
 from otbuild.train import data as D
 from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
