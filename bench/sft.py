@@ -32,20 +32,22 @@ SETTINGS = {"learning_rate": 4e-5, "lr_scheduler": "cosine", "warmup_ratio": 0.1
 
 
 def prepare(work: Path, n: int, cutoff: int) -> dict:
-    from otbuild.train.data import build, read_conversations
-    from otbuild.train.model import load_tokenizer, materialise
+    from otbuild.train.data import build
+    from otbuild.train.model import materialise
+    from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
     from otbuild.train.toy import write_toy_traces
 
     traces = write_toy_traces(work / "kept.parquet", n, seed=0)
-    convs = read_conversations([traces])
     model = materialise({"kind": "tiny", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
                          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                         "max_position_embeddings": 4096}, work / "model", convs)
-    tok, _ = load_tokenizer(model)
-    ds = build(tok, convs, cutoff_len=cutoff)
-    rows = [{"input_ids": r.input_ids.tolist(),
-             "labels": [int(t) if m else -100 for t, m in zip(r.input_ids, r.mask, strict=True)]}
-            for r in ds.rows]
+                         "max_position_embeddings": 4096}, work / "model", traces)
+    build_tokenized_set(traces, model, "auto", cutoff, work / "tokenized")
+    ds = build(TokenizedSet(work / "tokenized"), cutoff_len=cutoff)
+    rows = []
+    for i in range(len(ds)):
+        r = ds.row(i)
+        rows.append({"input_ids": r.input_ids.tolist(),
+                     "labels": [int(t) if m else -100 for t, m in zip(r.input_ids, r.mask, strict=True)]})
     (work / "rows.json").write_text(json.dumps(rows))
     return {"traces": str(traces), "model": str(model), "rows": len(rows), "tokens": ds.stats["tokens"]}
 

@@ -323,3 +323,22 @@ def test_paper_recipes_filter_traces_as_the_paper_did(name, traces):
     assert planned_rollouts(score) == traces  # until a pilot's keep rate is set
     assert planned_rollouts({**score, "keep_rate": 0.6}) == -(-traces * 10 // 6)
     assert r.task_filter.llm.shards > 1 and r.augment.shards > 1  # ~50K and ~21K requests resume
+
+
+def test_a_teacher_context_longer_than_sft_cutoff_needs_an_explicit_truncation(recipes):
+    """The teacher writes traces up to its context (64K) and SFT cuts at cutoff_len (32K): right
+    truncation loses each long trace's ending, so validate asks the recipe to say it."""
+    teacher = ("teacher: {engine: vllm, model: zai-org/GLM-4.7-AWQ, "
+               "engine_args: {quantization: awq, max_model_len: 65536}}\n")
+    sft = "sft:\n  model: {kind: pretrained, path: Qwen/Qwen3-8B}\n"
+    root = _write(recipes, "implicit", BASE + teacher + sft)
+    msg = _error(root, "implicit")
+    assert "implicit.yaml: sft.truncation: required key is missing: the teacher runs at 65536 positions" in msg
+    assert "sft.cutoff_len is 32768" in msg and "`right`" in msg and "`drop`" in msg
+    for policy in ("right", "drop"):
+        root = _write(recipes, f"explicit_{policy}", BASE + teacher + sft + f"  truncation: {policy}\n")
+        assert load_recipe(f"explicit_{policy}", root).recipe.sft.truncation == policy
+    root = _write(recipes, "fits", BASE + teacher + sft + "  cutoff_len: 65536\n")  # nothing is cut
+    assert load_recipe("fits", root).recipe.sft.cutoff_len == 65536
+    for name in ("otagent_v2_100k", "otagent_v2_10k"):  # the paper's recipes say it
+        assert load_recipe(name, REPO).recipe.sft.truncation == "right"

@@ -17,6 +17,8 @@ import pytest
 
 from otbuild.train import data as D
 from otbuild.train.chat import TemplateMismatch, tokenize_conversation
+from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
+from otbuild.traces.table import TRACE_SCHEMA, write_traces
 from otbuild.train.dist import (
     BatchSizeError,
     ds_config,
@@ -29,7 +31,7 @@ from otbuild.train.toy import trace_rows, write_toy_traces
 TINY = {"kind": "tiny", "vocab_size": 700, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 FAST = {"model": TINY, "learning_rate": 1e-3, "global_batch_size": 4, "per_device_batch_size": 2,
-        "epochs": 1, "cutoff_len": 384, "zero_stage": 0, "gradient_checkpointing": False,
+        "epochs": 1, "cutoff_len": 512, "zero_stage": 0, "gradient_checkpointing": False,
         "save_steps": 1000}
 
 
@@ -42,8 +44,30 @@ def traces(tmp_path_factory) -> Path:
 def tok(traces, tmp_path_factory):
     from otbuild.train.model import load_tokenizer, materialise
 
-    base = materialise(TINY, tmp_path_factory.mktemp("tiny") / "m", D.read_conversations([traces]))
+    base = materialise(TINY, tmp_path_factory.mktemp("tiny") / "m", traces)
     return load_tokenizer(base)[0]
+
+
+def _trace_set(dest: Path, convs) -> Path:
+    """A trace parquet holding these conversations."""
+    rows = []
+    for i, conv in enumerate(convs):
+        row = dict.fromkeys(TRACE_SCHEMA.names)
+        row.update(conversations=conv, task=f"t{i}", trial_name=f"t-{i}", sample_idx=0)
+        rows.append(row)
+    write_traces(dest, rows)
+    return dest
+
+
+def _tokenized(tmp_path: Path, tok, traces: Path, cutoff_len: int = 4096, template: str = "auto", **kw):
+    out = tmp_path / f"tokenized-{cutoff_len}-{template}-{'-'.join(f'{k}{v}' for k, v in kw.items())}"
+    build_tokenized_set(traces, tok, template, cutoff_len, out, **kw)
+    return TokenizedSet(out)
+
+
+def _build(tmp_path, tok, traces, cutoff_len=4096, truncation="right", **policy) -> D.Dataset:
+    return D.build(_tokenized(tmp_path, tok, traces, cutoff_len, truncation=truncation), cutoff_len=cutoff_len,
+                   **policy)
 
 
 # -- the loss mask --------------------------------------------------------------------------
@@ -78,58 +102,151 @@ def test_model_template_preferred_else_qwen3(tok):
     assert ensure_template(own) == "model" and own.chat_template == "{{ messages[0]['content'] }}"
     bare = Tok()
     bare.chat_template = None
-    assert ensure_template(bare) == "qwen3" and bare.chat_template == qwen3_template()
-    assert ensure_template(own, "qwen3") == "qwen3"
+    assert ensure_template(bare) == "qwen3_thinking" and bare.chat_template == qwen3_template()
+    assert ensure_template(bare) == "qwen3_thinking"  # idempotent: otbuild's own is not "the model's"
+    assert ensure_template(own, "qwen3") == "qwen3" and own.chat_template == qwen3_template()
 
 
-def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tok, traces):
+def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tmp_path, tok):
     from otbuild.train.model import load_tokenizer
 
     tok2 = load_tokenizer(Path(tok.name_or_path))[0]
     tok2.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
     with pytest.raises(TemplateMismatch):
         tokenize_conversation(tok2, CONV)
-    ds = D.build(tok2, [CONV], cutoff_len=512)
-    assert ds.stats["template_mismatch"] == 1 and not ds.rows
+    seqs = _tokenized(tmp_path, tok2, _trace_set(tmp_path / "one.parquet", [CONV]))
+    assert seqs.stats["dropped"]["template_mismatch"] == 1 and not len(seqs)
+
+
+# -- reasoning traces and Qwen3's templates (issue 14) ----------------------------------------
+THINK = [{"role": "user", "content": "Count the files in /app."},
+         {"role": "assistant", "content": '<think>I should list them first.</think>\n{"commands": ["ls"]}'},
+         {"role": "user", "content": "a.txt b.txt c.txt"},
+         {"role": "assistant", "content": '<think>Three names, so 3.</think>\n{"answer": 3}'}]
+
+
+def _with_template(tok, template: str | None):
+    from otbuild.train.model import load_tokenizer
+
+    other = load_tokenizer(Path(tok.name_or_path))[0]
+    other.chat_template = template
+    return other
+
+
+def _real_qwen3(tok):
+    """A tokenizer with Qwen3's own chat template (the text TRL ships as qwen3.jinja)."""
+    trl = pytest.importorskip("trl")
+    return _with_template(tok, (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text())
+
+
+def test_qwen3s_own_template_drops_multi_turn_reasoning_traces_loudly(tmp_path, tok):
+    from otbuild.train.chat import render
+    from otbuild.train.sft import SftDataError, check_dropped
+
+    real = _real_qwen3(tok)
+    text = render(real, THINK)
+    assert "I should list them first." not in text and "Three names, so 3." in text  # Qwen3's behaviour
+    traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
+    seqs = _tokenized(tmp_path, real, traces, template="auto")
+    assert seqs.stats["chat_template"] == "model" and seqs.stats["dropped"]["template_mismatch"] == 3
+    with pytest.raises(SftDataError, match=r"think\.parquet: 3 of 3 traces dropped .*template_mismatch: 3.*"
+                       r"chat_template: qwen3_thinking"):
+        check_dropped(seqs.stats, 0.01, [traces])
+
+
+def test_qwen3_thinking_keeps_the_reasoning_of_every_turn(tmp_path, tok):
+    from otbuild.train.chat import for_template, render
+
+    real = _real_qwen3(tok)
+    ids, mask = tokenize_conversation(tok, THINK, "qwen3_thinking")
+    assert tok.decode(ids[mask]) == ('<think>\nI should list them first.\n</think>\n\n{"commands": ["ls"]}<|im_end|>'
+                                     '<think>\nThree names, so 3.\n</think>\n\n{"answer": 3}<|im_end|>')
+    # each turn laid out as Qwen3 lays out the turn it keeps (the last one)
+    ours = render(tok, for_template(THINK, "qwen3_thinking"))
+    assert ours.endswith(render(real, THINK)[render(real, THINK).rindex("<|im_start|>assistant"):])
+    traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
+    seqs = _tokenized(tmp_path, _with_template(tok, "{{ 'a model template' }}"), traces, template="qwen3_thinking")
+    assert len(seqs) == 3 and not any(seqs.stats["dropped"].values())
+    assert seqs.stats["chat_template"] == "qwen3_thinking"
+
+
+def test_qwen3_non_thinking_strips_the_reasoning_before_training(tmp_path, tok):
+    from otbuild.train.chat import for_template, render
+
+    real = _real_qwen3(tok)
+    ids, mask = tokenize_conversation(tok, THINK, "qwen3")
+    assert "think>" not in tok.decode(ids)
+    assert tok.decode(ids[mask]) == '{"commands": ["ls"]}<|im_end|>{"answer": 3}<|im_end|>'
+    # the history before the last user message is what Qwen3's own template renders
+    ours = render(tok, for_template(THINK, "qwen3"))
+    cut = ours.rindex("<|im_start|>assistant")
+    assert ours[:cut] == render(real, THINK)[:cut]
+    traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
+    seqs = _tokenized(tmp_path, tok, traces, template="qwen3")
+    assert len(seqs) == 3 and seqs.stats["chat_template"] == "qwen3"
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "names"])
+def test_byte_offsets_from_ids_give_the_tokenizers_own_offsets(tmp_path, traces, kind):
+    """The fast path (offsets summed from each id's bytes) masks exactly what the tokenizer's
+    own offsets mask, on non-ASCII text too; a normalizer that changes the text falls back."""
+    from tokenizers import normalizers
+
+    from otbuild.train.chat import byte_lengths, render, tokenize_batch
+    from otbuild.train.model import load_tokenizer, materialise
+
+    tok = load_tokenizer(materialise({**TINY, "tokenizer": kind}, tmp_path / kind, traces))[0]
+    extra = [{"role": "user", "content": "naïve café, 日本語 😀"},
+             {"role": "assistant", "content": "<think>über</think>\nrésumé 😀 Å"}]
+    convs = [c + extra for c in D.read_conversations([traces])] + [THINK, CONV]
+    lengths = byte_lengths(tok)
+    assert lengths is not None
+    for source in ("model", "qwen3_thinking", "qwen3"):
+        slow, fast = tokenize_batch(tok, convs, source), tokenize_batch(tok, convs, source, lengths)
+        for (ids_a, mask_a), (ids_b, mask_b) in zip(slow, fast, strict=True):
+            assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist()
+    tok.backend_tokenizer.normalizer = normalizers.NFKC()  # U+212B (3 bytes) becomes U+00C5 (2)
+    odd = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\u212b ok"}]
+    (ids_a, mask_a), = tokenize_batch(tok, [odd], "model")
+    (ids_b, mask_b), = tokenize_batch(tok, [odd], "model", lengths)
+    assert int(lengths[ids_b].sum()) != len(render(tok, odd).encode())  # so the offsets were used
+    assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist() and mask_b.any()
 
 
 # -- data policies --------------------------------------------------------------------------
-def test_truncation_policies_are_recorded(tok, traces):
+def test_truncation_policies_are_recorded(tmp_path, tok, traces):
     convs = D.read_conversations([traces])
     lengths = [len(tokenize_conversation(tok, c)[0]) for c in convs]
     cut = sorted(lengths)[len(lengths) // 2]
-    right = D.build(tok, convs, cutoff_len=cut, truncation="right")
-    drop = D.build(tok, convs, cutoff_len=cut, truncation="drop")
+    right = _build(tmp_path, tok, traces, cut, "right")
+    drop = _build(tmp_path, tok, traces, cut, "drop")
     longer = sum(n > cut for n in lengths)
     assert right.stats["truncated"] == longer and right.stats["tokens_cut"] == sum(n - cut for n in lengths if n > cut)
-    assert all(len(r.input_ids) <= cut for r in right.rows)
-    assert drop.stats["dropped_too_long"] == longer and len(drop.rows) == len(convs) - longer
+    assert all(len(right.row(i).input_ids) <= cut for i in range(len(right)))
+    assert drop.stats["dropped"]["too_long"] == longer and len(drop) == len(convs) - longer
 
 
-def test_token_budget_is_deterministic_and_respected(tok, traces):
-    convs = D.read_conversations([traces])
-    full = D.build(tok, convs, cutoff_len=4096)
+def test_token_budget_is_deterministic_and_respected(tmp_path, tok, traces):
+    full = _build(tmp_path, tok, traces)
     budget = full.stats["tokens"] // 2
-    a = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=3)
-    b = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=3)
-    c = D.build(tok, convs, cutoff_len=4096, token_budget=budget, seed=4)
+    a, b, c = (_build(tmp_path, tok, traces, token_budget=budget, seed=s) for s in (3, 3, 4))
     assert a.stats["tokens"] <= budget and a.stats["tokens"] > budget // 2
-    assert [r.input_ids.tolist() for r in a.rows] == [r.input_ids.tolist() for r in b.rows]
-    assert a.stats["over_budget"] == len(convs) - len(a.rows)
-    assert {r.input_ids.tobytes() for r in a.rows} != {r.input_ids.tobytes() for r in c.rows}
+    rows = [[d.row(i).input_ids.tolist() for i in range(len(d))] for d in (a, b, c)]
+    assert rows[0] == rows[1] and a.stats["over_budget"] == len(full) - len(a)
+    assert {tuple(r) for r in rows[0]} != {tuple(r) for r in rows[2]}
 
 
-def test_packing_keeps_traces_apart(tok, traces):
+def test_packing_keeps_traces_apart(tmp_path, tok, traces):
     import torch
 
     from otbuild.train.model import load_model
     from otbuild.train.sft import _loss_module
 
-    convs = D.read_conversations([traces])[:4]
-    plain = D.build(tok, convs, cutoff_len=2048)
-    packed = D.build(tok, convs, cutoff_len=2048, packing=True)
-    assert len(packed.rows) < len(plain.rows)
-    row = packed.rows[0]
+    four = _trace_set(tmp_path / "four.parquet", D.read_conversations([traces])[:4])
+    plain = _build(tmp_path, tok, four, 2048)
+    packed = _build(tmp_path, tok, four, 2048, packing=True)
+    assert len(packed) < len(plain)
+    row = packed.row(0)
     starts = np.flatnonzero(row.position_ids == 0)
     assert len(starts) >= 2 and not row.mask[starts].any()
     # block-diagonal attention: the packed row's loss is the sum of its traces' losses
@@ -147,6 +264,108 @@ def test_packing_keeps_traces_apart(tok, traces):
             total += float(module(**sb))
             pos = s
     assert packed_loss == pytest.approx(total, rel=1e-4)
+
+
+def _first_fit(lengths, capacity, order):
+    """Quadratic reference: each sequence, in `order`, into the first row with room."""
+    bins, room = [], []
+    for i in order:
+        for b, left in enumerate(room):
+            if lengths[i] <= left:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packing_is_first_fit_decreasing_and_no_worse_than_first_fit(seed):
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([rng.integers(1, 4096, 300), rng.integers(3000, 8192, 40)])
+    capacity = 8192
+    bins = D.pack(lengths, capacity)
+    flat = np.concatenate(bins)
+    assert sorted(flat.tolist()) == list(range(len(lengths)))  # every sequence exactly once
+    assert all(lengths[b].sum() <= capacity for b in bins)
+    decreasing = np.argsort(-lengths, kind="stable").tolist()
+    assert [b.tolist() for b in bins] == _first_fit(lengths.tolist(), capacity, decreasing)
+    in_order = _first_fit(lengths.tolist(), capacity, range(len(lengths)))  # the packing it replaced
+    assert -(-int(lengths.sum()) // capacity) <= len(bins) <= len(in_order)
+    assert [b.tolist() for b in D.pack(lengths, capacity)] == [b.tolist() for b in bins]  # deterministic
+    assert D.pack([], capacity) == []
+    with pytest.raises(ValueError, match="does not fit"):
+        D.pack([capacity + 1], capacity)
+
+
+def test_packing_scales_n_log_n():
+    lengths = np.random.default_rng(0).integers(1, 32768, 100_000)
+    t0 = time.perf_counter()
+    bins = D.pack(lengths, 32768)
+    assert time.perf_counter() - t0 < 30  # the quadratic first fit takes hours here
+    assert len(bins) >= -(-int(lengths.sum()) // 32768)
+
+
+# -- the tokenized set -------------------------------------------------------------------------
+def test_tokenized_set_is_built_once_and_reused(tmp_path, tok, traces):
+    logs: list[str] = []
+    out = tmp_path / "tokenized"
+    first = build_tokenized_set(traces, tok, "auto", 512, out, log=logs.append)
+    stamp = (out / "tokens.arrow").stat().st_mtime_ns
+    again = build_tokenized_set(traces, tok, "auto", 512, out, log=logs.append)
+    assert again == first and (out / "tokens.arrow").stat().st_mtime_ns == stamp
+    assert [x.split(" ")[1] for x in logs] == ["tokenized", "reusing"]
+    seqs = TokenizedSet(out)
+    assert len(seqs) == first["sequences"] and seqs.lengths.sum() == first["tokens"]
+    for i, conv in enumerate(D.read_conversations([traces])):  # the same ids and mask as one by one
+        ids, mask = tokenize_conversation(tok, conv)
+        got_ids, got_mask = seqs.seq(i)
+        assert got_ids.tolist() == ids[:512].tolist() and got_mask.tolist() == mask[:512].tolist()
+    build_tokenized_set(traces, tok, "auto", 256, out, log=logs.append)  # another cutoff: rebuilt
+    assert logs[-1].startswith("sft: tokenized") and TokenizedSet(out).stats["cutoff_len"] == 256
+
+
+def test_tokenized_set_streams_in_bounded_batches(tmp_path, tok, traces):
+    """batch_rows traces at a time; the result does not depend on the batch size."""
+    a = build_tokenized_set(traces, tok, "auto", 512, tmp_path / "a", batch_rows=1)
+    b = build_tokenized_set(traces, tok, "auto", 512, tmp_path / "b", batch_rows=5)
+    assert a == b
+    sa, sb = TokenizedSet(tmp_path / "a"), TokenizedSet(tmp_path / "b")
+    assert all(sa.seq(i)[0].tolist() == sb.seq(i)[0].tolist() for i in range(len(sa)))
+
+
+def test_zero_and_one_row_trace_sets(tmp_path, tok, traces):
+    from otbuild.stages.sft import run
+    from otbuild.train.sft import SftDataError
+
+    empty = _trace_set(tmp_path / "empty.parquet", [])
+    stats = build_tokenized_set(empty, tok, "auto", 512, tmp_path / "t0")
+    assert stats["traces"] == 0 and len(TokenizedSet(tmp_path / "t0")) == 0
+    assert D.build(TokenizedSet(tmp_path / "t0"), cutoff_len=512, packing=True).stats["rows"] == 0
+    with pytest.raises(SftDataError, match=r"empty\.parquet: no trainable traces"):
+        run({**FAST, "max_steps": 1}, [empty], tmp_path / "ck0")
+    one = _trace_set(tmp_path / "one.parquet", D.read_conversations([traces])[:1])
+    out = run({**FAST, "max_steps": 2}, [one], tmp_path / "ck1")
+    assert out["steps"] == 2 and out["data"]["traces"] == 1 and out["data"]["rows"] == 1
+    assert not (tmp_path / "ck1" / "tokenized").exists()  # removed with the finished run
+
+
+def test_dropped_traces_are_counted_by_reason_and_fail_above_the_limit(tmp_path, traces):
+    from otbuild.stages.sft import run
+    from otbuild.train.sft import SftDataError
+
+    convs = D.read_conversations([traces])
+    no_answer = [{"role": "user", "content": "hello"}]
+    mixed = _trace_set(tmp_path / "mixed.parquet", [*convs, no_answer, []])
+    with pytest.raises(SftDataError, match=r"mixed\.parquet: 2 of 14 traces dropped \(14\.3%\), more than "
+                       r"sft\.max_dropped_fraction 0\.01: empty_conversation: 1, no_assistant_tokens: 1"):
+        run({**FAST, "max_steps": 1}, [mixed], tmp_path / "a")
+    out = run({**FAST, "max_steps": 1, "max_dropped_fraction": 0.2}, [mixed], tmp_path / "b")
+    assert out["data"]["dropped"] == {"empty_conversation": 1, "template_mismatch": 0, "too_long": 0,
+                                      "no_assistant_tokens": 1}
+    assert out["data"]["traces"] == 14 and out["data"]["sequences"] == 12
 
 
 def test_global_batches_cover_each_epoch_and_fill_the_last():
@@ -241,9 +460,8 @@ def test_schema_defaults_are_the_papers():
 def test_tiny_student_is_deterministic_and_has_the_template_specials(tmp_path, traces):
     from otbuild.train.model import materialise
 
-    convs = D.read_conversations([traces])
-    a = materialise(TINY, tmp_path / "a", convs)
-    b = materialise(TINY, tmp_path / "b", convs)
+    a = materialise(TINY, tmp_path / "a", traces)
+    b = materialise(TINY, tmp_path / "b", traces)
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     cfg = json.loads((a / "config.json").read_text())
@@ -300,6 +518,13 @@ def test_loss_is_a_global_token_mean_whatever_the_micro_batching(tmp_path, trace
         np.testing.assert_allclose(wa[k], wb[k], atol=2e-5)
 
 
+def _last_step(path: Path) -> int:
+    """The last step a running job has logged (a line being written is not one yet)."""
+    log = path / "train_log.jsonl"
+    lines = log.read_text().splitlines(keepends=True) if log.exists() else []
+    return max([json.loads(x)["step"] for x in lines if x.endswith("\n")], default=0)
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     settings = {**FAST, "epochs": 4, "global_batch_size": 2, "per_device_batch_size": 1, "save_steps": 5}
@@ -322,7 +547,9 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     while not (latest.exists() and latest.read_text().strip() == "step-10"):
         assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
         time.sleep(0.1)
-    time.sleep(0.8)  # a few steps past the checkpoint, which the resumed run must redo
+    while _last_step(tmp_path / "run") <= 11:  # steps past the checkpoint, which the resumed run redoes
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.05)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     assert not (tmp_path / "run" / "checkpoint.json").exists()
@@ -331,6 +558,7 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     out, _ = again.communicate(timeout=180)
     assert again.returncode == 0, out
     assert "sft: resumed from step 10" in out
+    assert "sft: reusing the tokenized set" in out and "sft: tokenized " not in out  # not tokenized again
     log = _log(tmp_path / "run")
     assert [r["step"] for r in log] == list(range(1, 25))  # 12 rows / 2 x 4 epochs, none twice
     ref.communicate(timeout=180)
@@ -343,6 +571,24 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     a, b = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
+    """Two local ranks (torchrun, gloo): rank 0 tokenizes once, both train on its memory map."""
+    from otbuild.stages.sft import run
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k in set(os.environ) - set(env):
+            mp.delenv(k)
+        stats = run({**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2}, [traces],
+                    tmp_path / "ck")
+    out = capfd.readouterr().out
+    assert stats["world_size"] == 2 and stats["steps"] == 2
+    assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out
+    assert len([x for x in out.splitlines() if x.startswith("sft: ") and " rows, " in x]) == 2  # each rank
 
 
 # -- the tiny student that learns (issue 11) -------------------------------------------------
@@ -369,7 +615,6 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
     plan adds) rewrites the traces before the tokenizer is trained on them."""
     from safetensors.numpy import load_file
 
-    from otbuild.harness.protocol import compact_conversation
     from otbuild.train.model import materialise
     from otbuild.train.sft import train
 
@@ -377,7 +622,7 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
     spec = {**TINY, "tokenizer": "names"}
     manifest = train({**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}, [traces], tmp_path / "ck")
     assert manifest["steps"] == 0 and not _log(tmp_path / "ck")
-    base = materialise(spec, tmp_path / "base", [compact_conversation(c) for c in D.read_conversations([traces])])
+    base = materialise(spec, tmp_path / "base", traces, "compact")
     assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
     a, b = load_file(base / "model.safetensors"), load_file(tmp_path / "ck" / "model.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

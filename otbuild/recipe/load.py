@@ -305,6 +305,7 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
         raise ConfigError(f"{_file_for(('harness', 'constrained_decoding'), origin, path)}: "
                           "harness.constrained_decoding: applies to the eval of the recipe's own checkpoint "
                           "(no eval.model); here it would constrain nothing: remove it")
+    _check_sft_context(recipe, origin, path)
     if recipe.sources and recipe.trace_imports and not (recipe.teacher or recipe.rl):
         raise ConfigError(f"{_file_for(('sources',), origin, path)}: sources: no stage uses these tasks (the "
                           "traces come from trace_imports): add a `teacher` to roll them out, or remove `sources`")
@@ -343,6 +344,19 @@ def _check_one_harness(recipe: Recipe, origin: dict, path: Path) -> None:
                 f"{evaluated} prompt but {where} rollouts use {trained} (sandbox/harbor.agent/harness.prompt): "
                 "use one harness end to end (Harbor's terminus-2 text: sandbox: harbor in both), or set "
                 "eval.allow_prompt_mismatch: true")
+
+
+def _check_sft_context(recipe: Recipe, origin: dict, path: Path) -> None:
+    """Traces from a teacher with a longer context than SFT's cutoff get cut: the recipe must
+    say how (right truncation loses the ending, where the task gets solved)."""
+    sft, teacher = recipe.sft, recipe.teacher
+    context = teacher.engine_args.get("max_model_len") if teacher else None
+    if sft and isinstance(context, int) and context > sft.cutoff_len and "truncation" not in sft.model_fields_set:
+        raise ConfigError(
+            f"{_file_for(('sft',), origin, path)}: sft.truncation: required key is missing: the teacher runs "
+            f"at {context} positions (teacher.engine_args.max_model_len) but sft.cutoff_len is {sft.cutoff_len}, "
+            "so longer traces are cut; say how: `right` keeps each trace's first cutoff_len tokens (its ending, "
+            "where the task gets solved, is lost), `drop` leaves the trace out (both counted in the provenance)")
 
 
 def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:

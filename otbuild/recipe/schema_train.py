@@ -22,10 +22,18 @@ from pydantic import Field, model_validator
 from otbuild.recipe.base import Strict, engine_args, execution_only
 
 
+ChatTemplate = Literal["auto", "qwen3", "qwen3_thinking"]
+CHAT_TEMPLATE = Field(
+    default="auto", description="qwen3_thinking: every assistant turn keeps its <think> reasoning (the "
+    "paper's 32B); qwen3: reasoning removed before training (its 8B); auto: the model's own template "
+    "when it has one (it must render assistant turns verbatim: Qwen3's own strips earlier reasoning), "
+    "else qwen3_thinking")
+
+
 class TinyModel(Strict):
     """A Qwen3-architecture model built from scratch: a byte-level BPE tokenizer trained
-    deterministically on the trace set, with the qwen3 chat template's special tokens. No
-    download, ever (the embedded default student)."""
+    deterministically on a bounded sample of the trace set, with the qwen3 chat template's
+    special tokens. No download, ever (the embedded default student)."""
 
     kind: Literal["tiny"]
     vocab_size: int = Field(default=1024, ge=300, description="BPE target (256 bytes + merges + specials)")
@@ -39,6 +47,7 @@ class TinyModel(Strict):
     num_key_value_heads: int = Field(default=2, ge=1)
     max_position_embeddings: int = Field(default=4096, ge=64)
     seed: int = 0
+    chat_template: ChatTemplate = CHAT_TEMPLATE
 
     @model_validator(mode="after")
     def _heads(self):
@@ -51,12 +60,11 @@ class TinyModel(Strict):
 
 class PretrainedModel(Strict):
     """A model dir on disk (or an HF id already in the local HF cache: otbuild never downloads).
-    Its own chat template is used when it has one, else otbuild's qwen3 template."""
+    Its own chat template is used when it has one, else otbuild's qwen3 one (`chat_template`)."""
 
     kind: Literal["pretrained"]
     path: str = Field(min_length=1, description="model dir (relative to the project root) or HF id")
-    chat_template: Literal["auto", "qwen3"] = Field(
-        default="auto", description="auto: the model's own when it has one, else qwen3")
+    chat_template: ChatTemplate = CHAT_TEMPLATE
 
 
 ModelSpec = Annotated[TinyModel | PretrainedModel, Field(discriminator="kind")]
@@ -92,6 +100,9 @@ class Sft(Launch):
     cutoff_len: int = Field(default=32768, ge=16, description="tokens per sequence (32K context)")
     truncation: Literal["right", "drop"] = Field(
         default="right", description="right: keep the first cutoff_len tokens; drop: skip the trace")
+    max_dropped_fraction: float = Field(
+        default=0.01, ge=0, le=1, description="fail when more of the traces are dropped (template "
+        "mismatch, too long, nothing supervised); the counts per reason are in the provenance")
     packing: bool = False
     copy_loss_weight: float = Field(
         default=0.0, ge=0, description="tiny students: weight of an auxiliary copying objective (random "

@@ -37,7 +37,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("eval", 3, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  ("eval.sql", "eval_summary.sql"), sharded=True),
         StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
-        StageDef("sft", 1, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
+        StageDef("sft", 2, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
         StageDef("rl", 3, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
         StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report"),
         StageDef(

@@ -5,7 +5,8 @@ model.safetensors, train_log.jsonl, plus config.json, generation_config.json and
 files. Locally the training runs in this process (DeepSpeed on gloo); on a Slurm allocation
 or with several GPUs it is launched with `otbuild.train.dist.launch_command` (srun + torchrun,
 one process per GPU), and this process waits for it. RL (otbuild/stages/rl.py) runs the same
-way. A killed run resumes from outdir/checkpoints/.
+way. A killed run resumes from outdir/checkpoints/; the traces are tokenized once, into
+outdir/tokenized/ (otbuild/train/tokenized.py), which every rank and every resume reads.
 """
 
 from __future__ import annotations

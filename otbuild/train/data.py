@@ -1,16 +1,21 @@
-"""The SFT training set: trace conversations -> token ids + assistant mask -> batches.
+"""The SFT training set: a tokenized set (otbuild/train/tokenized.py) -> rows -> batches.
 
 Policies (recorded in the checkpoint manifest):
-- truncation (`cutoff_len`): "right" keeps a trace's first cutoff_len tokens (later turns are
-  cut; a trace with no supervised token left is dropped), "drop" skips traces that are longer.
-- token_budget: traces are put in a seeded order (the same for the same seed) and taken whole
-  while the running total of their tokens (after truncation) stays within the budget; the
-  rest are left out. The budget counts every token of a sequence (prompt and completion).
-- packing: sequences are packed first-fit, in order, into rows of cutoff_len tokens; each keeps
-  its own positions (position_ids restart), which transformers turns into a block-diagonal
-  mask, so packed traces never attend to each other.
+- truncation (`cutoff_len`): applied when the set is tokenized: "right" keeps a trace's first
+  cutoff_len tokens (later turns are cut; a trace with no supervised token left is dropped),
+  "drop" skips traces that are longer. Both counted there.
+- token_budget: sequences are put in a seeded order (the same for the same seed) and taken
+  whole while the running total of their tokens (after truncation) stays within the budget;
+  the rest are left out. The budget counts every token of a sequence (prompt and completion).
+- packing: sequences are packed first-fit decreasing into rows of cutoff_len tokens (the
+  longest first, each into the first row with room: O(n log n) with a max-tree over the rows'
+  room); each keeps its own positions (position_ids restart), which transformers turns into a
+  block-diagonal mask, so packed traces never attend to each other.
 - batches: each epoch visits the rows in a seeded order; the last global batch of an epoch is
   filled up from the start of that order, so every step has exactly global_batch rows.
+
+A `Dataset` holds only each row's sequence numbers and sizes; a row's tokens are read from
+the memory-mapped set when a rank trains on it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.parquet as pq
 
-from otbuild.train.chat import TemplateMismatch, tokenize_conversation
+from otbuild.train.tokenized import TokenizedSet
 
 
 @dataclass
@@ -32,12 +37,26 @@ class Row:
 
 @dataclass
 class Dataset:
-    rows: list[Row]
+    seqs: TokenizedSet
+    members: list[np.ndarray]  # per row: the sequences it holds (one unless packed)
+    tokens: np.ndarray  # per row
+    supervised: np.ndarray  # per row: target tokens
     stats: dict = field(default_factory=dict)
 
-    @property
-    def tokens(self) -> int:
-        return int(sum(len(r.input_ids) for r in self.rows))
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def row(self, i: int) -> Row:
+        parts = [self.seqs.seq(int(j)) for j in self.members[i]]
+        if len(parts) == 1:
+            return Row(*parts[0])
+        masks = []
+        for _, m in parts:
+            m = m.copy()
+            m[0] = False  # never predict a trace's first token from the previous trace
+            masks.append(m)
+        return Row(np.concatenate([ids for ids, _ in parts]), np.concatenate(masks),
+                   np.concatenate([np.arange(len(ids), dtype=np.int64) for ids, _ in parts]))
 
 
 def read_conversations(paths) -> list[list[dict]]:
@@ -48,77 +67,64 @@ def read_conversations(paths) -> list[list[dict]]:
     return out
 
 
-def build(tokenizer, conversations, *, cutoff_len: int, truncation: str = "right",
-          packing: bool = False, token_budget: int | None = None, seed: int = 0,
-          train_on_prompt: bool = False) -> Dataset:
-    """Tokenised rows with their loss masks: assistant tokens, or (`train_on_prompt`) every
-    token but each trace's first."""
-    stats = {"traces": len(conversations), "template_mismatch": 0, "no_assistant_tokens": 0,
-             "truncated": 0, "dropped_too_long": 0, "tokens_cut": 0, "over_budget": 0,
-             "truncation": truncation, "cutoff_len": cutoff_len, "token_budget": token_budget}
-    seqs: list[Row] = []
-    for conv in conversations:
-        try:
-            ids, mask = tokenize_conversation(tokenizer, conv)
-        except TemplateMismatch:
-            stats["template_mismatch"] += 1
-            continue
-        if train_on_prompt:
-            mask = np.arange(len(ids)) > 0
-        if len(ids) > cutoff_len:
-            if truncation == "drop":
-                stats["dropped_too_long"] += 1
-                continue
-            stats["truncated"] += 1
-            stats["tokens_cut"] += len(ids) - cutoff_len
-            ids, mask = ids[:cutoff_len], mask[:cutoff_len]
-        if not mask[1:].any():  # the first token is never a target
-            stats["no_assistant_tokens"] += 1
-            continue
-        seqs.append(Row(ids, mask))
+def build(seqs: TokenizedSet, *, cutoff_len: int, packing: bool = False, token_budget: int | None = None,
+          seed: int = 0) -> Dataset:
+    """The rows to train on: a token budget's selection of the sequences, packed or one a row."""
+    lengths = seqs.lengths
+    stats = {**seqs.stats, "over_budget": 0, "token_budget": token_budget}
+    keep = np.arange(len(seqs))
     if token_budget is not None:
         order = np.random.default_rng(seed).permutation(len(seqs))
         kept, total = [], 0
         for i in order:
-            n = len(seqs[i].input_ids)
+            n = int(lengths[i])
             if total + n > token_budget:
                 continue  # a shorter trace later in the order may still fit
             kept.append(i)
             total += n
         stats["over_budget"] = len(seqs) - len(kept)
-        seqs = [seqs[i] for i in sorted(kept)]
-    stats["sequences"] = len(seqs)
-    stats["tokens"] = int(sum(len(s.input_ids) for s in seqs))
-    stats["supervised_tokens"] = int(sum(int(s.mask[1:].sum()) for s in seqs))
-    rows = pack(seqs, cutoff_len) if packing else seqs
-    stats["rows"] = len(rows)
-    return Dataset(rows, stats)
+        keep = np.sort(np.asarray(kept, dtype=np.int64))
+    stats["sequences"] = len(keep)
+    stats["tokens"] = int(lengths[keep].sum())
+    stats["supervised_tokens"] = int(seqs.supervised[keep].sum())
+    if packing:
+        members = [keep[b] for b in pack(lengths[keep], cutoff_len)]
+    else:
+        members = [keep[i:i + 1] for i in range(len(keep))]
+    tokens = np.asarray([int(lengths[m].sum()) for m in members], dtype=np.int64)
+    supervised = np.asarray([int(seqs.supervised[m].sum()) for m in members], dtype=np.int64)
+    stats["rows"] = len(members)
+    return Dataset(seqs, members, tokens, supervised, stats)
 
 
-def pack(seqs: list[Row], cutoff_len: int) -> list[Row]:
-    """First-fit packing, in order, into rows of at most cutoff_len tokens."""
-    bins: list[list[Row]] = []
-    room: list[int] = []
-    for s in seqs:
-        n = len(s.input_ids)
-        for b, left in enumerate(room):
-            if n <= left:
-                bins[b].append(s)
-                room[b] -= n
-                break
-        else:
-            bins.append([s])
-            room.append(cutoff_len - n)
-    out = []
-    for group in bins:
-        masks = []
-        for s in group:
-            m = s.mask.copy()
-            m[0] = False  # never predict a trace's first token from the previous trace
-            masks.append(m)
-        out.append(Row(np.concatenate([s.input_ids for s in group]), np.concatenate(masks),
-                       np.concatenate([np.arange(len(s.input_ids), dtype=np.int64) for s in group])))
-    return out
+def pack(lengths, capacity: int) -> list[np.ndarray]:
+    """First-fit decreasing: bins (lists of positions in `lengths`) of at most `capacity` tokens.
+    The longest item first, each into the first bin with room; the first bin with room is found
+    in O(log n) by walking down a max-tree of the bins' room (unopened bins have all of it)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n and int(lengths.max()) > capacity:
+        raise ValueError(f"a sequence of {int(lengths.max())} tokens does not fit a row of {capacity}")
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    room = [capacity] * (2 * size)
+    bins: list[list[int]] = []
+    for i in np.argsort(-lengths, kind="stable").tolist():
+        need = int(lengths[i])
+        node = 1
+        while node < size:
+            node = 2 * node if room[2 * node] >= need else 2 * node + 1
+        b = node - size
+        if b == len(bins):
+            bins.append([])
+        bins[b].append(i)
+        room[node] -= need
+        node //= 2
+        while node:
+            room[node] = max(room[2 * node], room[2 * node + 1])
+            node //= 2
+    return [np.asarray(b, dtype=np.int64) for b in bins]
 
 
 def epoch_order(n_rows: int, epoch: int, seed: int) -> np.ndarray:

@@ -1,9 +1,9 @@
 """The student: a model spec from the recipe -> a model dir on disk -> (model, tokenizer).
 
 `tiny`: a Qwen3-architecture model built from its config, with a byte-level BPE tokenizer
-trained on the trace set's text (deterministic: same traces, same vocabulary) and the qwen3
-chat template's special tokens (otbuild.engines.tiny.make_tiny_model). `pretrained`: a local
-model dir (or an HF id already in the local cache); never downloaded by otbuild.
+trained on a bounded sample of the trace set's text (deterministic: same traces, same
+vocabulary) and the qwen3 chat template's special tokens (otbuild.engines.tiny.make_tiny_model).
+`pretrained`: a local model dir (or an HF id already in the local cache); never downloaded.
 """
 
 from __future__ import annotations
@@ -13,18 +13,48 @@ from pathlib import Path
 from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
 
 
-def trace_texts(conversations) -> list[str]:
-    return [m.get("content") or "" for conv in conversations for m in conv]
+TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text
 
 
-def materialise(spec: dict, dest: Path, conversations=None) -> Path:
-    """The base model dir for `spec` (a tiny one is built in `dest`)."""
+def sample_texts(traces, prompt: str = "terminus2", max_chars: int = TOKENIZER_SAMPLE_CHARS) -> list[str]:
+    """The messages of a bounded, deterministic sample of the trace parquet(s): every trace
+    while the set is small, else every k-th (k from the parquet's uncompressed size), until
+    `max_chars` characters are taken."""
+    from otbuild.train.tokenized import iter_conversations
+
+    paths = [traces] if isinstance(traces, (str, Path)) else list(traces)
+    size = sum(map(_conversation_bytes, paths))
+    stride = max(1, -(-size // max_chars))
+    texts, chars, i = [], 0, 0
+    for convs in iter_conversations(paths, prompt=prompt):
+        for conv in convs:
+            if conv and i % stride == 0:
+                texts += [m.get("content") or "" for m in conv]
+                chars += sum(map(len, texts[-len(conv):]))
+            i += 1
+            if chars >= max_chars:
+                return texts
+    return texts
+
+
+def _conversation_bytes(path) -> int:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    return sum(meta.row_group(g).column(c).total_uncompressed_size
+               for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+               if meta.row_group(g).column(c).path_in_schema.startswith("conversations"))
+
+
+def materialise(spec: dict, dest: Path, traces=None, prompt: str = "terminus2") -> Path:
+    """The base model dir for `spec` (a tiny one is built in `dest`, its tokenizer trained on a
+    bounded sample of the trace parquet(s) `traces`)."""
     if spec["kind"] == "tiny":
         from otbuild.engines.tiny import make_tiny_model
 
         if (dest / "config.json").exists() and (dest / "tokenizer.json").exists():
             return dest
-        texts = trace_texts(conversations or [])
+        texts = sample_texts(traces, prompt) if traces else []
         size = {k: spec[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                      "num_attention_heads", "num_key_value_heads",
                                      "max_position_embeddings") if k in spec}

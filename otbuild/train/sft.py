@@ -9,7 +9,9 @@ outdir after a successful run:
   train_log.jsonl          one line per optimizer step: step, epoch, loss, lr, grad_norm,
                            tokens (this step), tokens_seen, supervised_tokens_seen, time
 while running (and after a kill): checkpoints/step-N/ (DeepSpeed: weights, optimizer,
-scheduler, client state) + checkpoints/latest; base_model/ (a built tiny model).
+scheduler, client state) + checkpoints/latest; tokenized/ (the training set, tokenized once by
+rank 0 and memory-mapped by every rank: otbuild/train/tokenized.py); base_model/ (a built
+tiny model).
 
 Loss: cross entropy summed over the supervised (assistant) tokens of a global batch, divided
 by their count (token mean over the global batch, whatever the micro-batching). Logits are
@@ -27,15 +29,16 @@ import time
 from pathlib import Path
 
 from otbuild.fsio import write_json
-from otbuild.harness.protocol import compact_conversation
 from otbuild.hashing import file_sha256
 from otbuild.train import data as D
 from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
 from otbuild.train.model import load_model, load_tokenizer, materialise
+from otbuild.train.tokenized import TokenizedSet, build_tokenized_set, remove_tokenized_set
 
 LOG = "train_log.jsonl"
 MANIFEST = "checkpoint.json"
 CHECKPOINTS = "checkpoints"
+TOKENIZED = "tokenized"
 LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
 COPY_BATCH, COPY_SPAN = 4, 20  # the copying objective: 4 rows of 20 random tokens, each repeated
 COPY_TARGETS = COPY_BATCH * (COPY_SPAN - 1)  # the repeat less its first token, per row
@@ -126,29 +129,31 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     rank, world = dist.get_rank(), dist.get_world_size()
     t_start = time.monotonic()
 
-    conversations = D.read_conversations(inputs)
-    if prompt == "compact":  # traces rendered as the student will see them at eval
-        conversations = [compact_conversation(c) for c in conversations]
     spec = settings["model"]
-    base_dir = outdir / "base_model"
-    if rank == 0:
-        base = materialise(spec, base_dir, conversations)
+    base_dir, tokenized = outdir / "base_model", outdir / TOKENIZED
+    if rank == 0:  # the tokenized set is built once, by one rank; every rank (and resume) reads it
+        base = materialise(spec, base_dir, inputs, prompt)
+        tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
+        build_tokenized_set(inputs, tok, template, settings["cutoff_len"], tokenized,
+                            truncation=settings.get("truncation", "right"),
+                            train_on_prompt=settings.get("train_on_prompt", False), prompt=prompt, log=log)
     dist.barrier()
-    base = materialise(spec, base_dir, conversations) if rank else base
-    tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
-    ds = D.build(tok, conversations, cutoff_len=settings["cutoff_len"],
-                 truncation=settings.get("truncation", "right"), packing=settings.get("packing", False),
-                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0),
-                 train_on_prompt=settings.get("train_on_prompt", False))
-    if not ds.rows:
-        raise ValueError(f"no trainable traces: {ds.stats}")
+    if rank:
+        base = materialise(spec, base_dir, inputs, prompt)  # built by rank 0: found, not rebuilt
+        tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
+    seqs = TokenizedSet(tokenized)
+    check_dropped(seqs.stats, settings.get("max_dropped_fraction", 0.01), inputs)
+    ds = D.build(seqs, cutoff_len=settings["cutoff_len"], packing=settings.get("packing", False),
+                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0))
+    if not len(ds):
+        raise SftDataError(f"{', '.join(map(str, inputs))}: no trainable traces: {ds.stats}")
 
     G = settings["global_batch_size"]
     per_device = settings.get("per_device_batch_size", 1)
     client_opt = uses_client_optimizer(settings, on_gpu)
     conf = ds_config(settings, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
     accum = conf["gradient_accumulation_steps"]
-    spe = D.steps_per_epoch(len(ds.rows), G)
+    spe = D.steps_per_epoch(len(ds), G)
     total_steps = settings["max_steps"] if settings.get("max_steps") is not None else \
         max(1, math.ceil(settings.get("epochs", 1.0) * spe))
     warmup = math.ceil(settings.get("warmup_ratio", 0.0) * total_steps)
@@ -178,7 +183,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         log(f"sft: resumed from step {step} of {total_steps}")
     if rank == 0:
         _truncate_log(outdir / LOG, step)
-    log(f"sft: {len(ds.rows)} rows, {ds.stats['tokens']} tokens, {total_steps} steps "
+    log(f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {total_steps} steps "
         f"({spe}/epoch), world {world} x micro {per_device} x accum {accum} = {G}, "
         f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
 
@@ -190,11 +195,9 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
     try:
         while step < total_steps:
-            idx = D.global_batch_rows(len(ds.rows), step, G, settings.get("seed", 0))
-            rows = [ds.rows[i] for i in idx]
-            n_sup = sum(int(r.mask[1:].sum()) for r in rows)
-            n_tok = sum(len(r.input_ids) for r in rows)
-            mine = rows[rank * per_rank:(rank + 1) * per_rank]
+            idx = D.global_batch_rows(len(ds), step, G, settings.get("seed", 0))
+            n_sup, n_tok = int(ds.supervised[idx].sum()), int(ds.tokens[idx].sum())
+            mine = [ds.row(i) for i in idx[rank * per_rank:(rank + 1) * per_rank]]  # this rank's slice
             lr = scheduler.get_last_lr()[0]
             loss_sum, gn_local, copy_loss = 0.0, None, None
             for m in range(accum):
@@ -257,6 +260,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             shutil.rmtree(ckdir, ignore_errors=True)
         if spec["kind"] == "tiny":
             shutil.rmtree(base_dir, ignore_errors=True)
+        remove_tokenized_set(tokenized)
         manifest = {
             "kind": "sft", "base_model": spec, "chat_template": template, "steps": step,
             "total_steps": total_steps, "steps_per_epoch": spe, "epochs": settings.get("epochs"),
@@ -271,6 +275,24 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         write_json(outdir / MANIFEST, manifest)
     dist.barrier()
     return manifest
+
+
+class SftDataError(ValueError):
+    """The trace set cannot be trained on as configured (a failed build, exit code 1)."""
+
+
+def check_dropped(stats: dict, max_fraction: float, inputs) -> None:
+    """Fail when more than `max_fraction` of the traces were dropped, naming the reasons."""
+    dropped = {k: v for k, v in stats["dropped"].items() if v}
+    n = sum(dropped.values())
+    if n and n > max_fraction * stats["traces"]:
+        hint = (" (the model's own chat template rewrites assistant turns: Qwen3's strips the reasoning "
+                "before the last user message; set sft.model.chat_template: qwen3_thinking to keep it "
+                "in every turn, or qwen3 to train without it)" if dropped.get("template_mismatch") else "")
+        raise SftDataError(
+            f"{', '.join(map(str, inputs))}: {n} of {stats['traces']} traces dropped "
+            f"({n / stats['traces']:.1%}), more than sft.max_dropped_fraction {max_fraction}: "
+            + ", ".join(f"{k}: {v}" for k, v in dropped.items()) + hint)
 
 
 def _save_checkpoint(engine, ckdir: Path, step: int, limit: int, rank: int, client: dict) -> None:

@@ -1,0 +1,154 @@
+"""SFT data preparation: otbuild's tokenized set against a baseline commit's in-memory path, on
+realistic traces (~110 KB each, 5-100 turns, every answer with a <think> block), for the tiny
+student (its tokenizer trained on the traces, then every trace tokenized at cutoff 32K).
+
+    python bench/sft_data.py [--traces 200] [--baseline 84dd1f7] [--cutoff 32768]
+
+Each side runs in its own child process (peak RSS is that process's); the baseline's code is
+`git archive`d from the named commit (default: the last commit before the tokenized set).
+Rows: `tokenizer` (the tiny student's tokenizer trained), `tokenize` (traces -> ids + masks),
+`total`; per trace in ms and the ratio baseline / otbuild. Every rank of the baseline repeats
+`tokenize` (and every resume does); otbuild builds the set once and ranks memory-map it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"kind": "tiny", "vocab_size": 1024}
+WORDS = ("the file list count grep sort error output test build python install package run check path "
+         "directory config value line first next then because should would might fix bug patch apply "
+         "repo commit branch merge function class import return module script shell command echo cat "
+         "0 1 2 42 /app /tmp src/main.py tests/test_api.py Traceback KeyError None True").split()
+
+
+def realistic_rows(n: int, seed: int = 0, size: int = 110_000) -> list[dict]:
+    """Trace rows of about `size` characters, 5-100 turns, each answer `<think>R</think>\\nJSON`."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def text(chars: int) -> str:
+        return " ".join(rng.choice(WORDS, size=max(1, chars // 5)))[:chars]
+
+    rows = []
+    for i in range(n):
+        turns = int(rng.integers(5, 101))
+        per = size // (2 * turns + 1)
+        conv = [{"role": "user", "content": "Task: " + text(per)}]
+        for t in range(turns):
+            answer = json.dumps({"analysis": text(per // 4), "plan": text(per // 8),
+                                 "commands": [{"keystrokes": text(40) + "\n", "duration": 1.0}],
+                                 "task_complete": t == turns - 1})
+            conv.append({"role": "assistant", "content": f"<think>{text(per // 2)}</think>\n{answer}"})
+            if t < turns - 1:
+                conv.append({"role": "user", "content": "New Terminal Output:\n" + text(per)})
+        rows.append({"conversations": conv, "task": f"t{i}", "trial_name": f"bench-{i}", "sample_idx": 0})
+    return rows
+
+
+def write_rows(dest: Path, n: int) -> None:
+    from otbuild.traces.table import TRACE_SCHEMA, write_traces
+
+    write_traces(dest, [{**dict.fromkeys(TRACE_SCHEMA.names), **r} for r in realistic_rows(n)])
+
+
+def run_new(traces: Path, work: Path, cutoff: int) -> dict:
+    from otbuild.train.model import load_tokenizer, materialise
+    from otbuild.train.tokenized import build_tokenized_set
+
+    t = [clock()]
+    tok, template = load_tokenizer(materialise(TINY, work / "model", traces))
+    t.append(clock())
+    stats = build_tokenized_set(traces, tok, template, cutoff, work / "tokenized")
+    t.append(clock())
+    return {**spans(t), "tokens": stats["tokens"], "traces": stats["traces"]}
+
+
+def run_old(traces: Path, work: Path, cutoff: int) -> dict:
+    from otbuild.train import data as D
+    from otbuild.train.model import load_tokenizer, materialise
+
+    t = [clock()]
+    convs = D.read_conversations([traces])
+    tok, _ = load_tokenizer(materialise(TINY, work / "model", convs))
+    t.append(clock())
+    ds = D.build(tok, D.read_conversations([traces]), cutoff_len=cutoff)  # what every rank did
+    t.append(clock())
+    return {**spans(t), "tokens": ds.stats["tokens"], "traces": len(convs)}
+
+
+def clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()  # wall, CPU of every thread of the process
+
+
+def spans(t: list) -> dict:
+    return {f"{k}{suffix}": t[i + 1][j] - t[i][j] for i, k in enumerate(("tokenizer", "tokenize"))
+            for j, suffix in enumerate(("", "_cpu"))}
+
+
+def child(side: str, traces: Path, work: Path, cutoff: int, tree: Path | None) -> dict:
+    cmd = [sys.executable, __file__, "--worker", side, "--traces-file", str(traces), "--work", str(work),
+           "--cutoff", str(cutoff)] + (["--tree", str(tree)] if tree else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not line:
+        raise SystemExit(f"{side} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(line[0][7:])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--traces", type=int, default=200)
+    p.add_argument("--cutoff", type=int, default=32768)
+    p.add_argument("--baseline", default="84dd1f7", help="git commit whose SFT data path is the baseline")
+    p.add_argument("--worker", choices=["old", "new"])
+    p.add_argument("--traces-file", type=Path)
+    p.add_argument("--work", type=Path)
+    p.add_argument("--tree", type=Path)
+    a = p.parse_args()
+    if a.worker:
+        sys.path.insert(0, str(a.tree or REPO))
+        result = (run_old if a.worker == "old" else run_new)(a.traces_file, a.work, a.cutoff)
+        result["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    sys.path.insert(0, str(REPO))
+    with tempfile.TemporaryDirectory(prefix="otbuild-bench-sftdata-") as tmp:
+        tmp = Path(tmp)
+        traces = tmp / "kept.parquet"
+        write_rows(traces, a.traces)
+        tree = tmp / "baseline"
+        tree.mkdir()
+        archive = subprocess.run(["git", "archive", a.baseline, "otbuild"], cwd=REPO, capture_output=True,
+                                 check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        old = child("old", traces, tmp / "old", a.cutoff, tree)
+        new = child("new", traces, tmp / "new", a.cutoff, None)
+    n = a.traces
+    print(f"{n} traces of ~110 KB (5-100 turns with <think> blocks), tiny student, cutoff {a.cutoff}; "
+          f"baseline: commit {a.baseline}")
+    print(f"{'step':<12}{'baseline ms/trace':>19}{'otbuild ms/trace':>18}{'ratio':>8}"
+          f"{'baseline CPU ms':>17}{'otbuild CPU ms':>16}{'ratio':>8}")
+    for k in ("tokenizer", "tokenize", "total"):
+        cells = []
+        for suffix in ("", "_cpu"):
+            b, o = ((r[f"tokenizer{suffix}"] + r[f"tokenize{suffix}"]) if k == "total" else r[k + suffix]
+                    for r in (old, new))
+            cells.append(f"{b / n * 1e3:>17.1f}{o / n * 1e3:>16.1f}{b / max(o, 1e-9):>7.1f}x")
+        print(f"{k:<12}  {cells[0]}{cells[1]}")
+    print(f"peak RSS: baseline {old['peak_mb']:.0f} MB, otbuild {new['peak_mb']:.0f} MB "
+          f"({old['peak_mb'] / new['peak_mb']:.1f}x); tokens: baseline {old['tokens']}, otbuild {new['tokens']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
