@@ -355,10 +355,14 @@ def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:
     groups = {"sources": recipe.sources, "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {}}
     for group, sources in groups.items():
         for name, src in sources.items():
-            if src.kind != "synthetic":
+            if src.kind == "harbor-dataset":
+                checks[(*group.split("."), name, "registry")] = (root / src.registry, _json_file_problem, src.kind)
+            elif src.kind not in ("synthetic", "hf-dataset"):
                 checks[(*group.split("."), name, "path")] = (root / src.path, partial(path_problem, src.kind), src.kind)
     for name, imp in recipe.trace_imports.items():
         loc = ("trace_imports", name)
+        if imp.kind == "hf-dataset":
+            continue
         checks[(*loc, "path")] = (root / imp.path, partial(files_problem, forms=PATH_FORMS[imp.kind]), imp.kind)
         if imp.tasks:
             checks[(*loc, "tasks")] = (root / imp.tasks, partial(path_problem, "harbor-parquet"), None)

@@ -20,6 +20,7 @@ from otbuild.recipe.base import Strict, engine_args, execution_only
 from otbuild.recipe.schema_train import Rl, Sft
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
 # Size bounds: a typo (`shards: 1000000000000`, `count: 1.0e+23`) is an error, not an endless build.
@@ -48,7 +49,22 @@ class FileSource(Strict):
     allow_empty: bool = execution_only(False, description="0 usable items is not an error")
 
 
-class PathSource(FileSource):
+class SourceSample(Strict):
+    """A seeded sample of a source's tasks; with `stratify`, split over the values of that
+    metadata key in proportion to their sizes (largest remainder; docs/sources.md)."""
+
+    n: int = Field(ge=1, le=MAX_TASKS)
+    seed: int = 0
+    stratify: str | None = Field(default=None, pattern=NAME_RE, description="a task metadata key, e.g. repo")
+
+
+class TaskFileSource(FileSource):
+    """Tasks read from files or a dataset hub, optionally sampled after they are read."""
+
+    sample: SourceSample | None = None
+
+
+class PathSource(TaskFileSource):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
@@ -56,7 +72,7 @@ class PathSource(FileSource):
     path: str = Field(min_length=1, description="relative to the project root, or absolute")
 
 
-class SweInstancesSource(FileSource):
+class SweInstancesSource(TaskFileSource):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
@@ -71,7 +87,7 @@ class SweInstancesSource(FileSource):
     )
 
 
-class StackExchangeSource(FileSource):
+class StackExchangeSource(TaskFileSource):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
@@ -82,7 +98,7 @@ class StackExchangeSource(FileSource):
     )
 
 
-class Nl2BashSource(FileSource):
+class Nl2BashSource(TaskFileSource):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
@@ -101,7 +117,7 @@ class TableColumns(Strict):
     metadata: list[str] = []
 
 
-class TableSource(FileSource):
+class TableSource(TaskFileSource):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
@@ -112,9 +128,35 @@ class TableSource(FileSource):
     docker_image: str | None = Field(default=None, min_length=1)
 
 
+class HfDatasetSource(TaskFileSource):
+    """An HF task parquet dataset (columns path, task_binary) on the Hugging Face Hub or in
+    its local cache: the revision is resolved to a commit when planned (docs/sources.md)."""
+
+    kind: Literal["hf-dataset"]
+    rank: int | None = Field(default=None, ge=1)
+    repo: str = Field(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
+    revision: str = Field(default="main", min_length=1, description="a branch, tag or commit")
+    split: str | None = Field(default=None, pattern=NAME_RE, description="files named SPLIT-*.parquet or under SPLIT/")
+    files: list[str] | None = Field(default=None, min_length=1, description="glob patterns of repo files")
+
+
+class HarborDatasetSource(TaskFileSource):
+    """A benchmark as Harbor's registry lays it out once downloaded (terminal-bench@2.0,
+    swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
+
+    kind: Literal["harbor-dataset"]
+    rank: int | None = Field(default=None, ge=1)
+    dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
+    registry: str = Field(min_length=1, description="a local copy of Harbor's registry.json")
+    path: str | None = Field(default=None, min_length=1, description="where Harbor downloaded the tasks: its "
+                             "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
+
+
 Source = Annotated[
     SyntheticSource
     | PathSource
+    | HfDatasetSource
+    | HarborDatasetSource
     | SweInstancesSource
     | StackExchangeSource
     | Nl2BashSource
@@ -362,7 +404,22 @@ class MessagesImport(FileSource):
     agent: str | None = None
 
 
-TraceImport = Annotated[SweTrajectoryImport | MessagesImport, Field(discriminator="kind")]
+class HfTraceImport(FileSource):
+    """Trace files of a dataset on the Hugging Face Hub (or its local cache), read by one of
+    the importers above (`format`); the revision is resolved to a commit when planned."""
+
+    kind: Literal["hf-dataset"]
+    repo: str = Field(pattern=HF_REPO_RE)
+    revision: str = Field(default="main", min_length=1)
+    split: str | None = Field(default=None, pattern=NAME_RE)
+    files: list[str] | None = Field(default=None, min_length=1)
+    format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent"] = "messages-jsonl"
+    run_id: str | None = None
+    model: str | None = None
+    agent: str | None = None
+
+
+TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HfTraceImport, Field(discriminator="kind")]
 
 
 class Eval(Strict):

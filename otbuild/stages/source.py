@@ -1,12 +1,14 @@
-"""Source: one task parquet per recipe source, plus the items it had to quarantine."""
+"""Source: one task parquet per recipe source, plus the items it had to quarantine; with
+`sample`, a seeded (optionally stratified) sample of what was read (otbuild/sql/source_sample.sql)."""
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources import read_source
+from otbuild.sources import read_source, where
 from otbuild.tasks.table import Quarantined, TaskRecord, check_not_empty, write_quarantine, write_tasks
 
 
@@ -21,8 +23,36 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
             else:
                 yield item
 
-    n = write_tasks(outdir / "tasks.parquet", tasks(), source=name)
-    if "path" in settings:
-        check_not_empty(f"source {name!r}", settings["path"], n, quarantined, settings.get("allow_empty", False))
+    sample, stats = settings.get("sample"), {}
+    if sample:
+        with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
+            n = write_tasks(Path(tmp) / "tasks.parquet", tasks(), source=name)
+            if n:
+                stats["sample"] = sample_tasks(Path(tmp) / "tasks.parquet", outdir / "tasks.parquet", **sample)
+            else:
+                write_tasks(outdir / "tasks.parquet", [], source=name)
+    else:
+        n = write_tasks(outdir / "tasks.parquet", tasks(), source=name)
+    if settings["kind"] != "synthetic":
+        check_not_empty(f"source {name!r}", where(settings), n, quarantined, settings.get("allow_empty", False))
+    if sample:
+        n = stats["sample"]["kept"] if n else 0
     return {"tasks": n, "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
-            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined))}
+            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}
+
+
+def sample_tasks(src: Path, dest: Path, n: int, seed: int = 0, stratify: str | None = None) -> dict:
+    """Copy a seeded sample of `n` tasks of `src` to `dest` (all of them when there are no more);
+    returns the counts, per stratum: [tasks read, tasks kept]."""
+    from otbuild import duck
+    from otbuild.duck import sql_literal
+
+    con = duck.connect()
+    duck.run_template(con, "source_sample.sql", tasks=str(src), n=n, seed=seed, stratify=stratify)
+    kept = duck.copy_to_parquet(
+        con, f"SELECT * EXCLUDE (file_row_number) FROM read_parquet({sql_literal(src)}, file_row_number = true) "
+        "WHERE file_row_number IN (SELECT _row FROM sample_rows) ORDER BY file_row_number", dest)
+    strata = {s: [size, quota] for s, size, quota in con.execute(
+        "SELECT stratum, size, quota FROM sample_strata ORDER BY stratum").fetchall()}
+    return {"read": sum(v[0] for v in strata.values()), "kept": kept, "seed": seed,
+            **({"stratify": stratify, "strata": strata} if stratify else {})}
