@@ -53,9 +53,9 @@ def resolve(repo: str, revision: str, allow: list[str]) -> HubFiles:
     try:
         folder = Path(snapshot_download(repo, repo_type=REPO_TYPE, revision=revision, allow_patterns=allow))
     except Exception as e:  # LocalEntryNotFound, RepositoryNotFound, RevisionNotFound, IncompleteSnapshot, ...
-        raise StageError(f"{where(repo, revision)}: not in the Hugging Face cache ({_cache_dir()}) and the "
-                         f"Hub could not provide it: {type(e).__name__}: {_first_line(e)}. Fetch it where there "
-                         f"is a network: `hf download {repo} --repo-type dataset --revision {revision}`") from e
+        raise StageError(f"{where(repo, revision)}: not in the Hugging Face cache {_cache_dir()}, and the Hub "
+                         f"could not provide it ({type(e).__name__}: {_first_line(e)}; fetch it where there is a "
+                         f"network: `hf download {repo} --repo-type dataset --revision {revision}`)") from e
     present = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     matched = list(filter_repo_objects(present, allow_patterns=allow))
     if not matched:

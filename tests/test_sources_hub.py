@@ -283,3 +283,27 @@ def test_sample_stratify_must_be_a_metadata_key_name(project):
         "sources:\n  s: {kind: harbor-parquet, path: x.parquet, sample: {n: 5, stratify: 'a b'}}\n")
     res = otbuild(project, "validate", "bad")
     assert res.returncode == 2 and "sources.s.sample.stratify" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_recipe_of_hub_and_harbor_datasets_builds_offline_with_snakemake(project, offline_hub, tmp_path):
+    """The real workflow, offline: an hf-dataset source sampled, mixed; a harbor-dataset in
+    Harbor's export layout beside it."""
+    from conftest import snakemake
+
+    hf_cache(offline_hub, "org/tasks", COMMIT_A,
+             {"data/train-00000-of-00001.parquet": task_parquet(tmp_path, [f"t{k}" for k in range(10)])})
+    export = tmp_path / "out" / "terminal-bench"
+    for n in ("a", "b"):
+        make_task(n, f"task {n}").task.write(export / n)
+    registry(project / "registry.json", ["a", "b"])
+    (project / "recipes" / "hub.yaml").write_text(
+        "sources:\n"
+        "  hub: {kind: hf-dataset, repo: org/tasks, split: train, rank: 1, sample: {n: 4, seed: 3}}\n"
+        f"  tb: {{kind: harbor-dataset, dataset: terminal-bench@2.0, registry: registry.json, path: {export}, rank: 2}}\n"
+        "mix: {n: 2, total: 6}\n")
+    ran, log = snakemake(project, "hub")
+    assert ran["source"] == 2 and ran["mix"] == 1, log
+    rows = pq.read_table(project / "results" / "hub" / "mix" / "tasks.parquet").to_pylist()
+    assert Counter(r["source"] for r in rows) == {"hub": 3, "tb": 3}
+    assert {r["path"] for r in rows if r["source"] == "tb"} == {"a", "b"}

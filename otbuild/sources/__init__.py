@@ -119,7 +119,7 @@ def resolve_dataset(settings: dict, ident: dict, resolve_path, forms: tuple[str,
             settings["hub"] = _resolve_hub(settings, forms).as_dict()
         except StageError as e:
             ident["hub"] = {"missing": where(settings)}
-            return settings, ident, [f"{where(settings)} ({e})"]
+            return settings, ident, [str(e)]
         ident["hub"] = settings["hub"]
         return settings, ident, []
     from otbuild.sources.harbor_dataset import locate, tasks_digest
