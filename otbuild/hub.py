@@ -5,7 +5,8 @@ commit and its matching files are fetched into the HF cache (`snapshot_download`
 (`HF_HUB_OFFLINE=1`, or no connection) the library resolves the revision from the cache's
 `refs/` instead. The commit and every file's sha256 go into the content id, so a moving `main`
 is recorded, never trusted: a new commit with new files gives a new id. The build reads the
-same files at that commit from the cache and checks their sha256 before using them.
+same files at that commit from the cache and checks their sha256 before using them; its
+record lists them (stats `hub`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from otbuild.errors import StageError
-from otbuild.hashing import file_sha256
+from otbuild.hashing import file_sha256, settings_hash
 
 REPO_TYPE = "dataset"
 
@@ -24,9 +25,20 @@ class HubFiles:
     repo: str
     commit: str
     files: dict[str, str]  # repo path -> sha256, sorted by path
+    folder: Path  # the commit's snapshot in the HF cache
 
-    def as_dict(self) -> dict:
+    def identity(self) -> dict:
+        """What the content id holds: the commit and every file's sha256."""
         return {"repo": self.repo, "commit": self.commit, "files": self.files}
+
+    def planned(self) -> dict:
+        """What the stage is told (bounded, whatever the number of files): the commit and a
+        digest of the files' sha256, which the build checks."""
+        return {"repo": self.repo, "commit": self.commit, "files_sha256": settings_hash(self.files, 64)}
+
+    @property
+    def paths(self) -> list[Path]:
+        return [self.folder / f for f in self.files]
 
 
 def patterns(split: str | None, files: list[str] | None, forms: tuple[str, ...]) -> list[str]:
@@ -60,27 +72,18 @@ def resolve(repo: str, revision: str, allow: list[str]) -> HubFiles:
     matched = list(filter_repo_objects(present, allow_patterns=allow))
     if not matched:
         raise StageError(f"{where(repo, revision)} (commit {folder.name}): no file matches {allow}")
-    return HubFiles(repo, folder.name, {f: file_sha256(folder / f) for f in matched})
+    return HubFiles(repo, folder.name, {f: file_sha256(folder / f) for f in matched}, folder)
 
 
-def local_files(hub: dict) -> list[Path]:
-    """The files a planned dataset read (`HubFiles.as_dict()`), from the HF cache at its commit,
-    each checked against its planned sha256."""
-    from huggingface_hub import hf_hub_download
-
-    out = []
-    for name, sha in hub["files"].items():
-        try:
-            path = Path(hf_hub_download(hub["repo"], name, repo_type=REPO_TYPE, revision=hub["commit"]))
-        except Exception as e:
-            raise StageError(f"{where(hub['repo'], hub['commit'])}: {name} is not in the Hugging Face cache "
-                             f"({_cache_dir()}) and the Hub could not provide it: {type(e).__name__}: "
-                             f"{_first_line(e)}") from e
-        if (actual := file_sha256(path)) != sha:
-            raise StageError(f"{where(hub['repo'], hub['commit'])}: {name} has sha256 {actual}, planned {sha}: "
-                             "the cache changed since the plan; plan again")
-        out.append(path)
-    return out
+def planned_files(planned: dict, allow: list[str]) -> HubFiles:
+    """The files a plan resolved (`HubFiles.planned()`), read again at its commit from the HF
+    cache and checked against the plan's digest."""
+    found = resolve(planned["repo"], planned["commit"], allow)
+    if found.planned() != planned:
+        raise StageError(f"{where(planned['repo'], planned['commit'])}: the files matching {allow} differ from "
+                         f"those planned (sha256 {found.planned()['files_sha256']}, planned "
+                         f"{planned['files_sha256']}): the cache changed since the plan; plan again")
+    return found
 
 
 def _cache_dir() -> str:

@@ -115,7 +115,7 @@ def test_hf_dataset_source_reads_the_cache_offline_and_records_commit_and_sha256
     assert [r["path"] for r in rows] == ["t0", "t1", "t2"]
     prov = json.loads((node.dir / "provenance.json").read_text())
     assert prov["settings"]["hub"]["commit"] == COMMIT_A
-    assert prov["settings"]["hub"]["files"] == {"data/train-00000-of-00001.parquet": sha}
+    assert prov["stats"]["hub"] == node.identity["hub"]
     # no split: every parquet of the repo, in path order
     node = source_node(project, "hf_all", HF_RECIPE.format(extra=""))
     assert list(node.identity["hub"]["files"]) == ["data/test-00000-of-00001.parquet",
@@ -132,6 +132,17 @@ def test_a_moving_main_is_recorded_not_trusted(project, offline_hub, tmp_path, m
     at_b = source_node(project, "hf", HF_RECIPE.format(extra="")).id
     pinned = source_node(project, "hf", HF_RECIPE.format(extra=f", revision: {COMMIT_A}")).id
     assert at_b != at_a and pinned == at_a
+
+
+def test_files_that_changed_in_the_cache_since_the_plan_fail_the_build(project, offline_hub, tmp_path, monkeypatch):
+    monkeypatch.chdir(project)
+    hf_cache(offline_hub, "org/tasks", COMMIT_A, {"train.parquet": task_parquet(tmp_path, ["t0"])})
+    node = source_node(project, "hf", HF_RECIPE.format(extra=""))
+    blob = next((offline_hub / "datasets--org--tasks" / "blobs").iterdir())
+    blob.write_bytes(task_parquet(tmp_path, ["t0", "evil"]))
+    res = run_stage(project, node)
+    assert res.returncode == 1 and "differ from those planned" in flat(res.stderr + res.stdout)
+    assert not (node.dir / "provenance.json").exists()
 
 
 def test_an_hf_dataset_not_in_the_cache_offline_names_repo_and_revision(project, offline_hub, monkeypatch):
@@ -209,7 +220,11 @@ def test_harbor_dataset_reads_harbors_cache_layout(project, tmp_path, monkeypatc
         shutil.copytree(TB2 / n, export / n)
     assert node_id_pinned(project, yaml.format(at="@2.0").replace(str(cache), str(export))) == node.id
     (export / names[0] / "instruction.md").write_text("changed")
-    assert node_id_pinned(project, yaml.format(at="@2.0").replace(str(cache), str(export))) != node.id
+    changed = source_node(project, "tb_other", yaml.format(at="@2.0").replace(str(cache), str(export)))
+    assert changed.id != node.id
+    (export / names[0] / "instruction.md").write_text("changed again")  # after the plan: the build refuses
+    res = run_stage(project, changed)
+    assert res.returncode == 1 and "changed since the plan" in flat(res.stderr + res.stdout)
 
 
 def node_id_pinned(project: Path, yaml: str) -> str:

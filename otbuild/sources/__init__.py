@@ -39,17 +39,11 @@ def read_source(settings: dict) -> Iterator[TaskRecord | Quarantined]:
     if kind == "hf-dataset":
         from otbuild.sources.harbor_parquet import read as read_parquet
 
-        return (item for f in hub_files(settings, (".parquet",)) for item in read_parquet(f))
+        return (item for f in hub_files(settings, (".parquet",)).paths for item in read_parquet(f))
     if kind == "harbor-dataset":
         from otbuild.sources.harbor_dataset import read as read_dataset
 
-        if "tasks" not in settings:  # the plan did not find them all: say what is still missing
-            from otbuild.errors import StageError
-
-            settings, _, missing = resolve_dataset(settings, {}, Path, ())
-            if missing:
-                raise StageError(f"source {settings['name']!r}: not downloaded: {missing[0]}")
-        return read_dataset(settings["tasks"], settings["tasks_digest"], settings["dataset"])
+        return read_dataset(*harbor_tasks(settings))
     module = importlib.import_module(f"otbuild.sources.{PATH_ADAPTERS[kind]}")
     options = {k: v for k, v in settings.items() if k not in COMMON_KEYS}
     return module.read(Path(settings["path"]), **options)
@@ -90,55 +84,80 @@ def where(settings: dict) -> str:
     return settings["dataset"] if settings["kind"] == "harbor-dataset" else settings["path"]
 
 
-def hub_files(settings: dict, forms: tuple[str, ...]) -> list[Path]:
-    """The local files of an hf-dataset section: those the plan resolved, else (the plan found
-    them nowhere) resolved now, which fails naming the repo and revision."""
+def hub_files(settings: dict, forms: tuple[str, ...]):
+    """The files of an hf-dataset section (`otbuild.hub.HubFiles`): those the plan resolved,
+    checked again; else (the plan found them nowhere) resolved now, which fails naming the
+    repo and revision when they are still not there."""
     from otbuild import hub
 
-    planned = settings.get("hub") or _resolve_hub(settings, forms).as_dict()
-    return hub.local_files(planned)
+    allow = hub.patterns(settings.get("split"), settings.get("files"), forms)
+    if planned := settings.get("hub"):
+        return hub.planned_files(planned, allow)
+    return hub.resolve(settings["repo"], settings["revision"], allow)
 
 
-def _resolve_hub(settings: dict, forms: tuple[str, ...]):
-    from otbuild import hub
+def harbor_tasks(settings: dict) -> tuple[list[Path], str | None, str]:
+    """A harbor-dataset section's task dirs, located again as planned; the digest the plan
+    recorded (None: it found them nowhere); NAME@VERSION. Raises StageError naming what is
+    still not there."""
+    from otbuild.errors import StageError
 
-    return hub.resolve(settings["repo"], settings["revision"], hub.patterns(settings.get("split"), settings.get("files"), forms))
+    dataset, dirs, missing = _locate_harbor(settings)
+    if missing:
+        raise StageError(f"source {settings['name']!r}: not downloaded: {missing}")
+    return dirs, settings.get("tasks_digest"), dataset
+
+
+def _locate_harbor(settings: dict) -> tuple[str, list[Path], str | None]:
+    """NAME@VERSION, its task dirs, and what is missing (None: nothing)."""
+    from otbuild.sources.harbor_dataset import locate
+
+    registry, root = Path(settings["registry"]), Path(settings["root"])
+    if not registry.is_file():
+        return settings["dataset"], [], f"Harbor's registry {registry}"
+    dataset, dirs, absent = locate(settings["dataset"], registry, root)
+    if absent:
+        return dataset, dirs, (f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
+                               f"in {root} (`harbor datasets download {dataset}`)")
+    return dataset, dirs, None
 
 
 def resolve_dataset(settings: dict, ident: dict, resolve_path, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
     """Plan a DATASET_KINDS section: its settings for the stage (what exactly to read), its
     identity (the resolved commit or version and the content's digests, not where it lies) and
     what is not there yet. Raises StageError for a registry that does not name the dataset."""
-    from otbuild.errors import StageError
-
     settings, ident = dict(settings), dict(ident)
     if settings["kind"] == "hf-dataset":
-        for key in HUB_KEYS:
-            ident.pop(key, None)
-        try:
-            settings["hub"] = _resolve_hub(settings, forms).as_dict()
-        except StageError as e:
-            ident["hub"] = {"missing": where(settings)}
-            return settings, ident, [str(e)]
-        ident["hub"] = settings["hub"]
-        return settings, ident, []
-    from otbuild.sources.harbor_dataset import locate, tasks_digest
+        return _plan_hub(settings, ident, forms)
+    return _plan_harbor(settings, ident, resolve_path)
+
+
+def _plan_hub(settings: dict, ident: dict, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
+    from otbuild.errors import StageError
+
+    for key in HUB_KEYS:
+        ident.pop(key, None)
+    try:
+        found = hub_files(settings, forms)
+        settings["hub"], ident["hub"] = found.planned(), found.identity()
+    except StageError as e:
+        ident["hub"] = {"missing": where(settings)}
+        return settings, ident, [str(e)]
+    return settings, ident, []
+
+
+def _plan_harbor(settings: dict, ident: dict, resolve_path) -> tuple[dict, dict, list[str]]:
+    from otbuild.sources.harbor_dataset import HARBOR_TASK_CACHE, tasks_digest
 
     for key in ("registry", "path"):
         ident.pop(key, None)
         if settings.get(key):
-            settings[key] = str(resolve_path(settings[key]).expanduser().resolve())
-    registry = Path(settings["registry"])
-    if not registry.is_file():
-        ident["missing"] = settings["registry"]
-        return settings, ident, [settings["registry"]]
-    root = Path(settings["path"]) if settings.get("path") else None
-    dataset, dirs, absent = locate(settings["dataset"], registry, root)
+            settings[key] = str(resolve_path(str(Path(settings[key]).expanduser())).resolve())
+    settings["root"] = settings.get("path") or str(HARBOR_TASK_CACHE.expanduser())
+    dataset, dirs, missing = _locate_harbor(settings)
     settings["dataset"] = ident["dataset"] = dataset
-    if absent:
-        ident["missing"] = dataset
-        return settings, ident, [f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
-                                 f"in {root or '~/.cache/harbor/tasks'} (`harbor datasets download {dataset}`)"]
-    settings["tasks"] = [str(d) for d in dirs]
+    if missing:
+        ident["missing"] = missing
+        return settings, ident, [missing]
     settings["tasks_digest"] = ident["tasks"] = tasks_digest(dirs)
     return settings, ident, []

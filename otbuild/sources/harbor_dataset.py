@@ -30,17 +30,18 @@ HARBOR_TASK_CACHE = Path("~/.cache/harbor/tasks")
 _BASE57 = "23456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
-def read(tasks: list[str], digest: str, where: str) -> Iterator[TaskRecord | Quarantined]:
-    """The planned task dirs, after checking they still hold what was planned."""
-    if tasks_digest([Path(t) for t in tasks]) != digest:
+def read(tasks: list[Path], digest: str | None, where: str) -> Iterator[TaskRecord | Quarantined]:
+    """The task dirs of a dataset, after checking they still hold what was planned (`digest`;
+    None: the plan found them nowhere, so they are what is there now)."""
+    if digest is not None and tasks_digest(tasks) != digest:
         raise StageError(f"{where}: the downloaded task dirs changed since the plan; plan again")
     for t in tasks:
-        task = load_dir(Path(t))
+        task = load_dir(t)
         yield task if isinstance(task, Quarantined) else harbor_record(task)
 
 
-def locate(dataset: str, registry: Path, root: Path | None) -> tuple[str, list[Path], list[str]]:
-    """NAME@VERSION (resolved), the task dirs found, and the task names not downloaded."""
+def locate(dataset: str, registry: Path, root: Path) -> tuple[str, list[Path], list[str]]:
+    """NAME@VERSION (resolved), the task dirs found under `root`, and the names of those not there."""
     name, _, version = dataset.partition("@")
     try:
         specs = [d for d in json.loads(registry.read_text()) if d.get("name") == name]
@@ -53,7 +54,6 @@ def locate(dataset: str, registry: Path, root: Path | None) -> tuple[str, list[P
     if spec is None:
         raise StageError(f"{registry}: dataset {name!r} has no version {version!r} "
                          f"(it has {', '.join(sorted(str(d.get('version')) for d in specs))})")
-    root = (root or HARBOR_TASK_CACHE).expanduser()
     found, missing = [], []
     for task in spec.get("tasks") or []:
         dir_ = _task_dir(task, root, registry.parent)

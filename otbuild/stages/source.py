@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources import read_source, where
+from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import Quarantined, TaskRecord, check_not_empty, write_quarantine, write_tasks
 
 
@@ -24,6 +24,8 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
                 yield item
 
     sample, stats = settings.get("sample"), {}
+    if settings["kind"] == "hf-dataset":  # the record names the commit and each file's sha256
+        stats["hub"] = hub_files(settings, (".parquet",)).identity()
     if sample:
         with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
             n = write_tasks(Path(tmp) / "tasks.parquet", tasks(), source=name)

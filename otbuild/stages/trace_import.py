@@ -15,8 +15,10 @@ NOT_OPTIONS = {"name", "kind", "path", "allow_empty", "format", *HUB_KEYS}
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     options = {k: v for k, v in settings.items() if k not in NOT_OPTIONS}
+    stats = {}
     if settings["kind"] == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
-        kind, files = settings["format"], hub_files(settings, PATH_FORMS[settings["format"]])
+        found = hub_files(settings, PATH_FORMS[settings["format"]])
+        kind, files, stats["hub"] = settings["format"], found.paths, found.identity()
     else:
         kind, files = settings["kind"], [Path(settings["path"])]
     rows, quarantined = [], []
@@ -28,4 +30,4 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     name = f"import:{settings['name']}"
     return {"traces": write_traces(outdir / "traces.parquet", rows),
             "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
-            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined))}
+            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}
