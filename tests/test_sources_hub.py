@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
+import sys
+import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pyarrow.parquet as pq
 import pytest
@@ -95,6 +101,108 @@ def test_the_test_cache_is_what_huggingface_hub_reads(offline_hub, tmp_path):
                                  repo_type="dataset")
     assert got and Path(got).read_bytes() == b"x" and COMMIT_A in got
     assert Path(snapshot_download("org/tasks", repo_type="dataset", local_files_only=True)).name == COMMIT_A
+
+
+class FakeHub(ThreadingHTTPServer):
+    """The Hub's HTTP API on 127.0.0.1, as much as `snapshot_download` uses: a revision's commit,
+    a commit's file tree (LFS sha256 included) and file downloads (HEAD with X-Repo-Commit and
+    the etag, then GET); an unknown repo, revision or file is a 404, as on the Hub. `repos`:
+    {repo: {"refs": {name: commit}, "commits": {commit: {path: bytes}}}}, changeable while it runs."""
+
+    def __init__(self, repos: dict):
+        super().__init__(("127.0.0.1", 0), _HubHandler)
+        self.repos = repos
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _HubHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self._answer(head=True)
+
+    def do_GET(self):
+        self._answer(head=False)
+
+    def _answer(self, head: bool):
+        path = unquote(urlsplit(self.path).path)
+        if m := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/revision/(.+)", path):
+            commit, files = self._commit(m[1], m[2])
+            body = {"id": m[1], "sha": commit, "siblings": [{"rfilename": f} for f in files or {}]}
+            return self._send(200 if commit else 404, json.dumps(body).encode(), head)
+        if m := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/tree/([^/]+)", path):
+            commit, files = self._commit(m[1], m[2])
+            tree = [{"type": "file", "path": f, "size": len(d), "oid": hashlib.sha1(d).hexdigest(),
+                     "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 130}}
+                    for f, d in sorted((files or {}).items())]
+            return self._send(200 if commit else 404, json.dumps(tree).encode(), head)
+        if m := re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+            commit, files = self._commit(m[1], m[2])
+            if commit and m[3] in files:
+                data, etag = files[m[3]], f'"{hashlib.sha256(files[m[3]]).hexdigest()}"'
+                return self._send(200, data, head, {"X-Repo-Commit": commit, "ETag": etag, "X-Linked-Etag": etag,
+                                                    "X-Linked-Size": str(len(data))})
+        self._send(404, b"{}", head, {"X-Error-Code": "EntryNotFound"})
+
+    def _commit(self, repo: str, revision: str):
+        r = self.server.repos.get(repo, {"refs": {}, "commits": {}})
+        commit = r["refs"].get(revision, revision)
+        return (commit, r["commits"][commit]) if commit in r["commits"] else (None, None)
+
+    def _send(self, code: int, body: bytes, head: bool, headers: dict | None = None):
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+def planned_hub(project: Path, recipe: str, env: dict) -> dict:
+    """A source node's identity as another process plans it (huggingface_hub reads its
+    endpoint and offline switch from the environment when imported)."""
+    code = ("import json, sys; from pathlib import Path; from otbuild.plan import plan_recipe; "
+            "from otbuild.recipe.load import load_recipe; "
+            "n = next(n for n in plan_recipe(load_recipe(sys.argv[1], Path('.'))).nodes if n.label == 'sources/s'); "
+            "print(json.dumps({'id': n.id, 'hub': n.identity['hub'], 'missing': n.missing}))")
+    res = subprocess.run([sys.executable, "-c", code, recipe], cwd=project, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_online_the_revision_is_resolved_and_fetched_then_read_offline(project, tmp_path):
+    """Online, a plan resolves main to its commit and huggingface_hub fetches the files into
+    its cache; main moves: a new id. Then offline (the Hub gone): the cache the library wrote
+    gives the same ids, main's and the pinned commit's."""
+    cache, data_a, data_b = tmp_path / "hf-cache", task_parquet(tmp_path, ["t0"]), task_parquet(tmp_path, ["t0", "t1"])
+    hub = FakeHub({"org/tasks": {"refs": {"main": COMMIT_A}, "commits": {COMMIT_A: {"data/train-0.parquet": data_a,
+                                                                                     "README.md": b"# card"}}}})
+    online = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_XET": "1"}
+    (project / "recipes" / "hf.yaml").write_text(HF_RECIPE.format(extra=""))
+    (project / "recipes" / "pinned.yaml").write_text(HF_RECIPE.format(extra=f", revision: {COMMIT_A}"))
+    at_a = planned_hub(project, "hf", online)
+    assert at_a["hub"] == {"repo": "org/tasks", "commit": COMMIT_A,
+                           "files": {"data/train-0.parquet": hashlib.sha256(data_a).hexdigest()}}
+    hub.repos["org/tasks"]["commits"][COMMIT_B] = {"data/train-0.parquet": data_b}
+    hub.repos["org/tasks"]["refs"]["main"] = COMMIT_B
+    at_b = planned_hub(project, "hf", online)
+    assert at_b["hub"]["commit"] == COMMIT_B and at_b["id"] != at_a["id"]
+    hub.shutdown()
+    hub.server_close()
+    offline = {**online, "HF_HUB_OFFLINE": "1"}
+    assert planned_hub(project, "hf", offline) == at_b  # main as the cache's refs/main recorded it
+    assert planned_hub(project, "pinned", offline)["id"] == at_a["id"]
+    from huggingface_hub import try_to_load_from_cache
+
+    assert COMMIT_B in try_to_load_from_cache("org/tasks", "data/train-0.parquet", cache_dir=cache,
+                                              repo_type="dataset")
 
 
 def test_hf_dataset_source_reads_the_cache_offline_and_records_commit_and_sha256(project, offline_hub, tmp_path,
