@@ -349,6 +349,12 @@ def test_harbor_dataset_not_downloaded_says_what_is_missing(project, tmp_path, m
     assert "harbor datasets download terminal-bench@1.0" in flat(res.stderr)
     res = run_stage(project, source_node(project, "tb", yaml))
     assert res.returncode == 1 and "not downloaded: terminal-bench@1.0: 2 of 2 tasks" in flat(res.stderr + res.stdout)
+    (project / "recipes" / "tb.yaml").write_text(yaml.replace("registry.json", "."))  # its folder, as Harbor takes it
+    res = otbuild(project, "validate", "tb")
+    assert res.returncode == 0 and "terminal-bench@1.0: 2 of 2 tasks" in flat(res.stderr)
+    (project / "recipes" / "tb.yaml").write_text(yaml.replace("registry.json", "recipes"))
+    res = otbuild(project, "validate", "tb")
+    assert res.returncode == 2 and "sources.s.registry: expected Harbor's registry.json" in flat(res.stderr)
     (project / "recipes" / "tb.yaml").write_text(yaml.replace("@1.0", "@9"))
     res = otbuild(project, "validate", "tb")
     assert res.returncode == 2 and "sources.s" in res.stderr

@@ -147,7 +147,7 @@ class HarborDatasetSource(TaskFileSource):
     kind: Literal["harbor-dataset"]
     rank: int | None = Field(default=None, ge=1)
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
-    registry: str = Field(min_length=1, description="a local copy of Harbor's registry.json")
+    registry: str = Field(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
     path: str | None = Field(default=None, min_length=1, description="where Harbor downloaded the tasks: its "
                              "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
 

@@ -113,6 +113,8 @@ def _locate_harbor(settings: dict) -> tuple[str, list[Path], str | None]:
     from otbuild.sources.harbor_dataset import locate
 
     registry, root = Path(settings["registry"]), Path(settings["root"])
+    if registry.is_dir():  # as Harbor's --registry-path: the file or the folder holding it
+        registry = registry / "registry.json"
     if not registry.is_file():
         return settings["dataset"], [], f"Harbor's registry {registry}"
     dataset, dirs, absent = locate(settings["dataset"], registry, root)
