@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -23,22 +24,18 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
             else:
                 yield item
 
-    sample, stats = settings.get("sample"), {}
-    if settings["kind"] == "hf-dataset":  # the record names the commit and each file's sha256
-        stats["hub"] = hub_files(settings, (".parquet",)).identity()
-    if sample:
-        with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
-            n = write_tasks(Path(tmp) / "tasks.parquet", tasks(), source=name)
-            if n:
-                stats["sample"] = sample_tasks(Path(tmp) / "tasks.parquet", outdir / "tasks.parquet", **sample)
-            else:
-                write_tasks(outdir / "tasks.parquet", [], source=name)
-    else:
-        n = write_tasks(outdir / "tasks.parquet", tasks(), source=name)
-    if settings["kind"] != "synthetic":
-        check_not_empty(f"source {name!r}", where(settings), n, quarantined, settings.get("allow_empty", False))
-    if sample:
-        n = stats["sample"]["kept"] if n else 0
+    stats = {"hub": hub_files(settings, (".parquet",)).identity()} if settings["kind"] == "hf-dataset" else {}
+    sample, dest = settings.get("sample"), outdir / "tasks.parquet"
+    for stale in outdir.glob(".read-*"):  # what a killed run left
+        shutil.rmtree(stale)
+    with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
+        read = Path(tmp) / "tasks.parquet" if sample else dest
+        n = write_tasks(read, tasks(), source=name)
+        if settings["kind"] != "synthetic":
+            check_not_empty(f"source {name!r}", where(settings), n, quarantined, settings.get("allow_empty", False))
+        if sample:
+            stats["sample"] = sample_tasks(read, dest, **sample)
+            n = stats["sample"]["kept"]
     return {"tasks": n, "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
             "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}
 
