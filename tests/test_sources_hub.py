@@ -366,11 +366,13 @@ def flat(text: str) -> str:
 
 
 # -- a source's seeded stratified sample ----------------------------------------------------
-def sampled(project: Path, n: int, seed: int, stratify: str | None = "repo"):
-    extra = f", stratify: {stratify}" if stratify else ""
+def sampled(project: Path, n: int, seed: int, stratify: str | None = "repo", extra: str = "", ok: bool = True):
+    extra = (f", stratify: {stratify}" if stratify else "") + extra
     node = source_node(project, f"swe{n}_{seed}_{stratify}",
                        f"sources:\n  s: {{kind: swe-instances, path: {SWEB}, sample: {{n: {n}, seed: {seed}{extra}}}}}\n")
     res = run_stage(project, node)
+    if not ok:
+        return res
     assert res.returncode == 0, res.stderr
     rows = pq.read_table(node.dir / "tasks.parquet").to_pylist()
     stats = json.loads((node.dir / "provenance.json").read_text())["stats"]
@@ -399,6 +401,19 @@ def test_stratified_sample_is_proportional_per_repo_and_fixed_by_its_seed(projec
 
 
 @pytest.mark.skipif(not SWEB.exists(), reason="dev data (shared/data/dev) not found")
+def test_strata_from_a_pattern_over_the_task_name_and_none_found_is_an_error(project, monkeypatch):
+    """Harbor's SWE-bench tasks name their repo only in the task name (owner__repo-NUMBER)."""
+    monkeypatch.chdir(project)
+    _, by_repo, _ = sampled(project, 20, 0)
+    _, rows, stats = sampled(project, 20, 0, "path", extra=r", pattern: '^(.+)-\d+$'")
+    assert "django__django" in stats["sample"]["strata"] and len(stats["sample"]["strata"]) == 10
+    by_name = Counter(r["path"].rsplit("-", 1)[0] for r in rows)
+    assert by_name == Counter(json.loads(r["metadata"])["repo"].replace("/", "__") for r in by_repo)
+    res = sampled(project, 20, 0, "nokey", ok=False)
+    assert res.returncode == 1 and "source 's': sample.stratify: no task has a value for nokey" in flat(res.stderr)
+
+
+@pytest.mark.skipif(not SWEB.exists(), reason="dev data (shared/data/dev) not found")
 def test_sample_changes_the_id_and_no_sample_keeps_it(project, monkeypatch):
     monkeypatch.chdir(project)
     plain = source_node(project, "p", f"sources:\n  s: {{kind: swe-instances, path: {SWEB}}}\n")
@@ -407,11 +422,13 @@ def test_sample_changes_the_id_and_no_sample_keeps_it(project, monkeypatch):
     assert with_sample.id != plain.id
 
 
-def test_sample_stratify_must_be_a_metadata_key_name(project):
-    (project / "recipes" / "bad.yaml").write_text(
-        "sources:\n  s: {kind: harbor-parquet, path: x.parquet, sample: {n: 5, stratify: 'a b'}}\n")
+@pytest.mark.parametrize("sample,where", [("{n: 5, stratify: 'a b'}", "sources.s.sample.stratify"),
+                                          ("{n: 5, stratify: path, pattern: '(?=x)'}", "sources.s.sample.pattern"),
+                                          ("{n: 5, pattern: 'x'}", "sources.s.sample")])
+def test_sample_settings_are_checked(project, sample, where):
+    (project / "recipes" / "bad.yaml").write_text(f"sources:\n  s: {{kind: harbor-parquet, path: x.parquet, sample: {sample}}}\n")
     res = otbuild(project, "validate", "bad")
-    assert res.returncode == 2 and "sources.s.sample.stratify" in res.stderr
+    assert res.returncode == 2 and where in res.stderr, res.stderr
 
 
 @pytest.mark.slow

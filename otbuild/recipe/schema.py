@@ -51,11 +51,28 @@ class FileSource(Strict):
 
 class SourceSample(Strict):
     """A seeded sample of a source's tasks; with `stratify`, split over the values of that
-    metadata key in proportion to their sizes (largest remainder; docs/sources.md)."""
+    metadata key (or task column) in proportion to their sizes (largest remainder; docs/sources.md)."""
 
     n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
-    stratify: str | None = Field(default=None, pattern=NAME_RE, description="a task metadata key, e.g. repo")
+    stratify: str | None = Field(default=None, pattern=NAME_RE,
+                                 description="a task metadata key (e.g. repo), or the column path or source")
+    pattern: str | None = Field(default=None, description="RE2: the stratum is its first group's match in the value")
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v):
+        from otbuild.duck import regex_error
+
+        if v is not None and (error := regex_error(v)):
+            raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
+        return v
+
+    @model_validator(mode="after")
+    def _pattern_needs_key(self):
+        if self.pattern is not None and self.stratify is None:
+            raise ValueError("pattern picks a stratum out of the `stratify` value: set stratify with it")
+        return self
 
 
 class TaskFileSource(FileSource):

@@ -1,12 +1,16 @@
--- A source's seeded sample of {{ n }} tasks{% if stratify %}, stratified by metadata.{{ stratify }}{% endif %}.
--- Each stratum (tasks sharing the key's value; a task without it is in the stratum '') gets
+-- A source's seeded sample of {{ n }} tasks{% if stratify %}, stratified by {{ stratify }}{% endif %}.
+-- Each stratum (tasks sharing the value of the column or metadata key `stratify`, or of the
+-- first group of `pattern` in it; a task without one is in the stratum '') gets
 -- floor(n * size / total) tasks; the n left over go one each to the strata with the largest
 -- remainders (ties: the larger stratum, then by value). Within a stratum, tasks are taken in
 -- the order of md5(seed:task_id:path), so a seed always picks the same tasks. Narrow columns
 -- are decided here; the rows themselves are copied in their original order afterwards.
 CREATE TEMP TABLE sample_keys AS
 SELECT file_row_number AS _row, task_id, path,
-       {% if stratify %}coalesce(json_extract_string(metadata, {{ ('$.' ~ stratify) | sql }}), ''){% else %}''{% endif %} AS stratum
+       {% if not stratify %}''{% else -%}
+       {%- set value = stratify if stratify in columns else "json_extract_string(metadata, " ~ (('$.' ~ stratify) | sql) ~ ")" -%}
+       coalesce({% if pattern %}regexp_extract({{ value }}, {{ pattern | sql }}, 1){% else %}{{ value }}{% endif %}, '')
+       {%- endif %} AS stratum
 FROM read_parquet({{ tasks | sql }}, file_row_number = true);
 
 CREATE TEMP TABLE sample_strata AS
