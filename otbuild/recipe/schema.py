@@ -30,6 +30,15 @@ MAX_REPEATS = 1_000  # samples per task, eval repeats, surface forms per task
 MAX_EPISODES = 10_000  # agent turns per trial
 
 
+def duckdb_regex(v: str | None) -> str | None:
+    """A regex the SQL will run: checked by DuckDB (RE2: no lookarounds, no backreferences)."""
+    from otbuild.duck import regex_error
+
+    if v is not None and (error := regex_error(v)):
+        raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
+    return v
+
+
 class SyntheticSource(Strict):
     """Procedurally generated terminal tasks (the embedded default source)."""
 
@@ -62,11 +71,7 @@ class SourceSample(Strict):
     @field_validator("pattern")
     @classmethod
     def _regex(cls, v):
-        from otbuild.duck import regex_error
-
-        if v is not None and (error := regex_error(v)):
-            raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
-        return v
+        return duckdb_regex(v)
 
     @model_validator(mode="after")
     def _pattern_needs_key(self):
@@ -254,11 +259,7 @@ class TaskFilter(Strict):
     @field_validator("include_regex", "exclude_regex")
     @classmethod
     def _regex(cls, v):
-        from otbuild.duck import regex_error
-
-        if v is not None and (error := regex_error(v)):
-            raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
-        return v
+        return duckdb_regex(v)
 
 
 
