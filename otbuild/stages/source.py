@@ -27,6 +27,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
 
     stats = {"hub": hub_files(settings, (".parquet",)).identity()} if settings["kind"] == "hf-dataset" else {}
     sample, dest = settings.get("sample"), outdir / "tasks.parquet"
+    outdir.mkdir(parents=True, exist_ok=True)
     for stale in outdir.glob(".read-*"):  # what a killed run left
         shutil.rmtree(stale)
     with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
