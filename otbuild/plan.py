@@ -228,6 +228,8 @@ def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ide
     """A node reading external files (FILE_KEYS). It is addressed by their content, not by
     where they lie. Data not there yet (to be fetched before the build) still plans, under
     an id that changes once it arrives."""
+    if settings.get("kind") in ("hf-dataset", "harbor-dataset"):  # otbuild.sources.DATASET_KINDS
+        return _dataset_node(loaded, stage, label, settings, ident)
     ident, missing = dict(ident), []
     for key in FILE_KEYS & settings.keys():
         if settings[key] is None:
@@ -239,6 +241,21 @@ def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ide
         else:
             ident[key] = {"missing": settings[key]}
             missing.append(str(path))
+    return Node(stage, label, settings, ident, missing=tuple(missing))
+
+
+def _dataset_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ident: dict) -> Node:
+    """A node reading a dataset named by id (the Hub, Harbor's registry): addressed by the
+    commit or version it resolves to and its files' content (otbuild/sources/__init__.py)."""
+    from otbuild.errors import ConfigError, StageError
+    from otbuild.sources import resolve_dataset
+    from otbuild.traces.imports import PATH_FORMS
+
+    forms = (".parquet",) if stage == "source" else PATH_FORMS[settings["format"]]
+    try:
+        settings, ident, missing = resolve_dataset(settings, ident, loaded.resolve, forms)
+    except StageError as e:
+        raise ConfigError(f"{loaded.path}: {label.replace('/', '.')}: {e}") from e
     return Node(stage, label, settings, ident, missing=tuple(missing))
 
 

@@ -20,6 +20,7 @@ from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 
 REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the Hugging Face Hub
 DATA = REPO.parent / "shared" / "data" / "dev"
 
 

@@ -369,10 +369,14 @@ def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:
     groups = {"sources": recipe.sources, "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {}}
     for group, sources in groups.items():
         for name, src in sources.items():
-            if src.kind != "synthetic":
+            if src.kind == "harbor-dataset":
+                checks[(*group.split("."), name, "registry")] = (root / src.registry, _registry_problem, src.kind)
+            elif src.kind not in ("synthetic", "hf-dataset"):
                 checks[(*group.split("."), name, "path")] = (root / src.path, partial(path_problem, src.kind), src.kind)
     for name, imp in recipe.trace_imports.items():
         loc = ("trace_imports", name)
+        if imp.kind == "hf-dataset":
+            continue
         checks[(*loc, "path")] = (root / imp.path, partial(files_problem, forms=PATH_FORMS[imp.kind]), imp.kind)
         if imp.tasks:
             checks[(*loc, "tasks")] = (root / imp.tasks, partial(path_problem, "harbor-parquet"), None)
@@ -395,6 +399,13 @@ def _special_file_problem(path: Path) -> str | None:
         return f"cannot resolve {path}: {e}"
     if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         return f"expected a file or a folder, found a special file (device, FIFO or socket): {path}"
+    return None
+
+
+def _registry_problem(path: Path) -> str | None:
+    """Harbor's registry.json, or a folder holding it (as Harbor's --registry-path)."""
+    if path.is_dir() and not (path / "registry.json").is_file():
+        return f"expected Harbor's registry.json or a folder holding it, found none in {path}"
     return None
 
 

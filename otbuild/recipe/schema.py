@@ -20,6 +20,7 @@ from otbuild.recipe.base import Strict, engine_args, execution_only
 from otbuild.recipe.schema_train import Rl, Sft
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
 # Size bounds: a typo (`shards: 1000000000000`, `count: 1.0e+23`) is an error, not an endless build.
@@ -27,6 +28,15 @@ MAX_TASKS = 10_000_000  # tasks or rollouts one stage makes (the paper's largest
 MAX_SHARDS = 10_000  # jobs per sharded stage
 MAX_REPEATS = 1_000  # samples per task, eval repeats, surface forms per task
 MAX_EPISODES = 10_000  # agent turns per trial
+
+
+def duckdb_regex(v: str | None) -> str | None:
+    """A regex the SQL will run: checked by DuckDB (RE2: no lookarounds, no backreferences)."""
+    from otbuild.duck import regex_error
+
+    if v is not None and (error := regex_error(v)):
+        raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
+    return v
 
 
 class SyntheticSource(Strict):
@@ -48,7 +58,35 @@ class FileSource(Strict):
     allow_empty: bool = execution_only(False, description="0 usable items is not an error")
 
 
-class PathSource(FileSource):
+class SourceSample(Strict):
+    """A seeded sample of a source's tasks; with `stratify`, split over the values of that
+    metadata key (or task column) in proportion to their sizes (largest remainder; docs/sources.md)."""
+
+    n: int = Field(ge=1, le=MAX_TASKS)
+    seed: int = 0
+    stratify: str | None = Field(default=None, pattern=NAME_RE,
+                                 description="a task metadata key (e.g. repo), or the column path or source")
+    pattern: str | None = Field(default=None, description="RE2: the stratum is its first group's match in the value")
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v):
+        return duckdb_regex(v)
+
+    @model_validator(mode="after")
+    def _pattern_needs_key(self):
+        if self.pattern is not None and self.stratify is None:
+            raise ValueError("pattern picks a stratum out of the `stratify` value: set stratify with it")
+        return self
+
+
+class TaskFileSource(FileSource):
+    """Tasks read from files or a dataset hub, optionally sampled after they are read."""
+
+    sample: SourceSample | None = None
+
+
+class PathSource(TaskFileSource):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
@@ -56,7 +94,7 @@ class PathSource(FileSource):
     path: str = Field(min_length=1, description="relative to the project root, or absolute")
 
 
-class SweInstancesSource(FileSource):
+class SweInstancesSource(TaskFileSource):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
@@ -71,7 +109,7 @@ class SweInstancesSource(FileSource):
     )
 
 
-class StackExchangeSource(FileSource):
+class StackExchangeSource(TaskFileSource):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
@@ -82,7 +120,7 @@ class StackExchangeSource(FileSource):
     )
 
 
-class Nl2BashSource(FileSource):
+class Nl2BashSource(TaskFileSource):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
@@ -101,7 +139,7 @@ class TableColumns(Strict):
     metadata: list[str] = []
 
 
-class TableSource(FileSource):
+class TableSource(TaskFileSource):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
@@ -112,9 +150,35 @@ class TableSource(FileSource):
     docker_image: str | None = Field(default=None, min_length=1)
 
 
+class HfDatasetSource(TaskFileSource):
+    """An HF task parquet dataset (columns path, task_binary) on the Hugging Face Hub or in
+    its local cache: the revision is resolved to a commit when planned (docs/sources.md)."""
+
+    kind: Literal["hf-dataset"]
+    rank: int | None = Field(default=None, ge=1)
+    repo: str = Field(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
+    revision: str = Field(default="main", min_length=1, description="a branch, tag or commit")
+    split: str | None = Field(default=None, pattern=NAME_RE, description="files named SPLIT-*.parquet or under SPLIT/")
+    files: list[str] | None = Field(default=None, min_length=1, description="glob patterns of repo files")
+
+
+class HarborDatasetSource(TaskFileSource):
+    """A benchmark as Harbor's registry lays it out once downloaded (terminal-bench@2.0,
+    swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
+
+    kind: Literal["harbor-dataset"]
+    rank: int | None = Field(default=None, ge=1)
+    dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
+    registry: str = Field(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
+    path: str | None = Field(default=None, min_length=1, description="where Harbor downloaded the tasks: its "
+                             "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
+
+
 Source = Annotated[
     SyntheticSource
     | PathSource
+    | HfDatasetSource
+    | HarborDatasetSource
     | SweInstancesSource
     | StackExchangeSource
     | Nl2BashSource
@@ -195,11 +259,7 @@ class TaskFilter(Strict):
     @field_validator("include_regex", "exclude_regex")
     @classmethod
     def _regex(cls, v):
-        from otbuild.duck import regex_error
-
-        if v is not None and (error := regex_error(v)):
-            raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
-        return v
+        return duckdb_regex(v)
 
 
 
@@ -362,7 +422,22 @@ class MessagesImport(FileSource):
     agent: str | None = None
 
 
-TraceImport = Annotated[SweTrajectoryImport | MessagesImport, Field(discriminator="kind")]
+class HfTraceImport(FileSource):
+    """Trace files of a dataset on the Hugging Face Hub (or its local cache), read by one of
+    the importers above (`format`); the revision is resolved to a commit when planned."""
+
+    kind: Literal["hf-dataset"]
+    repo: str = Field(pattern=HF_REPO_RE)
+    revision: str = Field(default="main", min_length=1)
+    split: str | None = Field(default=None, pattern=NAME_RE)
+    files: list[str] | None = Field(default=None, min_length=1)
+    format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent"] = "messages-jsonl"
+    run_id: str | None = None
+    model: str | None = None
+    agent: str | None = None
+
+
+TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HfTraceImport, Field(discriminator="kind")]
 
 
 class Eval(Strict):

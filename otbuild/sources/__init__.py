@@ -24,7 +24,10 @@ PATH_FORMS: dict[str, tuple[str, ...] | None] = {
     "table": EXTENSIONS,
 }  # fmt: skip
 # Settings keys every path source has; the others are the kind's options, passed to `read`.
-COMMON_KEYS = {"kind", "rank", "path", "name", "allow_empty"}
+COMMON_KEYS = {"kind", "rank", "path", "name", "allow_empty", "sample"}
+# Kinds naming a dataset by id rather than a path: resolved when planned (`resolve_dataset`).
+DATASET_KINDS = {"hf-dataset", "harbor-dataset"}
+HUB_KEYS = {"repo", "revision", "split", "files", "hub"}  # what an hf-dataset section says about its files
 
 
 def read_source(settings: dict) -> Iterator[TaskRecord | Quarantined]:
@@ -33,6 +36,14 @@ def read_source(settings: dict) -> Iterator[TaskRecord | Quarantined]:
         from otbuild.sources.synthetic import generate
 
         return generate(settings["count"], settings["seed"], settings.get("families"), settings.get("difficulties"))
+    if kind == "hf-dataset":
+        from otbuild.sources.harbor_parquet import read as read_parquet
+
+        return (item for f in hub_files(settings, (".parquet",)).paths for item in read_parquet(f))
+    if kind == "harbor-dataset":
+        from otbuild.sources.harbor_dataset import read as read_dataset
+
+        return read_dataset(*harbor_tasks(settings))
     module = importlib.import_module(f"otbuild.sources.{PATH_ADAPTERS[kind]}")
     options = {k: v for k, v in settings.items() if k not in COMMON_KEYS}
     return module.read(Path(settings["path"]), **options)
@@ -61,3 +72,94 @@ def files_problem(path: Path, forms: tuple[str, ...], recursive: bool = True) ->
     if path.is_dir() and not any(f.is_file() and f.name.lower().endswith(forms) for f in files):
         return f"expected a {'/'.join(forms)} file or a folder of them, found none in {path}"
     return None
+
+
+def where(settings: dict) -> str:
+    """What a file-reading section reads, for messages: its path or its dataset."""
+    if settings["kind"] == "hf-dataset":
+        from otbuild.hub import where as hub_where
+
+        hub = settings.get("hub") or {}
+        return hub_where(settings["repo"], hub.get("commit") or settings["revision"])
+    return settings["dataset"] if settings["kind"] == "harbor-dataset" else settings["path"]
+
+
+def hub_files(settings: dict, forms: tuple[str, ...]):
+    """The files of an hf-dataset section (`otbuild.hub.HubFiles`): those the plan resolved,
+    checked again; else (the plan found them nowhere) resolved now, which fails naming the
+    repo and revision when they are still not there."""
+    from otbuild import hub
+
+    allow = hub.patterns(settings.get("split"), settings.get("files"), forms)
+    if planned := settings.get("hub"):
+        return hub.planned_files(planned, allow)
+    return hub.resolve(settings["repo"], settings["revision"], allow)
+
+
+def harbor_tasks(settings: dict) -> tuple[list[Path], str | None, str]:
+    """A harbor-dataset section's task dirs, located again as planned; the digest the plan
+    recorded (None: it found them nowhere); NAME@VERSION. Raises StageError naming what is
+    still not there."""
+    from otbuild.errors import StageError
+
+    dataset, dirs, missing = _locate_harbor(settings)
+    if missing:
+        raise StageError(f"source {settings['name']!r}: not downloaded: {missing}")
+    return dirs, settings.get("tasks_digest"), dataset
+
+
+def _locate_harbor(settings: dict) -> tuple[str, list[Path], str | None]:
+    """NAME@VERSION, its task dirs, and what is missing (None: nothing)."""
+    from otbuild.sources.harbor_dataset import locate
+
+    registry, root = Path(settings["registry"]), Path(settings["root"])
+    if registry.is_dir():  # as Harbor's --registry-path: the file or the folder holding it
+        registry = registry / "registry.json"
+    if not registry.is_file():
+        return settings["dataset"], [], f"Harbor's registry {registry}"
+    dataset, dirs, absent = locate(settings["dataset"], registry, root)
+    if absent:
+        return dataset, dirs, (f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
+                               f"in {root} (`harbor datasets download {dataset}`)")
+    return dataset, dirs, None
+
+
+def resolve_dataset(settings: dict, ident: dict, resolve_path, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
+    """Plan a DATASET_KINDS section: its settings for the stage (what exactly to read), its
+    identity (the resolved commit or version and the content's digests, not where it lies) and
+    what is not there yet. Raises StageError for a registry that does not name the dataset."""
+    settings, ident = dict(settings), dict(ident)
+    if settings["kind"] == "hf-dataset":
+        return _plan_hub(settings, ident, forms)
+    return _plan_harbor(settings, ident, resolve_path)
+
+
+def _plan_hub(settings: dict, ident: dict, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
+    from otbuild.errors import StageError
+
+    for key in HUB_KEYS:
+        ident.pop(key, None)
+    try:
+        found = hub_files(settings, forms)
+        settings["hub"], ident["hub"] = found.planned(), found.identity()
+    except StageError as e:
+        ident["hub"] = {"missing": where(settings)}
+        return settings, ident, [str(e)]
+    return settings, ident, []
+
+
+def _plan_harbor(settings: dict, ident: dict, resolve_path) -> tuple[dict, dict, list[str]]:
+    from otbuild.sources.harbor_dataset import HARBOR_TASK_CACHE, tasks_digest
+
+    for key in ("registry", "path"):
+        ident.pop(key, None)
+        if settings.get(key):
+            settings[key] = str(resolve_path(str(Path(settings[key]).expanduser())).resolve())
+    settings["root"] = settings.get("path") or str(HARBOR_TASK_CACHE.expanduser())
+    dataset, dirs, missing = _locate_harbor(settings)
+    settings["dataset"] = ident["dataset"] = dataset
+    if missing:
+        ident["missing"] = missing
+        return settings, ident, [missing]
+    settings["tasks_digest"] = ident["tasks"] = tasks_digest(dirs)
+    return settings, ident, []

@@ -24,7 +24,7 @@ class StageDef:
 STAGES: dict[str, StageDef] = {
     s.name: s
     for s in (
-        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source"),
+        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", ("source_sample.sql",)),
         StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql", "_inputs.sql")),
         StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", sharded=True),
         StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", sharded=True),

@@ -1,12 +1,16 @@
-"""Source: one task parquet per recipe source, plus the items it had to quarantine."""
+"""Source: one task parquet per recipe source, plus the items it had to quarantine; with
+`sample`, a seeded (optionally stratified) sample of what was read (otbuild/sql/source_sample.sql)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources import read_source
+from otbuild.errors import StageError
+from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import Quarantined, TaskRecord, check_not_empty, write_quarantine, write_tasks
 
 
@@ -21,8 +25,49 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
             else:
                 yield item
 
-    n = write_tasks(outdir / "tasks.parquet", tasks(), source=name)
-    if "path" in settings:
-        check_not_empty(f"source {name!r}", settings["path"], n, quarantined, settings.get("allow_empty", False))
+    stats = {"hub": hub_files(settings, (".parquet",)).identity()} if settings["kind"] == "hf-dataset" else {}
+    sample, dest = settings.get("sample"), outdir / "tasks.parquet"
+    outdir.mkdir(parents=True, exist_ok=True)
+    for stale in outdir.glob(".read-*"):  # what a killed run left
+        shutil.rmtree(stale)
+    with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
+        read = Path(tmp) / "tasks.parquet" if sample else dest
+        n = write_tasks(read, tasks(), source=name)
+        if settings["kind"] != "synthetic":
+            check_not_empty(f"source {name!r}", where(settings), n, quarantined, settings.get("allow_empty", False))
+        if sample:
+            try:
+                stats["sample"] = sample_tasks(read, dest, **sample)
+            except StageError as e:
+                raise StageError(f"source {name!r}: {e}") from e
+            n = stats["sample"]["kept"]
     return {"tasks": n, "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
-            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined))}
+            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}
+
+
+STRATIFY_COLUMNS = ("path", "source")  # task columns `stratify` may name; any other name is a metadata key
+
+
+def sample_tasks(src: Path, dest: Path, n: int, seed: int = 0, stratify: str | None = None,
+                 pattern: str | None = None) -> dict:
+    """Copy a seeded sample of `n` tasks of `src` to `dest` (all of them when there are no more);
+    returns the counts, per stratum: [tasks read, tasks kept]. Raises StageError when no task
+    has a value to stratify by."""
+    from otbuild import duck
+    from otbuild.duck import sql_literal
+
+    con = duck.connect()
+    duck.run_template(con, "source_sample.sql", tasks=str(src), n=n, seed=seed, stratify=stratify, pattern=pattern,
+                      columns=STRATIFY_COLUMNS)
+    if stratify and con.execute("SELECT count(*) > 0 AND bool_and(stratum = '') FROM sample_keys").fetchone()[0]:
+        what = f"{stratify} matching {pattern!r}" if pattern else stratify
+        raise StageError(f"sample.stratify: no task has a value for {what} "
+                         f"({'a column' if stratify in STRATIFY_COLUMNS else 'a metadata key'}); "
+                         "a sample stratified by nothing is not what was asked")
+    kept = duck.copy_to_parquet(
+        con, f"SELECT * EXCLUDE (file_row_number) FROM read_parquet({sql_literal(src)}, file_row_number = true) "
+        "WHERE file_row_number IN (SELECT _row FROM sample_rows) ORDER BY file_row_number", dest)
+    strata = {s: [size, quota] for s, size, quota in con.execute(
+        "SELECT stratum, size, quota FROM sample_strata ORDER BY stratum").fetchall()}
+    return {"read": sum(v[0] for v in strata.values()), "kept": kept, "seed": seed,
+            **({"stratify": stratify, "strata": strata} if stratify else {})}
