@@ -375,6 +375,12 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     assert dom.stdout.count("<rect ") >= 10
     if which == "rep":  # the training curves
         assert dom.stdout.count("<polyline ") == 2
+    shown = parse(dom.stdout)  # tokens per stage and model, runtime and GPU-hours per stage
+    assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "requests", "errors", "input tokens",
+                                       "output tokens", "cost"]
+    assert {r[1] for r in shown.rows["tokens"][1:-1]} == {"rollout", "eval"} and shown.rows["tokens"][-1][0] == "total"
+    assert shown.rows["runtime"][0][-2:] == ["GPUs", "GPU-hours"]
+    assert {"source", "mix", "rollout", "eval"} <= {r[1] for r in shown.rows["runtime"][1:-1]}
     shot = tmp_path / "shot.png"
     res = chromium("--window-size=1280,2400", "--hide-scrollbars", f"--screenshot={shot}", url, tmp=tmp_path)
     assert res.returncode == 0 and shot.exists(), res.stderr[-3000:]
