@@ -13,7 +13,7 @@ import pytest
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.report.costs import gpus, price_of, read_benchmark
-from tests.conftest import chat_answer, snakemake
+from tests.conftest import chat_answer, otbuild, snakemake
 from tests.test_report import CHROMIUM, chromium, parse
 
 PRICES = "prices:\n  m: {input_per_mtok: 100000, output_per_mtok: 1000000}\n"
@@ -80,6 +80,13 @@ def test_a_build_records_tokens_runtime_and_gpu_hours_and_the_report_shows_them(
     assert runtimes["augment"][3] == "0" and runtimes["augment"][4] == "0.00"
     total = _rows(html, "runtime")[-1]
     assert total[0] == "total" and total[-1] == runtimes["rollout"][4]
+
+    # the same tables on the command line, from what is built
+    cli = otbuild(project, "costs", "r")
+    assert cli.returncode == 0, cli.stderr
+    line = next(x for x in cli.stdout.splitlines() if "augment/a" in x)
+    assert [c.strip() for c in line.split("│")[3:9]] == ["openai:m", "4", "0", "40", "20", "24.00"]
+    assert any("teacher" in x and runtimes["rollout"][4] in x for x in cli.stdout.splitlines())
 
     if CHROMIUM.exists():  # what a reader sees: the tables are in the rendered page
         page = project / "results" / "r" / "report" / "report.html"

@@ -150,7 +150,8 @@ class Report:
     prices: dict = field(default_factory=dict)
 
 
-def load(settings: dict, root: Path = Path(".")) -> Report:
+def artifacts(settings: dict, root: Path = Path(".")) -> list[Artifact]:
+    """The report settings' nodes with their records (None where not built)."""
     arts = []
     for n in settings["nodes"]:
         d = root / n["dir"]
@@ -158,6 +159,11 @@ def load(settings: dict, root: Path = Path(".")) -> Report:
         if local.startswith(CANDIDATES):
             name, _, local = local[len(CANDIDATES):].partition("/")
         arts.append(Artifact(n["label"], local, n["stage"], n["id"], d, _record(d), name))
+    return arts
+
+
+def load(settings: dict, root: Path = Path(".")) -> Report:
+    arts = artifacts(settings, root)
     con = duck.connect()
     names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
     groups = [_group(con, name, [a for a in arts if a.candidate == name]) for name in names]
