@@ -11,6 +11,7 @@ retries) or a conversation over the context window; those are the errors.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from otbuild import duck
@@ -42,6 +43,23 @@ def of_traces(path: Path) -> dict[str, dict[str, int]]:
                                   coalesce(sum(n_input_tokens), 0), coalesce(sum(n_output_tokens), 0)
                            FROM read_parquet({duck.sql_literal(path)}) GROUP BY teacher ORDER BY teacher""").fetchall()
     return {str(model): dict(zip(KEYS, map(int, r))) for model, *r in rows}
+
+
+def of_trial(row: dict) -> dict[str, int]:
+    """One trial's trace row (RL rollouts, which keep no trace table): as `of_traces` counts it."""
+    failed = int(row.get("exception") == "EngineError" or row.get("result") == "ContextLengthExceededError")
+    return {"requests": (row.get("n_turns") or 0) + failed, "errors": failed,
+            "input_tokens": row.get("n_input_tokens") or 0, "output_tokens": row.get("n_output_tokens") or 0}
+
+
+def of_log(path: Path, model: str) -> dict[str, dict[str, int]]:
+    """An RL run's rollouts: the `rollout_*` counts of its train_log.jsonl, summed over steps."""
+    total = dict.fromkeys(KEYS, 0)
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
+        rec = json.loads(line)
+        for key in KEYS:
+            total[key] += int(rec.get(f"rollout_{key}") or 0)
+    return {model: total} if total["requests"] else {}
 
 
 def cost(usage: dict[str, int], price: dict | None) -> float | None:
