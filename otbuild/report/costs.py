@@ -23,6 +23,7 @@ from pathlib import Path
 from otbuild.usage import KEYS, cost
 
 BENCHMARKS = Path("benchmarks")
+LLM_STAGES = ("augment", "task_score", "rollout", "eval", "rl")  # they record llm_usage
 GRES_GPUS = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)")
 
 
@@ -69,8 +70,6 @@ class Costs:
                 "seconds": sum(r.seconds for r in self.runtimes),
                 "gpu_hours": sum(r.gpu_hours for r in self.runtimes)}
 
-
-LLM_STAGES = ("augment", "task_score", "rollout", "eval")
 
 
 def collect(artifacts, prices: dict | None, root: Path = Path(".")) -> Costs:
