@@ -139,3 +139,26 @@ def test_a_plain_benchmark_file_counts_no_gpus(tmp_path):
         w.writerow(["s", "h:m:s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load", "cpu_time"])
         w.writerow(["12.5", "0:00:12", "NA", "NA", "NA", "NA", "NA", "NA", "NA", "NA"])
     assert read_benchmark(Path(path)) == [{"s": 12.5, "max_rss": None, "gpus": 0}]
+
+
+def test_trace_usage_counts_turns_and_the_request_that_ended_a_trial(tmp_path):
+    """A rollout's usage per teacher: a request per assistant turn, plus the failed one of a
+    trial the engine gave up on or whose conversation outgrew the context (the errors)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from otbuild.usage import of_trial, of_traces
+
+    rows = [{"teacher": "vllm:a", "n_turns": 5, "exception": None, "result": "1", "n_input_tokens": 500,
+             "n_output_tokens": 50},
+            {"teacher": "vllm:a", "n_turns": 2, "exception": "EngineError", "result": "EngineError",
+             "n_input_tokens": 100, "n_output_tokens": 10},
+            {"teacher": "vllm:a", "n_turns": 9, "exception": None, "result": "ContextLengthExceededError",
+             "n_input_tokens": 900, "n_output_tokens": 90},
+            {"teacher": "openai:b", "n_turns": 1, "exception": "SandboxError", "result": "SandboxError",
+             "n_input_tokens": None, "n_output_tokens": None}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "traces.parquet")
+    assert of_traces(tmp_path / "traces.parquet") == {
+        "openai:b": {"requests": 1, "errors": 0, "input_tokens": 0, "output_tokens": 0},
+        "vllm:a": {"requests": 18, "errors": 2, "input_tokens": 1500, "output_tokens": 150}}
+    assert [of_trial(r)["requests"] for r in rows] == [5, 3, 10, 1]  # RL's per-trial count agrees
