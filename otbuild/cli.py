@@ -180,6 +180,45 @@ def report(recipe, profile, snakemake_args):
 
 
 @main.command()
+@click.argument("recipe")
+def costs(recipe):
+    """Tokens, cost, runtime and GPU-hours of RECIPE's built artifacts (nothing is built): the
+    report's tables, from each artifact's record, the recipe's `prices` and the jobs' benchmarks."""
+    from otbuild.report import costs as costs_mod
+    from otbuild.report.charts import num
+    from otbuild.report.data import artifacts
+    from otbuild.report.page import amount
+
+    settings = _plan(recipe).nodes[-1].settings  # the report's: every node, and the prices
+    k = costs_mod.collect(artifacts(settings), settings.get("prices"))
+    t = k.total
+    tokens = Table(title=f"LLM requests and tokens: {recipe}")
+    for col in ("artifact", "stage", "model", "requests", "errors", "input tokens", "output tokens", "cost"):
+        tokens.add_column(col, justify="right" if col not in ("artifact", "stage", "model") else "left")
+    for u in k.usage:
+        tokens.add_row(u.label, u.stage, u.model, num(u.requests), num(u.errors), num(u.input_tokens),
+                       num(u.output_tokens), amount(u.cost))
+    tokens.add_row("total", "", "", num(t["requests"]), num(t["errors"]), num(t["input_tokens"]),
+                   num(t["output_tokens"]), amount(t["cost"]), style="bold")
+    out.print(tokens)
+    if k.unpriced:
+        out.print(f"no price for {', '.join(k.unpriced)}: set `prices:` in the recipe", highlight=False)
+    if k.unrecorded:
+        out.print(f"built before token accounting (no llm_usage): {', '.join(k.unrecorded)}", highlight=False)
+    times = Table(title=f"runtime, memory and GPU-hours: {recipe}")
+    for col in ("artifact", "stage", "jobs", "runtime (s)", "peak memory (MB)", "GPUs", "GPU-hours"):
+        times.add_column(col, justify="right" if col not in ("artifact", "stage") else "left")
+    for r in k.runtimes:
+        times.add_row(r.label, r.stage, num(r.jobs), num(r.seconds), num(r.peak_rss_mb), num(r.gpus),
+                      amount(r.gpu_hours))
+    times.add_row("total", "", "", num(t["seconds"]), "", "", amount(t["gpu_hours"]), style="bold")
+    out.print(times)
+    if not k.runtimes:
+        out.print("no benchmark files under benchmarks/ for these artifacts (not built yet, or built "
+                  "before benchmarks were recorded)", highlight=False)
+
+
+@main.command()
 @click.argument("target")
 @click.option("--verify", is_flag=True,
               help="Rehash every file from its bytes; without it, a file whose path, size, mtime, ctime "

@@ -113,7 +113,8 @@ def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     """Every recipe ends in its report (HTML + dataset card) over all of its artifacts."""
     from otbuild.report import report_node
 
-    return Plan(loaded, [*nodes, report_node(loaded.name, nodes)])
+    prices = {m: p.model_dump() for m, p in loaded.recipe.prices.items()}
+    return Plan(loaded, [*nodes, report_node(loaded.name, nodes, prices)])
 
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:

@@ -89,6 +89,7 @@ CASES = {
     "otbuild validate --images RECIPE...": [["otbuild", "validate", "--images", "smoke"]],
     "otbuild images load DIR": [["otbuild", "images", "load", "{images}"]],
     "otbuild clean --containers": [["otbuild", "clean", "--containers"]],
+    "otbuild costs RECIPE": [["otbuild", "costs", "smoke"]],
     "otbuild export llamafactory RECIPE DIR [--gpus N] [--model M] [--name D]": [
         ["otbuild", "export", "llamafactory", "smoke", "{tmp}/lf", "--gpus", "1", "--model", "Qwen/Qwen3-8B"]],
     "otbuild publish RECIPE ARTIFACT --repo ORG/NAME [--out D] [--dry-run] [--private]": [

@@ -49,6 +49,7 @@ def test_augment_rewrites_keep_parents_and_quarantine_empty_answers(tmp_path, sc
     stats = _build(augment, settings, [src], out)
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
     assert stats["new"] == 4 and len(rows) == 3 + 4
+    assert stats["llm_usage"]["openai:m"]["requests"] == 6 and stats["llm_usage"]["openai:m"]["input_tokens"] == 60
     parents = {r["task_id"]: r for r in rows[:3]}
     for r in rows[3:]:
         parent = parents[r["parent_task_id"]]
@@ -107,13 +108,18 @@ def test_a_later_engine_failure_leaves_that_score_empty(tmp_path, scripted):
     rows = pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()
     assert [r["llm_score"] for r in rows] == [40.0, None, 40.0] and rows[1]["llm_response"].startswith("[EngineError]")
     assert stats["engine_errors"] == 1 and stats["scored"] == 2
+    # usage per model: the server's counts (chat_answer: 10 prompt tokens, a word per output token)
+    assert stats["llm_usage"] == {"openai:m": {"requests": 3, "errors": 1, "input_tokens": 20, "output_tokens": 4,
+                                               "usage_missing": 0}}
     # the endpoint is back: a shard job run again asks only the failed request
     srv.script = lambda body: (200, chat_answer("Rating: 41"))
     settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm").model_dump()
     task_score.run_shard(settings, [src], tmp_path / "out", 0)
     assert len(srv.requests) == 4 and "Count" in _prompt(srv.requests[-1]["body"])
-    task_score.run(settings, [src], tmp_path / "out")
+    stats = task_score.run(settings, [src], tmp_path / "out")
     assert [r["llm_score"] for r in pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()] == [40.0, 41.0, 40.0]
+    assert stats["llm_usage"]["openai:m"] == {"requests": 3, "errors": 0, "input_tokens": 30, "output_tokens": 6,
+                                              "usage_missing": 0}
 
 
 def test_a_refused_first_request_fails_the_stage_at_once(tmp_path, scripted):

@@ -149,7 +149,10 @@ def fake_training(project: Path, stage: str, steps: int) -> dict:
     (d / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (d / "checkpoint.json").write_text(json.dumps({"kind": stage, "steps": steps}))
     (d / "provenance.json").write_text(json.dumps({
-        "stage": stage, "id": d.name, "settings": {}, "inputs": [], "stats": {"steps": steps},
+        "stage": stage, "id": d.name, "settings": {}, "inputs": [],
+        "stats": {"steps": steps, **({"llm_usage": {"transformers:policy": {
+            "requests": 8 * steps, "errors": 0, "input_tokens": 900 * steps, "output_tokens": 60 * steps}}}
+            if stage == "rl" else {})},
         "outputs": [{"path": str(d.relative_to(project) / "checkpoint.json"), "sha256": "0", "bytes": 1}]}))
     return {"label": stage, "stage": stage, "id": d.name, "dir": str(d.relative_to(project)), "log": lines}
 
@@ -193,6 +196,7 @@ def built(tmp_path_factory):
         settings = report_settings("rep", nodes["rep"])
         settings["description"] = "report test <script>alert(\"x\")</script>"
         settings["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, rl)]
+        settings["prices"] = {"policy": {"input_per_mtok": 1000.0, "output_per_mtok": 10000.0}}  # MODEL alone
         rep_out = project / "artifacts" / "report" / "rep"
         rep_stats = build(settings, rep_out)
         # rep_ablate: as the rule will run it, a report node's spec through the stage runner
@@ -273,6 +277,8 @@ def test_every_section_with_the_artifacts_numbers(built):
                     "recipe-eval"):
         assert p.svgs[section] == 1, section
     assert not any(p.notes.values()), p.notes
+    # the rl run's rollout tokens (12 steps) at the recipe's price of `policy`: 10.8 + 7.2
+    assert table(p, "tokens")["rl"] == ["rl", "transformers:policy", "96", "0", "10,800", "720", "18.00"]
     # data text is escaped
     assert "report test &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
 
@@ -375,6 +381,13 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     assert dom.stdout.count("<rect ") >= 10
     if which == "rep":  # the training curves
         assert dom.stdout.count("<polyline ") == 2
+    shown = parse(dom.stdout)  # tokens per stage and model, runtime and GPU-hours per stage
+    assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "requests", "errors", "input tokens",
+                                       "output tokens", "cost"]
+    assert {r[1] for r in shown.rows["tokens"][1:-1]} == {"rollout", "eval", *(["rl"] if which == "rep" else [])}
+    assert shown.rows["tokens"][-1][0] == "total"
+    assert shown.rows["runtime"][0][-2:] == ["GPUs", "GPU-hours"]
+    assert {"source", "mix", "rollout", "eval"} <= {r[1] for r in shown.rows["runtime"][1:-1]}
     shot = tmp_path / "shot.png"
     res = chromium("--window-size=1280,2400", "--hide-scrollbars", f"--screenshot={shot}", url, tmp=tmp_path)
     assert res.returncode == 0 and shot.exists(), res.stderr[-3000:]

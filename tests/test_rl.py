@@ -236,6 +236,12 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
     assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update
+    # the rollouts' requests and tokens per step (max_episodes 1: a request per trial), in the stage's usage
+    assert all(r["rollout_requests"] == 2 and r["rollout_errors"] == 0 and r["rollout_input_tokens"] > 0
+               and 0 < r["rollout_output_tokens"] <= 2 * 8 for r in log)
+    from otbuild.usage import of_log
+
+    assert of_log(tmp_path / "rl" / "train_log.jsonl", "vllm:policy")["vllm:policy"]["requests"] == 4
     policies = {a[1] for a in launches}  # each step's own dir: other servers may be running
     assert not [p for p in psutil.process_iter(["cmdline"]) if policies & set(p.info["cmdline"] or [])]
 

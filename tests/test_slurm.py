@@ -89,6 +89,14 @@ def test_slurm_profile_runs_the_dag_on_a_real_cluster(project, cluster):
     rl_log = (project / "results" / "tiny" / "rl" / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(x)["trajectories"] for x in rl_log] == [4]  # 2 tasks x 2 samples, over 2 ranks
 
+    # each job's benchmark counts the GPUs Slurm granted it (gres per node x nodes): the report's GPU-hours
+    from otbuild.report.costs import benchmark_files, read_benchmark
+
+    for rule in jobs:
+        (files,) = [benchmark_files(rule, (project / "results" / "tiny" / rule).resolve().name, project)]
+        runs = [r for f in files for r in read_benchmark(f)]
+        assert [r["gpus"] for r in runs] == [jobs[rule][0][2]] and runs[0]["s"] > 0, (rule, runs)
+
 
 def local_profile(dest, source=REPO / "profiles" / "slurm" / "config.yaml"):
     """profiles/slurm (or `source`) with the local cluster's account, partitions and GPU model

@@ -481,6 +481,13 @@ class Harness(Strict):
         "frame (the request's structured_outputs.regex; otbuild serve and vLLM honour it)")
 
 
+class Price(Strict):
+    """What a model's tokens cost, per million: the report's cost estimate (docs/reports.md)."""
+
+    input_per_mtok: float = Field(default=0.0, ge=0, description="price of 1M input (prompt) tokens")
+    output_per_mtok: float = Field(default=0.0, ge=0, description="price of 1M output (completion) tokens")
+
+
 class Recipe(Strict):
     description: str = ""
     sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(default_factory=dict)
@@ -501,6 +508,9 @@ class Recipe(Strict):
                  Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
     # the grid's size is checked before any candidate is made (each is validated and planned)
     max_candidates: int = Field(default=1000, ge=1, le=MAX_TASKS)
+    # MODEL (or ENGINE:MODEL) -> price per million tokens: only the report uses them (its id
+    # follows them; no other artifact's does)
+    prices: dict[Annotated[str, Field(min_length=1)], Price] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _inputs_exist(self):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.report import costs
 from otbuild.stages import PROVENANCE, STAGES
 
 CANDIDATES = "candidates/"
@@ -145,9 +146,12 @@ class Report:
     ranking: list[dict] = field(default_factory=list)
     zscores: list[dict] = field(default_factory=list)
     ranking_label: str | None = None
+    costs: costs.Costs = field(default_factory=costs.Costs)
+    prices: dict = field(default_factory=dict)
 
 
-def load(settings: dict, root: Path = Path(".")) -> Report:
+def artifacts(settings: dict, root: Path = Path(".")) -> list[Artifact]:
+    """The report settings' nodes with their records (None where not built)."""
     arts = []
     for n in settings["nodes"]:
         d = root / n["dir"]
@@ -155,10 +159,16 @@ def load(settings: dict, root: Path = Path(".")) -> Report:
         if local.startswith(CANDIDATES):
             name, _, local = local[len(CANDIDATES):].partition("/")
         arts.append(Artifact(n["label"], local, n["stage"], n["id"], d, _record(d), name))
+    return arts
+
+
+def load(settings: dict, root: Path = Path(".")) -> Report:
+    arts = artifacts(settings, root)
     con = duck.connect()
     names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
     groups = [_group(con, name, [a for a in arts if a.candidate == name]) for name in names]
-    rep = Report(settings["recipe"], settings.get("description", ""), arts, groups)
+    rep = Report(settings["recipe"], settings.get("description", ""), arts, groups,
+                 costs=costs.collect(arts, settings.get("prices"), root), prices=settings.get("prices") or {})
     rank = next((a for a in arts if a.stage == "rank"), None)
     if rank:
         outs = STAGES["rank"].outputs

@@ -47,7 +47,12 @@ def render_html(rep: Report) -> str:
                               title="mean z-score per candidate")
     return _html.get_template("report.html.j2").render(
         rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
-        version=otbuild.__version__, anchor=_anchor)
+        version=otbuild.__version__, anchor=_anchor, amount=amount)
+
+
+def amount(v: float | None) -> str:
+    """A cost or GPU-hours: two decimals from 0.01 up, else two significant digits; – for None."""
+    return "–" if v is None else f"{v:,.2f}" if v >= 0.01 or v == 0 else f"{v:.2g}"
 
 
 def _anchor(*parts) -> str:

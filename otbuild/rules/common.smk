@@ -17,6 +17,19 @@ def stage_spec(stage):
     return lambda wc: WF.spec_arg(stage, wc.id)
 
 
+def stage_benchmark(stage):
+    """Runtime and peak memory of a stage's job (Snakemake's benchmark; the report reads them)."""
+    return f"benchmarks/{stage}/{{id}}.tsv"
+
+
+def shard_benchmark(stage):
+    return f"benchmarks/{stage}/{{id}}/{{shard}}-of-{{shards}}.tsv"
+
+
+def merge_benchmark(stage):
+    return f"benchmarks/{stage}/{{id}}/merge.tsv"
+
+
 def stage_shell(stage):
     return OTBUILD + f" stage {stage} --spec {{params.spec}} > {{log}} 2>&1"
 

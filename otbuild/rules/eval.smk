@@ -9,6 +9,8 @@ rule eval:
         "artifacts/eval/{id}/shards/{shard}-of-{shards}.parquet",
     params:
         spec=stage_spec("eval"),
+    benchmark:
+        shard_benchmark("eval"),
     log:
         "logs/eval/{id}/{shard}-of-{shards}.log",
     shell:
@@ -22,6 +24,8 @@ rule eval_merge:
         **stage_outputs("eval"),
     params:
         spec=stage_spec("eval"),
+    benchmark:
+        merge_benchmark("eval"),
     log:
         "logs/eval/{id}/merge.log",
     shell:
@@ -35,6 +39,8 @@ rule rank:
         **stage_outputs("rank"),
     params:
         spec=stage_spec("rank"),
+    benchmark:
+        stage_benchmark("rank"),
     log:
         "logs/rank/{id}.log",
     shell:

@@ -29,6 +29,8 @@ rule report:
     params:
         spec=stage_spec("report"),
         recipe=_report_recipe,
+    benchmark:
+        stage_benchmark("report"),
     log:
         "logs/report/{id}.log",
     localrule: True

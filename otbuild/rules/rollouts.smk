@@ -8,6 +8,8 @@ rule rollout:
         "artifacts/rollout/{id}/shards/{shard}-of-{shards}.parquet",
     params:
         spec=stage_spec("rollout"),
+    benchmark:
+        shard_benchmark("rollout"),
     log:
         "logs/rollout/{id}/{shard}-of-{shards}.log",
     shell:
@@ -21,6 +23,8 @@ rule rollout_merge:
         **stage_outputs("rollout"),
     params:
         spec=stage_spec("rollout"),
+    benchmark:
+        merge_benchmark("rollout"),
     log:
         "logs/rollout/{id}/merge.log",
     shell:
@@ -34,6 +38,8 @@ rule trace_filter:
         **stage_outputs("trace_filter"),
     params:
         spec=stage_spec("trace_filter"),
+    benchmark:
+        stage_benchmark("trace_filter"),
     log:
         "logs/trace_filter/{id}.log",
     shell:
@@ -45,6 +51,8 @@ rule trace_import:
         **stage_outputs("trace_import"),
     params:
         spec=stage_spec("trace_import"),
+    benchmark:
+        stage_benchmark("trace_import"),
     log:
         "logs/trace_import/{id}.log",
     shell:

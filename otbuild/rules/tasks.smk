@@ -7,6 +7,8 @@ rule source:
         **stage_outputs("source"),
     params:
         spec=stage_spec("source"),
+    benchmark:
+        stage_benchmark("source"),
     log:
         "logs/source/{id}.log",
     shell:
@@ -20,6 +22,8 @@ rule mix:
         **stage_outputs("mix"),
     params:
         spec=stage_spec("mix"),
+    benchmark:
+        stage_benchmark("mix"),
     log:
         "logs/mix/{id}.log",
     shell:
@@ -33,6 +37,8 @@ rule task_filter:
         **stage_outputs("task_filter"),
     params:
         spec=stage_spec("task_filter"),
+    benchmark:
+        stage_benchmark("task_filter"),
     log:
         "logs/task_filter/{id}.log",
     shell:
@@ -47,6 +53,8 @@ rule augment:
         shard_output("augment"),
     params:
         spec=stage_spec("augment"),
+    benchmark:
+        shard_benchmark("augment"),
     log:
         shard_log("augment"),
     shell:
@@ -60,6 +68,8 @@ rule augment_merge:
         **stage_outputs("augment"),
     params:
         spec=stage_spec("augment"),
+    benchmark:
+        merge_benchmark("augment"),
     log:
         "logs/augment/{id}/merge.log",
     shell:
@@ -74,6 +84,8 @@ rule task_score:
         shard_output("task_score"),
     params:
         spec=stage_spec("task_score"),
+    benchmark:
+        shard_benchmark("task_score"),
     log:
         shard_log("task_score"),
     shell:
@@ -87,6 +99,8 @@ rule task_score_merge:
         **stage_outputs("task_score"),
     params:
         spec=stage_spec("task_score"),
+    benchmark:
+        merge_benchmark("task_score"),
     log:
         "logs/task_score/{id}/merge.log",
     shell:

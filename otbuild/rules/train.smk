@@ -11,6 +11,8 @@ rule sft:
         **stage_outputs("sft"),
     params:
         spec=stage_spec("sft"),
+    benchmark:
+        stage_benchmark("sft"),
     log:
         "logs/sft/{id}.log",
     shell:
@@ -24,6 +26,8 @@ rule rl:
         **stage_outputs("rl"),
     params:
         spec=stage_spec("rl"),
+    benchmark:
+        stage_benchmark("rl"),
     log:
         "logs/rl/{id}.log",
     shell:

@@ -111,7 +111,8 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         raise RuntimeError(f"augment: all {len(quarantined)} answers were quarantined ({reasons}); "
                            f"first: {quarantined[0].reason}: {quarantined[0].detail[:300]}")
     return {"tasks": kept, "new": new, "quarantined": len(quarantined), "quarantined_by_reason": reasons,
-            "shards": llm_requests.shard_records(outdir, settings["shards"])}
+            "shards": llm_requests.shard_records(outdir, settings["shards"]),
+            "llm_usage": llm_requests.llm_usage(settings, outdir)}
 
 
 def _prompt(instruction: str, kind: str, partner: str | None) -> list[dict]:

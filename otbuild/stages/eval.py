@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from otbuild import duck
+from otbuild import duck, usage
 from otbuild.stages import rollout
 from otbuild.stages.rollout import merge_shards
 
@@ -27,4 +27,5 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions FROM ev_summary").fetchall()
     return {"trials": sum(1 for r in rows if not r["is_subagent"]), "shards": shards,
-            "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e} for b, m, s, e in summary}}
+            "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e} for b, m, s, e in summary},
+            "llm_usage": usage.of_traces(outdir / "traces.parquet")}

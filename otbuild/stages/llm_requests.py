@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild import duck
+from otbuild import duck, usage
 from otbuild.engines import ContextLengthExceededError, EngineError, engine_settings, open_engine
 from otbuild.engines.settings import concurrency
 from otbuild.fsio import atomic_path
@@ -36,9 +36,10 @@ from otbuild.stages.partials import append, drop_torn_tail, partial_files
 # (request number, messages, body overrides such as a seed)
 Request = tuple[int, list[dict], dict]
 ANSWER_COLUMNS = {"request": "BIGINT", "text": "VARCHAR", "error": "VARCHAR", "n_output_tokens": "BIGINT",
-                  "usage_reported": "BOOLEAN"}
+                  "usage_reported": "BOOLEAN", "n_input_tokens": "BIGINT"}
 ANSWER_SCHEMA = pa.schema([("request", pa.int64()), ("text", pa.string()), ("error", pa.string()),
-                           ("n_output_tokens", pa.int64()), ("usage_reported", pa.bool_())])
+                           ("n_output_tokens", pa.int64()), ("usage_reported", pa.bool_()),
+                           ("n_input_tokens", pa.int64())])
 
 
 class RefusedRequest(RuntimeError):
@@ -78,13 +79,13 @@ async def _answer(stage: str, settings: dict, todo: Iterator[Request], partial: 
                 try:
                     c = await engine.complete(messages, **overrides)
                     rec = {"request": number, "text": c.text, "error": None, "n_output_tokens": c.n_output_tokens,
-                           "usage_reported": c.usage_reported}
+                           "usage_reported": c.usage_reported, "n_input_tokens": c.n_input_tokens}
                 except EngineError as e:
                     if request is first and _refused(e):
                         raise RefusedRequest(f"{stage}: the endpoint refused the first request, so it would "
                                              f"refuse them all: {e}") from None
                     rec = {"request": number, "text": None, "error": f"[{type(e).__name__}] {e}",
-                           "n_output_tokens": None, "usage_reported": None}
+                           "n_output_tokens": None, "usage_reported": None, "n_input_tokens": None}
                 append(out, rec)
 
             await one(first)
@@ -125,7 +126,11 @@ def _answers_sql(outdir: Path) -> str:
         parts.append(f"""SELECT {columns} FROM read_json({_list(partials)}, format='newline_delimited',
                          ignore_errors=true, columns={types}) WHERE request IS NOT NULL""")
     if finished := sorted((Path(outdir) / "shards").glob("*-of-*.parquet")):
-        parts.append(f"SELECT {columns} FROM read_parquet({_list(finished)})")
+        src = f"read_parquet({_list(finished)}, union_by_name = true)"
+        have = {r[0] for r in duck.connect().execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+        # shards written before input tokens were kept have no such column: NULL there
+        parts.append("SELECT " + ", ".join(c if c in have else f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items())
+                     + f" FROM {src}")
     if not parts:
         return "SELECT " + ", ".join(f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items()) + " WHERE false"
     return f"SELECT DISTINCT ON (request) * FROM ({' UNION ALL '.join(parts)}) ORDER BY request, error IS NOT NULL"
@@ -135,7 +140,7 @@ def answers(outdir: Path, shards: int, expected: int, batch_rows: int = 1024) ->
     """Every shard's answers in request order (streamed); each request 0..expected-1 exactly once."""
     files = [shard_path(outdir, shards, k) for k in range(shards)]
     con = duck.connect()
-    reader = con.sql(f"SELECT * FROM read_parquet({_list(files)}) ORDER BY request").to_arrow_reader(batch_rows)
+    reader = con.sql(f"SELECT * FROM read_parquet({_list(files)}, union_by_name = true) ORDER BY request").to_arrow_reader(batch_rows)
     want = 0
     for batch in reader:
         for row in batch.to_pylist():
@@ -157,6 +162,12 @@ def shard_records(outdir: Path, shards: int) -> list[dict]:
     for stale in set((Path(outdir) / "shards").glob("*-of-*")) - set(current):
         stale.unlink()
     return [{"path": str(p), "sha256": file_sha256(p)} for p in current]
+
+
+def llm_usage(settings: dict, outdir: Path) -> dict:
+    """Requests, errors and tokens of the answers the merge read (otbuild/usage.py)."""
+    files = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
+    return usage.of_answers(files, f"{settings['engine']}:{settings['model']}")
 
 
 def input_batches(inputs: list[Path], columns: list[str] | None = None, rows: int = 1024) -> Iterator[pa.RecordBatch]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from otbuild import usage
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
 from otbuild.stages.partials import append, drop_torn_tail, iter_records
@@ -92,6 +93,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         "passed": sum(1 for r in rewards if r >= 1.0),
         "exceptions": sum(1 for r in rows if r["exception"]),
         "timed_out": sum(1 for r in rows if r["timed_out"]),
+        "llm_usage": usage.of_traces(outdir / "traces.parquet"),
     }
 
 

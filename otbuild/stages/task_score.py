@@ -72,7 +72,8 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
             f"{outcomes['unscored']} answers without a {settings['kind']} score" if outcomes["unscored"] else "")
         raise RuntimeError(f"task_score: no task of {total} got a score: {why}")
     return {"tasks": total, "scored": outcomes["scored"], "engine_errors": outcomes["engine_errors"],
-            "shards": llm_requests.shard_records(outdir, settings["shards"])}
+            "shards": llm_requests.shard_records(outdir, settings["shards"]),
+            "llm_usage": llm_requests.llm_usage(settings, outdir)}
 
 
 def score(kind: str, answer: dict) -> float | None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from otbuild import usage
 from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
@@ -189,6 +190,8 @@ class ServedPolicyEngine(PolicyEngine):
         if c.finish_reason == "stop":
             ids.append(p.tok.eos_token_id)
         self.turns.append(Turn(prompt, ids))
+        if c.usage_reported:  # the tokens the server counted (its `usage`), for the stage's usage
+            return Completion(c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason)
         return Completion(c.text, len(prompt), len(ids), c.finish_reason)
 
 
@@ -207,6 +210,7 @@ class Trajectory:
     reward: float
     error: str | None
     turns: list[Turn] = field(default_factory=list)
+    usage: dict = field(default_factory=dict)  # the trial's requests, errors and tokens (otbuild/usage.py)
 
 
 def sequences(turns: list[Turn]) -> list[Sequence]:
@@ -303,7 +307,7 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: d
             row = await run_trial(task, task_id, engine, ts, workroot / f"{pos}-{s}", sample_idx=s,
                                   run_id=run_id, source="rl")
         reward = row["reward"] if row["reward"] is not None else 0.0
-        return Trajectory(ti, float(reward), row["exception"], engine.turns)
+        return Trajectory(ti, float(reward), row["exception"], engine.turns, usage.of_trial(row))
 
     jobs = [one(pos, ti, s) for pos, ti in enumerate(indices) for s in range(k)]
     return list(await asyncio.gather(*jobs))
@@ -489,7 +493,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             parts = [None] * world
             dist.all_gather_object(parts, {
                 **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
-                "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0})
+                "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0,
+                **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS}})
             rewards = [r for p in parts for r in p["rewards"]]
             total = {key: sum(p[key] for p in parts) for key in
                      ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors")}
@@ -500,7 +505,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                    "trajectories": len(rewards), "sequences": total["sequences"],
                    "zero_advantage_tasks": total["zero"], "errors": total["errors"],
                    "lr": engine.get_lr()[0], "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
-                   "update_seconds": round(time.monotonic() - t1, 3)}
+                   "update_seconds": round(time.monotonic() - t1, 3),
+                   **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
             if rank == 0:
                 with open(outdir / LOG, "a") as f:
                     f.write(json.dumps(rec) + "\n")
