@@ -8,6 +8,8 @@ from pathlib import Path
 
 import duckdb
 import jinja2
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path
@@ -75,3 +77,47 @@ def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> i
     with atomic_path(dest) as tmp:
         con.execute(f"COPY ({query}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
         return con.execute(f"SELECT count(*) FROM read_parquet({sql_literal(tmp)})").fetchone()[0]
+
+
+# Rows of the wide input held at once by stream_split (one parquet row group of each output).
+SPLIT_ROWS = 256
+
+
+def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path], outdir: Path, *,
+                 rejected_by: str, batch_rows: int = SPLIT_ROWS) -> dict:
+    """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
+    a time, in input order: the table `decided` (_ord, reason; one row per input row, _ord as
+    union_inputs numbers them) says which rows go where. Only the reasons (a narrow column)
+    are held whole. Rejected rows get `reason` and `rejected_by`; returns the counts as
+    write_split does."""
+    reasons = con.sql(f"SELECT reason FROM {decided} ORDER BY _ord").to_arrow_table().column(0)
+    files = [pq.ParquetFile(p) for p in inputs]
+    schema = pa.unify_schemas([f.schema_arrow for f in files], promote_options="permissive") if files \
+        else pa.schema([])
+    rejected_schema = schema.append(pa.field("reason", pa.string())).append(pa.field("rejected_by", pa.string()))
+    at = 0
+    with atomic_path(outdir / "kept.parquet") as kept_tmp, atomic_path(outdir / "rejected.parquet") as rej_tmp, \
+            pq.ParquetWriter(kept_tmp, schema, compression="zstd") as kept, \
+            pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected:
+        for f in files:
+            for batch in f.iter_batches(batch_size=batch_rows):
+                table = _conform(pa.Table.from_batches([batch]), schema)
+                why = reasons.slice(at, table.num_rows)
+                at += table.num_rows
+                kept.write_table(table.filter(pc.is_null(why)))
+                out = table.append_column("reason", why).append_column(
+                    "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows))
+                rejected.write_table(out.filter(pc.is_valid(why)))
+    if at != len(reasons):
+        raise RuntimeError(f"{decided}: {len(reasons)} decisions for {at} input rows")
+    by_reason = con.execute(f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM {decided}"
+                            " WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall()
+    n_rejected = sum(n for _, n in by_reason)
+    return {"kept": at - n_rejected, "rejected": n_rejected, "rejected_by_reason": dict(by_reason)}
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns (missing ones null), as UNION ALL BY NAME would."""
+    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+            for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)

@@ -2,6 +2,8 @@
 -- Trace filter. A trace is rejected by the first rule it fails, in this order, and keeps that
 -- rule's reason: infrastructure exception, timeout, subagent trace, fewer than min_turns
 -- turns, reward below min_reward (success-only), duplicate conversation (first one wins).
+-- Only narrow columns and a hash of each conversation are decided on here (trf_decided: _ord,
+-- reason); the wide rows are streamed once, in input order, by duck.stream_split.
 CREATE OR REPLACE TEMP VIEW trf_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
@@ -27,11 +29,3 @@ FROM (
     FROM checked
     WINDOW w AS (PARTITION BY reason IS NULL, _key ORDER BY _ord)
 );
-
-CREATE OR REPLACE TEMP VIEW trf_kept AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord)
-FROM trf_src s JOIN trf_decided d USING (_ord) WHERE d.reason IS NULL ORDER BY _ord;
-
-CREATE OR REPLACE TEMP VIEW trf_rejected AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord), d.reason, 'trace_filter' AS rejected_by
-FROM trf_src s JOIN trf_decided d USING (_ord) WHERE d.reason IS NOT NULL ORDER BY _ord;

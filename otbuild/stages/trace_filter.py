@@ -12,4 +12,4 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
                       offsets=duck.input_offsets(inputs), **settings)
-    return duck.write_split(con, "trf", outdir)
+    return duck.stream_split(con, "trf_decided", inputs, outdir, rejected_by="trace_filter")

@@ -14,10 +14,16 @@ NOT_OPTIONS = {"name", "kind", "path"}
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     options = {k: v for k, v in settings.items() if k not in NOT_OPTIONS}
-    rows, quarantined = [], []
-    for item in read_traces(settings["kind"], Path(settings["path"]), **options):
-        (quarantined if isinstance(item, Quarantined) else rows).append(item)
+    quarantined: list[Quarantined] = []  # small records; the traces are streamed to parquet
+
+    def traces():
+        for item in read_traces(settings["kind"], Path(settings["path"]), **options):
+            if isinstance(item, Quarantined):
+                quarantined.append(item)
+            else:
+                yield item
+
     name = f"import:{settings['name']}"
-    return {"traces": write_traces(outdir / "traces.parquet", rows),
+    return {"traces": write_traces(outdir / "traces.parquet", traces()),
             "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
             "quarantined_by_reason": dict(Counter(q.reason for q in quarantined))}
