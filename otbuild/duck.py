@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path
+from otbuild.fsio import atomic_path, parquet_batches
 
 SQL_DIR = Path(__file__).parent / "sql"
 _env = jinja2.Environment(
@@ -91,16 +91,15 @@ def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path
     are held whole. Rejected rows get `reason` and `rejected_by`; returns the counts as
     write_split does."""
     reasons = con.sql(f"SELECT reason FROM {decided} ORDER BY _ord").to_arrow_table().column(0)
-    files = [pq.ParquetFile(p) for p in inputs]
-    schema = pa.unify_schemas([f.schema_arrow for f in files], promote_options="permissive") if files \
-        else pa.schema([])
+    schemas = [pq.read_schema(p) for p in inputs]
+    schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
     rejected_schema = schema.append(pa.field("reason", pa.string())).append(pa.field("rejected_by", pa.string()))
     at = 0
     with atomic_path(outdir / "kept.parquet") as kept_tmp, atomic_path(outdir / "rejected.parquet") as rej_tmp, \
             pq.ParquetWriter(kept_tmp, schema, compression="zstd") as kept, \
             pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected:
-        for f in files:
-            for batch in f.iter_batches(batch_size=batch_rows):
+        for path in inputs:
+            for batch in parquet_batches(path, batch_rows):
                 table = _conform(pa.Table.from_batches([batch]), schema)
                 why = reasons.slice(at, table.num_rows)
                 at += table.num_rows

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild import duck
-from otbuild.fsio import atomic_path
+from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
 from otbuild.tasks.taskdir import TaskDir
@@ -85,8 +85,8 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
     missing = [t.index for t in trials if t.index not in done]
     if missing:
         raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
-    with open(partial, "rb") as f:
-        write_traces(dest, (_record(f, done[t.index]) for t in trials))
+    with open(partial, "rb") as f:  # small row groups: the merge holds one of each shard at once
+        write_traces(dest, (_record(f, done[t.index]) for t in trials), batch_rows=merge_step(n))
     partial.unlink(missing_ok=True)
 
 
@@ -106,16 +106,21 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
 
 
 # Rows held in memory at once by the merge, over all shards together (~110 KB each).
-MERGE_ROWS = 512
+MERGE_ROWS = 256
+
+
+def merge_step(shards: int) -> int:
+    """Rows the merge takes from each shard at a time: a shard parquet's row group size."""
+    return max(1, MERGE_ROWS // shards)
 
 
 def merge_shards(settings: dict, outdir: Path) -> list[dict]:
     """Write the shards' rows, in trial order (trial t is row t // S of shard t % S), to
-    traces.parquet, streamed: each shard is read MERGE_ROWS // S rows at a time and the
-    batches are interleaved. Returns the shards' paths and sha256."""
+    traces.parquet, streamed: each shard is read merge_step(S) rows at a time (its row group
+    size) and the batches are interleaved. Returns the shards' paths and sha256."""
     shards = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
-    step = max(1, MERGE_ROWS // len(shards))
-    readers = [pq.ParquetFile(p).iter_batches(batch_size=step) for p in shards]
+    step = merge_step(len(shards))
+    readers = [parquet_batches(p, step) for p in shards]
     with atomic_path(outdir / "traces.parquet") as tmp, \
             pq.ParquetWriter(tmp, TRACE_SCHEMA, compression="zstd") as out:
         while parts := [b for b in (next(r, None) for r in readers) if b is not None and b.num_rows]:
@@ -265,7 +270,7 @@ def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binar
     """The task rows (by position across the inputs) that trials need, streamed."""
     rows, i = {}, 0
     for path in inputs:
-        for batch in pq.ParquetFile(path).iter_batches(columns=list(columns)):
+        for batch in parquet_batches(path, 256, list(columns)):
             mine = [k for k in range(batch.num_rows) if i + k in wanted]
             if mine:  # only the wanted rows become Python objects
                 rows.update(zip((i + k for k in mine), batch.take(mine).to_pylist()))
