@@ -48,12 +48,28 @@ def _plan(recipe: str):
     return plan_recipe(load_recipe(recipe, Path.cwd()))
 
 
+def _check_jobs(plan, profile: str | None) -> None:
+    """Refuse a rollout or eval whose concurrent trials would not fit in its job's memory."""
+    if not profile:
+        return
+    from otbuild.jobs import overcommit_problems
+
+    where = next((d for d in (Path.cwd() / "profiles" / profile, Path(profile)) if (d / "config.yaml").is_file()), None)
+    if where is None:
+        raise ConfigError(f"--profile {profile}: no profiles/{profile}/config.yaml or {profile}/config.yaml")
+    if problems := overcommit_problems(plan.nodes, where):
+        raise ConfigError("\n".join(problems))
+
+
 @main.command()
 @click.argument("recipes", nargs=-1, required=True)
-def validate(recipes):
-    """Check RECIPES (names under recipes/ or paths) against the schema; write nothing."""
+@click.option("--profile", help="Also check the recipe against this Snakemake profile's job sizes.")
+def validate(recipes, profile):
+    """Check RECIPES (names under recipes/ or paths) against the schema; write nothing. With
+    --profile, also refuse rollouts whose concurrency x limits.memory_mb exceeds their job's mem_mb."""
     for r in recipes:
         plan = _plan(r)
+        _check_jobs(plan, profile)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
         for node, path in plan.missing:
             err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
@@ -85,6 +101,7 @@ def plan(recipe):
 def build(recipe, profile, dry_run, snakemake_args):
     """Build RECIPE with Snakemake (validated first). Extra args go to snakemake."""
     p = _plan(recipe)
+    _check_jobs(p, profile)
     code = _snakemake(p.recipe.name, profile, ["-n"] * dry_run + list(snakemake_args))
     sys.exit(0 if code == 0 else EXIT_FINDINGS)
 

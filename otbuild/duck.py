@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import duckdb
@@ -12,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from otbuild import jobs
 from otbuild.fsio import atomic_path, parquet_batches
 
 SQL_DIR = Path(__file__).parent / "sql"
@@ -39,10 +38,11 @@ def regex_error(pattern: str) -> str | None:
 
 
 def connect(memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """Memory is capped (OTBUILD_DUCKDB_MEMORY, default 1GB); beyond it DuckDB spills to disk."""
+    """Memory is capped and spills go to the job's scratch (otbuild.jobs: OTBUILD_DUCKDB_MEMORY
+    or 3/4 of the job's mem_mb, default 1GB; OTBUILD_DUCKDB_TEMP, $SLURM_TMPDIR or $TMPDIR)."""
     con = duckdb.connect()
-    con.execute(f"SET memory_limit = '{memory_limit or os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB')}'")
-    con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/otbuild-duckdb'")
+    con.execute(f"SET memory_limit = {sql_literal(memory_limit or jobs.duckdb_memory())}")
+    con.execute(f"SET temp_directory = {sql_literal(jobs.spill_dir())}")
     return con
 
 
