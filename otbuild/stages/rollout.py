@@ -38,7 +38,7 @@ from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
 from otbuild.tasks.taskdir import TaskDir
-from otbuild.traces.table import TRACE_SCHEMA, write_traces
+from otbuild.traces.table import TRACE_SCHEMA, WRITE_OPTIONS, write_traces
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
     missing = [t.index for t in trials if t.index not in done]
     if missing:
         raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
-    with open(partial, "rb") as f:  # small row groups: the merge holds one of each shard at once
-        write_traces(dest, (_record(f, done[t.index]) for t in trials), batch_rows=merge_step(n))
+    with open(partial, "rb") as f:
+        write_traces(dest, (_record(f, done[t.index]) for t in trials))
     partial.unlink(missing_ok=True)
 
 
@@ -110,19 +110,19 @@ MERGE_ROWS = 256
 
 
 def merge_step(shards: int) -> int:
-    """Rows the merge takes from each shard at a time: a shard parquet's row group size."""
+    """Rows the merge takes from each shard at a time (parquet pages are read as needed)."""
     return max(1, MERGE_ROWS // shards)
 
 
 def merge_shards(settings: dict, outdir: Path) -> list[dict]:
     """Write the shards' rows, in trial order (trial t is row t // S of shard t % S), to
-    traces.parquet, streamed: each shard is read merge_step(S) rows at a time (its row group
-    size) and the batches are interleaved. Returns the shards' paths and sha256."""
+    traces.parquet, streamed: each shard is read merge_step(S) rows at a time and the batches
+    are interleaved. Returns the shards' paths and sha256."""
     shards = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
     step = merge_step(len(shards))
     readers = [parquet_batches(p, step) for p in shards]
     with atomic_path(outdir / "traces.parquet") as tmp, \
-            pq.ParquetWriter(tmp, TRACE_SCHEMA, compression="zstd") as out:
+            pq.ParquetWriter(tmp, TRACE_SCHEMA, **WRITE_OPTIONS) as out:
         while parts := [b for b in (next(r, None) for r in readers) if b is not None and b.num_rows]:
             table = pa.Table.from_batches([b.select(TRACE_SCHEMA.names) for b in parts]).cast(TRACE_SCHEMA)
             # row pos of part k sits at offset(k) + pos; interleave: pos-major, then shard
