@@ -84,26 +84,31 @@ SPLIT_ROWS = 256
 
 
 def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path], outdir: Path, *,
-                 rejected_by: str, batch_rows: int = SPLIT_ROWS) -> dict:
+                 rejected_by: str, kept_columns: tuple[str, ...] = (), batch_rows: int = SPLIT_ROWS) -> dict:
     """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
     a time, in input order: the table `decided` (_ord, reason; one row per input row, _ord as
-    union_inputs numbers them) says which rows go where. Only the reasons (a narrow column)
-    are held whole. Rejected rows get `reason` and `rejected_by`; returns the counts as
-    write_split does."""
-    reasons = con.sql(f"SELECT reason FROM {decided} ORDER BY _ord").to_arrow_table().column(0)
+    union_inputs numbers them) says which rows go where; its `kept_columns` are appended to the
+    kept rows. Only those narrow columns are held whole. Rejected rows get `reason` and
+    `rejected_by`; returns the counts as write_split does."""
+    narrow = con.sql(f"SELECT reason{''.join(', ' + c for c in kept_columns)} FROM {decided} ORDER BY _ord")
+    narrow = narrow.to_arrow_table()
+    reasons = narrow.column(0)
     schemas = [pq.read_schema(p) for p in inputs]
     schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+    kept_schema = pa.schema([*schema, *(narrow.schema.field(c) for c in kept_columns)])
     rejected_schema = schema.append(pa.field("reason", pa.string())).append(pa.field("rejected_by", pa.string()))
     at = 0
     with atomic_path(outdir / "kept.parquet") as kept_tmp, atomic_path(outdir / "rejected.parquet") as rej_tmp, \
-            pq.ParquetWriter(kept_tmp, schema, compression="zstd") as kept, \
+            pq.ParquetWriter(kept_tmp, kept_schema, compression="zstd") as kept, \
             pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected:
         for path in inputs:
             for batch in parquet_batches(path, batch_rows):
                 table = _conform(pa.Table.from_batches([batch]), schema)
                 why = reasons.slice(at, table.num_rows)
+                extra = [narrow.column(c).slice(at, table.num_rows) for c in kept_columns]
                 at += table.num_rows
-                kept.write_table(table.filter(pc.is_null(why)))
+                wide = pa.Table.from_arrays([*table.columns, *extra], schema=kept_schema) if extra else table
+                kept.write_table(wide.filter(pc.is_null(why)))
                 out = table.append_column("reason", why).append_column(
                     "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows))
                 rejected.write_table(out.filter(pc.is_valid(why)))

@@ -27,8 +27,9 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     )
     budget = (score or {}).get("budget")
     if budget:
-        kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchone()[0]
+        kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchall()[0][0]
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    return duck.write_split(con, "tf", outdir)
+    extra = ("score", "weight", "n_rollouts") if budget else ("score",) if score else ()
+    return duck.stream_split(con, "tf_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra)
