@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.tasks.table import BATCH_ROWS
 
 
 def score_expr(column: str) -> str:
@@ -32,4 +33,5 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
     extra = ("score", "weight", "n_rollouts") if budget else ("score",) if score else ()
-    return duck.stream_split(con, "tf_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra)
+    return duck.stream_split(con, "tf_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
+                             batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
