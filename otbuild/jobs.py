@@ -65,8 +65,8 @@ def overcommit_problems(nodes, profile: Path) -> list[str]:
         mem_mb, where = job
         conc, per = node.settings["concurrency"], node.settings.get("limits", {}).get("memory_mb", 4096)
         if conc * per > mem_mb:
+            fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]
             problems.append(
                 f"{node.label}: concurrency {conc} x limits.memory_mb {per} = {conc * per} MB is more than "
-                f"the job's {mem_mb} MB ({where}); lower concurrency to {mem_mb // per} or limits.memory_mb "
-                f"to {mem_mb // conc}, or give the job more memory")
+                f"the job's {mem_mb} MB ({where}); lower {' or '.join(fixes)}, or give the job more memory")
     return problems

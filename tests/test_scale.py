@@ -128,3 +128,38 @@ def test_5000_realistic_traces_import_and_filter_under_2gb(tmp_path):
     assert rss < 2048, f"trace_filter peaked at {rss:.0f} MB"
     kept, rejected = (pq.read_metadata(tmp_path / "tf" / f).num_rows for f in ("kept.parquet", "rejected.parquet"))
     assert kept + rejected == 5000 and 3500 < kept < 5000
+
+
+def test_validate_refuses_a_rollout_that_overcommits_its_job(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from otbuild.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    profile = tmp_path / "small"
+    profile.mkdir()
+    (profile / "config.yaml").write_text('set-resources:\n  rollout:\n    mem_mb: "6000 * attempt"\n')
+    res = CliRunner().invoke(main, ["validate", "--profile", str(profile), "smoke"])
+    assert res.exit_code == 2, res.output
+    assert "teacher: concurrency 2 x limits.memory_mb 4096 = 8192 MB is more than the job's 6000 MB" in res.output
+    assert "lower concurrency to 1 or limits.memory_mb to 3000, or give the job more memory" in res.output
+    (profile / "config.yaml").write_text("set-resources:\n  rollout:\n    mem_mb: 64000\n")
+    assert CliRunner().invoke(main, ["validate", "--profile", str(profile), "smoke"]).exit_code == 0
+    assert CliRunner().invoke(main, ["validate", "--profile", "slurm", "otagent_v2_100k"]).exit_code == 0
+
+
+def test_duckdb_memory_and_spill_dir_come_from_the_job(monkeypatch, tmp_path):
+    from otbuild import duck, jobs
+
+    for var in ("OTBUILD_DUCKDB_MEMORY", "OTBUILD_JOB_MEM_MB", "SLURM_MEM_PER_NODE", "OTBUILD_DUCKDB_TEMP",
+                "SLURM_TMPDIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert jobs.duckdb_memory() == "1024MB"
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "16000")
+    monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path))
+    assert jobs.duckdb_memory() == "12000MB" and jobs.spill_dir() == tmp_path / "otbuild-duckdb"
+    with duck.connect() as con:
+        limit, temp = con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchall()[0]
+    assert limit.startswith("11.1") and temp == str(tmp_path / "otbuild-duckdb")
+    monkeypatch.setenv("OTBUILD_DUCKDB_MEMORY", "3GB")
+    assert jobs.duckdb_memory() == "3GB"
