@@ -60,18 +60,6 @@ def input_offsets(paths: list[Path]) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes))]
 
 
-def write_split(con: duckdb.DuckDBPyConnection, prefix: str, outdir: Path) -> dict:
-    """Write the views PREFIX_kept and PREFIX_rejected to kept.parquet and rejected.parquet;
-    return row counts and rejections per reason (the text before the first ':')."""
-    kept = copy_to_parquet(con, f"SELECT * FROM {prefix}_kept", outdir / "kept.parquet")
-    rejected = copy_to_parquet(con, f"SELECT * FROM {prefix}_rejected", outdir / "rejected.parquet")
-    reasons = con.execute(
-        f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM read_parquet({sql_literal(outdir / 'rejected.parquet')})"
-        " GROUP BY r ORDER BY r"
-    ).fetchall()
-    return {"kept": kept, "rejected": rejected, "rejected_by_reason": dict(reasons)}
-
-
 def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> int:
     """Write a query's rows to `dest` (zstd parquet); returns the row count."""
     with atomic_path(dest) as tmp:
@@ -89,7 +77,8 @@ def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path
     a time, in input order: the table `decided` (_ord, reason; one row per input row, _ord as
     union_inputs numbers them) says which rows go where; its `kept_columns` are appended to the
     kept rows. Only those narrow columns are held whole. Rejected rows get `reason` and
-    `rejected_by`; returns the counts as write_split does."""
+    `rejected_by`. Returns the row counts and the rejections per reason (the text before
+    the first ':')."""
     narrow = con.sql(f"SELECT reason{''.join(', ' + c for c in kept_columns)} FROM {decided} ORDER BY _ord")
     narrow = narrow.to_arrow_table()
     reasons = narrow.column(0)
