@@ -37,9 +37,10 @@ test: setup  ## the full suite, end-to-end (slow) checks included: what CI runs
 test-fast: setup  ## skip the slow end-to-end checks
 	$(PYTHON) -m pytest -m "not slow"
 
-bench: setup  ## every benchmark: table stages vs pandas, sandbox vs Harbor, SFT vs TRL, SFT data prep, LLM-stage merge
+bench: setup  ## every benchmark: table stages vs pandas, sandbox vs Harbor, SFT vs TRL, SFT data prep, LLM-stage merge, the trace path at scale
 	$(PYTHON) bench/tables.py
 	$(PYTHON) bench/sandbox.py
 	$(PYTHON) bench/sft.py
 	$(PYTHON) bench/sft_data.py
 	$(PYTHON) bench/llm_stages.py
+	$(PYTHON) bench/scale.py

@@ -50,6 +50,19 @@ def _plan(recipe: str):
     return plan_recipe(load_recipe(recipe, Path.cwd()))
 
 
+def _check_jobs(plan, profile: str | None) -> None:
+    """Refuse a rollout or eval whose concurrent trials would not fit in its job's memory."""
+    if not profile:
+        return
+    from otbuild.jobs import overcommit_problems
+
+    where = next((d for d in (Path.cwd() / "profiles" / profile, Path(profile)) if (d / "config.yaml").is_file()), None)
+    if where is None:
+        raise ConfigError(f"--profile {profile}: no profiles/{profile}/config.yaml or {profile}/config.yaml")
+    if problems := overcommit_problems(plan.nodes, where):
+        raise ConfigError("\n".join(problems))
+
+
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 def init(directory):
@@ -67,11 +80,14 @@ def init(directory):
 @click.argument("recipes", nargs=-1, required=True)
 @click.option("--images", is_flag=True, help="Also list each distinct base image the recipes' tasks start "
               "FROM and whether podman has it here (exit 1 when one is missing).")
-def validate(recipes, images):
-    """Check RECIPES (names under recipes/ or paths) against the schema; write nothing."""
+@click.option("--profile", help="Also check the recipe against this Snakemake profile's job sizes.")
+def validate(recipes, images, profile):
+    """Check RECIPES (names under recipes/ or paths) against the schema; write nothing. With
+    --profile, also refuse rollouts whose concurrency x limits.memory_mb exceeds their job's mem_mb."""
     missing_images = 0
     for r in recipes:
         plan = _plan(r)
+        _check_jobs(plan, profile)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
         for node, path in plan.missing:
             err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
@@ -141,6 +157,7 @@ def build(recipe, profile, dry_run, snakemake_args):
     """Build RECIPE with Snakemake (validated first). Extra args go to snakemake. A project
     without a Snakefile gets the installed otbuild's workflow."""
     p = _plan(recipe)
+    _check_jobs(p, profile)
     code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))
     sys.exit(0 if code == 0 else EXIT_FINDINGS)
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import duckdb
 import jinja2
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path
+from otbuild import jobs
+from otbuild.fsio import atomic_path, parquet_batches
 
 SQL_DIR = Path(__file__).parent / "sql"
 _env = jinja2.Environment(
@@ -37,10 +38,11 @@ def regex_error(pattern: str) -> str | None:
 
 
 def connect(memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
-    """Memory is capped (OTBUILD_DUCKDB_MEMORY, default 1GB); beyond it DuckDB spills to disk."""
+    """Memory is capped and spills go to the job's scratch (otbuild.jobs: OTBUILD_DUCKDB_MEMORY
+    or 3/4 of the job's mem_mb, default 1GB; OTBUILD_DUCKDB_TEMP, $SLURM_TMPDIR or $TMPDIR)."""
     con = duckdb.connect()
-    con.execute(f"SET memory_limit = '{memory_limit or os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB')}'")
-    con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/otbuild-duckdb'")
+    con.execute(f"SET memory_limit = {sql_literal(memory_limit or jobs.duckdb_memory())}")
+    con.execute(f"SET temp_directory = {sql_literal(jobs.spill_dir())}")
     return con
 
 
@@ -58,20 +60,57 @@ def input_offsets(paths: list[Path]) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes))]
 
 
-def write_split(con: duckdb.DuckDBPyConnection, prefix: str, outdir: Path) -> dict:
-    """Write the views PREFIX_kept and PREFIX_rejected to kept.parquet and rejected.parquet;
-    return row counts and rejections per reason (the text before the first ':')."""
-    kept = copy_to_parquet(con, f"SELECT * FROM {prefix}_kept", outdir / "kept.parquet")
-    rejected = copy_to_parquet(con, f"SELECT * FROM {prefix}_rejected", outdir / "rejected.parquet")
-    reasons = con.execute(
-        f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM read_parquet({sql_literal(outdir / 'rejected.parquet')})"
-        " GROUP BY r ORDER BY r"
-    ).fetchall()
-    return {"kept": kept, "rejected": rejected, "rejected_by_reason": dict(reasons)}
-
-
 def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> int:
     """Write a query's rows to `dest` (zstd parquet); returns the row count."""
     with atomic_path(dest) as tmp:
         con.execute(f"COPY ({query}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
         return con.execute(f"SELECT count(*) FROM read_parquet({sql_literal(tmp)})").fetchone()[0]
+
+
+# Rows of the wide input held at once by stream_split (one parquet row group of each output).
+SPLIT_ROWS = 256
+
+
+def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path], outdir: Path, *,
+                 rejected_by: str, kept_columns: tuple[str, ...] = (), batch_rows: int = SPLIT_ROWS) -> dict:
+    """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
+    a time, in input order: the table `decided` (_ord, reason; one row per input row, _ord as
+    union_inputs numbers them) says which rows go where; its `kept_columns` are appended to the
+    kept rows. Only those narrow columns are held whole. Rejected rows get `reason` and
+    `rejected_by`. Returns the row counts and the rejections per reason (the text before
+    the first ':')."""
+    narrow = con.sql(f"SELECT reason{''.join(', ' + c for c in kept_columns)} FROM {decided} ORDER BY _ord")
+    narrow = narrow.to_arrow_table()
+    reasons = narrow.column(0)
+    schemas = [pq.read_schema(p) for p in inputs]
+    schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+    kept_schema = pa.schema([*schema, *(narrow.schema.field(c) for c in kept_columns)])
+    rejected_schema = schema.append(pa.field("reason", pa.string())).append(pa.field("rejected_by", pa.string()))
+    at = 0
+    with atomic_path(outdir / "kept.parquet") as kept_tmp, atomic_path(outdir / "rejected.parquet") as rej_tmp, \
+            pq.ParquetWriter(kept_tmp, kept_schema, compression="zstd") as kept, \
+            pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected:
+        for path in inputs:
+            for batch in parquet_batches(path, batch_rows):
+                table = _conform(pa.Table.from_batches([batch]), schema)
+                why = reasons.slice(at, table.num_rows)
+                extra = [narrow.column(c).slice(at, table.num_rows) for c in kept_columns]
+                at += table.num_rows
+                wide = pa.Table.from_arrays([*table.columns, *extra], schema=kept_schema) if extra else table
+                kept.write_table(wide.filter(pc.is_null(why)))
+                out = table.append_column("reason", why).append_column(
+                    "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows))
+                rejected.write_table(out.filter(pc.is_valid(why)))
+    if at != len(reasons):
+        raise RuntimeError(f"{decided}: {len(reasons)} decisions for {at} input rows")
+    by_reason = con.execute(f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM {decided}"
+                            " WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall()
+    n_rejected = sum(n for _, n in by_reason)
+    return {"kept": at - n_rejected, "rejected": n_rejected, "rejected_by_reason": dict(by_reason)}
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns (missing ones null), as UNION ALL BY NAME would."""
+    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+            for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)

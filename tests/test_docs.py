@@ -71,7 +71,8 @@ CASES = {
     "otbuild plan smoke": [["otbuild", "plan", "smoke"]],
     "otbuild audit --verify smoke": [["otbuild", "audit", "--verify", "smoke"]],
     f"otbuild show {KEPT} --row 0": [["otbuild", "show", KEPT, "--row", "0"]],
-    "otbuild validate RECIPE...": [["otbuild", "validate", "smoke", "recipes/smoke.yaml"]],
+    "otbuild validate RECIPE... [--profile P]": [["otbuild", "validate", "smoke", "recipes/smoke.yaml"],
+                                                 ["otbuild", "validate", "smoke", "--profile", "slurm"]],
     "otbuild plan RECIPE": [["otbuild", "plan", "recipes/smoke.yaml"]],
     "otbuild build RECIPE [--profile P] [-n] [SNAKEMAKE ARGS]": [
         ["otbuild", "build", "smoke", "-n"], ["otbuild", "build", "smoke", "--profile", "profiles/slurm", "-n"]],

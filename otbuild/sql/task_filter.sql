@@ -3,8 +3,9 @@
 -- keeps that step's reason: per-row checks (instruction, length, regexes, overlap with a
 -- benchmark from decontaminate.sql, score present),
 -- then dedup on the normalised instruction (first occurrence wins), then top-k by score,
--- then a seeded random subsample. Only narrow columns are decided here; the wide rows
--- (with task_binary) are streamed once per output by joining on (_file, file_row_number).
+-- then a seeded random subsample. Only narrow columns are decided here (tf_decided: _ord,
+-- reason, score[, weight, n_rollouts]); the wide rows (with task_binary) are streamed once, in
+-- input order, by duck.stream_split.
 CREATE OR REPLACE TEMP VIEW tf_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
@@ -98,13 +99,3 @@ FROM allotted;
 {% else %}
 SELECT _ord, reason, score FROM sampled;
 {% endif %}
-
-CREATE OR REPLACE TEMP VIEW tf_kept AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord){% if score %}, d.score{% endif %}{% if score and score.budget %}, d.weight, d.n_rollouts{% endif %}
-FROM tf_src s JOIN tf_decided d USING (_ord)
-WHERE d.reason IS NULL ORDER BY d._ord;
-
-CREATE OR REPLACE TEMP VIEW tf_rejected AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord), d.reason, 'task_filter' AS rejected_by
-FROM tf_src s JOIN tf_decided d USING (_ord)
-WHERE d.reason IS NOT NULL ORDER BY d._ord;

@@ -3,6 +3,8 @@
 -- rule's reason: infrastructure exception, timeout, subagent trace, fewer than min_turns
 -- turns, reward below min_reward (success-only), duplicate conversation (first one wins), then
 -- a seeded subsample of exactly sample.n of what is left (the n smallest md5(seed:name:ord)).
+-- Only narrow columns and a hash of each conversation are decided on here (trf_decided: _ord,
+-- reason); the wide rows are streamed once, in input order, by duck.stream_split.
 CREATE OR REPLACE TEMP VIEW trf_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
@@ -39,11 +41,3 @@ FROM (SELECT *, row_number() OVER (PARTITION BY reason IS NULL
 {% else %}
 SELECT _ord, reason FROM deduped;
 {% endif %}
-
-CREATE OR REPLACE TEMP VIEW trf_kept AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord)
-FROM trf_src s JOIN trf_decided d USING (_ord) WHERE d.reason IS NULL ORDER BY _ord;
-
-CREATE OR REPLACE TEMP VIEW trf_rejected AS
-SELECT s.* EXCLUDE (_file, file_row_number, _ord), d.reason, 'trace_filter' AS rejected_by
-FROM trf_src s JOIN trf_decided d USING (_ord) WHERE d.reason IS NOT NULL ORDER BY _ord;

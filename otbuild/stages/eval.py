@@ -20,12 +20,14 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    rows, shards = merge_shards(settings, outdir)
+    shards = merge_shards(settings, outdir)
     con = duck.connect()
     duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=settings["model_label"])
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions FROM ev_summary").fetchall()
-    return {"trials": sum(1 for r in rows if not r["is_subagent"]), "shards": shards,
+    trials = con.execute("SELECT count(*) FILTER (NOT coalesce(is_subagent, false)) FROM read_parquet("
+                         f"{duck.sql_literal(outdir / 'traces.parquet')})").fetchone()[0]
+    return {"trials": trials, "shards": shards,
             "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e} for b, m, s, e in summary},
             "llm_usage": usage.of_traces(outdir / "traces.parquet")}

@@ -14,10 +14,19 @@ def drop_torn_tail(path: Path) -> None:
     if not path.exists():
         return
     with open(path, "rb+") as f:
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
-        if keep < len(data):
-            print(f"{path.name}: dropped a torn last line ({len(data) - keep} bytes)", flush=True)
+        size = f.seek(0, os.SEEK_END)
+        keep = size
+        while keep > 0:  # find the last newline from the end, a block at a time
+            start = max(0, keep - (1 << 20))
+            f.seek(start)
+            block = f.read(keep - start)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            keep = start
+        if keep < size:
+            print(f"{path.name}: dropped a torn last line ({size - keep} bytes)", flush=True)
             f.truncate(keep)
             os.fsync(f.fileno())
 

@@ -4,10 +4,13 @@ Trial t (tasks in table order, each task's samples in turn) belongs to shard t m
 (N = `shards`, an execution knob: not part of the id). Shard K of N appends every finished
 trial to shards/K-of-N.partial.jsonl (flushed and fsynced) as it completes; a killed job that
 runs again drops a torn last line (a crash or a full disk mid-write) and skips the trials
-already there, in any shard's partial file (trial numbers do not depend on N, so a restart
-with another N loses nothing), so nothing is redone and nothing is duplicated. The shard's
-parquet, shards/K-of-N.parquet, is written (atomically) when all its trials are done. The
-merge job concatenates the shards, in trial order, into traces.parquet.
+already in its own partial file, so nothing is redone and nothing is duplicated. A shard
+never opens the partial files of its run's other shards; those of a run with another N are
+read once and their trials of this shard copied over (trial numbers do not depend on N, so a
+restart with another N loses nothing). The shard's parquet, shards/K-of-N.parquet, is written
+(atomically) in trial order when all its trials are done, reading one record at a time. The
+merge job interleaves the shards, in trial order, into traces.parquet, a few hundred rows at a
+time: no stage of the trace path holds all its traces in memory.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
 table has one (upsampling weights from the task filter).
@@ -16,21 +19,27 @@ table has one (upsampling weights from the task filter).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild import usage
+from otbuild import duck, usage
+from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
-from otbuild.stages.partials import append, drop_torn_tail, iter_records
+from otbuild.stages.partials import append, drop_torn_tail
 from otbuild.tasks.taskdir import TaskDir
-from otbuild.traces.table import TRACE_SCHEMA, write_traces
+from otbuild.traces.table import TRACE_SCHEMA, WRITE_OPTIONS, write_traces
 
 
 @dataclass(frozen=True)
@@ -66,47 +75,113 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     drop_torn_tail(partial)
-    done = _read_partials(outdir)
+    _adopt_stale_trials(partial, n, shard)
+    done = _finished_trials(partial)
     todo = [t for t in trials if t.index not in done]
     print(f"shard {shard}: {len(trials)} trials, {len(done)} already done, {len(todo)} to run", flush=True)
     if todo:
         asyncio.run(_run_trials(settings, inputs, todo, partial, run_id=outdir.name, total=len(trials),
                                 already=len(done)))
-        done = _read_partials(outdir)
+        done = _finished_trials(partial)
     missing = [t.index for t in trials if t.index not in done]
     if missing:
         raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
-    write_traces(dest, (done[t.index] for t in trials))
+    with open(partial, "rb") as f:
+        write_traces(dest, (_record(f, done[t.index]) for t in trials))
     partial.unlink(missing_ok=True)
 
 
 def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    """Merge the shards into traces.parquet."""
-    rows, shards = merge_shards(settings, outdir)
-    subagents = sum(1 for r in rows if r["is_subagent"])
-    rows = [r for r in rows if not r["is_subagent"]]
-    rewards = [r["reward"] for r in rows if r["reward"] is not None]
-    return {
-        "trials": len(rows),
-        "subagent_traces": subagents,
-        "shards": shards,
-        "passed": sum(1 for r in rewards if r >= 1.0),
-        "exceptions": sum(1 for r in rows if r["exception"]),
-        "timed_out": sum(1 for r in rows if r["timed_out"]),
-        "llm_usage": usage.of_traces(outdir / "traces.parquet"),
-    }
+    """Merge the shards into traces.parquet; the summary reads 5 narrow columns back."""
+    shards = merge_shards(settings, outdir)
+    con = duck.connect()
+    trials, subagents, passed, exceptions, timed_out = con.execute(
+        "SELECT count(*) FILTER (NOT sub), count(*) FILTER (sub), count(*) FILTER (NOT sub AND reward >= 1.0),"
+        " count(*) FILTER (NOT sub AND coalesce(exception, '') <> ''),"
+        " count(*) FILTER (NOT sub AND coalesce(timed_out, false))"
+        " FROM (SELECT coalesce(is_subagent, false) AS sub, reward, exception, timed_out"
+        f" FROM read_parquet({duck.sql_literal(outdir / 'traces.parquet')}))"
+    ).fetchone()
+    return {"trials": trials, "subagent_traces": subagents, "shards": shards, "passed": passed,
+            "exceptions": exceptions, "timed_out": timed_out, "llm_usage": usage.of_traces(outdir / "traces.parquet")}
 
 
-def merge_shards(settings: dict, outdir: Path) -> tuple[list[dict], list[dict]]:
-    """The shards' rows in trial order (trial t is row t // S of shard t % S), written to
-    traces.parquet; returns them and the shards' paths and sha256."""
+# Rows held in memory at once by the merge, over all shards together (~110 KB each).
+MERGE_ROWS = 256
+
+
+def merge_step(shards: int) -> int:
+    """Rows the merge takes from each shard at a time (parquet pages are read as needed)."""
+    return max(1, MERGE_ROWS // shards)
+
+
+def merge_shards(settings: dict, outdir: Path) -> list[dict]:
+    """Write the shards' rows, in trial order (trial t is row t // S of shard t % S), to
+    traces.parquet, streamed: each shard is read merge_step(S) rows at a time and the batches
+    are interleaved. Returns the shards' paths and sha256."""
     shards = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
-    parts = [pq.read_table(p, schema=TRACE_SCHEMA).to_pylist() for p in shards]
-    rows = [part[pos] for pos in range(max(map(len, parts), default=0)) for part in parts if pos < len(part)]
-    write_traces(outdir / "traces.parquet", rows)
+    step = merge_step(len(shards))
+    readers = [parquet_batches(p, step) for p in shards]
+    with atomic_path(outdir / "traces.parquet") as tmp, \
+            pq.ParquetWriter(tmp, TRACE_SCHEMA, **WRITE_OPTIONS) as out:
+        while parts := [b for b in (next(r, None) for r in readers) if b is not None and b.num_rows]:
+            table = pa.Table.from_batches([b.select(TRACE_SCHEMA.names) for b in parts]).cast(TRACE_SCHEMA)
+            # row pos of part k sits at offset(k) + pos; interleave: pos-major, then shard
+            starts = np.cumsum([0] + [b.num_rows for b in parts[:-1]])
+            order = [starts[k] + pos for pos in range(step) for k, b in enumerate(parts) if pos < b.num_rows]
+            out.write_table(table.take(order))
     for stale in (outdir / "shards").glob("*.partial.jsonl"):  # left by a run with another N
         stale.unlink()
-    return rows, [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
+    return [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
+
+
+def _trial_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(trial, byte offset, line) of each whole record in a partial file, one line in memory at
+    a time; a line that is not a whole record (cut short by a crash) is skipped: it reruns."""
+    with open(path, "rb") as f:
+        offset = 0
+        for line in f:
+            start, offset = offset, offset + len(line)
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("_trial"), int):
+                yield rec["_trial"], start, line
+
+
+def _finished_trials(partial: Path) -> dict[int, int]:
+    """{trial: byte offset of its record} in this shard's own partial file (never another's)."""
+    return {t: at for t, at, _ in _trial_lines(partial)} if partial.exists() else {}
+
+
+def _record(f, offset: int) -> dict:
+    f.seek(offset)
+    rec = json.loads(f.readline())
+    del rec["_trial"]
+    return rec
+
+
+def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
+    """Trials finished by a run with another number of shards (their partial files are named
+    K-of-M, M != n) are copied, streamed, into this shard's file when they are this shard's:
+    a restart with another `shards` loses nothing. Files of this run's other shards are never
+    opened."""
+    stale = [p for p in sorted(partial.parent.glob("*.partial.jsonl")) if not p.name.endswith(f"-of-{n}.partial.jsonl")]
+    if not stale:
+        return
+    have = set(_finished_trials(partial))
+    with open(partial, "ab") as out:
+        for path in stale:
+            try:
+                for t, _, line in _trial_lines(path):
+                    if t % n == shard and t not in have:
+                        out.write(line if line.endswith(b"\n") else line + b"\n")
+                        have.add(t)
+            except FileNotFoundError:  # merged and removed meanwhile
+                continue
+        out.flush()
+        os.fsync(out.fileno())
 
 
 async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
@@ -157,15 +232,6 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
         progress.finish()
 
 
-def _read_partials(outdir: Path) -> dict[int, dict]:
-    """Finished trials by index, from every shard's partial file."""
-    done = {}
-    for index, rec in iter_records(outdir, "_trial"):
-        rec.pop("_trial")
-        done[index] = rec
-    return done
-
-
 def _needs_image(row: dict, backend: str) -> bool:
     """The task runs in its own image: no RUN-free layout, or (auto) a FROM the host is not."""
     from otbuild.sandbox import needs_image
@@ -191,11 +257,11 @@ def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binar
     """The task rows (by position across the inputs) that trials need, streamed."""
     rows, i = {}, 0
     for path in inputs:
-        for batch in pq.ParquetFile(path).iter_batches(columns=list(columns)):
-            for r in batch.to_pylist():
-                if i in wanted:
-                    rows[i] = r
-                i += 1
+        for batch in parquet_batches(path, 256, list(columns)):
+            mine = [k for k in range(batch.num_rows) if i + k in wanted]
+            if mine:  # only the wanted rows become Python objects
+                rows.update(zip((i + k for k in mine), batch.take(mine).to_pylist()))
+            i += batch.num_rows
     return rows
 
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.tasks.table import BATCH_ROWS
 
 
 def score_expr(column: str) -> str:
@@ -43,11 +44,13 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         score_expr=score_expr(score["column"]) if score else None, rollouts=budget,
     )
     if budget:
-        kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchone()[0]
+        kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchall()[0][0]
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    stats = duck.write_split(con, "tf", outdir)
+    extra = ("score", "weight", "n_rollouts") if budget else ("score",) if score else ()
+    stats = duck.stream_split(con, "tf_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
+                              batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
     check_not_emptied(stats)
     return {**stats, "rollouts_planned": budget} if budget else stats
 

@@ -14,7 +14,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
                       offsets=duck.input_offsets(inputs), **settings)
-    stats = duck.write_split(con, "trf", outdir)
+    stats = duck.stream_split(con, "trf_decided", inputs, outdir, rejected_by="trace_filter")
     total = stats["kept"] + stats["rejected"]
     capped = stats["rejected_by_reason"].get("not_sampled", 0)
     return {**stats, "keep_rate": round((stats["kept"] + capped) / total, 4) if total else None}

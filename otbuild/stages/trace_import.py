@@ -21,13 +21,20 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         kind, files, stats["hub"] = settings["format"], found.paths, found.identity()
     else:
         kind, files = settings["kind"], [Path(settings["path"])]
-    rows, quarantined = [], []
-    for f in files:
-        for item in read_traces(kind, f, **options):
-            (quarantined if isinstance(item, Quarantined) else rows).append(item)
-    check_not_empty(f"trace_imports.{settings['name']}", where(settings), len(rows), quarantined,
+    quarantined: list[Quarantined] = []  # small records; the traces are streamed to parquet
+
+    def traces():
+        for f in files:
+            for item in read_traces(kind, f, **options):
+                if isinstance(item, Quarantined):
+                    quarantined.append(item)
+                else:
+                    yield item
+
+    written = write_traces(outdir / "traces.parquet", traces())
+    check_not_empty(f"trace_imports.{settings['name']}", where(settings), written, quarantined,
                     settings.get("allow_empty", False))
     name = f"import:{settings['name']}"
-    return {"traces": write_traces(outdir / "traces.parquet", rows),
+    return {"traces": written,
             "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
             "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}

@@ -1,0 +1,254 @@
+"""The trace path at the paper's scale: wall time and peak RSS per stage and N, and how they grow.
+
+    python bench/scale.py [--n 1000,10000] [--shards 64] [--sft-max 1000] [--baseline DIR]
+                          [--out DIR] [--keep]
+
+For each N, bench/tracegen.py writes N realistic traces (5-100 turns, `<think>` blocks,
+terminal outputs of a few KB; ~110 KB each, distribution in its docstring) as the 64 partial
+files a rollout leaves when every trial has finished (a restart after a kill), then runs each
+stage with default settings in its own fresh child process (peak RSS from that child's own
+wait4 rusage, taken by a small launcher process):
+
+- rollout shards: the 64 shard jobs, one after the other in one process (each turns its own
+  partial file into shards/K-of-64.parquet);
+- rollout merge: `otbuild.stages.rollout.run` (the shards -> traces.parquet and its summary);
+- trace_filter: the paper's defaults (min_turns 5, timeouts, subagents, exceptions, dedup);
+- sft data: the SFT data preparation (`prepare_sft` below: the tokenized set, with
+  the tiny student's tokenizer, cutoff 32768), only for N <= --sft-max (it is slow);
+- sharegpt export: `otbuild.train.export.export_llamafactory` of the kept traces.
+
+The table gives seconds, microseconds per trace, peak RSS, and between consecutive sizes the
+growth exponents log(t2/t1)/log(N2/N1) of time and of RSS (1 = linear, 0 = flat). Targets:
+peak RSS < 2 GB for every stage, RSS within 1.5x from 10K to 100K, time exponent <= 1.1.
+With --baseline DIR (another checkout, e.g. /work/main) every stage also runs on that code
+and the table adds the ratios baseline / this tree (time and RSS; "failed" when its child
+failed, e.g. killed for memory). Data lives under --out (default $TMPDIR/otbuild-scale),
+removed at the end unless --keep. Exit 1 when a stage of this tree fails, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+STAGES = ("rollout shards", "rollout merge", "trace_filter", "sft data", "sharegpt export")
+RSS_TARGET_MB = 2048
+
+
+def prepare_sft(kept: Path, tokenizer_dir: Path) -> dict:
+    """The SFT data preparation being measured: the tokenized training set, built once per
+    run (otbuild.train.tokenized); a --baseline checkout without it runs its in-memory path."""
+    try:
+        from otbuild.train.tokenized import build_tokenized_set
+    except ImportError:  # a baseline from before the tokenized set
+        from otbuild.train.data import build, read_conversations
+        from otbuild.train.model import load_tokenizer
+
+        tok, _ = load_tokenizer(tokenizer_dir)
+        ds = build(tok, read_conversations([kept]), cutoff_len=32768)
+        return {"rows": len(ds.rows), "tokens": ds.stats["tokens"]}
+    stats = build_tokenized_set([kept], tokenizer_dir, "auto", 32768, kept.parent / "tokenized")
+    return {"rows": stats["sequences"], "tokens": stats["tokens"]}
+
+
+# --------------------------------------------------------------------------------------------
+# data
+
+
+def generate(data: Path, n: int, shards: int) -> dict:
+    """Partial files of N finished trials and a task table of N tasks (1 sample each)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tracegen import write_partials
+
+    done = data / "manifest.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    pq.write_table(pa.table({"task_id": [f"{i:016x}" for i in range(n)]}), data / "tasks.parquet")
+    t0 = time.perf_counter()
+    size = write_partials(data / "partials", n, shards)
+    manifest = {"n": n, "shards": shards, "bytes": size, "generate_s": time.perf_counter() - t0}
+    done.write_text(json.dumps(manifest))
+    return manifest
+
+
+def tokenizer_dir(out: Path) -> Path:
+    """The tiny student's tokenizer, trained once on a few generated traces."""
+    from otbuild.train.model import materialise
+    from tracegen import TraceGen
+
+    convs = [r["conversations"] for r in TraceGen(1).traces(20)]
+    return materialise({"kind": "tiny", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "max_position_embeddings": 32768}, out / "tiny", convs)
+
+
+# --------------------------------------------------------------------------------------------
+# children: one stage each, on the code of PYTHONPATH
+
+
+def child(stage: str, data: Path, work: Path, tok: Path) -> None:
+    from otbuild.recipe.schema import Teacher, TraceFilter
+
+    settings = Teacher(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"]).model_dump()
+    rollout_dir, tasks = work / "rollout", [data / "tasks.parquet"]
+    kept = work / "trace_filter" / "kept.parquet"
+    t0 = time.perf_counter()
+    if stage == "rollout shards":
+        from otbuild.stages.rollout import run_shard
+
+        for k in range(settings["shards"]):
+            run_shard(settings, tasks, rollout_dir, k)
+    elif stage == "rollout merge":
+        from otbuild.stages.rollout import run
+
+        run(settings, tasks, rollout_dir)
+    elif stage == "trace_filter":
+        from otbuild.stages.trace_filter import run
+
+        run(TraceFilter().model_dump(), [rollout_dir / "traces.parquet"], work / "trace_filter")
+    elif stage == "sft data":
+        prepare_sft(kept, tok)
+    elif stage == "sharegpt export":
+        from otbuild.train.export import export_llamafactory
+
+        export_llamafactory([kept], work / "export")
+    (work / "result.json").write_text(json.dumps({"stage_s": time.perf_counter() - t0}))
+
+
+# Peak RSS comes from the child's own wait4 rusage, taken by this small launcher: Linux carries
+# the parent's RSS high-water mark into a child across fork and exec, so waiting from the
+# (large) bench or test process would count its memory too.
+LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]); _, st, ru = os.wait4(p.pid, 0); "
+            "open(sys.argv[1], 'w').write(str(ru.ru_maxrss)); sys.exit(os.waitstatus_to_exitcode(st))")
+
+
+def measured(cmd: list[str], log: Path, **popen) -> tuple[int, float]:
+    """Run cmd (output to `log`); its exit status and peak RSS in MB."""
+    rss = log.with_suffix(".maxrss")
+    with open(log, "w") as out:
+        code = subprocess.run([sys.executable, "-c", LAUNCHER, str(rss), *cmd], stdout=out,
+                              stderr=subprocess.STDOUT, check=False, **popen).returncode
+    return code, int(rss.read_text()) / 1024 if rss.exists() else 0.0
+
+
+def run_child(stage: str, data: Path, work: Path, tok: Path, code: Path) -> dict:
+    """One stage in a fresh process on `code`'s otbuild; its own wall time and peak RSS."""
+    (work / "result.json").unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--data", str(data),
+           "--work", str(work), "--tokenizer", str(tok)]
+    status, rss = measured(cmd, work / f"{stage.replace(' ', '_')}.log", env={**os.environ, "PYTHONPATH": str(code)})
+    ok = status == 0 and (work / "result.json").exists()
+    res = json.loads((work / "result.json").read_text()) if ok else {}
+    return {"ok": ok, "s": res.get("stage_s"), "rss_mb": rss}
+
+
+def run_tree(data: Path, work: Path, tok: Path, code: Path, n: int, sft_max: int) -> dict:
+    """Every stage at one N on one checkout; a stage after a failed one is skipped."""
+    shutil.rmtree(work, ignore_errors=True)
+    shards = work / "rollout" / "shards"
+    shards.mkdir(parents=True)
+    for p in (data / "partials").iterdir():  # the shard jobs delete their partial files
+        os.link(p, shards / p.name)
+    out, failed = {}, False
+    for stage in STAGES:
+        if stage == "sft data" and n > sft_max:
+            continue
+        out[stage] = {"ok": False, "s": None, "rss_mb": None} if failed else run_child(stage, data, work, tok, code)
+        failed = failed or not out[stage]["ok"]
+        print(f"  N={n} {stage}: {_fmt(out[stage])}  [{code}]", flush=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# report
+
+
+def _fmt(r: dict) -> str:
+    return f"{r['s']:.2f} s, {r['rss_mb']:.0f} MB" if r["ok"] else "failed"
+
+
+def _exp(a: float | None, b: float | None, n1: int, n2: int) -> str:
+    return f"{math.log(b / a) / math.log(n2 / n1):.2f}" if a and b else "-"
+
+
+def report(results: dict, baseline: dict | None) -> bool:
+    sizes = sorted(results)
+    head = f"{'stage':<16} {'N':>7} {'s':>9} {'us/trace':>9} {'peak MB':>8} {'t exp':>6} {'RSS exp':>7}"
+    if baseline:
+        head += f" {'base s':>8} {'base MB':>8} {'t ratio':>8} {'RSS ratio':>9}"
+    print("\n" + head + "\n" + "-" * len(head))
+    ok = True
+    for stage in STAGES:
+        prev = None
+        for n in sizes:
+            r = results[n].get(stage)
+            if r is None:
+                continue
+            ok = ok and r["ok"] and r["rss_mb"] < RSS_TARGET_MB
+            t_exp = _exp(prev[1]["s"], r["s"], prev[0], n) if prev and r["ok"] and prev[1]["ok"] else "-"
+            m_exp = _exp(prev[1]["rss_mb"], r["rss_mb"], prev[0], n) if prev and r["ok"] and prev[1]["ok"] else "-"
+            line = (f"{stage:<16} {n:>7} {r['s']:>9.2f} {r['s'] / n * 1e6:>9.0f} {r['rss_mb']:>8.0f} {t_exp:>6} {m_exp:>7}"
+                    if r["ok"] else f"{stage:<16} {n:>7} {'failed':>9}")
+            if baseline and (b := baseline.get(n, {}).get(stage)):
+                line += (f" {b['s']:>8.2f} {b['rss_mb']:>8.0f} {b['s'] / r['s']:>7.2f}x {b['rss_mb'] / r['rss_mb']:>8.2f}x"
+                         if b["ok"] and r["ok"] else f" {'failed':>8} {b['rss_mb'] or 0:>8.0f}")
+            print(line)
+            prev = (n, r)
+    print(f"\npeak RSS < {RSS_TARGET_MB} MB for every stage and N: {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", default="1000,10000", help="comma-separated trace counts (e.g. 1000,10000,100000)")
+    ap.add_argument("--shards", type=int, default=64)
+    ap.add_argument("--sft-max", type=int, default=1000, help="run the SFT data step only up to this N")
+    ap.add_argument("--baseline", type=Path, help="another checkout to run the same stages on")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-scale")
+    ap.add_argument("--keep", action="store_true", help="keep the generated data and outputs")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--tokenizer", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.data, args.work, args.tokenizer)
+        return 0
+    sys.path.insert(0, str(REPO))
+    sizes = [int(x) for x in args.n.split(",")]
+    results, baseline = {}, {} if args.baseline else None
+    try:
+        tok = tokenizer_dir(args.out)
+        for n in sizes:
+            data = args.out / f"n{n}"
+            m = generate(data, n, args.shards)
+            print(f"N={n}: {m['bytes'] / 1e9:.2f} GB of partial files ({m['bytes'] / n / 1e3:.0f} KB per trace), "
+                  f"generated in {m['generate_s']:.0f} s", flush=True)
+            results[n] = run_tree(data, args.out / f"work{n}", tok, REPO, n, args.sft_max)
+            if args.baseline:
+                baseline[n] = run_tree(data, args.out / f"base{n}", tok, args.baseline.resolve(), n, args.sft_max)
+            if not args.keep:  # the biggest N needs the disk for itself
+                for d in (data, args.out / f"work{n}", args.out / f"base{n}"):
+                    shutil.rmtree(d, ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.out, ignore_errors=True)
+    return 0 if report(results, baseline) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""What a Snakemake job gives a stage: its memory and scratch space, and the check that a
+rollout's concurrent trials fit in its job's memory.
+
+A Slurm job knows its memory (SLURM_MEM_PER_NODE: the profile's `mem_mb`, sbatch --mem);
+OTBUILD_JOB_MEM_MB says it elsewhere. Snakemake sets TMPDIR from the job's `tmpdir`
+resource; some clusters set SLURM_TMPDIR (node-local scratch).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+DEFAULT_DUCKDB_MB = 1024
+DUCKDB_SHARE = 0.75  # the rest of the job is for Python and pyarrow batches (a few hundred MB)
+
+
+def duckdb_memory() -> str:
+    """DuckDB's memory limit: OTBUILD_DUCKDB_MEMORY when set (e.g. "4GB"); else three quarters
+    of the job's memory (OTBUILD_JOB_MEM_MB, else SLURM_MEM_PER_NODE); else 1GB. Beyond it
+    DuckDB spills to disk."""
+    if limit := os.environ.get("OTBUILD_DUCKDB_MEMORY"):
+        return limit
+    job = os.environ.get("OTBUILD_JOB_MEM_MB") or os.environ.get("SLURM_MEM_PER_NODE", "")
+    mb = int(int(job) * DUCKDB_SHARE) if job.isdigit() and int(job) > 0 else DEFAULT_DUCKDB_MB
+    return f"{max(mb, 256)}MB"
+
+
+def spill_dir() -> Path:
+    """Where DuckDB spills: OTBUILD_DUCKDB_TEMP, else the job's scratch ($SLURM_TMPDIR, then
+    $TMPDIR, as tempfile finds it), in a folder otbuild-duckdb."""
+    base = os.environ.get("OTBUILD_DUCKDB_TEMP") or os.environ.get("SLURM_TMPDIR") or tempfile.gettempdir()
+    return Path(base) / "otbuild-duckdb"
+
+
+def profile_mem_mb(profile: Path, rule: str) -> tuple[int, str] | None:
+    """The memory (MB) a profile gives `rule`'s jobs on their first attempt, and where it is
+    set; None when the profile does not say."""
+    cfg = yaml.safe_load((profile / "config.yaml").read_text()) or {}
+    for key in (f"set-resources.{rule}", "default-resources"):
+        section = cfg
+        for part in key.split("."):
+            section = (section or {}).get(part) or {}
+        if "mem_mb" in section:
+            value = section["mem_mb"]
+            if isinstance(value, str):  # an expression such as "16000 * attempt"
+                value = eval(value, {"attempt": 1})  # noqa: S307 (the user's own profile)
+            return int(value), f"{profile / 'config.yaml'}: {key}.mem_mb"
+    return None
+
+
+def overcommit_problems(nodes, profile: Path) -> list[str]:
+    """Rollout and eval stages whose concurrency x per-trial memory exceeds their job's memory
+    under `profile` (what Slurm would kill mid-run, after hours of GPU time)."""
+    problems = []
+    for node in nodes:
+        if node.stage not in ("rollout", "eval") or "concurrency" not in node.settings:
+            continue
+        job = profile_mem_mb(profile, node.stage)
+        if job is None:
+            continue
+        mem_mb, where = job
+        conc, per = node.settings["concurrency"], node.settings.get("limits", {}).get("memory_mb", 4096)
+        if conc * per > mem_mb:
+            fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]
+            problems.append(
+                f"{node.label}: concurrency {conc} x limits.memory_mb {per} = {conc * per} MB is more than "
+                f"the job's {mem_mb} MB ({where}); lower {' or '.join(fixes)}, or give the job more memory")
+    return problems
