@@ -59,6 +59,7 @@ def generate(out: Path, rows: int, shards: int, binary_bytes: int) -> Path:
         pq.write_table(pa.Table.from_pydict({
             "request": list(mine), "text": [f"Rating: {1 + i % 100}. " + "because " * 40 for i in mine],
             "error": [None] * len(mine), "n_output_tokens": [50] * len(mine), "usage_reported": [True] * len(mine),
+            "n_input_tokens": [200] * len(mine),
         }, ANSWER_SCHEMA), dest)
     return src
 

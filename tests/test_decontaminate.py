@@ -152,12 +152,22 @@ def test_a_real_build_decontaminates_against_a_source_it_does_not_mix(project):
     are the rule's, benchmark task named."""
     from tests.conftest import snakemake
 
+    import csv
+    import random
+
+    rng = random.Random(7)  # made-up instructions of distinct words: only the copies overlap
+    vocab = [f"w{i}" for i in range(5000)]
+    train = [" ".join(rng.sample(vocab, 40)) for _ in range(30)]
+    held = [train[3], train[11], "Please " + train[20], *(" ".join(rng.sample(vocab, 40)) for _ in range(3))]
+    for name, texts in (("train", train), ("held", held)):
+        with open(project / f"{name}.csv", "w", newline="") as f:
+            csv.writer(f).writerows([["q"], *([t] for t in texts)])
     (project / "recipes" / "r.yaml").write_text("""
 sources:
-  train: {kind: synthetic, rank: 1, count: 40, seed: 1}
-  held: {kind: synthetic, rank: 2, count: 15, seed: 2, families: [text]}
-mix: {n: 1, total: 40}
-task_filter: {dedup: false, decontaminate: {against: [held], ngram: 8}}
+  train: {kind: table, rank: 1, path: train.csv, columns: {instruction: q}}
+  held: {kind: table, rank: 2, path: held.csv, columns: {instruction: q}}
+mix: {n: 1, total: 30}
+task_filter: {dedup: false, decontaminate: {against: [held], ngram: 13}}
 """)
     jobs, _ = snakemake(project, "r", "--cores", "1")
     assert jobs["source"] == 2 and jobs["task_filter"] == 1
@@ -167,7 +177,7 @@ task_filter: {dedup: false, decontaminate: {against: [held], ngram: 8}}
     assert [i["id"] for i in record["inputs"]] == [nodes["mix"].id, held.id]
     mixed = pq.read_table(project / nodes["mix"].main_output, columns=["path", "instruction"]).to_pydict()
     bench = pq.read_table(project / held.main_output, columns=["path", "instruction"]).to_pydict()
-    expected = reference(mixed["instruction"], [("held", list(zip(bench["path"], bench["instruction"])))], 8)
+    expected = reference(mixed["instruction"], [("held", list(zip(bench["path"], bench["instruction"])))], 13)
     rejected = pq.read_table(project / tf.dir / "rejected.parquet", columns=["path", "reason"]).to_pydict()
-    assert expected and dict(zip(rejected["path"], rejected["reason"])) == {mixed["path"][i]: r for i, r in expected.items()}
+    assert len(expected) == 3 and dict(zip(rejected["path"], rejected["reason"])) == {mixed["path"][i]: r for i, r in expected.items()}
     assert record["stats"]["rejected_by_reason"] == ({"contaminated by held": len(expected)} if expected else {})

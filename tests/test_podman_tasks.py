@@ -19,6 +19,7 @@ import pytest
 from otbuild import sandbox
 from otbuild.sandbox import Limits, TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
 from otbuild.sandbox import podman
+from otbuild.sandbox.procs import owner_is_gone
 from otbuild.sandbox.podman import (IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash,
                                     image_exists)
 from otbuild.stages.rollout import check_podman
@@ -265,6 +266,11 @@ def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project)
         proc.wait()
     left = _trial_containers() - before
     assert len(left) == 2  # what kill -9 leaves: containers nothing will close
+    owners = subprocess.run(["podman", "inspect", "--format", f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *left],
+                            capture_output=True, text=True, check=True).stdout.split()
+    deadline = time.monotonic() + 60  # a SIGKILLed job takes a moment to be gone (as a lost node is)
+    while not all(map(owner_is_gone, owners)) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
     _, log = snakemake(project, "slow", "--cores", "2")  # the restart cleans up and rebuilds
     assert "removed 2 trial container(s) of builds that are no longer running" in log
