@@ -242,7 +242,9 @@ def _needs_image(row: dict, backend: str) -> bool:
 
 
 def check_podman(backend: str, need_image: list[dict]) -> None:
-    """Fail before any trial when tasks need their image and podman cannot run here."""
+    """Fail before any trial when tasks need their image and podman cannot run here; else remove
+    the trial containers that dead jobs left (their owner may still have been dying when the
+    build started)."""
     from otbuild.sandbox import backend_problem
 
     if (backend == "podman" or need_image) and (problem := backend_problem("podman")):
@@ -250,6 +252,11 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
         which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
                  "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image else "the recipe asks for it")
         raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
+    if backend == "podman" or need_image:  # a job restarted right after a kill -9: what it left
+        from otbuild.sandbox.podman import remove_leaked_containers
+
+        if removed := remove_leaked_containers():
+            print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
 
 
 def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",
