@@ -155,7 +155,9 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     lw0 = sequence_logprob(before, tok, prompt, WRONG)
     assert math.log(0.05) < lp0 < math.log(0.95) and lw0 > math.log(0.05), (lp0, lw0)
 
-    rl = {"steps": 4, "batch_size": 1, "samples_per_task": 8, "temperature": 1.0, "max_tokens": 96,
+    # the paper's RL temperature: at 1.0 this tiny student samples mostly malformed answers, and
+    # which prompt text it was trained on decides whether 4 steps climb (seen with a new prompt)
+    rl = {"steps": 4, "batch_size": 1, "samples_per_task": 8, "temperature": 0.7, "max_tokens": 96,
           "max_context": 4096, "learning_rate": 2e-3, "save_steps": 2, "concurrency": 8,
           "sandbox": {"max_episodes": 1}}
     manifest = rl_train(rl, [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"],
