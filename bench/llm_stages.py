@@ -67,7 +67,7 @@ def generate(out: Path, rows: int, shards: int, binary_bytes: int) -> Path:
 def merge_stream(src: Path, art: Path, shards: int) -> None:
     from otbuild.stages import task_score
 
-    task_score.run({"kind": "askllm", "shards": shards}, [src], art)
+    task_score.run({"kind": "askllm", "shards": shards, "engine": "openai", "model": "m"}, [src], art)
 
 
 def merge_whole(src: Path, art: Path, shards: int) -> None:

@@ -73,7 +73,7 @@ def test_few_rows_pass_through_every_trace_stage(tmp_path, n):
 
     src = tmp_path / "chats.jsonl"
     write_messages_jsonl(src, n)
-    imp = trace_import.run({"name": "chats", "kind": "messages-jsonl", "path": str(src)}, [], tmp_path / "imp")
+    imp = trace_import.run({"name": "chats", "kind": "messages-jsonl", "path": str(src), "allow_empty": n == 0}, [], tmp_path / "imp")
     assert imp["traces"] == n and pq.read_table(tmp_path / "imp" / "traces.parquet").num_rows == n
 
     tf = trace_filter.run(TraceFilter().model_dump(), [traces, tmp_path / "imp" / "traces.parquet"], tmp_path / "tf")
