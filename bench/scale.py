@@ -87,13 +87,15 @@ def generate(data: Path, n: int, shards: int) -> dict:
 
 def tokenizer_dir(out: Path) -> Path:
     """The tiny student's tokenizer, trained once on a few generated traces."""
+    from otbuild.traces.table import TRACE_SCHEMA, write_traces
     from otbuild.train.model import materialise
     from tracegen import TraceGen
 
-    convs = [r["conversations"] for r in TraceGen(1).traces(20)]
+    sample = out / "tokenizer_traces.parquet"
+    write_traces(sample, ({k: r.get(k) for k in TRACE_SCHEMA.names} for r in TraceGen(1).traces(20)))
     return materialise({"kind": "tiny", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                        "max_position_embeddings": 32768}, out / "tiny", convs)
+                        "max_position_embeddings": 32768}, out / "tiny", [sample])
 
 
 # --------------------------------------------------------------------------------------------
