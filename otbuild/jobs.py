@@ -55,6 +55,8 @@ def profile_mem_mb(profile: Path, rule: str) -> tuple[int, str] | None:
 def overcommit_problems(nodes, profile: Path) -> list[str]:
     """Rollout and eval stages whose concurrency x per-trial memory exceeds their job's memory
     under `profile` (what Slurm would kill mid-run, after hours of GPU time)."""
+    from otbuild.engines.settings import concurrency
+
     problems = []
     for node in nodes:
         if node.stage not in ("rollout", "eval") or "concurrency" not in node.settings:
@@ -63,7 +65,8 @@ def overcommit_problems(nodes, profile: Path) -> list[str]:
         if job is None:
             continue
         mem_mb, where = job
-        conc, per = node.settings["concurrency"], node.settings.get("limits", {}).get("memory_mb", 4096)
+        conc = concurrency(node.settings)  # unset: the engine's own default
+        per = node.settings.get("limits", {}).get("memory_mb", 4096)
         if conc * per > mem_mb:
             fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]
             problems.append(

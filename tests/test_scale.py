@@ -146,6 +146,10 @@ def test_validate_refuses_a_rollout_that_overcommits_its_job(tmp_path, monkeypat
     (profile / "config.yaml").write_text("set-resources:\n  rollout:\n    mem_mb: 64000\n")
     assert CliRunner().invoke(main, ["validate", "--profile", str(profile), "smoke"]).exit_code == 0
     assert CliRunner().invoke(main, ["validate", "--profile", "slurm", "otagent_v2_100k"]).exit_code == 0
+    # an eval that leaves concurrency unset runs its engine's default (transformers: 2) at once
+    (profile / "config.yaml").write_text("set-resources:\n  eval:\n    mem_mb: 6000\n")
+    res = CliRunner().invoke(main, ["validate", "--profile", str(profile), "smoke"])
+    assert res.exit_code == 2 and "eval: concurrency 2 x limits.memory_mb 4096 = 8192 MB" in res.output, res.output
 
 
 def test_duckdb_memory_and_spill_dir_come_from_the_job(monkeypatch, tmp_path):
