@@ -55,6 +55,26 @@ def test_sft_writes_event_files_that_tensorboard_reads_and_the_manifest_lists(tm
     assert "wandb" not in manifest["tracking"] and not (out / "wandb").exists()
 
 
+def test_event_files_are_in_the_provenance_record_and_verify(tmp_path, traces):
+    """Through the stage runner (as a rule runs it): the record covers the event files and
+    `otbuild audit --verify` (provenance.check, rehashing) proves the artifact; a changed
+    event file is drift."""
+    from otbuild.provenance import check
+    from otbuild.runner import run_spec
+
+    out = tmp_path / "sft" / ("0a" * 8)
+    spec = {"stage": "sft", "id": "0a" * 8, "outdir": str(out), "settings": {**FAST, "max_steps": 2},
+            "inputs": [{"path": str(traces), "id": "1b" * 8, "stage": "trace_filter"}]}
+    record = run_spec(spec)
+    (event,) = out.glob("events.out.tfevents.*")
+    assert str(event) in {o["path"] for o in record["outputs"]}
+    assert check(out, "sft", verify=True).status == "ok"
+    with open(event, "ab") as f:
+        f.write(b"x")
+    res = check(out, "sft", verify=True)
+    assert res.status == "drifted" and event.name in res.detail
+
+
 def test_tensorboard_off_writes_no_event_files(tmp_path, traces):
     from otbuild.train.sft import train
 
