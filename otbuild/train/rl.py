@@ -520,6 +520,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
             if (step + 1) % settings["save_steps"] == 0 and step + 1 < steps:
                 _save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
+                tracker.flush()
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
         tracked = tracker.close()

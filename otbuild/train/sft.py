@@ -249,6 +249,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                 _save_checkpoint(engine, ckdir, step, settings.get("save_total_limit", 1), rank, {
                     "step": step, "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
                     "elapsed": time.monotonic() - t0})
+                tracker.flush()
                 log(f"sft: checkpoint step {step}")
     finally:
         if logf:

@@ -11,8 +11,9 @@ also go to TensorBoard event files and, when a recipe configures it, to a wandb 
   checkpoint dir, whose subdirs are not part of the artifact record: `wandb sync` writes there).
   `mode` (or WANDB_MODE) `offline` keeps everything on disk.
 
-Only rank 0 tracks; `log` is called once per optimizer step and costs microseconds (the event
-writer queues to a thread).
+Only rank 0 tracks; `log` is called once per optimizer step and costs well under a millisecond
+(the event writer queues to a thread; `flush` at every checkpoint, so a run killed -9 and
+resumed from it loses no step of the curves).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class Tracker:
                 self.writer.add_scalar(tag, v, step)
         if self.run is not None:
             self.run.log(values, step=step)
+
+    def flush(self) -> None:
+        """Called with each resumable checkpoint: what a resumed run will not log again is on disk."""
+        if self.writer is not None:
+            self.writer.flush()
 
     def event_files(self) -> list[str]:
         return sorted(p.name for p in self.outdir.glob("events.out.tfevents.*") if p.is_file())
