@@ -135,3 +135,21 @@ def test_zero_stage_precision_and_steps_map_to_their_llamafactory_settings():
     assert args(packing=True)["packing"] and not plain["packing"]
     assert (other["lr_scheduler_type"], other["gradient_accumulation_steps"]) == ("linear", 2)  # 64 = 8 x 4 x 2
     assert set(plain) | set(other) <= LLAMAFACTORY_ARGS
+    # sft.tracking -> report_to: TensorBoard by default, as otbuild's own trainer
+    assert plain["report_to"] == ["tensorboard"]
+    assert args(tracking={"tensorboard": False})["report_to"] == "none"
+    assert args(tracking={"wandb": {"project": "p"}})["report_to"] == ["tensorboard", "wandb"]
+
+
+def test_a_wandb_run_is_named_in_the_yamls_header(tmp_path):
+    from otbuild.recipe.schema_train import Sft
+    from otbuild.train.llamafactory import write_handoff
+    from otbuild.train.toy import write_toy_traces
+
+    traces = write_toy_traces(tmp_path / "kept.parquet", 4, full_prompt=False)
+    sft = Sft(model={"kind": "tiny"}, global_batch_size=8,
+              tracking={"wandb": {"project": "lab", "mode": "offline"}}).model_dump()
+    out = write_handoff([traces], tmp_path / "lf", sft, "Qwen/Qwen3-8B", 8)
+    text = Path(out["yaml"]).read_text()
+    assert "# wandb (sft.tracking.wandb): export WANDB_PROJECT=lab WANDB_MODE=offline\n" in text
+    assert yaml.safe_load(text)["report_to"] == ["tensorboard", "wandb"]

@@ -142,12 +142,15 @@ def fake_training(project: Path, stage: str, steps: int) -> dict:
         if stage == "sft":  # otbuild/train/sft.py's keys
             lines.append({"step": s, "epoch": round(s / 10, 4), "loss": round(3.0 * math.exp(-s / 12) + 0.4, 6),
                           "lr": 4e-5 * min(1, s / 3), "grad_norm": 1.0 / s, "tokens": 900, "supervised_tokens": 300,
-                          "tokens_seen": 900 * s, "supervised_tokens_seen": 300 * s, "time": 0.5 * s})
+                          "tokens_seen": 900 * s, "supervised_tokens_seen": 300 * s, "time": 0.5 * s,
+                          "tokens_per_second": 1800.0 + s})
         else:  # otbuild/train/rl.py's keys
             lines.append({"step": s, "reward_mean": round(0.2 + 0.6 * s / steps, 6), "pass_rate": 0.5,
                           "loss": -0.01 * s, "grad_norm": 0.3, "kl": 0.0, "lr": 5e-6})
     (d / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    (d / "checkpoint.json").write_text(json.dumps({"kind": stage, "steps": steps}))
+    tracking = ({"tensorboard": {"files": ["events.out.tfevents.1.host.1.0.sft"]}} if stage == "sft" else
+                {"wandb": {"project": "lab", "id": f"rl-{d.name}", "dir": "/runs/wandb/offline-run-1-rl", "offline": True}})
+    (d / "checkpoint.json").write_text(json.dumps({"kind": stage, "steps": steps, "tracking": tracking}))
     (d / "provenance.json").write_text(json.dumps({
         "stage": stage, "id": d.name, "settings": {}, "inputs": [],
         "stats": {"steps": steps, **({"llm_usage": {"transformers:policy": {
@@ -263,6 +266,15 @@ def test_every_section_with_the_artifacts_numbers(built):
     rl = table(p, "recipe-rl")
     assert rl["steps"] == ["12"] and rl["last"] == [charts.num(built["rl"]["log"][-1]["reward_mean"])]
     assert rl["step"][:3] == ["reward_mean", "loss", "pass_rate"]
+    # below each curve: lr, grad norm, tokens/s as logged; where TensorBoard and wandb have them
+    html = (built["rep"] / "report.html").read_text()
+    for title in ("SFT lr per step", "SFT grad_norm per step", "SFT tokens_per_second per step",
+                  "RL lr per step", "RL grad_norm per step"):
+        assert f"<title>{title}</title>" in html, title
+    assert "RL tokens_per_second" not in html  # not in that log: no empty chart
+    assert f"tensorboard --logdir {built['sft']['dir']}</code> (1 event file)" in html
+    assert "run <code>rl-" + "6e" * 8 + "</code>, offline in" in html
+    assert "wandb sync /runs/wandb/offline-run-1-rl" in html
 
     # eval: mean and stderr, partial credit and its stderr per benchmark from summary.parquet
     summary = pq.read_table(d("eval") / "summary.parquet").to_pylist()
@@ -273,9 +285,9 @@ def test_every_section_with_the_artifacts_numbers(built):
         assert ev[r["benchmark"]][6] == str(r["n_tasks"])
 
     # one chart per section, each an inline SVG; no section is marked missing
-    for section in ("recipe-funnel", "recipe-mix", "recipe-traces", "recipe-reward", "recipe-sft", "recipe-rl",
-                    "recipe-eval"):
+    for section in ("recipe-funnel", "recipe-mix", "recipe-traces", "recipe-reward", "recipe-eval"):
         assert p.svgs[section] == 1, section
+    assert p.svgs["recipe-sft"] == 1 + 3 and p.svgs["recipe-rl"] == 1 + 2  # the curve and its panels
     assert not any(p.notes.values()), p.notes
     # the rl run's rollout tokens (12 steps) at the recipe's price of `policy`: 10.8 + 7.2
     assert table(p, "tokens")["rl"] == ["rl", "transformers:policy", "96", "0", "10,800", "720", "18.00"]
@@ -380,7 +392,7 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     assert len(re.findall(r'<svg [^>]*class="chart"', dom.stdout)) == n_svg >= 7
     assert dom.stdout.count("<rect ") >= 10
     if which == "rep":  # the training curves
-        assert dom.stdout.count("<polyline ") == 2
+        assert dom.stdout.count("<polyline ") == 2 + 3 + 2  # the curves and their panels
     shown = parse(dom.stdout)  # tokens per stage and model, runtime and GPU-hours per stage
     assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "requests", "errors", "input tokens",
                                        "output tokens", "cost"]

@@ -207,7 +207,15 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["trajectories"] == 2 for r in log)
     assert not (tmp_path / "rl" / "checkpoints").exists()
-    assert json.loads((tmp_path / "rl" / "checkpoint.json").read_text())["files"]["model.safetensors"]
+    files = json.loads((tmp_path / "rl" / "checkpoint.json").read_text())["files"]
+    assert files["model.safetensors"]
+    # TensorBoard: both runs' event files are artifact files; each step shows once, as logged
+    from test_tracking import scalars
+
+    assert len([f for f in files if f.startswith("events.out.tfevents.")]) == 2
+    shown = scalars(tmp_path / "rl")
+    for key in ("reward_mean", "loss", "tokens_per_second"):
+        assert shown[f"train/{key}"] == [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-9)) for r in log], key
 
 
 @pytest.mark.slow

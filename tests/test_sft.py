@@ -561,6 +561,9 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     assert "sft: reusing the tokenized set" in out and "sft: tokenized " not in out  # not tokenized again
     log = _log(tmp_path / "run")
     assert [r["step"] for r in log] == list(range(1, 25))  # 12 rows / 2 x 4 epochs, none twice
+    from test_tracking import scalars  # TensorBoard shows every step once, the resumed run's values
+
+    assert scalars(tmp_path / "run")["train/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in log]
     ref.communicate(timeout=180)
     assert ref.returncode == 0
     rlog = _log(tmp_path / "ref")

@@ -70,12 +70,32 @@ class PretrainedModel(Strict):
 ModelSpec = Annotated[TinyModel | PretrainedModel, Field(discriminator="kind")]
 
 
+class WandbTracking(Strict):
+    """A wandb run per training stage (needs the `wandb` package; its id: the stage and content id)."""
+
+    project: str = Field(min_length=1)
+    entity: str | None = None
+    name: str | None = Field(default=None, description="default: STAGE-CONTENT_ID")
+    tags: tuple[str, ...] = ()
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        default=None, description="default: WANDB_MODE, else online")
+    dir: str | None = Field(default=None, description="its files go to DIR/wandb/ (default: the checkpoint dir)")
+
+
+class Tracking(Strict):
+    """Where the per-step numbers of train_log.jsonl also go (otbuild/train/tracking.py)."""
+
+    tensorboard: bool = Field(default=True, description="event files at the top of the checkpoint dir")
+    wandb: WandbTracking | None = None
+
+
 class Launch(Strict):
     """How a training stage starts its processes: one per GPU across the nodes Slurm grants."""
 
     launcher: Literal["auto", "local", "torchrun", "deepspeed"] = execution_only("auto")
     gpus_per_node: int | None = execution_only(None, ge=1, description="default: what Slurm grants")
     master_port: int = execution_only(29500, ge=1024, le=65535)
+    tracking: Tracking = execution_only(Tracking(), description="TensorBoard event files, a wandb run")
 
 
 class Sft(Launch):

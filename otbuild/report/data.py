@@ -30,6 +30,7 @@ TRAIN_LOGS = ("train_log.jsonl", "rl_log.jsonl")
 REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "rewards/mean")
 LOSS_KEYS = ("loss", "policy_loss", "train_loss")
 TABLE_COLUMNS = ("loss", "reward_mean", "pass_rate", "lr", "grad_norm")
+PANEL_KEYS = ("lr", "grad_norm", "tokens_per_second")  # drawn small below a training curve
 
 
 @dataclass
@@ -101,6 +102,8 @@ class Curve:
     summary: dict  # steps, first, last, min, max, tokens_seen...
     sample: list[dict]  # about 10 evenly spaced log lines (the last included) for the table
     columns: list[str]  # other logged values shown in that table
+    panels: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)  # PANEL_KEYS logged
+    tracking: dict = field(default_factory=dict)  # the manifest's: TensorBoard event files, wandb run
 
 
 @dataclass
@@ -322,7 +325,7 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
     metric = next((k for k in keys if any(_finite(r.get(k)) for r in lines)), None)
     if metric is None:
         return None
-    pts = [(float(r.get("step", i + 1)), float(r[metric])) for i, r in enumerate(lines) if _finite(r.get(metric))]
+    pts = _points(lines, metric)
     ys = [y for _, y in pts]
     summary = {"steps": len(pts), "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys)}
     for k in ("epoch", "tokens_seen", "supervised_tokens_seen", "time"):
@@ -331,7 +334,16 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
     k = max(1, math.ceil(len(lines) / 10))
     sample = lines[::k] + ([lines[-1]] if (len(lines) - 1) % k else [])
     columns = [c for c in TABLE_COLUMNS if c != metric and any(c in r for r in sample)]
-    return Curve(a.local, path, metric, pts, summary, sample, columns)
+    panels = [(k, p) for k in PANEL_KEYS if k != metric and (p := _points(lines, k))]
+    try:
+        tracking = json.loads((a.dir / "checkpoint.json").read_text()).get("tracking") or {}
+    except (OSError, ValueError, AttributeError):
+        tracking = {}
+    return Curve(a.local, path, metric, pts, summary, sample, columns, panels, tracking)
+
+
+def _points(lines: list[dict], key: str) -> list[tuple[float, float]]:
+    return [(float(r.get("step", i + 1)), float(r[key])) for i, r in enumerate(lines) if _finite(r.get(key))]
 
 
 def _finite(v) -> bool:

@@ -70,10 +70,11 @@ def _group_charts(g: Group) -> dict:
                                     xlabel="turns", ylabel="traces")
     if g.traces and g.traces.rewards:
         c["rewards"] = charts.columns(g.traces.rewards, title="traces per reward", xlabel="reward", ylabel="traces")
-    if g.sft:
-        c["sft"] = charts.line(g.sft.points, title=f"SFT {g.sft.metric} per step", xlabel="step", ylabel=g.sft.metric)
-    if g.rl:
-        c["rl"] = charts.line(g.rl.points, title=f"RL {g.rl.metric} per step", xlabel="step", ylabel=g.rl.metric)
+    for key, name in (("sft", "SFT"), ("rl", "RL")):
+        if cv := getattr(g, key):
+            c[key] = charts.line(cv.points, title=f"{name} {cv.metric} per step", xlabel="step", ylabel=cv.metric)
+            c[f"{key}_panels"] = [charts.line(pts, title=f"{name} {k} per step", xlabel="step", ylabel=k, width=360, height=220)
+                                  for k, pts in cv.panels]
     if g.eval:
         c["eval"] = charts.bars(
             [(_bench_label(r, g.eval), r["mean"] or 0.0) for r in g.eval], errors=[r["stderr"] for r in g.eval],

@@ -49,7 +49,7 @@ def training_args(sft: dict, dataset: str, gpus: int, model: str) -> dict:
         "dataset": dataset, "dataset_dir": ".", "template": "qwen3", "cutoff_len": sft["cutoff_len"],
         "train_on_prompt": sft["train_on_prompt"], "packing": sft["packing"], "overwrite_cache": True,
         "output_dir": f"saves/{dataset}", "logging_steps": 1, "save_steps": sft["save_steps"],
-        "save_total_limit": sft["save_total_limit"], "plot_loss": True, "report_to": "none",
+        "save_total_limit": sft["save_total_limit"], "plot_loss": True, "report_to": report_to(sft),
         "per_device_train_batch_size": sft["per_device_batch_size"],
         "gradient_accumulation_steps": sft["global_batch_size"] // per_step,
         "learning_rate": sft["learning_rate"], "num_train_epochs": float(sft["epochs"]),
@@ -62,6 +62,12 @@ def training_args(sft: dict, dataset: str, gpus: int, model: str) -> dict:
     if sft.get("max_steps") is not None:
         args["max_steps"] = sft["max_steps"]
     return args
+
+
+def report_to(sft: dict) -> list[str] | str:
+    """The recipe's `tracking` as the trainer's `report_to` (its wandb project: an env var, below)."""
+    tracking = sft.get("tracking") or {}
+    return [k for k in ("tensorboard", "wandb") if tracking.get(k, k == "tensorboard")] or "none"
 
 
 def write_handoff(traces: list[Path], outdir: Path, sft: dict, model: str, gpus: int, name: str = "otbuild_sft",
@@ -78,6 +84,10 @@ def write_handoff(traces: list[Path], outdir: Path, sft: dict, model: str, gpus:
         notes.append("otbuild drops traces longer than cutoff_len; LLaMA-Factory truncates them")
     if sft.get("copy_loss_weight"):
         notes.append("otbuild's copy_loss_weight (an auxiliary objective for tiny students) is not applied")
+    if wb := (sft.get("tracking") or {}).get("wandb"):
+        env = {"WANDB_PROJECT": wb["project"], "WANDB_ENTITY": wb.get("entity"), "WANDB_MODE": wb.get("mode"),
+               "WANDB_DIR": wb.get("dir"), "WANDB_NAME": wb.get("name")}
+        notes.append("wandb (sft.tracking.wandb): export " + " ".join(f"{k}={v}" for k, v in env.items() if v))
     text = "".join(f"# {line}\n" for line in [*header.splitlines(), *notes])
     text += f"# run from this folder on {gpus} GPU(s): FORCE_TORCHRUN=1 llamafactory-cli train train_{name}.yaml\n"
     yaml_path = outdir / f"train_{name}.yaml"

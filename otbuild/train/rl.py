@@ -15,7 +15,8 @@ One step:
    the starting model (kl_coef, 0 by default). log-probs use logits / temperature (the
    sampling distribution). logp_old is the policy before the step's update (recomputed here,
    as with a separate rollout engine), so with ppo_epochs 1 the ratio starts at 1.
-4. AdamW (lr 5e-6), grad clipping; one line per step in train_log.jsonl (reward, loss, ...);
+4. AdamW (lr 5e-6), grad clipping; one line per step in train_log.jsonl (reward, loss, ...),
+   also written to TensorBoard event files and a wandb run (`tracking`: otbuild/train/tracking.py);
    checkpoints/step-N (DeepSpeed's: weights, optimizer) every save_steps; a killed run resumes
    from the last one.
 
@@ -52,6 +53,7 @@ from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.train.chat import clean
 from otbuild.train.data import global_batch_rows
+from otbuild.train.tracking import Tracker
 
 LOG = "train_log.jsonl"
 MANIFEST = "checkpoint.json"
@@ -469,6 +471,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                     max_context=settings["max_context"], name=str(sft_dir))
     steps, B, k = settings["steps"], settings["batch_size"], settings["samples_per_task"]
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
+    tracker = Tracker(settings.get("tracking"), stage="rl", outdir=outdir, first_step=start + 1,
+                      config=settings, active=rank == 0)
     try:
         for step in range(start, steps):
             t0 = time.monotonic()
@@ -506,16 +510,20 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                    "zero_advantage_tasks": total["zero"], "errors": total["errors"],
                    "lr": engine.get_lr()[0], "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
                    "update_seconds": round(time.monotonic() - t1, 3),
+                   "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
                    **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
             if rank == 0:
                 with open(outdir / LOG, "a") as f:
                     f.write(json.dumps(rec) + "\n")
+                tracker.log(rec)
             log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
             if (step + 1) % settings["save_steps"] == 0 and step + 1 < steps:
                 _save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
+                tracker.flush()
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
+        tracked = tracker.close()
     places = [None] * world
     dist.all_gather_object(places, placement(engine.device))
     manifest = {}
@@ -526,7 +534,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         last = [json.loads(x) for x in (outdir / LOG).read_text().splitlines()]
         manifest = {
             "kind": "rl", "algorithm": "rloo", "base_checkpoint": str(sft_dir), "chat_template": template,
-            "steps": steps, "world_size": world, "placement": places, "deepspeed": conf,
+            "steps": steps, "world_size": world, "placement": places, "deepspeed": conf, "tracking": tracked,
             "reward_mean_first": last[0]["reward_mean"] if last else None,
             "reward_mean_last": last[-1]["reward_mean"] if last else None,
             "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir()) if p.is_file()

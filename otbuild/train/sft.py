@@ -7,7 +7,9 @@ outdir after a successful run:
   model.safetensors        the weights (one file), config.json, generation_config.json
   tokenizer.json, tokenizer_config.json, chat_template.jinja (what the tokenizer saves)
   train_log.jsonl          one line per optimizer step: step, epoch, loss, lr, grad_norm,
-                           tokens (this step), tokens_seen, supervised_tokens_seen, time
+                           tokens (this step), tokens_per_second, tokens_seen,
+                           supervised_tokens_seen, time
+  events.out.tfevents.*    the same numbers for TensorBoard (`tracking`, otbuild/train/tracking.py)
 while running (and after a kill): checkpoints/step-N/ (DeepSpeed: weights, optimizer,
 scheduler, client state) + checkpoints/latest; tokenized/ (the training set, tokenized once by
 rank 0 and memory-mapped by every rank: otbuild/train/tokenized.py); base_model/ (a built
@@ -34,6 +36,7 @@ from otbuild.train import data as D
 from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
 from otbuild.train.model import load_model, load_tokenizer, materialise
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set, remove_tokenized_set
+from otbuild.train.tracking import Tracker
 
 LOG = "train_log.jsonl"
 MANIFEST = "checkpoint.json"
@@ -193,8 +196,11 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     per_rank = per_device * accum
     t0 = time.monotonic() - elapsed0
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
+    tracker = Tracker(settings.get("tracking"), stage="sft", outdir=outdir, first_step=step + 1,
+                      config=settings, active=rank == 0)
     try:
         while step < total_steps:
+            t_step = time.monotonic()
             idx = D.global_batch_rows(len(ds), step, G, settings.get("seed", 0))
             n_sup, n_tok = int(ds.supervised[idx].sum()), int(ds.tokens[idx].sum())
             mine = [ds.row(i) for i in idx[rank * per_rank:(rank + 1) * per_rank]]  # this rank's slice
@@ -228,6 +234,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                 gn = gn_local  # before clipping, as DeepSpeed reports it for ZeRO
             rec = {"step": step, "epoch": round(step / spe, 4), "loss": loss_sum / max(n_sup, 1),
                    "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
+                   "tokens_per_second": round(n_tok / max(time.monotonic() - t_step, 1e-9), 1),
                    "supervised_tokens": n_sup, "tokens_seen": tokens_seen,
                    "supervised_tokens_seen": sup_seen, "time": round(time.monotonic() - t0, 3)}
             if copy_loss is not None:
@@ -235,16 +242,19 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             if logf:
                 logf.write(json.dumps(rec) + "\n")
                 logf.flush()
+            tracker.log(rec)
             if delay:
                 time.sleep(delay)
             if step % settings.get("save_steps", 100) == 0 and step < total_steps:
                 _save_checkpoint(engine, ckdir, step, settings.get("save_total_limit", 1), rank, {
                     "step": step, "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
                     "elapsed": time.monotonic() - t0})
+                tracker.flush()
                 log(f"sft: checkpoint step {step}")
     finally:
         if logf:
             logf.close()
+        tracked = tracker.close()
 
     train_time = time.monotonic() - t0
     state = engine._zero3_consolidated_16bit_state_dict() if conf["zero_optimization"]["stage"] == 3 \
@@ -268,7 +278,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             "global_batch_size": G,
             "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
             "train_seconds": round(train_time, 3), "wall_seconds": round(time.monotonic() - t_start, 3),
-            "data": ds.stats, "deepspeed": conf,
+            "data": ds.stats, "deepspeed": conf, "tracking": tracked,
             "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir())
                       if p.is_file() and p.name not in (MANIFEST, "provenance.json")},
         }
