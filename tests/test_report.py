@@ -9,6 +9,7 @@ otbuild/train/sft.py and otbuild/train/rl.py (train_log.jsonl, one line per opti
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.report import build, charts, report_node, report_settings
 from otbuild.report.page import _md_cell
+from otbuild.sources.synthetic import generate
 from otbuild.stages import STAGES, StageDef
 from tests.conftest import REPO, make_project, snakemake, write_source
 
@@ -39,8 +41,10 @@ description: report test <script>alert("x")</script>
 sources:
   alpha: {kind: synthetic, rank: 1, count: 12, seed: 1, families: [files, archive]}
   beta: {kind: synthetic, rank: 2, count: 8, seed: 2, families: [text, data]}
+  leak: {kind: table, rank: 3, path: leak.csv, columns: {instruction: q}}  # two tasks' copies
 mix: {n: 2, total: 20, order: shuffle, seed: 0}
-task_filter: {dedup: true, instruction_chars: {min: 40, max: 8000}, sample: {n: 12, seed: 0}}
+task_filter: {dedup: true, instruction_chars: {min: 40, max: 8000}, sample: {n: 12, seed: 0},
+              decontaminate: {against: [leak], ngram: 64}}
 teacher: {engine: oracle, shards: 1, concurrency: 4}
 trace_filter: {min_turns: 7}
 eval:
@@ -182,6 +186,9 @@ def built(tmp_path_factory):
     """rep (one recipe with every section but training from the DAG, SFT and RL dirs added by
     hand) and rep_ablate (two candidates ranked), reports made by the report stage."""
     project = make_project(tmp_path_factory.mktemp("report_project"))
+    copied = [next(generate(12, 1, ["files", "archive"], None)), next(generate(8, 2, ["text", "data"], None))]
+    with open(project / "leak.csv", "w", newline="") as f:  # what decontamination must catch
+        csv.writer(f).writerows([["q"], *([r.task.instruction] for r in copied)])
     (project / "recipes" / "rep.yaml").write_text(RECIPE)
     (project / "recipes" / "rep_ablate.yaml").write_text(ABLATE)
     snakemake(project, "rep", "rep_ablate")
@@ -243,6 +250,7 @@ def test_every_section_with_the_artifacts_numbers(built):
         assert funnel[label][2] == str(stats["rejected"]) and stats["rejected"] > 0
         assert funnel[label][3] == " ".join(f"{r}: {n}" for r, n in sorted(stats["rejected_by_reason"].items()))
     assert "min_turns" in rec(d("trace_filter"))["stats"]["rejected_by_reason"]
+    assert rec(d("task_filter"))["stats"]["rejected_by_reason"]["contaminated by leak"] == 2
 
     # mix per source: counted in the mix parquet
     mixed = Counter(pq.read_table(d("mix") / "tasks.parquet", columns=["source"]).column("source").to_pylist())
@@ -391,6 +399,7 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     n_svg = len(re.findall(r"<svg\b", page.read_text()))
     assert len(re.findall(r'<svg [^>]*class="chart"', dom.stdout)) == n_svg >= 7
     assert dom.stdout.count("<rect ") >= 10
+    assert "contaminated by leak: 2" in dom.stdout  # decontamination counts, in the funnel
     if which == "rep":  # the training curves
         assert dom.stdout.count("<polyline ") == 2 + 3 + 2  # the curves and their panels
     shown = parse(dom.stdout)  # tokens per stage and model, runtime and GPU-hours per stage

