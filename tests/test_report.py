@@ -241,8 +241,8 @@ def test_every_section_with_the_artifacts_numbers(built):
 
     # funnel: each step's rows are its provenance row count; filters show their rejections
     funnel = table(p, "recipe-funnel")
-    sources = rows_of(d("sources/alpha")) + rows_of(d("sources/beta"))
-    assert funnel["sources (2) sources/alpha, sources/beta"][1] == str(sources)
+    sources = rows_of(d("sources/alpha")) + rows_of(d("sources/beta")) + rows_of(d("sources/leak"))
+    assert funnel["sources (3) sources/alpha, sources/beta, sources/leak"][1] == str(sources)
     for label in ("mix", "task_filter", "teacher", "trace_filter"):
         assert funnel[label][1] == f"{rows_of(d(label)):,}", label
     for label in ("task_filter", "trace_filter"):
