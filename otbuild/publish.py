@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from otbuild.errors import ConfigError
-from otbuild.fsio import write_json
+from otbuild.fsio import parquet_batches, write_json
 from otbuild.plan import Node, Plan
 from otbuild.provenance import read_record
 
@@ -81,19 +81,19 @@ def _built(plan: Plan, label: str) -> Node:
 
 def _shards(src: Path, outdir: Path, max_bytes: int) -> list[dict]:
     """Stream `src` into shards of at most ~max_bytes (in memory) each, named as the Hub expects."""
-    f = pq.ParquetFile(src)
+    schema = pq.read_schema(src)
     parts, writer, size = [], None, 0
-    for batch in f.iter_batches(batch_size=1024):
+    for batch in parquet_batches(src, 1024):
         if writer is None or size >= max_bytes:
             if writer:
                 writer.close()
             parts.append(outdir / f"part-{len(parts)}.parquet")
-            writer, size = pq.ParquetWriter(parts[-1], f.schema_arrow, compression="zstd"), 0
+            writer, size = pq.ParquetWriter(parts[-1], schema, compression="zstd"), 0
         writer.write_batch(batch)
         size += batch.nbytes
     if writer is None:  # an empty table is still one (empty) shard with its schema
         parts.append(outdir / "part-0.parquet")
-        pq.write_table(f.schema_arrow.empty_table(), parts[0])
+        pq.write_table(schema.empty_table(), parts[0])
     else:
         writer.close()
     files = []

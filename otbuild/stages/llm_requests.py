@@ -23,12 +23,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from otbuild import duck, usage
 from otbuild.engines import ContextLengthExceededError, EngineError, engine_settings, open_engine
 from otbuild.engines.settings import concurrency
-from otbuild.fsio import atomic_path
+from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.stages import shard_path
 from otbuild.stages.partials import append, drop_torn_tail, partial_files
@@ -171,11 +170,9 @@ def llm_usage(settings: dict, outdir: Path) -> dict:
 
 
 def input_batches(inputs: list[Path], columns: list[str] | None = None, rows: int = 1024) -> Iterator[pa.RecordBatch]:
-    """The inputs' rows in order, in batches, without pyarrow's pre-buffering (which keeps
-    every row group read so far: memory would grow with the table)."""
+    """The inputs' rows in order, in batches of bounded memory (`fsio.parquet_batches`)."""
     for path in inputs:
-        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
-        yield from pf.iter_batches(batch_size=rows, columns=columns)
+        yield from parquet_batches(path, rows, columns)
 
 
 def _list(paths: list[Path]) -> str:

@@ -55,7 +55,7 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     for path in inputs:
         pf = pq.ParquetFile(path)
         has_n = "n_rollouts" in pf.schema_arrow.names
-        for batch in pf.iter_batches(columns=["n_rollouts"] if has_n else ["task_id"]):
+        for batch in parquet_batches(path, 65536, ["n_rollouts"] if has_n else ["task_id"]):
             counts = batch.column(0).to_pylist() if has_n else [samples_per_task] * batch.num_rows
             for n in counts:
                 trials += [Trial(len(trials) + s, row, s) for s in range(int(n or 0))]
@@ -194,7 +194,13 @@ async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], par
     rows = task_rows(inputs, {t.row for t in todo})
     containers = settings["sandbox"] in ("podman", "auto")  # a task's own image can run here
     if containers:
-        check_podman(settings["sandbox"], [r for r in rows.values() if _needs_image(r, settings["sandbox"])])
+        need_image = [r for r in rows.values() if _needs_image(r, settings["sandbox"])]
+        check_podman(settings["sandbox"], need_image)
+        if settings["sandbox"] == "podman" or need_image:  # restarted right after a kill -9: what it left
+            from otbuild.sandbox.podman import remove_leaked_containers
+
+            if removed := remove_leaked_containers():
+                print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
     trial_settings = TrialSettings(
         max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
         timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
@@ -242,9 +248,7 @@ def _needs_image(row: dict, backend: str) -> bool:
 
 
 def check_podman(backend: str, need_image: list[dict]) -> None:
-    """Fail before any trial when tasks need their image and podman cannot run here; else remove
-    the trial containers that dead jobs left (their owner may still have been dying when the
-    build started)."""
+    """Fail before any trial when tasks need their image and podman cannot run here."""
     from otbuild.sandbox import backend_problem
 
     if (backend == "podman" or need_image) and (problem := backend_problem("podman")):
@@ -252,11 +256,6 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
         which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
                  "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image else "the recipe asks for it")
         raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
-    if backend == "podman" or need_image:  # a job restarted right after a kill -9: what it left
-        from otbuild.sandbox.podman import remove_leaked_containers
-
-        if removed := remove_leaked_containers():
-            print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
 
 
 def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",

@@ -31,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path, write_json
+from otbuild.fsio import atomic_path, parquet_batches, write_json
 from otbuild.hashing import file_sha256
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
@@ -53,7 +52,7 @@ def iter_conversations(paths, batch_rows: int = BATCH_ROWS, prompt: str = "termi
     from otbuild.harness.protocol import compact_conversation
 
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["conversations"]):
+        for batch in parquet_batches(path, batch_rows, ["conversations"]):
             convs = batch.column(0).to_pylist()
             yield [compact_conversation(c) if c and prompt == "compact" else c for c in convs]
 
