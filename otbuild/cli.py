@@ -92,7 +92,7 @@ def validate(recipes, images, profile):
         for node, path in plan.missing:
             err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
         for node, keys in _not_sent(plan):
-            err.print(f"[yellow]warning:[/] {node.label}: {node.settings['model']} is a reasoning model: "
+            err.print(f"[yellow]warning:[/] {node.label}: {node.config.model} is a reasoning model: "
                       f"{', '.join(keys)} not sent (only its default is accepted; docs/engines.md)")
         if images:
             missing_images += _print_images(plan)
@@ -103,11 +103,12 @@ def validate(recipes, images, profile):
 def _not_sent(plan):
     """Sampling settings a recipe sets (not left at their default) that a reasoning model is not sent."""
     from otbuild.engines.request_policy import not_sent
+    from otbuild.recipe.schema import LLM
 
     for node in plan.nodes:
-        s = node.settings
-        if s.get("engine") in ("openai", "vllm", "transformers") and s.get("model"):
-            if keys := not_sent(s.get("request_params", "auto"), s["model"], node.identity):
+        cfg = node.config
+        if isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model:
+            if keys := not_sent(cfg.request_params, cfg.model, node.identity):
                 yield node, keys
 
 
@@ -372,18 +373,19 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name):
     if len(sft) != 1:
         raise ConfigError(f"{plan.recipe.path}: {'no sft section' if not sft else f'{len(sft)} sft stages (an ablation)'}: "
                           "export a recipe with exactly one")
-    node, settings = sft[0], sft[0].settings
+    node = sft[0]
+    cfg = node.config
     traces = [i.main_output for i in node.inputs]
     if missing := [str(p) for p in traces if not p.exists()]:
         raise ConfigError(f"{plan.recipe.path}: the traces are not built yet ({', '.join(missing)}): "
                           f"run `otbuild build {recipe}` first")
-    if model is None and settings["model"]["kind"] != "pretrained":
-        raise ConfigError(f"{plan.recipe.path}: sft.model is a {settings['model']['kind']} model otbuild builds "
+    if model is None and cfg.model.kind != "pretrained":
+        raise ConfigError(f"{plan.recipe.path}: sft.model is a {cfg.model.kind} model otbuild builds "
                           "itself: pass --model (an HF id or a model dir)")
     header = (f"LLaMA-Factory training of recipe {plan.recipe.name} ({plan.recipe.path}), its sft stage {node.id}\n"
               f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
     try:
-        stats = write_handoff(traces, dest, settings, model or settings["model"]["path"], gpus, name, header)
+        stats = write_handoff(traces, dest, cfg, model or cfg.model.path, gpus, name, header)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}, dataset_info.json and {stats['yaml']}")

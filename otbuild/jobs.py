@@ -59,14 +59,14 @@ def overcommit_problems(nodes, profile: Path) -> list[str]:
 
     problems = []
     for node in nodes:
-        if node.stage not in ("rollout", "eval") or "concurrency" not in node.settings:
+        if node.stage not in ("rollout", "eval"):
             continue
         job = profile_mem_mb(profile, node.stage)
         if job is None:
             continue
         mem_mb, where = job
-        conc = concurrency(node.settings)  # unset: the engine's own default
-        per = node.settings.get("limits", {}).get("memory_mb", 4096)
+        conc = concurrency(node.config.model_dump())  # unset: the engine's own default
+        per = node.config.limits.memory_mb
         if conc * per > mem_mb:
             fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]
             problems.append(

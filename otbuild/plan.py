@@ -17,7 +17,9 @@ from pathlib import Path
 from otbuild.hashing import content_digest, settings_hash
 from otbuild.recipe.base import identity
 from otbuild.recipe.load import LoadedRecipe
+from otbuild.recipe.trials import ShardedTrials
 from otbuild.stages import PROVENANCE, STAGES, shard_path
+from otbuild.stages.settings import config
 
 # Settings naming files outside the project's artifacts: hashed by content.
 FILE_KEYS = {"path", "labels", "tasks", "instances"}
@@ -29,7 +31,7 @@ RESULTS = Path("results")
 class Node:
     stage: str
     label: str  # the node's name within its recipe, e.g. "sources/synth", "mix"
-    settings: dict  # what the stage function receives
+    settings: dict  # the spec's settings: the stage's settings model as JSON (otbuild/stages/settings.py)
     identity: dict  # what is hashed (settings with external paths replaced by their digests)
     inputs: tuple[Node, ...] = ()
     missing: tuple[str, ...] = ()  # external paths the recipe names that do not exist (yet)
@@ -41,6 +43,11 @@ class Node:
             {"stage": self.stage, "version": d.version, "settings": self.identity,
              "inputs": [n.id for n in self.inputs]}
         )
+
+    @cached_property
+    def config(self):
+        """The typed settings the stage's job will receive (its model's defaults filled in)."""
+        return config(self.stage, self.settings)
 
     @property
     def dir(self) -> Path:
@@ -61,11 +68,11 @@ class Node:
     def shard_outputs(self, shards: int | None = None) -> list[Path]:
         """Sharded stages run as one job per shard, then a merge job. `shards` (an execution
         knob) defaults to the recipe's; a built artifact keeps the layout it was built with."""
-        n = self.settings.get("shards", 0) if shards is None else shards
+        n = getattr(self.config, "shards", 0) if shards is None else shards
         return [shard_path(self.dir, n, k) for k in range(n)]
 
     def spec(self) -> dict:
-        """Everything `otbuild stage run` needs, as plain JSON."""
+        """Everything `otbuild stage STAGE --spec JSON` needs, as plain JSON."""
         return {
             "stage": self.stage,
             "id": self.id,
@@ -114,7 +121,10 @@ def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     from otbuild.report import report_node
 
     prices = {m: p.model_dump() for m, p in loaded.recipe.prices.items()}
-    return Plan(loaded, [*nodes, report_node(loaded.name, nodes, prices)])
+    nodes = [*nodes, report_node(loaded.name, nodes, prices)]
+    for n in nodes:
+        n.config  # noqa: B018 - every job's settings fit its stage's model, checked when planned
+    return Plan(loaded, nodes)
 
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
@@ -189,13 +199,12 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings.
     Without an explicit model, the recipe's last checkpoint is served (transformers or vllm)."""
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
-    trial = {"timeout_multiplier", "timeout_cap_sec", "max_episodes", "shards", "concurrency", "sandbox",
-             "limits", "harbor", "keep_reasoning"}
+    trial = {*ShardedTrials.model_fields, "concurrency"}  # the eval's, whichever model answers
     checkpoint_serving = {"serve_with", "engine_args", "temperature", "max_tokens"}
     if ev.model is not None:
         model = ev.model.model_dump()
         ident = {**identity(ev, exclude={"benchmarks", "rank_by", "model", *checkpoint_serving}),
-                 "model": identity(ev.model, exclude={*trial, "samples_per_task", "agent_timeout_sec"})}
+                 "model": identity(ev.model, exclude={*trial, "samples_per_task"})}
     else:  # the checkpoint is an input: its id is in this node's id
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
                  "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
@@ -205,7 +214,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
 
             model["extra_body"] = ident["extra_body"] = {"structured_outputs": {"regex": ANSWER_REGEX}}
         benchmarks.append(checkpoint)
-    settings = {**model, **ev.model_dump(include=trial), "samples_per_task": ev.repeats, "agent_timeout_sec": None,
+    settings = {**model, **ev.model_dump(include=trial), "samples_per_task": ev.repeats,
                 "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
     harness = _harness(loaded.recipe)
     return Node("eval", "eval", {**settings, **harness}, {**ident, **harness}, tuple(benchmarks))
@@ -254,7 +263,7 @@ def _dataset_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, 
 
     forms = (".parquet",) if stage == "source" else PATH_FORMS[settings["format"]]
     try:
-        settings, ident, missing = resolve_dataset(settings, ident, loaded.resolve, forms)
+        settings, ident, missing = resolve_dataset(stage, settings, ident, loaded.resolve, forms)
     except StageError as e:
         raise ConfigError(f"{loaded.path}: {label.replace('/', '.')}: {e}") from e
     return Node(stage, label, settings, ident, missing=tuple(missing))

@@ -7,13 +7,15 @@ from pathlib import Path
 
 from otbuild.provenance import now, write_record
 from otbuild.stages import PROVENANCE, STAGES
+from otbuild.stages.settings import config
 
 
 def run_shard(spec: dict, shard: int) -> None:
     """One shard of a sharded stage; the merge (run_spec) records the provenance."""
     stage = STAGES[spec["stage"]]
     inputs = [Path(i["path"]) for i in spec["inputs"]]
-    importlib.import_module(stage.module).run_shard(spec["settings"], inputs, Path(spec["outdir"]), shard)
+    cfg = config(spec["stage"], spec["settings"])
+    importlib.import_module(stage.module).run_shard(cfg, inputs, Path(spec["outdir"]), shard)
 
 
 def run_spec(spec: dict, rule: str | None = None) -> dict:
@@ -23,5 +25,6 @@ def run_spec(spec: dict, rule: str | None = None) -> dict:
     (outdir / PROVENANCE).unlink(missing_ok=True)  # the record is written last, on success only
     started = now()
     inputs = [Path(i["path"]) for i in spec["inputs"]]
-    stats = importlib.import_module(stage.module).run(spec["settings"], inputs, outdir)
+    cfg = config(spec["stage"], spec["settings"])  # the stage's typed settings, the schema's defaults
+    stats = importlib.import_module(stage.module).run(cfg, inputs, outdir)
     return write_record(spec, rule or stage.name, started, stats or {})

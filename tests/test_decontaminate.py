@@ -17,19 +17,20 @@ from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.recipe.schema import TaskFilter
 from otbuild.sources import read_source
+from otbuild.stages.settings import config
 from otbuild.stages import task_filter
 from otbuild.tasks.table import TaskRecord, write_tasks
 from tests.conftest import DATA, make_task
 
 
 def _read(kind: str, path: Path) -> list[TaskRecord]:
-    return [r for r in read_source({"kind": kind, "path": str(path)}) if isinstance(r, TaskRecord)]
+    return [r for r in read_source(config("source", {"name": kind.replace("-", "_"), "kind": kind, "path": str(path)})) if isinstance(r, TaskRecord)]
 
 
 def _filter(tmp_path: Path, train: Path, refs: list[Path], **decontaminate) -> tuple[list[dict], list[dict], dict]:
     out = tmp_path / "out"
     out.mkdir()
-    stats = task_filter.run(TaskFilter(dedup=False, decontaminate=decontaminate).model_dump(), [train, *refs], out)
+    stats = task_filter.run(TaskFilter(dedup=False, decontaminate=decontaminate), [train, *refs], out)
     kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchall()
     rejected = duckdb.sql(f"SELECT path, reason, rejected_by FROM '{out / 'rejected.parquet'}'").fetchall()
     return kept, rejected, stats
@@ -86,7 +87,7 @@ def test_every_other_step_still_applies_and_rejected_rows_stay_whole(tmp_path):
 
     out = tmp_path / "out"
     out.mkdir()
-    settings = TaskFilter(instruction_chars={"min": 10}, decontaminate={"against": ["held"], "ngram": 5}).model_dump()
+    settings = TaskFilter(instruction_chars={"min": 10}, decontaminate={"against": ["held"], "ngram": 5})
     stats = task_filter.run(settings, [write_source(tmp_path / "t.parquet", "t", train),
                                        write_source(tmp_path / "b.parquet", "held", bench)], out)
     rejected = duckdb.sql(f"SELECT path, reason, octet_length(task_binary) > 0 FROM '{out / 'rejected.parquet'}'").fetchall()

@@ -6,6 +6,7 @@ import duckdb
 import pytest
 
 from otbuild.stages import mix
+from otbuild.stages.settings import MixSettings
 from tests.conftest import write_source
 
 
@@ -21,7 +22,7 @@ def _run(tmp_path, inputs, total, order="shuffle", seed=0, name="out"):
     out.mkdir()
     settings = {"n": len(inputs), "total": total, "order": order, "seed": seed,
                 "sources": [f"s{i}" for i in range(len(inputs))]}
-    mix.run(settings, inputs, out)
+    mix.run(MixSettings(**settings), inputs, out)
     return duckdb.sql(f"SELECT * FROM '{out / 'tasks.parquet'}'").fetchdf()
 
 

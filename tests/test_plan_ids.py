@@ -4,7 +4,8 @@ semantics bumps its version (otbuild/stages/__init__.py) and regenerates the fil
 `OTBUILD_UPDATE_PLAN_IDS=1 pytest tests/test_plan_ids.py`.
 
 Ids of data that is not there yet name its absolute path: they are compared with the
-checkout's path replaced by `<repo>`, so the file holds for any clone."""
+checkout's path replaced by `<repo>` (and ids naming other ids, the report's, with those
+recomputed), so the file holds for any clone."""
 
 import json
 import os
@@ -23,10 +24,13 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 
 def portable_ids(name: str) -> dict[str, dict]:
     """label -> {stage, id, identity}, ids recomputed with the checkout's path as `<repo>`."""
-    ids: dict[str, str] = {}
+    ids: dict[str, str] = {}  # raw id -> portable id
     out = {}
     for node in plan_recipe(load_recipe(name, REPO)).nodes:
-        ident = json.loads(json.dumps(node.identity).replace(str(REPO), "<repo>"))
+        text = json.dumps(node.identity).replace(str(REPO), "<repo>")
+        for raw, portable in ids.items():  # the report's settings name every node's id and dir
+            text = text.replace(raw, portable)
+        ident = json.loads(text)
         ids[node.id] = settings_hash({"stage": node.stage, "version": STAGES[node.stage].version,
                                       "settings": ident, "inputs": [ids[i.id] for i in node.inputs]})
         out[node.label] = {"stage": node.stage, "id": ids[node.id], "identity": ident}

@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import rank
+from otbuild.stages.settings import RankSettings
 
 
 def _summaries(tmp_path, table: dict[str, dict[str, float]]) -> list:
@@ -21,7 +22,7 @@ def _summaries(tmp_path, table: dict[str, dict[str, float]]) -> list:
 def _rank(tmp_path, table):
     out = tmp_path / "out"
     out.mkdir()
-    rank.run({"candidates": list(table)}, _summaries(tmp_path, table), out)
+    rank.run(RankSettings(candidates=list(table)), _summaries(tmp_path, table), out)
     return {r["candidate"]: r for r in pq.read_table(out / "ranking.parquet").to_pylist()}
 
 
@@ -66,5 +67,5 @@ def test_rank_by_partial_credit(tmp_path):
     for metric, best in (("pass_at_1", "b"), ("partial_credit", "a")):
         out = tmp_path / metric
         out.mkdir()
-        stats = rank.run({"candidates": ["a", "b"], "metric": metric}, paths, out)
+        stats = rank.run(RankSettings(candidates=["a", "b"], metric=metric), paths, out)
         assert stats["best"] == [best] and stats["metric"] == metric

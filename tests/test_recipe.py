@@ -319,9 +319,9 @@ def test_paper_recipes_filter_traces_as_the_paper_did(name, traces):
     tf = r.trace_filter
     assert tf.min_turns == 5 and not (tf.drop_timed_out or tf.drop_subagent or tf.drop_exceptions)
     assert tf.sample.n == traces == r.task_filter.score.budget
-    score = r.task_filter.score.model_dump()
+    score = r.task_filter.score
     assert planned_rollouts(score) == traces  # until a pilot's keep rate is set
-    assert planned_rollouts({**score, "keep_rate": 0.6}) == -(-traces * 10 // 6)
+    assert planned_rollouts(score.model_copy(update={"keep_rate": 0.6})) == -(-traces * 10 // 6)
     assert r.task_filter.llm.shards > 1 and r.augment.shards > 1  # ~50K and ~21K requests resume
 
 

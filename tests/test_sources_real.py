@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.recipe.load import load_recipe
+from otbuild.stages.settings import config
 from otbuild.sources import nl2bash, read_source, stackexchange, swe_grader, swe_instances, table
 from otbuild.sources._html import html_to_markdown
 from otbuild.sources._rows import SourceFormatError
@@ -423,8 +424,8 @@ def test_generated_scripts_are_valid_shell(tmp_path):
 
 # -- dispatch and recipes -------------------------------------------------------------------------------
 def test_dispatch_passes_options_and_tasks_write(tmp_path):
-    items = list(read_source({"kind": "stackexchange", "name": "se", "path": str(SE / "unixlinux_bash_accepted.jsonl"),
-                              "site": "ul"}))  # fmt: skip
+    items = list(read_source(config("source", {"kind": "stackexchange", "name": "se", "site": "ul",
+                                               "path": str(SE / "unixlinux_bash_accepted.jsonl")})))
     assert len(items) == 300 and items[0].task.name.startswith("ul-")
     n = write_tasks(
         tmp_path / "t.parquet",

@@ -23,7 +23,7 @@ def _run(tmp_path, texts=TEXTS, difficulty=None, **settings):
                        **({"difficulty": difficulty} if difficulty else {}))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    task_filter.run(TaskFilter(**settings).model_dump(), [src], out)
+    task_filter.run(TaskFilter(**settings), [src], out)
     kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchdf()
     rejected = duckdb.sql(f"SELECT * FROM '{out / 'rejected.parquet'}'").fetchdf()
     assert len(kept) + len(rejected) == len(texts)  # nothing lost

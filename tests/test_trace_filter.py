@@ -21,7 +21,7 @@ def _run(tmp_path, rows, **settings):
     write_traces(src, rows)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    stats = trace_filter.run(TraceFilter(**settings).model_dump(), [src], out)
+    stats = trace_filter.run(TraceFilter(**settings), [src], out)
     kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchdf()
     rejected = duckdb.sql(f"SELECT * FROM '{out / 'rejected.parquet'}'").fetchdf()
     assert len(kept) + len(rejected) == len(rows)

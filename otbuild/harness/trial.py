@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
+from otbuild.recipe.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
 from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
@@ -32,15 +33,16 @@ SETTLE_SECONDS = 2.0  # wait for the first prompt
 
 @dataclass(frozen=True)
 class TrialSettings:
-    max_episodes: int = 50
-    agent_timeout_sec: float | None = None  # None: the task's [agent] timeout_sec
-    timeout_multiplier: float = 1.0
-    timeout_cap_sec: float = 7200.0
+    """What a trial runs under: a recipe's trial section (teacher, eval or rl.sandbox: one
+    declaration, otbuild/recipe/trials.py) and the harness prompt style (harness.prompt)."""
+
+    trials: Trials
+    prompt: str
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec
-    backend: str = "bwrap"
-    limits: Limits = field(default_factory=Limits)
-    keep_reasoning: bool = True  # a reasoning parser's text stays in the trace, in <think>...</think>
-    prompt: str = "terminus2"  # the prompt style (protocol.PROMPTS)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(**self.trials.limits.model_dump())
 
 
 class VerifierTimeoutError(Exception):
@@ -62,7 +64,7 @@ INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, Verifi
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
-MAX_EPISODES = "max_episodes"
+OUT_OF_EPISODES = "max_episodes"
 SHELL_EXITED = "shell_exited"
 CONTEXT_EXCEEDED = "context_length_exceeded"  # the next request would not fit the model
 DISK_EXCEEDED = "disk_limit_exceeded"  # the trial wrote storage_mb: a failed task, unverified
@@ -72,8 +74,9 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                     *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
     started, t0 = datetime.now(UTC), time.monotonic()
     meta = _task_timeouts(task)
-    agent_timeout = effective_timeout(settings.agent_timeout_sec or meta["agent"], settings.timeout_multiplier,
-                                      settings.timeout_cap_sec)
+    trials = settings.trials
+    agent_timeout = effective_timeout(trials.agent_timeout_sec or meta["agent"], trials.timeout_multiplier,
+                                      trials.timeout_cap_sec)
     verifier_timeout = settings.verifier_timeout_sec or meta["verifier"]
     messages: list[dict] = []  # what the model is sent
     completions: list[Completion] = []  # its answers, one per assistant message
@@ -83,7 +86,7 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
     try:
         # in a thread: podman may build the task's image first
-        with await asyncio.to_thread(open_sandbox, task, workdir, backend=settings.backend, limits=limits,
+        with await asyncio.to_thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions)
@@ -181,7 +184,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
         screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
         pending_complete = False
-        for _ in range(settings.max_episodes):
+        for _ in range(settings.trials.max_episodes):
             left = deadline - time.monotonic()
             if left <= 0:
                 return TIMEOUT
@@ -211,7 +214,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                 pending_complete = False
                 reply = style.observation_reply(output)
             messages.append({"role": "user", "content": reply})
-        return MAX_EPISODES
+        return OUT_OF_EPISODES
     finally:
         await asyncio.to_thread(term.close)
 
@@ -265,7 +268,7 @@ def _conversation(messages: list[dict], completions: list[Completion], settings:
         content = m["content"]
         if m["role"] == "assistant":
             c = next(answers)
-            if settings.keep_reasoning and c.reasoning:
+            if settings.trials.keep_reasoning and c.reasoning:
                 content = f"<think>{c.reasoning}</think>\n{content}"
         out.append({"role": m["role"], "content": content})
     while out and out[-1]["role"] != "assistant":

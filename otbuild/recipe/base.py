@@ -17,6 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Size bounds: a typo (`shards: 1000000000000`, `count: 1.0e+23`) is an error, not an endless build.
+MAX_TASKS = 10_000_000  # tasks or rollouts one stage makes (the paper's largest set: 100K)
+MAX_SHARDS = 10_000  # jobs per sharded stage
+MAX_REPEATS = 1_000  # samples per task, eval repeats, surface forms per task
+MAX_EPISODES = 10_000  # agent turns per trial
+
 EXECUTION_ONLY = "execution_only"
 ENGINE_ARGS_OF = "engine_args_of"
 

@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema import NAME_RE, Recipe, harbor_agent
+from otbuild.recipe.schema import NAME_RE, Recipe
+from otbuild.recipe.trials import harbor_agent
 
 
 @dataclass(frozen=True)

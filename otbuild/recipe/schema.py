@@ -16,18 +16,17 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from otbuild.recipe.base import Strict, engine_args, execution_only
+from otbuild.recipe.base import MAX_REPEATS, MAX_SHARDS, MAX_TASKS, Strict, engine_args, execution_only
 from otbuild.recipe.schema_train import Rl, Sft
+from otbuild.recipe.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
-# Size bounds: a typo (`shards: 1000000000000`, `count: 1.0e+23`) is an error, not an endless build.
-MAX_TASKS = 10_000_000  # tasks or rollouts one stage makes (the paper's largest set: 100K)
-MAX_SHARDS = 10_000  # jobs per sharded stage
-MAX_REPEATS = 1_000  # samples per task, eval repeats, surface forms per task
-MAX_EPISODES = 10_000  # agent turns per trial
+
+
+RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
 
 
 def duckdb_regex(v: str | None) -> str | None:
@@ -277,39 +276,6 @@ class TraceFilter(Strict):
                                   "the kept-traces target of a budget planned with task_filter.score.keep_rate")
 
 
-class SandboxLimits(Strict):
-    """Per-trial limits of the local sandbox."""
-
-    cpu_seconds: int = Field(default=600, ge=1)
-    memory_mb: int = Field(default=4096, ge=64)
-    file_size_mb: int = Field(default=512, ge=1)
-    max_processes: int = Field(default=256, ge=8)
-    output_bytes: int = Field(default=10_000_000, ge=10_000)
-    network: Literal["task", "none"] = Field(
-        default="task", description="podman: the network task.toml's allow_internet allows (Harbor's default: "
-        "the internet), or none for every task")
-    pull: Literal["never", "missing", "always"] = execution_only(
-        "missing", description="podman: fetch a task's base image from its registry when not present locally")
-    storage_mb: int = Field(default=10240, ge=16, description="a trial's writable space, for tasks whose "
-                            "task.toml sets no storage_mb; reaching it ends the trial as a task failure")
-
-
-class HarborBackend(Strict):
-    """Tasks that need their container image run through Harbor's CLI (its own Python 3.12
-    env: scripts/harbor-env.sh) in one of its environments; `otbuild` is our sandbox."""
-
-    environment: str = Field(default="docker", description="docker, daytona, modal, ..., otbuild, or module:Class")
-    agent: str | None = Field(default=None, description="default: oracle for the oracle engine, else terminus-2")
-    agent_kwargs: dict[str, Any] = Field(default_factory=dict)
-    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
-
-
-def harbor_agent(agent: str | None, engine: str | None) -> str:
-    """The Harbor agent a section runs: its `harbor.agent`, else oracle for the oracle engine,
-    else terminus-2."""
-    return agent or ("oracle" if engine == "oracle" else "terminus-2")
-
-
 class LLM(Strict):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
     transformers model dir. Execution knobs (concurrency, retries, the client's timeout) are
@@ -345,35 +311,18 @@ class LLM(Strict):
         return self
 
 
-class Teacher(LLM):
+class Teacher(LLM, ShardedTrials):
     """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh)."""
 
     engine: Literal["oracle", "openai", "vllm", "transformers"]
     model: str | None = Field(default=None, description="not needed for the oracle")
     samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
-    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
-    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
-    agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
-    timeout_multiplier: float = Field(default=1.0, gt=0)
-    timeout_cap_sec: float = Field(default=7200, gt=0)
-    sandbox: Literal["bwrap", "unshare", "none", "podman", "auto", "harbor"] = "bwrap"
-    limits: SandboxLimits = SandboxLimits()
-    harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
-    keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the "
-                                 "traces, before the answer in <think>...</think> (as Harbor exports it)")
 
     @model_validator(mode="after")
     def _model_needed(self):
         if self.engine != "oracle" and not self.model:
             raise ValueError(f"engine {self.engine!r} needs `model`")
-        return _reasoning_switch(self)
-
-
-def _reasoning_switch(section):
-    if section.sandbox == "harbor" and not section.keep_reasoning:
-        raise ValueError("keep_reasoning: false applies to otbuild's own harness; with sandbox: "
-                         "harbor the traces are what Harbor exports (reasoning included)")
-    return section
+        return self
 
 
 class Augment(LLM):
@@ -440,10 +389,11 @@ class HfTraceImport(FileSource):
 TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HfTraceImport, Field(discriminator="kind")]
 
 
-class Eval(Strict):
+class Eval(ShardedTrials):
     """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
     task sources; `model` is the recipe's last trained checkpoint (sft, else rl: served by
-    `serve_with`) unless an engine section names another (an API model, the oracle ceiling)."""
+    `serve_with`) unless an engine section names another (an API model, the oracle ceiling).
+    The trial settings are the eval's own, whichever model answers."""
 
     benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
     repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
@@ -452,30 +402,24 @@ class Eval(Strict):
     engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1)
-    timeout_multiplier: float = Field(default=1.0, gt=0, description="paper: 2 for 8B, 16 for 32B")
-    timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
-    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES)
-    shards: int = execution_only(1, ge=1, le=MAX_SHARDS)
     concurrency: int | None = execution_only(None, ge=1, description="trials at once per job; default: the engine's")
-    sandbox: Literal["bwrap", "unshare", "none", "podman", "auto", "harbor"] = "bwrap"
-    harbor: HarborBackend = HarborBackend()  # remote benchmarks (Terminal-Bench 2, SWE-bench)
-    limits: SandboxLimits = SandboxLimits()
-    rank_by: Literal["pass_at_1", "partial_credit"] = Field(
+    rank_by: RankBy = Field(
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
-    keep_reasoning: bool = True  # as the teacher's
     allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "
                                                  "harness prompt than its rollouts' (validate refuses it otherwise)")
 
-    @model_validator(mode="after")
-    def _reasoning(self):
-        return _reasoning_switch(self)
 
-
-class Harness(Strict):
-    """How the terminus-2 harness talks to the model, the same for rollouts, SFT, RL and eval."""
+class PromptStyle(Strict):
+    """The harness's prompt style: what every stage that renders or runs harness turns
+    (rollouts, SFT, RL, eval) is given beside its own section."""
 
     prompt: Literal["terminus2", "compact"] = Field(
         default="terminus2", description="compact: a short system text and compact JSON, for tiny students")
+
+
+class Harness(PromptStyle):
+    """How the terminus-2 harness talks to the model, the same for rollouts, SFT, RL and eval."""
+
     constrained_decoding: bool = Field(
         default=False, description="eval of a served checkpoint: every answer is decoded inside the JSON "
         "frame (the request's structured_outputs.regex; otbuild serve and vLLM honour it)")

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from otbuild.recipe.base import Strict, engine_args, execution_only
+from otbuild.recipe.trials import PolicyTrials
 
 
 ChatTemplate = Literal["auto", "qwen3", "qwen3_thinking"]
@@ -98,7 +99,21 @@ class Launch(Strict):
     tracking: Tracking = execution_only(Tracking(), description="TensorBoard event files, a wandb run")
 
 
-class Sft(Launch):
+class Training(Launch):
+    """What SFT and RL train with alike: AdamW (torch's, or DeepSpeed's on GPU), gradient
+    clipping, precision, the seed. Each declares its own learning rate and ZeRO stage."""
+
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU")
+    optimizer: Literal["auto", "torch", "deepspeed"] = Field(
+        default="auto", description="auto: DeepSpeed's fused Adam on GPU, torch AdamW on CPU")
+    seed: int = 0
+
+
+class Sft(Training):
     """Full-parameter SFT through DeepSpeed on the filtered traces (loss on assistant tokens)."""
 
     model: ModelSpec
@@ -111,11 +126,6 @@ class Sft(Launch):
     epochs: float = Field(default=5.0, gt=0, description="paper: 5-7")
     max_steps: int | None = Field(
         default=None, ge=0, description="optimizer steps, overriding epochs (0: the untrained base model)")
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    seed: int = 0
     # data
     cutoff_len: int = Field(default=32768, ge=16, description="tokens per sequence (32K context)")
     truncation: Literal["right", "drop"] = Field(
@@ -135,10 +145,7 @@ class Sft(Launch):
         default=None, ge=1, description="compute-controlled ablations: train on this many tokens")
     # execution
     zero_stage: Literal[0, 1, 2, 3] = 3
-    precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU")
     gradient_checkpointing: bool = True
-    optimizer: Literal["auto", "torch", "deepspeed"] = Field(
-        default="auto", description="auto: DeepSpeed's fused Adam on GPU, torch AdamW on CPU")
     save_steps: int = execution_only(100, ge=1, description="resumable checkpoint every N steps")
     save_total_limit: int = execution_only(1, ge=1)
     keep_checkpoints: bool = execution_only(False, description="keep checkpoints/ after the final save")
@@ -153,15 +160,7 @@ class Sft(Launch):
         return self
 
 
-class RlSandbox(Strict):
-    backend: Literal["bwrap", "unshare", "none", "podman", "auto"] = "bwrap"
-    max_episodes: int = Field(default=50, ge=1)
-    agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
-    timeout_multiplier: float = Field(default=1.0, gt=0)
-    timeout_cap_sec: float = Field(default=7200, gt=0)
-
-
-class Rl(Launch):
+class Rl(Training):
     """RLOO on the SFT checkpoint: multi-turn rollouts in the terminus-2 harness, verifier reward.
     Every rank (one per GPU) rolls out its share of a step's tasks with its replica of the
     policy; the update is DeepSpeed data parallel (ZeRO 0-2: every rank keeps whole weights)."""
@@ -173,9 +172,6 @@ class Rl(Launch):
     max_tokens: int = Field(default=4096, ge=1, description="per assistant turn")
     max_context: int = Field(default=32768, ge=64, description="a turn whose prompt is longer ends the trial")
     learning_rate: float = Field(default=5e-6, gt=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(default=0.0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
     clip_low: float = Field(default=0.2, ge=0)
     clip_high: float = Field(default=0.2, ge=0)
     kl_coef: float = Field(default=0.0, ge=0, description="k3 estimator against the SFT model; paper: 0")
@@ -183,14 +179,10 @@ class Rl(Launch):
     ppo_epochs: int = Field(default=1, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
     zero_stage: Literal[0, 1, 2] = 2
-    precision: Literal["auto", "bf16", "fp32"] = Field(default="auto", description="auto: bf16 on GPU")
-    optimizer: Literal["auto", "torch", "deepspeed"] = Field(
-        default="auto", description="auto: DeepSpeed's fused Adam on GPU, torch AdamW on CPU")
-    seed: int = 0
     rollout: Literal["transformers", "vllm"] = Field(
         default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step")
     vllm_args: dict[str, Any] = engine_args(
         of="rollout", description="rollout: vllm: vllm serve settings (tensor_parallel_size, ...)")
-    sandbox: RlSandbox = RlSandbox()
+    sandbox: PolicyTrials = Field(default=PolicyTrials(), description="the rollouts' trial settings, as the teacher's")
     concurrency: int = execution_only(8, ge=1)
     save_steps: int = execution_only(10, ge=1)

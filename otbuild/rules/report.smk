@@ -4,7 +4,7 @@ from otbuild.report import CAPTIONS
 
 
 def _report_recipe(wc):
-    return WF.node("report", wc.id).settings["recipe"]
+    return WF.node("report", wc.id).config.recipe
 
 
 rule report:

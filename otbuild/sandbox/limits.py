@@ -3,33 +3,49 @@
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 MB = 1024 * 1024
 
 
+# The local sandboxes a trial runs in (`sandbox:` of teacher, eval and rl.sandbox).
+BACKENDS = ("bwrap", "unshare", "none", "podman", "auto")
+
+
+def _setting(default, description: str = "", **bounds):
+    """A limit a recipe sets (`limits:`): the recipe schema builds its section from these
+    fields, their bounds and descriptions (otbuild/recipe/trials.py: SandboxLimits)."""
+    return field(default=default, metadata={"recipe": True, "description": description, **bounds})
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Limits of one trial.
+    """Limits of one trial (standard library only: Harbor's environment imports the sandbox in
+    its own Python).
 
     `cpu_seconds`, `memory_mb` (address space), `file_size_mb` are per process (rlimits);
     `max_processes` counts the trial's processes (RLIMIT_NPROC of the trial's own uid or user
     namespace); `wall_seconds` bounds the whole trial (every process is killed when it runs
-    out); `output_bytes` caps what the host reads from one command or terminal. `network`:
-    "task" gives a podman trial the network its task.toml allows (Harbor's default: the
-    internet; `allow_internet = false` or `network_mode = "no-network"`: none), "none" never
-    any (bwrap trials always have loopback only).
+    out; the harness sets it from the trial's timeouts, a recipe does not); `output_bytes` caps
+    what the host reads from one command or terminal.
     """
 
-    cpu_seconds: int = 600
-    memory_mb: int = 4096
-    file_size_mb: int = 512
-    max_processes: int = 256
+    cpu_seconds: int = _setting(600, ge=1)
+    memory_mb: int = _setting(4096, ge=64)
+    file_size_mb: int = _setting(512, ge=1)
+    max_processes: int = _setting(256, ge=8)
     wall_seconds: float = 900
-    output_bytes: int = 10_000_000
-    network: str = "task"
-    pull: str = "missing"  # podman's policy for base images: never | missing | always
-    storage_mb: int = 10240  # the trial's writable space (a task's own storage_mb wins): otbuild/sandbox/disk.py
+    output_bytes: int = _setting(10_000_000, ge=10_000)
+    network: Literal["task", "none"] = _setting(
+        "task", "podman: the network task.toml's allow_internet allows (Harbor's default: the internet; "
+        "`allow_internet = false` or `network_mode = \"no-network\"`: none), or none for every task "
+        "(bwrap trials always have loopback only)")
+    pull: Literal["never", "missing", "always"] = _setting(
+        "missing", "podman: fetch a task's base image from its registry when not present locally",
+        execution_only=True)
+    storage_mb: int = _setting(10240, "a trial's writable space, for tasks whose task.toml sets no storage_mb; "
+                               "reaching it ends the trial as a task failure (otbuild/sandbox/disk.py)", ge=16)
 
     def prlimit(self) -> list[str]:
         """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to

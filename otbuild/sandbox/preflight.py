@@ -17,22 +17,23 @@ def base_image_counts(plan) -> Counter:
     Streamed from each source's own files (sources whose files are not there yet are skipped)."""
     from otbuild.sandbox import needs_image
 
-    backends = {_backend(n.settings.get("sandbox")) for n in plan.nodes if n.stage in ("rollout", "eval", "rl")}
+    backends = {trials(n).sandbox for n in plan.nodes if n.stage in ("rollout", "eval", "rl")}
     if not backends & {"podman", "auto"}:
         return Counter()
     counts: Counter = Counter()
     for node in plan.nodes:
         if node.stage != "source" or node.missing:
             continue
-        for item in read_source(node.settings):
+        for item in read_source(node.config):
             if not isinstance(item, Quarantined) and ("podman" in backends or needs_image(item.task)):
                 counts.update(set(task_base_images(item.task)))
     return counts
 
 
-def _backend(sandbox: str | dict | None) -> str | None:
-    """A rollout's or eval's `sandbox` is the backend's name; RL's is a section with `backend`."""
-    return sandbox.get("backend") if isinstance(sandbox, dict) else sandbox
+def trials(node):
+    """The trial settings of a rollout, eval or rl node (otbuild/recipe/trials.py): RL's are its
+    `sandbox` section."""
+    return node.config.sandbox if node.stage == "rl" else node.config
 
 
 def image_presence(images) -> dict[str, bool | None]:

@@ -30,23 +30,22 @@ DATASET_KINDS = {"hf-dataset", "harbor-dataset"}
 HUB_KEYS = {"repo", "revision", "split", "files", "hub"}  # what an hf-dataset section says about its files
 
 
-def read_source(settings: dict) -> Iterator[TaskRecord | Quarantined]:
-    kind = settings["kind"]
-    if kind == "synthetic":
+def read_source(cfg) -> Iterator[TaskRecord | Quarantined]:
+    """The items of a source (its settings: otbuild/stages/settings.py SourceSettings)."""
+    if cfg.kind == "synthetic":
         from otbuild.sources.synthetic import generate
 
-        return generate(settings["count"], settings["seed"], settings.get("families"), settings.get("difficulties"))
-    if kind == "hf-dataset":
+        return generate(cfg.count, cfg.seed, cfg.families, cfg.difficulties)
+    if cfg.kind == "hf-dataset":
         from otbuild.sources.harbor_parquet import read as read_parquet
 
-        return (item for f in hub_files(settings, (".parquet",)).paths for item in read_parquet(f))
-    if kind == "harbor-dataset":
+        return (item for f in hub_files(cfg, (".parquet",)).paths for item in read_parquet(f))
+    if cfg.kind == "harbor-dataset":
         from otbuild.sources.harbor_dataset import read as read_dataset
 
-        return read_dataset(*harbor_tasks(settings))
-    module = importlib.import_module(f"otbuild.sources.{PATH_ADAPTERS[kind]}")
-    options = {k: v for k, v in settings.items() if k not in COMMON_KEYS}
-    return module.read(Path(settings["path"]), **options)
+        return read_dataset(*harbor_tasks(cfg))
+    module = importlib.import_module(f"otbuild.sources.{PATH_ADAPTERS[cfg.kind]}")
+    return module.read(Path(cfg.path), **cfg.model_dump(exclude=COMMON_KEYS))
 
 
 def path_problem(kind: str, path: Path) -> str | None:
@@ -74,89 +73,93 @@ def files_problem(path: Path, forms: tuple[str, ...], recursive: bool = True) ->
     return None
 
 
-def where(settings: dict) -> str:
+def where(cfg) -> str:
     """What a file-reading section reads, for messages: its path or its dataset."""
-    if settings["kind"] == "hf-dataset":
+    if cfg.kind == "hf-dataset":
         from otbuild.hub import where as hub_where
 
-        hub = settings.get("hub") or {}
-        return hub_where(settings["repo"], hub.get("commit") or settings["revision"])
-    return settings["dataset"] if settings["kind"] == "harbor-dataset" else settings["path"]
+        return hub_where(cfg.repo, (cfg.hub or {}).get("commit") or cfg.revision)
+    return cfg.dataset if cfg.kind == "harbor-dataset" else cfg.path
 
 
-def hub_files(settings: dict, forms: tuple[str, ...]):
+def hub_files(cfg, forms: tuple[str, ...]):
     """The files of an hf-dataset section (`otbuild.hub.HubFiles`): those the plan resolved,
     checked again; else (the plan found them nowhere) resolved now, which fails naming the
     repo and revision when they are still not there."""
     from otbuild import hub
 
-    allow = hub.patterns(settings.get("split"), settings.get("files"), forms)
-    if planned := settings.get("hub"):
-        return hub.planned_files(planned, allow)
-    return hub.resolve(settings["repo"], settings["revision"], allow)
+    allow = hub.patterns(cfg.split, cfg.files, forms)
+    if cfg.hub:
+        return hub.planned_files(cfg.hub, allow)
+    return hub.resolve(cfg.repo, cfg.revision, allow)
 
 
-def harbor_tasks(settings: dict) -> tuple[list[Path], str | None, str]:
+def harbor_tasks(cfg) -> tuple[list[Path], str | None, str]:
     """A harbor-dataset section's task dirs, located again as planned; the digest the plan
     recorded (None: it found them nowhere); NAME@VERSION. Raises StageError naming what is
     still not there."""
     from otbuild.errors import StageError
 
-    dataset, dirs, missing = _locate_harbor(settings)
+    dataset, dirs, missing = _locate_harbor(cfg)
     if missing:
-        raise StageError(f"source {settings['name']!r}: not downloaded: {missing}")
-    return dirs, settings.get("tasks_digest"), dataset
+        raise StageError(f"source {cfg.name!r}: not downloaded: {missing}")
+    return dirs, cfg.tasks_digest, dataset
 
 
-def _locate_harbor(settings: dict) -> tuple[str, list[Path], str | None]:
+def _locate_harbor(cfg) -> tuple[str, list[Path], str | None]:
     """NAME@VERSION, its task dirs, and what is missing (None: nothing)."""
     from otbuild.sources.harbor_dataset import locate
 
-    registry, root = Path(settings["registry"]), Path(settings["root"])
+    registry, root = Path(cfg.registry), Path(cfg.root)
     if registry.is_dir():  # as Harbor's --registry-path: the file or the folder holding it
         registry = registry / "registry.json"
     if not registry.is_file():
-        return settings["dataset"], [], f"Harbor's registry {registry}"
-    dataset, dirs, absent = locate(settings["dataset"], registry, root)
+        return cfg.dataset, [], f"Harbor's registry {registry}"
+    dataset, dirs, absent = locate(cfg.dataset, registry, root)
     if absent:
         return dataset, dirs, (f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
                                f"in {root} (`harbor datasets download {dataset}`)")
     return dataset, dirs, None
 
 
-def resolve_dataset(settings: dict, ident: dict, resolve_path, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
-    """Plan a DATASET_KINDS section: its settings for the stage (what exactly to read), its
-    identity (the resolved commit or version and the content's digests, not where it lies) and
-    what is not there yet. Raises StageError for a registry that does not name the dataset."""
+def resolve_dataset(stage: str, settings: dict, ident: dict, resolve_path,
+                    forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
+    """Plan a DATASET_KINDS section of `stage`: its settings for the stage (what exactly to
+    read), its identity (the resolved commit or version and the content's digests, not where it
+    lies) and what is not there yet. Raises StageError for a registry that does not name the
+    dataset."""
     settings, ident = dict(settings), dict(ident)
     if settings["kind"] == "hf-dataset":
-        return _plan_hub(settings, ident, forms)
-    return _plan_harbor(settings, ident, resolve_path)
+        return _plan_hub(stage, settings, ident, forms)
+    return _plan_harbor(stage, settings, ident, resolve_path)
 
 
-def _plan_hub(settings: dict, ident: dict, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
+def _plan_hub(stage: str, settings: dict, ident: dict, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
     from otbuild.errors import StageError
+    from otbuild.stages.settings import config
 
     for key in HUB_KEYS:
         ident.pop(key, None)
+    cfg = config(stage, settings)
     try:
-        found = hub_files(settings, forms)
+        found = hub_files(cfg, forms)
         settings["hub"], ident["hub"] = found.planned(), found.identity()
     except StageError as e:
-        ident["hub"] = {"missing": where(settings)}
+        ident["hub"] = {"missing": where(cfg)}
         return settings, ident, [str(e)]
     return settings, ident, []
 
 
-def _plan_harbor(settings: dict, ident: dict, resolve_path) -> tuple[dict, dict, list[str]]:
+def _plan_harbor(stage: str, settings: dict, ident: dict, resolve_path) -> tuple[dict, dict, list[str]]:
     from otbuild.sources.harbor_dataset import HARBOR_TASK_CACHE, tasks_digest
+    from otbuild.stages.settings import config
 
     for key in ("registry", "path"):
         ident.pop(key, None)
         if settings.get(key):
             settings[key] = str(resolve_path(str(Path(settings[key]).expanduser())).resolve())
     settings["root"] = settings.get("path") or str(HARBOR_TASK_CACHE.expanduser())
-    dataset, dirs, missing = _locate_harbor(settings)
+    dataset, dirs, missing = _locate_harbor(config(stage, settings))
     settings["dataset"] = ident["dataset"] = dataset
     if missing:
         ident["missing"] = missing

@@ -33,16 +33,16 @@ THINK, END_THINK = "<think>", "</think>"
 BATCH_ROWS = 256
 
 
-def _forms(settings: dict) -> list[tuple[str, int]]:
+def _forms(cfg) -> list[tuple[str, int]]:
     """(kind, j) of each request one task makes, in request order."""
-    return [(kind, j) for kind in settings["kinds"] for j in range(settings["k"])]
+    return [(kind, j) for kind in cfg.kinds for j in range(cfg.k)]
 
 
-def requests(settings: dict, inputs: list[Path]):
+def requests(cfg, inputs: list[Path]):
     """`requests(wanted)` for llm_requests.run_shard: each task's forms in turn, in input order."""
-    forms = _forms(settings)
-    instructions = _column(inputs, "instruction") if "combine" in settings["kinds"] else None
-    partners = _partners(len(instructions), settings["seed"]) if instructions is not None else None
+    forms = _forms(cfg)
+    instructions = _column(inputs, "instruction") if "combine" in cfg.kinds else None
+    partners = _partners(len(instructions), cfg.seed) if instructions is not None else None
 
     def wanted_requests(wanted):
         number = 0
@@ -51,23 +51,23 @@ def requests(settings: dict, inputs: list[Path]):
                 if wanted(number):
                     partner = instructions[partners[i]].as_py() if kind == "combine" else None
                     yield number, _prompt(row["instruction"], kind, partner), \
-                        {"seed": _seed(settings["seed"], row["task_id"], kind, j)}
+                        {"seed": _seed(cfg.seed, row["task_id"], kind, j)}
                 number += 1
 
     return wanted_requests
 
 
-def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
-    llm_requests.run_shard("augment", settings, requests(settings, inputs), outdir, shard)
+def run_shard(cfg, inputs: list[Path], outdir: Path, shard: int) -> None:
+    llm_requests.run_shard("augment", cfg, requests(cfg, inputs), outdir, shard)
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     """Merge: the parents (with keep_original), then each parent's new forms in request order."""
-    forms = _forms(settings)
+    forms = _forms(cfg)
     n_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
-    answers = llm_requests.answers(outdir, settings["shards"], n_rows * len(forms))
-    partner_ids = _column(inputs, "task_id") if "combine" in settings["kinds"] else None
-    partners = _partners(n_rows, settings["seed"]) if partner_ids is not None else None
+    answers = llm_requests.answers(outdir, cfg.shards, n_rows * len(forms))
+    partner_ids = _column(inputs, "task_id") if "combine" in cfg.kinds else None
+    partners = _partners(n_rows, cfg.seed) if partner_ids is not None else None
     quarantined: list[Quarantined] = []
     kept = new = 0
     with atomic_path(outdir / "tasks.parquet") as tmp, pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as w:
@@ -81,7 +81,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
                 w.write_table(pa.Table.from_pylist(buffer, SCHEMA))
                 buffer.clear()
 
-        if settings["keep_original"]:
+        if cfg.keep_original:
             for parent in _rows(inputs, TASK_SCHEMA.names):
                 emit({**parent, "parent_task_id": None, "augmentation": None})
         for i, parent in enumerate(_rows(inputs, TASK_SCHEMA.names)):
@@ -111,8 +111,8 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         raise RuntimeError(f"augment: all {len(quarantined)} answers were quarantined ({reasons}); "
                            f"first: {quarantined[0].reason}: {quarantined[0].detail[:300]}")
     return {"tasks": kept, "new": new, "quarantined": len(quarantined), "quarantined_by_reason": reasons,
-            "shards": llm_requests.shard_records(outdir, settings["shards"]),
-            "llm_usage": llm_requests.llm_usage(settings, outdir)}
+            "shards": llm_requests.shard_records(outdir, cfg.shards),
+            "llm_usage": llm_requests.llm_usage(cfg, outdir)}
 
 
 def _prompt(instruction: str, kind: str, partner: str | None) -> list[dict]:

@@ -12,17 +12,18 @@ from pathlib import Path
 from otbuild import duck, usage
 from otbuild.stages import rollout
 from otbuild.stages.rollout import merge_shards
+from otbuild.stages.settings import EvalSettings
 
 
-def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
+def run_shard(cfg: EvalSettings, inputs: list[Path], outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
-    rollout.run_shard(settings, [p for p in inputs if p.suffix == ".parquet"], outdir, shard)
+    rollout.run_shard(cfg, [p for p in inputs if p.suffix == ".parquet"], outdir, shard)
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    shards = merge_shards(settings, outdir)
+def run(cfg: EvalSettings, inputs: list[Path], outdir: Path) -> dict:
+    shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
-    duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=settings["model_label"])
+    duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label)
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions FROM ev_summary").fetchall()

@@ -45,11 +45,11 @@ class RefusedRequest(RuntimeError):
     """The endpoint refused the first request (a 4xx): every other would fail the same way."""
 
 
-def run_shard(stage: str, settings: dict, requests: Callable[[Callable[[int], bool]], Iterable[Request]],
+def run_shard(stage: str, cfg, requests: Callable[[Callable[[int], bool]], Iterable[Request]],
               outdir: Path, shard: int) -> None:
     """Answer shard K's requests (those not answered yet) and write its parquet. `requests(wanted)`
     yields the stage's requests whose numbers `wanted` accepts, in order, built as they go."""
-    n = settings.get("shards", 1)
+    n = cfg.shards
     dest = shard_path(outdir, n, shard)
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
@@ -58,18 +58,18 @@ def run_shard(stage: str, settings: dict, requests: Callable[[Callable[[int], bo
         f"SELECT request FROM ({_answers_sql(outdir)}) WHERE error IS NULL").fetchall()}
     todo = iter(requests(lambda r: r % n == shard and r not in done))
     print(f"{stage} shard {shard} of {n}: {len(done)} requests already answered (all shards)", flush=True)
-    sent = asyncio.run(_answer(stage, settings, todo, partial))
+    sent = asyncio.run(_answer(stage, cfg, todo, partial))
     print(f"{stage} shard {shard} of {n}: {sent} requests sent", flush=True)
     _write_shard(outdir, n, shard, dest)
     partial.unlink(missing_ok=True)
 
 
-async def _answer(stage: str, settings: dict, todo: Iterator[Request], partial: Path) -> int:
+async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path) -> int:
     first = next(todo, None)
     if first is None:
         return 0
-    engine = await open_engine(engine_settings(settings))
-    window = asyncio.Semaphore(2 * concurrency(settings))  # requests built ahead, not all
+    engine = await open_engine(engine_settings(cfg.model_dump()))
+    window = asyncio.Semaphore(2 * concurrency(cfg.model_dump()))  # requests built ahead, not all
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 
@@ -163,10 +163,10 @@ def shard_records(outdir: Path, shards: int) -> list[dict]:
     return [{"path": str(p), "sha256": file_sha256(p)} for p in current]
 
 
-def llm_usage(settings: dict, outdir: Path) -> dict:
+def llm_usage(cfg, outdir: Path) -> dict:
     """Requests, errors and tokens of the answers the merge read (otbuild/usage.py)."""
-    files = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
-    return usage.of_answers(files, f"{settings['engine']}:{settings['model']}")
+    files = [shard_path(outdir, cfg.shards, k) for k in range(cfg.shards)]
+    return usage.of_answers(files, f"{cfg.engine}:{cfg.model}")
 
 
 def input_batches(inputs: list[Path], columns: list[str] | None = None, rows: int = 1024) -> Iterator[pa.RecordBatch]:

@@ -11,13 +11,12 @@ class MixError(ValueError):
     pass
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> None:
+def run(cfg, inputs: list[Path], outdir: Path) -> None:
     con = duck.connect()
-    duck.run_template(con, "mix.sql", inputs=[str(p) for p in inputs], total=settings["total"],
-                      seed=settings["seed"], order=settings["order"])
+    duck.run_template(con, "mix.sql", inputs=[str(p) for p in inputs], total=cfg.total, seed=cfg.seed, order=cfg.order)
     counts = dict(con.execute("SELECT _src, c FROM mix_quota").fetchall())
-    n, total = len(inputs), settings["total"]
-    for i, (name, path) in enumerate(zip(settings["sources"], inputs)):
+    n, total = len(inputs), cfg.total
+    for i, (name, path) in enumerate(zip(cfg.sources, inputs)):
         quota = total // n + (i < total % n)
         if quota and not counts.get(i):
             raise MixError(f"mix: source {name!r} ({path}) has no tasks; cannot fill its quota of {quota}")

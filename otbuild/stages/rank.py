@@ -12,12 +12,12 @@ from otbuild import duck
 METRICS = {"pass_at_1": ("mean", "stderr"), "partial_credit": ("partial_mean", "partial_stderr")}
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
-    metric = settings.get("metric", "pass_at_1")
+    metric = cfg.metric
     column, error = METRICS[metric]
     errors = [error if error in pq.ParquetFile(p).schema_arrow.names else "NULL" for p in inputs]
-    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=settings["candidates"],
+    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=cfg.candidates,
                       column=column, errors=errors)
     duck.copy_to_parquet(con, "SELECT * FROM rk_ranking", outdir / "ranking.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM rk_z", outdir / "zscores.parquet")

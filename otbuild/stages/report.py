@@ -10,5 +10,5 @@ from pathlib import Path
 from otbuild.report import build
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    return build(settings, Path(outdir))
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+    return build(cfg.model_dump(exclude_none=True), Path(outdir))

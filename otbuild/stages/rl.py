@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import usage
+from otbuild.stages.settings import RlSettings
 from otbuild.stages.sft import run_training
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    stats = run_training("rl", settings, inputs, outdir)
+def run(cfg: RlSettings, inputs: list[Path], outdir: Path) -> dict:
+    stats = run_training("rl", cfg, inputs, outdir)
     # the rollouts' requests and tokens: the policy served by vLLM, or generating in process
-    model = f"{'vllm' if settings.get('rollout') == 'vllm' else 'transformers'}:policy"
+    model = f"{cfg.rollout}:policy"
     return {**stats, "llm_usage": usage.of_log(Path(outdir) / "train_log.jsonl", model)}

@@ -36,8 +36,10 @@ import pyarrow.parquet as pq
 from otbuild import duck, usage
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
+from otbuild.recipe.trials import HARBOR
 from otbuild.stages import shard_path
 from otbuild.stages.partials import append, drop_torn_tail
+from otbuild.stages.settings import RolloutSettings
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import TRACE_SCHEMA, WRITE_OPTIONS, write_traces
 
@@ -63,14 +65,14 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
-def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
-    n = settings["shards"]
-    trials = [t for t in plan_trials(inputs, settings["samples_per_task"]) if t.index % n == shard]
+def run_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int) -> None:
+    n = cfg.shards
+    trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
-    if settings["sandbox"] == "harbor":
+    if cfg.sandbox == HARBOR:
         from otbuild.stages.rollout_harbor import run_harbor_shard
 
-        write_traces(dest, run_harbor_shard(settings, inputs, outdir, shard, trials))
+        write_traces(dest, run_harbor_shard(cfg, inputs, outdir, shard, trials))
         return
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
     todo = [t for t in trials if t.index not in done]
     print(f"shard {shard}: {len(trials)} trials, {len(done)} already done, {len(todo)} to run", flush=True)
     if todo:
-        asyncio.run(_run_trials(settings, inputs, todo, partial, run_id=outdir.name, total=len(trials),
+        asyncio.run(_run_trials(cfg, inputs, todo, partial, run_id=outdir.name, total=len(trials),
                                 already=len(done)))
         done = _finished_trials(partial)
     missing = [t.index for t in trials if t.index not in done]
@@ -91,9 +93,9 @@ def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> N
     partial.unlink(missing_ok=True)
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: RolloutSettings, inputs: list[Path], outdir: Path) -> dict:
     """Merge the shards into traces.parquet; the summary reads 5 narrow columns back."""
-    shards = merge_shards(settings, outdir)
+    shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
     trials, subagents, passed, exceptions, timed_out = con.execute(
         "SELECT count(*) FILTER (NOT sub), count(*) FILTER (sub), count(*) FILTER (NOT sub AND reward >= 1.0),"
@@ -115,11 +117,11 @@ def merge_step(shards: int) -> int:
     return max(1, MERGE_ROWS // shards)
 
 
-def merge_shards(settings: dict, outdir: Path) -> list[dict]:
+def merge_shards(n: int, outdir: Path) -> list[dict]:
     """Write the shards' rows, in trial order (trial t is row t // S of shard t % S), to
-    traces.parquet, streamed: each shard is read merge_step(S) rows at a time and the batches
-    are interleaved. Returns the shards' paths and sha256."""
-    shards = [shard_path(outdir, settings["shards"], k) for k in range(settings["shards"])]
+    traces.parquet, streamed: each shard of the `n` is read merge_step(S) rows at a time and the
+    batches are interleaved. Returns the shards' paths and sha256."""
+    shards = [shard_path(outdir, n, k) for k in range(n)]
     step = merge_step(len(shards))
     readers = [parquet_batches(p, step) for p in shards]
     with atomic_path(outdir / "traces.parquet") as tmp, \
@@ -184,34 +186,27 @@ def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
         os.fsync(out.fileno())
 
 
-async def _run_trials(settings: dict, inputs: list[Path], todo: list[Trial], partial: Path, *,
+async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int) -> None:
     from otbuild.engines import engine_settings, open_engine
     from otbuild.engines.settings import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
-    from otbuild.sandbox import Limits
 
     rows = task_rows(inputs, {t.row for t in todo})
-    containers = settings["sandbox"] in ("podman", "auto")  # a task's own image can run here
+    containers = cfg.sandbox in ("podman", "auto")  # a task's own image can run here
     if containers:
-        need_image = [r for r in rows.values() if _needs_image(r, settings["sandbox"])]
-        check_podman(settings["sandbox"], need_image)
-        if settings["sandbox"] == "podman" or need_image:  # restarted right after a kill -9: what it left
+        need_image = [r for r in rows.values() if _needs_image(r, cfg.sandbox)]
+        check_podman(cfg.sandbox, need_image)
+        if cfg.sandbox == "podman" or need_image:  # restarted right after a kill -9: what it left
             from otbuild.sandbox.podman import remove_leaked_containers
 
             if removed := remove_leaked_containers():
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
-    trial_settings = TrialSettings(
-        max_episodes=settings["max_episodes"], agent_timeout_sec=settings.get("agent_timeout_sec"),
-        timeout_multiplier=settings["timeout_multiplier"], timeout_cap_sec=settings["timeout_cap_sec"],
-        backend=settings["sandbox"], limits=Limits(**settings.get("limits", {})),
-        keep_reasoning=settings["keep_reasoning"],
-        prompt=settings.get("prompt", "terminus2"),
-    )
+    trial_settings = TrialSettings(cfg, cfg.prompt)
     progress = Progress(total, already)
-    sem = asyncio.Semaphore(concurrency(settings))
+    sem = asyncio.Semaphore(concurrency(cfg.model_dump()))
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
-    engine = await open_engine(engine_settings(settings))
+    engine = await open_engine(engine_settings(cfg.model_dump()))
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 

@@ -16,15 +16,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.engines.settings import concurrency
-from otbuild.recipe.schema import harbor_agent
+from otbuild.recipe.trials import harbor_agent
+from otbuild.stages.settings import RolloutSettings
 from otbuild.tasks.table import TASK_SCHEMA
 
 
-def run_harbor_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
-    return asyncio.run(_run(settings, inputs, outdir, shard, trials))
+def run_harbor_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+    return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
-async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
     from otbuild.stages.rollout import task_rows
@@ -37,18 +38,18 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
     by_attempts: dict[int, list[int]] = defaultdict(list)
     for row, n in per_task.items():
         by_attempts[n].append(row)
-    work = outdir / "harbor" / f"shard-{shard}-of-{settings['shards']}"
+    work = outdir / "harbor" / f"shard-{shard}-of-{cfg.shards}"
     work.mkdir(parents=True, exist_ok=True)
-    options = harbor_options(settings)
+    options = harbor_options(cfg)
     names: dict[int, str] = {}  # row -> its task dir in the Harbor jobs (copies apart)
     job_rows: list[dict] = []
     engine = None
     try:
-        model, base_url = settings.get("model"), settings.get("base_url")
-        if settings["engine"] in ("vllm", "transformers"):  # start the server; Harbor talks to it
+        model, base_url = cfg.model, cfg.base_url
+        if cfg.engine in ("vllm", "transformers"):  # start the server; Harbor talks to it
             from otbuild.engines import engine_settings, open_engine
 
-            engine = await open_engine(engine_settings(settings))
+            engine = await open_engine(engine_settings(cfg.model_dump()))
             model, base_url = engine.model, engine.base_url
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
@@ -56,8 +57,8 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
             names.update(zip(task_rows_n, export_names(tasks)))
             job = await asyncio.to_thread(
                 run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
-                base_url=base_url, n_attempts=n, n_concurrent=concurrency(settings),
-                job_name=f"attempts-{n}", api_key_env=settings.get("api_key_env"),
+                base_url=base_url, n_attempts=n, n_concurrent=concurrency(cfg.model_dump()),
+                job_name=f"attempts-{n}", api_key_env=cfg.api_key_env,
                 log=work / f"attempts-{n}.log", **options)
             job_rows += read_job(job, subagents=True)
     finally:
@@ -65,7 +66,7 @@ async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, tri
             await engine.aclose()
     ids = [{"task": rows[t.row]["path"], "task_id": rows[t.row]["task_id"], "source": rows[t.row]["source"],
             "sample_idx": t.sample_idx, "run_id": outdir.name,
-            "teacher": f"{settings['engine']}:{settings.get('model') or 'oracle'}"} for t in trials]
+            "teacher": f"{cfg.engine}:{cfg.model or 'oracle'}"} for t in trials]
     return shard_rows([names[t.row] for t in trials], ids, job_rows)
 
 
@@ -89,18 +90,16 @@ def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[
     return out + subs
 
 
-def harbor_options(settings: dict) -> dict:
+def harbor_options(cfg: RolloutSettings) -> dict:
     """The trial settings as `run_harbor_job` options: the agent, its timeout and the cap
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens (harbor.agent_kwargs win)."""
-    hb = settings["harbor"]
-    agent = harbor_agent(hb["agent"], settings["engine"])
-    kwargs = dict(hb["agent_kwargs"])
+    hb = cfg.harbor
+    agent = harbor_agent(hb.agent, cfg.engine)
+    kwargs = dict(hb.agent_kwargs)
     if agent.startswith("terminus"):
-        kwargs = {"max_turns": settings["max_episodes"], "temperature": settings["temperature"], **kwargs}
-        kwargs["llm_call_kwargs"] = {"max_tokens": settings["max_tokens"], **(kwargs.get("llm_call_kwargs") or {})}
-    multiplier = settings["timeout_multiplier"]
-    return {"agent": agent, "agent_kwargs": kwargs or None, "environment": hb["environment"],
-            "environment_kwargs": hb["environment_kwargs"] or None, "timeout_multiplier": multiplier,
-            "agent_timeout_sec": settings.get("agent_timeout_sec"),
-            "max_timeout_sec": settings["timeout_cap_sec"] / multiplier}
+        kwargs = {"max_turns": cfg.max_episodes, "temperature": cfg.temperature, **kwargs}
+        kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
+    return {"agent": agent, "agent_kwargs": kwargs or None, "environment": hb.environment,
+            "environment_kwargs": hb.environment_kwargs or None, "timeout_multiplier": cfg.timeout_multiplier,
+            "agent_timeout_sec": cfg.agent_timeout_sec, "max_timeout_sec": cfg.timeout_cap_sec / cfg.timeout_multiplier}

@@ -17,21 +17,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+from otbuild.stages.settings import RlSettings, SftSettings
 from otbuild.train.dist import free_port, launch_command
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    return run_training("sft", settings, inputs, outdir)
+def run(cfg: SftSettings, inputs: list[Path], outdir: Path) -> dict:
+    return run_training("sft", cfg, inputs, outdir)
 
 
-def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) -> dict:
+def run_training(kind: str, cfg: SftSettings | RlSettings, inputs: list[Path], outdir: Path) -> dict:
+    """Train in this process, or launch one process per GPU that each read `cfg` back (the
+    workers validate it into the same model: otbuild/train/__main__.py)."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     spec = outdir / f".{kind}_settings.json"
-    spec.write_text(json.dumps(settings))
+    spec.write_text(cfg.model_dump_json())
     argv = [sys.executable, "-m", "otbuild.train", kind, *map(str, inputs), "--outdir", str(outdir),
             "--settings", f"@{spec}"]
-    cmd = launch_command(settings, dict(os.environ), argv)
+    cmd = launch_command(cfg, dict(os.environ), argv)
     if cmd == argv:
         # this process is the only rank: its own rendezvous port, never one inherited from a
         # parent (a test run, another job on the node) that may already be listening on it
@@ -41,7 +44,7 @@ def run_training(kind: str, settings: dict, inputs: list[Path], outdir: Path) ->
             from otbuild.train.sft import train
         else:
             from otbuild.train.rl import train
-        manifest = train(settings, inputs, outdir)
+        manifest = train(cfg, inputs, outdir)
     else:
         print("launching:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)

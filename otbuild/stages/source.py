@@ -14,30 +14,30 @@ from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import Quarantined, TaskRecord, check_not_empty, write_quarantine, write_tasks
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    name = settings["name"]
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+    name = cfg.name
     quarantined: list[Quarantined] = []
 
     def tasks() -> Iterator[TaskRecord]:
-        for item in read_source(settings):
+        for item in read_source(cfg):
             if isinstance(item, Quarantined):
                 quarantined.append(item)
             else:
                 yield item
 
-    stats = {"hub": hub_files(settings, (".parquet",)).identity()} if settings["kind"] == "hf-dataset" else {}
-    sample, dest = settings.get("sample"), outdir / "tasks.parquet"
+    stats = {"hub": hub_files(cfg, (".parquet",)).identity()} if cfg.kind == "hf-dataset" else {}
+    sample, dest = cfg.sample, outdir / "tasks.parquet"
     outdir.mkdir(parents=True, exist_ok=True)
     for stale in outdir.glob(".read-*"):  # what a killed run left
         shutil.rmtree(stale)
     with tempfile.TemporaryDirectory(dir=outdir, prefix=".read-") as tmp:
         read = Path(tmp) / "tasks.parquet" if sample else dest
         n = write_tasks(read, tasks(), source=name)
-        if settings["kind"] != "synthetic":
-            check_not_empty(f"source {name!r}", where(settings), n, quarantined, settings.get("allow_empty", False))
+        if cfg.kind != "synthetic":
+            check_not_empty(f"source {name!r}", where(cfg), n, quarantined, cfg.allow_empty)
         if sample:
             try:
-                stats["sample"] = sample_tasks(read, dest, **sample)
+                stats["sample"] = sample_tasks(read, dest, **sample.model_dump())
             except StageError as e:
                 raise StageError(f"source {name!r}: {e}") from e
             n = stats["sample"]["kept"]

@@ -19,36 +19,35 @@ def score_expr(column: str) -> str:
     return f'"{column}"'
 
 
-def planned_rollouts(score: dict | None) -> int | None:
+def planned_rollouts(score) -> int | None:
     """The rollouts a budget plans: `budget` kept traces at the trace filter's measured keep rate."""
-    if not score or not score.get("budget"):
+    if not score or not score.budget:
         return None
-    return math.ceil(score["budget"] / score.get("keep_rate", 1.0) - 1e-9)
+    return math.ceil(score.budget / score.keep_rate - 1e-9)
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     """`inputs`: the task tables, then (with `decontaminate`) one per name in its `against`."""
     con = duck.connect()
-    score = settings.get("score")
-    decontaminate = settings.get("decontaminate")
-    if decontaminate:
-        inputs, refs = inputs[: -len(decontaminate["against"])], inputs[-len(decontaminate["against"]):]
+    if cfg.decontaminate:
+        n = len(cfg.decontaminate.against)
+        inputs, refs = inputs[:-n], inputs[-n:]
         duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs),
-                          refs=[str(p) for p in refs], **decontaminate)
-    budget = planned_rollouts(score)
+                          refs=[str(p) for p in refs], **cfg.decontaminate.model_dump())
+    budget = planned_rollouts(cfg.score)
+    t = cfg.model_dump()  # the template's view
     duck.run_template(
-        con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=settings["dedup"],
-        decontaminate=decontaminate,
-        chars=settings.get("instruction_chars"), include_regex=settings.get("include_regex"),
-        exclude_regex=settings.get("exclude_regex"), score=score, sample=settings.get("sample"),
-        score_expr=score_expr(score["column"]) if score else None, rollouts=budget,
+        con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=cfg.dedup,
+        decontaminate=t["decontaminate"], chars=t["instruction_chars"], include_regex=cfg.include_regex,
+        exclude_regex=cfg.exclude_regex, score=t["score"], sample=t["sample"],
+        score_expr=score_expr(cfg.score.column) if cfg.score else None, rollouts=budget,
     )
     if budget:
         kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchall()[0][0]
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
-    extra = ("score", "weight", "n_rollouts") if budget else ("score",) if score else ()
+    extra = ("score", "weight", "n_rollouts") if budget else ("score",) if cfg.score else ()
     stats = duck.stream_split(con, "tf_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
                               batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
     check_not_emptied(stats)

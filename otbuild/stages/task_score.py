@@ -26,9 +26,9 @@ from otbuild.stages import llm_requests
 TEMPLATES = {"askllm": "askllm.j2", "response_length": "response_length.j2"}
 
 
-def requests(settings: dict, inputs: list[Path]):
+def requests(cfg, inputs: list[Path]):
     """`requests(wanted)` for llm_requests.run_shard: one request per task, in input order."""
-    template = TEMPLATES[settings["kind"]]
+    template = TEMPLATES[cfg.kind]
 
     def wanted_requests(wanted):
         number = 0
@@ -42,14 +42,14 @@ def requests(settings: dict, inputs: list[Path]):
     return wanted_requests
 
 
-def run_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int) -> None:
-    llm_requests.run_shard("task_score", settings, requests(settings, inputs), outdir, shard)
+def run_shard(cfg, inputs: list[Path], outdir: Path, shard: int) -> None:
+    llm_requests.run_shard("task_score", cfg, requests(cfg, inputs), outdir, shard)
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     """Merge: the input rows, streamed, with each one's answer as `llm_score`, `llm_response`."""
     total = sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
-    answers = llm_requests.answers(outdir, settings["shards"], total)
+    answers = llm_requests.answers(outdir, cfg.shards, total)
     schema = pa.unify_schemas([pq.ParquetFile(p).schema_arrow for p in inputs]) if inputs else pa.schema([])
     out_schema = schema.append(pa.field("llm_score", pa.float64())).append(pa.field("llm_response", pa.string()))
     outcomes: Counter = Counter()
@@ -57,7 +57,7 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
     with atomic_path(outdir / "tasks.parquet") as tmp, pq.ParquetWriter(tmp, out_schema, compression="zstd") as w:
         for batch in _batches(inputs, schema.names, schema):
             got = [next(answers) for _ in range(batch.num_rows)]
-            scores = [score(settings["kind"], a) for a in got]
+            scores = [score(cfg.kind, a) for a in got]
             for a, s in zip(got, scores):
                 outcomes["engine_errors" if a["error"] else "scored" if s is not None else "unscored"] += 1
                 first_error = first_error or a["error"]
@@ -69,11 +69,11 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
         (outdir / "tasks.parquet").unlink()
         why = (f"{outcomes['engine_errors']} engine errors (first: {first_error[:300]})" if first_error else "")
         why += ("; " if why and outcomes["unscored"] else "") + (
-            f"{outcomes['unscored']} answers without a {settings['kind']} score" if outcomes["unscored"] else "")
+            f"{outcomes['unscored']} answers without a {cfg.kind} score" if outcomes["unscored"] else "")
         raise RuntimeError(f"task_score: no task of {total} got a score: {why}")
     return {"tasks": total, "scored": outcomes["scored"], "engine_errors": outcomes["engine_errors"],
-            "shards": llm_requests.shard_records(outdir, settings["shards"]),
-            "llm_usage": llm_requests.llm_usage(settings, outdir)}
+            "shards": llm_requests.shard_records(outdir, cfg.shards),
+            "llm_usage": llm_requests.llm_usage(cfg, outdir)}
 
 
 def score(kind: str, answer: dict) -> float | None:

@@ -13,14 +13,14 @@ from otbuild.traces.table import write_traces
 NOT_OPTIONS = {"name", "kind", "path", "allow_empty", "format", *HUB_KEYS}
 
 
-def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
-    options = {k: v for k, v in settings.items() if k not in NOT_OPTIONS}
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+    options = cfg.model_dump(exclude=NOT_OPTIONS, exclude_none=True)
     stats = {}
-    if settings["kind"] == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
-        found = hub_files(settings, PATH_FORMS[settings["format"]])
-        kind, files, stats["hub"] = settings["format"], found.paths, found.identity()
+    if cfg.kind == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
+        found = hub_files(cfg, PATH_FORMS[cfg.format])
+        kind, files, stats["hub"] = cfg.format, found.paths, found.identity()
     else:
-        kind, files = settings["kind"], [Path(settings["path"])]
+        kind, files = cfg.kind, [Path(cfg.path)]
     quarantined: list[Quarantined] = []  # small records; the traces are streamed to parquet
 
     def traces():
@@ -32,9 +32,8 @@ def run(settings: dict, inputs: list[Path], outdir: Path) -> dict:
                     yield item
 
     written = write_traces(outdir / "traces.parquet", traces())
-    check_not_empty(f"trace_imports.{settings['name']}", where(settings), written, quarantined,
-                    settings.get("allow_empty", False))
-    name = f"import:{settings['name']}"
+    check_not_empty(f"trace_imports.{cfg.name}", where(cfg), written, quarantined, cfg.allow_empty)
+    name = f"import:{cfg.name}"
     return {"traces": written,
             "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
             "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}

@@ -17,19 +17,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settings", default="{}", help="JSON object, or @FILE")
     p.add_argument("--name", default="otbuild_sft", help="export: the dataset's name")
     a = p.parse_args(argv)
-    raw = Path(a.settings[1:]).read_text() if a.settings.startswith("@") else a.settings
-    settings = json.loads(raw)
     if a.command == "export-llamafactory":
         from otbuild.train.export import export_llamafactory
 
         print(json.dumps(export_llamafactory(a.inputs, a.outdir, a.name)))
         return 0
+    from otbuild.stages.settings import config
+
+    raw = Path(a.settings[1:]).read_text() if a.settings.startswith("@") else a.settings
+    cfg = config(a.command, json.loads(raw))  # the stage's model: the schema's defaults
     a.outdir.mkdir(parents=True, exist_ok=True)
     if a.command == "sft":
         from otbuild.train.sft import train
     else:
         from otbuild.train.rl import train
-    train(settings, a.inputs, a.outdir, log=lambda s: print(s, flush=True))
+    train(cfg, a.inputs, a.outdir, log=lambda s: print(s, flush=True))
     return 0
 
 

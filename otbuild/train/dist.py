@@ -3,7 +3,7 @@
 Locally (no Slurm, at most one device) training runs in the calling process: otbuild sets the
 env that torch.distributed needs (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
 DeepSpeed uses gloo on the CPU, nccl on a GPU. On a Slurm allocation the rule runs
-`launch_command(settings, env)`: one `srun` task per node, each a torchrun (or deepspeed)
+`launch_command(cfg, env)`: one `srun` task per node, each a torchrun (or deepspeed)
 launcher starting one process per GPU, all meeting at a c10d rendezvous on the first node of
 the allocation's node list (SLURM_JOB_ID as the rendezvous id).
 """
@@ -19,6 +19,7 @@ import sys
 from datetime import timedelta
 
 from otbuild.errors import ConfigError
+from otbuild.recipe.schema_train import Launch, Training
 
 
 class BatchSizeError(ConfigError):
@@ -72,7 +73,7 @@ def slurm_hosts(env: dict) -> list[str]:
     return expand_hostlist(spec)
 
 
-def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> list[str]:
+def launch_command(cfg: Launch, env: dict, argv: list[str] | None = None) -> list[str]:
     """The command that runs `argv` (default: this training job's entry point) on the resources
     in `env`: one process per GPU across the Slurm allocation, or a single local process.
 
@@ -80,9 +81,7 @@ def launch_command(settings: dict, env: dict, argv: list[str] | None = None) -> 
     holds on its node (`--gres=gpu:MODEL:N` per node in the profile); its launcher starts
     `gpus_per_node` processes, default the node's SLURM_GPUS_ON_NODE, read on that node."""
     argv = argv or [sys.executable, "-m", "otbuild.train", "sft"]
-    launcher = settings.get("launcher", "auto")
-    gpus = settings.get("gpus_per_node")
-    port = int(settings.get("master_port", 29500))
+    launcher, gpus, port = cfg.launcher, cfg.gpus_per_node, cfg.master_port
     in_job = "SLURM_JOB_ID" in env and "SLURM_STEP_ID" not in env  # a job step cannot start steps
     if in_job and launcher != "local":
         hosts = slurm_hosts(env)
@@ -165,27 +164,27 @@ def init_distributed(on_gpu: bool, timeout: timedelta | None = None):
     return deepspeed
 
 
-def uses_client_optimizer(settings: dict, on_gpu: bool) -> bool:
+def uses_client_optimizer(cfg: Training, on_gpu: bool) -> bool:
     """`optimizer: torch`, or `auto` on the CPU: a torch AdamW instead of DeepSpeed's (whose CPU
     build is a ~90 s JIT compile)."""
-    return settings["optimizer"] == "torch" or (settings["optimizer"] == "auto" and not on_gpu)
+    return cfg.optimizer == "torch" or (cfg.optimizer == "auto" and not on_gpu)
 
 
-def client_adamw(params, settings: dict):
+def client_adamw(params, cfg: Training):
     """The client optimizer: torch AdamW with the recipe's learning rate, betas, eps and decay."""
     import torch
 
-    b1, b2 = settings["adam_betas"]
-    return torch.optim.AdamW(params, lr=settings["learning_rate"], betas=(b1, b2),
-                             eps=settings.get("adam_eps", 1e-8), weight_decay=settings["weight_decay"])
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                             weight_decay=cfg.weight_decay)
 
 
-def ds_config(settings: dict, *, world_size: int, on_gpu: bool, client_optimizer: bool) -> dict:
-    per_device = settings.get("per_device_batch_size", 1)
-    accum = grad_accum_steps(settings["global_batch_size"], world_size, per_device)
-    stage = settings.get("zero_stage", 3)
-    bf16 = settings.get("precision", "auto") == "bf16" or (settings.get("precision", "auto") == "auto"
-                                                           and on_gpu)
+def ds_config(cfg: Training, *, global_batch: int, per_device: int, world_size: int, on_gpu: bool,
+              client_optimizer: bool) -> dict:
+    """DeepSpeed's config: `global_batch` sequences per optimizer step, `per_device` per micro
+    batch, the rest (ZeRO stage, precision, clipping, AdamW) from the section."""
+    accum = grad_accum_steps(global_batch, world_size, per_device)
+    stage = cfg.zero_stage
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
     zero: dict = {"stage": stage}
     if stage == 3:
         zero.update({
@@ -198,10 +197,10 @@ def ds_config(settings: dict, *, world_size: int, on_gpu: bool, client_optimizer
         zero.update({"overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
                      "allgather_bucket_size": 5e8})
     conf = {
-        "train_batch_size": settings["global_batch_size"],
+        "train_batch_size": global_batch,
         "train_micro_batch_size_per_gpu": per_device,
         "gradient_accumulation_steps": accum,
-        "gradient_clipping": settings.get("max_grad_norm", 1.0),
+        "gradient_clipping": cfg.max_grad_norm,
         "zero_optimization": zero,
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
@@ -210,8 +209,7 @@ def ds_config(settings: dict, *, world_size: int, on_gpu: bool, client_optimizer
     if client_optimizer:
         conf["zero_allow_untested_optimizer"] = True
     else:
-        b1, b2 = settings.get("adam_betas", (0.9, 0.999))
         conf["optimizer"] = {"type": "AdamW", "params": {
-            "lr": settings["learning_rate"], "betas": [b1, b2], "eps": settings.get("adam_eps", 1e-8),
-            "weight_decay": settings.get("weight_decay", 0.0)}}
+            "lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": cfg.adam_eps,
+            "weight_decay": cfg.weight_decay}}
     return conf

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from otbuild.fsio import atomic_path, write_json
+from otbuild.recipe.schema_train import Sft
 from otbuild.train.export import export_llamafactory
 
 # The DeepSpeed config LLaMA-Factory's examples ship (examples/deepspeed/ds_zN_config.json):
@@ -35,58 +36,57 @@ def deepspeed_config(stage: int) -> dict | None:
     return {**_AUTO, "zero_optimization": _ZERO[max(stage, 2)]} if stage else None
 
 
-def training_args(sft: dict, dataset: str, gpus: int, model: str) -> dict:
-    """The recipe's `sft` section (model_dump) as LLaMA-Factory training arguments, for `gpus`
+def training_args(sft: Sft, dataset: str, gpus: int, model: str) -> dict:
+    """The recipe's `sft` section as LLaMA-Factory training arguments, for `gpus`
     GPUs in all. The global batch is kept: gradient_accumulation = global / (gpus x per-device)."""
-    per_step = gpus * sft["per_device_batch_size"]
-    if sft["global_batch_size"] % per_step:
-        raise ValueError(f"sft.global_batch_size {sft['global_batch_size']} is not a multiple of {gpus} GPUs x "
-                         f"per_device_batch_size {sft['per_device_batch_size']}: choose --gpus to divide it")
+    per_step = gpus * sft.per_device_batch_size
+    if sft.global_batch_size % per_step:
+        raise ValueError(f"sft.global_batch_size {sft.global_batch_size} is not a multiple of {gpus} GPUs x "
+                         f"per_device_batch_size {sft.per_device_batch_size}: choose --gpus to divide it")
     args = {
         "model_name_or_path": model, "trust_remote_code": True,
         "stage": "sft", "do_train": True, "finetuning_type": "full",
-        **({"deepspeed": f"ds_z{max(sft['zero_stage'], 2)}_config.json"} if sft["zero_stage"] else {}),
-        "dataset": dataset, "dataset_dir": ".", "template": "qwen3", "cutoff_len": sft["cutoff_len"],
-        "train_on_prompt": sft["train_on_prompt"], "packing": sft["packing"], "overwrite_cache": True,
-        "output_dir": f"saves/{dataset}", "logging_steps": 1, "save_steps": sft["save_steps"],
-        "save_total_limit": sft["save_total_limit"], "plot_loss": True, "report_to": report_to(sft),
-        "per_device_train_batch_size": sft["per_device_batch_size"],
-        "gradient_accumulation_steps": sft["global_batch_size"] // per_step,
-        "learning_rate": sft["learning_rate"], "num_train_epochs": float(sft["epochs"]),
-        "lr_scheduler_type": sft["lr_scheduler"], "warmup_ratio": sft["warmup_ratio"],
-        "max_grad_norm": sft["max_grad_norm"], "adam_beta1": sft["adam_betas"][0], "adam_beta2": sft["adam_betas"][1],
-        "adam_epsilon": sft["adam_eps"], "weight_decay": sft["weight_decay"], "seed": sft["seed"],
-        "bf16": sft["precision"] != "fp32",
-        "disable_gradient_checkpointing": not sft["gradient_checkpointing"],
+        **({"deepspeed": f"ds_z{max(sft.zero_stage, 2)}_config.json"} if sft.zero_stage else {}),
+        "dataset": dataset, "dataset_dir": ".", "template": "qwen3", "cutoff_len": sft.cutoff_len,
+        "train_on_prompt": sft.train_on_prompt, "packing": sft.packing, "overwrite_cache": True,
+        "output_dir": f"saves/{dataset}", "logging_steps": 1, "save_steps": sft.save_steps,
+        "save_total_limit": sft.save_total_limit, "plot_loss": True, "report_to": report_to(sft),
+        "per_device_train_batch_size": sft.per_device_batch_size,
+        "gradient_accumulation_steps": sft.global_batch_size // per_step,
+        "learning_rate": sft.learning_rate, "num_train_epochs": float(sft.epochs),
+        "lr_scheduler_type": sft.lr_scheduler, "warmup_ratio": sft.warmup_ratio,
+        "max_grad_norm": sft.max_grad_norm, "adam_beta1": sft.adam_betas[0], "adam_beta2": sft.adam_betas[1],
+        "adam_epsilon": sft.adam_eps, "weight_decay": sft.weight_decay, "seed": sft.seed,
+        "bf16": sft.precision != "fp32",
+        "disable_gradient_checkpointing": not sft.gradient_checkpointing,
     }
-    if sft.get("max_steps") is not None:
-        args["max_steps"] = sft["max_steps"]
+    if sft.max_steps is not None:
+        args["max_steps"] = sft.max_steps
     return args
 
 
-def report_to(sft: dict) -> list[str] | str:
+def report_to(sft: Sft) -> list[str] | str:
     """The recipe's `tracking` as the trainer's `report_to` (its wandb project: an env var, below)."""
-    tracking = sft.get("tracking") or {}
-    return [k for k in ("tensorboard", "wandb") if tracking.get(k, k == "tensorboard")] or "none"
+    return [k for k in ("tensorboard", "wandb") if getattr(sft.tracking, k)] or "none"
 
 
-def write_handoff(traces: list[Path], outdir: Path, sft: dict, model: str, gpus: int, name: str = "otbuild_sft",
+def write_handoff(traces: list[Path], outdir: Path, sft: Sft, model: str, gpus: int, name: str = "otbuild_sft",
                   header: str = "") -> dict:
     """Data, dataset_info.json, DeepSpeed config and training YAML under `outdir`."""
     outdir = Path(outdir)
     args = training_args(sft, name, gpus, model)  # a bad --gpus fails before anything is written
     stats = export_llamafactory(traces, outdir, name)
-    if ds := deepspeed_config(sft["zero_stage"]):
+    if ds := deepspeed_config(sft.zero_stage):
         write_json(outdir / args["deepspeed"], ds)
-    notes = [f"otbuild's {k} has no LLaMA-Factory counterpart and is not applied: {sft[k]}"
-             for k in ("token_budget",) if sft.get(k) is not None]
-    if sft["truncation"] == "drop":
+    notes = [f"otbuild's token_budget has no LLaMA-Factory counterpart and is not applied: {sft.token_budget}"
+             ] if sft.token_budget is not None else []
+    if sft.truncation == "drop":
         notes.append("otbuild drops traces longer than cutoff_len; LLaMA-Factory truncates them")
-    if sft.get("copy_loss_weight"):
+    if sft.copy_loss_weight:
         notes.append("otbuild's copy_loss_weight (an auxiliary objective for tiny students) is not applied")
-    if wb := (sft.get("tracking") or {}).get("wandb"):
-        env = {"WANDB_PROJECT": wb["project"], "WANDB_ENTITY": wb.get("entity"), "WANDB_MODE": wb.get("mode"),
-               "WANDB_DIR": wb.get("dir"), "WANDB_NAME": wb.get("name")}
+    if wb := sft.tracking.wandb:
+        env = {"WANDB_PROJECT": wb.project, "WANDB_ENTITY": wb.entity, "WANDB_MODE": wb.mode, "WANDB_DIR": wb.dir,
+               "WANDB_NAME": wb.name}
         notes.append("wandb (sft.tracking.wandb): export " + " ".join(f"{k}={v}" for k, v in env.items() if v))
     text = "".join(f"# {line}\n" for line in [*header.splitlines(), *notes])
     text += f"# run from this folder on {gpus} GPU(s): FORCE_TORCHRUN=1 llamafactory-cli train train_{name}.yaml\n"

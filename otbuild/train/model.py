@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
+from otbuild.recipe.schema_train import ModelSpec
 
 
 TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text
@@ -46,23 +47,21 @@ def _conversation_bytes(path) -> int:
                if meta.row_group(g).column(c).path_in_schema.startswith("conversations"))
 
 
-def materialise(spec: dict, dest: Path, traces=None, prompt: str = "terminus2") -> Path:
+def materialise(spec: ModelSpec, dest: Path, traces=None, prompt: str = "terminus2") -> Path:
     """The base model dir for `spec` (a tiny one is built in `dest`, its tokenizer trained on a
     bounded sample of the trace parquet(s) `traces`)."""
-    if spec["kind"] == "tiny":
+    if spec.kind == "tiny":
         from otbuild.engines.tiny import make_tiny_model
 
         if (dest / "config.json").exists() and (dest / "tokenizer.json").exists():
             return dest
         texts = sample_texts(traces, prompt) if traces else []
-        size = {k: spec[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                     "num_attention_heads", "num_key_value_heads",
-                                     "max_position_embeddings") if k in spec}
-        return make_tiny_model(dest, seed=spec.get("seed", 0), vocab_size=spec.get("vocab_size", 1024),
-                               texts=texts or None, arch="qwen3", chat_template=qwen3_template(),
-                               special_tokens=QWEN3_SPECIAL, tokenizer=spec.get("tokenizer", "bytelevel"), **size)
-    path = Path(spec["path"])
-    return path if path.exists() else Path(spec["path"])  # an HF id: resolved from the local cache
+        size = spec.model_dump(include={"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                        "num_key_value_heads", "max_position_embeddings"})
+        return make_tiny_model(dest, seed=spec.seed, vocab_size=spec.vocab_size, texts=texts or None, arch="qwen3",
+                               chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL, tokenizer=spec.tokenizer,
+                               **size)
+    return Path(spec.path)  # a dir, or an HF id resolved from the local cache
 
 
 def load_tokenizer(path, template_mode: str = "auto"):

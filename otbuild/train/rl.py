@@ -51,6 +51,8 @@ from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
+from otbuild.recipe.schema_train import Rl
+from otbuild.stages.settings import RlSettings
 from otbuild.train.chat import clean
 from otbuild.train.data import global_batch_rows
 from otbuild.train.tracking import Tracker
@@ -198,7 +200,7 @@ class ServedPolicyEngine(PolicyEngine):
 
 
 @dataclass
-class Sequence:
+class TokenSequence:
     ids: list[int]
     mask: list[bool]  # completion tokens
     advantage: float = 0.0
@@ -215,9 +217,9 @@ class Trajectory:
     usage: dict = field(default_factory=dict)  # the trial's requests, errors and tokens (otbuild/usage.py)
 
 
-def sequences(turns: list[Turn]) -> list[Sequence]:
+def sequences(turns: list[Turn]) -> list[TokenSequence]:
     """Join turns whose prompt extends the previous prompt + completion; else start anew."""
-    out: list[Sequence] = []
+    out: list[TokenSequence] = []
     for t in turns:
         cur = out[-1] if out else None
         if cur is not None and t.prompt_ids[:len(cur.ids)] == cur.ids:
@@ -225,12 +227,12 @@ def sequences(turns: list[Turn]) -> list[Sequence]:
             cur.ids += extra + t.completion_ids
             cur.mask += [False] * len(extra) + [True] * len(t.completion_ids)
         else:
-            out.append(Sequence(list(t.prompt_ids) + list(t.completion_ids),
+            out.append(TokenSequence(list(t.prompt_ids) + list(t.completion_ids),
                                 [False] * len(t.prompt_ids) + [True] * len(t.completion_ids)))
     return [s for s in out if any(s.mask)]
 
 
-def token_logprobs(model, seqs: list[Sequence], temperature: float, pad_id: int):
+def token_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id: int):
     """log p(token | prefix) at each sequence's masked positions: a list of 1-D tensors."""
     import torch
 
@@ -258,7 +260,7 @@ def sequence_logprob(model, tokenizer, messages: list[dict], answer: str) -> flo
     prompt = policy.prompt_ids(messages)
     ans = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     with torch.no_grad():
-        lp = token_logprobs(model, [Sequence(prompt + ans, [False] * len(prompt) + [True] * len(ans))],
+        lp = token_logprobs(model, [TokenSequence(prompt + ans, [False] * len(prompt) + [True] * len(ans))],
                             1.0, tokenizer.pad_token_id)
     return float(lp[0].sum())
 
@@ -273,7 +275,7 @@ def read_tasks(path: Path) -> list[tuple[str, object]]:
     return [(r["task_id"], TaskDir.unpack(r["path"], r["task_binary"])) for r in t]
 
 
-async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, settings: dict,
+async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
                          workroot: Path, run_id: str) -> list[Trajectory]:
     """rollout: vllm. The weights sync through the file system: the step's policy is saved and
     `vllm serve` is started on it (tensor/data parallel from `vllm_args`), the step's trials
@@ -284,29 +286,25 @@ async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, sett
     policy.model.save_pretrained(policy_dir, safe_serialization=True, max_shard_size="10000GB")
     policy.tok.save_pretrained(policy_dir)
     server = await open_engine({"engine": "vllm", "model": str(policy_dir), "served_model_name": "policy",
-                                "concurrency": settings.get("concurrency", 8), **settings.get("vllm_args", {})})
+                                "concurrency": cfg.concurrency, **cfg.vllm_args})
     try:
-        return await rollout(policy, tasks, indices, k, settings, workroot, run_id, server=server)
+        return await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=server)
     finally:
         await server.aclose()
 
 
-async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: dict,
+async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
                   workroot: Path, run_id: str, server=None) -> list[Trajectory]:
     from otbuild.harness.trial import TrialSettings, run_trial
 
-    sb = settings.get("sandbox", {})
-    ts = TrialSettings(max_episodes=sb.get("max_episodes", 50), agent_timeout_sec=sb.get("agent_timeout_sec"),
-                       timeout_multiplier=sb.get("timeout_multiplier", 1.0),
-                       timeout_cap_sec=sb.get("timeout_cap_sec", 7200.0), backend=sb.get("backend", "bwrap"),
-                       prompt=settings.get("prompt", "terminus2"))
-    sem = asyncio.Semaphore(settings.get("concurrency", 8))
+    trial_settings = TrialSettings(cfg.sandbox, cfg.prompt)
+    sem = asyncio.Semaphore(cfg.concurrency)
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
         task_id, task = tasks[ti]
         engine = policy.session(server)
         async with sem:
-            row = await run_trial(task, task_id, engine, ts, workroot / f"{pos}-{s}", sample_idx=s,
+            row = await run_trial(task, task_id, engine, trial_settings, workroot / f"{pos}-{s}", sample_idx=s,
                                   run_id=run_id, source="rl")
         reward = row["reward"] if row["reward"] is not None else 0.0
         return Trajectory(ti, float(reward), row["exception"], engine.turns, usage.of_trial(row))
@@ -316,7 +314,7 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, settings: d
 
 
 # -- training ---------------------------------------------------------------------------------
-def _micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]]:
+def _micro_batches(seqs: list[TokenSequence], max_tokens: int) -> list[list[TokenSequence]]:
     seqs = sorted(seqs, key=lambda s: len(s.ids))
     out, cur = [], []
     for s in seqs:
@@ -329,7 +327,7 @@ def _micro_batches(seqs: list[Sequence], max_tokens: int) -> list[list[Sequence]
     return out
 
 
-def update(engine, seqs: list[Sequence], settings: dict, pad_id: int, ref_model=None) -> dict:
+def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=None) -> dict:
     """One RLOO/PPO update over a step's sequences; on several ranks each brings its own. The
     loss is normalised by the assistant tokens of every rank and DeepSpeed sums the ranks'
     gradients, so the update is the one a single process would make over all the sequences.
@@ -339,9 +337,9 @@ def update(engine, seqs: list[Sequence], settings: dict, pad_id: int, ref_model=
     import torch.distributed as dist
 
     model, world = engine.module, dist.get_world_size()
-    T = settings.get("temperature", 0.7)
+    temperature = cfg.temperature
     active = [s for s in seqs if s.advantage != 0.0]
-    micro = _micro_batches(active, settings.get("micro_batch_tokens", 16384))
+    micro = _micro_batches(active, cfg.micro_batch_tokens)
     local_tokens = sum(sum(s.mask[1:]) for s in seqs)  # every assistant token, zero advantage or not
     counts = torch.tensor([local_tokens, len(micro)], dtype=torch.long, device=engine.device)
     n_tokens = int(_all_reduce(counts[:1], dist.ReduceOp.SUM))
@@ -351,27 +349,26 @@ def update(engine, seqs: list[Sequence], settings: dict, pad_id: int, ref_model=
     if n_micro == 0 or n_tokens == 0:
         return stats
     real = len(micro)
-    micro += [[Sequence([pad_id, pad_id], [False, True])] for _ in range(n_micro - real)]
-    kl_coef = settings.get("kl_coef", 0.0)
+    micro += [[TokenSequence([pad_id, pad_id], [False, True])] for _ in range(n_micro - real)]
+    kl_coef = cfg.kl_coef
     with torch.no_grad():
         for mb in micro:
-            for s, lp in zip(mb, token_logprobs(model, mb, T, pad_id), strict=True):
+            for s, lp in zip(mb, token_logprobs(model, mb, temperature, pad_id), strict=True):
                 s.old_logp = lp
             if ref_model is not None and kl_coef > 0:
-                for s, lp in zip(mb, token_logprobs(ref_model, mb, T, pad_id), strict=True):
+                for s, lp in zip(mb, token_logprobs(ref_model, mb, temperature, pad_id), strict=True):
                     s.ref_logp = lp
     model.train()
-    for _ in range(settings.get("ppo_epochs", 1)):  # one optimizer step per PPO epoch
+    for _ in range(cfg.ppo_epochs):  # one optimizer step per PPO epoch
         total = 0.0
         for i, mb in enumerate(micro):
-            lps = token_logprobs(model, mb, T, pad_id)
+            lps = token_logprobs(model, mb, temperature, pad_id)
             logp = torch.cat(lps)
             old = torch.cat([s.old_logp for s in mb])
             adv = torch.cat([torch.full_like(lp, s.advantage) for s, lp in zip(mb, lps, strict=True)])
             ones = torch.ones_like(logp)
             loss, st = ppo_clip_loss(logp[None], old[None], adv[None], ones[None],
-                                     clip_low=settings.get("clip_low", 0.2),
-                                     clip_high=settings.get("clip_high", 0.2), n_tokens=n_tokens)
+                                     clip_low=cfg.clip_low, clip_high=cfg.clip_high, n_tokens=n_tokens)
             if kl_coef > 0:
                 kl = (k3_kl(logp, torch.cat([s.ref_logp for s in mb]))).sum() / n_tokens
                 loss = loss + kl_coef * kl
@@ -398,7 +395,7 @@ def _all_reduce(t, op):
     return t.item()
 
 
-def make_engine(settings: dict, model_dir: Path, *, on_gpu: bool):
+def make_engine(cfg: Rl, model_dir: Path, *, on_gpu: bool):
     """DeepSpeed over this rank's replica of the model in model_dir: (engine, its config).
     A step has as many micro-batches as its rollouts give, so the accumulation is unmanaged:
     backward() accumulates, step() reduces over the ranks and applies."""
@@ -410,40 +407,36 @@ def make_engine(settings: dict, model_dir: Path, *, on_gpu: bool):
     from otbuild.train.model import load_model
 
     world = dist.get_world_size()
-    client_opt = uses_client_optimizer(settings, on_gpu)
-    conf = ds_config({**settings, "global_batch_size": world, "per_device_batch_size": 1},
-                     world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
+    client_opt = uses_client_optimizer(cfg, on_gpu)
+    conf = ds_config(cfg, global_batch=world, per_device=1, world_size=world, on_gpu=on_gpu,
+                     client_optimizer=client_opt)
     conf["managed_gradient_accumulation"] = False
     if conf["zero_optimization"]["stage"] == 1:
         conf["zero_optimization"]["overlap_comm"] = False  # DeepSpeed: only stage 2 overlaps then
     model = load_model(model_dir, dtype=torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32)
-    opt = client_adamw(model.parameters(), settings) if client_opt else None
+    opt = client_adamw(model.parameters(), cfg) if client_opt else None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf,
                                            model_parameters=None if client_opt else model.parameters())
     return engine, conf
 
 
-def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
+def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     """RLOO on one process or on each of the ranks a launcher started (one per GPU): DeepSpeed
     data parallel, bf16 on GPU, each rank rolling out its share of the step's tasks."""
     import torch
     import torch.distributed as dist
 
-    from otbuild.recipe.schema_train import Rl
     from otbuild.train.dist import init_distributed, placement
     from otbuild.train.model import load_model, load_tokenizer
     from otbuild.train.sft import _save_checkpoint
 
-    prompt = settings.get("prompt", "terminus2")  # the recipe's harness.prompt (plan adds it)
-    settings = {**Rl.model_validate({k: v for k, v in settings.items() if k != "prompt"}).model_dump(),
-                "prompt": prompt}  # the recipe's defaults, checked
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
     # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
     init_distributed(on_gpu, timeout=timedelta(hours=24))
     rank, world = dist.get_rank(), dist.get_world_size()
-    if settings["rollout"] == "vllm" and world > 1:
+    if cfg.rollout == "vllm" and world > 1:
         raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
                           "were started; use gpus_per_node: 1 on one node, or rollout: transformers")
     log = log if rank == 0 else (lambda _: None)
@@ -451,12 +444,12 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     tasks = read_tasks(Path(inputs[1]))
     if not tasks:
         raise ValueError("the task table is empty")
-    seed = settings["seed"]
-    engine, conf = make_engine(settings, sft_dir, on_gpu=on_gpu)
+    seed = cfg.seed
+    engine, conf = make_engine(cfg, sft_dir, on_gpu=on_gpu)
     model = engine.module
     dtype = next(model.parameters()).dtype
     tok, template = load_tokenizer(sft_dir)
-    ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if settings["kl_coef"] > 0 else None
+    ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if cfg.kl_coef > 0 else None
     ckdir = outdir / CHECKPOINTS
     start = 0
     if (ckdir / "latest").exists():
@@ -467,33 +460,33 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         _truncate_log(outdir / LOG, start)
     log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
         f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
-    policy = Policy(model, tok, temperature=settings["temperature"], max_tokens=settings["max_tokens"],
-                    max_context=settings["max_context"], name=str(sft_dir))
-    steps, B, k = settings["steps"], settings["batch_size"], settings["samples_per_task"]
+    policy = Policy(model, tok, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                    max_context=cfg.max_context, name=str(sft_dir))
+    steps, tasks_per_step, k = cfg.steps, cfg.batch_size, cfg.samples_per_task
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
-    tracker = Tracker(settings.get("tracking"), stage="rl", outdir=outdir, first_step=start + 1,
-                      config=settings, active=rank == 0)
+    tracker = Tracker(cfg.tracking, stage="rl", outdir=outdir, first_step=start + 1,
+                      config=cfg.model_dump(mode="json"), active=rank == 0)
     try:
         for step in range(start, steps):
             t0 = time.monotonic()
             torch.manual_seed(seed * 1_000_003 + step + rank * 7_919)
             random.seed(seed * 1_000_003 + step + rank * 7_919)
-            indices = global_batch_rows(len(tasks), step, min(B, len(tasks)), seed)
+            indices = global_batch_rows(len(tasks), step, min(tasks_per_step, len(tasks)), seed)
             mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
-            roll = served_rollout if settings["rollout"] == "vllm" else rollout
-            trajs = asyncio.run(roll(policy, tasks, mine, k, settings, workroot / f"step-{step}",
+            roll = served_rollout if cfg.rollout == "vllm" else rollout
+            trajs = asyncio.run(roll(policy, tasks, mine, k, cfg, workroot / f"step-{step}",
                                      run_id=f"{outdir.name}-{step}"))
             t1 = time.monotonic()
             seqs, groups_zero = [], 0
             for g in range(len(mine)):
                 group = trajs[g * k:(g + 1) * k]
-                adv = rloo_advantages([t.reward for t in group], settings["std_eps"])
+                adv = rloo_advantages([t.reward for t in group], cfg.std_eps)
                 groups_zero += all(a == 0.0 for a in adv)
                 for t, a in zip(group, adv, strict=True):
                     for s in sequences(t.turns):
                         s.advantage = a
                         seqs.append(s)
-            st = update(engine, seqs, settings, tok.pad_token_id, ref)
+            st = update(engine, seqs, cfg, tok.pad_token_id, ref)
             parts = [None] * world
             dist.all_gather_object(parts, {
                 **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
@@ -518,7 +511,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
                 tracker.log(rec)
             log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
-            if (step + 1) % settings["save_steps"] == 0 and step + 1 < steps:
+            if (step + 1) % cfg.save_steps == 0 and step + 1 < steps:
                 _save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
                 tracker.flush()
     finally:

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
-from otbuild.train import data as D
+from otbuild.train.data import build as build_dataset, collate, global_batch_rows, steps_per_epoch
+from otbuild.stages.settings import SftSettings
 from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
 from otbuild.train.model import load_model, load_tokenizer, materialise
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set, remove_tokenized_set
@@ -116,13 +117,9 @@ def copy_batch(tok, step: int, seed: int, rank: int, allowed=None) -> dict:
     return {"input_ids": ids, "target_mask": mask}
 
 
-def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dict:
+def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     import torch
 
-    from otbuild.recipe.schema_train import Sft
-
-    prompt = settings.get("prompt", "terminus2")  # the recipe's harness.prompt (plan adds it)
-    settings = Sft.model_validate({k: v for k, v in settings.items() if k != "prompt"}).model_dump()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     on_gpu = torch.cuda.is_available()
@@ -132,34 +129,32 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     rank, world = dist.get_rank(), dist.get_world_size()
     t_start = time.monotonic()
 
-    spec = settings["model"]
+    spec = cfg.model
     base_dir, tokenized = outdir / "base_model", outdir / TOKENIZED
     if rank == 0:  # the tokenized set is built once, by one rank; every rank (and resume) reads it
-        base = materialise(spec, base_dir, inputs, prompt)
-        tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
-        build_tokenized_set(inputs, tok, template, settings["cutoff_len"], tokenized,
-                            truncation=settings.get("truncation", "right"),
-                            train_on_prompt=settings.get("train_on_prompt", False), prompt=prompt, log=log)
+        base = materialise(spec, base_dir, inputs, cfg.prompt)
+        tok, template = load_tokenizer(base, spec.chat_template)
+        build_tokenized_set(inputs, tok, template, cfg.cutoff_len, tokenized, truncation=cfg.truncation,
+                            train_on_prompt=cfg.train_on_prompt, prompt=cfg.prompt, log=log)
     dist.barrier()
     if rank:
-        base = materialise(spec, base_dir, inputs, prompt)  # built by rank 0: found, not rebuilt
-        tok, template = load_tokenizer(base, spec.get("chat_template", "auto"))
+        base = materialise(spec, base_dir, inputs, cfg.prompt)  # built by rank 0: found, not rebuilt
+        tok, template = load_tokenizer(base, spec.chat_template)
     seqs = TokenizedSet(tokenized)
-    check_dropped(seqs.stats, settings.get("max_dropped_fraction", 0.01), inputs)
-    ds = D.build(seqs, cutoff_len=settings["cutoff_len"], packing=settings.get("packing", False),
-                 token_budget=settings.get("token_budget"), seed=settings.get("seed", 0))
+    check_dropped(seqs.stats, cfg.max_dropped_fraction, inputs)
+    ds = build_dataset(seqs, cutoff_len=cfg.cutoff_len, packing=cfg.packing, token_budget=cfg.token_budget,
+                       seed=cfg.seed)
     if not len(ds):
         raise SftDataError(f"{', '.join(map(str, inputs))}: no trainable traces: {ds.stats}")
 
-    G = settings["global_batch_size"]
-    per_device = settings.get("per_device_batch_size", 1)
-    client_opt = uses_client_optimizer(settings, on_gpu)
-    conf = ds_config(settings, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt)
+    global_batch, per_device = cfg.global_batch_size, cfg.per_device_batch_size
+    client_opt = uses_client_optimizer(cfg, on_gpu)
+    conf = ds_config(cfg, global_batch=global_batch, per_device=per_device, world_size=world, on_gpu=on_gpu,
+                     client_optimizer=client_opt)
     accum = conf["gradient_accumulation_steps"]
-    spe = D.steps_per_epoch(len(ds), G)
-    total_steps = settings["max_steps"] if settings.get("max_steps") is not None else \
-        max(1, math.ceil(settings.get("epochs", 1.0) * spe))
-    warmup = math.ceil(settings.get("warmup_ratio", 0.0) * total_steps)
+    per_epoch = steps_per_epoch(len(ds), global_batch)
+    total_steps = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * per_epoch))
+    warmup = math.ceil(cfg.warmup_ratio * total_steps)
 
     dschf = None
     if conf["zero_optimization"]["stage"] == 3:
@@ -168,11 +163,11 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         dschf = HfDeepSpeedConfig(conf)  # noqa: F841 - keeps zero.Init on while loading
     dtype = torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32
     model = load_model(base, dtype=dtype)
-    if settings.get("gradient_checkpointing", False):
+    if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     module = _loss_module(model)
-    optimizer = client_adamw(module.parameters(), settings) if client_opt else None
-    sched = lr_lambda(settings.get("lr_scheduler", "cosine"), warmup, total_steps)
+    optimizer = client_adamw(module.parameters(), cfg) if client_opt else None
+    sched = lr_lambda(cfg.lr_scheduler, warmup, total_steps)
     engine, _, _, scheduler = deepspeed.initialize(
         model=module, model_parameters=None if client_opt else module.parameters(), optimizer=optimizer,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched), config=conf)
@@ -187,27 +182,27 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     if rank == 0:
         _truncate_log(outdir / LOG, step)
     log(f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {total_steps} steps "
-        f"({spe}/epoch), world {world} x micro {per_device} x accum {accum} = {G}, "
+        f"({per_epoch}/epoch), world {world} x micro {per_device} x accum {accum} = {global_batch}, "
         f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
 
     delay = float(os.environ.get("OTBUILD_TRAIN_STEP_DELAY", "0"))  # tests: make a run killable
-    copy_weight, seed = settings.get("copy_loss_weight", 0.0), settings.get("seed", 0)
+    copy_weight, seed = cfg.copy_loss_weight, cfg.seed
     copyable = copyable_tokens(tok) if copy_weight else None
     per_rank = per_device * accum
     t0 = time.monotonic() - elapsed0
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
-    tracker = Tracker(settings.get("tracking"), stage="sft", outdir=outdir, first_step=step + 1,
-                      config=settings, active=rank == 0)
+    tracker = Tracker(cfg.tracking, stage="sft", outdir=outdir, first_step=step + 1,
+                      config=cfg.model_dump(mode="json"), active=rank == 0)
     try:
         while step < total_steps:
             t_step = time.monotonic()
-            idx = D.global_batch_rows(len(ds), step, G, settings.get("seed", 0))
+            idx = global_batch_rows(len(ds), step, global_batch, cfg.seed)
             n_sup, n_tok = int(ds.supervised[idx].sum()), int(ds.tokens[idx].sum())
             mine = [ds.row(i) for i in idx[rank * per_rank:(rank + 1) * per_rank]]  # this rank's slice
             lr = scheduler.get_last_lr()[0]
             loss_sum, gn_local, copy_loss = 0.0, None, None
             for m in range(accum):
-                batch = D.collate(mine[m * per_device:(m + 1) * per_device], tok.pad_token_id)
+                batch = collate(mine[m * per_device:(m + 1) * per_device], tok.pad_token_id)
                 batch.pop("n_tokens")
                 batch = {k: v.to(engine.device) for k, v in batch.items()}
                 total = engine(**batch)
@@ -232,7 +227,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             gn = engine.get_global_grad_norm()
             if gn is None and conf["zero_optimization"]["stage"] == 0:
                 gn = gn_local  # before clipping, as DeepSpeed reports it for ZeRO
-            rec = {"step": step, "epoch": round(step / spe, 4), "loss": loss_sum / max(n_sup, 1),
+            rec = {"step": step, "epoch": round(step / per_epoch, 4), "loss": loss_sum / max(n_sup, 1),
                    "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
                    "tokens_per_second": round(n_tok / max(time.monotonic() - t_step, 1e-9), 1),
                    "supervised_tokens": n_sup, "tokens_seen": tokens_seen,
@@ -245,8 +240,8 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             tracker.log(rec)
             if delay:
                 time.sleep(delay)
-            if step % settings.get("save_steps", 100) == 0 and step < total_steps:
-                _save_checkpoint(engine, ckdir, step, settings.get("save_total_limit", 1), rank, {
+            if step % cfg.save_steps == 0 and step < total_steps:
+                _save_checkpoint(engine, ckdir, step, cfg.save_total_limit, rank, {
                     "step": step, "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
                     "elapsed": time.monotonic() - t0})
                 tracker.flush()
@@ -266,16 +261,16 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         state = {k.removeprefix("model."): v for k, v in state.items()}
         model.save_pretrained(outdir, state_dict=state, safe_serialization=True, max_shard_size="10000GB")
         tok.save_pretrained(outdir)
-        if not settings.get("keep_checkpoints", False):
+        if not cfg.keep_checkpoints:
             shutil.rmtree(ckdir, ignore_errors=True)
-        if spec["kind"] == "tiny":
+        if spec.kind == "tiny":
             shutil.rmtree(base_dir, ignore_errors=True)
         remove_tokenized_set(tokenized)
         manifest = {
-            "kind": "sft", "base_model": spec, "chat_template": template, "steps": step,
-            "total_steps": total_steps, "steps_per_epoch": spe, "epochs": settings.get("epochs"),
+            "kind": "sft", "base_model": spec.model_dump(mode="json"), "chat_template": template, "steps": step,
+            "total_steps": total_steps, "steps_per_epoch": per_epoch, "epochs": cfg.epochs,
             "world_size": world, "placement": places, "gradient_accumulation_steps": accum,
-            "global_batch_size": G,
+            "global_batch_size": global_batch,
             "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
             "train_seconds": round(train_time, 3), "wall_seconds": round(time.monotonic() - t_start, 3),
             "data": ds.stats, "deepspeed": conf, "tracking": tracked,

@@ -1,0 +1,94 @@
+"""The settings of agent trials, declared once for every section that runs them: the
+teacher's rollouts, eval, and RL's rollouts (`rl.sandbox`). The harness takes them as
+`TrialSettings` (otbuild/harness/trial.py: `TrialSettings.of(section, prompt)`).
+
+The limits section is built from the sandbox's own `Limits` (otbuild/sandbox/limits.py: the
+sandbox is standard-library only, so its fields, bounds and descriptions are the one
+definition and the recipe's model follows them).
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import fields
+from typing import Any, Literal
+
+from pydantic import Field, create_model, model_validator
+
+from otbuild.recipe.base import MAX_EPISODES, MAX_SHARDS, Strict, execution_only
+from otbuild.sandbox.limits import BACKENDS, Limits
+
+HARBOR = "harbor"  # trials through Harbor's CLI (teacher and eval only): otbuild/harbor/
+
+
+def _limits_section() -> type[Strict]:
+    hints = typing.get_type_hints(Limits)
+    spec: dict[str, Any] = {}
+    for f in fields(Limits):
+        if not f.metadata.get("recipe"):
+            continue  # set by the harness, not by a recipe (wall_seconds)
+        meta = {k: v for k, v in f.metadata.items() if k != "recipe"}
+        declare = execution_only if meta.pop("execution_only", False) else Field
+        spec[f.name] = (hints[f.name], declare(f.default, description=meta.pop("description") or None, **meta))
+    return create_model("SandboxLimits", __base__=Strict, __doc__="Per-trial limits of the sandbox.", **spec)
+
+
+SandboxLimits = _limits_section()
+
+
+class HarborBackend(Strict):
+    """Tasks that need their container image run through Harbor's CLI (its own Python 3.12
+    env: scripts/harbor-env.sh) in one of its environments; `otbuild` is our sandbox."""
+
+    environment: str = Field(default="docker", description="docker, daytona, modal, ..., otbuild, or module:Class")
+    agent: str | None = Field(default=None, description="default: oracle for the oracle engine, else terminus-2")
+    agent_kwargs: dict[str, Any] = Field(default_factory=dict)
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+def harbor_agent(agent: str | None, engine: str | None) -> str:
+    """The Harbor agent a section runs: its `harbor.agent`, else oracle for the oracle engine,
+    else terminus-2."""
+    return agent or ("oracle" if engine == "oracle" else "terminus-2")
+
+
+class Trials(Strict):
+    """How each trial runs: its sandbox and limits, its turn budget and timeouts (paper:
+    timeout = min(cap, the task's own x multiplier); 2 for 8B, 16 for 32B models)."""
+
+    sandbox: Literal[(*BACKENDS, HARBOR)] = Field(  # type: ignore[valid-type]
+        default="bwrap", description="a local sandbox (docs/sandbox.md), or harbor: Harbor's CLI runs the trials")
+    limits: SandboxLimits = SandboxLimits()  # type: ignore[valid-type]
+    max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES, description="agent turns per trial")
+    agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
+    timeout_multiplier: float = Field(default=1.0, gt=0)
+    timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
+    keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the traces, "
+                                 "before the answer in <think>...</think> (as Harbor exports it)")
+
+
+class ShardedTrials(Trials):
+    """Trials of a stage of its own (teacher rollouts, eval): in shards that are separate
+    Snakemake jobs, run by otbuild's harness or by Harbor's."""
+
+    harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
+
+    @model_validator(mode="after")
+    def _reasoning_switch(self):
+        if self.sandbox == HARBOR and not self.keep_reasoning:
+            raise ValueError("keep_reasoning: false applies to otbuild's own harness; with sandbox: "
+                             "harbor the traces are what Harbor exports (reasoning included)")
+        return self
+
+
+class PolicyTrials(Trials):
+    """RL's trials (`rl.sandbox`): the policy answers in the training process, so they run in
+    otbuild's harness, never through Harbor."""
+
+    @model_validator(mode="after")
+    def _local(self):
+        if self.sandbox == HARBOR:
+            raise ValueError(f"sandbox: harbor runs teacher and eval trials; rl's run in a local sandbox "
+                             f"({', '.join(BACKENDS)})")
+        return self
