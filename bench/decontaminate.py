@@ -151,7 +151,7 @@ def child(impl: str, data: Path, work: Path, ngram: int, pairwise_rows: int) -> 
         from otbuild.recipe.schema import TaskFilter
         from otbuild.stages import task_filter
 
-        settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram}).model_dump()
+        settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram})
         task_filter.run(settings, [data / "train.parquet", data / "bench.parquet"], work)
         rows = pq.read_table(work / "rejected.parquet", columns=["path", "reason"]).to_pydict()
         verdicts = dict(zip(rows["path"], rows["reason"]))

@@ -65,9 +65,11 @@ def generate(out: Path, rows: int, shards: int, binary_bytes: int) -> Path:
 
 
 def merge_stream(src: Path, art: Path, shards: int) -> None:
+    from otbuild.recipe.schema import TaskScorer
     from otbuild.stages import task_score
 
-    task_score.run({"kind": "askllm", "shards": shards, "engine": "openai", "model": "m"}, [src], art)
+    task_score.run(TaskScorer(kind="askllm", shards=shards, engine="openai", model="m",
+                              base_url="http://127.0.0.1:1/v1"), [src], art)
 
 
 def merge_whole(src: Path, art: Path, shards: int) -> None:

@@ -108,8 +108,9 @@ async def run_batch(tasks, engine, concurrency: int, work: Path, backend: str) -
     import asyncio
 
     from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.recipe.trials import Trials
 
-    settings = TrialSettings(backend=backend)
+    settings = TrialSettings(Trials(sandbox=backend), "terminus2")
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i, task):

@@ -88,14 +88,13 @@ def generate(data: Path, n: int, shards: int) -> dict:
 def tokenizer_dir(out: Path) -> Path:
     """The tiny student's tokenizer, trained once on a few generated traces."""
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
+    from otbuild.recipe.schema_train import TinyModel
     from otbuild.train.model import materialise
     from tracegen import TraceGen
 
     sample = out / "tokenizer_traces.parquet"
     write_traces(sample, ({k: r.get(k) for k in TRACE_SCHEMA.names} for r in TraceGen(1).traces(20)))
-    return materialise({"kind": "tiny", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
-                        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                        "max_position_embeddings": 32768}, out / "tiny", [sample])
+    return materialise(TinyModel(kind="tiny", max_position_embeddings=32768), out / "tiny", [sample])
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,16 +102,17 @@ def tokenizer_dir(out: Path) -> Path:
 
 
 def child(stage: str, data: Path, work: Path, tok: Path) -> None:
-    from otbuild.recipe.schema import Teacher, TraceFilter
+    from otbuild.recipe.schema import TraceFilter
+    from otbuild.stages.settings import RolloutSettings
 
-    settings = Teacher(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"]).model_dump()
+    settings = RolloutSettings(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"])
     rollout_dir, tasks = work / "rollout", [data / "tasks.parquet"]
     kept = work / "trace_filter" / "kept.parquet"
     t0 = time.perf_counter()
     if stage == "rollout shards":
         from otbuild.stages.rollout import run_shard
 
-        for k in range(settings["shards"]):
+        for k in range(settings.shards):
             run_shard(settings, tasks, rollout_dir, k)
     elif stage == "rollout merge":
         from otbuild.stages.rollout import run
@@ -121,7 +121,7 @@ def child(stage: str, data: Path, work: Path, tok: Path) -> None:
     elif stage == "trace_filter":
         from otbuild.stages.trace_filter import run
 
-        run(TraceFilter().model_dump(), [rollout_dir / "traces.parquet"], work / "trace_filter")
+        run(TraceFilter(), [rollout_dir / "traces.parquet"], work / "trace_filter")
     elif stage == "sft data":
         prepare_sft(kept, tok)
     elif stage == "sharegpt export":

@@ -33,14 +33,13 @@ SETTINGS = {"learning_rate": 4e-5, "lr_scheduler": "cosine", "warmup_ratio": 0.1
 
 def prepare(work: Path, n: int, cutoff: int) -> dict:
     from otbuild.train.data import build
+    from otbuild.recipe.schema_train import TinyModel
     from otbuild.train.model import materialise
     from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
     from otbuild.train.toy import write_toy_traces
 
     traces = write_toy_traces(work / "kept.parquet", n, seed=0)
-    model = materialise({"kind": "tiny", "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
-                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                         "max_position_embeddings": 4096}, work / "model", traces)
+    model = materialise(TinyModel(kind="tiny"), work / "model", traces)  # the schema's tiny student
     build_tokenized_set(traces, model, "auto", cutoff, work / "tokenized")
     ds = build(TokenizedSet(work / "tokenized"), cutoff_len=cutoff)
     rows = []

@@ -62,11 +62,12 @@ def write_rows(dest: Path, n: int) -> None:
 
 
 def run_new(traces: Path, work: Path, cutoff: int) -> dict:
+    from otbuild.recipe.schema_train import TinyModel
     from otbuild.train.model import load_tokenizer, materialise
     from otbuild.train.tokenized import build_tokenized_set
 
     t = [clock()]
-    tok, template = load_tokenizer(materialise(TINY, work / "model", traces))
+    tok, template = load_tokenizer(materialise(TinyModel(**TINY), work / "model", traces))
     t.append(clock())
     stats = build_tokenized_set(traces, tok, template, cutoff, work / "tokenized")
     t.append(clock())
@@ -75,11 +76,12 @@ def run_new(traces: Path, work: Path, cutoff: int) -> dict:
 
 def run_old(traces: Path, work: Path, cutoff: int) -> dict:
     from otbuild.train import data as D
+    from otbuild.recipe.schema_train import TinyModel
     from otbuild.train.model import load_tokenizer, materialise
 
     t = [clock()]
     convs = D.read_conversations([traces])
-    tok, _ = load_tokenizer(materialise(TINY, work / "model", convs))
+    tok, _ = load_tokenizer(materialise(TinyModel(**TINY), work / "model", convs))
     t.append(clock())
     ds = D.build(tok, D.read_conversations([traces]), cutoff_len=cutoff)  # what every rank did
     t.append(clock())

@@ -190,19 +190,19 @@ def generate(data_dir: Path, rows: int, seed: int) -> dict:
     return manifest
 
 
-def pipeline_settings(manifest: dict) -> tuple[dict, list[str], dict]:
-    """The settings dicts the stages take, built through the recipe models (as plan.py does)."""
-    from otbuild.recipe.schema import Bounds, Mix, Sample, TaskFilter
+def pipeline_settings(manifest: dict):
+    """The typed settings the stages take (otbuild/stages/settings.py)."""
+    from otbuild.recipe.schema import Bounds, Sample, TaskFilter
+    from otbuild.stages.settings import MixSettings
 
     rows = manifest["rows"]
     ranked = sorted(manifest["sources"], key=lambda s: s["rank"])[:TOP_N]
     total = rows // 2 + 3  # + 3: a remainder, so the best-ranked sources get one more
-    mix = Mix(n=TOP_N, total=total, order="shuffle", seed=0).model_dump() | {
-        "sources": [s["name"] for s in ranked]}
+    mix = MixSettings(n=TOP_N, total=total, order="shuffle", seed=0, sources=[s["name"] for s in ranked])
     tf = TaskFilter(
         dedup=True, instruction_chars=Bounds(min=80, max=1800), exclude_regex=EXCLUDE_REGEX,
         sample=Sample(n=max(1, total * 2 // 5), seed=0),
-    ).model_dump()
+    )
     return mix, [s["path"] for s in ranked], tf
 
 
@@ -319,7 +319,11 @@ def child(impl: str, data_dir: Path, work: Path) -> None:
         import numpy  # noqa: F401  (imported before the clock starts, like duckdb above)
         import pandas  # noqa: F401
 
-        run_mix, run_tf = pandas_mix, pandas_task_filter
+        def run_mix(settings, inputs, outdir):
+            pandas_mix(settings.model_dump(), inputs, outdir)
+
+        def run_tf(settings, inputs, outdir):
+            pandas_task_filter(settings.model_dump(), inputs, outdir)
     t0 = time.perf_counter()
     run_mix(mix_settings, inputs, work / "mix")
     t1 = time.perf_counter()

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from otbuild.recipe.schema_train import Tracking
 from otbuild.train.tracking import Tracker
 
 
@@ -49,7 +50,7 @@ def jsonl(outdir: Path, steps: int) -> tuple[float, float]:
 def tracked(tracking: dict):
     def run(outdir: Path, steps: int) -> tuple[float, float]:
         t0 = time.perf_counter()
-        tracker = Tracker(tracking, stage="sft", outdir=outdir, first_step=1, config={})
+        tracker = Tracker(Tracking(**tracking), stage="sft", outdir=outdir, first_step=1, config={})
         t1 = time.perf_counter()
         for s in range(1, steps + 1):
             tracker.log(record(s))

@@ -9,21 +9,21 @@ import torch.distributed as dist
 
 from otbuild.recipe.schema_train import Rl
 from otbuild.train.dist import init_distributed
-from otbuild.train.rl import Sequence, make_engine, update
+from otbuild.train.rl import TokenSequence, make_engine, update
 
 
 def main(model_dir: str, out: str) -> None:
     init_distributed(False)
     rank, world = dist.get_rank(), dist.get_world_size()
-    settings = Rl(steps=1, learning_rate=1e-2, micro_batch_tokens=64, zero_stage=2).model_dump()
+    settings = Rl(steps=1, learning_rate=1e-2, micro_batch_tokens=64, zero_stage=2)
     engine, _ = make_engine(settings, model_dir, on_gpu=False)
     rng = random.Random(0)
     seqs = []
     for _ in range(7):
         n = rng.randint(6, 14)
         cut = rng.randint(2, n - 2)
-        seqs.append(Sequence([rng.randrange(5, 300) for _ in range(n)], [False] * cut + [True] * (n - cut),
-                             advantage=rng.choice([-1.0, 0.0, 0.5, 1.5])))
+        seqs.append(TokenSequence([rng.randrange(5, 300) for _ in range(n)], [False] * cut + [True] * (n - cut),
+                                  advantage=rng.choice([-1.0, 0.0, 0.5, 1.5])))
     stats = update(engine, seqs[rank::world], settings, 0)
     if rank == 0:
         torch.save({"grad_norm": stats["grad_norm"], "weights": engine.module.state_dict()}, out)

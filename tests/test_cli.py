@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import mix, source
+from otbuild.stages.settings import MixSettings, config
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import otbuild
 
@@ -16,8 +17,7 @@ RECIPE = "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\ntask_fil
 def built_source(tmp_path):
     out = tmp_path / "src"
     out.mkdir()
-    source.run({"name": "a", "kind": "synthetic", "count": 4, "seed": 3, "families": None,
-                "difficulties": None}, [], out)
+    source.run(config("source", {"name": "a", "kind": "synthetic", "count": 4, "seed": 3}), [], out)
     return out / "tasks.parquet"
 
 
@@ -111,7 +111,7 @@ def test_export_tasks_writes_harbor_dirs(project, built_source):
 def test_export_tasks_of_an_upsampled_mix_names_copies_apart(project, built_source):
     out = project / "mix"
     out.mkdir()
-    mix.run({"n": 1, "total": 10, "order": "shuffle", "seed": 0, "sources": ["a"]}, [built_source], out)
+    mix.run(MixSettings(n=1, total=10, sources=["a"]), [built_source], out)
     res = otbuild(project, "export", "tasks", str(out / "tasks.parquet"), "out")
     assert res.returncode == 0, res.stderr
     copies = Counter(pq.read_table(out / "tasks.parquet", columns=["path"]).column("path").to_pylist())

@@ -28,7 +28,7 @@ from otbuild.harbor.job import (
     run_harbor_job,
     write_job_config,
 )
-from otbuild.recipe.schema import Teacher
+from otbuild.stages.settings import RolloutSettings
 from otbuild.sources.synthetic import generate
 from otbuild.tasks.table import write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
@@ -153,7 +153,7 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
     for drop, kept_n in ((True, 1), (False, 2)):
         dest = tmp_path / f"filtered-{drop}"
         dest.mkdir()
-        stats = trace_filter.run(TraceFilter(drop_subagent=drop).model_dump(), [tmp_path / "traces.parquet"], dest)
+        stats = trace_filter.run(TraceFilter(drop_subagent=drop), [tmp_path / "traces.parquet"], dest)
         assert stats["kept"] == kept_n
         assert stats["rejected_by_reason"] == ({"min_turns": 1, "subagent": 1} if drop else {"min_turns": 1})
 
@@ -162,17 +162,17 @@ def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
     """Timeout cap, episodes, temperature and max_tokens reach Harbor's job config."""
     from otbuild.stages.rollout_harbor import harbor_options
 
-    teacher = Teacher(engine="vllm", model="m", temperature=0.3, max_tokens=1234, max_episodes=7,
-                      timeout_multiplier=4, timeout_cap_sec=600, sandbox="harbor").model_dump()
+    teacher = RolloutSettings(engine="vllm", model="m", temperature=0.3, max_tokens=1234, max_episodes=7,
+                              timeout_multiplier=4, timeout_cap_sec=600, sandbox="harbor")
     options = harbor_options(teacher)
     cfg = job_config(tmp_path, tmp_path / "jobs", "j", model="openai/m", **options)
     [agent] = cfg["agents"]
     assert agent["name"] == "terminus-2" and agent["max_timeout_sec"] == 150  # 150 x 4 = the cap
     assert agent["kwargs"] == {"max_turns": 7, "temperature": 0.3, "llm_call_kwargs": {"max_tokens": 1234}}
     assert cfg["timeout_multiplier"] == 4 and cfg["environment"]["type"] == "docker"
-    mine = {**teacher, "harbor": {**teacher["harbor"], "agent_kwargs": {"temperature": 1.0}}}
+    mine = teacher.model_copy(update={"harbor": teacher.harbor.model_copy(update={"agent_kwargs": {"temperature": 1.0}})})
     assert harbor_options(mine)["agent_kwargs"]["temperature"] == 1.0  # harbor.agent_kwargs win
-    oracle = harbor_options(Teacher(engine="oracle", sandbox="harbor").model_dump())
+    oracle = harbor_options(RolloutSettings(engine="oracle", sandbox="harbor"))
     assert oracle["agent"] == "oracle" and oracle["agent_kwargs"] is None
     if HARBOR.is_file():  # Harbor itself reads the config and resolves the trial's timeout
         py = HARBOR.parent / "python"

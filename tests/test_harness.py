@@ -18,7 +18,8 @@ from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.harness.trial import TrialSettings, run_trial
-from otbuild.recipe.schema import Teacher
+from otbuild.recipe.trials import Trials
+from otbuild.stages.settings import RolloutSettings
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import plan_trials, run_shard
@@ -187,8 +188,8 @@ def test_compact_oracle_trial_and_partial_credit(tmp_path):
 
 
 # -- trials ---------------------------------------------------------------------------------
-def _trial(task, engine, tmp_path, **settings):
-    return asyncio.run(run_trial(task, task.task_id(), engine, TrialSettings(**settings), tmp_path / "w",
+def _trial(task, engine, tmp_path, prompt="terminus2", **trials):
+    return asyncio.run(run_trial(task, task.task_id(), engine, TrialSettings(Trials(**trials), prompt), tmp_path / "w",
                                  run_id="r" * 16))
 
 
@@ -286,7 +287,7 @@ def test_a_bug_stops_the_rollout_shard(tmp_path, monkeypatch):
     monkeypatch.setitem(ENGINES, "buggy", BuggyEngine)
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(3, 3), source="synth")
-    settings = {**Teacher(engine="oracle", concurrency=3).model_dump(), "engine": "buggy"}
+    settings = RolloutSettings(engine="oracle", concurrency=3).model_copy(update={"engine": "buggy"})
     with pytest.raises(ExceptionGroup) as e:
         run_shard(settings, [tasks], tmp_path / "out", 0)
     assert e.group_contains(TypeError, match="a bug in an engine")
@@ -317,7 +318,7 @@ def test_the_model_is_sent_role_and_content_only(tmp_path, scripted):
 
     async def trial():
         async with make_engine({"engine": "openai", "base_url": srv.base_url, "model": "m"}) as engine:
-            return await run_trial(task, task.task_id(), engine, TrialSettings(), tmp_path / "w")
+            return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())
     assert trace["exception"] is None and trace["reward"] == 0.0 and trace["n_turns"] == 3
@@ -334,7 +335,7 @@ def test_reasoning_is_kept_in_traces_unless_switched_off(tmp_path, scripted):
     write_tasks(tasks, generate(1, 3), source="synth")
     convs = {}
     for keep in (True, False):
-        settings = Teacher(engine="openai", base_url=srv.base_url, model="m", keep_reasoning=keep).model_dump()
+        settings = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", keep_reasoning=keep)
         outdir = tmp_path / f"keep-{keep}"
         run_shard(settings, [tasks], outdir, 0)
         [row] = pq.read_table(outdir / "shards" / "0-of-1.parquet").to_pylist()
@@ -357,7 +358,7 @@ def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_mode
     async def trial():
         async with make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
                                 "temperature": 0.0, "max_tokens": 64}) as engine:
-            return await run_trial(task, task.task_id(), engine, TrialSettings(), tmp_path / "w")
+            return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())
     meta = json.loads(trace["metadata"])
@@ -373,7 +374,7 @@ def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_mode
 def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(30, 5, difficulties=[3]), source="synth")
-    settings = Teacher(engine="oracle", shards=2, concurrency=1).model_dump()
+    settings = RolloutSettings(engine="oracle", shards=2, concurrency=1).model_dump()
     outdir = tmp_path / "artifacts" / "rollout" / ("a" * 16)
     spec = json.dumps({"stage": "rollout", "id": "a" * 16, "settings": settings,
                        "inputs": [{"id": "t", "stage": "task_filter", "path": str(tasks)}], "outdir": str(outdir)})
@@ -404,7 +405,7 @@ def test_a_torn_last_line_is_dropped_and_the_shard_goes_on(tmp_path, capsys):
     the next attempt cuts it off, keeps the whole records and reruns only that trial."""
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(3, 11, difficulties=[1]), source="synth")
-    settings = Teacher(engine="oracle", concurrency=3).model_dump()
+    settings = RolloutSettings(engine="oracle", concurrency=3)
     outdir = tmp_path / "rollout"
     run_shard(settings, [tasks], outdir, 0)
     shard = outdir / "shards" / "0-of-1.parquet"
@@ -426,7 +427,7 @@ def test_shards_finishing_together_do_not_trip_over_each_others_files(tmp_path):
     partial files and reading them (seen in a real build: FileNotFoundError, job failed)."""
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(4, 12, difficulties=[1]), source="synth")
-    settings = Teacher(engine="oracle", shards=2, concurrency=2).model_dump()
+    settings = RolloutSettings(engine="oracle", shards=2, concurrency=2)
     outdir = tmp_path / "rollout"
     (outdir / "shards").mkdir(parents=True)
     # listed by the glob, gone when read: what a just-finished shard's file looks like
@@ -455,7 +456,7 @@ def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
 
         async def one(i, rec):
             async with sem:
-                return await run_trial(rec.task, rec.task.task_id(), OracleEngine(), TrialSettings(),
+                return await run_trial(rec.task, rec.task.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"),
                                        tmp_path / str(i))
         return await asyncio.gather(*(one(i, r) for i, r in enumerate(records)))
 

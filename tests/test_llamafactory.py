@@ -122,7 +122,7 @@ def test_zero_stage_precision_and_steps_map_to_their_llamafactory_settings():
     from otbuild.train.llamafactory import deepspeed_config, training_args
 
     def args(**sft):
-        return training_args(Sft(model={"kind": "tiny"}, **sft).model_dump(), "d", 8, "m")
+        return training_args(Sft(model={"kind": "tiny"}, **sft), "d", 8, "m")
 
     assert "deepspeed" not in args(zero_stage=0) and deepspeed_config(0) is None
     assert args(zero_stage=1)["deepspeed"] == "ds_z2_config.json" == args(zero_stage=2)["deepspeed"]
@@ -148,7 +148,7 @@ def test_a_wandb_run_is_named_in_the_yamls_header(tmp_path):
 
     traces = write_toy_traces(tmp_path / "kept.parquet", 4, full_prompt=False)
     sft = Sft(model={"kind": "tiny"}, global_batch_size=8,
-              tracking={"wandb": {"project": "lab", "mode": "offline"}}).model_dump()
+              tracking={"wandb": {"project": "lab", "mode": "offline"}})
     out = write_handoff([traces], tmp_path / "lf", sft, "Qwen/Qwen3-8B", 8)
     text = Path(out["yaml"]).read_text()
     assert "# wandb (sft.tracking.wandb): export WANDB_PROJECT=lab WANDB_MODE=offline\n" in text

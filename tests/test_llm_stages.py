@@ -25,10 +25,10 @@ def _prompt(body) -> str:
     return body["messages"][-1]["content"]
 
 
-def _build(stage, settings: dict, inputs, out):
+def _build(stage, settings, inputs, out):
     """What the rules run: every shard's job, then the merge."""
     out.mkdir(exist_ok=True)
-    for k in range(settings["shards"]):
+    for k in range(settings.shards):
         stage.run_shard(settings, inputs, out, k)
     return stage.run(settings, inputs, out)
 
@@ -45,7 +45,7 @@ def test_augment_rewrites_keep_parents_and_quarantine_empty_answers(tmp_path, sc
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     out = tmp_path / "out"
     out.mkdir()
-    settings = Augment(engine="openai", base_url=srv.base_url, model="m", k=2, seed=3).model_dump()
+    settings = Augment(engine="openai", base_url=srv.base_url, model="m", k=2, seed=3)
     stats = _build(augment, settings, [src], out)
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
     assert stats["new"] == 4 and len(rows) == 3 + 4
@@ -71,7 +71,7 @@ def test_combine_pairs_each_task_with_another(tmp_path, scripted):
     out = tmp_path / "out"
     out.mkdir()
     _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["combine"],
-                        keep_original=False).model_dump(), [src], out)
+                        keep_original=False), [src], out)
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
     assert len(rows) == 3
     for r in rows:
@@ -85,7 +85,7 @@ def test_askllm_and_response_length_scores(tmp_path, scripted):
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     out = tmp_path / "ask"
     out.mkdir()
-    stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm").model_dump(),
+    stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
                            [src], out)
     scored = pq.read_table(out / "tasks.parquet").to_pylist()
     assert [r["llm_score"] for r in scored] == [85.0, 12.0, None] and stats["scored"] == 2
@@ -94,7 +94,7 @@ def test_askllm_and_response_length_scores(tmp_path, scripted):
     srv = scripted(lambda body: (200, chat_answer("x", completion_tokens=len(_prompt(body)))))
     out = tmp_path / "len"
     out.mkdir()
-    _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="response_length").model_dump(),
+    _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="response_length"),
                    [src], out)
     lengths = [r["llm_score"] for r in pq.read_table(out / "tasks.parquet").to_pylist()]
     assert all(v > 0 for v in lengths) and len(set(lengths)) == 3  # the server's token counts
@@ -104,7 +104,7 @@ def test_a_later_engine_failure_leaves_that_score_empty(tmp_path, scripted):
     srv = scripted(lambda body: (500, {"error": "down"}) if "Count" in _prompt(body) else (200, chat_answer("Rating: 40")))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm",
-                                          max_retries=0, concurrency=1).model_dump(), [src], tmp_path / "out")
+                                          max_retries=0, concurrency=1), [src], tmp_path / "out")
     rows = pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()
     assert [r["llm_score"] for r in rows] == [40.0, None, 40.0] and rows[1]["llm_response"].startswith("[EngineError]")
     assert stats["engine_errors"] == 1 and stats["scored"] == 2
@@ -113,7 +113,7 @@ def test_a_later_engine_failure_leaves_that_score_empty(tmp_path, scripted):
                                                "usage_missing": 0}}
     # the endpoint is back: a shard job run again asks only the failed request
     srv.script = lambda body: (200, chat_answer("Rating: 41"))
-    settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm").model_dump()
+    settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm")
     task_score.run_shard(settings, [src], tmp_path / "out", 0)
     assert len(srv.requests) == 4 and "Count" in _prompt(srv.requests[-1]["body"])
     stats = task_score.run(settings, [src], tmp_path / "out")
@@ -128,7 +128,7 @@ def test_a_refused_first_request_fails_the_stage_at_once(tmp_path, scripted):
     srv = scripted([(400, {"error": {"message": "model `m` does not exist", "type": "invalid_request_error"}})])
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     with pytest.raises(RefusedRequest, match="does not exist"):
-        _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm").model_dump(),
+        _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
                [src], tmp_path / "out")
     assert len(srv.requests) == 1 and not (tmp_path / "out" / "tasks.parquet").exists()
 
@@ -137,7 +137,7 @@ def test_scoring_nothing_fails_naming_why(tmp_path, scripted):
     srv = scripted(lambda body: (200, chat_answer("hard to tell")))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     with pytest.raises(RuntimeError, match="no task of 3 got a score: 3 answers without a askllm score"):
-        _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm").model_dump(),
+        _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
                [src], tmp_path / "out")
     assert not (tmp_path / "out" / "tasks.parquet").exists()
 
@@ -162,12 +162,12 @@ def test_reasoning_models_get_max_completion_tokens_and_no_sampling_knobs(tmp_pa
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     section = dict(engine="openai", base_url=srv.base_url, model="gpt-5-nano", kind="response_length",
                    temperature=0, max_tokens=8192)
-    stats = _build(task_score, TaskScorer(**section).model_dump(), [src], tmp_path / "out")
+    stats = _build(task_score, TaskScorer(**section), [src], tmp_path / "out")
     assert stats["scored"] == 3
     assert all(r["body"]["max_completion_tokens"] == 8192 and "temperature" not in r["body"] for r in srv.requests)
     # an endpoint whose model names say nothing: the explicit override
     with pytest.raises(RefusedRequest, match="Unsupported parameter: 'max_tokens'"):
-        _build(task_score, TaskScorer(**section, request_params="standard").model_dump(), [src], tmp_path / "std")
+        _build(task_score, TaskScorer(**section, request_params="standard"), [src], tmp_path / "std")
 
 
 def test_otbuild_serve_is_as_strict_as_openai_for_reasoning_model_names():
@@ -208,7 +208,7 @@ def test_augment_drops_reasoning_from_new_instructions(tmp_path, scripted):
     srv = scripted(lambda body: (200, chat_answer(next(v for k, v in answers.items() if k in _prompt(body)))))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     out = tmp_path / "out"
-    stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", keep_original=False).model_dump(),
+    stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", keep_original=False),
                    [src], out)
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
     assert [r["instruction"] for r in rows] == ["Sort /app/a.txt into /app/b.txt.\n", "Count every word in /app/book.txt.\n"]
@@ -219,8 +219,8 @@ def test_augment_drops_reasoning_from_new_instructions(tmp_path, scripted):
     assert stats["quarantined_by_reason"] == {"reasoning in answer": 1}
 
 
-def _stage_proc(settings: dict, src, out, shard: int) -> subprocess.Popen:
-    spec = {"stage": "task_score", "id": "t", "settings": settings, "outdir": str(out),
+def _stage_proc(settings, src, out, shard: int) -> subprocess.Popen:
+    spec = {"stage": "task_score", "id": "t", "settings": settings.model_dump(mode="json"), "outdir": str(out),
             "inputs": [{"id": "src", "stage": "source", "path": str(src)}]}
     return subprocess.Popen([sys.executable, "-m", "otbuild", "stage", "task_score", "--spec", json.dumps(spec),
                              "--shard", str(shard)], env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -236,7 +236,7 @@ def test_task_score_resumes_after_kill_9_without_asking_twice(tmp_path, scripted
     src = write_source(tmp_path / "in.parquet", "s", texts)
     out = tmp_path / "out"
     settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", shards=2,
-                          concurrency=3).model_dump()
+                          concurrency=3)
     proc = _stage_proc(settings, src, out, 0)
     partial = out / "shards" / "0-of-2.partial.jsonl"
     deadline = time.monotonic() + 60
@@ -267,10 +267,10 @@ def test_llm_stages_take_empty_and_one_row_inputs(tmp_path, scripted, n):
     srv = scripted(lambda body: (200, chat_answer("Rating: 7")))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS[:n])
     stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm",
-                                          shards=3).model_dump(), [src], tmp_path / "score")
+                                          shards=3), [src], tmp_path / "score")
     assert stats["tasks"] == n and pq.read_table(tmp_path / "score" / "tasks.parquet").num_rows == n
     stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["rewrite", "combine"],
-                                    shards=2).model_dump(), [src], tmp_path / "aug")
+                                    shards=2), [src], tmp_path / "aug")
     assert stats["tasks"] == 3 * n and len(srv.requests) == 3 * n
 
 
@@ -308,9 +308,9 @@ def test_a_restart_with_another_shard_count_asks_nothing_twice(tmp_path, scripte
     src = write_source(tmp_path / "in.parquet", "s", texts)
     out = tmp_path / "out"
     section = dict(engine="openai", base_url=srv.base_url, model="m", kind="askllm")
-    task_score.run_shard(TaskScorer(**section, shards=2).model_dump(), [src], out, 0)  # half done, then N changes
+    task_score.run_shard(TaskScorer(**section, shards=2), [src], out, 0)  # half done, then N changes
     assert len(srv.requests) == 6
-    stats = _build(task_score, TaskScorer(**section, shards=5).model_dump(), [src], out)
+    stats = _build(task_score, TaskScorer(**section, shards=5), [src], out)
     assert len(srv.requests) == 12 and stats["scored"] == 12
     assert sorted(p.name for p in (out / "shards").iterdir()) == [f"{k}-of-5.parquet" for k in range(5)]
     rows = pq.read_table(out / "tasks.parquet").to_pylist()

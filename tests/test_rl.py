@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from otbuild.sandbox import backend_problem
+from otbuild.stages.settings import RlSettings, SftSettings
 from otbuild.train.rl import (
-    Sequence,
+    TokenSequence,
     Turn,
     k3_kl,
     ppo_clip_loss,
@@ -79,7 +80,7 @@ def test_turns_join_when_prompts_extend_and_only_completions_are_targets():
     assert [s.ids for s in seqs] == [[1, 2, 3, 4, 5, 6], [9, 9, 7]]
     assert seqs[0].mask == [False, False, True, True, False, True]
     assert sequences([Turn([1], [])]) == []
-    assert isinstance(seqs[0], Sequence)
+    assert isinstance(seqs[0], TokenSequence)
 
 
 # -- the toy task ---------------------------------------------------------------------------
@@ -121,6 +122,7 @@ class _Recorder:
 @needs_sandbox
 def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.recipe.trials import Trials
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
     from otbuild.train.model import load_model, load_tokenizer
@@ -130,7 +132,7 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
 
     task = _toy_task()
     rec = _Recorder()
-    row = asyncio.run(run_trial(task, "t0", rec, TrialSettings(max_episodes=1), tmp_path / "w0"))
+    row = asyncio.run(run_trial(task, "t0", rec, TrialSettings(Trials(max_episodes=1), "terminus2"), tmp_path / "w0"))
     assert row["reward"] == 1.0  # the harness and verifier accept the correct answer
     prompt = [{"role": "user", "content": rec.first[0]["content"]}]
 
@@ -146,7 +148,7 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
            "learning_rate": 2e-2, "warmup_ratio": 0.0, "lr_scheduler": "constant", "global_batch_size": 8,
            "per_device_batch_size": 8, "epochs": 60, "cutoff_len": 2048, "zero_stage": 0,
            "gradient_checkpointing": False, "save_steps": 1000}
-    sft_train(sft, [tmp_path / "kept.parquet"], tmp_path / "sft")
+    sft_train(SftSettings(**sft), [tmp_path / "kept.parquet"], tmp_path / "sft")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(task, runnable_locally=True)], source="toy")
 
     tok, _ = load_tokenizer(tmp_path / "sft")
@@ -160,7 +162,7 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     rl = {"steps": 4, "batch_size": 1, "samples_per_task": 8, "temperature": 0.7, "max_tokens": 96,
           "max_context": 4096, "learning_rate": 2e-3, "save_steps": 2, "concurrency": 8,
           "sandbox": {"max_episodes": 1}}
-    manifest = rl_train(rl, [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"],
+    manifest = rl_train(RlSettings(**rl), [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"],
                         tmp_path / "rl")
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4] and all("loss" in r and "reward_mean" in r for r in log)
@@ -197,12 +199,12 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(R, "rollout", killed_in_step_3)
     with pytest.raises(RuntimeError, match="killed"):
-        R.train(settings, inputs, tmp_path / "rl")
+        R.train(RlSettings(**settings), inputs, tmp_path / "rl")
     assert (tmp_path / "rl" / "checkpoints" / "latest").read_text() == "step-2"  # DeepSpeed's layout
     assert list((tmp_path / "rl" / "checkpoints" / "step-2").glob("*optim_states.pt"))
     monkeypatch.setattr(R, "rollout", real)
     seen = []
-    R.train(settings, inputs, tmp_path / "rl", log=seen.append)
+    R.train(RlSettings(**settings), inputs, tmp_path / "rl", log=seen.append)
     assert "rl: resumed from step 2" in seen and len([s for s in seen if "step 3/3" in s]) == 1
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["trajectories"] == 2 for r in log)
@@ -239,7 +241,7 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     settings = {"steps": 2, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
                 "temperature": 1.0, "sandbox": {"max_episodes": 1}, "rollout": "vllm",
                 "vllm_args": {"tensor_parallel_size": 2, "startup_timeout_sec": 120}}
-    R.train(settings, [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
+    R.train(RlSettings(**settings), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
     launches = [json.loads(x) for x in fake_vllm_bin.read_text().splitlines()]
     assert len(launches) == 2  # one server per step, on that step's weights
     assert all(a[0] == "serve" and a[1].endswith("/policy") and "--tensor-parallel-size" in a for a in launches)

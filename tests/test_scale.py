@@ -12,8 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.recipe.schema import Teacher, TraceFilter
+from otbuild.recipe.schema import TraceFilter
 from otbuild.stages import rollout, shard_path, trace_filter, trace_import
+from otbuild.stages.settings import RolloutSettings, config
 from otbuild.train.export import export_llamafactory
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -32,7 +33,7 @@ def finished_rollout(tmp_path: Path, n: int, shards: int, written_with: int | No
     tasks = tasks_table(tmp_path / "tasks.parquet", n)
     outdir = tmp_path / "rollout"
     write_partials(outdir / "shards", n, written_with or shards)
-    return Teacher(engine="oracle", shards=shards).model_dump(), tasks, outdir
+    return RolloutSettings(engine="oracle", shards=shards), tasks, outdir
 
 
 def test_a_shard_never_opens_another_shards_partial_file(tmp_path, monkeypatch, capsys):
@@ -73,10 +74,11 @@ def test_few_rows_pass_through_every_trace_stage(tmp_path, n):
 
     src = tmp_path / "chats.jsonl"
     write_messages_jsonl(src, n)
-    imp = trace_import.run({"name": "chats", "kind": "messages-jsonl", "path": str(src), "allow_empty": n == 0}, [], tmp_path / "imp")
+    imp = trace_import.run(config("trace_import", {"name": "chats", "kind": "messages-jsonl", "path": str(src),
+                                                   "allow_empty": n == 0}), [], tmp_path / "imp")
     assert imp["traces"] == n and pq.read_table(tmp_path / "imp" / "traces.parquet").num_rows == n
 
-    tf = trace_filter.run(TraceFilter().model_dump(), [traces, tmp_path / "imp" / "traces.parquet"], tmp_path / "tf")
+    tf = trace_filter.run(TraceFilter(), [traces, tmp_path / "imp" / "traces.parquet"], tmp_path / "tf")
     kept = pq.read_table(tmp_path / "tf" / "kept.parquet")
     rejected = pq.read_table(tmp_path / "tf" / "rejected.parquet")
     assert tf["kept"] == kept.num_rows and tf["rejected"] == rejected.num_rows and kept.num_rows + rejected.num_rows == 2 * n
@@ -92,7 +94,7 @@ def test_the_filter_keeps_input_order_and_rejects_with_reasons(tmp_path):
         rollout.run_shard(settings, [tasks], outdir, k)
     rollout.run(settings, [tasks], outdir)
     rows = pq.read_table(outdir / "traces.parquet", columns=["trial_name", "n_turns", "timed_out"]).to_pylist()
-    stats = trace_filter.run(TraceFilter().model_dump(), [outdir / "traces.parquet"], tmp_path / "tf")
+    stats = trace_filter.run(TraceFilter(), [outdir / "traces.parquet"], tmp_path / "tf")
     kept = pq.read_table(tmp_path / "tf" / "kept.parquet").to_pylist()
     rejected = pq.read_table(tmp_path / "tf" / "rejected.parquet").to_pylist()
     order = [r["trial_name"] for r in rows]

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from otbuild.recipe.schema_train import Launch, TinyModel
+from otbuild.stages.settings import SftSettings
 from otbuild.train import data as D
 from otbuild.train.chat import TemplateMismatch, tokenize_conversation
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
@@ -44,7 +46,7 @@ def traces(tmp_path_factory) -> Path:
 def tok(traces, tmp_path_factory):
     from otbuild.train.model import load_tokenizer, materialise
 
-    base = materialise(TINY, tmp_path_factory.mktemp("tiny") / "m", traces)
+    base = materialise(TinyModel(**TINY), tmp_path_factory.mktemp("tiny") / "m", traces)
     return load_tokenizer(base)[0]
 
 
@@ -195,7 +197,7 @@ def test_byte_offsets_from_ids_give_the_tokenizers_own_offsets(tmp_path, traces,
     from otbuild.train.chat import byte_lengths, render, tokenize_batch
     from otbuild.train.model import load_tokenizer, materialise
 
-    tok = load_tokenizer(materialise({**TINY, "tokenizer": kind}, tmp_path / kind, traces))[0]
+    tok = load_tokenizer(materialise(TinyModel(**TINY, tokenizer=kind), tmp_path / kind, traces))[0]
     extra = [{"role": "user", "content": "naïve café, 日本語 😀"},
              {"role": "assistant", "content": "<think>über</think>\nrésumé 😀 Å"}]
     convs = [c + extra for c in D.read_conversations([traces])] + [THINK, CONV]
@@ -345,9 +347,9 @@ def test_zero_and_one_row_trace_sets(tmp_path, tok, traces):
     assert stats["traces"] == 0 and len(TokenizedSet(tmp_path / "t0")) == 0
     assert D.build(TokenizedSet(tmp_path / "t0"), cutoff_len=512, packing=True).stats["rows"] == 0
     with pytest.raises(SftDataError, match=r"empty\.parquet: no trainable traces"):
-        run({**FAST, "max_steps": 1}, [empty], tmp_path / "ck0")
+        run(SftSettings(**FAST, max_steps=1), [empty], tmp_path / "ck0")
     one = _trace_set(tmp_path / "one.parquet", D.read_conversations([traces])[:1])
-    out = run({**FAST, "max_steps": 2}, [one], tmp_path / "ck1")
+    out = run(SftSettings(**FAST, max_steps=2), [one], tmp_path / "ck1")
     assert out["steps"] == 2 and out["data"]["traces"] == 1 and out["data"]["rows"] == 1
     assert not (tmp_path / "ck1" / "tokenized").exists()  # removed with the finished run
 
@@ -361,8 +363,8 @@ def test_dropped_traces_are_counted_by_reason_and_fail_above_the_limit(tmp_path,
     mixed = _trace_set(tmp_path / "mixed.parquet", [*convs, no_answer, []])
     with pytest.raises(SftDataError, match=r"mixed\.parquet: 2 of 14 traces dropped \(14\.3%\), more than "
                        r"sft\.max_dropped_fraction 0\.01: empty_conversation: 1, no_assistant_tokens: 1"):
-        run({**FAST, "max_steps": 1}, [mixed], tmp_path / "a")
-    out = run({**FAST, "max_steps": 1, "max_dropped_fraction": 0.2}, [mixed], tmp_path / "b")
+        run(SftSettings(**{**FAST, "max_steps": 1}), [mixed], tmp_path / "a")
+    out = run(SftSettings(**{**FAST, "max_steps": 1, "max_dropped_fraction": 0.2}), [mixed], tmp_path / "b")
     assert out["data"]["dropped"] == {"empty_conversation": 1, "template_mismatch": 0, "too_long": 0,
                                       "no_assistant_tokens": 1}
     assert out["data"]["traces"] == 14 and out["data"]["sequences"] == 12
@@ -390,14 +392,15 @@ def test_gradient_accumulation_from_world_size():
 def test_zero3_config_from_the_recipe():
     from otbuild.recipe.schema_train import Sft
 
-    s = Sft(model={"kind": "pretrained", "path": "/models/Qwen3-8B"}).model_dump()
-    conf = ds_config(s, world_size=16, on_gpu=True, client_optimizer=False)
+    s = Sft(model={"kind": "pretrained", "path": "/models/Qwen3-8B"})
+    conf = ds_config(s, global_batch=96, per_device=1, world_size=16, on_gpu=True, client_optimizer=False)
     assert conf["train_batch_size"] == 96 and conf["gradient_accumulation_steps"] == 6
     assert conf["zero_optimization"]["stage"] == 3
     assert conf["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     assert conf["bf16"]["enabled"] and conf["gradient_clipping"] == 1.0
     assert conf["optimizer"]["params"]["lr"] == 4e-5 and conf["optimizer"]["params"]["betas"] == [0.9, 0.999]
-    cpu = ds_config({**s, "zero_stage": 0}, world_size=1, on_gpu=False, client_optimizer=True)
+    cpu = ds_config(s.model_copy(update={"zero_stage": 0}), global_batch=96, per_device=1, world_size=1,
+                    on_gpu=False, client_optimizer=True)
     assert not cpu["bf16"]["enabled"] and "optimizer" not in cpu and cpu["gradient_accumulation_steps"] == 96
 
 
@@ -415,26 +418,26 @@ def test_launch_command_for_a_4_node_4_gpu_slurm_allocation():
     """One srun task per node, without a GPU option (each sees every GPU of the job on its node);
     each node's launcher starts one process per GPU that node has, read there."""
     argv = ["python", "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out dir"]
-    cmd = launch_command({"master_port": 29511}, SLURM_4x4, argv)
+    cmd = launch_command(Launch(master_port=29511), SLURM_4x4, argv)
     assert cmd[:8] == ["srun", "--overlap", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1",
                        "--kill-on-bad-exit=1", "bash", "-c"]
     assert cmd[8] == ("exec python -m torch.distributed.run --nnodes=4 --nproc-per-node=${SLURM_GPUS_ON_NODE:-1} "
                       "--rdzv-backend=c10d --rdzv-endpoint=gh001:29511 --rdzv-id=4242 "
                       "-m otbuild.train sft kept.parquet --outdir 'out dir'")
-    ds = launch_command({"launcher": "deepspeed", "master_port": 29511}, SLURM_4x4, argv)
+    ds = launch_command(Launch(launcher="deepspeed", master_port=29511), SLURM_4x4, argv)
     assert ds[:8] == cmd[:8]
     assert ds[8].startswith("exec deepspeed --no_ssh --num_nodes=4 --num_gpus=${SLURM_GPUS_ON_NODE:-1} "
                             "--node_rank=$SLURM_NODEID --master_addr=gh001 --master_port=29511 "
                             "--module otbuild.train sft")
     # gpus_per_node from the recipe wins over Slurm's
-    assert "--nproc-per-node=2 " in launch_command({"gpus_per_node": 2}, SLURM_4x4, argv)[8]
+    assert "--nproc-per-node=2 " in launch_command(Launch(gpus_per_node=2), SLURM_4x4, argv)[8]
     # inside a job step (a rule without `mpi`): no new step, torchrun on this node's GPUs
     step = {**SLURM_4x4, "SLURM_STEP_ID": "0"}
-    assert launch_command({}, step, argv)[:5] == ["python", "-m", "torch.distributed.run", "--standalone",
+    assert launch_command(Launch(), step, argv)[:5] == ["python", "-m", "torch.distributed.run", "--standalone",
                                                   "--nproc-per-node=4"]
     # no Slurm: one local process (the stage trains in process), or torchrun --standalone
-    assert launch_command({}, {}, argv) == argv
-    assert launch_command({"gpus_per_node": 8}, {}, argv)[:5] == [
+    assert launch_command(Launch(), {}, argv) == argv
+    assert launch_command(Launch(gpus_per_node=8), {}, argv)[:5] == [
         "python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
 
 
@@ -460,8 +463,8 @@ def test_schema_defaults_are_the_papers():
 def test_tiny_student_is_deterministic_and_has_the_template_specials(tmp_path, traces):
     from otbuild.train.model import materialise
 
-    a = materialise(TINY, tmp_path / "a", traces)
-    b = materialise(TINY, tmp_path / "b", traces)
+    a = materialise(TinyModel(**TINY), tmp_path / "a", traces)
+    b = materialise(TinyModel(**TINY), tmp_path / "b", traces)
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     cfg = json.loads((a / "config.json").read_text())
@@ -489,7 +492,7 @@ def _log(path: Path) -> list[dict]:
 def test_sft_stage_writes_the_checkpoint_dir(tmp_path, traces):
     from otbuild.stages.sft import run
 
-    stats = run({**FAST, "token_budget": 3000}, [traces], tmp_path / "ck")
+    stats = run(SftSettings(**{**FAST, "token_budget": 3000}), [traces], tmp_path / "ck")
     out = tmp_path / "ck"
     names = {p.name for p in out.iterdir()}
     assert {"checkpoint.json", "model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl"} <= names
@@ -508,8 +511,8 @@ def test_loss_is_a_global_token_mean_whatever_the_micro_batching(tmp_path, trace
 
     from otbuild.train.sft import train
 
-    a = train({**FAST, "per_device_batch_size": 4, "zero_stage": 0}, [traces], tmp_path / "a")
-    b = train({**FAST, "per_device_batch_size": 1, "zero_stage": 3}, [traces], tmp_path / "b")
+    a = train(SftSettings(**{**FAST, "per_device_batch_size": 4, "zero_stage": 0}), [traces], tmp_path / "a")
+    b = train(SftSettings(**{**FAST, "per_device_batch_size": 1, "zero_stage": 3}), [traces], tmp_path / "b")
     assert a["gradient_accumulation_steps"] == 1 and b["gradient_accumulation_steps"] == 4
     la, lb = _log(tmp_path / "a"), _log(tmp_path / "b")
     assert [r["loss"] for r in la] == pytest.approx([r["loss"] for r in lb], rel=1e-4)
@@ -586,7 +589,7 @@ def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
     with pytest.MonkeyPatch.context() as mp:
         for k in set(os.environ) - set(env):
             mp.delenv(k)
-        stats = run({**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2}, [traces],
+        stats = run(SftSettings(**{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2}), [traces],
                     tmp_path / "ck")
     out = capfd.readouterr().out
     assert stats["world_size"] == 2 and stats["steps"] == 2
@@ -623,9 +626,10 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
 
     traces = write_toy_traces(tmp_path / "kept.parquet", 6, full_prompt=True)
     spec = {**TINY, "tokenizer": "names"}
-    manifest = train({**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}, [traces], tmp_path / "ck")
+    manifest = train(SftSettings(**{**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}), [traces],
+                     tmp_path / "ck")
     assert manifest["steps"] == 0 and not _log(tmp_path / "ck")
-    base = materialise(spec, tmp_path / "base", traces, "compact")
+    base = materialise(TinyModel(**spec), tmp_path / "base", traces, "compact")
     assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
     a, b = load_file(base / "model.safetensors"), load_file(tmp_path / "ck" / "model.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
@@ -641,8 +645,8 @@ def test_copy_objective_is_logged_deterministic_and_trains(tmp_path, tok, traces
     ids = a["input_ids"]
     assert ids[:, :COPY_SPAN].equal(ids[:, COPY_SPAN:]) and not set(ids.flatten().tolist()) & set(tok.all_special_ids)
     assert a["target_mask"][:, COPY_SPAN + 1:].all() and not a["target_mask"][:, :COPY_SPAN + 1].any()
-    train({**FAST, "global_batch_size": 1, "per_device_batch_size": 1, "max_steps": 20, "learning_rate": 3e-3,
-           "copy_loss_weight": 1.0}, [traces], tmp_path / "ck")
+    train(SftSettings(**{**FAST, "global_batch_size": 1, "per_device_batch_size": 1, "max_steps": 20,
+                         "learning_rate": 3e-3, "copy_loss_weight": 1.0}), [traces], tmp_path / "ck")
     log = _log(tmp_path / "ck")
     assert len(log) == 20 and all("copy_loss" in r for r in log)
     assert log[-1]["copy_loss"] < log[0]["copy_loss"]

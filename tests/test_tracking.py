@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from otbuild.recipe.schema_train import Tracking
+from otbuild.stages.settings import SftSettings
 from otbuild.train.tracking import PREFIX, Tracker
 from otbuild.train.toy import write_toy_traces
 
@@ -42,7 +44,7 @@ def test_sft_writes_event_files_that_tensorboard_reads_and_the_manifest_lists(tm
     from otbuild.stages.sft import run
 
     out = tmp_path / "ck"
-    run(FAST, [traces], out)
+    run(SftSettings(**FAST), [traces], out)
     log = _log(out)
     shown = scalars(out)
     for key in ("loss", "lr", "grad_norm", "tokens_per_second", "tokens_seen"):
@@ -78,16 +80,16 @@ def test_event_files_are_in_the_provenance_record_and_verify(tmp_path, traces):
 def test_tensorboard_off_writes_no_event_files(tmp_path, traces):
     from otbuild.train.sft import train
 
-    manifest = train({**FAST, "max_steps": 1, "tracking": {"tensorboard": False}}, [traces], tmp_path / "ck")
+    manifest = train(SftSettings(**{**FAST, "max_steps": 1, "tracking": {"tensorboard": False}}), [traces], tmp_path / "ck")
     assert manifest["tracking"] == {} and not list((tmp_path / "ck").glob("events.*"))
 
 
 def test_a_resumed_run_shows_each_step_once_with_the_new_values(tmp_path):
-    first = Tracker({}, stage="sft", outdir=tmp_path, first_step=1, config={})
+    first = Tracker(Tracking(), stage="sft", outdir=tmp_path, first_step=1, config={})
     for s in range(1, 8):  # killed after step 7; its last checkpoint was step 4
         first.log({"step": s, "loss": 10.0 + s})
     first.writer.flush()  # what a kill -9 leaves: the events written so far
-    again = Tracker({}, stage="sft", outdir=tmp_path, first_step=5, config={})
+    again = Tracker(Tracking(), stage="sft", outdir=tmp_path, first_step=5, config={})
     for s in range(5, 10):
         again.log({"step": s, "loss": 20.0 + s, "note": "text is not a scalar", "ok": True})
     summary = again.close()
@@ -140,7 +142,7 @@ def test_wandb_offline_run_holds_every_step(tmp_path, traces, monkeypatch):
 
     out, runs = tmp_path / "ck", tmp_path / "runs"
     wb = {"project": "otbuild-test", "dir": str(runs), "tags": ["smoke"]}
-    manifest = train({**FAST, "tracking": {"wandb": wb}}, [traces], out)
+    manifest = train(SftSettings(**{**FAST, "tracking": {"wandb": wb}}), [traces], out)
     (run_dir,) = (runs / "wandb").glob("offline-run-*-sft-ck")
     assert manifest["tracking"]["wandb"] == {"project": "otbuild-test", "id": "sft-ck",
                                              "dir": str(run_dir), "offline": True}
@@ -156,7 +158,7 @@ def test_wandb_configured_but_missing_is_a_config_error(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     with pytest.raises(ConfigError, match=r"sft\.tracking\.wandb .*pip install wandb"):
-        Tracker({"tensorboard": False, "wandb": {"project": "p"}}, stage="sft", outdir=tmp_path,
+        Tracker(Tracking(tensorboard=False, wandb={"project": "p"}), stage="sft", outdir=tmp_path,
                 first_step=1, config={})
 
 

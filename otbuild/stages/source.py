@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from otbuild.errors import StageError
+from otbuild.recipe.schema import TaskFileSource
 from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import Quarantined, TaskRecord, check_not_empty, write_quarantine, write_tasks
 
@@ -26,7 +27,8 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
                 yield item
 
     stats = {"hub": hub_files(cfg, (".parquet",)).identity()} if cfg.kind == "hf-dataset" else {}
-    sample, dest = cfg.sample, outdir / "tasks.parquet"
+    sample = cfg.sample if isinstance(cfg, TaskFileSource) else None  # generated sources set their count
+    dest = outdir / "tasks.parquet"
     outdir.mkdir(parents=True, exist_ok=True)
     for stale in outdir.glob(".read-*"):  # what a killed run left
         shutil.rmtree(stale)

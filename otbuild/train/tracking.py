@@ -22,22 +22,22 @@ import math
 from pathlib import Path
 
 from otbuild.errors import ConfigError
+from otbuild.recipe.schema_train import Tracking, WandbTracking
 
 PREFIX = "train/"  # the tag of a logged value: train/loss, train/lr, ...
 
 
 class Tracker:
-    def __init__(self, tracking: dict | None, *, stage: str, outdir: Path, first_step: int,
+    def __init__(self, tracking: Tracking, *, stage: str, outdir: Path, first_step: int,
                  config: dict, active: bool = True):
         """`tracking`: the stage's `tracking` settings; `first_step`: the first step this run logs
         (1, or the resumed step + 1); `config`: the settings recorded with a wandb run."""
-        tracking = tracking or {}
         self.stage, self.outdir = stage, Path(outdir)
         self.writer = self.run = None
         self._before = set()
         if not active:
             return
-        if tracking.get("tensorboard", True):
+        if tracking.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
@@ -46,9 +46,8 @@ class Tracker:
             self._before = set(self.event_files())
             self.writer = SummaryWriter(log_dir=str(self.outdir), purge_step=first_step if first_step > 1 else None,
                                         filename_suffix=f".{stage}")
-        wb = tracking.get("wandb")
-        if wb:
-            self.run = _wandb_run(wb, stage=stage, outdir=self.outdir, config=config)
+        if tracking.wandb:
+            self.run = _wandb_run(tracking.wandb, stage=stage, outdir=self.outdir, config=config)
 
     def log(self, rec: dict) -> None:
         """One step's record (train_log.jsonl's line): its finite numbers, at rec['step']."""
@@ -86,16 +85,16 @@ class Tracker:
         return out
 
 
-def _wandb_run(wb: dict, *, stage: str, outdir: Path, config: dict):
+def _wandb_run(wb: WandbTracking, *, stage: str, outdir: Path, config: dict):
     try:
         import wandb
     except ImportError as e:
         raise ConfigError(f"{stage}.tracking.wandb is set but the `wandb` package is missing "
                           "(pip install wandb), or remove the setting") from e
-    root = Path(wb.get("dir") or outdir)
+    root = Path(wb.dir or outdir)
     root.mkdir(parents=True, exist_ok=True)
     return wandb.init(
-        project=wb["project"], entity=wb.get("entity"), name=wb.get("name") or f"{stage}-{outdir.name}",
-        tags=list(wb.get("tags") or []) or None, dir=str(root), mode=wb.get("mode"), config=config,
+        project=wb.project, entity=wb.entity, name=wb.name or f"{stage}-{outdir.name}",
+        tags=list(wb.tags) or None, dir=str(root), mode=wb.mode, config=config,
         id=f"{stage}-{outdir.name}", resume="allow", job_type=stage,
         settings=wandb.Settings(console="off", save_code=False, disable_git=True))
