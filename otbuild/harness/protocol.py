@@ -38,7 +38,7 @@ class ParseError(ValueError):
     pass
 
 
-PROMPTS = ("terminus2", "compact")
+PROMPTS = ("terminus2", "compact")  # the prompt styles; the first is the default
 
 
 def _answer_regex() -> str:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from otbuild.harness.protocol import PROMPTS
 from otbuild.recipe.base import MAX_REPEATS, MAX_SHARDS, MAX_TASKS, Strict, engine_args, execution_only
 from otbuild.recipe.schema_train import Rl, Sft
 from otbuild.recipe.trials import ShardedTrials
@@ -413,8 +414,8 @@ class PromptStyle(Strict):
     """The harness's prompt style: what every stage that renders or runs harness turns
     (rollouts, SFT, RL, eval) is given beside its own section."""
 
-    prompt: Literal["terminus2", "compact"] = Field(
-        default="terminus2", description="compact: a short system text and compact JSON, for tiny students")
+    prompt: Literal[PROMPTS] = Field(  # type: ignore[valid-type]
+        default=PROMPTS[0], description="terminus2: otbuild's words for terminus-2's protocol; compact: a short system text and compact JSON, for tiny students")
 
 
 class Harness(PromptStyle):

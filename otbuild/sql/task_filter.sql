@@ -3,18 +3,18 @@
 -- keeps that step's reason: per-row checks (instruction, length, regexes, overlap with a
 -- benchmark from decontaminate.sql, score present),
 -- then dedup on the normalised instruction (first occurrence wins), then top-k by score,
--- then a seeded random subsample. Only narrow columns are decided here (tf_decided: _ord,
+-- then a seeded random subsample. Only narrow columns are decided here (task_decided: _ord,
 -- reason, score[, weight, n_rollouts]); the wide rows (with task_binary) are streamed once, in
 -- input order, by duck.stream_split.
-CREATE OR REPLACE TEMP VIEW tf_src AS
+CREATE OR REPLACE TEMP VIEW task_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
-CREATE OR REPLACE TEMP TABLE tf_decided AS
+CREATE OR REPLACE TEMP TABLE task_decided AS
 WITH base AS (
     SELECT _file, file_row_number, _ord, task_id, instruction,
            {% if score %}TRY_CAST({{ score_expr }} AS DOUBLE){% else %}NULL::DOUBLE{% endif %} AS score
            {%- if decontaminate %}, contamination{% endif %}
-    FROM tf_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
+    FROM task_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
 ), checked AS (
     SELECT *, CASE
         WHEN trim(coalesce(instruction, '')) = '' THEN 'empty_instruction'

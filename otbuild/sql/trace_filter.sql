@@ -3,12 +3,12 @@
 -- rule's reason: infrastructure exception, timeout, subagent trace, fewer than min_turns
 -- turns, reward below min_reward (success-only), duplicate conversation (first one wins), then
 -- a seeded subsample of exactly sample.n of what is left (the n smallest md5(seed:name:ord)).
--- Only narrow columns and a hash of each conversation are decided on here (trf_decided: _ord,
+-- Only narrow columns and a hash of each conversation are decided on here (trace_decided: _ord,
 -- reason); the wide rows are streamed once, in input order, by duck.stream_split.
-CREATE OR REPLACE TEMP VIEW trf_src AS
+CREATE OR REPLACE TEMP VIEW trace_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
-CREATE OR REPLACE TEMP TABLE trf_decided AS
+CREATE OR REPLACE TEMP TABLE trace_decided AS
 WITH checked AS (
     SELECT _ord, CASE
         {% if drop_exceptions %}WHEN exception IS NOT NULL THEN 'exception: ' || exception{% endif %}
@@ -22,7 +22,7 @@ WITH checked AS (
     END AS reason,
     {% if dedup %}md5(CAST(conversations AS VARCHAR)){% else %}NULL{% endif %} AS _key,
     coalesce(trial_name, 'row ' || _ord) AS _name
-    FROM trf_src
+    FROM trace_src
 )
 , deduped AS (
     SELECT _ord, _name, {% if dedup %}CASE WHEN reason IS NULL AND _dup > 1 THEN 'duplicate: same conversation as ' || _first ELSE reason END{% else %}reason{% endif %} AS reason

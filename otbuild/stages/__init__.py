@@ -16,9 +16,10 @@ class StageDef:
     name: str
     version: int
     outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
-    module: str  # defines run(settings, inputs: list[Path], outdir: Path) -> stats dict or None
+    module: str  # defines run(cfg, inputs: list[Path], outdir: Path) -> stats dict or None, where cfg
+    # is the stage's settings model (otbuild/stages/settings.py: SETTINGS[name])
     sql: tuple[str, ...] = ()  # templates under otbuild/sql/ that the stage renders
-    sharded: bool = False  # run_shard(settings, inputs, outdir, shard) per shard, run() merges
+    sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard, run() merges
 
 
 STAGES: dict[str, StageDef] = {

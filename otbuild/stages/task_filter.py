@@ -43,12 +43,12 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
         score_expr=score_expr(cfg.score.column) if cfg.score else None, rollouts=budget,
     )
     if budget:
-        kept = con.execute("SELECT count(*) FROM tf_decided WHERE reason IS NULL").fetchall()[0][0]
+        kept = con.execute("SELECT count(*) FROM task_decided WHERE reason IS NULL").fetchall()[0][0]
         if budget < kept:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
     extra = ("score", "weight", "n_rollouts") if budget else ("score",) if cfg.score else ()
-    stats = duck.stream_split(con, "tf_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
+    stats = duck.stream_split(con, "task_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
                               batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
     check_not_emptied(stats)
     return {**stats, "rollouts_planned": budget} if budget else stats

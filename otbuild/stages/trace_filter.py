@@ -14,7 +14,7 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
                       offsets=duck.input_offsets(inputs), **cfg.model_dump())
-    stats = duck.stream_split(con, "trf_decided", inputs, outdir, rejected_by="trace_filter")
+    stats = duck.stream_split(con, "trace_decided", inputs, outdir, rejected_by="trace_filter")
     total = stats["kept"] + stats["rejected"]
     capped = stats["rejected_by_reason"].get("not_sampled", 0)
     return {**stats, "keep_rate": round((stats["kept"] + capped) / total, 4) if total else None}

@@ -137,8 +137,8 @@ def steps_per_epoch(n_rows: int, global_batch: int) -> int:
 
 def global_batch_rows(n_rows: int, step: int, global_batch: int, seed: int) -> list[int]:
     """Row indices of optimizer step `step` (0-based, across epochs)."""
-    spe = steps_per_epoch(n_rows, global_batch)
-    epoch, k = divmod(step, spe)
+    per_epoch = steps_per_epoch(n_rows, global_batch)
+    epoch, k = divmod(step, per_epoch)
     order = epoch_order(n_rows, epoch, seed)
     idx = [order[(k * global_batch + j) % n_rows] for j in range(global_batch)]
     return [int(i) for i in idx]

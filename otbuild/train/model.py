@@ -11,13 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
+from otbuild.harness.protocol import PROMPTS
 from otbuild.recipe.schema_train import ModelSpec
 
 
 TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text
 
 
-def sample_texts(traces, prompt: str = "terminus2", max_chars: int = TOKENIZER_SAMPLE_CHARS) -> list[str]:
+def sample_texts(traces, prompt: str = PROMPTS[0], max_chars: int = TOKENIZER_SAMPLE_CHARS) -> list[str]:
     """The messages of a bounded, deterministic sample of the trace parquet(s): every trace
     while the set is small, else every k-th (k from the parquet's uncompressed size), until
     `max_chars` characters are taken."""
@@ -47,7 +48,7 @@ def _conversation_bytes(path) -> int:
                if meta.row_group(g).column(c).path_in_schema.startswith("conversations"))
 
 
-def materialise(spec: ModelSpec, dest: Path, traces=None, prompt: str = "terminus2") -> Path:
+def materialise(spec: ModelSpec, dest: Path, traces=None, prompt: str = PROMPTS[0]) -> Path:
     """The base model dir for `spec` (a tiny one is built in `dest`, its tokenizer trained on a
     bounded sample of the trace parquet(s) `traces`)."""
     if spec.kind == "tiny":

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from otbuild.harness.protocol import PROMPTS
 from otbuild.fsio import atomic_path, parquet_batches, write_json
 from otbuild.hashing import file_sha256
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
@@ -46,7 +47,7 @@ SCHEMA = pa.schema([("trace", pa.int64()), ("input_ids", pa.list_(pa.int32())),
                     ("mask", pa.list_(pa.uint8())), ("length", pa.int32()), ("supervised", pa.int32())])
 
 
-def iter_conversations(paths, batch_rows: int = BATCH_ROWS, prompt: str = "terminus2") -> Iterator[list]:
+def iter_conversations(paths, batch_rows: int = BATCH_ROWS, prompt: str = PROMPTS[0]) -> Iterator[list]:
     """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
     compact harness renders them)."""
     from otbuild.harness.protocol import compact_conversation
@@ -65,7 +66,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: Path, *,
                         truncation: str = "right", train_on_prompt: bool = False,
-                        prompt: str = "terminus2", batch_rows: int = BATCH_ROWS, log=None) -> dict:
+                        prompt: str = PROMPTS[0], batch_rows: int = BATCH_ROWS, log=None) -> dict:
     """Tokenize the trace parquet(s) `traces` once into `out`; return its counts (meta.json's
     `stats`). `tokenizer`: a tokenizer or a model dir; `template`: auto | qwen3 | qwen3_thinking."""
     if isinstance(tokenizer, (str, Path)):

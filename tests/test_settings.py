@@ -1,0 +1,158 @@
+"""One definition per setting: what a stage and its workers receive is the recipe section's
+model (otbuild/stages/settings.py), its defaults the schema's, whatever path the settings take
+(plan -> spec JSON -> runner -> training worker)."""
+
+import ast
+import json
+import typing
+
+import pytest
+from pydantic import BaseModel
+
+from otbuild.plan import FILE_KEYS, plan_recipe
+from otbuild.recipe.load import load_recipe
+from otbuild.recipe.schema import Harness
+from otbuild.stages import STAGES
+from otbuild.stages.settings import SETTINGS, config
+from tests.conftest import REPO
+
+# Every stage, each section with only what it requires: all else is left to the schema.
+BARE = """
+sources:
+  a: {kind: synthetic, rank: 1, count: 2}
+mix: {n: 1, total: 2}
+augment: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m}
+task_filter:
+  llm: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m, kind: askllm}
+teacher: {engine: oracle}
+trace_imports:
+  chats: {kind: messages-jsonl, path: chats.jsonl}
+trace_filter: {}
+sft: {model: {kind: tiny}}
+rl: {steps: 1}
+eval:
+  benchmarks:
+    b: {kind: synthetic, count: 1}
+ablate: {mix.total: [2, 3]}
+"""
+# What the plan sets itself, not from the section: a source's rank orders the mix; augment's
+# `sources` and task_filter's `llm` are nodes of their own; eval's model is the checkpoint it
+# serves; files (FILE_KEYS) are resolved.
+NOT_PASSED = {"source": {"rank"}, "augment": {"sources"}, "task_filter": {"llm"}, "eval": {"model"},
+              "mix": {"total"}}  # (the ablated setting: a rank stage needs candidates)
+
+
+def bare_plan(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "bare.yaml").write_text(BARE)
+    loaded = load_recipe("bare", tmp_path)
+    return loaded.recipe, plan_recipe(loaded)
+
+
+def sections(recipe, stage: str) -> list[BaseModel]:
+    """The recipe sections a stage's settings come from."""
+    return {"source": [recipe.sources["a"], recipe.eval.benchmarks["b"]], "mix": [recipe.mix],
+            "augment": [recipe.augment], "task_score": [recipe.task_filter.llm], "task_filter": [recipe.task_filter],
+            "trace_import": [recipe.trace_imports["chats"]], "rollout": [recipe.teacher],
+            "trace_filter": [recipe.trace_filter], "sft": [recipe.sft], "rl": [recipe.rl], "eval": [recipe.eval],
+            }.get(stage, [])
+
+
+def test_every_stage_declares_its_settings_model():
+    assert set(SETTINGS) == set(STAGES)
+
+
+def test_a_recipe_that_sets_nothing_gives_every_stage_the_schema_defaults(tmp_path):
+    """Each stage's typed settings, as its job gets them from the spec's JSON, hold the value
+    of every field of its recipe section: a default restated anywhere on the way shows here."""
+    recipe, plan = bare_plan(tmp_path)
+    assert {n.stage for n in plan.nodes} == set(STAGES)
+    compared = 0
+    for node in plan.nodes:
+        cfg = config(node.stage, json.loads(json.dumps(node.spec()))["settings"])  # what the job validates
+        assert cfg == node.config
+        for section in sections(recipe, node.stage):
+            if node.stage == "source" and section.count != cfg.count:
+                continue  # the other source
+            for name in type(section).model_fields.keys() - NOT_PASSED.get(node.stage, set()) - FILE_KEYS:
+                if node.stage == "eval" and name not in type(cfg).model_fields:
+                    continue  # the eval's own: benchmarks, repeats, rank_by, ...
+                assert getattr(cfg, name) == getattr(section, name), f"{node.stage}.{name}"
+                mine, theirs = type(cfg).model_fields[name], type(section).model_fields[name]
+                if not theirs.is_required():  # the stage's model declares the section's default
+                    assert mine.get_default(call_default_factory=True) == theirs.get_default(
+                        call_default_factory=True), f"{node.stage}.{name}"
+                compared += 1
+        if "prompt" in type(cfg).model_fields:
+            assert cfg.prompt == Harness().prompt
+    assert compared > 250
+
+
+def test_the_training_workers_read_back_what_the_stage_wrote(tmp_path):
+    """The JSON a launched rank reads (`python -m otbuild.train sft --settings @FILE`)."""
+    _, plan = bare_plan(tmp_path)
+    for node in plan.nodes:
+        if node.stage in ("sft", "rl"):
+            assert config(node.stage, json.loads(node.config.model_dump_json())) == node.config
+
+
+def test_rl_trials_are_the_teachers_fields(tmp_path):
+    """rl.sandbox declares no field of its own: the same trial fields, with limits."""
+    recipe, _ = bare_plan(tmp_path)
+    from otbuild.recipe.trials import Trials
+
+    assert set(type(recipe.rl.sandbox).model_fields) == set(Trials.model_fields)
+    assert set(Trials.model_fields) <= set(type(recipe.teacher).model_fields) & set(type(recipe.eval).model_fields)
+
+
+# Receivers whose `.get(NAME, default)` or `getattr(x, NAME, default)` would restate a default.
+SETTINGS_NAMES = {"settings", "cfg", "section", "sb"}
+
+
+def field_names(model, seen=None) -> set[str]:
+    seen = seen if seen is not None else set()
+    out = set()
+    for m in typing.get_args(typing.get_args(model)[0]) if typing.get_origin(model) is typing.Annotated else [model]:
+        if not (isinstance(m, type) and issubclass(m, BaseModel)) or m in seen:
+            continue
+        seen.add(m)
+        for name, info in m.model_fields.items():
+            out.add(name)
+            for arg in (info.annotation, *typing.get_args(info.annotation)):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    out |= field_names(arg, seen)
+    return out
+
+
+def restated_defaults(paths, names: set[str]) -> list[str]:
+    found = []
+    for path in paths:
+        for call in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)):
+            f, args = call.func, call.args
+            if isinstance(f, ast.Attribute) and f.attr == "get" and len(args) == 2:
+                receiver, key = f.value, args[0]
+            elif isinstance(f, ast.Name) and f.id == "getattr" and len(args) == 3:
+                receiver, key = args[0], args[1]
+            else:
+                continue
+            if isinstance(receiver, ast.Name) and receiver.id in SETTINGS_NAMES and isinstance(key, ast.Constant) \
+                    and key.value in names:
+                found.append(f"{path}:{call.lineno}: {ast.unparse(call)}")
+    return found
+
+
+NAMES = set().union(*(field_names(m) for m in SETTINGS.values()))
+
+
+@pytest.mark.parametrize("where", ["stages", "train", "sources", "harness", "engines", "sandbox"])
+def test_no_code_restates_a_settings_default(where):
+    """No `settings.get("epochs", 1.0)` and no `getattr(cfg, "epochs", 1.0)`: a setting's default
+    lives in its model only."""
+    found = restated_defaults(sorted((REPO / "otbuild" / where).rglob("*.py")), NAMES)
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_finds_a_restated_default(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f(settings, cfg):\n    return settings.get("epochs", 1.0), getattr(cfg, "adam_eps", 1e-8)\n')
+    assert len(restated_defaults([bad], NAMES)) == 2
