@@ -125,13 +125,13 @@ class OtbuildEnvironment(BaseEnvironment):
                 " to run it on the host's tools)")
         if dockerfile.exists():
             problems = local_problems(dockerfile.read_text(errors="replace"))
-            if problems and not (self._allow_run and all(p.skippable for p in problems)):
-                hint = ("" if self._allow_run or not all(p.skippable for p in problems) else
-                        ", or --ek allow_run=true to run it on the host's tools without them")
+            skippable = all(p.skippable for p in problems)  # allow_run leaves them out
+            if problems and not (self._allow_run and skippable):
+                hint = ", or --ek allow_run=true to run it on the host's tools without them"
                 raise EnvironmentDefinitionError(
                     f"task {name!r}: a local sandbox cannot run its Dockerfile without building "
-                    f"the image ({'; '.join(map(str, problems[:3]))}"
-                    f"{' ...' if len(problems) > 3 else ''}); use -e docker{hint}")
+                    f"the image: {'; '.join(map(str, problems[:3]))}"
+                    f"{'; ...' if len(problems) > 3 else ''}. Use -e docker{hint if skippable else ''}")
         try:
             self._task = TaskDir.from_dir(task_dir)
             self._layout = plan(self._task)
