@@ -12,7 +12,7 @@ import pytest
 
 from otbuild.sandbox.layout import LayoutError, plan
 from otbuild.sources import harbor_dir, nl2bash, stackexchange, tb1_dir
-from otbuild.sources.synthetic import _common as synthetic
+from otbuild.sources.synthetic import generate
 from otbuild.tasks.base_image import base_images
 from otbuild.tasks.dockerfile import local_problems, parse
 from otbuild.tasks.table import Quarantined
@@ -92,9 +92,9 @@ LOCAL = ("# c\nFROM python:3.13\nARG X=1\nLABEL x=y\nUSER u\nworkdir /srv\nCOPY 
     ("FROM x\nCOPY f /etc/\nCOPY g .\nCOPY <<EOF /app/x\nhi\nEOF\n",
      ["COPY into /etc at line 2 (a system dir)", "COPY into / at line 3 (the root)",
       "COPY of a here-document at line 4"]),
-    ("FROM x\nARG D=/app\nWORKDIR $D\nENV PATH=/opt/bin:${PATH}\nENV OK=\\$literal\n",
+    ("FROM x\nARG D=/app\nWORKDIR $D\nCOPY a ${D}/\nCOPY \\$literal /app/\nENV P=/a:$PATH\n",
      ["a variable in WORKDIR at line 3 (Docker substitutes it, a local sandbox cannot)",
-      "a variable in ENV at line 4 (Docker substitutes it, a local sandbox cannot)"]),
+      "a variable in COPY at line 4 (Docker substitutes it, a local sandbox cannot)"]),
 ])
 def test_local_problems(dockerfile, want):
     assert reasons(dockerfile) == want
@@ -140,7 +140,8 @@ def test_layout_honours_an_octal_chmod():
 
 def test_otbuilds_own_task_dockerfiles_run_locally():
     """nl2bash, stackexchange and synthetic tasks say runnable_locally=True without asking."""
-    for text in (nl2bash.DOCKERFILE_TEXT, stackexchange.DOCKERFILE_TEXT, synthetic.DOCKERFILE):
+    synthetic = next(generate(1, 0)).task.text("environment/Dockerfile")
+    for text in (nl2bash.DOCKERFILE_TEXT, stackexchange.DOCKERFILE_TEXT, synthetic):
         assert reasons(text) == []
 
 

@@ -27,9 +27,12 @@ instruction is a problem, with the reason as a short string:
 - What would put files where Docker would not: `COPY --from` (another stage or image), COPY
   flags other than --chown/--link/an octal --chmod, a COPY here-document, a second FROM (a
   multi-stage build), a WORKDIR or COPY destination under a system dir (/usr, /etc, ...: the
-  host's, read-only), a `$VARIABLE` in WORKDIR, COPY or ENV (Docker substitutes it from ARGs
-  and the image's environment, the sandbox cannot). These are never skipped: the sandbox's
-  layout refuses them (`LayoutError`).
+  host's, read-only), a `$VARIABLE` in a WORKDIR or COPY path (Docker substitutes it, the
+  layout would make a dir named `$VARIABLE`). These are never skipped: the sandbox's layout
+  refuses them (`LayoutError`).
+
+ENV values are taken as written, `$VARIABLE`s included (as they always were): refusing them
+would take tasks off the local sandbox that run there today.
 
 Standard library only: Harbor's environment class imports this in its own Python.
 """
@@ -218,7 +221,7 @@ def local_problems(dockerfile: str | list[Instruction]) -> list[Problem]:
             refuse(ins, "ADD of a URL" if url else "ADD", "" if url else "Docker unpacks archives; use COPY")
         elif key not in LOCAL_KEYWORDS:
             refuse(ins, key, skippable=True)
-        elif key in ("WORKDIR", "COPY", "ENV") and _VARIABLE.search(ins.value):
+        elif key in ("WORKDIR", "COPY") and _VARIABLE.search(ins.value):
             refuse(ins, f"a variable in {key}", "Docker substitutes it, a local sandbox cannot")
         elif key == "WORKDIR":
             workdir = resolve(workdir, ins.value)
