@@ -294,6 +294,28 @@ def test_dockerfile_with_run_lines_is_refused_per_trial(harbor_jobs):
 
 @needs_harbor
 @pytest.mark.slow
+def test_allow_run_leaves_out_build_steps_but_refuses_add(tmp_path):
+    """The one Dockerfile policy under `--ek allow_run=true`: RUN and CMD are left out (the task
+    runs on the host's tools), an ADD is still refused (Docker would fetch or unpack it), on
+    that trial alone."""
+    src = tmp_path / "tasks"
+    dockerfiles = {"with-run": "FROM python:3.12-slim\nRUN apt-get install -y jq\nWORKDIR /app\n"
+                               "COPY app/ /app/\nCMD [\"bash\"]\n",
+                   "with-add": "FROM python:3.12-slim\nWORKDIR /app\nADD app/ /app/\n"}
+    for rec, (name, dockerfile) in zip(generate(2, seed=0), dockerfiles.items()):
+        rec.task.write(src / name)
+        (src / name / "environment" / "Dockerfile").write_text(dockerfile)
+    job = run_harbor_job(src, tmp_path, agent="oracle", job_name="allow-run", timeout_sec=300,
+                         environment_kwargs={"allow_run": "true"})
+    rows = {r["task"]: r for r in ingest.read_job(job)}
+    assert rows["with-run"]["reward"] == 1.0 and rows["with-run"]["exception"] is None
+    refused = rows["with-add"]
+    assert refused["exception"] == "EnvironmentDefinitionError"
+    assert "ADD at line 3" in json.loads(refused["metadata"])["exception_message"]
+
+
+@needs_harbor
+@pytest.mark.slow
 def test_ingest_cli_gives_the_eval_tables(harbor_jobs, tmp_path):
     res = otbuild(tmp_path, "ingest", "harbor-job", str(harbor_jobs["terminus-2"]), "--out", "t2")
     assert res.returncode == 0, res.stderr

@@ -11,9 +11,11 @@ command leaves behind (terminus-2's tmux server, a service the task starts) live
 `exec` calls as they would in a container, until `stop()`.
 
 What it cannot honour, it refuses before starting (an `EnvironmentDefinitionError` naming the
-task): a Dockerfile with RUN lines (packages the host may lack) or a docker-compose file, a
-prebuilt `docker_image` without a Dockerfile, COPY --from, paths under /usr, /etc, ...
-Pass `--ek allow_run=true` to run such a Dockerfile anyway on the host's tools.
+task and why): a Dockerfile a local sandbox cannot run without building its image (the one
+policy, `otbuild.tasks.dockerfile.local_problems`: RUN lines, packages the host may lack; ADD;
+COPY --from; paths under /usr, /etc, ...), a docker-compose file, a prebuilt `docker_image`
+without a Dockerfile. Pass `--ek allow_run=true` to run such a task anyway on the host's tools:
+the build and run steps (RUN, CMD, ...) are left out, what the layout cannot place still refuses.
 
 Differences from Docker, by design: every command runs as the trial's one user (`user=` is
 ignored; root is not available), the network is always off (a task asking for internet gets
@@ -33,7 +35,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -46,6 +47,7 @@ from harbor.models.task.config import NetworkMode
 
 from otbuild.sandbox import Limits, open_sandbox
 from otbuild.sandbox.layout import LayoutError, plan
+from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir
 
 ENV_TYPE = "otbuild"
@@ -59,23 +61,11 @@ class EnvironmentDefinitionError(RuntimeError):
     """The task's environment cannot be provided by a local sandbox (the message says why)."""
 
 
-def dockerfile_problems(text: str) -> list[str]:
-    """Instructions a local sandbox cannot honour (RUN, FROM ... AS stages used by COPY
-    --from are caught by the layout)."""
-    joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
-    out = []
-    for line in joined.splitlines():
-        word = line.strip().split(None, 1)[0].upper() if line.strip() else ""
-        if word == "RUN":
-            out.append(line.strip()[:120])
-    return out
-
-
 class OtbuildEnvironment(BaseEnvironment):
     """A Harbor environment on otbuild's local sandbox (see the module docstring).
 
     Kwargs (`--ek KEY=VALUE` or `environment.kwargs`): `backend` (bwrap | unshare | none),
-    `allow_run` (run a Dockerfile with RUN lines anyway), `workdir` (where trial roots go;
+    `allow_run` (run a Dockerfile with RUN lines anyway, without them), `workdir` (where trial roots go;
     default: a temp dir), `memory_mb`, `max_processes`, `wall_seconds` (whole-environment
     limit; default: long enough for Harbor's own timeouts to act first), `keep` (keep the
     trial root after stop).
@@ -134,16 +124,20 @@ class OtbuildEnvironment(BaseEnvironment):
                 " the otbuild environment has no images (use -e docker, or --ek allow_run=true"
                 " to run it on the host's tools)")
         if dockerfile.exists():
-            runs = dockerfile_problems(dockerfile.read_text(errors="replace"))
-            if runs and not self._allow_run:
+            problems = local_problems(dockerfile.read_text(errors="replace"))
+            skippable = all(p.skippable for p in problems)  # allow_run leaves them out
+            if problems and not (self._allow_run and skippable):
+                hint = ", or --ek allow_run=true to run it on the host's tools without them"
                 raise EnvironmentDefinitionError(
-                    f"task {name!r}: its Dockerfile has RUN lines a local sandbox cannot "
-                    f"honour ({runs[0]!r}{' ...' if len(runs) > 1 else ''}); use -e docker, or "
-                    "--ek allow_run=true to run it on the host's tools without them")
+                    f"task {name!r}: a local sandbox cannot run its Dockerfile without building "
+                    f"the image: {'; '.join(map(str, problems[:3]))}"
+                    f"{'; ...' if len(problems) > 3 else ''}. Use -e docker{hint if skippable else ''}")
         try:
             self._task = TaskDir.from_dir(task_dir)
             self._layout = plan(self._task)
-        except (LayoutError, ValueError) as e:
+        except LayoutError as e:  # names the task
+            raise EnvironmentDefinitionError(str(e)) from e
+        except ValueError as e:
             raise EnvironmentDefinitionError(f"task {name!r}: {e}") from e
 
     def _validate_network_policy_support(self):

@@ -3,25 +3,31 @@
 The trial root mirrors the sandbox's private filesystem: `root/app` is `/app`, `root/tmp` is
 `/tmp`, `root/root` is `$HOME`, `root/logs/{agent,verifier}` are `/logs/...`, `root/tests` and
 `root/solution` appear only when asked for. Environment files are placed as the Dockerfile's
-COPY/WORKDIR lines say (Harbor convention), relative to the build context `environment/`.
+COPY/WORKDIR lines say (Harbor convention), relative to the build context `environment/`; what
+the Dockerfile asks for that a layout cannot honour (`otbuild.tasks.dockerfile.local_problems`
+that are not skippable: ADD, COPY --from, a system dir, ...) is a LayoutError.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
-import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from otbuild.sandbox.errors import SandboxError
+from otbuild.tasks.dockerfile import (
+    Instruction,
+    copy_mode_executable,
+    env_pairs,
+    local_problems,
+    parse,
+    resolve,
+    system_path,
+)
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
 ENV_PREFIX = "environment/"
 DEFAULT_WORKDIR = "/app"
-# Top-level sandbox dirs that come from the host (read-only) or the sandbox itself.
-SYSTEM_TOPS = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sys"}
 # Private writable dirs every trial has (beside the task's own COPY targets).
 BASE_DIRS = ("tmp", "root", "logs/agent", "logs/verifier", "var/tmp")
 
@@ -46,7 +52,7 @@ class Layout:
 
 def plan(task: TaskDir) -> Layout:
     """Read `environment/Dockerfile` (WORKDIR, COPY, ENV); without one, the environment
-    files go to /app."""
+    files go to /app. LayoutError, naming the task, for what a local sandbox cannot lay out."""
     context = {
         rel[len(ENV_PREFIX):]: (f.data, f.executable)
         for rel, f in task.files.items()
@@ -58,41 +64,39 @@ def plan(task: TaskDir) -> Layout:
         for rel, entry in context.items():
             layout.files[f"{DEFAULT_WORKDIR}/{rel}"] = entry
     else:
-        _apply_dockerfile(layout, text, context)
+        try:
+            _apply_dockerfile(layout, text, context)
+        except LayoutError as e:
+            raise LayoutError(f"task {task.name!r}: {e}") from None
     for path in [layout.workdir, *layout.files]:
-        top = PurePosixPath(path).parts[1] if path != "/" else ""
-        if not top or top in SYSTEM_TOPS:
-            raise LayoutError(f"task {task.name!r}: {path} is outside what a local sandbox can "
-                              f"provide (not under /{'/, /'.join(sorted(SYSTEM_TOPS))})")
+        if system_path(path):  # `COPY dir/ /` with dir/etc/... in the build context
+            raise LayoutError(f"task {task.name!r}: {path} is where a local sandbox has the "
+                              "host's own dirs (/usr, /etc, ...) or the root")
     return layout
 
 
 def _apply_dockerfile(layout: Layout, text: str, context: dict[str, tuple[bytes, bool]]) -> None:
+    instructions = parse(text)
+    refused = [str(p) for p in local_problems(instructions) if not p.skippable]
+    if refused:
+        raise LayoutError(f"its Dockerfile asks for what a local sandbox cannot lay out: "
+                          f"{'; '.join(refused)}")
     layout.workdir = "/"
-    for line in re.sub(r"\\[ \t]*\r?\n", " ", text).splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        op, _, rest = line.strip().partition(" ")
-        op, rest = op.upper(), rest.strip()
-        if op == "WORKDIR":
-            layout.workdir = _abs(layout.workdir, rest)
-        elif op == "ENV":
-            layout.env.update(_env_pairs(rest))
-        elif op in ("COPY", "ADD"):
-            _copy(layout, rest, context)
+    for ins in instructions:
+        if ins.keyword == "WORKDIR":
+            layout.workdir = resolve(layout.workdir, ins.value)
+        elif ins.keyword == "ENV":
+            layout.env.update(env_pairs(ins))
+        elif ins.keyword == "COPY":
+            _copy(layout, ins, context)
     if layout.workdir == "/":
         layout.workdir = DEFAULT_WORKDIR
 
 
-def _copy(layout: Layout, rest: str, context: dict[str, tuple[bytes, bool]]) -> None:
-    args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
-    if any(a.startswith("--from") for a in args):
-        raise LayoutError(f"COPY --from is not supported locally: {rest}")
-    args = [a for a in args if not a.startswith("--")]
-    if len(args) < 2:
-        raise LayoutError(f"bad COPY line: {rest}")
-    *sources, dest = args
-    dest_abs = _abs(layout.workdir, dest)
+def _copy(layout: Layout, ins: Instruction, context: dict[str, tuple[bytes, bool]]) -> None:
+    *sources, dest = ins.args
+    dest_abs = resolve(layout.workdir, dest)
+    executable = copy_mode_executable(ins)
     into_dir = dest.endswith("/") or len(sources) > 1
     for src in sources:
         src = PurePosixPath(src).as_posix().lstrip("/")
@@ -107,9 +111,10 @@ def _copy(layout: Layout, rest: str, context: dict[str, tuple[bytes, bool]]) -> 
             else:
                 continue
             matched = True
-            layout.files[str(PurePosixPath(target))] = entry
+            data, exe = entry
+            layout.files[str(PurePosixPath(target))] = (data, exe if executable is None else executable)
         if not matched:
-            raise LayoutError(f"COPY source {src!r} is not in the task's environment/")
+            raise LayoutError(f"COPY source {src!r} ({ins.at()}) is not in the task's environment/")
 
 
 def _match(rel: str, pattern: str) -> bool:
@@ -131,25 +136,6 @@ def _glob_dir(rel: str, pattern: str) -> bool:
 def _strip_dir(rel: str, src: str) -> str:
     n = len(PurePosixPath(src).parts)
     return "/".join(PurePosixPath(rel).parts[n:])
-
-
-def _abs(base: str, path: str) -> str:
-    p = PurePosixPath(base) / path
-    parts: list[str] = []
-    for part in p.parts[1:]:
-        if part == "..":
-            if parts:
-                parts.pop()
-        elif part != ".":
-            parts.append(part)
-    return "/" + "/".join(parts)
-
-
-def _env_pairs(rest: str) -> dict[str, str]:
-    words = shlex.split(rest)
-    if words and "=" not in words[0]:  # legacy `ENV KEY value with spaces`
-        return {words[0]: rest.split(None, 1)[1].strip() if len(words) > 1 else ""}
-    return dict(w.split("=", 1) for w in words if "=" in w)
 
 
 def materialise(layout: Layout, root: Path) -> None:

@@ -11,12 +11,12 @@ runs it and writes 1/0 to /logs/verifier/reward.txt from its exit status.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 
+from otbuild.tasks.dockerfile import parse
 from otbuild.tasks.harbor_meta import dump_toml, harbor_record, load_dir, task_subdirs
 from otbuild.tasks.table import Quarantined, TaskRecord
 from otbuild.tasks.taskdir import DOCKERFILE, INSTRUCTION, SOLUTION, TASK_TOML, TESTS, TaskDir
@@ -29,9 +29,6 @@ METADATA_KEYS = (
     "estimated_duration_sec", "expert_time_estimate_min", "junior_time_estimate_min",
 )  # fmt: skip
 ENVIRONMENT = {"build_timeout_sec": 600.0, "cpus": 1, "memory_mb": 2048, "storage_mb": 10240}
-COPIED = re.compile(
-    r"^\s*(?:COPY|ADD)\s+(?:\./)?(tests|solution\.sh)\b", re.MULTILINE | re.IGNORECASE
-)
 HANDLED = {"task.yaml", "solution.sh", "run-tests.sh", "Dockerfile", "docker-compose.yaml"}
 
 TEST_SH = """#!/bin/bash
@@ -121,7 +118,7 @@ def convert(src: TaskDir) -> tuple[TaskDir, dict] | Quarantined:
     if "solution.sh" in src.files:
         task.add(SOLUTION, src.files["solution.sh"].data, executable=True)
     # Like Harbor: every other file goes to environment/, tests/ and solution.sh too if COPYed.
-    copied = set(COPIED.findall(src.text("Dockerfile") or ""))
+    copied = _copied(src.text("Dockerfile") or "")
     for rel, f in src.files.items():
         top = rel.split("/", 1)[0]
         if top == "tests":
@@ -135,6 +132,16 @@ def convert(src: TaskDir) -> tuple[TaskDir, dict] | Quarantined:
         task.add("tests/run-tests.sh", DEFAULT_RUN_TESTS.format(target=target), executable=True)
     task.add(TESTS, TEST_SH, executable=True)
     return task, {k: v for k, v in spec.items() if k != "instruction"}
+
+
+def _copied(dockerfile: str) -> set[str]:
+    """Which of tests/ and solution.sh the Dockerfile's COPY/ADD lines take from the build
+    context (so they go to environment/ too)."""
+    return {
+        PurePosixPath(source).parts[0]
+        for ins in parse(dockerfile) if ins.keyword in ("COPY", "ADD") and "from" not in ins.flags
+        for source in ins.args[:-1] if PurePosixPath(source).parts
+    } & {"tests", "solution.sh"}
 
 
 def _yaml(src: TaskDir, rel: str) -> object:

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 
+from otbuild.tasks.dockerfile import parse
 from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
@@ -30,27 +31,23 @@ HOST_SOURCES = ("stackexchange", "nl2bash")
 def base_images(dockerfile: str) -> list[str]:
     """The external images the Dockerfile starts FROM, normalised (`docker.io/library/`
     dropped, `:latest` added), in order; stages that start FROM an earlier stage are skipped.
-    `${ARG}` in a FROM takes the ARG's default given before it."""
+    `${ARG}` in a FROM takes the default of an ARG given before the first FROM."""
     args: dict[str, str] = {}
     stages: set[str] = set()
     found: list[str] = []
-    for line in re.sub(r"\\[ \t]*\r?\n", " ", dockerfile).splitlines():
-        words = line.split()
-        if not words or words[0].startswith("#"):
-            continue
-        op = words[0].upper()
-        if op == "ARG" and len(words) > 1 and not found:
-            name, _, default = words[1].partition("=")
-            args[name] = default.strip("\"'")
-        elif op == "FROM":
-            rest = [w for w in words[1:] if not w.startswith("--")]
-            if not rest:
-                continue
-            ref = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), ""), rest[0])
-            if len(rest) >= 3 and rest[1].upper() == "AS":
-                stages.add(rest[2].lower())
+    in_a_stage = False
+    for ins in parse(dockerfile):
+        words = ins.args
+        if ins.keyword == "ARG" and words and not in_a_stage:
+            name, _, default = words[0].partition("=")
+            args[name] = default
+        elif ins.keyword == "FROM" and words:
+            in_a_stage = True
+            ref = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), ""), words[0])
             if ref.lower() not in stages and ref.lower() != "scratch":
                 found.append(normalise(ref))
+            if len(words) >= 3 and words[1].upper() == "AS":
+                stages.add(words[2].lower())
     return found
 
 

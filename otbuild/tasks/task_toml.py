@@ -1,16 +1,14 @@
-"""A task's `task.toml` and Dockerfile: its settings, its metadata, and whether a local
-sandbox can lay out its image (`runnable_locally`). Standard library only: the sandbox, and
-Harbor's environment class in its own Python, import it."""
+"""A task's `task.toml`: its settings, its metadata, and whether a local sandbox can run the
+task without its image (`runnable_locally`; the Dockerfile's part is `dockerfile.local_problems`).
+Standard library only: the sandbox, and Harbor's environment class in its own Python, import it."""
 
 from __future__ import annotations
 
-import re
 import tomllib
 
+from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import DOCKERFILE, TASK_TOML, TaskDir, TaskFormatError
 
-# Dockerfile instructions that only configure an image, never install anything into it.
-LOCAL_DOCKERFILE_OPS = {"FROM", "WORKDIR", "COPY", "ENV", "ARG", "LABEL", "USER"}
 SETUP_SCRIPT = "environment/setup.sh"
 
 
@@ -52,22 +50,12 @@ def runnable_locally(task: TaskDir, config: dict | None = None) -> bool:
     """True only when the task needs no container image we cannot reproduce locally:
 
     - `task.toml` has no `[environment] docker_image` (a prebuilt image), and
-    - `environment/Dockerfile` is absent or has only FROM/WORKDIR/COPY/ENV/ARG/LABEL/USER
-      instructions and comments (no RUN, ADD, ... that would install or fetch things), and
+    - `environment/Dockerfile` is absent or has no `dockerfile.local_problems` (only
+      FROM/ARG/LABEL/USER/WORKDIR/ENV/COPY lines a sandbox can lay out; no RUN, ADD, ...), and
     - there is no `environment/setup.sh` (a Terminal-Bench-1 provisioning script).
     """
     config = task_config(task) if config is None else config
     if config.get("environment", {}).get("docker_image") or SETUP_SCRIPT in task.files:
         return False
     dockerfile = task.text(DOCKERFILE)
-    return dockerfile is None or dockerfile_ops(dockerfile) <= LOCAL_DOCKERFILE_OPS
-
-
-def dockerfile_ops(text: str) -> set[str]:
-    """Upper-cased instruction keywords of a Dockerfile (continuation lines folded)."""
-    logical = re.sub(r"\\[ \t]*\r?\n", " ", text)
-    return {
-        line.split()[0].upper()
-        for line in logical.splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    }
+    return dockerfile is None or not local_problems(dockerfile)
