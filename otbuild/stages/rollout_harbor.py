@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from otbuild.engines.settings import concurrency
 from otbuild.recipe.schema import harbor_agent
-from otbuild.tasks.table import TASK_SCHEMA
+from otbuild.tasks.table import TASK_SCHEMA, task_rows
 
 
 def run_harbor_shard(settings: dict, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
@@ -27,7 +27,6 @@ def run_harbor_shard(settings: dict, inputs: list[Path], outdir: Path, shard: in
 async def _run(settings: dict, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
-    from otbuild.stages.rollout import task_rows
     from otbuild.tasks.export import export_names
 
     rows = task_rows(inputs, {t.row for t in trials}, columns=TASK_SCHEMA.names)
