@@ -52,12 +52,9 @@ from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.train.chat import clean
+from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
 from otbuild.train.data import global_batch_rows
 from otbuild.train.tracking import Tracker
-
-LOG = "train_log.jsonl"
-MANIFEST = "checkpoint.json"
-CHECKPOINTS = "checkpoints"
 
 
 # -- the math -----------------------------------------------------------------------------------
@@ -432,7 +429,6 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
     from otbuild.recipe.schema_train import Rl
     from otbuild.train.dist import init_distributed, placement
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.sft import _save_checkpoint
 
     prompt = settings.get("prompt", "terminus2")  # the recipe's harness.prompt (plan adds it)
     settings = {**Rl.model_validate({k: v for k, v in settings.items() if k != "prompt"}).model_dump(),
@@ -464,7 +460,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         start = client["step"]
         log(f"rl: resumed from step {start}")
     if rank == 0:
-        _truncate_log(outdir / LOG, start)
+        truncate_log(outdir / LOG, start)
     log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
         f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
     policy = Policy(model, tok, temperature=settings["temperature"], max_tokens=settings["max_tokens"],
@@ -519,7 +515,7 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
             log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
             if (step + 1) % settings["save_steps"] == 0 and step + 1 < steps:
-                _save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
+                save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
                 tracker.flush()
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
@@ -543,9 +539,3 @@ def train(settings: dict, inputs: list[Path], outdir: Path, *, log=print) -> dic
         write_json(outdir / MANIFEST, manifest)
     dist.barrier()
     return manifest
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    from otbuild.train.sft import _truncate_log as trunc
-
-    trunc(path, step)
