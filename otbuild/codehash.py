@@ -51,25 +51,31 @@ def _module_file(module: str) -> Path | None:
 
 
 @cache
-def _imports(f: Path) -> tuple[Path, ...]:
-    """The otbuild modules (and their packages' __init__ files) that file `f` imports."""
-    source = (PACKAGE / f).read_text()
+def imported_modules(f: Path) -> frozenset[str]:
+    """The otbuild modules that file `f` (relative to PACKAGE) names in its imports, at module
+    level or inside functions: `from otbuild.x import name` is `otbuild.x.name` when that is a
+    module, else `otbuild.x`; relative imports resolved. Only the module named: the `__init__`
+    of its packages, which also runs, is not in this set."""
     package = ["otbuild", *f.parent.parts]
     names = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse((PACKAGE / f).read_text())):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
             mod = ".".join(p for p in (base, node.module or "") if p)
-            names += [mod, *(f"{mod}.{a.name}" for a in node.names)]
+            names += [f"{mod}.{a.name}" if _module_file(f"{mod}.{a.name}") else mod for a in node.names]
+    return frozenset(n for n in names if n.split(".")[0] == "otbuild" and _module_file(n))
+
+
+@cache
+def _imports(f: Path) -> tuple[Path, ...]:
+    """The otbuild modules (and their packages' __init__ files) that file `f` imports."""
     out = set()
-    for name in names:
+    for name in imported_modules(f):
         parts = name.split(".")
-        if parts[0] != "otbuild":
-            continue
         out |= {m for i in range(1, len(parts) + 1) if (m := _module_file(".".join(parts[:i])))}
-    if "import_module(" in source:  # imports by name: any module of its package may run
+    if "import_module(" in (PACKAGE / f).read_text():  # imports by name: any module of its package may run
         out |= {p.relative_to(PACKAGE) for p in (PACKAGE / f).parent.glob("*.py")}
     return tuple(sorted(out - {f}))
 

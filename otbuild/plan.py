@@ -118,13 +118,28 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
 
 def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     """Every recipe ends in its report (HTML + dataset card) over all of its artifacts."""
-    from otbuild.report import report_node
-
     prices = {m: p.model_dump() for m, p in loaded.recipe.prices.items()}
     nodes = [*nodes, report_node(loaded.name, nodes, prices)]
     for n in nodes:
         n.config  # noqa: B018 - every job's settings fit its stage's model, checked when planned
     return Plan(loaded, nodes)
+
+
+def report_settings(recipe: str, nodes: list[Node], prices: dict | None = None) -> dict:
+    """The report stage's settings for a plan's nodes (topological order) and the recipe's token
+    prices (only when it sets some: a recipe without them keeps its id)."""
+    settings = {"recipe": recipe,
+                "nodes": [{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes]}
+    return {**settings, "prices": prices} if prices else settings
+
+
+def report_node(recipe: str, nodes: list[Node], prices: dict | None = None) -> Node:
+    """The `report` node of a plan: every node's main output is an input (one per id), so the
+    report is rebuilt exactly when an artifact changes; its id follows from theirs (and from the
+    prices, when set)."""
+    settings = report_settings(recipe, nodes, prices)
+    inputs = tuple({n.id: n for n in nodes}.values())
+    return Node("report", "report", settings, settings, inputs)
 
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:

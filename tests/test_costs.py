@@ -106,7 +106,7 @@ def test_prices_change_only_the_report_id(project):
            for n in ("plain", "priced")}
     assert ids["plain"].keys() == ids["priced"].keys()
     assert [k for k in ids["plain"] if ids["plain"][k] != ids["priced"][k]] == ["report"]
-    from otbuild.report import report_settings
+    from otbuild.plan import report_settings
 
     assert "prices" not in report_settings("plain", [])  # no prices: the settings (and id) as before
 

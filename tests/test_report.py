@@ -25,9 +25,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.plan import plan_recipe
+from otbuild.plan import plan_recipe, report_node, report_settings
 from otbuild.recipe.load import load_recipe
-from otbuild.report import build, charts, report_node, report_settings
+from otbuild.report import build, charts
 from otbuild.report.page import _md_cell
 from otbuild.sources.synthetic import generate
 from otbuild.stages import STAGES, StageDef

@@ -16,6 +16,7 @@ from otbuild.stages.settings import config
 from otbuild.sources import nl2bash, read_source, stackexchange, swe_grader, swe_instances, table
 from otbuild.sources._html import html_to_markdown
 from otbuild.sources._rows import SourceFormatError
+from otbuild.sources.shell_safety import check_command
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dev"
@@ -275,7 +276,7 @@ def test_nl2bash_pairs():
         assert r["cmd"].strip() in rec.task.text("solution/solve.sh")
         has_tests = "tests/test.sh" in rec.task.files
         silent = "prints nothing" in rec.metadata.get("verifier_skipped", "")
-        assert has_tests == (nl2bash.check_command(r["cmd"]) is None and not silent)
+        assert has_tests == (check_command(r["cmd"]) is None and not silent)
         if has_tests:
             assert rec.task.text("tests/reference.sh").strip() == r["cmd"].strip()
             assert rec.task.text("tests/fixture/notes.txt") == rec.task.text(
@@ -289,7 +290,7 @@ def test_nl2bash_pairs():
         for r in src
         if r["cmd"].split()[0] in ("sudo", "rm", "chmod", "ssh", "top", "date")
     ]
-    assert unsafe and all(nl2bash.check_command(c) for c in unsafe)
+    assert unsafe and all(check_command(c) for c in unsafe)
 
 
 def _verify(task, command: str, tmp_path) -> float:
@@ -323,7 +324,7 @@ def test_nl2bash_verifiers_fail_a_trivial_command(tmp_path):
     "awk -F, '{print $2}' data.csv | sort", "find . -name '*.log' -exec wc -l {} \\;", "grep -c ERROR log/*.log",
 ])  # fmt: skip
 def test_nl2bash_safe_commands(cmd):
-    assert nl2bash.check_command(cmd) is None
+    assert check_command(cmd) is None
 
 
 @pytest.mark.parametrize("cmd,why", [
@@ -335,7 +336,7 @@ def test_nl2bash_safe_commands(cmd):
     ("cat ~/.bashrc", "home"), ("curl http://x", "allowlist"), ("uniq in out", "uniq"), ("echo 'x", "quote"),
 ])  # fmt: skip
 def test_nl2bash_unsafe_commands(cmd, why):
-    reason = nl2bash.check_command(cmd)
+    reason = check_command(cmd)
     assert reason is not None and why in reason
 
 

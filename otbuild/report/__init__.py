@@ -17,25 +17,6 @@ HTML = "report.html"
 CARD = "dataset_card.md"
 
 
-def report_settings(recipe: str, nodes, prices: dict | None = None) -> dict:
-    """The report stage's settings for a plan's nodes (otbuild.plan.Node, topological order) and
-    the recipe's token prices (only when it sets some: a recipe without them keeps its id)."""
-    settings = {"recipe": recipe,
-                "nodes": [{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes]}
-    return {**settings, "prices": prices} if prices else settings
-
-
-def report_node(recipe: str, nodes, prices: dict | None = None):
-    """The `report` node of a plan: every node's main output is an input (one per id), so the
-    report is rebuilt exactly when an artifact changes; its id follows from theirs (and from the
-    prices, when set)."""
-    from otbuild.plan import Node
-
-    settings = report_settings(recipe, nodes, prices)
-    inputs = tuple({n.id: n for n in nodes}.values())
-    return Node("report", "report", settings, settings, inputs)
-
-
 def build(settings: dict, outdir: Path, root: Path = Path(".")) -> dict:
     """Write OUTDIR/report.html and OUTDIR/dataset_card.md; return the stage's stats."""
     from otbuild.fsio import atomic_path

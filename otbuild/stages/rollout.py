@@ -40,6 +40,7 @@ from otbuild.recipe.trials import HARBOR
 from otbuild.stages import shard_path
 from otbuild.stages.partials import append, drop_torn_tail
 from otbuild.stages.settings import RolloutSettings
+from otbuild.tasks.table import task_rows
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import TRACE_SCHEMA, WRITE_OPTIONS, write_traces
 
@@ -251,19 +252,6 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
         which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
                  "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image else "the recipe asks for it")
         raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
-
-
-def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",
-                                                                "runnable_locally")) -> dict[int, dict]:
-    """The task rows (by position across the inputs) that trials need, streamed."""
-    rows, i = {}, 0
-    for path in inputs:
-        for batch in parquet_batches(path, 256, list(columns)):
-            mine = [k for k in range(batch.num_rows) if i + k in wanted]
-            if mine:  # only the wanted rows become Python objects
-                rows.update(zip((i + k for k in mine), batch.take(mine).to_pylist()))
-            i += batch.num_rows
-    return rows
 
 
 class Progress:

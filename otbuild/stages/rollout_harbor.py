@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from otbuild.engines.settings import concurrency
 from otbuild.recipe.trials import harbor_agent
 from otbuild.stages.settings import RolloutSettings
-from otbuild.tasks.table import TASK_SCHEMA
+from otbuild.tasks.table import TASK_SCHEMA, task_rows
 
 
 def run_harbor_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
@@ -28,7 +28,6 @@ def run_harbor_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, sha
 async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
-    from otbuild.stages.rollout import task_rows
     from otbuild.tasks.export import export_names
 
     rows = task_rows(inputs, {t.row for t in trials}, columns=TASK_SCHEMA.names)

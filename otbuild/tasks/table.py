@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.errors import StageError
-from otbuild.fsio import atomic_path
+from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.tasks.taskdir import SOLUTION, TESTS, TaskDir
 
 TASK_SCHEMA = pa.schema(
@@ -107,3 +107,16 @@ def write_quarantine(dest: Path, items: list[Quarantined], source: str) -> int:
     with atomic_path(dest) as tmp:
         pq.write_table(pa.Table.from_pylist(rows, QUARANTINE_SCHEMA), tmp)
     return len(rows)
+
+
+def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",
+                                                                "runnable_locally")) -> dict[int, dict]:
+    """The task rows (by position across the inputs) that trials need, streamed."""
+    rows, i = {}, 0
+    for path in inputs:
+        for batch in parquet_batches(path, 256, list(columns)):
+            mine = [k for k in range(batch.num_rows) if i + k in wanted]
+            if mine:  # only the wanted rows become Python objects
+                rows.update(zip((i + k for k in mine), batch.take(mine).to_pylist()))
+            i += batch.num_rows
+    return rows

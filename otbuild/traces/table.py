@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path
+from otbuild.fsio import atomic_path, parquet_batches
+from otbuild.harness.protocol import PROMPTS
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
@@ -81,3 +82,14 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
             batch = []
     if batch:
         yield batch
+
+
+def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) -> Iterator[list]:
+    """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
+    compact harness renders them)."""
+    from otbuild.harness.protocol import compact_conversation
+
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        for batch in parquet_batches(path, batch_rows, ["conversations"]):
+            convs = batch.column(0).to_pylist()
+            yield [compact_conversation(c) if c and prompt == "compact" else c for c in convs]

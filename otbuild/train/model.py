@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from otbuild.traces.table import iter_conversations
 from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
 from otbuild.harness.protocol import PROMPTS
 from otbuild.recipe.schema_train import ModelSpec
@@ -22,8 +23,6 @@ def sample_texts(traces, prompt: str = PROMPTS[0], max_chars: int = TOKENIZER_SA
     """The messages of a bounded, deterministic sample of the trace parquet(s): every trace
     while the set is small, else every k-th (k from the parquet's uncompressed size), until
     `max_chars` characters are taken."""
-    from otbuild.train.tokenized import iter_conversations
-
     paths = [traces] if isinstance(traces, (str, Path)) else list(traces)
     size = sum(map(_conversation_bytes, paths))
     stride = max(1, -(-size // max_chars))

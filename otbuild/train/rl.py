@@ -54,12 +54,9 @@ from otbuild.hashing import file_sha256
 from otbuild.recipe.schema_train import Rl
 from otbuild.stages.settings import RlSettings
 from otbuild.train.chat import clean
+from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
 from otbuild.train.data import global_batch_rows
 from otbuild.train.tracking import Tracker
-
-LOG = "train_log.jsonl"
-MANIFEST = "checkpoint.json"
-CHECKPOINTS = "checkpoints"
 
 
 # -- the math -----------------------------------------------------------------------------------
@@ -428,7 +425,6 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
 
     from otbuild.train.dist import init_distributed, placement
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.sft import _save_checkpoint
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -457,7 +453,7 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
         start = client["step"]
         log(f"rl: resumed from step {start}")
     if rank == 0:
-        _truncate_log(outdir / LOG, start)
+        truncate_log(outdir / LOG, start)
     log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
         f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
     policy = Policy(model, tok, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
@@ -512,7 +508,7 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
             log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
             if (step + 1) % cfg.save_steps == 0 and step + 1 < steps:
-                _save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
+                save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
                 tracker.flush()
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
@@ -536,9 +532,3 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
         write_json(outdir / MANIFEST, manifest)
     dist.barrier()
     return manifest
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    from otbuild.train.sft import _truncate_log as trunc
-
-    trunc(path, step)

@@ -32,16 +32,14 @@ from pathlib import Path
 
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
-from otbuild.train.data import build as build_dataset, collate, global_batch_rows, steps_per_epoch
 from otbuild.stages.settings import SftSettings
+from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
+from otbuild.train.data import build as build_dataset, collate, global_batch_rows, steps_per_epoch
 from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
 from otbuild.train.model import load_model, load_tokenizer, materialise
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set, remove_tokenized_set
 from otbuild.train.tracking import Tracker
 
-LOG = "train_log.jsonl"
-MANIFEST = "checkpoint.json"
-CHECKPOINTS = "checkpoints"
 TOKENIZED = "tokenized"
 LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
 COPY_BATCH, COPY_SPAN = 4, 20  # the copying objective: 4 rows of 20 random tokens, each repeated
@@ -180,7 +178,7 @@ def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> d
         sup_seen, elapsed0 = client["supervised_tokens_seen"], client["elapsed"]
         log(f"sft: resumed from step {step} of {total_steps}")
     if rank == 0:
-        _truncate_log(outdir / LOG, step)
+        truncate_log(outdir / LOG, step)
     log(f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {total_steps} steps "
         f"({per_epoch}/epoch), world {world} x micro {per_device} x accum {accum} = {global_batch}, "
         f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
@@ -241,7 +239,7 @@ def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> d
             if delay:
                 time.sleep(delay)
             if step % cfg.save_steps == 0 and step < total_steps:
-                _save_checkpoint(engine, ckdir, step, cfg.save_total_limit, rank, {
+                save_checkpoint(engine, ckdir, step, cfg.save_total_limit, rank, {
                     "step": step, "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
                     "elapsed": time.monotonic() - t0})
                 tracker.flush()
@@ -298,27 +296,3 @@ def check_dropped(stats: dict, max_fraction: float, inputs) -> None:
             f"{', '.join(map(str, inputs))}: {n} of {stats['traces']} traces dropped "
             f"({n / stats['traces']:.1%}), more than sft.max_dropped_fraction {max_fraction}: "
             + ", ".join(f"{k}: {v}" for k, v in dropped.items()) + hint)
-
-
-def _save_checkpoint(engine, ckdir: Path, step: int, limit: int, rank: int, client: dict) -> None:
-    engine.save_checkpoint(str(ckdir), tag=f"step-{step}", client_state=client)
-    if rank == 0:
-        old = sorted((p for p in ckdir.glob("step-*") if p.is_dir()),
-                     key=lambda p: int(p.name.split("-")[1]))[:-limit]
-        for p in old:
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Keep the log lines of steps up to the resumed one: a resumed run adds no duplicates."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("step", 0) <= step:
-            keep.append(line)
-    path.write_text("".join(x + "\n" for x in keep))

@@ -26,15 +26,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from otbuild.fsio import atomic_path, write_json
 from otbuild.harness.protocol import PROMPTS
-from otbuild.fsio import atomic_path, parquet_batches, write_json
 from otbuild.hashing import file_sha256
+from otbuild.traces.table import iter_conversations
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
@@ -45,17 +45,6 @@ BATCH_ROWS = int(os.environ.get("OTBUILD_TOKENIZE_BATCH", "32"))
 DROP_REASONS = ("empty_conversation", "template_mismatch", "too_long", "no_assistant_tokens")
 SCHEMA = pa.schema([("trace", pa.int64()), ("input_ids", pa.list_(pa.int32())),
                     ("mask", pa.list_(pa.uint8())), ("length", pa.int32()), ("supervised", pa.int32())])
-
-
-def iter_conversations(paths, batch_rows: int = BATCH_ROWS, prompt: str = PROMPTS[0]) -> Iterator[list]:
-    """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
-    compact harness renders them)."""
-    from otbuild.harness.protocol import compact_conversation
-
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        for batch in parquet_batches(path, batch_rows, ["conversations"]):
-            convs = batch.column(0).to_pylist()
-            yield [compact_conversation(c) if c and prompt == "compact" else c for c in convs]
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
