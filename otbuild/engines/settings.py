@@ -14,7 +14,7 @@ their defaults, stay out of ids (`identity_args` there, for the keys of `engine_
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -172,10 +172,11 @@ def engine_settings(section: dict) -> LLM:
     """The `LLM` in a stage's plain settings (which hold other keys too: shards, sandbox,
     limits, kind, ...): the keys the LLM section declares, validated (ConfigError naming the
     key). Transitional, until stages get typed settings."""
-    if section.get("engine") == "oracle":  # a Teacher's engine: it reads no setting, so none to check
-        return LLM.model_construct(engine="oracle", concurrency=section.get("concurrency"))
+    keys = {k: v for k, v in section.items() if k in LLM.model_fields}
+    if section.get("engine") not in get_args(LLM.model_fields["engine"].annotation):
+        return LLM.model_construct(**keys)  # the oracle (a Teacher's), or one `register`ed: read as given
     try:
-        return LLM.model_validate({k: v for k, v in section.items() if k in LLM.model_fields})
+        return LLM.model_validate(keys)
     except ValidationError as e:
         raise ConfigError(f"engine {section.get('engine')!r}: {_described(e.errors())}") from None
 

@@ -57,6 +57,8 @@ def identity(section: BaseModel, exclude: set[str] | frozenset = frozenset()) ->
 def identity_args(engine: str, args: dict) -> dict:
     """The launch options in `args` that belong in a content id: not execution-only, not equal
     to their default. Keys the engine's options do not declare are kept (validate rejects them)."""
+    if args and not LAUNCH_OPTIONS:  # never an id without them: every key would count
+        raise RuntimeError("the engines' launch options are not declared: import otbuild.engines.settings")
     known = LAUNCH_OPTIONS[engine].model_fields if engine in LAUNCH_OPTIONS else {}
     out = {}
     for key, value in args.items():
