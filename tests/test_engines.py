@@ -102,8 +102,8 @@ def _subclasses(cls: type) -> list[type]:
 
 def test_each_engine_setting_is_declared_once():
     """One place per setting: a launch option is not also a client key, no model declares again
-    a key of what it extends (but the sections above, knowingly), and each engine's default
-    concurrency is the one docs/engines.md states."""
+    a key of what it extends (but the sections above, knowingly), docs/engines.md names every
+    key, and each engine's default concurrency is the one it states."""
     import otbuild.recipe.schema  # noqa: F401 (the recipe's LLM sections)
 
     for options in (VLLMOptions, TransformersOptions):
@@ -113,6 +113,9 @@ def test_each_engine_setting_is_declared_once():
         again = set(inspect.get_annotations(model)) & inherited
         assert again == REDECLARED.get(model.__name__, set()), (model, again)
     docs = (REPO / "docs" / "engines.md").read_text()
+    settings = docs.split("## Settings")[1].split("\n## ")[0]
+    for model in (LLM, VLLMOptions, TransformersOptions):
+        assert not [key for key in model.model_fields if f"`{key}`" not in settings], model  # each documented
     stated = re.search(r"^\| `concurrency` \| ([^|]+) \|", docs, re.MULTILINE).group(1)
     assert {engine: int(n) for engine, n in re.findall(r"(\w+) (\d+)", stated)} == CONCURRENCY
     assert set(CONCURRENCY) == set(ENGINES)
