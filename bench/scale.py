@@ -69,7 +69,6 @@ def generate(data: Path, n: int, shards: int) -> dict:
     """Partial files of N finished trials and a task table of N tasks (1 sample each)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from tracegen import write_partials
 
     done = data / "manifest.json"
@@ -87,10 +86,11 @@ def generate(data: Path, n: int, shards: int) -> dict:
 
 def tokenizer_dir(out: Path) -> Path:
     """The tiny student's tokenizer, trained once on a few generated traces."""
-    from otbuild.traces.table import TRACE_SCHEMA, write_traces
-    from otbuild.recipe.schema_train import TinyModel
-    from otbuild.train.model import materialise
     from tracegen import TraceGen
+
+    from otbuild.recipe.schema_train import TinyModel
+    from otbuild.traces.table import TRACE_SCHEMA, write_traces
+    from otbuild.train.model import materialise
 
     sample = out / "tokenizer_traces.parquet"
     write_traces(sample, ({k: r.get(k) for k in TRACE_SCHEMA.names} for r in TraceGen(1).traces(20)))

@@ -32,8 +32,8 @@ SETTINGS = {"learning_rate": 4e-5, "lr_scheduler": "cosine", "warmup_ratio": 0.1
 
 
 def prepare(work: Path, n: int, cutoff: int) -> dict:
-    from otbuild.train.data import build
     from otbuild.recipe.schema_train import TinyModel
+    from otbuild.train.data import build
     from otbuild.train.model import materialise
     from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
     from otbuild.train.toy import write_toy_traces

@@ -75,8 +75,8 @@ def run_new(traces: Path, work: Path, cutoff: int) -> dict:
 
 
 def run_old(traces: Path, work: Path, cutoff: int) -> dict:
-    from otbuild.train import data as D
     from otbuild.recipe.schema_train import TinyModel
+    from otbuild.train import data as D
     from otbuild.train.model import load_tokenizer, materialise
 
     t = [clock()]

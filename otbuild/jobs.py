@@ -65,7 +65,7 @@ def overcommit_problems(nodes, profile: Path) -> list[str]:
         if job is None:
             continue
         mem_mb, where = job
-        conc = concurrency(node.config.model_dump())  # unset: the engine's own default
+        conc = concurrency(node.config)  # unset: the engine's own default
         per = node.config.limits.memory_mb
         if conc * per > mem_mb:
             fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]

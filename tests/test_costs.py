@@ -147,7 +147,7 @@ def test_trace_usage_counts_turns_and_the_request_that_ended_a_trial(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from otbuild.usage import of_trial, of_traces
+    from otbuild.usage import of_traces, of_trial
 
     rows = [{"teacher": "vllm:a", "n_turns": 5, "exception": None, "result": "1", "n_input_tokens": 500,
              "n_output_tokens": 50},

@@ -17,8 +17,8 @@ from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.recipe.schema import TaskFilter
 from otbuild.sources import read_source
-from otbuild.stages.settings import config
 from otbuild.stages import task_filter
+from otbuild.stages.settings import config
 from otbuild.tasks.table import TaskRecord, write_tasks
 from tests.conftest import DATA, make_task
 
@@ -151,10 +151,10 @@ def test_the_paper_recipes_decontaminate_against_their_benchmarks(name):
 def test_a_real_build_decontaminates_against_a_source_it_does_not_mix(project):
     """snakemake builds the held-out set for the task filter alone, and the filter's rejections
     are the rule's, benchmark task named."""
-    from tests.conftest import snakemake
-
     import csv
     import random
+
+    from tests.conftest import snakemake
 
     rng = random.Random(7)  # made-up instructions of distinct words: only the copies overlap
     vocab = [f"w{i}" for i in range(5000)]

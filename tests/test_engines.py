@@ -5,23 +5,43 @@ servers, `otbuild serve` with a tiny model built here, and the vllm lifecycle wi
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from pydantic import ValidationError
 
-from otbuild.engines import ENGINES, ContextLengthExceededError, EngineError, engine_settings, make_engine, register
+from otbuild.engines import (
+    ENGINES,
+    LLM,
+    ContextLengthExceededError,
+    EngineError,
+    make_engine,
+    register,
+)
 from otbuild.engines.process import free_port
-from otbuild.engines.settings import VLLMSettings
+from otbuild.engines.settings import (
+    CONCURRENCY,
+    ServerOptions,
+    TransformersOptions,
+    VLLMOptions,
+    check_fits_model,
+)
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
+from otbuild.recipe.schema import Teacher
+from otbuild.stages.settings import RolloutSettings
 from otbuild.serve import READY
+from tests.conftest import REPO
 
 psutil = pytest.importorskip("psutil")
 
@@ -34,8 +54,7 @@ OK = {
 
 
 def openai(base_url, **kw):
-    return make_engine({"engine": "openai", "base_url": base_url, "model": "m",
-                        "backoff_sec": 0.05, **kw})
+    return make_engine(LLM(**{"engine": "openai", "base_url": base_url, "model": "m", "backoff_sec": 0.05, **kw}))
 
 
 async def complete_with(engine, n=1, **kw):
@@ -46,30 +65,72 @@ async def complete_with(engine, n=1, **kw):
 # --- settings and registry ---------------------------------------------------------------
 
 
+class Echo(LLM):
+    """A new engine's section: the LLM's settings under its own engine name."""
+
+    engine: Literal["echo"]
+
+
 def test_registry_and_settings_errors(monkeypatch):
-    with pytest.raises(ConfigError, match="unknown engine 'nope'"):
-        make_engine({"engine": "nope"})
-    with pytest.raises(ConfigError, match="unknown setting.*temprature"):
-        make_engine({"engine": "openai", "base_url": "http://x/v1", "model": "m", "temprature": 1})
-    with pytest.raises(ConfigError, match="missing setting.*base_url"):
-        make_engine({"engine": "openai", "model": "m"})
+    with pytest.raises(ValidationError, match="temprature"):
+        LLM(engine="openai", base_url="http://x/v1", model="m", temprature=1)
+    with pytest.raises(ValidationError, match="engine 'openai' needs `base_url`"):
+        LLM(engine="openai", model="m")
+    with pytest.raises(ValidationError, match="tensor_parallel_sze"):
+        LLM(engine="vllm", model="m", engine_args={"tensor_parallel_sze": 2})
+    with pytest.raises(ValidationError, match="engine 'openai' starts no server"):
+        LLM(engine="openai", base_url="http://x/v1", model="m", engine_args={"port": 1})
     with pytest.raises(ConfigError, match="OTB_NO_SUCH_KEY"):
-        make_engine({"engine": "openai", "base_url": "http://x/v1", "model": "m",
-                     "api_key_env": "OTB_NO_SUCH_KEY"})
-    section = {"engine": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2},
-               "max_episodes": 50, "shards": 4, "request_timeout_sec": 60}
-    settings = engine_settings(section)
-    assert settings == {"engine": "vllm", "model": "m", "engine_args": {"tensor_parallel_size": 2},
-                        "request_timeout_sec": 60}
-    assert make_engine(settings).settings.tensor_parallel_size == 2
-    with pytest.raises(ConfigError, match="both in engine_args"):
-        make_engine({**settings, "tensor_parallel_size": 2})
-    assert make_engine({"engine": "oracle"}).name == "oracle"
+        make_engine(LLM(engine="openai", base_url="http://x/v1", model="m", api_key_env="OTB_NO_SUCH_KEY"))
+    # a stage's typed settings: the engine reads their LLM fields, the stage's own are not its
+    rollout = RolloutSettings(engine="vllm", model="m", engine_args={"tensor_parallel_size": 2}, max_episodes=50,
+                              shards=4, request_timeout_sec=60)
+    assert make_engine(rollout).options.tensor_parallel_size == 2
+    with pytest.raises(ValidationError, match="tensor_parallel_size"):
+        RolloutSettings(engine="vllm", model="m", engine_args={"tensor_parallel_size": "two"})
+    assert make_engine(RolloutSettings(engine="oracle", shards=2)).name == "oracle"
+    assert make_engine(Teacher(engine="oracle")).name == "oracle"
+    with pytest.raises(ConfigError, match="unknown engine 'echo'"):
+        make_engine(Echo(engine="echo", model="m"))
     monkeypatch.setitem(ENGINES, "echo", None)
-    register("echo", lambda s: ("echo", s["model"]))
-    assert make_engine({"engine": "echo", "model": "m"}) == ("echo", "m")
-    e = make_engine({"engine": "vllm", "model": "org/M"})
+    register("echo", lambda s: ("echo", s.model))
+    assert make_engine(Echo(engine="echo", model="m")) == ("echo", "m")
+    e = make_engine(LLM(engine="vllm", model="org/M"))
     assert (e.name, e.model, e.provider) == ("vllm", "org/M", "hosted_vllm")
+    teacher = Teacher(engine="vllm", model="org/M", max_episodes=3, engine_args={"served_model_name": "t"})
+    assert (make_engine(teacher).model, make_engine(teacher).settings.max_tokens) == ("t", 4096)
+
+
+# Sections that extend the LLM section and declare one of its keys again, and why.
+REDECLARED = {"Teacher": {"engine", "model"},  # also the oracle, which needs no model
+              "Augment": {"seed"}}  # the augment's own seed (0: its pairings), also its requests'
+
+
+def _subclasses(cls: type) -> list[type]:
+    """otbuild's subclasses of `cls` (not a test's)."""
+    subs = [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+    return [c for c in subs if c.__module__.startswith("otbuild.")]
+
+
+def test_each_engine_setting_is_declared_once():
+    """One place per setting: a launch option is not also a client key, no model declares again
+    a key of what it extends (but the sections above, knowingly), docs/engines.md names every
+    key, and each engine's default concurrency is the one it states."""
+    import otbuild.recipe.schema  # noqa: F401 (the recipe's LLM sections)
+
+    for options in (VLLMOptions, TransformersOptions):
+        assert not set(options.model_fields) & set(LLM.model_fields), options
+    for model in (ServerOptions, TransformersOptions, VLLMOptions, LLM, *_subclasses(LLM)):
+        inherited = {key for base in model.__mro__[1:] for key in getattr(base, "model_fields", {})}
+        again = set(inspect.get_annotations(model)) & inherited
+        assert again == REDECLARED.get(model.__name__, set()), (model, again)
+    docs = (REPO / "docs" / "engines.md").read_text()
+    settings = docs.split("## Settings")[1].split("\n## ")[0]
+    for model in (LLM, VLLMOptions, TransformersOptions):
+        assert not [key for key in model.model_fields if f"`{key}`" not in settings], model  # each documented
+    stated = re.search(r"^\| `concurrency` \| ([^|]+) \|", docs, re.MULTILINE).group(1)
+    assert {engine: int(n) for engine, n in re.findall(r"(\w+) (\d+)", stated)} == CONCURRENCY
+    assert set(CONCURRENCY) == set(ENGINES)
 
 
 # --- the openai engine against scripted servers -----------------------------------------
@@ -170,7 +231,7 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
     """A recipe's unset `concurrency` means the engine's own default (vLLM batches 64 requests),
     for the engine's client and for the trials the rollout runs at once; set, it wins. It is
     execution-only: spelling it out keeps the stage's id."""
-    from otbuild.engines.settings import ORACLE_CONCURRENCY, concurrency
+    from otbuild.engines.settings import CONCURRENCY, concurrency
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
 
@@ -182,26 +243,27 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
         return next(n for n in plan_recipe(load_recipe("r", tmp_path)).nodes if n.stage == "rollout")
 
     vllm = teacher("{engine: vllm, model: Qwen/Qwen3-8B}")
-    engine = make_engine(engine_settings(vllm.settings))
-    assert engine.settings.concurrency == concurrency(vllm.settings) == 64
+    engine = make_engine(vllm.config)
+    assert concurrency(engine.client_settings) == concurrency(vllm.config) == 64  # the client's, the trials'
     pinned = teacher("{engine: vllm, model: Qwen/Qwen3-8B, concurrency: 16}")
-    assert make_engine(engine_settings(pinned.settings)).settings.concurrency == concurrency(pinned.settings) == 16
+    assert concurrency(make_engine(pinned.config).client_settings) == concurrency(pinned.config) == 16
     assert pinned.id == vllm.id
-    assert concurrency(teacher("{engine: transformers, model: some/dir}").settings) == 2
-    assert concurrency(teacher("{engine: openai, base_url: http://h/v1, model: m}").settings) == 8
-    assert concurrency(teacher("{engine: oracle}").settings) == ORACLE_CONCURRENCY
+    assert concurrency(teacher("{engine: transformers, model: some/dir}").config) == 2
+    assert concurrency(teacher("{engine: openai, base_url: http://h/v1, model: m}").config) == 8
+    assert concurrency(teacher("{engine: oracle}").config) == CONCURRENCY["oracle"] == 4
+    typed = load_recipe("r", tmp_path).recipe.teacher  # the recipe's section reads the same
+    assert concurrency(typed) == 4
 
 
 # --- vllm command -------------------------------------------------------------------------
 
 
 def test_vllm_command_glm47_awq():
-    settings = {
-        "engine": "vllm", "model": "QuantTrio/GLM-4.7-AWQ", "tensor_parallel_size": 4,
-        "quantization": "awq", "max_model_len": 32768, "gpu_memory_utilization": 0.92,
+    settings = LLM(engine="vllm", model="QuantTrio/GLM-4.7-AWQ", engine_args={
+        "tensor_parallel_size": 4, "quantization": "awq", "max_model_len": 32768, "gpu_memory_utilization": 0.92,
         "enable_auto_tool_choice": True, "tool_call_parser": "glm47", "reasoning_parser": "glm45",
         "served_model_name": "glm-4.7", "extra_args": ["--enable-prefix-caching"],
-    }
+    })
     assert vllm_command(settings, 8123) == [
         "vllm", "serve", "QuantTrio/GLM-4.7-AWQ", "--host", "127.0.0.1", "--port", "8123",
         "--tensor-parallel-size", "4", "--data-parallel-size", "1",
@@ -209,7 +271,7 @@ def test_vllm_command_glm47_awq():
         "--gpu-memory-utilization", "0.92", "--tool-call-parser", "glm47",
         "--reasoning-parser", "glm45", "--enable-auto-tool-choice", "--enable-prefix-caching",
     ]
-    minimal = vllm_command({"engine": "vllm", "model": "m", "data_parallel_size": 2}, 9)
+    minimal = vllm_command(LLM(engine="vllm", model="m", engine_args={"data_parallel_size": 2}), 9)
     assert minimal == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "9",
                        "--tensor-parallel-size", "1", "--data-parallel-size", "2"]
 
@@ -217,9 +279,13 @@ def test_vllm_command_glm47_awq():
 def test_vllm_settings_fit_the_model(tmp_path):
     """What vLLM would refuse after loading weights is a ConfigError up front."""
     def settings(model, **kw):
-        return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
+        llm = LLM(engine="vllm", model=model, engine_args=kw)
+        check_fits_model(llm)
+        return llm.launch
 
     assert settings("QuantTrio/GLM-4.7-AWQ", quantization="awq").quantization == "awq"
+    with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8'"):  # before any server starts
+        make_engine(LLM(engine="vllm", model="zai-org/GLM-4.6-FP8", engine_args={"quantization": "awq"}))
     with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8': by its name it is saved as FP8"):
         settings("zai-org/GLM-4.6-FP8", quantization="awq")
     with pytest.raises(ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"):
@@ -234,7 +300,8 @@ def test_vllm_settings_fit_the_model(tmp_path):
     with pytest.raises(ConfigError, match="needs a checkpoint saved as AWQ; by its config.json, .* is not"):
         settings(str(qwen3), quantization="awq")
     yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}
-    cmd = vllm_command(settings(str(qwen3), max_model_len=65536, hf_overrides=yarn), 9)
+    settings(str(qwen3), max_model_len=65536, hf_overrides=yarn)
+    cmd = vllm_command(LLM(engine="vllm", model=str(qwen3), engine_args={"max_model_len": 65536, "hf_overrides": yarn}), 9)
     assert cmd[cmd.index("--max-model-len") + 1] == "65536"
     assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == yarn
 
@@ -247,7 +314,9 @@ def test_context_checked_by_model_family_without_config(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
 
     def settings(model, **kw):
-        return VLLMSettings.from_dict({"engine": "vllm", "model": model, **kw})
+        llm = LLM(engine="vllm", model=model, engine_args=kw)
+        check_fits_model(llm)
+        return llm.launch
 
     for model in ("Qwen/Qwen3-8B", "/models/Qwen3-32B"):
         with pytest.raises(ConfigError, match=r"65536 exceeds .*max_position_embeddings 40960 \(by its "
@@ -285,8 +354,8 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
     assert httpx.get(f"{root}/health", trust_env=False).json() == {"status": "ok"}
     models = httpx.get(f"{local_server}/models", trust_env=False).json()
     assert models["data"][0]["id"] == str(tiny_model)
-    engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
-                          "max_tokens": 12, "temperature": 0.0, "concurrency": 2})
+    engine = make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model),
+                             max_tokens=12, temperature=0.0, concurrency=2))
     results = asyncio.run(complete_with(engine, n=4))
     for c in results:
         assert c.text and c.n_input_tokens > 5 and 0 < c.n_output_tokens <= 12
@@ -295,8 +364,7 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
     sampled = asyncio.run(complete_with(engine, temperature=1.0, seed=7, n=2))
     assert sampled[0].text == sampled[1].text  # same seed, same sample
     with pytest.raises(EngineError, match="HTTP 404.*does not exist") as e:
-        asyncio.run(complete_with(make_engine(
-            {"engine": "openai", "base_url": local_server, "model": "other"})))
+        asyncio.run(complete_with(make_engine(LLM(engine="openai", base_url=local_server, model="other"))))
     assert e.value.status == 404
     with pytest.raises(ContextLengthExceededError, match="HTTP 400.*maximum context length is 1600 tokens"):
         asyncio.run(complete_with(engine, max_tokens=5000))
@@ -310,8 +378,8 @@ def test_structured_regex_keeps_a_random_model_inside_the_answer_frame(local_ser
     from otbuild.harness.protocol import ANSWER_REGEX
 
     def ask(pattern, **kw):
-        engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
-                              "temperature": 1.0, "seed": 3, "extra_body": {"structured_outputs": {"regex": pattern}}, **kw})
+        engine = make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model), temperature=1.0,
+                                 seed=3, extra_body={"structured_outputs": {"regex": pattern}}, **kw))
         return asyncio.run(complete_with(engine, n=3))
 
     assert {c.text for c in ask("(yes|no)", max_tokens=10)} <= {"yes", "no"}
@@ -320,16 +388,16 @@ def test_structured_regex_keeps_a_random_model_inside_the_answer_frame(local_ser
     assert not any(regex.fullmatch(ANSWER_REGEX, c.text, partial=True) for c in ask(None, max_tokens=30))
     with pytest.raises(EngineError, match="HTTP 400.*not a valid regular expression"):
         ask("(unclosed", max_tokens=5)
-    engine = make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
-                          "extra_body": {"structured_outputs": {"json": {"type": "object"}}}})
+    engine = make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model),
+                             extra_body={"structured_outputs": {"json": {"type": "object"}}}))
     with pytest.raises(EngineError, match="HTTP 400.*only"):
         asyncio.run(complete_with(engine, max_tokens=5))
 
 
 def test_transformers_engine_starts_and_stops_its_server(tiny_model):
     async def run():
-        engine = make_engine({"engine": "transformers", "model": str(tiny_model),
-                              "device": "cpu", "max_tokens": 8})
+        engine = make_engine(LLM(engine="transformers", model=str(tiny_model), max_tokens=8,
+                                 engine_args={"device": "cpu"}))
         async with engine:
             c = await engine.complete(MSG)
             alive = server_processes(tiny_model)
@@ -347,16 +415,19 @@ def test_transformers_engine_starts_and_stops_its_server(tiny_model):
 @pytest.fixture
 def fake_vllm(fake_vllm_bin, tmp_path, tiny_model):
     """A `vllm` on PATH that serves the tiny model with `otbuild serve`; returns its settings."""
-    return {
-        "engine": "vllm", "model": str(tiny_model), "served_model_name": "tiny",
-        "tensor_parallel_size": 4, "max_model_len": 1024, "max_tokens": 8,
+    return LLM(engine="vllm", model=str(tiny_model), max_tokens=8, engine_args={
+        "served_model_name": "tiny", "tensor_parallel_size": 4, "max_model_len": 1024,
         "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(fake_vllm_bin)},
         "startup_timeout_sec": 60,
-    }
+    })
+
+
+def with_args(llm: LLM, **args) -> LLM:
+    return LLM(**{**llm.model_dump(), "engine_args": {**llm.engine_args, **args}})
 
 
 def launched(settings) -> list[list[str]]:
-    return [json.loads(line) for line in Path(settings["env"]["FAKE_VLLM_LOG"]).read_text().splitlines()]
+    return [json.loads(line) for line in Path(settings.engine_args["env"]["FAKE_VLLM_LOG"]).read_text().splitlines()]
 
 
 def test_vllm_lifecycle_success(fake_vllm, tiny_model):
@@ -373,7 +444,7 @@ def test_vllm_lifecycle_success(fake_vllm, tiny_model):
     [argv] = launched(fake_vllm)
     assert argv[:2] == ["serve", str(tiny_model)] and "--tensor-parallel-size" in argv
     assert argv[argv.index("--max-model-len") + 1] == "1024"
-    assert READY in Path(fake_vllm["log_path"]).read_text()  # the server's log is kept
+    assert READY in Path(fake_vllm.engine_args["log_path"]).read_text()  # the server's log is kept
 
 
 def test_vllm_stopped_after_an_exception_inside(fake_vllm, tiny_model):
@@ -391,21 +462,21 @@ def test_vllm_stopped_after_an_exception_inside(fake_vllm, tiny_model):
 
 
 def test_vllm_startup_failure_reports_log_tail(fake_vllm):
-    settings = {**fake_vllm, "env": {**fake_vllm["env"], "FAKE_VLLM_FAIL": "1"}}
+    settings = with_args(fake_vllm, env={**fake_vllm.engine_args["env"], "FAKE_VLLM_FAIL": "1"})
     with pytest.raises(EngineError, match="(?s)exited with code 1.*CUDA out of memory"):
         asyncio.run(complete_with(make_engine(settings)))
     with pytest.raises(EngineError, match="cannot run"):
-        asyncio.run(complete_with(make_engine({**fake_vllm, "vllm_executable": "/nonexistent/vllm"})))
+        asyncio.run(complete_with(make_engine(with_args(fake_vllm, vllm_executable="/nonexistent/vllm"))))
 
 
 def test_sigterm_stops_the_vllm_server(fake_vllm, tiny_model, tmp_path):
     script = tmp_path / "rollout.py"
     script.write_text(textwrap.dedent(f"""
         import asyncio, json
-        from otbuild.engines import open_engine
+        from otbuild.engines import LLM, open_engine
 
         async def main():
-            engine = await open_engine(json.loads({json.dumps(json.dumps(fake_vllm))}))
+            engine = await open_engine(LLM.model_validate_json({json.dumps(fake_vllm.model_dump_json())}))
             try:
                 await engine.complete([{{"role": "user", "content": "hi"}}])
                 print("ready", flush=True)

@@ -28,8 +28,8 @@ from otbuild.harbor.job import (
     run_harbor_job,
     write_job_config,
 )
-from otbuild.stages.settings import RolloutSettings
 from otbuild.sources.synthetic import generate
+from otbuild.stages.settings import RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
 from tests.conftest import otbuild, snakemake

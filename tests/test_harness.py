@@ -12,17 +12,17 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.engines import ENGINES, Completion, EngineError, make_engine
+from otbuild.engines import ENGINES, LLM, Completion, EngineError, make_engine
 from otbuild.engines.oracle import OracleEngine
 from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.harness.trial import TrialSettings, run_trial
 from otbuild.recipe.trials import Trials
-from otbuild.stages.settings import RolloutSettings
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import plan_trials, run_shard
+from otbuild.stages.settings import RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import DATA, REPO, chat_answer
@@ -317,7 +317,7 @@ def test_the_model_is_sent_role_and_content_only(tmp_path, scripted):
     task = next(generate(1, 3)).task
 
     async def trial():
-        async with make_engine({"engine": "openai", "base_url": srv.base_url, "model": "m"}) as engine:
+        async with make_engine(LLM(engine="openai", base_url=srv.base_url, model="m")) as engine:
             return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())
@@ -356,8 +356,8 @@ def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_mode
     task = next(generate(1, 3)).task
 
     async def trial():
-        async with make_engine({"engine": "openai", "base_url": local_server, "model": str(tiny_model),
-                                "temperature": 0.0, "max_tokens": 64}) as engine:
+        async with make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model),
+                                   temperature=0.0, max_tokens=64)) as engine:
             return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())

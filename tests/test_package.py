@@ -20,7 +20,8 @@ import otbuild
 from otbuild import cli
 from otbuild.scaffold import TEMPLATE, template_files
 from otbuild.stages import STAGES
-from tests.conftest import REPO, otbuild as run_otbuild, snakemake
+from tests.conftest import REPO, snakemake
+from tests.conftest import otbuild as run_otbuild
 from tests.test_slurm import local_profile
 
 TORCH = "torch==2.13.0"  # the Makefile's CPU torch (its wheel is on this machine's disk)

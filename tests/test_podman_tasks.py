@@ -17,13 +17,26 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild import sandbox
-from otbuild.sandbox import Limits, TaskNotRunnableLocally, backend_for, backend_problem, needs_image, open_sandbox
-from otbuild.sandbox import podman
+from otbuild.sandbox import (
+    Limits,
+    TaskNotRunnableLocally,
+    backend_for,
+    backend_problem,
+    needs_image,
+    open_sandbox,
+    podman,
+)
+from otbuild.sandbox.podman import (
+    IMAGE_REPO,
+    OWNER_LABEL,
+    ImageBuildError,
+    ensure_image,
+    environment_hash,
+    image_exists,
+)
 from otbuild.sandbox.procs import owner_is_gone
-from otbuild.sandbox.podman import (IMAGE_REPO, OWNER_LABEL, ImageBuildError, ensure_image, environment_hash,
-                                    image_exists)
-from otbuild.stages.rollout import check_podman
 from otbuild.sources.synthetic import generate
+from otbuild.stages.rollout import check_podman
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir

@@ -178,15 +178,35 @@ def test_constrained_decoding_that_would_constrain_nothing_is_an_error(recipes):
     assert "noeval.yaml: harness.constrained_decoding" in _error(root, "noeval")
 
 
+def test_engine_args_are_checked_by_their_engines_launch_options(recipes):
+    """Each key of teacher.engine_args (and eval's, rl's vllm_args) is named when its engine
+    does not take it or its value does not fit, with what it takes."""
+    root = _write(recipes, "typo", BASE + "teacher: {engine: vllm, model: m, engine_args: {tensor_parallel_sze: 2}}\n"
+                  "trace_filter: {}\n")
+    assert ("typo.yaml: teacher.engine_args.tensor_parallel_sze: unknown key; did you mean 'tensor_parallel_size'? "
+            "(allowed keys: data_parallel_size, ") in _error(root, "typo")
+    root = _write(recipes, "kind", BASE + "teacher: {engine: vllm, model: m, engine_args: {tensor_parallel_size: two}}\n"
+                  "trace_filter: {}\n")
+    assert "kind.yaml: teacher.engine_args.tensor_parallel_size: Input should be a valid integer" in _error(root, "kind")
+    root = _write(recipes, "api", BASE + "teacher: {engine: openai, base_url: 'http://h/v1', model: m, "
+                  "engine_args: {max_retries: 2}}\ntrace_filter: {}\n")
+    assert "api.yaml: teacher.engine_args: engine 'openai' starts no server" in _error(root, "api")
+    root = _write(recipes, "served", BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: tiny}}\n"
+                  "rl: {steps: 1, rollout: vllm, vllm_args: {port: x}}\neval:\n  benchmarks: {b: {kind: synthetic, "
+                  "count: 1}}\n  serve_with: vllm\n  engine_args: {max_model_lenn: 9}\n")
+    assert "served.yaml: eval.engine_args.max_model_lenn: unknown key; did you mean 'max_model_len'?" in _error(root, "served")
+    _write(recipes, "served", (recipes / "served.yaml").read_text().replace("lenn", "len"))
+    assert "served.yaml: rl.vllm_args.port: Input should be a valid integer" in _error(root, "served")
+
+
 def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
     """A teacher.model grid over an AWQ base passed `--quantization awq` to every model."""
-    from otbuild.engines import engine_settings
     from otbuild.engines.vllm import vllm_command
     from otbuild.recipe.ablate import candidates
 
     commands = {}
     for name, cand in candidates(load_recipe("ablate_teacher", REPO)):
-        commands[cand.recipe.teacher.model] = vllm_command(engine_settings(cand.recipe.teacher.model_dump()), 1)
+        commands[cand.recipe.teacher.model] = vllm_command(cand.recipe.teacher, 1)  # the typed section
     glm47, glm46, kimi = (commands[m] for m in ("QuantTrio/GLM-4.7-AWQ", "zai-org/GLM-4.6-FP8", "moonshotai/Kimi-K2.5"))
     assert glm47[glm47.index("--quantization") + 1] == "awq" and "--quantization" not in glm46 + kimi
     assert glm46[glm46.index("--reasoning-parser") + 1] == "glm45"

@@ -31,7 +31,7 @@ from otbuild.report import build, charts
 from otbuild.report.page import _md_cell
 from otbuild.sources.synthetic import generate
 from otbuild.stages import STAGES, StageDef
-from tests.conftest import REPO, make_project, snakemake, write_source
+from tests.conftest import make_project, snakemake, write_source
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPORT_STAGE = StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report")

@@ -17,10 +17,9 @@ import pytest
 
 from otbuild.recipe.schema_train import Launch, TinyModel
 from otbuild.stages.settings import SftSettings
+from otbuild.traces.table import TRACE_SCHEMA, write_traces
 from otbuild.train import data as D
 from otbuild.train.chat import TemplateMismatch, tokenize_conversation
-from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
-from otbuild.traces.table import TRACE_SCHEMA, write_traces
 from otbuild.train.dist import (
     BatchSizeError,
     ds_config,
@@ -28,6 +27,7 @@ from otbuild.train.dist import (
     grad_accum_steps,
     launch_command,
 )
+from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
 from otbuild.train.toy import trace_rows, write_toy_traces
 
 TINY = {"kind": "tiny", "vocab_size": 700, "hidden_size": 32, "intermediate_size": 64,

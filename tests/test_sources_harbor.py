@@ -18,8 +18,8 @@ import yaml
 from otbuild.errors import StageError
 from otbuild.sources import harbor_dir, harbor_parquet, tb1_dir
 from otbuild.tasks.export import export_tasks
-from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
+from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "dev"

@@ -19,8 +19,8 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import DATA, REPO, make_task, otbuild
+
 from otbuild.hashing import canonical_json
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe

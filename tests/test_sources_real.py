@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.recipe.load import load_recipe
-from otbuild.stages.settings import config
 from otbuild.sources import nl2bash, read_source, stackexchange, swe_grader, swe_instances, table
 from otbuild.sources._html import html_to_markdown
 from otbuild.sources._rows import SourceFormatError
 from otbuild.sources.shell_safety import check_command
+from otbuild.stages.settings import config
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dev"

@@ -14,8 +14,8 @@ import pytest
 
 from otbuild.recipe.schema_train import Tracking
 from otbuild.stages.settings import SftSettings
-from otbuild.train.tracking import PREFIX, Tracker
 from otbuild.train.toy import write_toy_traces
+from otbuild.train.tracking import PREFIX, Tracker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sft import FAST  # noqa: E402

@@ -13,9 +13,9 @@ import tomllib
 import pytest
 import yaml
 
-from otbuild.engines import engine_settings
+from otbuild.engines import LLM
 from otbuild.engines.openai import CONTEXT_OVERFLOW, OpenAIEngine, request_body
-from otbuild.engines.settings import SETTINGS, OpenAISettings
+from otbuild.engines.settings import client_settings
 from otbuild.engines.vllm import vllm_command
 from otbuild.harness import protocol
 from otbuild.plan import plan_recipe
@@ -56,15 +56,15 @@ def recipe_requests() -> dict:
     commands, bodies, named = [], [], {k: set() for k in NAMED}
     for path in sorted((REPO / "recipes").glob("*.yaml")):
         for node in plan_recipe(load_recipe(path.stem, REPO)).nodes:
-            engine = node.settings.get("engine")
-            if engine not in SETTINGS:
-                continue  # the oracle
-            settings = engine_settings(node.settings)
+            llm = node.config
+            engine = llm.engine if isinstance(llm, LLM) else None
+            if engine in (None, "oracle"):
+                continue
             if engine == "vllm":
-                commands.append(vllm_command(settings, 8000))
-            client = SETTINGS[engine].from_dict(settings).request_settings()
+                commands.append(vllm_command(llm, 8000))
+            client = client_settings(llm)
             if node.stage in ("rollout", "eval"):
-                bodies.append(request_body(client, _turn(node.settings.get("prompt", "terminus2")), {}))
+                bodies.append(request_body(client, _turn(llm.prompt), {}))
             else:  # augment (seeded per request), task_score
                 bodies.append(request_body(client, [{"role": "user", "content": "Rewrite: do X."}], {"seed": 7}))
         _names(yaml.safe_load(path.read_text()), named)
@@ -140,7 +140,7 @@ def test_vllms_answers_read_as_otbuild_expects(contract, scripted):
     srv = scripted([(200, answer["response"])])
 
     async def ask():
-        async with OpenAIEngine(OpenAISettings(model="m", base_url=srv.base_url)) as engine:
+        async with OpenAIEngine(LLM(engine="openai", model="m", base_url=srv.base_url)) as engine:
             return await engine.complete([{"role": "user", "content": "hi"}])
 
     c = asyncio.run(ask())

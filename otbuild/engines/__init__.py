@@ -1,13 +1,14 @@
 """LLM engines: one async interface over hosted APIs, vLLM and transformers.
 
-    async with make_engine({"engine": "vllm", "model": "...", ...}) as engine:
+    async with make_engine(LLM(engine="vllm", model="...", ...)) as engine:
         completion = await engine.complete(messages)
 
-or `engine = await open_engine(settings)` ... `await engine.aclose()`. A recipe section with
-other keys beside the engine's goes through `engine_settings(section)` first.
+or `engine = await open_engine(llm)` ... `await engine.aclose()`. `llm` is a recipe's LLM
+section (`otbuild.engines.settings.LLM`) or a subclass of it (a Teacher, ...): the engines read
+its LLM fields: a stage passes its own typed settings (otbuild/stages/settings.py).
 
-`ENGINES` maps a recipe's `engine` key to a factory `settings dict -> Engine`, as a callable
-or a lazy "module:attribute" path; new engines (e.g. the oracle) add an entry or `register()`.
+`ENGINES` maps a section's `engine` to a factory `LLM -> Engine`, as a callable or a lazy
+"module:attribute" path; new engines (e.g. the oracle) add an entry or `register()`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import importlib
 from collections.abc import Callable
 
 from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
-from otbuild.engines.settings import engine_settings
+from otbuild.engines.settings import LLM
 from otbuild.errors import ConfigError
 
-Factory = Callable[[dict], Engine]
+Factory = Callable[[LLM], Engine]
 
 ENGINES: dict[str, str | Factory] = {
-    "openai": "otbuild.engines.openai:OpenAIEngine.from_settings",
-    "vllm": "otbuild.engines.vllm:VLLMEngine.from_settings",
-    "transformers": "otbuild.engines.local:TransformersEngine.from_settings",
+    "openai": "otbuild.engines.openai:OpenAIEngine",
+    "vllm": "otbuild.engines.vllm:VLLMEngine",
+    "transformers": "otbuild.engines.local:TransformersEngine",
     "oracle": "otbuild.engines.oracle:OracleEngine",
 }
 
@@ -43,17 +44,16 @@ def _resolve(factory: str | Factory) -> Factory:
     return obj
 
 
-def make_engine(settings: dict) -> Engine:
-    """The engine named by settings["engine"], configured from the other keys."""
-    name = settings.get("engine")
-    if name not in ENGINES:
-        raise ConfigError(f"unknown engine {name!r}; expected one of {', '.join(sorted(ENGINES))}")
-    return _resolve(ENGINES[name])(settings)
+def make_engine(llm: LLM) -> Engine:
+    """The engine `llm.engine` names, configured by `llm` (an LLM section or a subclass)."""
+    if llm.engine not in ENGINES:
+        raise ConfigError(f"unknown engine {llm.engine!r}; expected one of {', '.join(sorted(ENGINES))}")
+    return _resolve(ENGINES[llm.engine])(llm)
 
 
-async def open_engine(settings: dict) -> Engine:
+async def open_engine(llm: LLM) -> Engine:
     """make_engine, then start its server if it manages one (the caller must `aclose()` it)."""
-    engine = make_engine(settings)
+    engine = make_engine(llm)
     start = getattr(engine, "start", None)
     if start is not None:
         try:
@@ -64,5 +64,5 @@ async def open_engine(settings: dict) -> Engine:
     return engine
 
 
-__all__ = ["ENGINES", "Completion", "ContextLengthExceededError", "Engine", "EngineError",
-           "engine_settings", "make_engine", "open_engine", "register"]
+__all__ = ["ENGINES", "LLM", "Completion", "ContextLengthExceededError", "Engine", "EngineError",
+           "make_engine", "open_engine", "register"]

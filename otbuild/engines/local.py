@@ -11,7 +11,6 @@ from pathlib import Path
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess
-from otbuild.engines.settings import TransformersSettings
 
 READY_PATTERN = r"^otbuild serve: listening on (http://\S+)$"  # what otbuild.serve prints
 
@@ -55,14 +54,10 @@ class TransformersEngine(ManagedServerEngine):
     name = "transformers"
     default_provider = "transformers"
 
-    @classmethod
-    def from_settings(cls, settings: dict) -> TransformersEngine:
-        return cls(TransformersSettings.from_dict(settings))
-
     def _launch(self) -> tuple[str, Callable[[], None]]:
-        s = self.settings
+        s = self.options
         return start_local_server(
-            s.model, host=s.host, port=s.port or 0, device=s.device,
+            self.settings.model, host=s.host, port=s.port or 0, device=s.device,
             served_model_name=s.served_model_name, startup_timeout_sec=s.startup_timeout_sec,
             log_path=s.log_path, env=s.env,
         )

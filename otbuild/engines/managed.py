@@ -8,7 +8,7 @@ from collections.abc import Callable
 from otbuild.engines.base import Completion
 from otbuild.engines.openai import OpenAIEngine
 from otbuild.engines.process import install_sigterm_cleanup
-from otbuild.engines.settings import ServerSettings
+from otbuild.engines.settings import LLM, client_settings
 
 
 class ManagedServerEngine:
@@ -21,9 +21,11 @@ class ManagedServerEngine:
     name = ""
     default_provider = ""
 
-    def __init__(self, settings: ServerSettings):
+    def __init__(self, settings: LLM):
         self.settings = settings
-        self.model = settings.served_model_name or settings.model
+        self.options = settings.launch  # VLLMOptions, TransformersOptions
+        self.client_settings = client_settings(settings)
+        self.model = self.client_settings.model
         self.provider = settings.provider or self.default_provider
         self.base_url: str | None = None
         self._client: OpenAIEngine | None = None
@@ -39,8 +41,8 @@ class ManagedServerEngine:
                 return
             install_sigterm_cleanup()  # here: signal handlers need the main thread
             self.base_url, self._stop = await asyncio.to_thread(self._launch)
-            self._client = OpenAIEngine(self.settings.request_settings(), base_url=self.base_url,
-                                        name=self.name, provider=self.provider, trust_env=False)
+            self._client = OpenAIEngine(self.client_settings, base_url=self.base_url, name=self.name,
+                                        provider=self.provider, trust_env=False)
 
     async def complete(self, messages: list[dict], **kw) -> Completion:
         await self.start()

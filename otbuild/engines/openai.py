@@ -17,7 +17,7 @@ import httpx
 
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
-from otbuild.engines.settings import ClientSettings, OpenAISettings
+from otbuild.engines.settings import LLM, concurrency
 from otbuild.errors import ConfigError
 
 # How OpenAI-compatible servers say a request is over the context window: vLLM and OpenAI
@@ -34,7 +34,7 @@ class OpenAIEngine:
 
     def __init__(
         self,
-        settings: ClientSettings,
+        settings: LLM,
         *,
         base_url: str | None = None,
         api_key: str | None = None,
@@ -43,27 +43,23 @@ class OpenAIEngine:
         trust_env: bool = True,
     ):
         self.settings = settings
-        self.base_url = (base_url or getattr(settings, "base_url", None) or "").rstrip("/")
+        self.base_url = (base_url or settings.base_url or "").rstrip("/")
         if not self.base_url:
             raise ConfigError(f"engine {self.name!r}: `base_url` must be set")
         self.name = name or self.name
         self.model = settings.model
         self.provider = settings.provider or provider
         self.url = f"{self.base_url}/chat/completions"
-        key_env = getattr(settings, "api_key_env", None)
+        key_env = settings.api_key_env
         if key_env and api_key is None:
             api_key = os.environ.get(key_env)
             if not api_key:
                 raise ConfigError(f"engine {self.name!r}: api_key_env {key_env!r} is not set")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._sem = asyncio.Semaphore(settings.concurrency)
+        self._sem = asyncio.Semaphore(concurrency(settings))
         self._trust_env = trust_env
         self._client: httpx.AsyncClient | None = None
         self.stats: Counter = Counter()  # requests, retries, errors, usage_missing
-
-    @classmethod
-    def from_settings(cls, settings: dict) -> OpenAIEngine:
-        return cls(OpenAISettings.from_dict(settings))
 
     async def __aenter__(self):
         return self
@@ -78,7 +74,7 @@ class OpenAIEngine:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            n, t = self.settings.concurrency, self.settings.request_timeout_sec
+            n, t = concurrency(self.settings), self.settings.request_timeout_sec
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(t, connect=min(t, 30.0)),
                 limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
@@ -148,7 +144,7 @@ class OpenAIEngine:
         )
 
 
-def request_body(settings: ClientSettings, messages: list[dict], kw: dict) -> dict:
+def request_body(settings: LLM, messages: list[dict], kw: dict) -> dict:
     """The JSON body of one chat completion request: the settings' sampling keys (those set),
     then `extra_body`, then the request's own `kw` (each overriding what came before), shaped
     by the model's request policy (`request_policy`)."""

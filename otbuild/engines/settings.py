@@ -1,191 +1,170 @@
-"""Engine settings: every key an engine reads, its default, and a strict loader.
+"""Engine settings, each declared once, in the recipe schema's terms.
 
-An engine's settings are a flat mapping: `engine` (the registry key) plus the keys of that
-engine's settings class; a managed server's launch options may also be nested under
-`engine_args` (flattened on load). Unknown keys are config errors.
+`LLM` is the section every LLM stage of a recipe shares (otbuild/recipe/schema.py extends it:
+`Teacher`, `Augment`, `TaskScorer`): every setting an engine's client reads. An engine that
+starts its own server reads its launch options from `engine_args`, a mapping checked against
+that engine's model of them (`VLLMOptions`, `TransformersOptions`). Engines take the `LLM` (or
+a subclass: they read only its fields): `make_engine(llm)` in otbuild/engines/__init__.py.
 
-Fields made with `_execution(...)` change how a request is sent or a server runs, not what the
-model answers (concurrency, retries, timeouts, host/port, parallelism): `identity_args` leaves
-them, and values equal to their defaults, out of content ids (see otbuild/recipe/base.py).
+Content ids follow the recipe's rule (otbuild/recipe/base.py): fields made with
+`execution_only(...)` change how requests are sent or a server runs (concurrency, retries,
+timeouts, host/port, parallelism), not what the model answers; they, and values equal to
+their defaults, stay out of ids (`identity_args` there, for the keys of `engine_args`).
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import ClassVar
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from otbuild.engines.request_policy import POLICIES
-from otbuild.errors import ConfigError
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from otbuild.engines.model_config import check_vllm_model
+from otbuild.recipe.base import LAUNCH_OPTIONS, Strict, engine_args, execution_only
 
-def _execution(default):
-    """A setting that does not change what the engine produces: not part of content ids."""
-    return field(default=default, metadata={"execution_only": True})
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClientSettings:
-    """What every engine's OpenAI-compatible client reads."""
-
-    engine: ClassVar[str] = ""
-
-    model: str  # the model name sent in requests (a path or HF id for managed servers)
-    provider: str | None = None  # the trace's model_provider; None: the engine's default
-    temperature: float = 0.7  # 0 means greedy
-    max_tokens: int | None = None  # None: the server's default
-    top_p: float | None = None
-    seed: int | None = None
-    extra_body: dict = field(default_factory=dict)  # merged into every request body
-    request_params: str = "auto"  # auto | standard | reasoning: otbuild/engines/request_policy.py
-    concurrency: int = _execution(8)  # requests in flight per engine
-    max_retries: int = _execution(5)  # retries after the first attempt (transport errors, 429, 5xx)
-    request_timeout_sec: float = _execution(600.0)  # per request
-    backoff_sec: float = _execution(1.0)  # the first retry waits ~backoff_sec, doubling, with jitter
-    backoff_max_sec: float = _execution(60.0)
-
-    def __post_init__(self):
-        if not self.model:
-            raise ConfigError(f"engine {self.engine!r}: `model` must be set")
-        if self.concurrency < 1 or self.max_retries < 0 or self.request_timeout_sec <= 0:
-            raise ConfigError(
-                f"engine {self.engine!r}: need concurrency >= 1, max_retries >= 0, request_timeout_sec > 0"
-            )
-        if self.request_params not in POLICIES:
-            raise ConfigError(f"engine {self.engine!r}: request_params must be one of {', '.join(POLICIES)}, "
-                              f"not {self.request_params!r}")
-
-    @classmethod
-    def from_dict(cls, settings: dict):
-        """Build from a recipe mapping; unknown or missing keys are ConfigErrors."""
-        given = {k: v for k, v in settings.items() if k not in ("engine", "engine_args")}
-        nested = settings.get("engine_args") or {}
-        if set(nested) & set(given):
-            raise ConfigError(f"engine {cls.engine!r}: {sorted(set(nested) & set(given))} "
-                              "set both in engine_args and outside it")
-        given.update(nested)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise ConfigError(
-                f"engine {cls.engine!r}: unknown setting(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        missing = sorted(
-            f.name for f in fields(cls)
-            if f.default is MISSING and f.default_factory is MISSING and f.name not in given
-        )
-        if missing:
-            raise ConfigError(f"engine {cls.engine!r}: missing setting(s) {', '.join(missing)}")
-        return cls(**given)
-
-    def to_dict(self) -> dict:
-        return {"engine": self.engine, **asdict(self)}
-
-    def request_settings(self) -> ClientSettings:
-        """What a request body is built from (`otbuild.engines.openai.request_body`)."""
-        return self
+# Requests (so trials) in flight per engine when a section leaves `concurrency` unset: vLLM
+# batches them; `otbuild serve` answers one at a time (2 keeps it busy); the oracle's trials
+# are sandboxes on a CPU. docs/engines.md states these.
+CONCURRENCY = {"openai": 8, "vllm": 64, "transformers": 2, "oracle": 4}
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpenAISettings(ClientSettings):
-    """Any OpenAI-compatible chat endpoint (hosted API, a vLLM server started elsewhere)."""
+class ServerOptions(Strict):
+    """What every server otbuild starts on this node takes (and stops when the engine closes)."""
 
-    engine: ClassVar[str] = "openai"
-
-    base_url: str  # e.g. https://api.openai.com/v1 (requests go to {base_url}/chat/completions)
-    api_key_env: str | None = None  # the NAME of the env var holding the key; None: no key
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerSettings(ClientSettings):
-    """A server the engine starts itself, on this node, and stops when it is closed."""
-
-    host: str = _execution("127.0.0.1")
-    port: int | None = _execution(None)  # None: a free port
-    served_model_name: str | None = None  # None: `model`
-    startup_timeout_sec: float = _execution(300.0)
-    log_path: str | None = _execution(None)  # the server's stdout+stderr; None: a temporary file
-    env: dict = field(default_factory=dict)  # extra environment variables for the server
-
-    def request_settings(self) -> ClientSettings:
-        """The client's settings, under the name the server serves the model as."""
-        client = {f.name: getattr(self, f.name) for f in fields(ClientSettings)}
-        return ClientSettings(**{**client, "model": self.served_model_name or self.model})
+    host: str = execution_only("127.0.0.1")
+    port: int | None = execution_only(None, ge=0, le=65535, description="None: a free port")
+    served_model_name: str | None = Field(default=None, min_length=1, description="None: `model`")
+    log_path: str | None = execution_only(None, description="the server's stdout+stderr; None: a temporary file")
+    env: dict[str, Any] = Field(default_factory=dict, description="extra environment variables for the server")
 
 
-@dataclass(frozen=True, kw_only=True)
-class TransformersSettings(ServerSettings):
-    """`otbuild serve MODEL_DIR` (transformers, CPU or one GPU): `model` is the model dir."""
+class TransformersOptions(ServerOptions):
+    """`otbuild serve MODEL_DIR` (transformers, CPU or one GPU): the LLM's `model` is the model dir."""
 
-    engine: ClassVar[str] = "transformers"
-
-    device: str = _execution("auto")  # auto, cpu, cuda, cuda:N
-    concurrency: int = _execution(2)  # the server runs one request at a time; 2 keeps it busy
+    startup_timeout_sec: float = execution_only(300.0, gt=0)
+    device: str = execution_only("auto", description="auto, cpu, cuda, cuda:N")
 
 
-@dataclass(frozen=True, kw_only=True)
-class VLLMSettings(ServerSettings):
-    """`vllm serve MODEL` on this GPU node: `model` is an HF id or a local path."""
+class VLLMOptions(ServerOptions):
+    """`vllm serve MODEL` on this GPU node: the LLM's `model` is an HF id or a local path."""
 
-    engine: ClassVar[str] = "vllm"
-
-    concurrency: int = _execution(64)  # vLLM batches concurrent requests
-    startup_timeout_sec: float = _execution(1800.0)  # big checkpoints load slowly
-    tensor_parallel_size: int = _execution(1)
-    data_parallel_size: int = _execution(1)
-    max_model_len: int | None = None  # beyond the model's own context: rope scaling in hf_overrides
-    quantization: str | None = None  # e.g. awq; unset: the checkpoint's own (from its config)
-    hf_overrides: dict | None = None  # e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}
-    gpu_memory_utilization: float | None = _execution(None)
+    startup_timeout_sec: float = execution_only(1800.0, gt=0, description="big checkpoints load slowly")
+    tensor_parallel_size: int = execution_only(1, ge=1)
+    data_parallel_size: int = execution_only(1, ge=1)
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="beyond the model's own context: rope scaling in hf_overrides")
+    quantization: str | None = Field(default=None, description="e.g. awq; unset: the checkpoint's own")
+    hf_overrides: dict[str, Any] | None = Field(
+        default=None, description="e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}")
+    gpu_memory_utilization: float | None = execution_only(None, gt=0, le=1)
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
-    extra_args: list[str] = field(default_factory=list)  # appended to the command line as is
-    vllm_executable: str = _execution("vllm")
-
-    def __post_init__(self):
-        super().__post_init__()
-        from otbuild.engines.model_config import check_vllm_model
-
-        check_vllm_model(self.model, self.quantization, self.max_model_len, self.hf_overrides)
+    extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the command line as is")
+    vllm_executable: str = execution_only("vllm", min_length=1)
 
 
-SETTINGS: dict[str, type[ClientSettings]] = {
-    c.engine: c for c in (OpenAISettings, TransformersSettings, VLLMSettings)
-}
+LAUNCH_OPTIONS.update(vllm=VLLMOptions, transformers=TransformersOptions)
 
 
-def identity_args(engine: str, args: dict) -> dict:
-    """The launch settings in `args` that belong in a content id: not execution-only, not
-    equal to the engine's default. Keys the engine does not know are kept (validate rejects them)."""
-    known = {f.name: f for f in fields(SETTINGS[engine])} if engine in SETTINGS else {}
-    out = {}
-    for key, value in args.items():
-        f = known.get(key)
-        if f is not None and (f.metadata.get("execution_only") or value == _default(f)):
-            continue
-        out[key] = value
-    return out
+class LaunchOptionsError(ValueError):
+    """`engine_args` its engine's launch options refuse; `errors` are pydantic's, located
+    inside the mapping (the recipe loader names each key)."""
+
+    def __init__(self, options: type[ServerOptions], errors: list[dict]):
+        self.options, self.errors = options, errors
+        super().__init__(_described(errors))
 
 
-def _default(f):
-    return f.default_factory() if f.default_factory is not MISSING else f.default
+def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions | None:
+    """`args` checked against `engine`'s launch options; None for an engine that starts no server."""
+    options = LAUNCH_OPTIONS.get(engine)
+    if options is None:
+        if args:
+            raise ValueError(f"engine {engine!r} starts no server: engine_args holds the launch options "
+                             f"of {' or '.join(LAUNCH_OPTIONS)}")
+        return None
+    try:
+        return options.model_validate(args)
+    except ValidationError as e:
+        raise LaunchOptionsError(options, e.errors()) from None
 
 
-def engine_settings(section: dict) -> dict:
-    """The keys of `section` (e.g. a recipe's teacher section) that its engine reads; a key
-    left unset (None, e.g. a recipe's `concurrency`) takes the engine's own default."""
-    cls = SETTINGS.get(section.get("engine"))
-    known = {f.name for f in fields(cls)} | {"engine_args"} if cls else set()
-    return {k: v for k, v in section.items() if (k in known and v is not None) or k == "engine"}
+class LLM(Strict):
+    """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
+    transformers model dir. Execution knobs (concurrency, retries, the client's timeout and
+    backoff) are not part of content ids."""
+
+    engine: Literal["openai", "vllm", "transformers"]
+    model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
+    base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
+    api_key_env: str | None = None  # openai: the NAME of the env var holding the key
+    temperature: float = Field(default=0.7, ge=0)
+    max_tokens: int = Field(default=4096, ge=1)
+    request_params: Literal["auto", "standard", "reasoning"] = Field(
+        default="auto", description="which body fields the model takes: auto picks by model name "
+        "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md")
+    max_retries: int = execution_only(5, ge=0, description="after the first attempt (transport errors, 429, 5xx)")
+    request_timeout_sec: float = execution_only(600, gt=0)
+    engine_args: dict[str, Any] = engine_args(of="engine")  # a managed server's launch options
+    concurrency: int | None = execution_only(
+        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)")
+    provider: str | None = Field(default=None, min_length=1, description="the trace's model_provider; "
+                                 "default: the engine's")
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request body")
+    backoff_sec: float = execution_only(1.0, gt=0, description="the first retry waits ~this, doubling, with jitter")
+    backoff_max_sec: float = execution_only(60.0, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, url: str | None) -> str | None:
+        parts = urlsplit(url or "http://x")
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("expected an http(s) URL of an OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+        return url
+
+    @field_validator("engine_args")
+    @classmethod
+    def _launch_options(cls, args: dict, info: ValidationInfo) -> dict:
+        if "engine" in info.data:  # else the engine is the error
+            launch_options(info.data["engine"], args)
+        return args
+
+    @model_validator(mode="after")
+    def _endpoint(self):
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("engine 'openai' needs `base_url`")
+        return self
+
+    @property
+    def launch(self) -> VLLMOptions | TransformersOptions | None:
+        """The launch options of the server this engine starts (None: it starts none)."""
+        return launch_options(self.engine, self.engine_args)
 
 
-ORACLE_CONCURRENCY = 4  # the oracle has no server to keep busy: trials at once are sandboxes on a CPU
+def client_settings(llm: LLM) -> LLM:
+    """What its requests are built from (`otbuild.engines.openai.request_body`): for an engine
+    that starts a server, the model under the name the server serves it as, and no API key."""
+    if llm.launch is None:
+        return llm
+    return llm.model_copy(update={"model": llm.launch.served_model_name or llm.model, "api_key_env": None})
 
 
-def concurrency(section: dict) -> int:
-    """Requests (so trials) in flight for `section`: its `concurrency`, else its engine's default."""
-    if section.get("concurrency"):
-        return section["concurrency"]
-    cls = SETTINGS.get(section.get("engine"))
-    return _default(next(f for f in fields(cls) if f.name == "concurrency")) if cls else ORACLE_CONCURRENCY
+def check_fits_model(llm: LLM) -> None:
+    """A vLLM engine's options against its model's own config (otbuild/engines/model_config.py):
+    what vLLM would refuse after loading the weights is a ConfigError up front."""
+    if llm.engine == "vllm":
+        o = llm.launch
+        check_vllm_model(llm.model, o.quantization, o.max_model_len, o.hf_overrides)
+
+
+def concurrency(section: LLM) -> int:
+    """Requests (so trials) in flight for `section` (an LLM section, or a stage's settings built
+    on one): its `concurrency`, else its engine's default."""
+    return section.concurrency or CONCURRENCY.get(section.engine, CONCURRENCY["openai"])
+
+
+def _described(errors: list[dict]) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in errors)

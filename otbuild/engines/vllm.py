@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess, free_port
-from otbuild.engines.settings import VLLMSettings
+from otbuild.engines.settings import LLM, check_fits_model
 
 
-def vllm_command(settings: dict | VLLMSettings, port: int) -> list[str]:
-    """The `vllm serve` command line for these settings (options left unset are not passed)."""
-    s = settings if isinstance(settings, VLLMSettings) else VLLMSettings.from_dict(settings)
-    cmd = [s.vllm_executable, "serve", s.model, "--host", s.host, "--port", str(port),
+def vllm_command(llm: LLM, port: int) -> list[str]:
+    """The `vllm serve` command line for this engine section (options left unset are not passed)."""
+    s = llm.launch
+    cmd = [s.vllm_executable, "serve", llm.model, "--host", s.host, "--port", str(port),
            "--tensor-parallel-size", str(s.tensor_parallel_size),
            "--data-parallel-size", str(s.data_parallel_size)]
     options = {
@@ -28,7 +28,7 @@ def vllm_command(settings: dict | VLLMSettings, port: int) -> list[str]:
         "--gpu-memory-utilization": s.gpu_memory_utilization,
         "--tool-call-parser": s.tool_call_parser,
         "--reasoning-parser": s.reasoning_parser,
-        "--seed": s.seed,
+        "--seed": llm.seed,
         "--hf-overrides": json.dumps(s.hf_overrides) if s.hf_overrides else None,
     }
     cmd += [x for flag, v in options.items() if v is not None for x in (flag, str(v))]
@@ -41,16 +41,16 @@ class VLLMEngine(ManagedServerEngine):
     name = "vllm"
     default_provider = "hosted_vllm"
 
-    @classmethod
-    def from_settings(cls, settings: dict) -> VLLMEngine:
-        return cls(VLLMSettings.from_dict(settings))
+    def __init__(self, settings: LLM):
+        check_fits_model(settings)
+        super().__init__(settings)
 
     def _launch(self) -> tuple[str, Callable[[], None]]:
-        s = self.settings
+        s = self.options
         client_host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
         port = s.port or free_port(client_host)
         server = ServerProcess(
-            vllm_command(s, port), name="vllm serve", log_path=s.log_path,
+            vllm_command(self.settings, port), name="vllm serve", log_path=s.log_path,
             env={**os.environ, **{k: str(v) for k, v in s.env.items()}},
         ).start()
         root = f"http://{client_host}:{port}"

@@ -15,8 +15,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from otbuild.engines.settings import LLM, LaunchOptionsError, check_fits_model, launch_options
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema import LLM, NAME_RE, Eval, Recipe, Teacher
+from otbuild.recipe.schema import NAME_RE, Eval, Recipe, Teacher
 from otbuild.recipe.schema_train import Rl
 from otbuild.recipe.trials import HARBOR, harbor_agent
 
@@ -199,6 +200,18 @@ def _file_for(loc: tuple, origin: dict, default: Path) -> Path:
 # -- error messages --------------------------------------------------------------------------
 def _format_error(err: dict, origin: dict, path: Path) -> str:
     model, loc = _walk(Recipe, err["loc"])
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, LaunchOptionsError):  # keys of an engine_args mapping, by its engine's options
+        return _launch_errors(cause, loc, origin, path)
+    return _describe(err, model, loc, origin, path)
+
+
+def _launch_errors(error: LaunchOptionsError, loc: tuple, origin: dict, path: Path) -> str:
+    return "\n".join(_describe(e, error.options, (*loc, *e["loc"]), origin, path) for e in error.errors)
+
+
+def _describe(err: dict, model: type[BaseModel] | None, loc: tuple, origin: dict, path: Path) -> str:
+    """One error at `loc` (a key path in the recipe) of a key that `model` owns."""
     where = ".".join(str(p) for p in loc) or "(top level)"
     file = _file_for(loc, origin, path)
     kind, found = err["type"], err.get("input")
@@ -265,14 +278,21 @@ def _suggest(word: str, choices: list[str], what: str) -> str:
 
 
 # -- checks across keys ----------------------------------------------------------------------
-def _check_engine(section: dict, where: str, file: Path) -> None:
-    """The engine's own settings check (otbuild/engines/settings.py), before anything runs."""
-    from otbuild.engines.settings import SETTINGS, engine_settings
-
+def _check_engine(llm: LLM, where: str, file: Path) -> None:
+    """The engine's settings against its model (otbuild/engines/settings.py), before anything runs."""
     try:
-        SETTINGS[section["engine"]].from_dict(engine_settings(section))
+        check_fits_model(llm)
     except ConfigError as e:
         raise ConfigError(f"{file}: {where}: {e}") from None
+
+
+def _check_launch_options(engine: str, args: dict, loc: tuple, origin: dict, path: Path) -> None:
+    """Launch options the schema keeps as a mapping beside the engine that reads them (eval's
+    checkpoint server, RL's rollout server), checked by that engine's options."""
+    try:
+        launch_options(engine, args)
+    except LaunchOptionsError as e:
+        raise ConfigError(_launch_errors(e, loc, origin, path)) from None
 
 
 def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
@@ -281,12 +301,16 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
             "eval.model": recipe.eval.model if recipe.eval else None}
     for where, section in llms.items():
         if section is not None and section.engine != "oracle":
-            _check_engine(section.model_dump(), where, _file_for(tuple(where.split(".")), origin, path))
+            _check_engine(section, where, _file_for(tuple(where.split(".")), origin, path))
     ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
+    if ev and ev.model is None:
+        _check_launch_options(ev.serve_with, ev.engine_args, ("eval", "engine_args"), origin, path)
+    if recipe.rl and recipe.rl.rollout == "vllm":
+        _check_launch_options("vllm", recipe.rl.vllm_args, ("rl", "vllm_args"), origin, path)
     if ev and ev.model is None and ev.serve_with == "vllm" and base and base.kind == "pretrained":
         local = path.resolve().parent.parent / base.path  # the checkpoint keeps its base's config
         model = str(local) if local.exists() else base.path
-        _check_engine({"engine": "vllm", "model": model, "engine_args": ev.engine_args},
+        _check_engine(LLM(engine="vllm", model=model, engine_args=ev.engine_args),
                       "eval.engine_args", _file_for(("eval", "engine_args"), origin, path))
     unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
     if unknown:

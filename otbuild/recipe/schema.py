@@ -12,12 +12,19 @@ declared `execution_only`.
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from otbuild.engines.settings import LLM
 from otbuild.harness.protocol import PROMPTS
-from otbuild.recipe.base import MAX_REPEATS, MAX_SHARDS, MAX_TASKS, Strict, engine_args, execution_only
+from otbuild.recipe.base import (
+    MAX_REPEATS,
+    MAX_SHARDS,
+    MAX_TASKS,
+    Strict,
+    engine_args,
+    execution_only,
+)
 from otbuild.recipe.schema_train import Rl, Sft
 from otbuild.recipe.trials import ShardedTrials
 
@@ -275,41 +282,6 @@ class TraceFilter(Strict):
     dedup: bool = True  # identical conversations
     sample: Sample | None = Field(default=None, description="keep exactly n of what is left (a seeded choice): "
                                   "the kept-traces target of a budget planned with task_filter.score.keep_rate")
-
-
-class LLM(Strict):
-    """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
-    transformers model dir. Execution knobs (concurrency, retries, the client's timeout) are
-    not part of content ids."""
-
-    engine: Literal["openai", "vllm", "transformers"]
-    model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
-    base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
-    api_key_env: str | None = None  # openai: the NAME of the env var holding the key
-    temperature: float = Field(default=0.7, ge=0)
-    max_tokens: int = Field(default=4096, ge=1)
-    request_params: Literal["auto", "standard", "reasoning"] = Field(
-        default="auto", description="which body fields the model takes: auto picks by model name "
-        "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md")
-    max_retries: int = execution_only(5, ge=0)
-    request_timeout_sec: float = execution_only(600, gt=0)
-    engine_args: dict[str, Any] = engine_args(of="engine")  # vllm serve: tensor_parallel_size, ...
-    concurrency: int | None = execution_only(
-        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)")
-
-    @field_validator("base_url")
-    @classmethod
-    def _http(cls, url: str | None) -> str | None:
-        parts = urlsplit(url or "http://x")
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError("expected an http(s) URL of an OpenAI-compatible endpoint, e.g. http://host:8000/v1")
-        return url
-
-    @model_validator(mode="after")
-    def _endpoint(self):
-        if self.engine == "openai" and not self.base_url:
-            raise ValueError("engine 'openai' needs `base_url`")
-        return self
 
 
 class Teacher(LLM, ShardedTrials):

@@ -22,7 +22,6 @@ from pydantic import Field, model_validator
 from otbuild.recipe.base import Strict, engine_args, execution_only
 from otbuild.recipe.trials import PolicyTrials
 
-
 ChatTemplate = Literal["auto", "qwen3", "qwen3_thinking"]
 CHAT_TEMPLATE = Field(
     default="auto", description="qwen3_thinking: every assistant turn keeps its <think> reasoning (the "

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from otbuild import duck, usage
-from otbuild.engines import ContextLengthExceededError, EngineError, engine_settings, open_engine
+from otbuild.engines import ContextLengthExceededError, EngineError, open_engine
 from otbuild.engines.settings import concurrency
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
@@ -68,8 +68,8 @@ async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path) -> in
     first = next(todo, None)
     if first is None:
         return 0
-    engine = await open_engine(engine_settings(cfg.model_dump()))
-    window = asyncio.Semaphore(2 * concurrency(cfg.model_dump()))  # requests built ahead, not all
+    engine = await open_engine(cfg)
+    window = asyncio.Semaphore(2 * concurrency(cfg))  # requests built ahead, not all
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 

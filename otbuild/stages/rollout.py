@@ -189,7 +189,7 @@ def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
 
 async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int) -> None:
-    from otbuild.engines import engine_settings, open_engine
+    from otbuild.engines import open_engine
     from otbuild.engines.settings import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
 
@@ -205,9 +205,9 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
     trial_settings = TrialSettings(cfg, cfg.prompt)
     progress = Progress(total, already)
-    sem = asyncio.Semaphore(concurrency(cfg.model_dump()))
+    sem = asyncio.Semaphore(concurrency(cfg))
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
-    engine = await open_engine(engine_settings(cfg.model_dump()))
+    engine = await open_engine(cfg)
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 

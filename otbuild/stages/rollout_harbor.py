@@ -46,9 +46,9 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
     try:
         model, base_url = cfg.model, cfg.base_url
         if cfg.engine in ("vllm", "transformers"):  # start the server; Harbor talks to it
-            from otbuild.engines import engine_settings, open_engine
+            from otbuild.engines import open_engine
 
-            engine = await open_engine(engine_settings(cfg.model_dump()))
+            engine = await open_engine(cfg)
             model, base_url = engine.model, engine.base_url
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
@@ -56,7 +56,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
             names.update(zip(task_rows_n, export_names(tasks)))
             job = await asyncio.to_thread(
                 run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
-                base_url=base_url, n_attempts=n, n_concurrent=concurrency(cfg.model_dump()),
+                base_url=base_url, n_attempts=n, n_concurrent=concurrency(cfg),
                 job_name=f"attempts-{n}", api_key_env=cfg.api_key_env,
                 log=work / f"attempts-{n}.log", **options)
             job_rows += read_job(job, subagents=True)

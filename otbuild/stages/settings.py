@@ -18,11 +18,21 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, create_model
 
+from otbuild.recipe.base import Strict
 from otbuild.recipe.schema import (
-    NAME_RE, Augment, Mix, Price, PromptStyle, RankBy, Source, TaskFilter, TaskScorer, Teacher, TraceFilter,
+    NAME_RE,
+    Augment,
+    Mix,
+    Price,
+    PromptStyle,
+    RankBy,
+    Source,
+    TaskFilter,
+    TaskScorer,
+    Teacher,
+    TraceFilter,
     TraceImport,
 )
-from otbuild.recipe.base import Strict
 from otbuild.recipe.schema_train import Rl, Sft
 
 
@@ -71,7 +81,6 @@ class EvalSettings(Teacher, PromptStyle):
     `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
 
     model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
-    extra_body: dict[str, Any] = Field(default_factory=dict)
 
 
 class SftSettings(Sft, PromptStyle):

@@ -12,7 +12,13 @@ from pathlib import Path
 from otbuild.errors import StageError
 from otbuild.recipe.schema import TaskFileSource
 from otbuild.sources import hub_files, read_source, where
-from otbuild.tasks.table import Quarantined, TaskRecord, check_not_empty, write_quarantine, write_tasks
+from otbuild.tasks.table import (
+    Quarantined,
+    TaskRecord,
+    check_not_empty,
+    write_quarantine,
+    write_tasks,
+)
 
 
 def run(cfg, inputs: list[Path], outdir: Path) -> dict:

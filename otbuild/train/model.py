@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from otbuild.traces.table import iter_conversations
-from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
 from otbuild.harness.protocol import PROMPTS
 from otbuild.recipe.schema_train import ModelSpec
-
+from otbuild.traces.table import iter_conversations
+from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
 
 TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text
 

@@ -277,13 +277,13 @@ async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg:
     """rollout: vllm. The weights sync through the file system: the step's policy is saved and
     `vllm serve` is started on it (tensor/data parallel from `vllm_args`), the step's trials
     run against it, and it is stopped (also on failure) before the update."""
-    from otbuild.engines import open_engine
+    from otbuild.engines import LLM, open_engine
 
     policy_dir = workroot / "policy"
     policy.model.save_pretrained(policy_dir, safe_serialization=True, max_shard_size="10000GB")
     policy.tok.save_pretrained(policy_dir)
-    server = await open_engine({"engine": "vllm", "model": str(policy_dir), "served_model_name": "policy",
-                                "concurrency": cfg.concurrency, **cfg.vllm_args})
+    server = await open_engine(LLM(engine="vllm", model=str(policy_dir), concurrency=cfg.concurrency,
+                                   engine_args={"served_model_name": "policy", **cfg.vllm_args}))
     try:
         return await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=server)
     finally:

@@ -34,8 +34,15 @@ from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.stages.settings import SftSettings
 from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
-from otbuild.train.data import build as build_dataset, collate, global_batch_rows, steps_per_epoch
-from otbuild.train.dist import client_adamw, ds_config, init_distributed, placement, uses_client_optimizer
+from otbuild.train.data import build as build_dataset
+from otbuild.train.data import collate, global_batch_rows, steps_per_epoch
+from otbuild.train.dist import (
+    client_adamw,
+    ds_config,
+    init_distributed,
+    placement,
+    uses_client_optimizer,
+)
 from otbuild.train.model import load_model, load_tokenizer, materialise
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set, remove_tokenized_set
 from otbuild.train.tracking import Tracker
