@@ -207,8 +207,8 @@ def costs(recipe):
     from otbuild.report.data import artifacts
     from otbuild.report.page import amount
 
-    settings = _plan(recipe).nodes[-1].settings  # the report's: every node, and the prices
-    k = costs_mod.collect(artifacts(settings), settings.get("prices"))
+    report = _plan(recipe).nodes[-1].config  # the report's: every node, and the prices
+    k = costs_mod.collect(artifacts(report.nodes), report.prices)
     t = k.total
     tokens = Table(title=f"LLM requests and tokens: {recipe}")
     for col in ("artifact", "stage", "model", "requests", "errors", "input tokens", "output tokens", "cost"):

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otbuild import duck
+
+if TYPE_CHECKING:
+    from otbuild.recipe.schema import Price
 
 KEYS = ("requests", "errors", "input_tokens", "output_tokens")
 # A trial's last request failed: the engine gave up (its exception), or the conversation
@@ -64,9 +68,8 @@ def of_log(path: Path, model: str) -> dict[str, dict[str, int]]:
     return {model: total} if total["requests"] else {}
 
 
-def cost(usage: dict[str, int], price: dict | None) -> float | None:
+def cost(usage: dict[str, int], price: Price | None) -> float | None:
     """US dollars (or whatever unit the prices are in) for one model's usage; None without a price."""
-    if not price:
+    if price is None:
         return None
-    return (usage["input_tokens"] * price.get("input_per_mtok", 0.0)
-            + usage["output_tokens"] * price.get("output_per_mtok", 0.0)) / 1e6
+    return (usage["input_tokens"] * price.input_per_mtok + usage["output_tokens"] * price.output_per_mtok) / 1e6

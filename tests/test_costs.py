@@ -12,6 +12,7 @@ import pytest
 
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
+from otbuild.recipe.schema import Price
 from otbuild.report.costs import gpus, price_of, read_benchmark
 from tests.conftest import chat_answer, otbuild, snakemake
 from tests.test_report import CHROMIUM, chromium, parse
@@ -126,8 +127,8 @@ def test_gpus_from_the_jobs_resources():
     assert gpus({"gres": "gpu:2"}) == 2
     assert gpus({"gres": "shard:1,gpu:a100:8", "nodes": 3}) == 24
     assert gpus({"gpu": 3}) == 3 and gpus({"gres": "tmpfs:10G"}) == 0 and gpus({}) == 0
-    assert price_of("vllm:m", {"m": {"input_per_mtok": 1}}) == {"input_per_mtok": 1}
-    assert price_of("vllm:m", {"vllm:m": {"input_per_mtok": 2}, "m": {}}) == {"input_per_mtok": 2}
+    one, two = Price(input_per_mtok=1), Price(input_per_mtok=2)
+    assert price_of("vllm:m", {"m": one}) == one and price_of("vllm:m", {"vllm:m": two, "m": Price()}) == two
 
 
 def test_a_plain_benchmark_file_counts_no_gpus(tmp_path):

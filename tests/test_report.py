@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.plan import plan_recipe, report_node, report_settings
+from otbuild.stages.settings import config
 from otbuild.recipe.load import load_recipe
 from otbuild.report import build, charts
 from otbuild.report.page import _md_cell
@@ -208,7 +209,7 @@ def built(tmp_path_factory):
         settings["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, rl)]
         settings["prices"] = {"policy": {"input_per_mtok": 1000.0, "output_per_mtok": 10000.0}}  # MODEL alone
         rep_out = project / "artifacts" / "report" / "rep"
-        rep_stats = build(settings, rep_out)
+        rep_stats = build(config("report", settings), rep_out)
         # rep_ablate: as the rule will run it, a report node's spec through the stage runner
         from otbuild.runner import run_spec
 
@@ -509,7 +510,7 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
         "outputs": [{"path": str(hostile / "tasks.parquet"), "rows": 2}]}))
     settings = report_settings("t", nodes)
     settings["nodes"].insert(0, {"label": "sources/evil", "stage": "source", "id": "x", "dir": str(hostile)})
-    stats = build(settings, tmp_path / "out")
+    stats = build(config("report", settings), tmp_path / "out")
     assert stats["sections"] == {"funnel": True, "mix": True, "traces": False, "sft": False, "rl": False,
                                  "eval": False, "ranking": False}
     html = (tmp_path / "out" / "report.html").read_text()
@@ -537,7 +538,7 @@ def test_a_trace_set_that_kept_nothing_is_reported_not_a_crash(tmp_path, monkeyp
     nodes = _run_in_process(tmp_path, "z", (
         "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\n"
         "trace_filter: {min_turns: 5}\n"))
-    build(report_settings("z", nodes), tmp_path / "out")
+    build(config("report", report_settings("z", nodes)), tmp_path / "out")
     p = parse((tmp_path / "out" / "report.html").read_text())
     assert "No traces: this trace set has 0 rows (the funnel says where they went)." in p.notes["recipe-traces"]
     assert table(p, "recipe-funnel")["trace_filter"][1] == "0"

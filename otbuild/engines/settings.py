@@ -90,7 +90,16 @@ def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions
         raise LaunchOptionsError(options, e.errors()) from None
 
 
-class LLM(Strict):
+class Sampling(Strict):
+    """How a model is asked: an engine section's, and eval's for the checkpoint it serves."""
+
+    temperature: float = Field(default=0.7, ge=0)
+    max_tokens: int = Field(default=4096, ge=1, description="per answer")
+    concurrency: int | None = execution_only(
+        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)")
+
+
+class LLM(Sampling):
     """An LLM engine: an OpenAI-compatible endpoint, a vLLM server otbuild starts, or a local
     transformers model dir. Execution knobs (concurrency, retries, the client's timeout and
     backoff) are not part of content ids."""
@@ -99,16 +108,12 @@ class LLM(Strict):
     model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
     base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
-    temperature: float = Field(default=0.7, ge=0)
-    max_tokens: int = Field(default=4096, ge=1)
     request_params: Literal["auto", "standard", "reasoning"] = Field(
         default="auto", description="which body fields the model takes: auto picks by model name "
         "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md")
     max_retries: int = execution_only(5, ge=0, description="after the first attempt (transport errors, 429, 5xx)")
     request_timeout_sec: float = execution_only(600, gt=0)
     engine_args: dict[str, Any] = engine_args(of="engine")  # a managed server's launch options
-    concurrency: int | None = execution_only(
-        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)")
     provider: str | None = Field(default=None, min_length=1, description="the trace's model_provider; "
                                  "default: the engine's")
     top_p: float | None = Field(default=None, ge=0, le=1)

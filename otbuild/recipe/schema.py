@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from otbuild.engines.settings import LLM
+from otbuild.engines.settings import LLM, Sampling
 from otbuild.harness.protocol import PROMPTS
 from otbuild.recipe.base import (
     MAX_REPEATS,
@@ -362,7 +362,7 @@ class HfTraceImport(FileSource):
 TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HfTraceImport, Field(discriminator="kind")]
 
 
-class Eval(ShardedTrials):
+class Eval(ShardedTrials, Sampling):
     """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
     task sources; `model` is the recipe's last trained checkpoint (sft, else rl: served by
     `serve_with`) unless an engine section names another (an API model, the oracle ceiling).
@@ -373,9 +373,6 @@ class Eval(ShardedTrials):
     model: Teacher | None = None
     serve_with: Literal["transformers", "vllm"] = "transformers"  # for the trained checkpoint
     engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
-    temperature: float = Field(default=0.7, ge=0)
-    max_tokens: int = Field(default=4096, ge=1)
-    concurrency: int | None = execution_only(None, ge=1, description="trials at once per job; default: the engine's")
     rank_by: RankBy = Field(
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
     allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "

@@ -17,13 +17,14 @@ HTML = "report.html"
 CARD = "dataset_card.md"
 
 
-def build(settings: dict, outdir: Path, root: Path = Path(".")) -> dict:
-    """Write OUTDIR/report.html and OUTDIR/dataset_card.md; return the stage's stats."""
+def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
+    """Write OUTDIR/report.html and OUTDIR/dataset_card.md for the report stage's settings
+    (otbuild/stages/settings.py: ReportSettings); return the stage's stats."""
     from otbuild.fsio import atomic_path
     from otbuild.report.data import load
     from otbuild.report.page import render_card, render_html
 
-    rep = load(settings, root)
+    rep = load(cfg, root)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     html, card = render_html(rep), render_card(rep)

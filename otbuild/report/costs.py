@@ -19,8 +19,12 @@ import csv
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otbuild.usage import KEYS, cost
+
+if TYPE_CHECKING:
+    from otbuild.recipe.schema import Price
 
 BENCHMARKS = Path("benchmarks")
 LLM_STAGES = ("augment", "task_score", "rollout", "eval", "rl")  # they record llm_usage
@@ -72,7 +76,7 @@ class Costs:
 
 
 
-def collect(artifacts, prices: dict | None, root: Path = Path(".")) -> Costs:
+def collect(artifacts, prices: dict[str, Price] | None, root: Path = Path(".")) -> Costs:
     """`artifacts`: otbuild.report.data.Artifact's (label, stage, id, stats), each id once."""
     out = Costs()
     seen = set()
@@ -94,7 +98,7 @@ def collect(artifacts, prices: dict | None, root: Path = Path(".")) -> Costs:
     return out
 
 
-def price_of(model: str, prices: dict) -> dict | None:
+def price_of(model: str, prices: dict[str, Price]) -> Price | None:
     """The price for ENGINE:MODEL, set as that or as MODEL alone."""
     return prices.get(model) or prices.get(model.partition(":")[2])
 

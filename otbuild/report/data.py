@@ -2,8 +2,8 @@
 settings), parquet outputs through DuckDB (mix per source, trace turns and rewards, eval
 summaries, rankings) and the training logs (JSON lines per optimizer step).
 
-`load(settings)` takes the report stage's settings, `{"recipe": NAME, "nodes": [{"label",
-"stage", "id", "dir"}, ...]}` (every node of the plan, in topological order), and returns a
+`load(cfg)` takes the report stage's settings (`ReportSettings`: the recipe's name, every node
+of the plan in topological order as label, stage, id and dir, the prices), and returns a
 `Report`: one `Group` per candidate of an ablation (labels `candidates/<name>/...`) or one
 group for a plain recipe, plus the ranking when there is one. Everything a section needs is
 None or empty when the recipe has no such artifact; the page says so in one line.
@@ -150,28 +150,26 @@ class Report:
     zscores: list[dict] = field(default_factory=list)
     ranking_label: str | None = None
     costs: costs.Costs = field(default_factory=costs.Costs)
-    prices: dict = field(default_factory=dict)
 
 
-def artifacts(settings: dict, root: Path = Path(".")) -> list[Artifact]:
-    """The report settings' nodes with their records (None where not built)."""
+def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
+    """The report settings' nodes (`ReportNode`s) with their records (None where not built)."""
     arts = []
-    for n in settings["nodes"]:
-        d = root / n["dir"]
-        local, name = n["label"], None
+    for n in nodes:
+        d = root / n.dir
+        local, name = n.label, None
         if local.startswith(CANDIDATES):
             name, _, local = local[len(CANDIDATES):].partition("/")
-        arts.append(Artifact(n["label"], local, n["stage"], n["id"], d, _record(d), name))
+        arts.append(Artifact(n.label, local, n.stage, n.id, d, _record(d), name))
     return arts
 
 
-def load(settings: dict, root: Path = Path(".")) -> Report:
-    arts = artifacts(settings, root)
+def load(cfg, root: Path = Path(".")) -> Report:
+    arts = artifacts(cfg.nodes, root)
     con = duck.connect()
     names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
     groups = [_group(con, name, [a for a in arts if a.candidate == name]) for name in names]
-    rep = Report(settings["recipe"], settings.get("description", ""), arts, groups,
-                 costs=costs.collect(arts, settings.get("prices"), root), prices=settings.get("prices") or {})
+    rep = Report(cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root))
     rank = next((a for a in arts if a.stage == "rank"), None)
     if rank:
         outs = STAGES["rank"].outputs

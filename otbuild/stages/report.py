@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.report import build
+from otbuild.stages.settings import ReportSettings
 
 
-def run(cfg, inputs: list[Path], outdir: Path) -> dict:
-    return build(cfg.model_dump(exclude_none=True), Path(outdir))
+def run(cfg: ReportSettings, inputs: list[Path], outdir: Path) -> dict:
+    return build(cfg, Path(outdir))

@@ -105,6 +105,7 @@ class ReportNode(Strict):
 
 class ReportSettings(Strict):
     recipe: str
+    description: str = ""
     nodes: list[ReportNode]
     prices: dict[str, Price] | None = None
 
