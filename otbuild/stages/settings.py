@@ -1,7 +1,7 @@
 """What each stage receives: its settings model.
 
-A stage's settings are its recipe section (otbuild/recipe/schema.py: the one definition of
-every field, its default and its bounds) plus what the plan adds: a source's name, the files
+A stage's settings are its recipe section (otbuild/recipe/, otbuild/engines/settings.py: the
+one definition of every field, its default and its bounds) plus what the plan adds: a source's name, the files
 and dataset commits it resolved, the harness prompt style, the checkpoint an eval serves. The
 plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them back
 into the stage's model (`config`), so `run(cfg, inputs, outdir)` and the training workers get
