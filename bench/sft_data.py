@@ -75,13 +75,13 @@ def run_new(traces: Path, work: Path, cutoff: int) -> dict:
 
 
 def run_old(traces: Path, work: Path, cutoff: int) -> dict:
-    from otbuild.recipe.schema_train import TinyModel
+    """On the baseline commit's code, with its API (a model spec as a dict)."""
     from otbuild.train import data as D
     from otbuild.train.model import load_tokenizer, materialise
 
     t = [clock()]
     convs = D.read_conversations([traces])
-    tok, _ = load_tokenizer(materialise(TinyModel(**TINY), work / "model", convs))
+    tok, _ = load_tokenizer(materialise(TINY, work / "model", convs))
     t.append(clock())
     ds = D.build(tok, D.read_conversations([traces]), cutoff_len=cutoff)  # what every rank did
     t.append(clock())
