@@ -68,8 +68,9 @@ class Node:
     def shard_outputs(self, shards: int | None = None) -> list[Path]:
         """Sharded stages run as one job per shard, then a merge job. `shards` (an execution
         knob) defaults to the recipe's; a built artifact keeps the layout it was built with."""
-        n = getattr(self.config, "shards", 0) if shards is None else shards
-        return [shard_path(self.dir, n, k) for k in range(n)]
+        if shards is None:
+            shards = self.config.shards if STAGES[self.stage].sharded else 0
+        return [shard_path(self.dir, shards, k) for k in range(shards)]
 
     def spec(self) -> dict:
         """Everything `otbuild stage STAGE --spec JSON` needs, as plain JSON."""

@@ -82,6 +82,12 @@ class ShardedTrials(Trials):
         return self
 
 
+def trials_of(section) -> Trials:
+    """The trial settings of a teacher, eval or rl section (or of their stages' settings): the
+    section itself, or rl's `sandbox`."""
+    return section if isinstance(section, Trials) else section.sandbox
+
+
 class PolicyTrials(Trials):
     """RL's trials (`rl.sandbox`): the policy answers in the training process, so they run in
     otbuild's harness, never through Harbor."""

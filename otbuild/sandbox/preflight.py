@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from otbuild.recipe.trials import trials_of
 from otbuild.sources import read_source
 from otbuild.tasks.base_image import task_base_images
 from otbuild.tasks.table import Quarantined
@@ -17,7 +18,7 @@ def base_image_counts(plan) -> Counter:
     Streamed from each source's own files (sources whose files are not there yet are skipped)."""
     from otbuild.sandbox import needs_image
 
-    backends = {trials(n).sandbox for n in plan.nodes if n.stage in ("rollout", "eval", "rl")}
+    backends = {trials_of(n.config).sandbox for n in plan.nodes if n.stage in ("rollout", "eval", "rl")}
     if not backends & {"podman", "auto"}:
         return Counter()
     counts: Counter = Counter()
@@ -29,11 +30,6 @@ def base_image_counts(plan) -> Counter:
                 counts.update(set(task_base_images(item.task)))
     return counts
 
-
-def trials(node):
-    """The trial settings of a rollout, eval or rl node (otbuild/recipe/trials.py): RL's are its
-    `sandbox` section."""
-    return node.config.sandbox if node.stage == "rl" else node.config
 
 
 def image_presence(images) -> dict[str, bool | None]:
