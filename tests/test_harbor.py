@@ -341,3 +341,108 @@ def test_rollouts_through_harbor_in_a_real_build(project):
     traces = pq.read_table(project / "results" / "hb" / "teacher" / "traces.parquet").to_pylist()
     assert [(t["sample_idx"], t["reward"], t["agent"]) for t in traces] == [(0, 1.0, "oracle"), (1, 1.0, "oracle")] * 2
     assert all(t["source"] == "synth" and t["task_id"] for t in traces)
+
+
+# -- a trace is what the model said, on both paths -----------------------------------------
+SERVED = [  # a terminus-2 session: a command, a parse error, done, confirmed
+    json.dumps({"analysis": "Look first.", "plan": "List the files.",
+                "commands": [{"keystrokes": "ls -la\n", "duration": 0.1}], "task_complete": False}),
+    "I think the answer is {not json",
+    json.dumps({"analysis": "Done.", "plan": "", "commands": [], "task_complete": True}, indent=2),
+    json.dumps({"analysis": "Sure.", "plan": "", "commands": [], "task_complete": True}),
+]
+KEY = "sk-lab-0123456789abcdef"  # the lab's key: it must reach the endpoint and no file
+
+
+def terminus2_endpoint(reasoning: str | None = None):
+    """An OpenAI-compatible stand-in speaking terminus-2's JSON protocol: the answer for the
+    conversation's turn (so trials may interleave), with the reasoning parser's text beside it."""
+    def reply(body):
+        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        text = SERVED[min(turn, len(SERVED) - 1)]
+        message = {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
+        return 200, {"id": f"chatcmpl-{turn}", "object": "chat.completion", "created": 1, "model": body["model"],
+                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70}}
+    return reply
+
+
+def _served_turns(srv, reasoning):
+    """What the endpoint answered, per request, as a trace's assistant turn holds it."""
+    texts = [SERVED[min(sum(m["role"] == "assistant" for m in r["body"]["messages"]), len(SERVED) - 1)]
+             for r in srv.requests]
+    return [f"<think>{reasoning}</think>\n{t}" if reasoning else t for t in texts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor)])
+def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, monkeypatch, sandbox):
+    """otbuild's harness and Harbor's terminus-2 (raw content, linear history) give the same
+    assistant turns: the endpoint's answers byte for byte, reasoning before them, parse errors
+    included. The lab's key (api_key_env) reaches the endpoint on both paths and is written
+    into no job config, log or trace."""
+    reasoning = "The task wants a listing."
+    srv = scripted(terminus2_endpoint(reasoning))
+    monkeypatch.setenv("LAB_LLM_KEY", KEY)
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(2, seed=5), source="synth")
+    settings = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="LAB_LLM_KEY",
+                               max_episodes=6, sandbox=sandbox, harbor={"environment": "otbuild"})
+    from otbuild.stages.rollout import run_shard
+
+    out = tmp_path / "rollout"
+    run_shard(settings, [tasks], out, 0)
+    rows = pq.read_table(out / "shards" / "0-of-1.parquet").to_pylist()
+    assert len(rows) == 2 and all(r["exception"] is None for r in rows), [r["result"] for r in rows]
+    turns = [m["content"] for r in rows for m in r["conversations"] if m["role"] == "assistant"]
+    expected = [f"<think>{reasoning}</think>\n{t}" for t in SERVED]
+    assert sorted(turns) == sorted(_served_turns(srv, reasoning)) == sorted(expected * 2)
+    for r in rows:
+        assert [m["content"] for m in r["conversations"] if m["role"] == "assistant"] == expected
+        assert r["n_turns"] == 4 and r["episode"] == "episode-3"
+    assert all(r["headers"].get("Authorization") == f"Bearer {KEY}" for r in srv.requests)
+    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not leaks, leaks
+
+
+def test_harbor_jobs_record_raw_content_and_name_the_key_variable(tmp_path):
+    cfg = job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/m", api_key_env="LAB_LLM_KEY",
+                     agent_kwargs={"trajectory_config": {"linear_history": False}})
+    [agent] = cfg["agents"]
+    assert agent["kwargs"]["trajectory_config"] == {"raw_content": True, "linear_history": False}
+    assert agent["model_api_key_name"] == "LAB_LLM_KEY"
+    assert job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/m")["agents"][0]["kwargs"][
+        "trajectory_config"] == {"raw_content": True, "linear_history": True}
+    with pytest.raises(ValueError, match="raw_content"):
+        job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/m",
+                   agent_kwargs={"trajectory_config": {"raw_content": False}})
+    from otbuild.harbor.job import harbor_env
+
+    with pytest.raises(ValueError, match="LAB_LLM_KEY"):
+        harbor_env({}, api_key_env="LAB_LLM_KEY")
+    assert "OPENAI_API_KEY" not in harbor_env({"LAB_LLM_KEY": "k"}, api_key_env="LAB_LLM_KEY")
+
+
+def test_a_linear_history_trial_is_its_last_context_window(tmp_path):
+    """terminus-2 with linear_history writes one file per context window; the row is the last
+    one (what the model saw when it answered last: the handed-over context, then its turns),
+    as Harbor's `traces export --episodes last` gives it; episodes count every file's own."""
+    job = tmp_path / "job"
+    first = [{"source": "system", "message": "Task: count."},
+             {"source": "agent", "message": "A1", "observation": {"results": [{"content": "o1"}]}},
+             {"source": "agent", "message": "A2", "observation": {"results": [{"content": "o2"}]}}]
+    cont = [{"source": "user", "message": "Task: count.", "is_copied_context": True},
+            {"source": "user", "message": "Summary: counted to 2.", "is_copied_context": True},
+            {"source": "agent", "message": "A3", "reasoning_content": "r3",
+             "observation": {"results": [{"content": "o3"}]}}]
+    trial = _trial(job, "t__1", "t", first)
+    data = json.loads((trial / "agent" / "trajectory.json").read_text())
+    data["continued_trajectory_ref"] = "trajectory.cont-1.json"
+    (trial / "agent" / "trajectory.json").write_text(json.dumps(data))
+    (trial / "agent" / "trajectory.cont-1.json").write_text(json.dumps({"steps": cont}))
+    row = ingest.read_trial(trial)
+    assert row["conversations"] == [{"role": "user", "content": "Task: count."},
+                                    {"role": "user", "content": "Summary: counted to 2."},
+                                    {"role": "assistant", "content": "<think>r3</think>\nA3"}]
+    assert row["episode"] == "episode-2" and row["n_turns"] == 1
+    assert json.loads(row["metadata"])["trajectories"] == ["trajectory.json", "trajectory.cont-1.json"]

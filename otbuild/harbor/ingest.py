@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from otbuild.traces.table import TRACE_SCHEMA, count_turns
+from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns
 
 TIMEOUT_EXCEPTIONS = {"AgentTimeoutError"}  # the agent ran out of time: a task outcome
 
@@ -178,25 +178,26 @@ def job_scores(job_dir: Path) -> list[dict]:
 
 # -- conversations ----------------------------------------------------------------------------
 def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
-    """The main ATIF trajectory and its continuations as {role, content} messages."""
+    """The main ATIF trajectory as {role, content} messages, with its episode count and the
+    trajectory files it spans. A trajectory continued in other files (`continued_trajectory_ref`:
+    terminus-2's `linear_history`, one file per context window) is read to its last file, whose
+    conversation is what the model saw when it gave its last answer (the context it was handed
+    after summarizing, then its new turns); the episodes of every file are counted. This is the
+    row Harbor's own `traces export --episodes last` gives."""
     agent = trial_dir / "agent"
     path = agent / "trajectory.json"
     messages: list[dict] = []
     episodes = 0
     used: list[str] = []
-    seen: set[Path] = set()
-    while path.is_file() and path not in seen:
-        seen.add(path)
+    while path.is_file() and path.name not in used:
         data = _json(path)
         if not isinstance(data, dict):
             break
         used.append(path.name)
-        msgs, n = _atif_messages(data.get("steps") or [])
-        if messages and msgs and msgs[0]["role"] == "user" and used[:-1]:
-            # a continuation repeats the context it starts from; keep what is new
-            msgs = _drop_repeated_prefix(messages, msgs)
-        messages += msgs
-        episodes += n
+        steps = data.get("steps") or []
+        messages, _ = _atif_messages(steps)
+        episodes += sum(1 for st in steps if isinstance(st, dict) and st.get("source") == "agent"
+                        and not st.get("is_copied_context"))
         ref = data.get("continued_trajectory_ref")
         if not ref:
             break
@@ -215,16 +216,13 @@ def _atif_messages(steps: list) -> tuple[list[dict], int]:
             out.append({"role": "user", "content": _text(step.get("message"))})
         elif source == "agent":
             n_agent += 1
-            parts = []
-            if step.get("reasoning_content"):
-                parts.append(f"<think>{step['reasoning_content']}</think>")
-            if step.get("message"):
-                parts.append(_text(step["message"]))
-            for call in step.get("tool_calls") or []:
-                parts.append("<tool_call>\n" + json.dumps(
-                    {"name": call.get("function_name"), "arguments": call.get("arguments", {})},
-                    ensure_ascii=False) + "\n</tool_call>")
-            out.append({"role": "assistant", "content": "\n".join(parts)})
+            # raw content (what otbuild's jobs record): the message is the model's answer; a
+            # trajectory Harbor rewrote has its commands as tool calls, kept as its export has them
+            parts = [_text(step.get("message"))] if step.get("message") else []
+            parts += ["<tool_call>\n" + json.dumps(
+                {"name": call.get("function_name"), "arguments": call.get("arguments", {})},
+                ensure_ascii=False) + "\n</tool_call>" for call in step.get("tool_calls") or []]
+            out.append({"role": "assistant", "content": assistant_turn("\n".join(parts), step.get("reasoning_content"))})
             results = ((step.get("observation") or {}).get("results")) or []
             texts = [_text(r.get("content")) for r in results if isinstance(r, dict)
                      and r.get("content") is not None]
@@ -233,13 +231,6 @@ def _atif_messages(steps: list) -> tuple[list[dict], int]:
     while out and out[-1]["role"] != "assistant" and n_agent:
         out.pop()  # the last observation answers nothing the model saw
     return out, n_agent
-
-
-def _drop_repeated_prefix(before: list[dict], new: list[dict]) -> list[dict]:
-    i = 0
-    while i < min(len(before), len(new)) and before[i] == new[i]:
-        i += 1
-    return new[i:]
 
 
 def _oracle_conversation(trial_dir: Path, task_path: Path | None) -> list[dict]:

@@ -45,21 +45,32 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
                agent_kwargs: dict | None = None, environment_kwargs: dict | None = None,
                timeout_multiplier: float = 1.0, agent_timeout_sec: float | None = None,
                max_timeout_sec: float | None = None, task_names: list[str] | None = None,
-               max_retries: int = 0) -> dict:
+               max_retries: int = 0, api_key_env: str | None = None) -> dict:
     """A Harbor JobConfig (schema: `harbor job schema`) as a dict.
 
     `environment`: a Harbor environment type (docker, daytona, modal, ...), `otbuild` (ours,
     no container), or an import path `module:Class`. `agent`: oracle, terminus-2 (or any
     Harbor agent name); `model` in litellm form (`openai/NAME` for an OpenAI-compatible
     server at `base_url`, e.g. `otbuild serve`). Harbor's agent timeout is
-    min(task's or `agent_timeout_sec`, `max_timeout_sec`) x `timeout_multiplier`."""
+    min(task's or `agent_timeout_sec`, `max_timeout_sec`) x `timeout_multiplier`.
+
+    The terminus agents record what the model said (`trajectory_config.raw_content`, which
+    a caller cannot turn off) and one linear history per context window (`linear_history`).
+    `api_key_env` names the environment variable that holds the key (Harbor's
+    `model_api_key_name`): the config holds the name, never the key. `max_retries`: Harbor
+    reruns a trial that ended in an infrastructure error (its error policy decides which)
+    up to that many times, with backoff."""
     if agent != "oracle" and not model:
         raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
     agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
+    if agent.startswith("terminus"):
+        agent_cfg["kwargs"]["trajectory_config"] = trajectory_config(agent_cfg["kwargs"].get("trajectory_config"))
     if model:
         agent_cfg["model_name"] = model
     if base_url:
         agent_cfg["base_url"] = base_url
+    if api_key_env:
+        agent_cfg["model_api_key_name"] = api_key_env
     if agent_timeout_sec is not None:
         agent_cfg["override_timeout_sec"] = float(agent_timeout_sec)
     if max_timeout_sec is not None:
@@ -90,6 +101,18 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
     }
 
 
+def trajectory_config(given: dict | None = None) -> dict:
+    """terminus-2's trajectory options: raw content always (an assistant turn is the model's
+    answer byte for byte, not Harbor's "Analysis: ... Plan: ..." rewrite with tool calls),
+    linear history unless `given` turns it off (each file one context window the model saw,
+    continued by `continued_trajectory_ref`; OpenThoughts-Agent's trace configs set both)."""
+    given = dict(given or {})
+    if given.get("raw_content") is False:
+        raise ValueError("trajectory_config.raw_content: false would store Harbor's rewrite of the model's "
+                         "answers instead of what it said; otbuild's traces need raw_content")
+    return {"linear_history": True, **given, "raw_content": True}
+
+
 def write_job_config(path: Path, config: dict) -> Path:
     """JSON (a YAML subset Harbor reads with -c)."""
     path = Path(path)
@@ -106,12 +129,15 @@ def harbor_command(config_path: Path, *, harbor: str | Path | None = None,
 
 
 def harbor_env(base: dict | None = None, api_key_env: str | None = None) -> dict:
-    """The environment harbor runs with: litellm offline-friendly, a placeholder key for
-    OpenAI-compatible servers that need none."""
+    """The environment harbor runs with: litellm offline-friendly; the key Harbor's agent
+    reads from `api_key_env` (the job config names it), else a placeholder key for
+    OpenAI-compatible servers that need none. A named variable that is unset is an error."""
     env = dict(os.environ if base is None else base)
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if api_key_env is None:
         env.setdefault("OPENAI_API_KEY", "otbuild-local")
+    elif not env.get(api_key_env):
+        raise ValueError(f"api_key_env {api_key_env!r} is not set: Harbor's agent would get no key")
     return env
 
 
@@ -134,7 +160,7 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                    job_name: str = "job", agent_kwargs: dict | None = None,
                    environment_kwargs: dict | None = None, timeout_multiplier: float = 1.0,
                    agent_timeout_sec: float | None = None, max_timeout_sec: float | None = None,
-                   harbor: str | Path | None = None,
+                   harbor: str | Path | None = None, max_retries: int = 0,
                    api_key_env: str | None = None, timeout_sec: float | None = None,
                    log: Path | None = None) -> Path:
     """Run one Harbor job over `tasks` (a task parquet, or a dir of Harbor task dirs) and
@@ -152,11 +178,11 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                      environment=environment, n_attempts=n_attempts, n_concurrent=n_concurrent,
                      agent_kwargs=agent_kwargs, environment_kwargs=environment_kwargs,
                      timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec,
-                     max_timeout_sec=max_timeout_sec)
+                     max_timeout_sec=max_timeout_sec, max_retries=max_retries, api_key_env=api_key_env)
+    env = harbor_env(api_key_env=api_key_env)
     path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
     log = Path(log or workdir / f"{job_name}.harbor.log")
     command = harbor_command(path, harbor=exe)
-    env = harbor_env(api_key_env=api_key_env)
     # the tools installed beside harbor come first (podman-compose, for `-e podman`)
     env["PATH"] = os.pathsep.join([str(Path(command[0]).parent), env.get("PATH", "/usr/bin:/bin")])
     with open(log, "wb") as out:

@@ -27,6 +27,7 @@ from otbuild.recipe.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
 from otbuild.tasks.task_toml import task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
+from otbuild.traces.table import assistant_turn
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt
 
@@ -268,8 +269,7 @@ def _conversation(messages: list[dict], completions: list[Completion], settings:
         content = m["content"]
         if m["role"] == "assistant":
             c = next(answers)
-            if settings.trials.keep_reasoning and c.reasoning:
-                content = f"<think>{c.reasoning}</think>\n{content}"
+            content = assistant_turn(content, c.reasoning if settings.trials.keep_reasoning else None)
         out.append({"role": m["role"], "content": content})
     while out and out[-1]["role"] != "assistant":
         out.pop()

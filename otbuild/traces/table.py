@@ -51,6 +51,13 @@ TRACE_SCHEMA = pa.schema(
 )
 
 
+def assistant_turn(text: str, reasoning: str | None = None) -> str:
+    """An assistant message of a trace: the model's answer byte for byte, its reasoning (a
+    reasoning parser's text) before it as Harbor exports it: `<think>REASONING</think>\nTEXT`.
+    Both harnesses write turns through this, so both give the same bytes."""
+    return f"<think>{reasoning}</think>\n{text}" if reasoning else text
+
+
 def count_turns(conversations: list[dict]) -> int:
     """A turn is one assistant message: the model acted once."""
     return sum(1 for m in conversations if m.get("role") == "assistant")
