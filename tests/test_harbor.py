@@ -400,7 +400,8 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     for r in rows:
         assert [m["content"] for m in r["conversations"] if m["role"] == "assistant"] == expected
         assert r["n_turns"] == 4 and r["episode"] == "episode-3"
-    assert all(r["headers"].get("Authorization") == f"Bearer {KEY}" for r in srv.requests)
+    assert all({k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}"
+               for r in srv.requests)
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not leaks, leaks
 

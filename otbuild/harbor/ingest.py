@@ -19,7 +19,10 @@ A Harbor job dir (`harbor run -o JOBS --job-name NAME` -> `JOBS/NAME/`) holds `c
     verifier/reward.txt | reward.json, verifier/test-stdout.txt
     exception.txt         the traceback, when the trial raised
 
-One row per trial, the whole main conversation (all episodes; `episode` names the last).
+One row per trial: the main conversation (`episode` names the last episode; a trajectory
+continued over context windows gives its last window: `_conversation`). Assistant turns are
+the step messages (the model's raw answers in the jobs otbuild runs) with their reasoning
+before them, written as otbuild's harness writes them (`traces.table.assistant_turn`).
 Rows keep the real text: the conversation starts with the user turn that holds the task
 (the instruction from the task dir when the trajectory has none, or an empty one), infra
 errors and agent timeouts are apart from task failures (`exception`, `timed_out`).
