@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv-harbor/: Harbor's CLI in its own Python 3.12 environment, with otbuild
+# Create .venv-harbor/: Harbor's CLI in its own Python 3.12 environment (with its `huggingface`
+# extra: `datasets`, for Harbor's trace export `export_traces`), with otbuild
 # installed --no-deps (editable) so Harbor can import otbuild.harbor.environment:OtbuildEnvironment
 # (it needs only the standard library, Harbor and otbuild.sandbox).
 # Idempotent: does nothing when the pinned Harbor and otbuild are already there.
@@ -14,6 +15,7 @@ import sys
 from importlib.metadata import version
 import otbuild.harbor, otbuild.sandbox  # noqa: F401  (the editable install points here)
 import podman_compose  # noqa: F401  (Harbor's `-e podman` on a podman without `podman compose`)
+import datasets  # noqa: F401  (the `huggingface` extra: Harbor's trace export)
 sys.exit(0 if version("harbor") == sys.argv[1] else 1)
 PY
 then
@@ -35,7 +37,7 @@ find_python() {
 PY=$(find_python) || { echo "harbor-env: Harbor needs Python >= 3.12; none found (set HARBOR_PYTHON)" >&2; exit 2; }
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "harbor==$HARBOR_VERSION" podman-compose 2>&1 \
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "harbor[huggingface]==$HARBOR_VERSION" podman-compose 2>&1 \
     | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
     | grep -v "^WARNING: Location" || true

@@ -30,7 +30,7 @@ from otbuild.harbor.job import (
 )
 from otbuild.sources.synthetic import generate
 from otbuild.stages.settings import RolloutSettings
-from otbuild.tasks.table import write_tasks
+from otbuild.tasks.table import Quarantined, write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
 from tests.conftest import otbuild, snakemake
 
@@ -447,3 +447,93 @@ def test_a_linear_history_trial_is_its_last_context_window(tmp_path):
                                     {"role": "assistant", "content": "<think>r3</think>\nA3"}]
     assert row["episode"] == "episode-2" and row["n_turns"] == 1
     assert json.loads(row["metadata"])["trajectories"] == ["trajectory.json", "trajectory.cont-1.json"]
+
+
+# -- Harbor's trace export, imported -------------------------------------------------------
+def _export_rows(trial: str, episodes: int, result: str, **extra) -> list[dict]:
+    conv = [{"role": "user", "content": "Solve it."}]
+    rows = []
+    for e in range(episodes):
+        conv = conv + [{"role": "assistant", "content": f"answer {e}"}]
+        rows.append({"conversations": list(conv), "agent": "terminus-2", "model": "glm", "model_provider": "hosted_vllm",
+                     "date": "2026-01-01T00:00:00Z", "task": "t1", "episode": f"episode-{e}", "run_id": "job",
+                     "trial_name": trial, "result": result, **extra})
+        conv = conv + [{"role": "user", "content": f"output {e}"}]
+    return rows
+
+
+def test_harbor_trace_export_rows_import_by_trial(tmp_path):
+    """One row per trial (its last episode) across shard files, or every row; the result text
+    to reward or exception; subagent rows marked; a ShareGPT-only export read too."""
+    from otbuild.traces.imports import read_traces
+
+    rows = (_export_rows("t1__a", 3, "1.0", trace_source="main") + _export_rows("t1__b", 2, "AgentTimeoutError")
+            + _export_rows("t1__c", 1, "InternalServerError")
+            + [{**_export_rows("t1__a", 1, "1.0")[0], "trace_source": "summarization-1-summary"}])
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "train-00000-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[2:]), tmp_path / "train-00001-of-00002.parquet")
+    last = list(read_traces("harbor-traces", tmp_path))
+    assert [(r["trial_name"], r["episode"], r["is_subagent"]) for r in last] == [
+        ("t1__a", "episode-2", False), ("t1__b", "episode-1", False), ("t1__c", "episode-0", False),
+        ("t1__a", "episode-0", True)]
+    a, b, c, _ = last
+    assert a["conversations"] == rows[2]["conversations"] and a["n_turns"] == 3
+    assert (a["reward"], a["result"], a["exception"], a["timed_out"]) == (1.0, "1.0", None, False)
+    assert (b["reward"], b["exception"], b["timed_out"]) == (None, None, True)
+    assert (c["exception"], c["result"]) == ("InternalServerError", "InternalServerError")
+    assert a["source"] == "import:harbor-traces" and a["teacher"] == "terminus-2:glm"
+    assert len(list(read_traces("harbor-traces", tmp_path, episodes="all"))) == len(rows)
+    sharegpt = tmp_path / "sg" / "data.jsonl"
+    sharegpt.parent.mkdir()
+    sharegpt.write_text(json.dumps({"conversations_sharegpt": [{"from": "human", "value": "Do."}, {"from": "gpt", "value": "Done."}],
+                                    "trial_name": "x", "episode": "episode-0", "result": "0.0"}) + "\n")
+    [row] = read_traces("harbor-traces", sharegpt)
+    assert row["conversations"] == [{"role": "user", "content": "Do."}, {"role": "assistant", "content": "Done."}]
+    assert row["reward"] == 0.0
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_harbors_own_trace_export_imports_to_what_the_job_ingest_gives(tmp_path, scripted):
+    """Round trip: a real terminus-2 job (against a terminus-2 speaking endpoint), exported by
+    Harbor's own `export_traces` (what `harbor traces export` publishes, every episode), imports
+    to the rows otbuild's job ingest gives: one per trial, the same conversation and outcome."""
+    from otbuild.traces.imports import read_traces
+
+    srv = scripted(terminus2_endpoint("Thinking."))
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(2, seed=6), source="synth")
+    job = run_harbor_job(tasks, tmp_path, agent="terminus-2", model="openai/m", base_url=srv.base_url,
+                         job_name="t2", n_attempts=2, timeout_sec=300, agent_kwargs={"max_turns": 6})
+    export = tmp_path / "export.parquet"
+    code = ("import sys; from harbor.utils.traces_utils import export_traces; "
+            "ds = export_traces(sys.argv[1], episodes='all', to_sharegpt=True, use_rich_progress=False); "
+            "ds.to_parquet(sys.argv[2])")
+    res = subprocess.run([str(HARBOR.parent / "python"), "-c", code, str(job), str(export)],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    imported = {r["trial_name"]: r for r in read_traces("harbor-traces", export)}
+    ingested = {r["trial_name"]: r for r in ingest.read_job(job)}
+    assert len(imported) == 4 and set(imported) == set(ingested)
+    for name, row in imported.items():
+        mine = ingested[name]
+        assert row["conversations"] == mine["conversations"] and mine["n_turns"] == 4, name
+        assert (row["result"], row["reward"], row["exception"], row["timed_out"], row["episode"]) == (
+            mine["result"], mine["reward"], mine["exception"], mine["timed_out"], mine["episode"])
+    assert pq.read_table(export).num_rows == 4 * 4  # every episode exported; one per trial kept
+
+
+def test_an_export_row_without_the_task_is_quarantined(tmp_path):
+    """A trajectory that opens with an answer (Harbor's "Technical difficulties" placeholder
+    step) has no task text in Harbor's export: the import quarantines it, naming the trial."""
+    from otbuild.traces.imports import read_traces
+
+    row = {**_export_rows("t1__a", 1, "0.0")[0]}
+    row["conversations"] = [{"role": "assistant", "content": "Technical difficulties. Please continue with the task."},
+                            {"role": "user", "content": "output"}, {"role": "assistant", "content": "ls"}]
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "x.parquet")
+    [q] = read_traces("harbor-traces", tmp_path / "x.parquet")
+    assert isinstance(q, Quarantined) and q.name == "t1__a" and q.reason == "no user message before the first answer"
+    pq.write_table(pa.Table.from_pylist([{**row, "instruction": "Fix it."}]), tmp_path / "y.parquet")
+    [ok] = read_traces("harbor-traces", tmp_path / "y.parquet")
+    assert ok["conversations"][0] == {"role": "user", "content": "Fix it."}

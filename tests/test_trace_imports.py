@@ -50,7 +50,7 @@ def check_common(rows: list[dict], kind: str, tmp_path: Path) -> None:
 
 
 def test_registry():
-    assert set(IMPORTERS) == {"mini-swe-agent", "swe-agent", "messages-jsonl"}
+    assert set(IMPORTERS) == {"mini-swe-agent", "swe-agent", "messages-jsonl", "harbor-traces"}
     with pytest.raises(ValueError, match="unknown trace import kind"):
         read_traces("nope", MINI)
 

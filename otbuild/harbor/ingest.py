@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from otbuild.traces.imports._common import ensure_task_text
 from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns
 
 TIMEOUT_EXCEPTIONS = {"AgentTimeoutError"}  # the agent ran out of time: a task outcome
@@ -100,7 +101,7 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
     if not conversations and agent_info.get("name") == "oracle" and result.get("agent_execution"):
         conversations = _oracle_conversation(trial_dir, task_path)
         n_episodes = 1
-    conversations = _fill_first_user_turn(conversations, instruction)
+    ensure_task_text(conversations, instruction)  # no empty first user turn where the task is known
 
     rewards = (result.get("verifier_result") or {}).get("rewards")
     reward = _reward(rewards, trial_dir)
@@ -247,19 +248,6 @@ def _oracle_conversation(trial_dir: Path, task_path: Path | None) -> list[dict]:
                 break
     content = f"```bash\n{script.rstrip()}\n```" if script else "[oracle: solution/solve.sh]"
     return [{"role": "user", "content": ""}, {"role": "assistant", "content": content}]
-
-
-def _fill_first_user_turn(conv: list[dict], instruction: str | None) -> list[dict]:
-    """No empty first user turn: the task's instruction goes there (or before the model's
-    first answer when the trajectory starts with it)."""
-    conv = [dict(m) for m in conv]
-    if not conv and instruction:
-        return [{"role": "user", "content": instruction}]
-    if conv and conv[0]["role"] != "user" and instruction:
-        conv.insert(0, {"role": "user", "content": instruction})
-    elif conv and conv[0]["role"] == "user" and not conv[0]["content"].strip() and instruction:
-        conv[0]["content"] = instruction
-    return conv
 
 
 def _subagent_rows(trial_dir: Path, parent: dict) -> Iterator[dict]:

@@ -344,6 +344,19 @@ class MessagesImport(FileSource):
     agent: str | None = None
 
 
+class HarborTracesImport(FileSource):
+    """Harbor's trace export (`harbor traces export`: what OpenThoughts-Agent publishes its SFT
+    sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
+
+    kind: Literal["harbor-traces"]
+    path: str = Field(min_length=1)
+    episodes: Literal["last", "all"] = Field(default="last", description="each trial's last episode, or every row")
+    tasks: str | None = None
+    run_id: str | None = None
+    model: str | None = None
+    agent: str | None = None
+
+
 class HfTraceImport(FileSource):
     """Trace files of a dataset on the Hugging Face Hub (or its local cache), read by one of
     the importers above (`format`); the revision is resolved to a commit when planned."""
@@ -353,13 +366,21 @@ class HfTraceImport(FileSource):
     revision: str = Field(default="main", min_length=1)
     split: str | None = Field(default=None, pattern=NAME_RE)
     files: list[str] | None = Field(default=None, min_length=1)
-    format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent"] = "messages-jsonl"
+    format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
+    episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces: default last")
     run_id: str | None = None
     model: str | None = None
     agent: str | None = None
 
+    @model_validator(mode="after")
+    def _episodes_for_harbor(self):
+        if self.episodes is not None and self.format != "harbor-traces":
+            raise ValueError(f"episodes applies to format harbor-traces, not {self.format}")
+        return self
 
-TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HfTraceImport, Field(discriminator="kind")]
+
+TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HarborTracesImport | HfTraceImport,
+                        Field(discriminator="kind")]
 
 
 class Eval(ShardedTrials, Sampling):

@@ -24,12 +24,11 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     quarantined: list[Quarantined] = []  # small records; the traces are streamed to parquet
 
     def traces():
-        for f in files:
-            for item in read_traces(kind, f, **options):
-                if isinstance(item, Quarantined):
-                    quarantined.append(item)
-                else:
-                    yield item
+        for item in read_traces(kind, files, **options):
+            if isinstance(item, Quarantined):
+                quarantined.append(item)
+            else:
+                yield item
 
     written = write_traces(outdir / "traces.parquet", traces())
     check_not_empty(f"trace_imports.{cfg.name}", where(cfg), written, quarantined, cfg.allow_empty)

@@ -80,20 +80,21 @@ def normalise(messages: Iterable[dict]) -> list[dict]:
 
 
 def ensure_task_text(conv: list[dict], task_text: str | None) -> str | None:
-    """Make the first user message carry the task: fill it from `task_text` when it is empty,
-    insert one after the system prompt when there is none. Returns an error reason when the
-    task cannot be put there, else None."""
-    first = next((i for i, m in enumerate(conv) if m["role"] == "user"), None)
-    if first is not None and conv[first]["content"].strip():
+    """Make the conversation's first turn after its system prompt a user turn carrying the
+    task: fill it from `task_text` when it is empty, insert one when the conversation starts
+    with an answer or has no user turn. Returns an error reason when the task cannot be put
+    there (no `task_text`), else None."""
+    lead = next((i for i, m in enumerate(conv) if m["role"] != "system"), len(conv))
+    opens_with_user = lead < len(conv) and conv[lead]["role"] == "user"
+    if opens_with_user and conv[lead]["content"].strip():
         return None
-    if not task_text or not task_text.strip():
-        return "empty first user message" if first is not None else "no user message"
-    if first is not None:
-        conv[first]["content"] = task_text
-    else:
-        at = 1 if conv and conv[0]["role"] == "system" else 0
-        conv.insert(at, {"role": "user", "content": task_text})
-    return None
+    if task_text and task_text.strip():
+        if opens_with_user:
+            conv[lead]["content"] = task_text
+        else:
+            conv.insert(lead, {"role": "user", "content": task_text})
+        return None
+    return "empty first user message" if opens_with_user else "no user message before the first answer"
 
 
 def load_task_ids(tasks: str | Path | None) -> dict[str, str]:
