@@ -149,6 +149,7 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
     out = shard_rows(["t1", "t1-2"], ids, rows)
     assert [(r["task"], r["task_id"], r["is_subagent"], r["n_turns"]) for r in out] == [
         ("t1", "id0", False, 6), ("t1", "id1", False, 2), ("t1", "id0", True, 6)]
+    assert {r["result"] for r in out} == {"1.0"}  # the reward as Harbor's export writes it: str(float)
     write_traces(tmp_path / "traces.parquet", out)
     for drop, kept_n in ((True, 1), (False, 2)):
         dest = tmp_path / f"filtered-{drop}"
@@ -168,6 +169,7 @@ def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
     cfg = job_config(tmp_path, tmp_path / "jobs", "j", model="openai/m", **options)
     [agent] = cfg["agents"]
     assert agent["name"] == "terminus-2" and agent["max_timeout_sec"] == 150  # 150 x 4 = the cap
+    assert cfg["verifier"] == {"max_timeout_sec": 150}  # the verifier is capped alike
     assert agent["kwargs"] == {"max_turns": 7, "temperature": 0.3, "llm_call_kwargs": {"max_tokens": 1234}}
     assert cfg["timeout_multiplier"] == 4 and cfg["environment"]["type"] == "docker"
     mine = teacher.model_copy(update={"harbor": teacher.harbor.model_copy(update={"agent_kwargs": {"temperature": 1.0}})})
@@ -178,11 +180,12 @@ def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
         py = HARBOR.parent / "python"
         code = ("import json,sys; from harbor.models.job.config import JobConfig; "
                 "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); a = c.agents[0]; "
-                "print(min(900, a.max_timeout_sec) * c.timeout_multiplier, a.kwargs['max_turns'])")
+                "print(min(900, a.max_timeout_sec) * c.timeout_multiplier, a.kwargs['max_turns'], "
+                "min(600, c.verifier.max_timeout_sec) * c.timeout_multiplier)")
         path = write_job_config(tmp_path / "job.json", cfg)
         res = subprocess.run([str(py), "-c", code, str(path)], capture_output=True, text=True, check=False)
         assert res.returncode == 0, res.stderr
-        assert res.stdout.split() == ["600.0", "7"]  # a 900 s task: min(900 x 4, 600)
+        assert res.stdout.split() == ["600.0", "7", "600.0"]  # a 900 s task: min(900 x 4, 600); its verifier too
 
 
 # -- real harbor runs ----------------------------------------------------------------------
@@ -236,7 +239,7 @@ def test_oracle_job_rows(harbor_jobs):
     assert len(rows) == N_TASKS
     _check_rows(rows)
     for r in rows:
-        assert r["reward"] == 1.0 and r["result"] == "1", r
+        assert r["reward"] == 1.0 and r["result"] == "1.0", r  # as Harbor's export: str(float)
         assert r["exception"] is None and not r["timed_out"]
         assert r["agent"] == "oracle" and r["n_turns"] >= 1
         assert "Reference solution" in r["conversations"][1]["content"]
@@ -269,7 +272,7 @@ def test_terminus2_tiny_model_rows(harbor_jobs):
             assert r["timed_out"] and r["exception"] is None
         else:
             assert r["exception"] == exc and not r["timed_out"]
-        assert r["result"] == (exc or f"{r['reward']:g}")
+        assert r["result"] == (exc or str(float(r["reward"])))
         assert r["reward"] in (0.0, None)  # a random tiny model does not solve tasks
         assert r["n_input_tokens"] == result["agent_result"]["n_input_tokens"]
         assert r["n_output_tokens"] == result["agent_result"]["n_output_tokens"]

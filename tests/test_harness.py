@@ -275,6 +275,42 @@ def test_a_verifier_that_dies_before_writing_a_reward_is_an_infrastructure_excep
     assert "wrote no /logs/verifier/reward.txt" in json.loads(trace["metadata"])["exception_message"]
 
 
+@needs_sandbox
+def test_the_verifier_gets_its_task_toml_env(tmp_path, monkeypatch):
+    """[verifier].env reaches the verifier's process (host ${VAR}s resolved, as Harbor does), never
+    the agent's; the verifier's limit (Harbor's 600 s, scaled) is recorded; the result is Harbor's
+    text of the reward ("1.0")."""
+    task = TaskDir("judge-env")
+    task.add("instruction.md", "Do nothing.")
+    task.add("task.toml", '[verifier.env]\nJUDGE_MODE = "strict"\nJUDGE_KEY = "${OTB_TEST_JUDGE_KEY}"\n'
+                          'JUDGE_URL = "${OTB_TEST_JUDGE_URL:-http://judge}"\n')
+    task.add("tests/test.sh", '#!/bin/bash\n[ "$JUDGE_MODE/$JUDGE_KEY/$JUDGE_URL" = "strict/k-123/http://judge" ] '
+             "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n", executable=True)
+    monkeypatch.setenv("OTB_TEST_JUDGE_KEY", "k-123")
+    monkeypatch.delenv("OTB_TEST_JUDGE_URL", raising=False)
+    engine = ScriptedEngine([answer('echo "agent sees [$JUDGE_MODE]"\n'), answer(complete=True), answer(complete=True)])
+    trace = _trial(task, engine, tmp_path / "a", timeout_multiplier=2)
+    assert trace["reward"] == 1.0 and trace["result"] == "1.0"
+    assert "agent sees []" in engine.seen[1][-1]["content"]
+    meta = json.loads(trace["metadata"])
+    assert meta["verifier_timeout_sec"] == 1200 and meta["agent_timeout_sec"] == 7200  # no agent limit: the cap
+
+    monkeypatch.delenv("OTB_TEST_JUDGE_KEY")  # the host lacks what the verifier needs: no verdict
+    trace = _trial(task, ScriptedEngine([]), tmp_path / "b")
+    assert trace["exception"] == trace["result"] == "VerifierEnvError" and trace["reward"] is None
+    assert "OTB_TEST_JUDGE_KEY" in json.loads(trace["metadata"])["exception_message"]
+
+
+def test_a_task_toml_harbor_would_refuse_is_the_trials_exception(tmp_path):
+    task = TaskDir("bad-network")
+    task.add("instruction.md", "Do nothing.")
+    task.add("task.toml", '[environment]\nnetwork_mode = "vpn"\n')
+    task.add("tests/test.sh", "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n", executable=True)
+    trace = _trial(task, ScriptedEngine([]), tmp_path)  # never run with a guessed (public) network
+    assert trace["exception"] == trace["result"] == "TaskFormatError" and trace["reward"] is None
+    assert "network_mode" in json.loads(trace["metadata"])["exception_message"]
+
+
 class BuggyEngine(ScriptedEngine):
     def __init__(self, settings):
         super().__init__([TypeError("a bug in an engine")])

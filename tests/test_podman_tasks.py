@@ -243,6 +243,32 @@ def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
     assert not reaches(harbor_default, Limits(network="none"))  # the recipe forces it off
 
 
+@needs_podman
+def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp_path, own_network):
+    """An offline agent and a verifier that needs the network (to install its tools) share one
+    container, taken off the network for the agent; an allowlist is refused, never widened."""
+    probe = ("python3 -c \"import urllib.request\ntry:\n    print(urllib.request.urlopen("
+             f"'{own_network}', timeout=3).status)\nexcept OSError as e:\n    print('offline', e)\"")
+
+    def phases(task):
+        with open_sandbox(task, tmp_path, backend="podman", cleanup=True) as box:
+            agent = box.run(probe, timeout=30).output.strip()
+            box.kill_all()
+            return agent, box.run(probe, timeout=30, with_tests=True).output.strip()
+
+    split = 'network_mode = "no-network"\n[verifier]\nnetwork_mode = "public"\n'
+    agent, verifier = phases(_with_environment(ot_agent_task("net-split", 1), split))
+    assert agent.startswith("offline") and verifier == "200", (agent, verifier)
+    agent, verifier = phases(_with_environment(ot_agent_task("net-agent-only", 1), '[verifier]\nnetwork_mode = "no-network"\n'))
+    assert agent == "200" and verifier.startswith("offline"), (agent, verifier)
+
+    allow = _with_environment(ot_agent_task("net-allowlist", 1), 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n')
+    before = _trial_containers()
+    with pytest.raises(podman.NetworkPolicyError, match=r"task 'net-allowlist': its agent may reach only pypi.org"):
+        open_sandbox(allow, tmp_path, backend="podman", cleanup=True)
+    assert _trial_containers() == before  # nothing was started
+
+
 def _trial_containers() -> set[str]:
     r = subprocess.run(["podman", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={OWNER_LABEL}"],
                        capture_output=True, text=True, check=True)

@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 
 from otbuild.traces.imports._common import ensure_task_text
-from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns
+from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns, reward_text
 
 TIMEOUT_EXCEPTIONS = {"AgentTimeoutError"}  # the agent ran out of time: a task outcome
 
@@ -137,7 +137,7 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
         "episode": f"episode-{max(n_episodes - 1, 0)}",
         "run_id": run_id or str(config.get("job_id") or trial_dir.parent.name),
         "trial_name": result.get("trial_name") or trial_dir.name,
-        "result": exc_type or ("" if reward is None else _fmt(reward)),
+        "result": exc_type or ("" if reward is None else reward_text(reward)),
         "task_id": task,
         "source": "harbor",
         "teacher": f"{agent_info.get('name') or agent_cfg.get('name')}:{model}" if model
@@ -351,8 +351,6 @@ def _text(content) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
-def _fmt(reward: float) -> str:
-    return f"{reward:g}"
 
 
 def _parse_time(s: str | None) -> datetime | None:

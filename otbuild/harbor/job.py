@@ -52,7 +52,8 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
     no container), or an import path `module:Class`. `agent`: oracle, terminus-2 (or any
     Harbor agent name); `model` in litellm form (`openai/NAME` for an OpenAI-compatible
     server at `base_url`, e.g. `otbuild serve`). Harbor's agent timeout is
-    min(task's or `agent_timeout_sec`, `max_timeout_sec`) x `timeout_multiplier`.
+    min(task's or `agent_timeout_sec`, `max_timeout_sec`) x `timeout_multiplier`, its verifier's
+    min(task's, `max_timeout_sec`) x `timeout_multiplier` (as otbuild's harness caps both).
 
     The terminus agents record what the model said (`trajectory_config.raw_content`, which
     a caller cannot turn off) and one linear history per context window (`linear_history`).
@@ -87,6 +88,7 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
     dataset: dict = {"path": str(Path(tasks_dir).resolve())}
     if task_names:
         dataset["task_names"] = list(task_names)
+    verifier_cfg = {} if max_timeout_sec is None else {"max_timeout_sec": float(max_timeout_sec)}
     return {
         "job_name": job_name,
         "jobs_dir": str(Path(jobs_dir).resolve()),
@@ -97,6 +99,7 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
         "retry": {"max_retries": int(max_retries)},
         "environment": env_cfg,
         "agents": [agent_cfg],
+        **({"verifier": verifier_cfg} if verifier_cfg else {}),
         "datasets": [dataset],
     }
 

@@ -2,8 +2,9 @@
 task's verifier. Returns a trace row (otbuild/traces/table.py).
 
 Task failures (wrong answer, agent timeout, a conversation the model's context window no
-longer holds) and infrastructure errors (the sandbox would not start, the engine failed after
-its retries, the verifier timed out or wrote a malformed reward) are kept apart: the latter
+longer holds) and infrastructure errors (the sandbox would not start or cannot give the task the
+network it asks for, the task's task.toml is not one Harbor accepts, the engine failed after its
+retries, the verifier timed out or wrote a malformed reward) are kept apart: the latter
 set `exception` to the error's class name, which is also the row's `result`. Any other
 exception is a bug and propagates.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -25,9 +27,9 @@ from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.recipe.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
-from otbuild.tasks.task_toml import task_config
+from otbuild.tasks.task_toml import TaskConfig, resolve_env, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
-from otbuild.traces.table import assistant_turn
+from otbuild.traces.table import assistant_turn, reward_text
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt
 
@@ -39,7 +41,7 @@ class TrialSettings:
 
     trials: Trials
     prompt: str
-    verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec
+    verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec (scaled and capped alike)
 
     @property
     def limits(self) -> Limits:
@@ -54,6 +56,10 @@ class VerifierOutputParseError(Exception):
     """reward.txt / reward.json is malformed (Harbor's name for it)."""
 
 
+class VerifierEnvError(Exception):
+    """The task's `[verifier].env` names a host variable (`${VAR}`) this host does not set."""
+
+
 class RewardFileNotFoundError(Exception):
     """The verifier ended without writing a reward: it died before judging (e.g. it could not
     install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
@@ -61,7 +67,7 @@ class RewardFileNotFoundError(Exception):
 
 # what a trial records as its infrastructure exception; anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
-                         RewardFileNotFoundError)
+                         RewardFileNotFoundError, VerifierEnvError, TaskFormatError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -74,18 +80,17 @@ DISK_EXCEEDED = "disk_limit_exceeded"  # the trial wrote storage_mb: a failed ta
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
                     *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
     started, t0 = datetime.now(UTC), time.monotonic()
-    meta = _task_timeouts(task)
     trials = settings.trials
-    agent_timeout = effective_timeout(trials.agent_timeout_sec or meta["agent"], trials.timeout_multiplier,
-                                      trials.timeout_cap_sec)
-    verifier_timeout = settings.verifier_timeout_sec or meta["verifier"]
     messages: list[dict] = []  # what the model is sent
     completions: list[Completion] = []  # its answers, one per assistant message
     reward = exception = failure = stop = None
     details: dict = {}
-    # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
-    limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
+    agent_timeout = verifier_timeout = 0.0
     try:
+        config = task_config(task)  # a task.toml Harbor would refuse is this trial's exception
+        agent_timeout, verifier_timeout = trial_timeouts(config, settings)
+        # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
+        limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
         # in a thread: podman may build the task's image first
         with await asyncio.to_thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
@@ -98,7 +103,7 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
             if stop == CONTEXT_EXCEEDED:
                 reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
             elif not box.disk_exceeded:
-                reward, extra = await _verify(box, verifier_timeout)
+                reward, extra = await _verify(box, verifier_timeout, config.verifier.env)
                 details.update(extra)
             if box.disk_exceeded:  # the trial filled its writable space: everything was killed
                 stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
@@ -108,12 +113,19 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
     return _trace_row(task, task_id, engine, started, t0, _conversation(messages, completions, settings),
-                      completions, reward, exception, {"stop_reason": stop, **details}, stop == TIMEOUT,
+                      completions, reward, exception, {"stop_reason": stop, "verifier_timeout_sec": verifier_timeout,
+                                                       **details}, stop == TIMEOUT,
                       agent_timeout, sample_idx, run_id, source, failure=failure)
 
 
-async def _verify(box, timeout: float) -> tuple[float | None, dict]:
-    result = await asyncio.to_thread(box.run, ["bash", "/tests/test.sh"], timeout=timeout, with_tests=True)
+async def _verify(box, timeout: float, env: dict[str, str]) -> tuple[float | None, dict]:
+    """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
+    try:
+        env = resolve_env(env, os.environ)
+    except KeyError as e:
+        raise VerifierEnvError(e.args[0]) from None
+    result = await asyncio.to_thread(box.run, ["bash", "/tests/test.sh"], timeout=timeout, with_tests=True,
+                                     env=env)
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:
@@ -126,10 +138,23 @@ async def _verify(box, timeout: float) -> tuple[float | None, dict]:
     return _reward(value)
 
 
-def effective_timeout(base_sec: float, multiplier: float, cap_sec: float) -> float:
+def effective_timeout(base_sec: float | None, multiplier: float, cap_sec: float) -> float:
     """Timeout-aware evaluation as in the paper: a per-model multiplier (e.g. 2 for 8B, 16 for
-    32B) on the task's own timeout, capped (e.g. 2 h): min(cap, base x multiplier)."""
-    return min(cap_sec, base_sec * multiplier)
+    32B) on the task's own timeout, capped (e.g. 2 h): min(cap, base x multiplier); no base
+    (a task without a limit of its own, as Harbor's agent by default): the cap."""
+    return cap_sec if base_sec is None else min(cap_sec, base_sec * multiplier)
+
+
+def trial_timeouts(config: TaskConfig, settings: TrialSettings) -> tuple[float, float]:
+    """The agent's and the verifier's limits, in seconds. As Harbor: the agent has none of the
+    task's own unless `[agent] timeout_sec` (or the recipe's agent_timeout_sec) sets one, the
+    verifier `[verifier] timeout_sec` (600 s by default), and the recipe's timeout_multiplier
+    scales both; unlike Harbor, both are capped by timeout_cap_sec, so no trial is unbounded."""
+    trials = settings.trials
+    return (effective_timeout(trials.agent_timeout_sec or config.agent.timeout_sec, trials.timeout_multiplier,
+                              trials.timeout_cap_sec),
+            effective_timeout(settings.verifier_timeout_sec or config.verifier.timeout_sec,
+                              trials.timeout_multiplier, trials.timeout_cap_sec))
 
 
 def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "",
@@ -156,7 +181,7 @@ def _trace_row(task, task_id, engine, started, t0, conversations, completions, r
         "episode": f"episode-{max(episodes - 1, 0)}",
         "run_id": run_id,
         "trial_name": f"{task.name}__{sample_idx}__{run_id[:8]}",
-        "result": exception or failure or ("" if reward is None else f"{reward:g}"),
+        "result": exception or failure or ("" if reward is None else reward_text(reward)),
         "task_id": task_id,
         "source": source,
         "teacher": f"{engine.name}:{engine.model}",
@@ -238,17 +263,6 @@ async def _execute(term: Terminal, commands: list[protocol.Command], deadline: f
     if not commands:  # nothing to run: what the terminal already shows (as tmux would capture)
         out.append(await asyncio.to_thread(term.read, 0.005, False))
     return protocol.cap_output("".join(out))
-
-
-def _task_timeouts(task: TaskDir) -> dict:
-    try:
-        cfg = task_config(task)
-    except TaskFormatError:  # a task without a usable task.toml gets the defaults
-        cfg = {}
-    return {
-        "agent": float((cfg.get("agent") or {}).get("timeout_sec", 900.0)),
-        "verifier": float((cfg.get("verifier") or {}).get("timeout_sec", 300.0)),
-    }
 
 
 def _reward(value) -> tuple[float | None, dict]:

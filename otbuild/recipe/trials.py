@@ -54,7 +54,9 @@ def harbor_agent(agent: str | None, engine: str | None) -> str:
 
 class Trials(Strict):
     """How each trial runs: its sandbox and limits, its turn budget and timeouts (paper:
-    timeout = min(cap, the task's own x multiplier); 2 for 8B, 16 for 32B models)."""
+    timeout = min(cap, the task's own x multiplier); 2 for 8B, 16 for 32B models). As Harbor:
+    a task without `[agent] timeout_sec` has no agent limit of its own (so: the cap), and the
+    verifier's (`[verifier] timeout_sec`, default 600 s) is scaled and capped alike."""
 
     sandbox: Literal[(*BACKENDS, HARBOR)] = Field(  # type: ignore[valid-type]
         default="bwrap", description="a local sandbox (docs/sandbox.md), or harbor: Harbor's CLI runs the trials")

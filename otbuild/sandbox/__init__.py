@@ -110,20 +110,28 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
     """
     backend = resolve_backend(backend_for(task, backend))
     layout = None if backend == "podman" else plan(task)  # podman builds the image instead
-    limits = replace(limits, storage_mb=_task_storage_mb(task) or limits.storage_mb)
+    limits = task_limits(task, backend, limits)
     try:
         return _materialised(task, Path(workdir).resolve(), backend, limits, layout, with_solution, cleanup)
     except OSError as e:  # a full disk, a workdir we may not write, ...
         raise SandboxError(f"task {task.name!r}: could not set up its trial under {workdir}: {e}") from e
 
 
-def _task_storage_mb(task: TaskDir) -> int | None:
-    """The task's own `[environment] storage_mb` (Harbor's field), when it sets a usable one."""
+def task_limits(task: TaskDir, backend: str, limits: Limits) -> Limits:
+    """The recipe's limits with the task's own `[environment]` where it sets them (Harbor's
+    fields): `storage_mb` replaces the trial's writable space; `memory_mb` is podman's memory
+    limit (a cgroup's, as Docker's under Harbor), while bwrap's is a per-process address-space
+    rlimit, which a task's memory_mb may raise but not lower (address space is not resident
+    memory: a 1 GB task's runtimes may map more). A task.toml that cannot be read keeps the
+    recipe's limits (the trial reports the task's problem elsewhere)."""
     try:
-        mb = task_config(task).get("environment", {}).get("storage_mb")
-    except TaskFormatError:  # the trial reports the task's defaults
-        return None
-    return mb if isinstance(mb, int) and not isinstance(mb, bool) and mb > 0 else None
+        env = task_config(task).environment
+    except TaskFormatError:
+        return limits
+    memory = limits.memory_mb
+    if env.memory_mb:
+        memory = env.memory_mb if backend == "podman" else max(memory, env.memory_mb)
+    return replace(limits, storage_mb=env.storage_mb or limits.storage_mb, memory_mb=max(memory, 64))
 
 
 def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout | None,

@@ -38,9 +38,9 @@ class Limits:
     wall_seconds: float = 900
     output_bytes: int = _setting(10_000_000, ge=10_000)
     network: Literal["task", "none"] = _setting(
-        "task", "podman: the network task.toml's allow_internet allows (Harbor's default: the internet; "
-        "`allow_internet = false` or `network_mode = \"no-network\"`: none), or none for every task "
-        "(bwrap trials always have loopback only)")
+        "task", "podman: the network task.toml's policy allows each phase (Harbor's default: public; "
+        "`network_mode = \"no-network\"` or `allow_internet = false`: none; an allowlist is refused, never "
+        "widened), or none for every task (bwrap trials always have loopback only)")
     pull: Literal["never", "missing", "always"] = _setting(
         "missing", "podman: fetch a task's base image from its registry when not present locally",
         execution_only=True)

@@ -3,9 +3,18 @@
 The image is built from the task's `environment/Dockerfile` (build context `environment/`,
 `--pull` as `Limits.pull` says; offline, base images come from `scripts/podman-setup.sh` or
 `otbuild images load`) and cached under a tag made of the content hash of `environment/`, so
-equal environments share one image and a rebuild is free. A trial is one container (`--init`,
-the network its task.toml allows, memory, pids, cpu and disk limits); commands run in it
-through `podman exec`. `/logs` is the trial root's `logs/` (the reward is read from the host
+equal environments share one image and a rebuild is free; the build (or pull) is bounded by the
+task's `[environment] build_timeout_sec` (Harbor's default: 600 s). A trial is one container
+(`--init`, the network its task.toml allows, memory, pids, cpu and disk limits); commands run in
+it through `podman exec`.
+
+The network follows task.toml's policy per phase (`TaskConfig.agent_network`,
+`.verifier_network`): `public` is podman's default network (or `OTBUILD_PODMAN_NETWORK`),
+`no-network` none. When the phases differ (a verifier that installs its test runner, an agent
+that must stay offline) the container starts on the network and is disconnected from it for the
+offline phase (`podman network disconnect`/`connect` before the verifier's first command). An
+`allowlist` is refused (`NetworkPolicyError`, naming the task and its hosts) rather than widened to
+the whole internet: a podman network cannot limit what its DNS and routes reach. `/logs` is the trial root's `logs/` (the reward is read from the host
 side, as for bwrap), `/solution` is mounted read-only for the oracle only, and `/tests` is
 copied in when the verifier first runs.
 
@@ -29,6 +38,7 @@ import subprocess
 import tempfile
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from otbuild.sandbox.disk import MB, storage_opt, tree_usage
@@ -37,7 +47,7 @@ from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
-from otbuild.tasks.task_toml import task_config
+from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config
 from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,11 @@ class ImageBuildError(SandboxError):
 
 class ContainerError(SandboxError):
     """The trial's container could not be started or copied into."""
+
+
+class NetworkPolicyError(SandboxError):
+    """The task asks for a network policy a podman trial cannot enforce (an allowlist): the
+    trial is refused, never run with more network than the task allows."""
 
 
 def available() -> str | None:
@@ -104,12 +119,14 @@ def image_exists(ref: str) -> bool:
     return _podman("image", "exists", ref, check=False).returncode == 0
 
 
-def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "missing") -> str:
+def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "missing",
+                 timeout: float = BUILD_TIMEOUT_SEC) -> str:
     """The image a trial of `task` runs in, built when missing (one build per environment
     hash at a time, across processes). `pull` (never | missing | always) is podman's policy for
-    base images and a prebuilt `docker_image`."""
+    base images and a prebuilt `docker_image`; `timeout` bounds the build or the pull (the
+    task's build_timeout_sec)."""
     if DOCKERFILE not in task.files:
-        if docker_image and (image_exists(docker_image) if pull == "never" else _pull(docker_image, pull)):
+        if docker_image and (image_exists(docker_image) if pull == "never" else _pull(docker_image, pull, timeout)):
             return docker_image
         raise ImageBuildError(f"task {task.name!r}: no environment/Dockerfile to build"
                               + (f", and its image {docker_image!r} is not present locally"
@@ -122,25 +139,29 @@ def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "mi
     with open(LOCK_DIR / f"{tag.rsplit(':', 1)[1]}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not image_exists(tag):
-            _build(task, tag, pull)
+            _build(task, tag, pull, timeout)
     return tag
 
 
-def _pull(ref: str, pull: str) -> bool:
+def _pull(ref: str, pull: str, timeout: float) -> bool:
     if pull == "missing" and image_exists(ref):
         return True
-    return _podman("pull", "-q", ref, check=False, timeout=BUILD_TIMEOUT_SEC).returncode == 0
+    try:
+        return _podman("pull", "-q", ref, check=False, timeout=timeout).returncode == 0
+    except subprocess.TimeoutExpired:
+        raise ImageBuildError(f"podman pull {ref} ran past {timeout:g}s (the task's build_timeout_sec)") from None
 
 
-def _build(task: TaskDir, tag: str, pull: str) -> None:
+def _build(task: TaskDir, tag: str, pull: str, timeout: float) -> None:
     with tempfile.TemporaryDirectory(prefix="otbuild-build-") as ctx:
         write_subtree(task, "environment", Path(ctx))
         try:
             r = subprocess.run(["podman", "build", f"--pull={pull}", "--layers", "--quiet", "-t", tag,
                                 "-f", str(Path(ctx) / "Dockerfile"), ctx],
-                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_SEC, check=False)
+                               capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise ImageBuildError(f"task {task.name!r}: podman build ran past {BUILD_TIMEOUT_SEC}s") from None
+            raise ImageBuildError(f"task {task.name!r}: podman build ran past {timeout:g}s "
+                                  "(its [environment] build_timeout_sec)") from None
     if r.returncode != 0:
         missing = ("image not known" in r.stderr or "pull policy" in r.stderr
                    or "initializing source" in r.stderr or "short-name" in r.stderr)
@@ -189,12 +210,14 @@ def remove_leaked_containers() -> int:
 class PodmanSandbox(Sandbox):
     """A trial in its own container. Same interface and guarantees as the bwrap sandbox."""
 
-    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float, network: str,
-                 with_solution: bool, cleanup: bool):
+    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float,
+                 networks: TrialNetworks, with_solution: bool, cleanup: bool):
         self.task, self.root, self.backend, self.limits = task, root, "podman", limits
         self._with_solution, self._cleanup = with_solution, cleanup
         self.uid = 0
         self.container = f"otbuild-{secrets.token_hex(6)}"
+        self.networks = networks
+        self.network = networks.started_on  # the container's network now
         for d in ("agent", "verifier"):
             (root / "logs" / d).mkdir(parents=True, exist_ok=True)
         mounts = ["-v", f"{root / 'logs'}:/logs"]
@@ -203,7 +226,7 @@ class PodmanSandbox(Sandbox):
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
         mb, fsize = limits.memory_mb, limits.file_size_mb * MB
         try:  # a failed `run` can leave the container created: removed as well
-            _podman("run", "-d", "--init", "--name", self.container, f"--network={network}", "--hostname", "sandbox",
+            _podman("run", "-d", "--init", "--name", self.container, f"--network={self.network}", "--hostname", "sandbox",
                     f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
@@ -216,6 +239,7 @@ class PodmanSandbox(Sandbox):
             self._keep = {init} | _keeper(init)  # catatonit and its `sleep infinity`
             self.workdir = info["Config"].get("WorkingDir") or "/"
             self._upper = Path(info["GraphDriver"]["Data"].get("UpperDir") or root / "no-upper-dir")
+            self._switch_network(networks.agent, "agent")
         except BaseException:
             self._remove()
             raise
@@ -252,11 +276,28 @@ class PodmanSandbox(Sandbox):
         if self._tests_ready:
             return
         reset_verifier(self.root)
+        self._switch_network(self.networks.verifier, "verifier")
         with tempfile.TemporaryDirectory(prefix="otbuild-tests-") as d:
             write_subtree(self.task, "tests", Path(d) / "tests")
             _podman("exec", "--user", "0", self.container, "/bin/rm", "-rf", "/tests")
             _podman("cp", f"{d}/tests", f"{self.container}:/tests")
         self._tests_ready = True
+
+    def _switch_network(self, network: str, phase: str) -> None:
+        """Connect the container to `network`, or disconnect it from its network (`none`),
+        for the phase that starts; ContainerError when podman cannot (the phase never runs
+        with more network than its policy allows)."""
+        if network == self.network:
+            return
+        if network == "none":
+            _podman("network", "disconnect", self.network, self.container)
+        else:
+            _podman("network", "connect", network, self.container)
+        attached = set(json.loads(_podman("inspect", self.container).stdout)[0]["NetworkSettings"].get("Networks") or {})
+        if attached != (set() if network == "none" else {network}):
+            raise ContainerError(f"container {self.container}: the {phase} phase needs network {network!r}, "
+                                 f"but it is attached to {sorted(attached)}")
+        self.network = network
 
     # -- the end ------------------------------------------------------------------------
     def kill_all(self) -> None:
@@ -332,19 +373,49 @@ def _keeper(init: int, timeout: float = 10.0) -> set[int]:
 
 def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
                 cleanup: bool) -> PodmanSandbox:
-    """Build (or reuse) the task's image and start its trial container in `root`."""
-    env_cfg = task_config(task).get("environment", {})
-    image = ensure_image(task, env_cfg.get("docker_image"), limits.pull)
-    cpus = min(float(env_cfg.get("cpus") or 1), os.cpu_count() or 1)
-    network = trial_network(env_cfg) if limits.network == "task" else "none"
-    return PodmanSandbox(task, root, image, limits, cpus=cpus, network=network, with_solution=with_solution,
+    """Build (or reuse) the task's image and start its trial container in `root`.
+    NetworkPolicyError, before anything is built, for a network policy podman cannot enforce."""
+    config = task_config(task)
+    networks = trial_networks(task.name, config, limits.network)
+    env = config.environment
+    image = ensure_image(task, env.docker_image, limits.pull, env.build_timeout_sec)
+    cpus = min(float(env.cpus or 1), os.cpu_count() or 1)
+    return PodmanSandbox(task, root, image, limits, cpus=cpus, networks=networks, with_solution=with_solution,
                          cleanup=cleanup)
 
 
-def trial_network(env_cfg: dict) -> str:
-    """The podman network of a trial of a task with this `[environment]`: none when it says
-    `network_mode = "no-network"` or `allow_internet = false`, else (Harbor's default: public)
-    `OTBUILD_PODMAN_NETWORK` or podman's default network."""
-    mode = env_cfg.get("network_mode")
-    allowed = mode != "no-network" if mode is not None else env_cfg.get("allow_internet", True) is not False
-    return os.environ.get("OTBUILD_PODMAN_NETWORK", "podman") if allowed else "none"
+@dataclass(frozen=True)
+class TrialNetworks:
+    """The podman network of each phase of a trial: a network's name, or `none`."""
+
+    agent: str
+    verifier: str
+
+    @property
+    def started_on(self) -> str:
+        """The container starts on the network a phase needs (a phase without one is then
+        disconnected), or none when no phase needs one."""
+        return self.agent if self.agent != "none" else self.verifier
+
+
+def trial_networks(task: str, config: TaskConfig, network: str = "task") -> TrialNetworks:
+    """The networks of a trial of `task` with this TaskConfig, under the recipe's
+    `limits.network` (`none`: every phase offline). `public`: `OTBUILD_PODMAN_NETWORK` or
+    podman's default network; `no-network` (or an allowlist of no hosts): none; an allowlist
+    of hosts: NetworkPolicyError naming the task, the phase and the hosts."""
+    if network == "none":
+        return TrialNetworks("none", "none")
+    public = os.environ.get("OTBUILD_PODMAN_NETWORK", "podman")
+
+    def one(policy: NetworkPolicy, phase: str) -> str:
+        if policy.offline:
+            return "none"
+        if policy.mode == PUBLIC:
+            return public
+        raise NetworkPolicyError(
+            f"task {task!r}: its {phase} may reach only {', '.join(policy.allowed_hosts)} (network_mode = "
+            "\"allowlist\"); a podman trial cannot enforce an allowlist and never widens it to the whole "
+            "internet. Run it through Harbor on an environment that enforces allowlists (sandbox: harbor), "
+            "or offline (limits.network: none)")
+
+    return TrialNetworks(one(config.agent_network, "agent"), one(config.verifier_network, "verifier"))

@@ -66,7 +66,7 @@ def task_base_images(task: TaskDir) -> list[str]:
     text = task.text(DOCKERFILE)
     if text is not None:
         return base_images(text)
-    image = task_config(task).get("environment", {}).get("docker_image")
+    image = task_config(task).environment.docker_image
     return [normalise(image)] if image else []
 
 
@@ -90,7 +90,7 @@ def host_images() -> tuple[str, ...]:
 def host_compatible(task: TaskDir) -> bool:
     """True when a sandbox on the host's root filesystem gives the task what its image would:
     no Dockerfile, the task says so, or its final FROM matches `host_images()`."""
-    meta = task_config(task).get("metadata", {})
+    meta = task_config(task).metadata
     if (meta.get("host_compatible") is True or meta.get("generator") in HOST_GENERATORS
             or meta.get("source") in HOST_SOURCES):
         return True

@@ -1,52 +1,154 @@
-"""A task's `task.toml`: its settings, its metadata, and whether a local sandbox can run the
-task without its image (`runnable_locally`; the Dockerfile's part is `dockerfile.local_problems`).
-Standard library only: the sandbox, and Harbor's environment class in its own Python, import it."""
+"""A task's `task.toml`, read once into one typed model (`TaskConfig`) that follows Harbor's own
+(harbor 0.26, `harbor/models/task/config.py`): its fields, its defaults and its network policy;
+its metadata; and whether a local sandbox can run the task without its image
+(`runnable_locally`; the Dockerfile's part is `dockerfile.local_problems`).
+
+Harbor's defaults: the agent has no time limit unless `[agent] timeout_sec` says one (the
+harness still caps it: otbuild/harness/trial.py), the verifier 600 s, the image build 600 s;
+the network is `public` unless `[environment] network_mode` says `no-network` or `allowlist`
+(with `allowed_hosts`), `allow_internet` being its deprecated form; `[agent]` and `[verifier]`
+may override the environment's policy for their phase (`TaskConfig.agent_network`,
+`TaskConfig.verifier_network`).
+
+Standard library only: the sandbox, and Harbor's environment class in its own Python, import it.
+"""
 
 from __future__ import annotations
 
+import re
 import tomllib
+from dataclasses import dataclass, field
+from ipaddress import ip_address, ip_network
+from typing import Any
 
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import DOCKERFILE, TASK_TOML, TaskDir, TaskFormatError
 
 SETUP_SCRIPT = "environment/setup.sh"
 
+NO_NETWORK, PUBLIC, ALLOWLIST = "no-network", "public", "allowlist"
+NETWORK_MODES = (NO_NETWORK, ALLOWLIST, PUBLIC)  # narrowest first
+DEFAULT_VERIFIER_TIMEOUT_SEC = 600.0
+DEFAULT_BUILD_TIMEOUT_SEC = 600.0
+_HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_ENV_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
-def parse_task_toml(task: TaskDir) -> dict:
-    """`task.toml` as a dict; TaskFormatError when it is not TOML or has wrong types."""
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """What one phase may reach: `public` (the internet), `no-network`, or `allowlist` (only
+    `allowed_hosts`: hostnames, `*.suffix` wildcards, IP addresses or CIDR ranges, normalised
+    as Harbor does). An allowlist without hosts reaches nothing."""
+
+    mode: str = PUBLIC
+    allowed_hosts: tuple[str, ...] = ()
+
+    @property
+    def offline(self) -> bool:
+        return self.mode == NO_NETWORK or (self.mode == ALLOWLIST and not self.allowed_hosts)
+
+    def describe(self) -> str:
+        return f"{self.mode} ({', '.join(self.allowed_hosts)})" if self.allowed_hosts else self.mode
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    timeout_sec: float | None = None  # None: no limit of the task's own
+    network: NetworkPolicy | None = None  # an override of the environment's policy for the agent
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    timeout_sec: float = DEFAULT_VERIFIER_TIMEOUT_SEC
+    env: dict[str, str] = field(default_factory=dict)  # `${VAR}` / `${VAR:-default}`: `resolve_env`
+    network: NetworkPolicy | None = None  # an override of the environment's policy for the verifier
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    build_timeout_sec: float = DEFAULT_BUILD_TIMEOUT_SEC
+    docker_image: str | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    network: NetworkPolicy = NetworkPolicy()
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """`task.toml` as Harbor reads it (the fields otbuild uses; the others are kept in `toml`)."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    agent: AgentConfig = AgentConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
+    toml: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as written
+
+    @property
+    def agent_network(self) -> NetworkPolicy:
+        """The agent phase's policy: `[agent]`'s own, else the environment's."""
+        return self.agent.network or self.environment.network
+
+    @property
+    def verifier_network(self) -> NetworkPolicy:
+        """The verifier phase's policy (it shares the agent's environment): `[verifier]`'s own,
+        else the environment's (never the agent's override)."""
+        return self.verifier.network or self.environment.network
+
+    @classmethod
+    def from_toml(cls, data: dict, task: str = "?") -> TaskConfig:
+        """The model of a parsed `task.toml`; TaskFormatError naming `task` and the key when a
+        value has the wrong type or is not one Harbor accepts."""
+        return _Reader(task).config(data)
+
+
+def parse_task_toml(task: TaskDir) -> TaskConfig:
+    """The task's `task.toml` as a TaskConfig; TaskFormatError when it is not TOML or has a
+    value of the wrong type."""
     try:
-        config = tomllib.loads(task.files[TASK_TOML].data.decode("utf-8"))
+        data = tomllib.loads(task.files[TASK_TOML].data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise TaskFormatError(f"task {task.name!r}: {e}") from e
-    for table in ("metadata", "agent", "verifier", "environment"):
-        if not isinstance(config.get(table, {}), dict):
-            raise TaskFormatError(f"task {task.name!r}: [{table}] is not a table")
-    for table in ("agent", "verifier"):
-        t = config.get(table, {}).get("timeout_sec")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
-            raise TaskFormatError(f"task {task.name!r}: [{table}] timeout_sec is not a number")
-    return config
+    return TaskConfig.from_toml(data, task.name)
 
 
-def task_config(task: TaskDir) -> dict:
-    """`task.toml` as a dict, {} for a task without one."""
-    return parse_task_toml(task) if TASK_TOML in task.files else {}
+def task_config(task: TaskDir) -> TaskConfig:
+    """The task's TaskConfig; Harbor's defaults for a task without `task.toml`."""
+    return parse_task_toml(task) if TASK_TOML in task.files else TaskConfig()
 
 
-def task_metadata(config: dict) -> dict:
-    """The `[metadata]` table plus agent/verifier timeouts and docker_image where present."""
-    meta = dict(config.get("metadata", {}))
-    for key, value in (
-        ("agent_timeout_sec", config.get("agent", {}).get("timeout_sec")),
-        ("verifier_timeout_sec", config.get("verifier", {}).get("timeout_sec")),
-        ("docker_image", config.get("environment", {}).get("docker_image")),
-    ):
+def resolve_env(env: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """`[verifier].env` as Harbor passes it: a value that is exactly `${VAR}` or
+    `${VAR:-default}` takes the host's VAR (else the default); KeyError naming VAR when the
+    host has none and there is no default."""
+    out = {}
+    for key, value in env.items():
+        m = _ENV_TEMPLATE.fullmatch(value)
+        if m is None:
+            out[key] = value
+        elif m[1] in environ:
+            out[key] = environ[m[1]]
+        elif m[2] is not None:
+            out[key] = m[2]
+        else:
+            raise KeyError(f"[verifier].env {key}: the host has no {m[1]} and no default is given")
+    return out
+
+
+def task_metadata(config: TaskConfig) -> dict:
+    """The `[metadata]` table plus agent/verifier timeouts and docker_image where task.toml
+    sets them (as written)."""
+    meta = dict(config.metadata)
+    for key, (table, name) in (("agent_timeout_sec", ("agent", "timeout_sec")),
+                               ("verifier_timeout_sec", ("verifier", "timeout_sec")),
+                               ("docker_image", ("environment", "docker_image"))):
+        value = config.toml.get(table, {}).get(name)
         if value is not None:
             meta[key] = value
     return meta
 
 
-def runnable_locally(task: TaskDir, config: dict | None = None) -> bool:
+def runnable_locally(task: TaskDir, config: TaskConfig | None = None) -> bool:
     """True only when the task needs no container image we cannot reproduce locally:
 
     - `task.toml` has no `[environment] docker_image` (a prebuilt image), and
@@ -55,7 +157,128 @@ def runnable_locally(task: TaskDir, config: dict | None = None) -> bool:
     - there is no `environment/setup.sh` (a Terminal-Bench-1 provisioning script).
     """
     config = task_config(task) if config is None else config
-    if config.get("environment", {}).get("docker_image") or SETUP_SCRIPT in task.files:
+    if config.environment.docker_image or SETUP_SCRIPT in task.files:
         return False
     dockerfile = task.text(DOCKERFILE)
     return dockerfile is None or not local_problems(dockerfile)
+
+
+# -- reading ------------------------------------------------------------------------------
+class _Reader:
+    """Checks one task.toml's values as Harbor's pydantic models would (numbers are numbers,
+    not strings), naming the task and the key of the first bad one."""
+
+    def __init__(self, task: str):
+        self.task = task
+
+    def fail(self, key: str, why: str):
+        raise TaskFormatError(f"task {self.task!r}: {key} {why}")
+
+    def table(self, data: dict, key: str) -> dict:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            self.fail(f"[{key}]", "is not a table")
+        return value
+
+    def number(self, t: dict, table: str, key: str, default, *, integer: bool = False, positive: bool = True):
+        value = t.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                integer and not float(value).is_integer()):
+            self.fail(f"[{table}] {key}", f"is not {'an integer' if integer else 'a number'}: {value!r}")
+        if positive and not value > 0:
+            self.fail(f"[{table}] {key}", f"must be positive: {value!r}")
+        return int(value) if integer else value
+
+    def string(self, t: dict, table: str, key: str) -> str | None:
+        value = t.get(key)
+        if value is not None and not isinstance(value, str):
+            self.fail(f"[{table}] {key}", f"is not a string: {value!r}")
+        return value
+
+    def size_mb(self, t: dict, table: str, key: str, legacy: str) -> int | None:
+        """`memory_mb` / `storage_mb`, or Harbor's deprecated `memory` / `storage` ("2G", "512M")."""
+        mb = self.number(t, table, key, None, integer=True)
+        old = t.get(legacy)
+        if old is None:
+            return mb
+        m = re.fullmatch(r"\s*([0-9.]+)\s*([GMK])\s*", str(old).upper()) if isinstance(old, str) else None
+        if m is None:
+            self.fail(f"[{table}] {legacy}", f"is not a size like '2G' or '512M': {old!r}")
+        try:
+            size = int(float(m[1]) * {"G": 1024, "M": 1, "K": 1 / 1024}[m[2]])
+        except ValueError:
+            self.fail(f"[{table}] {legacy}", f"is not a size like '2G' or '512M': {old!r}")
+        if mb is not None and mb != size:
+            self.fail(f"[{table}] {legacy}", f"({old!r}) conflicts with {key} = {mb}")
+        return size
+
+    def policy(self, t: dict, table: str, *, baseline: bool) -> NetworkPolicy | None:
+        """The table's network policy: explicit `network_mode` (with `allowed_hosts`), else the
+        deprecated `allow_internet` (environment only, as Harbor), else public for the
+        environment and no override for a phase."""
+        mode = self.string(t, table, "network_mode")
+        hosts = t.get("allowed_hosts")
+        if mode is not None and mode not in NETWORK_MODES:
+            self.fail(f"[{table}] network_mode", f"must be one of {', '.join(NETWORK_MODES)}: {mode!r}")
+        if hosts is not None:
+            if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+                self.fail(f"[{table}] allowed_hosts", f"is not a list of strings: {hosts!r}")
+            if mode != ALLOWLIST:
+                self.fail(f"[{table}] allowed_hosts", "is only valid with network_mode = \"allowlist\"")
+            hosts = tuple(self.host(h, table) for h in hosts)
+        if mode is not None:
+            return NetworkPolicy(mode, hosts or ())
+        allow = t.get("allow_internet")
+        if allow is not None and not isinstance(allow, bool):
+            self.fail(f"[{table}] allow_internet", f"is not true or false: {allow!r}")
+        if not baseline:
+            return None
+        return NetworkPolicy(NO_NETWORK if allow is False else PUBLIC)
+
+    def host(self, host: str, table: str) -> str:
+        """An `allowed_hosts` entry normalised as Harbor's `normalize_allowed_hosts`."""
+        h = host.strip().lower().rstrip(".")
+
+        def bad():
+            self.fail(f"[{table}] allowed_hosts", f"entry {host!r} is not a hostname, a leading '*.' "
+                      "wildcard, an IP address or a CIDR range (no URLs, ports or paths)")
+
+        if "/" in h or ":" in h:
+            try:
+                return (ip_network(h, strict=True) if "/" in h else ip_address(h)).compressed
+            except ValueError:
+                bad()
+        name = h[2:] if h.startswith("*.") else h
+        try:
+            ip_address(name)
+            return h if name == h else bad()
+        except ValueError:
+            pass
+        if not name or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+            bad()
+        return h
+
+    def config(self, data: dict) -> TaskConfig:
+        tables = {k: self.table(data, k) for k in ("metadata", "agent", "verifier", "environment")}
+        agent, verifier, env = tables["agent"], tables["verifier"], tables["environment"]
+        venv = verifier.get("env", {})
+        if not isinstance(venv, dict) or not all(isinstance(v, str) for v in venv.values()):
+            self.fail("[verifier] env", f"is not a table of strings: {venv!r}")
+        return TaskConfig(
+            metadata=tables["metadata"],
+            agent=AgentConfig(self.number(agent, "agent", "timeout_sec", None),
+                              self.policy(agent, "agent", baseline=False)),
+            verifier=VerifierConfig(
+                self.number(verifier, "verifier", "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC), dict(venv),
+                self.policy(verifier, "verifier", baseline=False)),
+            environment=EnvironmentConfig(
+                build_timeout_sec=self.number(env, "environment", "build_timeout_sec", DEFAULT_BUILD_TIMEOUT_SEC),
+                docker_image=self.string(env, "environment", "docker_image"),
+                cpus=self.number(env, "environment", "cpus", None),
+                memory_mb=self.size_mb(env, "environment", "memory_mb", "memory"),
+                storage_mb=self.size_mb(env, "environment", "storage_mb", "storage"),
+                network=self.policy(env, "environment", baseline=True)),
+            toml=data,
+        )

@@ -30,8 +30,8 @@ TRACE_SCHEMA = pa.schema(
         ("episode", pa.string()),  # "episode-N": the last episode of the trial
         ("run_id", pa.string()),
         ("trial_name", pa.string()),
-        # reward as text, or the exception's class name (ContextLengthExceededError: a task
-        # failure whose reward is 0, as Harbor exports it)
+        # reward as text (`reward_text`: "1.0"), or the exception's class name
+        # (ContextLengthExceededError: a task failure whose reward is 0, as Harbor exports it)
         ("result", pa.string()),
         # typed columns
         ("task_id", pa.string()),
@@ -56,6 +56,12 @@ def assistant_turn(text: str, reasoning: str | None = None) -> str:
     reasoning parser's text) before it as Harbor exports it: `<think>REASONING</think>\nTEXT`.
     Both harnesses write turns through this, so both give the same bytes."""
     return f"<think>{reasoning}</think>\n{text}" if reasoning else text
+
+
+def reward_text(reward: float) -> str:
+    """A reward as a row's `result`, as Harbor's export writes it: Python's str of the float
+    ("1.0", "0.0", "0.5")."""
+    return str(float(reward))
 
 
 def count_turns(conversations: list[dict]) -> int:
