@@ -48,7 +48,8 @@ def test_docker_job_config_and_command(tmp_path):
                      n_attempts=3, n_concurrent=8, agent_kwargs={"max_turns": 5})
     assert cfg["environment"]["type"] == "docker" and "import_path" not in cfg["environment"]
     assert cfg["agents"] == [{"name": "terminus-2", "model_name": "openai/glm",
-                              "base_url": "http://h:8000/v1", "kwargs": {"max_turns": 5}}]
+                              "base_url": "http://h:8000/v1", "kwargs": {
+                                  "max_turns": 5, "trajectory_config": {"raw_content": True, "linear_history": True}}}]
     assert cfg["n_attempts"] == 3 and cfg["n_concurrent_trials"] == 8
     assert cfg["datasets"] == [{"path": str((tmp_path / "tasks").resolve())}]
     assert Path(cfg["jobs_dir"]).is_absolute() and cfg["job_name"] == "j1"
@@ -170,7 +171,8 @@ def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
     [agent] = cfg["agents"]
     assert agent["name"] == "terminus-2" and agent["max_timeout_sec"] == 150  # 150 x 4 = the cap
     assert cfg["verifier"] == {"max_timeout_sec": 150}  # the verifier is capped alike
-    assert agent["kwargs"] == {"max_turns": 7, "temperature": 0.3, "llm_call_kwargs": {"max_tokens": 1234}}
+    assert agent["kwargs"] == {"max_turns": 7, "temperature": 0.3, "llm_call_kwargs": {"max_tokens": 1234},
+                               "trajectory_config": {"raw_content": True, "linear_history": True}}
     assert cfg["timeout_multiplier"] == 4 and cfg["environment"]["type"] == "docker"
     mine = teacher.model_copy(update={"harbor": teacher.harbor.model_copy(update={"agent_kwargs": {"temperature": 1.0}})})
     assert harbor_options(mine)["agent_kwargs"]["temperature"] == 1.0  # harbor.agent_kwargs win
