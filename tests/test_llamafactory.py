@@ -233,3 +233,31 @@ def test_a_local_model_dir_is_absolute_and_the_layout_follows_the_template(built
     assert first == compact_conversation(original)[0]["content"] != original[0]["content"]
     assert _export("r", "lf2", "--model", "Org/Model").exit_code == 0  # an HF id stays one
     assert yaml.safe_load((built / "lf2" / "train_otbuild_sft.yaml").read_text())["model_name_or_path"] == "Org/Model"
+
+
+# OpenThoughts-Agent's LLaMA-Factory configs for the paper's runs (open-thoughts/OpenThoughts-Agent,
+# sft/lf_configs/qwen3/extra/): what the export of each paper recipe must say
+OT_AGENT = {
+    "otagent_v2_100k": ("32k_base_bs96_opt100k.yaml", {
+        "template": "qwen3", "num_train_epochs": 5.0, "max_grad_norm": 1e-3, "adam_beta2": 0.98,
+        "weight_decay": 0.04}),
+    "otagent_v2_10k": ("32k_base_bs96_nothink.yaml", {
+        "template": "qwen3_nothink", "num_train_epochs": 7.0, "max_grad_norm": 1e-4, "adam_beta2": 0.98,
+        "weight_decay": 0.0}),
+}
+OT_AGENT_COMMON = {"learning_rate": 4e-5, "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "cutoff_len": 32768,
+                   "adam_beta1": 0.9, "optim": "adamw_torch_fused", "bf16": True, "finetuning_type": "full",
+                   "disable_gradient_checkpointing": False}
+
+
+@pytest.mark.parametrize("recipe", sorted(OT_AGENT))
+def test_the_paper_recipes_train_with_openthoughts_agents_settings(recipe):
+    from otbuild.train.llamafactory import training_args
+    from tests.conftest import REPO
+
+    config, settings = OT_AGENT[recipe]
+    sft = next(n for n in plan_recipe(load_recipe(recipe, REPO)).nodes if n.stage == "sft").config
+    args = training_args(sft, "d", 16, "m")  # OT-Agent's global batch 96 on 16 GPUs
+    assert {k: args[k] for k in {**settings, **OT_AGENT_COMMON}} == {**settings, **OT_AGENT_COMMON}
+    assert args["gradient_accumulation_steps"] * 16 == 96
+    assert config in (REPO / "recipes" / f"{recipe}.yaml").read_text()  # each value names where it comes from
