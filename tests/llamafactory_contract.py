@@ -13,6 +13,10 @@ through `get_train_args` (LLaMA-Factory's parser and checks), its dataset throug
 Writes to the file named by its only argument {"llamafactory": version, "runs": {name:
 {"error": text or null, "args": the parsed settings otbuild sets, "rows": [{"input_ids",
 "labels"}, ...] in dataset order}}}.
+
+`llamafactory_contract.py cli train YAML` stands in for `llamafactory-cli train YAML` where no
+GPU is (tests/test_docs.py runs docs/training.md's handoff with it): the same checks, from the
+current folder, with the model dir in $OTBUILD_LF_MODEL; it prints what it loaded, or fails.
 """
 
 import json
@@ -71,5 +75,21 @@ def main(out: str) -> None:
     Path(out).write_text(json.dumps(answer))
 
 
+def cli(command: str, yaml_path: str) -> int:
+    import tempfile
+
+    if command != "train":
+        print(f"llamafactory-cli (otbuild's stand-in): only `train`, not {command!r}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as out:
+        res = load({"yaml": str(Path(yaml_path).resolve()), "output_dir": out}, os.environ["OTBUILD_LF_MODEL"])
+    supervised = sum(t != -100 for r in res["rows"] for t in r["labels"])
+    print(f"llamafactory {version('llamafactory')}: {len(res['rows'])} examples, {supervised} trained-on tokens, "
+          f"template {res['args']['template']}")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "cli":
+        sys.exit(cli(*sys.argv[2:]))
     main(sys.argv[1])
