@@ -363,7 +363,9 @@ def export_tasks_cmd(parquet, dest):
               help="GPUs the lab trains on in all: sets gradient accumulation so the global batch is the recipe's.")
 @click.option("--model", help="model_name_or_path (default: the recipe's sft.model path).")
 @click.option("--name", default="otbuild_sft", show_default=True, help="The dataset's name in dataset_info.json.")
-def export_llamafactory_cmd(recipe, dest, gpus, model, name):
+@click.option("--speed", multiple=True, type=click.Choice(["liger-kernel", "flash-attn"]),
+              help="OpenThoughts-Agent's speed settings (repeatable): enable_liger_kernel, flash_attn: fa2.")
+def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     """RECIPE's SFT traces and settings for LLaMA-Factory, in DEST: the sharegpt data,
     dataset_info.json, ds_zN_config.json and train_NAME.yaml (run it from DEST)."""
     from otbuild.train.llamafactory import write_handoff
@@ -385,10 +387,13 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name):
     header = (f"LLaMA-Factory training of recipe {plan.recipe.name} ({plan.recipe.path}), its sft stage {node.id}\n"
               f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
     try:
-        stats = write_handoff(traces, dest, cfg, model or cfg.model.path, gpus, name, header)
+        stats = write_handoff(traces, dest, cfg, model or cfg.model.path, gpus, name, header, speed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}, dataset_info.json and {stats['yaml']}")
+    mended = ", ".join(f"{k.replace('_', ' ')}: {stats[k]}" for k in ("merged_turns", "trailing_turns_dropped",
+                                                                     "dropped") if stats[k])
+    out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}"
+              f"{f' ({mended})' if mended else ''}, dataset_info.json and {stats['yaml']}")
 
 
 @main.command()

@@ -5,6 +5,7 @@ or a cluster would be needed). A command added to the README without a case here
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -173,3 +174,62 @@ def test_readme_commands_run_on_the_smoke_build(smoke_build, tmp_path):
     assert not failures, "\n\n".join(failures)
     assert (tmp_path / "trace_filter" / "provenance.json").exists()
     assert (tmp_path / "ingested" / "scores.parquet").exists() and any((tmp_path / "tasks").iterdir())
+
+
+# -- docs/training.md's LLaMA-Factory handoff ----------------------------------------------------
+
+LF_PYTHON = REPO / ".venv-llamafactory" / "bin" / "python"
+
+
+def handoff_commands() -> str:
+    """The shell block of docs/training.md's LLaMA-Factory handoff, as written."""
+    text = (REPO / "docs" / "training.md").read_text()
+    section = text.split("### LLaMA-Factory export", 1)[1].split("\n## ", 1)[0]
+    (block,) = [m.group(2) for m in FENCE.finditer(section) if m.group(1) == "sh"]
+    return block
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LF_PYTHON.is_file(), reason="LLaMA-Factory is not installed in .venv-llamafactory: "
+                    "run scripts/llamafactory-env.sh (make llamafactory-env)")
+def test_the_llamafactory_handoff_runs_as_written(tmp_path, monkeypatch):
+    """The documented commands, in a project whose recipe of that name has the paper recipe's
+    `sft` section and imported traces (built here), with `llamafactory-cli` standing in as
+    LLaMA-Factory's own checks (no GPU): its parser takes the YAML, its loader the data."""
+    from otbuild.recipe.schema_train import TinyModel
+    from otbuild.runner import run_spec
+    from otbuild.train.model import materialise
+    from otbuild.train.toy import trace_rows
+
+    block = handoff_commands()
+    recipe = re.search(r"otbuild export llamafactory (\S+)", block).group(1)
+    sft = load_recipe(recipe, REPO).data["sft"]  # the paper recipe's, `extends` resolved
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / f"{recipe}.yaml").write_text(yaml.safe_dump(
+        {"trace_imports": {"runs": {"kind": "messages-jsonl", "path": "runs.jsonl"}}, "trace_filter": {"min_turns": 0},
+         "sft": sft}))
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps({"messages": r["conversations"]}) + "\n"
+                                                 for r in trace_rows(6)))
+    monkeypatch.chdir(tmp_path)  # the stages write under the project
+    nodes = plan_recipe(load_recipe(recipe, tmp_path)).nodes
+    for n in nodes:
+        if n.stage in ("trace_import", "trace_filter"):
+            run_spec(n.spec())
+    kept = next(n for n in nodes if n.stage == "trace_filter").main_output
+    model = materialise(TinyModel(kind="tiny", vocab_size=600, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=1), tmp_path / "tiny", [kept])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "llamafactory-cli"
+    shim.write_text(f'#!/bin/sh\nexec env -u PYTHONPATH "{LF_PYTHON}" "{REPO / "tests" / "llamafactory_contract.py"}" '
+                    'cli "$@"\n')
+    shim.chmod(0o755)
+    otbuild = bin_dir / "otbuild"  # this checkout's CLI, whatever `otbuild` is on PATH
+    otbuild.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m otbuild "$@"\n')
+    otbuild.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OTBUILD_LF_MODEL": str(model),
+           "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "DISABLE_VERSION_CHECK": "1"}
+    res = subprocess.run(["bash", "-euc", block], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600, check=False)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "6 examples" in res.stdout and "template qwen3_nothink" in res.stdout, res.stdout[-2000:]

@@ -1,5 +1,6 @@
 """`python -m otbuild.train sft|rl --settings JSON --outdir DIR INPUT...` (what launchers run on
-every rank) and `python -m otbuild.train export-llamafactory TRACES... --outdir DIR`."""
+every rank) and `python -m otbuild.train export-llamafactory TRACES... --outdir DIR
+[--chat-template qwen3_thinking|qwen3]`."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outdir", type=Path, required=True)
     p.add_argument("--settings", default="{}", help="JSON object, or @FILE")
     p.add_argument("--name", default="otbuild_sft", help="export: the dataset's name")
+    p.add_argument("--chat-template", default="qwen3_thinking", choices=["qwen3_thinking", "qwen3"],
+                   help="export: reasoning kept (LLaMA-Factory's qwen3) or removed (its qwen3_nothink)")
     a = p.parse_args(argv)
     if a.command == "export-llamafactory":
         from otbuild.train.export import export_llamafactory
 
-        print(json.dumps(export_llamafactory(a.inputs, a.outdir, a.name)))
+        print(json.dumps(export_llamafactory(a.inputs, a.outdir, a.name, chat_template=a.chat_template)))
         return 0
     from otbuild.stages.settings import config
 
