@@ -542,3 +542,36 @@ def test_an_export_row_without_the_task_is_quarantined(tmp_path):
     pq.write_table(pa.Table.from_pylist([{**row, "instruction": "Fix it."}]), tmp_path / "y.parquet")
     [ok] = read_traces("harbor-traces", tmp_path / "y.parquet")
     assert ok["conversations"][0] == {"role": "user", "content": "Fix it."}
+
+
+@pytest.mark.parametrize("recipe", ["otagent_v2_100k", "otagent_v2_10k"])
+def test_the_paper_teachers_harbor_jobs_are_openthoughts_agents_trace_configs(tmp_path, recipe):
+    """The paper recipes' teacher runs terminus-2 as OpenThoughts-Agent's trace-generation
+    configs do (raw content, linear history, interleaved thinking, proactive summarization at
+    8,192 free tokens, thinking on, a 1,800 s agent timeout), with the served model's context
+    for summarizing; Harbor's own models accept the job config and the agent's options."""
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+    from otbuild.stages.rollout_harbor import harbor_options
+    from tests.conftest import REPO
+
+    [node] = [n for n in plan_recipe(load_recipe(recipe, REPO)).nodes if n.stage == "rollout"]
+    cfg = job_config(tmp_path, tmp_path / "jobs", "j", model="openai/glm", **harbor_options(node.config))
+    [agent] = cfg["agents"]
+    kw = agent["kwargs"]
+    assert kw["trajectory_config"] == {"raw_content": True, "linear_history": True}
+    assert kw["interleaved_thinking"] is True and kw["proactive_summarization_threshold"] == 8192
+    assert kw["llm_call_kwargs"]["extra_body"] == {"chat_template_kwargs": {"enable_thinking": True}}
+    assert kw["model_info"]["max_input_tokens"] == node.config.launch.max_model_len
+    assert agent["override_timeout_sec"] == 1800
+    if HARBOR.is_file():
+        code = ("import json,sys; from harbor.models.job.config import JobConfig; "
+                "from harbor.agents.terminus_2.terminus_2 import Terminus2; "
+                "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); "
+                "o = Terminus2.parse_options(c.agents[0].kwargs, {}); "
+                "print(o.interleaved_thinking, o.proactive_summarization_threshold, o.trajectory_config)")
+        path = write_job_config(tmp_path / "job.json", cfg)
+        res = subprocess.run([str(HARBOR.parent / "python"), "-c", code, str(path)], capture_output=True,
+                             text=True, check=False)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.stdout.split()[:2] == ["True", "8192"] and "raw_content" in res.stdout

@@ -92,13 +92,20 @@ def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[
 def harbor_options(cfg: RolloutSettings) -> dict:
     """The trial settings as `run_harbor_job` options: the agent, its timeout and the cap
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
-    terminus agents the episode limit, temperature and max_tokens (harbor.agent_kwargs win)."""
+    terminus agents the episode limit, temperature and max_tokens, and for a server otbuild
+    starts the model's context and output limits (`model_info`: terminus-2 summarizes its
+    context by them; litellm knows no self-served model's) at no cost (harbor.agent_kwargs win)."""
     hb = cfg.harbor
     agent = harbor_agent(hb.agent, cfg.engine)
     kwargs = dict(hb.agent_kwargs)
     if agent.startswith("terminus"):
         kwargs = {"max_turns": cfg.max_episodes, "temperature": cfg.temperature, **kwargs}
         kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
+        context = getattr(cfg.launch, "max_model_len", None)
+        if context:
+            kwargs["model_info"] = {"max_input_tokens": context, "max_output_tokens": cfg.max_tokens,
+                                    "input_cost_per_token": 0, "output_cost_per_token": 0,
+                                    **(kwargs.get("model_info") or {})}
     return {"agent": agent, "agent_kwargs": kwargs or None, "environment": hb.environment,
             "environment_kwargs": hb.environment_kwargs or None, "timeout_multiplier": cfg.timeout_multiplier,
             "agent_timeout_sec": cfg.agent_timeout_sec, "max_timeout_sec": cfg.timeout_cap_sec / cfg.timeout_multiplier}
