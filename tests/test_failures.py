@@ -97,7 +97,7 @@ def test_eval_leaves_infrastructure_failures_out_of_the_mean_and_says_so(tmp_pat
     stats = eval_stage.run(EvalSettings(engine="oracle", model_label="oracle:oracle"), [], tmp_path)
     [summary] = pq.read_table(tmp_path / "summary.parquet").to_pylist()
     assert summary["mean"] == pytest.approx(1 / 4)  # a, b, c, d scored; e, f excluded
-    assert (summary["n_tasks"], summary["n_exceptions"], summary["n_excluded"]) == (6, 2, 2)
+    assert (summary["n_tasks"], summary["n_exceptions"], summary["n_task_failures"], summary["n_excluded"]) == (6, 1, 1, 2)
     scores = {r["task"]: r for r in pq.read_table(tmp_path / "scores.parquet").to_pylist()}
     assert scores["e"]["reward"] is None and scores["e"]["excluded"] and scores["e"]["outcome"] == "infrastructure"
     assert scores["c"]["reward"] == 0.0 and scores["c"]["outcome"] == "task_failure"

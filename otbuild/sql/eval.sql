@@ -2,7 +2,8 @@
 -- (otbuild/traces/outcome.py, docs/failures.md). An infrastructure failure or a task that was
 -- not run has no score (reward NULL, `excluded`): it is left out of the mean and counted apart,
 -- never scored 0 (past the recipe's max_infra_failures the eval's shard failed instead). A
--- task failure or a verifier error scores 0, counted apart; a trial without a reward scores 0.
+-- task failure (context window, disk limit) or a verifier error scores 0, counted apart; any
+-- other trial without a reward scores 0.
 -- pass@1 of a repeat is the mean reward over the benchmark's scored tasks; a benchmark's score
 -- is the mean of its repeats' pass@1 with the standard error of that mean (sample standard
 -- deviation over repeats / sqrt(repeats)).
