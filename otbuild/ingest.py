@@ -38,6 +38,6 @@ def _scored(r: dict) -> dict:
     outcome = classify(r["exception"], r["exception"], timed_out, r["reward"])
     excluded = outcome in EXCLUDED_FROM_SCORES
     reward = None if excluded else r["reward"] if r["reward"] is not None else 0.0
-    partial = 0.0 if outcome in SCORED_ZERO_ERRORS and not excluded else reward
+    partial = 0.0 if outcome in SCORED_ZERO_ERRORS else reward
     return {**r, "reward": reward, "partial_credit": partial, "timed_out": timed_out, "outcome": outcome,
             "excluded": excluded}

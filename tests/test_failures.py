@@ -237,3 +237,20 @@ trace_filter: {{min_turns: 1}}
     assert "Nothing to be done" not in log and "(100%) done" not in log
     assert len(srv.requests) == 2
     assert not list((project / "artifacts").glob("rollout/*/traces.parquet"))
+
+
+def test_a_harbor_job_dir_is_scored_as_the_eval_stage_scores(tmp_path):
+    """`otbuild ingest harbor-job`: Harbor's InternalServerError (a 5xx of the model's API) is
+    left out of the mean, not scored 0; its verifier errors score 0."""
+    from otbuild.ingest import harbor_job
+
+    for name, exc, reward in (("a__1", None, 1.0), ("b__1", "InternalServerError", None),
+                              ("c__1", "RewardFileNotFoundError", None), ("d__1", None, 0.0)):
+        (tmp_path / "job" / name).mkdir(parents=True)
+        (tmp_path / "job" / name / "result.json").write_text(json.dumps({
+            "task_name": name[0], "trial_name": name, "source": "tb",
+            "exception_info": {"exception_type": exc} if exc else None,
+            "verifier_result": {"rewards": {"reward": reward}} if reward is not None else None}))
+    harbor_job(tmp_path / "job", tmp_path / "out")
+    [summary] = pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()
+    assert summary["mean"] == pytest.approx(1 / 3) and summary["n_excluded"] == 1 and summary["n_exceptions"] == 1

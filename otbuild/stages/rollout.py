@@ -14,6 +14,12 @@ time: no stage of the trace path holds all its traces in memory.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
 table has one (upsampling weights from the task filter).
+
+Failures (docs/failures.md): a shard's first request to the model goes alone, and a refusal
+(a wrong key, an unknown model) or no answer stops the shard at once; a trial that failed for
+infrastructure reasons is rerun (`infra_retries`) before its record is written; what still
+fails is counted, and past `max_infra_failures` the shard fails keeping its partial file,
+whose infrastructure-failed trials a rerun runs again (a trial's last record is its own).
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild import duck, usage
+from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.recipe.trials import HARBOR
-from otbuild.errors import StageError
 from otbuild.stages import shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
