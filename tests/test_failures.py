@@ -53,6 +53,7 @@ ROWS = [
     (row("InternalServerError", "InternalServerError", reward=None), oc.INFRASTRUCTURE),
     (row("EnvironmentStartTimeoutError", "EnvironmentStartTimeoutError", reward=None), oc.INFRASTRUCTURE),
     (row("TaskNotRunnableLocally", "TaskNotRunnableLocally", reward=None), oc.NOT_RUN),
+    (row("EnvironmentDefinitionError", "EnvironmentDefinitionError", reward=None), oc.NOT_RUN),  # Harbor
 ]
 
 

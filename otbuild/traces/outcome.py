@@ -7,8 +7,9 @@ empty; Harbor's rows put every error but AgentTimeoutError in `exception`). The 
 function of the error's name, `timed_out` and `reward`, so rows of either origin classify
 alike:
 
-    not_run         TaskNotRunnableLocally: the task needs its container image and the recipe's
-                    sandbox cannot build one; never attempted, never retried
+    not_run         the task needs what the sandbox refuses to give it (TaskNotRunnableLocally:
+                    its container image; EnvironmentDefinitionError: otbuild's Harbor
+                    environment refused its Dockerfile); never attempted, never retried
     infrastructure  any other error not named below: the endpoint (EngineError, Harbor's
                     InternalServerError, AuthenticationError, ...), the sandbox (SandboxError),
                     the environment (EnvironmentStartTimeoutError, image builds, ...)
@@ -37,7 +38,7 @@ PASSED = "passed"
 FAILED = "failed"
 OUTCOMES = (NOT_RUN, INFRASTRUCTURE, VERIFIER_ERROR, TIMED_OUT, TASK_FAILURE, UNVERIFIED, PASSED, FAILED)
 
-NOT_RUN_ERRORS = ("TaskNotRunnableLocally",)
+NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError")
 VERIFIER_ERRORS = ("VerifierTimeoutError", "VerifierOutputParseError", "RewardFileNotFoundError",
                    "RewardFileEmptyError")
 TIMEOUT_ERRORS = ("AgentTimeoutError",)
