@@ -255,3 +255,23 @@ def test_a_harbor_job_dir_is_scored_as_the_eval_stage_scores(tmp_path):
     harbor_job(tmp_path / "job", tmp_path / "out")
     [summary] = pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()
     assert summary["mean"] == pytest.approx(1 / 3) and summary["n_excluded"] == 1 and summary["n_exceptions"] == 1
+
+
+def test_harbor_shards_are_counted_the_same_way(tmp_path, monkeypatch):
+    """Rows from Harbor's job dirs (after Harbor's own retries): its InternalServerError past
+    max_infra_failures fails the shard; EnvironmentDefinitionError (a task refused) is not run,
+    not an infrastructure failure."""
+    from otbuild.stages import rollout_harbor
+
+    tasks = _tasks(tmp_path, 4)
+    rows = [row("1", reward=1.0, task=f"t{i}") for i in range(4)]
+    monkeypatch.setattr(rollout_harbor, "run_harbor_shard", lambda *a: rows)
+    cfg = RolloutSettings(engine="oracle", sandbox="harbor", max_infra_failures=0.25)
+    rows[0] = row("EnvironmentDefinitionError", "EnvironmentDefinitionError", reward=None)
+    rows[1] = row("InternalServerError", "InternalServerError", reward=None,
+                  metadata=json.dumps({"exception_message": "litellm.InternalServerError: OpenAIException - 500"}))
+    rollout.run_shard(cfg, [tasks], tmp_path / "out", 0)  # 1 of 4 <= 0.25
+    rows[2] = rows[1]
+    with pytest.raises(InfraFailuresExceeded, match=r"2 of 4 trials .*InternalServerError x2; e\.g\. "
+                       r"InternalServerError: litellm\.InternalServerError: OpenAIException - 500"):
+        rollout.run_shard(cfg, [tasks], tmp_path / "out2", 0)
