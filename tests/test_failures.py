@@ -275,3 +275,18 @@ def test_harbor_shards_are_counted_the_same_way(tmp_path, monkeypatch):
     with pytest.raises(InfraFailuresExceeded, match=r"2 of 4 trials .*InternalServerError x2; e\.g\. "
                        r"InternalServerError: litellm\.InternalServerError: OpenAIException - 500"):
         rollout.run_shard(cfg, [tasks], tmp_path / "out2", 0)
+
+
+@needs_sandbox
+def test_an_unreachable_endpoint_fails_the_shard_at_once(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = RolloutSettings(engine="openai", base_url=f"http://127.0.0.1:{port}/v1", model="m", concurrency=4,
+                          max_retries=1, backoff_sec=0.01)
+    with pytest.raises(EndpointError, match=r"the first request failed.*no answer after 2 attempt\(s\); "
+                       r"last error: ConnectError"):
+        rollout.run_shard(cfg, [_tasks(tmp_path)], tmp_path / "out", 0)
+    assert not (tmp_path / "out" / "shards" / "0-of-1.parquet").exists()
