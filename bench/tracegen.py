@@ -8,8 +8,9 @@ Sizes follow what terminus-2 rollouts of a reasoning teacher look like at the pa
 - each observation (user turn after the first): terminal output of 200-4000 chars (log-uniform);
 - the first user turn: a task instruction of 300-1500 chars; one system prompt of ~300 chars.
 That makes ~110 KB per trace on average (about 2.8 KB per turn, 38 turns). Rewards are
-1.0 for ~40% of traces; ~3% time out, ~2% carry an infrastructure exception, ~1% are
-subagent traces, ~1% repeat an earlier trace's conversation (dedup has work to do).
+1.0 for ~40% of traces; ~3% time out, ~2% end without a verdict (a verifier error: the
+trace filter drops them; a resumed rollout keeps them, as it reruns only infrastructure
+failures, docs/failures.md), ~1% are subagent traces, ~1% repeat an earlier trace's conversation (dedup has work to do).
 
 Text is drawn as windows of a seeded pool of pseudo-words (fast: 100K traces are ~11 GB of
 text), so it compresses roughly like real terminal text, not like random bytes.
@@ -82,7 +83,7 @@ class TraceGen:
 
 def trace_row(t: int, conv: list[dict], rng: random.Random) -> dict:
     r = rng.random()
-    exception = "RuntimeError" if r < 0.02 else None
+    exception = "VerifierTimeoutError" if r < 0.02 else None
     timed_out = 0.02 <= r < 0.05
     reward = None if exception else (1.0 if rng.random() < 0.4 else 0.0)
     turns = sum(1 for m in conv if m["role"] == "assistant")

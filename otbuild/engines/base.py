@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -31,6 +32,13 @@ class ContextLengthExceededError(EngineError):
     """The request does not fit the model's context window (prompt + max_tokens): not an
     infrastructure failure but the end of a trial, which the harness records as a task failure
     (as Harbor's terminus-2 does)."""
+
+
+def backoff_delay(attempt: int, base_sec: float, max_sec: float) -> float:
+    """Before retry `attempt` (1, 2, ...): exponential backoff with equal jitter (half fixed,
+    half random), `base_sec` doubling, capped at `max_sec`."""
+    cap = min(max_sec, base_sec * 2 ** (attempt - 1))
+    return cap / 2 + random.uniform(0, cap / 2)
 
 
 @runtime_checkable

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import re
 from collections import Counter
 
 import httpx
 
 from otbuild.engines import request_policy
-from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
+from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
 from otbuild.engines.settings import LLM, concurrency
 from otbuild.errors import ConfigError
 
@@ -84,9 +83,7 @@ class OpenAIEngine:
         return self._client
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with equal jitter: half fixed, half random."""
-        cap = min(self.settings.backoff_max_sec, self.settings.backoff_sec * 2 ** (attempt - 1))
-        delay = cap / 2 + random.uniform(0, cap / 2)
+        delay = backoff_delay(attempt, self.settings.backoff_sec, self.settings.backoff_max_sec)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.settings.backoff_max_sec))
         return delay

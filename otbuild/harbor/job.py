@@ -17,6 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from otbuild.traces.outcome import KNOWN_ERRORS
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
 OTBUILD_ENV = "otbuild"
@@ -59,8 +61,9 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
     a caller cannot turn off) and one linear history per context window (`linear_history`).
     `api_key_env` names the environment variable that holds the key (Harbor's
     `model_api_key_name`): the config holds the name, never the key. `max_retries`: Harbor
-    reruns a trial that ended in an infrastructure error (its error policy decides which)
-    up to that many times, with backoff."""
+    reruns a trial that ended in an error up to that many times, with backoff; its error
+    policy leaves out the agent's own ends and the verifier's, and so do the errors otbuild
+    does not count as infrastructure (otbuild/traces/outcome.py: KNOWN_ERRORS)."""
     if agent != "oracle" and not model:
         raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
     agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
@@ -97,6 +100,7 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
         "timeout_multiplier": float(timeout_multiplier),
         "quiet": True,
         "retry": {"max_retries": int(max_retries)},
+        "override_error_policy": {name: {"should_retry": False} for name in KNOWN_ERRORS},
         "environment": env_cfg,
         "agents": [agent_cfg],
         **({"verifier": verifier_cfg} if verifier_cfg else {}),

@@ -2,11 +2,14 @@
 task's verifier. Returns a trace row (otbuild/traces/table.py).
 
 Task failures (wrong answer, agent timeout, a conversation the model's context window no
-longer holds) and infrastructure errors (the sandbox would not start or cannot give the task the
-network it asks for, the task's task.toml is not one Harbor accepts, the engine failed after its
-retries, the verifier timed out or wrote a malformed reward) are kept apart: the latter
-set `exception` to the error's class name, which is also the row's `result`. Any other
-exception is a bug and propagates.
+longer holds, the trial's disk limit) and errors (the sandbox would not start or cannot give
+the task the network it asks for, the task's task.toml is not one Harbor accepts, the engine
+failed after its retries, the verifier timed out or wrote a malformed reward) are kept apart:
+the latter set `exception` to the error's class name, which is also the row's `result`; a task
+failure that is not a wrong answer names itself in `result` only. How each way of ending is
+then classified, retried and counted is otbuild/traces/outcome.py (docs/failures.md). An
+EndpointError (the model's endpoint refused the run: otbuild/engines/endpoint.py) stops the
+rollout; any other exception is a bug and propagates.
 
 The model is sent `{role, content}` messages only; what a trace keeps beside them (token
 counts, a reasoning parser's text) comes from the completions.
@@ -65,7 +68,8 @@ class RewardFileNotFoundError(Exception):
     install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
 
 
-# what a trial records as its infrastructure exception; anything else raised is a bug
+# what a trial records as its exception (outcome infrastructure or verifier_error:
+# otbuild/traces/outcome.py); anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
                          RewardFileNotFoundError, VerifierEnvError, TaskFormatError)
 # why the agent stopped: the trace's metadata.stop_reason

@@ -277,7 +277,7 @@ class TraceFilter(Strict):
     min_turns: int = Field(default=5, ge=0)
     drop_timed_out: bool = True
     drop_subagent: bool = True
-    drop_exceptions: bool = True  # infrastructure errors, not task failures
+    drop_exceptions: bool = True  # outcomes not_run, infrastructure, verifier_error (docs/failures.md)
     min_reward: float | None = None  # success-only: keep traces whose reward >= this
     dedup: bool = True  # identical conversations
     sample: Sample | None = Field(default=None, description="keep exactly n of what is left (a seeded choice): "

@@ -75,6 +75,10 @@ class ShardedTrials(Trials):
 
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
     shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
+    infra_retries: int = execution_only(10, ge=0, le=100, description="reruns of a trial that failed for "
+                                        "infrastructure reasons (docs/failures.md), waiting backoff_sec, doubling")
+    max_infra_failures: float = execution_only(0.05, ge=0, le=1, description="a shard with more infrastructure "
+                                               "failures (a fraction of its trials, after retries) fails, naming them")
 
     @model_validator(mode="after")
     def _reasoning_switch(self):

@@ -1,17 +1,20 @@
 {% from "_inputs.sql" import union_inputs %}
 -- Trace filter. A trace is rejected by the first rule it fails, in this order, and keeps that
--- rule's reason: infrastructure exception, timeout, subagent trace, fewer than min_turns
+-- rule's reason: an error without a trajectory or verdict worth keeping (outcome not_run,
+-- infrastructure or verifier_error: otbuild/traces/outcome.py), timeout, subagent trace, fewer than min_turns
 -- turns, reward below min_reward (success-only), duplicate conversation (first one wins), then
 -- a seeded subsample of exactly sample.n of what is left (the n smallest md5(seed:name:ord)).
 -- Only narrow columns and a hash of each conversation are decided on here (trace_decided: _ord,
 -- reason); the wide rows are streamed once, in input order, by duck.stream_split.
+{{ outcome.macros }}
 CREATE OR REPLACE TEMP VIEW trace_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
 CREATE OR REPLACE TEMP TABLE trace_decided AS
 WITH checked AS (
     SELECT _ord, CASE
-        {% if drop_exceptions %}WHEN exception IS NOT NULL THEN 'exception: ' || exception{% endif %}
+        {% if drop_exceptions %}WHEN otb_outcome(result, exception, timed_out, reward) IN {{ outcome.dropped }}
+             THEN 'exception: ' || otb_error(result, exception){% endif %}
         {% if drop_timed_out %}WHEN coalesce(timed_out, false) THEN 'timed_out'{% endif %}
         {% if drop_subagent %}WHEN coalesce(is_subagent, false) THEN 'subagent'{% endif %}
         {% if min_turns %}WHEN coalesce(n_turns, 0) < {{ min_turns }} THEN 'min_turns: ' || coalesce(n_turns, 0) || ' < {{ min_turns }}'{% endif %}

@@ -3,6 +3,9 @@
 Trials run in shards exactly like teacher rollouts (same harness, sandbox and resume); the
 merge job writes traces.parquet, scores.parquet (one row per benchmark, repeat and task) and
 summary.parquet (mean pass@1 over repeats with its standard error, exceptions apart).
+An infrastructure failure is never scored 0: past the recipe's `max_infra_failures` the shard
+fails (otbuild/stages/failures.py), under it the trial is left out of the mean and counted
+(`n_excluded`), as docs/failures.md says.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from pathlib import Path
 
 from otbuild import duck, usage
 from otbuild.stages import rollout
+from otbuild.stages.failures import outcome_stats
 from otbuild.stages.rollout import merge_shards
 from otbuild.stages.settings import EvalSettings
 
@@ -26,9 +30,10 @@ def run(cfg: EvalSettings, inputs: list[Path], outdir: Path) -> dict:
     duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label)
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
-    summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions FROM ev_summary").fetchall()
+    summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions, n_excluded FROM ev_summary").fetchall()
     trials = con.execute("SELECT count(*) FILTER (NOT coalesce(is_subagent, false)) FROM read_parquet("
                          f"{duck.sql_literal(outdir / 'traces.parquet')})").fetchone()[0]
-    return {"trials": trials, "shards": shards,
-            "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e} for b, m, s, e in summary},
+    return {"trials": trials, "shards": shards, **outcome_stats(con, outdir / "traces.parquet"),
+            "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x}
+                           for b, m, s, e, x in summary},
             "llm_usage": usage.of_traces(outdir / "traces.parquet")}

@@ -25,7 +25,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from otbuild import duck, usage
-from otbuild.engines import ContextLengthExceededError, EngineError, open_engine
+from otbuild.engines import EngineError, open_engine
+from otbuild.engines.endpoint import refused
 from otbuild.engines.settings import concurrency
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
@@ -80,7 +81,7 @@ async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path) -> in
                     rec = {"request": number, "text": c.text, "error": None, "n_output_tokens": c.n_output_tokens,
                            "usage_reported": c.usage_reported, "n_input_tokens": c.n_input_tokens}
                 except EngineError as e:
-                    if request is first and _refused(e):
+                    if request is first and refused(e):
                         raise RefusedRequest(f"{stage}: the endpoint refused the first request, so it would "
                                              f"refuse them all: {e}") from None
                     rec = {"request": number, "text": None, "error": f"[{type(e).__name__}] {e}",
@@ -97,12 +98,6 @@ async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path) -> in
             return sent
     finally:
         await engine.aclose()
-
-
-def _refused(e: EngineError) -> bool:
-    """A 4xx that is about the request itself, not this one row (too long for the context)."""
-    return e.status is not None and 400 <= e.status < 500 and e.status != 429 \
-        and not isinstance(e, ContextLengthExceededError)
 
 
 def _write_shard(outdir: Path, n: int, shard: int, dest: Path) -> None:

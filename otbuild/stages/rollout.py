@@ -14,6 +14,12 @@ time: no stage of the trace path holds all its traces in memory.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
 table has one (upsampling weights from the task filter).
+
+Failures (docs/failures.md): a shard's first request to the model goes alone, and a refusal
+(a wrong key, an unknown model) or no answer stops the shard at once; a trial that failed for
+infrastructure reasons is rerun (`infra_retries`) before its record is written; what still
+fails is counted, and past `max_infra_failures` the shard fails keeping its partial file,
+whose infrastructure-failed trials a rerun runs again (a trial's last record is its own).
 """
 
 from __future__ import annotations
@@ -34,14 +40,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild import duck, usage
+from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.recipe.trials import HARBOR
 from otbuild.stages import shard_path
+from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
 from otbuild.stages.settings import RolloutSettings
 from otbuild.tasks.table import task_rows
 from otbuild.tasks.taskdir import TaskDir
+from otbuild.traces import outcome as oc
 from otbuild.traces.table import TRACE_SCHEMA, WRITE_OPTIONS, write_traces
 
 
@@ -70,27 +79,39 @@ def run_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int
     n = cfg.shards
     trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
+    failures = FailureCount(len(trials), cfg.max_infra_failures, f"shard {shard} of {n}")
     if cfg.sandbox == HARBOR:
         from otbuild.stages.rollout_harbor import run_harbor_shard
 
-        write_traces(dest, run_harbor_shard(cfg, inputs, outdir, shard, trials))
+        rows = run_harbor_shard(cfg, inputs, outdir, shard, trials)
+        for row in rows:
+            failures.add(row)
+        failures.check()
+        write_traces(dest, rows)
         return
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     drop_torn_tail(partial)
     _adopt_stale_trials(partial, n, shard)
     done = _finished_trials(partial)
-    todo = [t for t in trials if t.index not in done]
-    print(f"shard {shard}: {len(trials)} trials, {len(done)} already done, {len(todo)} to run", flush=True)
+    rerun = sum(1 for t in trials if t.index in done and done[t.index][1] == oc.INFRASTRUCTURE)
+    todo = [t for t in trials if t.index not in done or done[t.index][1] == oc.INFRASTRUCTURE]
+    print(f"shard {shard}: {len(trials)} trials, {len(trials) - len(todo)} already done, {len(todo)} to run"
+          + (f" ({rerun} of them failed for infrastructure reasons before)" if rerun else ""), flush=True)
     if todo:
         asyncio.run(_run_trials(cfg, inputs, todo, partial, run_id=outdir.name, total=len(trials),
-                                already=len(done)))
+                                already=len(trials) - len(todo), failures=failures))
         done = _finished_trials(partial)
     missing = [t.index for t in trials if t.index not in done]
     if missing:
         raise RuntimeError(f"shard {shard}: trials {missing[:10]} did not finish")
     with open(partial, "rb") as f:
-        write_traces(dest, (_record(f, done[t.index]) for t in trials))
+        failures = FailureCount(len(trials), cfg.max_infra_failures, failures.shard)
+        for t in trials:
+            if done[t.index][1] == oc.INFRASTRUCTURE:
+                failures.add(_record(f, done[t.index][0]))
+        failures.check()  # the partial file stays: a rerun retries the failed trials
+        write_traces(dest, (_record(f, done[t.index][0]) for t in trials))
     partial.unlink(missing_ok=True)
 
 
@@ -98,6 +119,7 @@ def run(cfg: RolloutSettings, inputs: list[Path], outdir: Path) -> dict:
     """Merge the shards into traces.parquet; the summary reads 5 narrow columns back."""
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
+    outcomes = outcome_stats(con, outdir / "traces.parquet")
     trials, subagents, passed, exceptions, timed_out = con.execute(
         "SELECT count(*) FILTER (NOT sub), count(*) FILTER (sub), count(*) FILTER (NOT sub AND reward >= 1.0),"
         " count(*) FILTER (NOT sub AND coalesce(exception, '') <> ''),"
@@ -106,7 +128,8 @@ def run(cfg: RolloutSettings, inputs: list[Path], outdir: Path) -> dict:
         f" FROM read_parquet({duck.sql_literal(outdir / 'traces.parquet')}))"
     ).fetchone()
     return {"trials": trials, "subagent_traces": subagents, "shards": shards, "passed": passed,
-            "exceptions": exceptions, "timed_out": timed_out, "llm_usage": usage.of_traces(outdir / "traces.parquet")}
+            "exceptions": exceptions, "timed_out": timed_out, **outcomes,
+            "llm_usage": usage.of_traces(outdir / "traces.parquet")}
 
 
 # Rows held in memory at once by the merge, over all shards together (~110 KB each).
@@ -138,9 +161,11 @@ def merge_shards(n: int, outdir: Path) -> list[dict]:
     return [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
 
 
-def _trial_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(trial, byte offset, line) of each whole record in a partial file, one line in memory at
-    a time; a line that is not a whole record (cut short by a crash) is skipped: it reruns."""
+def _trial_lines(path: Path) -> Iterator[tuple[int, int, bytes, str]]:
+    """(trial, byte offset, line, outcome) of each whole record in a partial file, one line in
+    memory at a time; a line that is not a whole record (cut short by a crash) is skipped: it
+    reruns. A trial may have several records (one that failed for infrastructure reasons, then
+    its rerun): the last one is the trial's."""
     with open(path, "rb") as f:
         offset = 0
         for line in f:
@@ -150,12 +175,13 @@ def _trial_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("_trial"), int):
-                yield rec["_trial"], start, line
+                yield rec["_trial"], start, line, oc.outcome(rec)
 
 
-def _finished_trials(partial: Path) -> dict[int, int]:
-    """{trial: byte offset of its record} in this shard's own partial file (never another's)."""
-    return {t: at for t, at, _ in _trial_lines(partial)} if partial.exists() else {}
+def _finished_trials(partial: Path) -> dict[int, tuple[int, str]]:
+    """{trial: (byte offset of its last record, its outcome)} in this shard's own partial file
+    (never another's)."""
+    return {t: (at, o) for t, at, _, o in _trial_lines(partial)} if partial.exists() else {}
 
 
 def _record(f, offset: int) -> dict:
@@ -168,19 +194,24 @@ def _record(f, offset: int) -> dict:
 def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
     """Trials finished by a run with another number of shards (their partial files are named
     K-of-M, M != n) are copied, streamed, into this shard's file when they are this shard's:
-    a restart with another `shards` loses nothing. Files of this run's other shards are never
-    opened."""
+    a restart with another `shards` loses nothing. A trial's last record is the one copied, and
+    never over one of this shard's that did not fail for infrastructure reasons. Files of this
+    run's other shards are never opened."""
     stale = [p for p in sorted(partial.parent.glob("*.partial.jsonl")) if not p.name.endswith(f"-of-{n}.partial.jsonl")]
     if not stale:
         return
-    have = set(_finished_trials(partial))
+    have = {t for t, (_, o) in _finished_trials(partial).items() if o != oc.INFRASTRUCTURE}
     with open(partial, "ab") as out:
         for path in stale:
             try:
-                for t, _, line in _trial_lines(path):
-                    if t % n == shard and t not in have:
+                last = {t: (at, o) for t, at, _, o in _trial_lines(path) if t % n == shard and t not in have}
+                with open(path, "rb") as f:
+                    for t, (at, o) in sorted(last.items()):
+                        f.seek(at)
+                        line = f.readline()
                         out.write(line if line.endswith(b"\n") else line + b"\n")
-                        have.add(t)
+                        if o != oc.INFRASTRUCTURE:
+                            have.add(t)
             except FileNotFoundError:  # merged and removed meanwhile
                 continue
         out.flush()
@@ -188,8 +219,14 @@ def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
 
 
 async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial], partial: Path, *,
-                      run_id: str, total: int, already: int) -> None:
+                      run_id: str, total: int, already: int, failures: FailureCount) -> None:
+    """Run `todo`, appending each trial's record to `partial` once it has its outcome: a trial
+    that failed for infrastructure reasons is first rerun (infra_retries, with backoff), and
+    the shard stops as soon as more of them failed than it allows (`failures`), or when the
+    model's endpoint refuses the run (otbuild/engines/endpoint.py: its first request goes
+    alone)."""
     from otbuild.engines import open_engine
+    from otbuild.engines.endpoint import FirstRequest
     from otbuild.engines.settings import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
 
@@ -208,26 +245,45 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
     sem = asyncio.Semaphore(concurrency(cfg))
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(cfg)
+    model = engine if getattr(engine, "needs_solution", False) else FirstRequest(engine)
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 
-            async def one(t: Trial) -> None:
+            async def attempt(t: Trial, n: int) -> dict:
                 async with sem:
                     row = rows[t.row]
                     task = TaskDir.unpack(row["path"], row["task_binary"])
                     ids = {"sample_idx": t.sample_idx, "run_id": run_id, "source": row["source"]}
-                    if row["runnable_locally"] or containers:
-                        workdir = workroot / f"{t.index}"
-                        trace = await run_trial(task, row["task_id"], engine, trial_settings, workdir, **ids)
-                        shutil.rmtree(workdir, ignore_errors=True)
-                    else:
-                        trace = not_runnable_trace(task, row["task_id"], engine, **ids)
-                    append(out, {"_trial": t.index, **trace})
-                    progress.update(trace)
+                    if not (row["runnable_locally"] or containers):
+                        return not_runnable_trace(task, row["task_id"], engine, **ids)
+                    workdir = workroot / f"{t.index}-{n}"
+                    trace = await run_trial(task, row["task_id"], model, trial_settings, workdir, **ids)
+                    shutil.rmtree(workdir, ignore_errors=True)
+                    return trace
 
-            async with asyncio.TaskGroup() as tg:  # a bug in one trial cancels the others, then raises
-                for t in todo:
-                    tg.create_task(one(t))
+            async def one(t: Trial) -> None:
+                retried: list[str] = []
+                for n in range(cfg.infra_retries + 1):
+                    if n:
+                        await asyncio.sleep(retry_delay(cfg, n))
+                    trace = await attempt(t, n)
+                    if oc.outcome(trace) != oc.INFRASTRUCTURE or n == cfg.infra_retries:
+                        break
+                    retried.append(oc.error_name(trace["result"], trace["exception"]))
+                trace = with_attempts(trace, len(retried) + 1, retried)
+                append(out, {"_trial": t.index, **trace})
+                progress.update(trace)
+                if failures.add(trace):
+                    failures.check()
+
+            try:
+                async with asyncio.TaskGroup() as tg:  # a bug in one trial cancels the others, then raises
+                    for t in todo:
+                        tg.create_task(one(t))
+            except BaseExceptionGroup as group:  # the run stopped: say why, plainly
+                if stop := next((e for e in group.exceptions if isinstance(e, StageError)), None):
+                    raise stop from None
+                raise
     finally:
         await engine.aclose()
         shutil.rmtree(workroot, ignore_errors=True)

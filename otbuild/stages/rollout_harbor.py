@@ -45,11 +45,14 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
     engine = None
     try:
         model, base_url = cfg.model, cfg.base_url
-        if cfg.engine in ("vllm", "transformers"):  # start the server; Harbor talks to it
+        if cfg.engine != "oracle":  # Harbor's agent talks to the endpoint; it is asked once first
             from otbuild.engines import open_engine
+            from otbuild.engines.endpoint import probe
 
-            engine = await open_engine(cfg)
-            model, base_url = engine.model, engine.base_url
+            engine = await open_engine(cfg)  # vllm, transformers: the server starts here
+            await probe(engine)  # a wrong key, an unknown model: EndpointError before any trial
+            if cfg.engine in ("vllm", "transformers"):
+                model, base_url = engine.model, engine.base_url
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -57,7 +60,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
             job = await asyncio.to_thread(
                 run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
                 base_url=base_url, n_attempts=n, n_concurrent=concurrency(cfg),
-                job_name=f"attempts-{n}", api_key_env=cfg.api_key_env,
+                job_name=f"attempts-{n}", api_key_env=cfg.api_key_env, max_retries=cfg.infra_retries,
                 log=work / f"attempts-{n}.log", **options)
             job_rows += read_job(job, subagents=True)
     finally:

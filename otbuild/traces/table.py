@@ -41,7 +41,8 @@ TRACE_SCHEMA = pa.schema(
         ("n_turns", pa.int32()),
         ("reward", pa.float64()),  # null when the verifier did not produce one
         ("timed_out", pa.bool_()),
-        ("exception", pa.string()),  # infrastructure error class (null for task failures)
+        ("exception", pa.string()),  # the error's class (null for otbuild's task failures: `result`
+        # names them); how a trial ended is otbuild/traces/outcome.py's outcome of these columns
         ("is_subagent", pa.bool_()),
         ("n_input_tokens", pa.int64()),
         ("n_output_tokens", pa.int64()),
