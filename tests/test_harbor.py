@@ -372,10 +372,10 @@ def terminus2_endpoint(reasoning: str | None = None):
     return reply
 
 
-def _served_turns(srv, reasoning):
+def _served_turns(requests, reasoning):
     """What the endpoint answered, per request, as a trace's assistant turn holds it."""
     texts = [SERVED[min(sum(m["role"] == "assistant" for m in r["body"]["messages"]), len(SERVED) - 1)]
-             for r in srv.requests]
+             for r in requests]
     return [f"<think>{reasoning}</think>\n{t}" if reasoning else t for t in texts]
 
 
@@ -387,7 +387,7 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     included. The lab's key (api_key_env) reaches the endpoint on both paths and is written
     into no job config, log or trace."""
     reasoning = "The task wants a listing."
-    srv = scripted(terminus2_endpoint(reasoning))
+    srv = scripted(terminus2_endpoint(reasoning), api_key=KEY)  # 401 without the lab's key
     monkeypatch.setenv("LAB_LLM_KEY", KEY)
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(2, seed=5), source="synth")
@@ -401,12 +401,15 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     assert len(rows) == 2 and all(r["exception"] is None for r in rows), [r["result"] for r in rows]
     turns = [m["content"] for r in rows for m in r["conversations"] if m["role"] == "assistant"]
     expected = [f"<think>{reasoning}</think>\n{t}" for t in SERVED]
-    assert sorted(turns) == sorted(_served_turns(srv, reasoning)) == sorted(expected * 2)
+    served = [r for r in srv.requests if "Reply with the single word OK." not in json.dumps(r["body"])]
+    assert sorted(turns) == sorted(_served_turns(served, reasoning)) == sorted(expected * 2)
     for r in rows:
         assert [m["content"] for m in r["conversations"] if m["role"] == "assistant"] == expected
         assert r["n_turns"] == 4 and r["episode"] == "episode-3"
     assert all({k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}"
                for r in srv.requests)
+    if sandbox == "harbor":
+        assert "Reply with the single word OK." in json.dumps(srv.requests[0]["body"])  # the probe went first
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not leaks, leaks
 
@@ -575,3 +578,23 @@ def test_the_paper_teachers_harbor_jobs_are_openthoughts_agents_trace_configs(tm
                              text=True, check=False)
         assert res.returncode == 0, res.stderr[-2000:]
         assert res.stdout.split()[:2] == ["True", "8192"] and "raw_content" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor)])
+def test_a_wrong_key_fails_the_rollout_naming_the_401(tmp_path, scripted, monkeypatch, sandbox):
+    """With a key the endpoint refuses, the shard's first request goes alone and fails it with
+    the API's message, on both paths: one request, no trial recorded, no Harbor job run."""
+    from otbuild.engines.endpoint import EndpointError
+    from otbuild.stages.rollout import run_shard
+
+    srv = scripted(terminus2_endpoint(), api_key=KEY)
+    monkeypatch.setenv("LAB_LLM_KEY", "sk-wrong")
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(3, seed=5), source="synth")
+    settings = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="LAB_LLM_KEY",
+                               sandbox=sandbox, harbor={"environment": "otbuild"})
+    with pytest.raises(EndpointError, match="401.*Incorrect API key"):
+        run_shard(settings, [tasks], tmp_path / "rollout", 0)
+    assert len(srv.requests) == 1
+    assert not (tmp_path / "rollout" / "harbor" / "shard-0-of-1" / "jobs").exists()
