@@ -165,7 +165,7 @@ class HfDatasetSource(TaskFileSource):
     rank: int | None = Field(default=None, ge=1)
     repo: str = Field(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
     revision: str = Field(default="main", min_length=1, description="a branch, tag or commit")
-    split: str | None = Field(default=None, pattern=NAME_RE, description="files named SPLIT-*.parquet or under SPLIT/")
+    split: str | None = Field(default=None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
     files: list[str] | None = Field(default=None, min_length=1, description="glob patterns of repo files")
 
 
