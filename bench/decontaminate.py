@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-GEN_VERSION = 1  # bump when the generator changes, so cached data is regenerated
+GEN_VERSION = 2  # bump when the generator changes, so cached data is regenerated
 BENCH = "bench"
 
 
@@ -54,11 +54,32 @@ def _verdict(key_reasons):
     return best[1] if best else None
 
 
+def fuzzy_score(a: str, b: str, threshold: float):
+    """OpenThoughts-Agent's fuzzy rule: rapidfuzz ratio, else partial_ratio, over 100 >= threshold."""
+    from rapidfuzz import fuzz
+
+    for name, scorer in (("ratio", fuzz.ratio), ("partial_ratio", fuzz.partial_ratio)):
+        if (score := scorer(a, b, score_cutoff=round(threshold * 100, 9)) / 100) >= threshold:
+            return name, score
+    return None
+
+
+def _fuzzy_found(w, candidates, fuzzy: float):
+    """The fuzzy verdicts of one row against (b, bench, path, words) candidates."""
+    found = []
+    for b, bench, path, rw in candidates:
+        if m := fuzzy_score(" ".join(w), " ".join(rw), fuzzy):
+            found.append(((2, -m[1], b, path), f"contaminated by {bench}: fuzzy {m[0]} {m[1]:.2f} with task {path}"))
+    return found
+
+
 def reference(train: list[str], benchmarks: list[tuple[str, list[tuple[str, str]]]], n: int,
-              min_shared: int = 1) -> dict[int, str]:
+              min_shared: int = 1, fuzzy: float | None = None) -> dict[int, str]:
     """Every training row against every benchmark task: row index -> reason, for the rows an
-    equal normalised text or >= min_shared shared n-grams contaminate. Ties: equal text first,
-    then the most shared grams, then the benchmark's place, then the task path."""
+    equal normalised text or >= min_shared shared n-grams contaminate, or (with `fuzzy`, the
+    rows neither catches) a fuzzy score >= fuzzy with any benchmark task, as OpenThoughts-Agent
+    scores every pair. Ties: equal text first, then the most shared grams, then the best fuzzy
+    score, then the benchmark's place, then the task path."""
     refs = [(b, bench, path, words(text)) for b, (bench, tasks) in enumerate(benchmarks) for path, text in tasks]
     refs = [(b, bench, path, w, grams(w, n)) for b, bench, path, w in refs if w]
     out = {}
@@ -71,22 +92,29 @@ def reference(train: list[str], benchmarks: list[tuple[str, list[tuple[str, str]
                 found.append(((0, 0, b, path), f"contaminated by {bench}: same instruction as task {path}"))
             elif len(shared := mine & rgrams) >= min_shared:
                 found.append(((1, -len(shared), b, path), f"contaminated by {bench}: {len(shared)} shared {n}-grams with task {path}"))
+        if not found and fuzzy:
+            found = _fuzzy_found(w, [r[:4] for r in refs], fuzzy)
         if found:
             out[i] = _verdict(found)
     return out
 
 
-def indexed(train, benchmarks, n: int, min_shared: int = 1):
-    """The same rule through a dict from n-gram to benchmark tasks; yields (row index, reason)."""
+def indexed(train, benchmarks, n: int, min_shared: int = 1, fuzzy: float | None = None, fuzzy_ngram: int = 5,
+            fuzzy_min_shared: int = 2):
+    """The same rule through a dict from n-gram to benchmark tasks, the fuzzy pass on the pairs
+    sharing >= fuzzy_min_shared fuzzy_ngram-grams (the stage's pre-filter); yields (row, reason)."""
     from collections import Counter
 
-    index, texts = {}, {}
+    index, texts, findex, ref_words = {}, {}, {}, {}
     for b, (bench, tasks) in enumerate(benchmarks):
         for path, text in tasks:
             if w := words(text):
                 texts.setdefault(tuple(w), []).append((b, bench, path))
+                ref_words[b, bench, path] = w
                 for g in grams(w, n):
                     index.setdefault(g, []).append((b, bench, path))
+                for g in grams(w, fuzzy_ngram) if fuzzy else ():
+                    findex.setdefault(g, []).append((b, bench, path))
     for i, text in enumerate(train):
         if not (w := words(text)):
             continue
@@ -94,6 +122,9 @@ def indexed(train, benchmarks, n: int, min_shared: int = 1):
         found = [((0, 0, b, path), f"contaminated by {bench}: same instruction as task {path}") for b, bench, path in exact]
         found += [((1, -k, b, path), f"contaminated by {bench}: {k} shared {n}-grams with task {path}")
                   for (b, bench, path), k in shared.items() if k >= min_shared and (b, bench, path) not in exact]
+        if not found and fuzzy:
+            cands = Counter(t for g in grams(w, fuzzy_ngram) for t in findex.get(g, ()))
+            found = _fuzzy_found(w, [(*t, ref_words[t]) for t, k in sorted(cands.items()) if k >= fuzzy_min_shared], fuzzy)
         if found:
             yield i, _verdict(found)
 
@@ -122,27 +153,35 @@ def generate(data: Path, rows: int, bench_tasks: int, seed: int = 0) -> None:
                                       "instruction": t, "has_solution": False, "has_tests": False,
                                       "runnable_locally": True, "metadata": "{}"} for i, t in enumerate(texts)], TASK_SCHEMA)
 
-    bench = [text(200, 800) + "." for _ in range(bench_tasks)]
+    bench, planted = [text(200, 800) + "." for _ in range(bench_tasks)], {}
     pq.write_table(table(BENCH, bench), data / "bench.parquet")
     with pq.ParquetWriter(data / "train.parquet", TASK_SCHEMA) as writer:
         for start in range(0, rows, 10_000):
             batch = []
-            for _ in range(start, min(rows, start + 10_000)):
+            for i in range(start, min(rows, start + 10_000)):
                 t, roll = text(100, 500), rng.random()
                 if roll < 0.002:
-                    t = rng.choice(bench).upper()
+                    t, planted[f"train-{i}"] = rng.choice(bench).upper(), "copy"
                 elif roll < 0.012:
                     src = rng.choice(bench).split()
                     k = rng.randint(0, len(src) - 40)
                     t += " " + " ".join(src[k:k + rng.randint(20, 40)])
+                    planted[f"train-{i}"] = "quote"
+                elif roll < 0.015:  # a reworded span: every 6th word replaced, so no 13-gram survives
+                    src = rng.choice(bench).split()
+                    k = rng.randint(0, len(src) - 150)
+                    t = " ".join(rng.choice(vocab) if j % 6 == 5 else w for j, w in enumerate(src[k:k + rng.randint(50, 150)]))
+                    planted[f"train-{i}"] = "reworded"
                 batch.append(t)
             writer.write_table(table("train", batch).set_column(0, "path", pa.array(
                 [f"train-{start + i}" for i in range(len(batch))])))
+    (data / "planted.json").write_text(json.dumps(planted))
     stamp.write_text(json.dumps(want))
 
 
 # -- children ----------------------------------------------------------------------------------
-def child(impl: str, data: Path, work: Path, ngram: int, pairwise_rows: int) -> None:
+def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, rows_cap: int) -> None:
+    """One implementation; `rows_cap` bounds the pairwise one (its time is extrapolated)."""
     import pyarrow.parquet as pq
 
     bench = [(BENCH, list(zip(*pq.read_table(data / "bench.parquet", columns=["path", "instruction"]).to_pydict().values())))]
@@ -151,36 +190,40 @@ def child(impl: str, data: Path, work: Path, ngram: int, pairwise_rows: int) -> 
         from otbuild.recipe.schema import TaskFilter
         from otbuild.stages import task_filter
 
-        settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram})
-        task_filter.run(settings, [data / "train.parquet", data / "bench.parquet"], work)
+        settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram, "fuzzy": fuzzy})
+        stats = task_filter.run(settings, [data / "train.parquet", data / "bench.parquet"], work)
         rows = pq.read_table(work / "rejected.parquet", columns=["path", "reason"]).to_pydict()
         verdicts = dict(zip(rows["path"], rows["reason"]))
         seen = pq.read_metadata(data / "train.parquet").num_rows
+        assert sum(stats["contaminated"][BENCH].values()) == len(verdicts), stats
     else:
         f = pq.ParquetFile(data / "train.parquet")
         seen, verdicts = 0, {}
         for batch in f.iter_batches(batch_size=5_000, columns=["path", "instruction"]):
             b = batch.to_pydict()
             if impl == "python-pairwise":
-                b = {k: v[: pairwise_rows - seen] for k, v in b.items()}
-            found = reference(b["instruction"], bench, ngram) if impl == "python-pairwise" else dict(
-                indexed(b["instruction"], bench, ngram))
+                b = {k: v[: rows_cap - seen] for k, v in b.items()}
+            found = reference(b["instruction"], bench, ngram, fuzzy=fuzzy) if impl == "python-pairwise" else dict(
+                indexed(b["instruction"], bench, ngram, fuzzy=fuzzy))
             verdicts.update({b["path"][i]: r for i, r in found.items()})
             seen += len(b["path"])
-            if impl == "python-pairwise" and seen >= pairwise_rows:
+            if impl == "python-pairwise" and seen >= rows_cap:
                 break
     (work / "result.json").write_text(json.dumps({"s": time.perf_counter() - t0, "rows": seen, "verdicts": verdicts}))
 
 
-def run_child(impl: str, data: Path, work: Path, args) -> dict:
+def run_child(impl: str, data: Path, work: Path, args, fuzzy: float | None, rows_cap: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, __file__, "--child", impl, "--data-dir", str(data), "--work", str(work),
-           "--ngram", str(args.ngram), "--pairwise-rows", str(args.pairwise_rows)]
+           "--ngram", str(args.ngram), "--pairwise-rows", str(rows_cap), "--fuzzy", str(fuzzy or 0)]
     proc = subprocess.Popen(cmd)
     _, status, usage = os.wait4(proc.pid, 0)  # rusage of this child alone
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(2)
     return json.loads((work / "result.json").read_text()) | {"impl": impl, "rss_mb": usage.ru_maxrss / 1024}
+
+
+IMPLS = ("duckdb", "python-index", "python-pairwise")
 
 
 def main() -> int:
@@ -189,27 +232,42 @@ def main() -> int:
     p.add_argument("--benchmark-tasks", type=int, default=500)
     p.add_argument("--ngram", type=int, default=13)
     p.add_argument("--pairwise-rows", type=int, default=200, help="rows the pairwise version sees (extrapolated)")
+    p.add_argument("--fuzzy", type=float, default=0.8, help="the fuzzy pass's threshold (0: leave the fuzzy runs out)")
+    p.add_argument("--fuzzy-pairwise-rows", type=int, default=1,
+                   help="rows the pairwise fuzzy version (every pair scored, as OpenThoughts-Agent does) sees")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-bench-decontaminate")
     p.add_argument("--child"), p.add_argument("--data-dir", type=Path), p.add_argument("--work", type=Path)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.data_dir, args.work, args.ngram, args.pairwise_rows)
+        child(args.child, args.data_dir, args.work, args.ngram, args.fuzzy or None, args.pairwise_rows)
         return 0
     data = args.out / "data"
     generate(data, args.rows, args.benchmark_tasks)
-    results = {impl: run_child(impl, data, args.out / impl, args) for impl in ("duckdb", "python-index", "python-pairwise")}
-    base = results["python-index"]
+    planted = json.loads((data / "planted.json").read_text())
+    runs = [("", None, args.pairwise_rows)] + ([(f"+fuzzy {args.fuzzy}", args.fuzzy, args.fuzzy_pairwise_rows)]
+                                              if args.fuzzy else [])
     print(f"decontaminate: {args.rows:,} training rows x {args.benchmark_tasks} benchmark tasks, {args.ngram}-grams; "
           f"{os.cpu_count()} CPUs, OTBUILD_DUCKDB_MEMORY={os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB (default)')}")
-    print(f"{'implementation':<18}{'rows':>9}{'seconds':>12}{'rows/s':>11}{'peak RSS MB':>13}  speed vs python-index")
-    for impl, r in results.items():
-        full = r["s"] * args.rows / r["rows"]  # the pairwise version's time for every row, extrapolated
-        note = f"{base['s'] / full:.2f}x" + (" (extrapolated)" if r["rows"] < args.rows else "")
-        print(f"{impl:<18}{r['rows']:>9,}{full:>12.1f}{args.rows / full:>11,.0f}{r['rss_mb']:>13,.0f}  {note}")
-    duck, sample = results["duckdb"]["verdicts"], results["python-pairwise"]["verdicts"]
-    seen = {f"train-{i}" for i in range(results["python-pairwise"]["rows"])}
-    agree = duck == base["verdicts"] and {k: v for k, v in duck.items() if k in seen} == sample
-    print(f"contaminated rows: {len(duck):,} ({len(duck) / args.rows:.2%}); outputs: {'MATCH' if agree else 'DIFFER'}")
+    print(f"{'implementation':<28}{'rows':>9}{'seconds':>12}{'rows/s':>11}{'peak RSS MB':>13}  speed vs python-index")
+    agree, summary = True, []
+    for label, fuzzy, cap in runs:
+        tag = label.replace(" ", "-").replace("+", "fuzzy-") if label else "ngram"
+        results = {impl: run_child(impl, data, args.out / tag / impl, args, fuzzy, cap) for impl in IMPLS}
+        base = results["python-index"]
+        for impl, r in results.items():
+            full = r["s"] * args.rows / r["rows"]  # the pairwise version's time for every row, extrapolated
+            note = f"{base['s'] / full:.2f}x" + (" (extrapolated)" if r["rows"] < args.rows else "")
+            print(f"{impl + label:<28}{r['rows']:>9,}{full:>12.1f}{args.rows / full:>11,.0f}{r['rss_mb']:>13,.0f}  {note}")
+        duck, sample = results["duckdb"]["verdicts"], results["python-pairwise"]["verdicts"]
+        seen = {f"train-{i}" for i in range(results["python-pairwise"]["rows"])}
+        same = duck == base["verdicts"] and {k: v for k, v in duck.items() if k in seen} == sample
+        agree &= same
+        kinds = {k: (sum(1 for p in planted.values() if p == k), sum(1 for p, v in planted.items() if v == k and p in duck))
+                 for k in ("copy", "quote", "reworded")}
+        summary.append(f"{(label or 'n-grams').strip('+')}: contaminated rows {len(duck):,} ({len(duck) / args.rows:.2%}); "
+                       f"planted found: {', '.join(f'{k} {f}/{n}' for k, (n, f) in kinds.items())}; "
+                       f"outputs: {'MATCH' if same else 'DIFFER'}")
+    print("\n".join(summary))
     return 0 if agree else 1
 
 

@@ -2,7 +2,8 @@
 
 The folder holds `data/train-NNNNN-of-MMMMM.parquet` (the artifact's table, streamed into
 shards of bounded size), `README.md` (a dataset card whose YAML header tells the Hub and
-`datasets.load_dataset(folder)` where the data is), `recipe.resolved.yaml` and `manifest.json`
+`datasets.load_dataset(folder)` where the data is, and gives `license` as the report works it out
+from the sources, `task_categories` and `language`), `recipe.resolved.yaml` and `manifest.json`
 (the recipe's sha256, the artifact's id and every upstream id, each shard's rows and sha256).
 It appears by rename only when complete; `upload` sends it with `HfApi`.
 """
@@ -49,7 +50,7 @@ def hub_folder(plan: Plan, label: str, dest: Path, repo: str, max_shard_bytes: i
         "files": files,
     }
     write_json(tmp / "manifest.json", manifest)
-    (tmp / "README.md").write_text(_card(manifest, plan.recipe.data.get("description", "")))
+    (tmp / "README.md").write_text(_card(manifest, plan.recipe.data.get("description", ""), _licences([*_ancestors(node), node])))
     tmp.rename(dest)
     return manifest
 
@@ -131,10 +132,23 @@ def _size_category(rows: int) -> str:
     return "1M<n<10M"
 
 
-def _card(m: dict, description: str) -> str:
+def _licences(nodes: list[Node]) -> list[str]:
+    """The licences the artifact's sources record (not the benchmarks'), as the report finds them."""
+    from otbuild import duck
+    from otbuild.report.data import Artifact, source_licences
+
+    con = duck.connect()
+    return sorted({lic for n in nodes if n.stage == "source" and not n.label.startswith("benchmarks/")
+                   for lic, _ in source_licences(con, Artifact(n.label, n.label, n.stage, n.id, n.dir, read_record(n.dir)))})
+
+
+def _card(m: dict, description: str, licences: list[str]) -> str:
+    from otbuild.report.page import hub_metadata
+
     rows = sum(f["rows"] for f in m["files"])
     a = m["artifact"]
     header = {
+        **hub_metadata(licences),
         "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
         "tags": ["otbuild", "agentic", a["stage"]],
         "size_categories": [_size_category(rows)],

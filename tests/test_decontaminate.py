@@ -182,3 +182,59 @@ task_filter: {dedup: false, decontaminate: {against: [held], ngram: 13}}
     rejected = pq.read_table(project / tf.dir / "rejected.parquet", columns=["path", "reason"]).to_pydict()
     assert len(expected) == 3 and dict(zip(rejected["path"], rejected["reason"])) == {mixed["path"][i]: r for i, r in expected.items()}
     assert record["stats"]["rejected_by_reason"] == ({"contaminated by held": len(expected)} if expected else {})
+
+
+def test_the_fuzzy_pass_finds_reworded_tasks_and_counts_per_benchmark_and_rule(tmp_path):
+    """OpenThoughts-Agent's second rule: rapidfuzz ratio or partial_ratio >= 0.8. Here only on
+    the pairs the pre-filter keeps; on this data it agrees with scoring every pair."""
+    from tests.conftest import write_source
+
+    held = ["Write a bash script that prints the five largest files under the data directory with their sizes in bytes "
+            "and writes the list to the file report txt in the home directory",
+            "Configure nginx so that it serves the static site in srv www on port 8080 and returns a custom "
+            "404 page for missing paths then reload the service"]
+    other = ["Count the words in the book under app and write the number of distinct words to the file n txt"]
+    train = [
+        # one word in six changed: no 13-gram survives, the texts are still ~90% alike (ratio)
+        "Write a shell script that prints the five biggest files under the data folder with their size in bytes "
+        "and saves the list to the file report txt in the home directory",
+        # the same rewording inside a longer task (partial_ratio)
+        "Our team needs help with a server. Configure nginx so it serves the static site in srv www on port 8080 and "
+        "gives a custom 404 page for missing paths then restart the service. Thanks a lot for your help with this.",
+        held[0],  # a copy: the exact rule names it first
+        "Count the words in the book under app and write the number of unique words into the file n txt",
+        "Train a small convolutional network on the images in data and report its accuracy on the held out split",
+    ]
+    out = tmp_path / "out"
+    out.mkdir()
+    refs = [write_source(tmp_path / "h.parquet", "held", held), write_source(tmp_path / "o.parquet", "other", other)]
+    stats = task_filter.run(TaskFilter(dedup=False, decontaminate={"against": ["held", "other"], "fuzzy": 0.8}),
+                            [write_source(tmp_path / "t.parquet", "t", train), *refs], out)
+    reasons = dict(duckdb.sql(f"SELECT path, reason FROM '{out / 'rejected.parquet'}'").fetchall())
+    assert reasons["t-0"].startswith("contaminated by held: fuzzy ratio 0.") and reasons["t-0"].endswith("with task held-0")
+    assert reasons["t-1"].startswith("contaminated by held: fuzzy partial_ratio 0.")
+    assert reasons["t-1"].endswith("with task held-1")
+    assert reasons["t-2"] == "contaminated by held: same instruction as task held-0"
+    assert reasons["t-3"] == "contaminated by other: 1 shared 13-grams with task other-0"  # n-grams before fuzzy
+    assert "t-4" not in reasons
+    expected = reference(train, [("held", list(zip(["held-0", "held-1"], held))), ("other", [("other-0", other[0])])],
+                         13, fuzzy=0.8)
+    assert reasons == {f"t-{i}": r for i, r in expected.items()}  # the pre-filter lost nothing here
+    assert stats["contaminated"] == {"held": {"exact": 1, "ngram": 0, "fuzzy": 2}, "other": {"exact": 0, "ngram": 1, "fuzzy": 0}}
+    assert stats["rejected_by_reason"] == {"contaminated by held": 3, "contaminated by other": 1}
+    # without the fuzzy pass the reworded tasks stay; the counts say so per rule
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    stats = task_filter.run(TaskFilter(dedup=False, decontaminate={"against": ["held", "other"]}),
+                            [tmp_path / "t.parquet", *refs], out2)
+    assert stats["contaminated"] == {"held": {"exact": 1, "ngram": 0, "fuzzy": 0}, "other": {"exact": 0, "ngram": 1, "fuzzy": 0}}
+
+
+def test_the_fuzzy_setting_keeps_ids_and_its_knobs_need_it(tmp_path):
+    base = _plan(tmp_path, RECIPE.replace("{dedup: true}", "{decontaminate: {against: [held]}}"))["task_filter"]
+    fuzzy = _plan(tmp_path, RECIPE.replace("{dedup: true}", "{decontaminate: {against: [held], fuzzy: 0.8}}"))["task_filter"]
+    assert fuzzy.id != base.id and fuzzy.identity["decontaminate"] == {"against": ["held"], "fuzzy": 0.8}
+    with pytest.raises(ValueError, match="set fuzzy with them"):
+        TaskFilter(decontaminate={"against": ["held"], "fuzzy_ngram": 3})
+    with pytest.raises(ValueError):
+        TaskFilter(decontaminate={"against": ["held"], "fuzzy": 1.5})

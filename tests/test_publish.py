@@ -72,6 +72,23 @@ def test_the_folder_loads_with_datasets_and_its_card_names_the_recipe_and_ids(pr
     assert yaml.safe_load((project / "hub" / "recipe.resolved.yaml").read_text())["sources"]["synth"]["count"] == 2100
 
 
+def test_the_card_has_the_hub_metadata_and_the_reports_license(project):
+    from huggingface_hub import DatasetCard
+
+    from tests.conftest import write_source
+
+    _build()
+    plan = _plan()
+    hub_folder(plan, "task_filter", project / "hub", "otbuild/r-tasks")
+    data = DatasetCard((project / "hub" / "README.md").read_text()).data  # what the Hub reads
+    assert (data.license, data.task_categories, data.language) == ("unknown", ["text-generation"], ["en"])
+    # a source whose tasks record a licence: the card says it, as the report's card does
+    source = {n.label: n for n in plan.nodes}["sources/synth"]
+    write_source(source.main_output, "synth", ["one task here", "two tasks here"], license=["mit", "mit"])
+    hub_folder(plan, "task_filter", project / "hub2", "otbuild/r-tasks")
+    assert DatasetCard((project / "hub2" / "README.md").read_text()).data.license == "mit"
+
+
 def test_big_tables_are_sharded_and_nothing_is_written_over(project):
     _build()
     manifest = hub_folder(_plan(), "task_filter", project / "hub", "otbuild/r", max_shard_bytes=1)

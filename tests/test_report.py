@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from otbuild.plan import plan_recipe, report_node, report_settings
 from otbuild.stages.settings import config
@@ -526,6 +527,8 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
     card = (tmp_path / "out" / "dataset_card.md").read_text()
     assert "# t: task set" in card and f"| rows (tasks) | {rows_of(tmp_path / tf.dir)} |" in card
     assert "license: <b>MIT|x</b>" in card.split("---\n")[1]  # YAML front matter (a string)
+    front = yaml.safe_load(card.split("---\n")[1])  # the Hub's dataset card metadata
+    assert (front["task_categories"], front["language"]) == (["text-generation"], ["en"])
     assert "| evil | table |" in card and "&lt;b&gt;MIT\\|x&lt;/b&gt; (2)" in card
     assert "No teacher: this is a task set." in card
 

@@ -453,3 +453,43 @@ def test_a_recipe_of_hub_and_harbor_datasets_builds_offline_with_snakemake(proje
     rows = pq.read_table(project / "results" / "hub" / "mix" / "tasks.parquet").to_pylist()
     assert Counter(r["source"] for r in rows) == {"hub": 3, "tb": 3}
     assert {r["path"] for r in rows if r["source"] == "tb"} == {"a", "b"}
+
+
+LAYOUTS = [
+    ["train.jsonl", "test.jsonl"],
+    ["data/train.parquet", "data/validation.parquet"],
+    ["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet", "data/test-00000-of-00001.parquet"],
+    ["train/a.parquet", "train/b.parquet", "test/c.parquet"],
+    ["my_train.0.parquet", "my-test_1.parquet", "notes.parquet"],
+    ["training/x.parquet", "dev/y.parquet"],
+    ["all.parquet"],
+]
+
+
+@pytest.mark.parametrize("files", LAYOUTS, ids=lambda f: f[0])
+def test_split_files_are_found_as_datasets_finds_them(tmp_path, files):
+    """otbuild.hub.select picks the files `datasets` resolves for each split of a repo layout."""
+    data_files = pytest.importorskip("datasets.data_files")
+    from otbuild.hub import select
+
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    theirs = data_files.DataFilesDict.from_patterns(data_files.get_data_patterns(str(tmp_path)), base_path=str(tmp_path))
+    for split in ("train", "validation", "test"):
+        want = sorted(Path(p).relative_to(tmp_path).as_posix() for p in theirs.get(split, []))
+        assert select(sorted(files), split, None, (".parquet", ".jsonl"), None) == want, split
+
+
+def test_the_cards_configs_take_precedence():
+    from otbuild.hub import select
+
+    present = ["README.md", "data/train.parquet", "extra/more_tasks.parquet", "extra/heldout.parquet", "old/train-0.parquet"]
+    card = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: [extra/more_*.parquet, "
+            "data/*.parquet]\n  - split: test\n    path: extra/heldout.parquet\n---\n# card\n")
+    assert select(present, "train", None, (".parquet",), card) == ["data/train.parquet", "extra/more_tasks.parquet"]
+    assert select(present, "test", None, (".parquet",), card) == ["extra/heldout.parquet"]
+    plain = "---\nconfigs:\n- config_name: default\n  data_files: old/*.parquet\n---\n"
+    assert select(present, "train", None, (".parquet",), plain) == ["old/train-0.parquet"]
+    assert select(present, "train", None, (".parquet",), "---\nlicense: mit\n---\n") == ["data/train.parquet",
+                                                                                    "old/train-0.parquet"]

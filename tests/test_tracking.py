@@ -15,7 +15,7 @@ import pytest
 from otbuild.recipe.schema_train import Tracking
 from otbuild.stages.settings import SftSettings
 from otbuild.train.toy import write_toy_traces
-from otbuild.train.tracking import PREFIX, Tracker
+from otbuild.train.tracking import Tracker, tag
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sft import FAST  # noqa: E402
@@ -48,7 +48,9 @@ def test_sft_writes_event_files_that_tensorboard_reads_and_the_manifest_lists(tm
     log = _log(out)
     shown = scalars(out)
     for key in ("loss", "lr", "grad_norm", "tokens_per_second", "tokens_seen"):
-        assert shown[PREFIX + key] == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in log], key
+        assert shown[tag(key)] == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in log], key
+    # the Hugging Face Trainer's tag names: curves from both tools line up
+    assert {"train/loss", "train/learning_rate", "train/grad_norm"} <= set(shown) and "train/lr" not in shown
     assert all(r["tokens_per_second"] > 0 for r in log)
     manifest = json.loads((out / "checkpoint.json").read_text())
     events = sorted(p.name for p in out.glob("events.out.tfevents.*"))
@@ -149,7 +151,7 @@ def test_wandb_offline_run_holds_every_step(tmp_path, traces, monkeypatch):
     history, log = wandb_history(run_dir), _log(out)
     assert [h["_step"] for h in history] == [r["step"] for r in log]
     for key in ("loss", "lr", "grad_norm", "tokens_per_second"):
-        assert [h[PREFIX + key] for h in history] == pytest.approx([r[key] for r in log], rel=1e-9), key
+        assert [h[tag(key)] for h in history] == pytest.approx([r[key] for r in log], rel=1e-9), key
     assert not (out / "wandb").exists()  # the configured dir, not the artifact
 
 

@@ -165,7 +165,7 @@ class HfDatasetSource(TaskFileSource):
     rank: int | None = Field(default=None, ge=1)
     repo: str = Field(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
     revision: str = Field(default="main", min_length=1, description="a branch, tag or commit")
-    split: str | None = Field(default=None, pattern=NAME_RE, description="files named SPLIT-*.parquet or under SPLIT/")
+    split: str | None = Field(default=None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
     files: list[str] | None = Field(default=None, min_length=1, description="glob patterns of repo files")
 
 
@@ -237,13 +237,25 @@ class Score(Strict):
 
 
 class Decontaminate(Strict):
-    """Reject tasks whose instruction overlaps a benchmark's: the same normalised text, or at
-    least `min_shared` shared word n-grams (docs/task-filter.md)."""
+    """Reject tasks whose instruction overlaps a benchmark's: the same normalised text, at
+    least `min_shared` shared word n-grams, or (with `fuzzy`) a rapidfuzz ratio or partial
+    ratio of at least `fuzzy` among the pairs the pre-filter keeps (docs/task-filter.md)."""
 
     against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
         min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out")
     ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
     min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
+    fuzzy: float | None = Field(default=None, gt=0, le=1, description=(
+        "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
+        "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"))
+    fuzzy_ngram: int = Field(default=5, ge=1, le=64, description="pre-filter: words per n-gram a pair must share")
+    fuzzy_min_shared: int = Field(default=2, ge=1, description="pre-filter: distinct fuzzy_ngram-grams a pair must share")
+
+    @model_validator(mode="after")
+    def _fuzzy_knobs(self):
+        if self.fuzzy is None and (self.fuzzy_ngram != 5 or self.fuzzy_min_shared != 2):
+            raise ValueError("fuzzy_ngram and fuzzy_min_shared tune the fuzzy pass: set fuzzy with them")
+        return self
 
     @field_validator("against")
     @classmethod

@@ -244,22 +244,28 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
 
 def _source_info(con, a: Artifact) -> dict:
     """A source for the card: kind and settings, rows, quarantine, licences named in task metadata."""
-    licences: list[tuple[str, int]] = []
-    if a.main_output.exists():
-        licences = con.execute(
-            "SELECT lic, count(*) FROM (SELECT coalesce(json_extract_string(metadata, '$.license'), "
-            "json_extract_string(metadata, '$.licence')) AS lic "
-            f"FROM read_parquet({_lit(a.main_output)})) WHERE lic IS NOT NULL GROUP BY lic ORDER BY 2 DESC, 1"
-        ).fetchall()
-    s = a.settings
-    for key in ("license", "licence"):
-        if s.get(key):
-            licences = [(str(s[key]), a.rows or 0)]
+    s, licences = a.settings, source_licences(con, a)
     return {"label": a.local, "name": s.get("name", a.local.split("/")[-1]), "kind": s.get("kind", "?"),
             "rows": a.rows, "quarantined": a.stats.get("quarantined", 0),
             "quarantined_by_reason": a.stats.get("quarantined_by_reason") or {},
             "settings": {k: v for k, v in s.items() if k not in ("name", "kind") and v is not None},
             "licences": licences, "id": a.id}
+
+
+def source_licences(con, a: Artifact) -> list[tuple[str, int]]:
+    """The licences a source artifact names, with their rows: its `license` (or `licence`)
+    setting, else each one its tasks' metadata records, most rows first."""
+    s = a.settings
+    for key in ("license", "licence"):
+        if s.get(key):
+            return [(str(s[key]), a.rows or 0)]
+    if not a.main_output.exists():
+        return []
+    return con.execute(
+        "SELECT lic, count(*) FROM (SELECT coalesce(json_extract_string(metadata, '$.license'), "
+        "json_extract_string(metadata, '$.licence')) AS lic "
+        f"FROM read_parquet({_lit(a.main_output)})) WHERE lic IS NOT NULL GROUP BY lic ORDER BY 2 DESC, 1"
+    ).fetchall()
 
 
 def _traces(con, nodes: list[Artifact]) -> TraceSet | None:

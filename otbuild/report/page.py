@@ -92,7 +92,7 @@ def render_card(rep: Report) -> str:
     rows = max([g.traces.rows if g.traces else (g.tasks.rows or 0) if g.tasks else 0 for g in rep.groups] + [0])
     front = {
         "pretty_name": f"otbuild {rep.recipe}",
-        "license": licences[0] if len(licences) == 1 else (licences or "unknown"),
+        **hub_metadata(licences),
         "tags": ["otbuild", "agentic", "terminal", "traces" if any(g.traces for g in rep.groups) else "tasks"],
         "size_categories": [_size_category(rows)],
     }
@@ -100,6 +100,14 @@ def render_card(rep: Report) -> str:
     return _md.get_template("dataset_card.md.j2").render(
         rep=rep, front=yaml.safe_dump(front, sort_keys=False).strip(), best=best, licences=licences,
         version=otbuild.__version__, nonnull=_nonnull)
+
+
+def hub_metadata(licences: list[str]) -> dict:
+    """A dataset card's Hub metadata (huggingface_hub's DatasetCardData names): `license` is the
+    one licence the sources record, all of them when they differ, `unknown` when none does;
+    agentic tasks and traces are English text generation."""
+    return {"license": licences[0] if len(licences) == 1 else (licences or "unknown"),
+            "task_categories": ["text-generation"], "language": ["en"]}
 
 
 def _nonnull(settings: dict, skip: tuple[str, ...] = ()) -> dict:

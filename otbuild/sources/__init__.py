@@ -89,9 +89,10 @@ def hub_files(cfg, forms: tuple[str, ...]):
     from otbuild import hub
 
     allow = hub.patterns(cfg.split, cfg.files, forms)
+    pick = None if cfg.files else (lambda present, card: hub.select(present, cfg.split, None, forms, card))
     if cfg.hub:
-        return hub.planned_files(cfg.hub, allow)
-    return hub.resolve(cfg.repo, cfg.revision, allow)
+        return hub.planned_files(cfg.hub, allow, pick)
+    return hub.resolve(cfg.repo, cfg.revision, allow, pick)
 
 
 def harbor_tasks(cfg) -> tuple[list[Path], str | None, str]:

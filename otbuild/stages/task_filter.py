@@ -34,6 +34,8 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
         inputs, refs = inputs[:-n], inputs[-n:]
         duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs),
                           refs=[str(p) for p in refs], **cfg.decontaminate.model_dump())
+        if cfg.decontaminate.fuzzy:
+            add_fuzzy_hits(con, cfg.decontaminate.fuzzy)
     budget = planned_rollouts(cfg.score)
     t = cfg.model_dump()  # the template's view
     duck.run_template(
@@ -51,7 +53,61 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     stats = duck.stream_split(con, "task_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
                               batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
     check_not_emptied(stats)
+    if cfg.decontaminate:
+        stats["contaminated"] = contaminated_counts(con, cfg.decontaminate.against)
     return {**stats, "rollouts_planned": budget} if budget else stats
+
+
+def fuzzy_match(words: str, ref_words: str, threshold: float) -> tuple[str, float] | None:
+    """OpenThoughts-Agent's fuzzy rule (data/commons.py): rapidfuzz `ratio` or `partial_ratio`
+    over 100 at least `threshold`; here on both normalised texts. Returns (scorer, score)."""
+    from rapidfuzz import fuzz
+
+    cut = round(threshold * 100, 9)
+    for name, scorer in (("ratio", fuzz.ratio), ("partial_ratio", fuzz.partial_ratio)):  # ratio is the cheap one
+        if score := scorer(words, ref_words, score_cutoff=cut):
+            return name, score / 100
+    return None
+
+
+def add_fuzzy_hits(con, threshold: float, batch_rows: int = 4096) -> None:
+    """Score decontaminate.sql's candidate pairs (dc_fuzzy_pairs, in _ord order) and add one hit
+    per row to dc_hits: the best score, then the benchmark's place, then the task path. Pairs
+    stream in batches; only the hits are held."""
+    import pyarrow as pa
+
+    hits: dict[int, tuple] = {}
+    reader = con.sql("SELECT _ord, benchmark, path, words, ref_words FROM dc_fuzzy_pairs").to_arrow_reader(batch_rows)
+    for batch in reader:
+        b = batch.to_pydict()
+        for ord_, bench, path, words, ref_words in zip(b["_ord"], b["benchmark"], b["path"], b["words"], b["ref_words"]):
+            if (m := fuzzy_match(words, ref_words, threshold)) and (ord_ not in hits or m[1] > hits[ord_][2]):
+                hits[ord_] = (bench, m[0], m[1], path)
+    found = pa.table({"_ord": pa.array(list(hits), pa.int64()), "benchmark": [h[0] for h in hits.values()],
+                      "contamination": [f"contaminated by {bench}: fuzzy {name} {score:.2f} with task {path}"
+                                        for bench, name, score, path in hits.values()]})
+    con.register("dc_fuzzy_found", found)
+    con.execute("INSERT INTO dc_hits SELECT _ord, benchmark, contamination FROM dc_fuzzy_found")
+    con.unregister("dc_fuzzy_found")
+
+
+# the decontamination rules, by how their reasons read after `contaminated by B: `
+RULES = (("exact", "same instruction as task "), ("ngram", "% shared %-grams with task "), ("fuzzy", "fuzzy "))
+
+
+def contaminated_counts(con, against: list[str]) -> dict[str, dict[str, int]]:
+    """The rows the decontamination rejected, per benchmark (in `against` order) and rule."""
+    rule = " ".join(f"WHEN rest LIKE '{like}%' THEN '{name}'" for name, like in RULES)
+    rows = con.execute(f"""
+        SELECT bench, CASE {rule} END AS rule, count(*) FROM (
+            SELECT split_part(substr(reason, 17), ': ', 1) AS bench,
+                   substr(reason, 17 + length(split_part(substr(reason, 17), ': ', 1)) + 2) AS rest
+            FROM task_decided WHERE starts_with(reason, 'contaminated by '))
+        GROUP BY ALL""").fetchall()
+    out = {b: {name: 0 for name, _ in RULES} for b in against}
+    for bench, name, n in rows:
+        out[bench][name] = n
+    return out
 
 
 # The steps in the order they run, with the reasons (the text before ':', or how it starts) they

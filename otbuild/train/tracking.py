@@ -3,7 +3,9 @@ also go to TensorBoard event files and, when a recipe configures it, to a wandb 
 
 - TensorBoard (`tracking.tensorboard`, on by default): `events.out.tfevents.*` files at the top
   of the checkpoint dir, so the manifest and the provenance record list them with their sha256
-  like every other file of the artifact (`tensorboard --logdir <checkpoint dir>`). A resumed
+  like every other file of the artifact (`tensorboard --logdir <checkpoint dir>`). Tags are
+  `train/<key>` of train_log.jsonl, named as the Hugging Face Trainer names them
+  (`lr` is `train/learning_rate`). A resumed
   run writes a new event file that starts with a purge marker at its first step: readers drop
   the killed run's steps from there on, so every step is shown once.
 - wandb (`tracking.wandb: {project: ...}`): imported only then. The run's id is the stage and
@@ -24,7 +26,15 @@ from pathlib import Path
 from otbuild.errors import ConfigError
 from otbuild.recipe.schema_train import Tracking, WandbTracking
 
-PREFIX = "train/"  # the tag of a logged value: train/loss, train/lr, ...
+PREFIX = "train/"  # the tag of a logged value: train/loss, train/learning_rate, ...
+# train_log.jsonl's keys that the Hugging Face Trainer logs under another name: the tags follow
+# the Trainer's, so curves from both line up in one TensorBoard or wandb project
+HF_TRAINER_NAMES = {"lr": "learning_rate"}
+
+
+def tag(key: str) -> str:
+    """The TensorBoard tag and wandb key of a train_log.jsonl key."""
+    return PREFIX + HF_TRAINER_NAMES.get(key, key)
 
 
 class Tracker:
@@ -54,11 +64,11 @@ class Tracker:
         if self.writer is None and self.run is None:
             return
         step = int(rec["step"])
-        values = {PREFIX + k: float(v) for k, v in rec.items()
+        values = {tag(k): float(v) for k, v in rec.items()
                   if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
         if self.writer is not None:
-            for tag, v in values.items():
-                self.writer.add_scalar(tag, v, step)
+            for name, v in values.items():
+                self.writer.add_scalar(name, v, step)
         if self.run is not None:
             self.run.log(values, step=step)
 
