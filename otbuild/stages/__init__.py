@@ -49,6 +49,8 @@ STAGES: dict[str, StageDef] = {
 }
 
 PROVENANCE = "provenance.json"
+# the artifact's last `otbuild audit --rebuild` (hidden: not one of its files; otbuild/rebuild.py)
+REBUILD = ".rebuild.json"
 
 
 def shard_path(outdir: Path, shards: int, shard: int) -> Path:
