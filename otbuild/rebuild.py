@@ -176,7 +176,7 @@ def compare(stage: str, record: dict, built: Path, rebuilt: Path, is_sampled: bo
     """Compare the artifact dir `built` (its recorded files) with the rebuild in `rebuilt`."""
     out = Outcome(None, "identical")  # type: ignore[arg-type]
     names = [Path(o["path"]).name for o in record["outputs"]]
-    again = [p.name for p in artifact_files(rebuilt, stage)]
+    again = [p.name for p in artifact_files(rebuilt, stage) if p.is_file()]
     volatile = sorted(n for n in names if volatile_file(n))
     if len(volatile) != len([n for n in again if volatile_file(n)]):
         out.differences.append(f"{len(volatile)} volatile file(s) ({', '.join(VOLATILE_FILES)}) built, "
