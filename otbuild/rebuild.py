@@ -137,6 +137,7 @@ def rebuild_plan(plan: Plan, names: tuple[str, ...], console: Console, everythin
                                              "notes": o.notes, "otbuild_version": otbuild.__version__})
         if not o.is_finding and not keep:
             shutil.rmtree(SCRATCH / o.node.stage / o.node.id, ignore_errors=True)
+            (SCRATCH / o.node.stage / f"{o.node.id}.log").unlink(missing_ok=True)
     _rerender_report(plan, console)
     bad = [o for o in outcomes if o.is_finding]
     if bad:
@@ -219,11 +220,14 @@ def _compare_file(a: Path, b: Path, fields: tuple[str, ...], is_sampled: bool) -
     if a.suffix in (".json", ".jsonl"):
         return _compare_json_lines(a, b, fields)
     if any(fnmatch.fnmatch(a.name, p) for p in TEXT_REGIONS):
-        x, y = (_without_regions(p.read_text(errors="replace")).splitlines() for p in (a, b))
+        (x, cuts), (y, _) = (_without_regions(p.read_text(errors="replace")) for p in (a, b))
         if x == y:
             return [], ["its volatile regions"]
-        line = _first_diff(x, y)
-        return [f"differs from line {line + 1}: {(x[line] if line < len(x) else '(end)').strip()[:80]!r}"], []
+        lines = x.splitlines()
+        line = _first_diff(lines, y.splitlines())
+        start = sum(len(s) + 1 for s in lines[:line])  # where that line starts in `x`
+        number = line + 1 + sum(n for at, n in cuts if at <= start)  # its number in the built file
+        return [f"differs from line {number}: {(lines[line] if line < len(lines) else '(end)').strip()[:80]!r}"], []
     return ["bytes differ"], []
 
 
@@ -291,15 +295,18 @@ def _compare_json_lines(a: Path, b: Path, fields: tuple[str, ...]) -> tuple[list
     return [], sorted(aside)
 
 
-def _without_regions(text: str) -> str:
-    """`text` with each volatile region emptied (its line breaks kept: lines keep their numbers)."""
-    out, rest = [], text
+def _without_regions(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """`text` without its volatile regions, and where each was cut: (offset in the result, the
+    line breaks it held), to give a line its number in `text`."""
+    out, cuts, rest, at = [], [], text, 0
     while (i := rest.find(VOLATILE_BEGIN)) >= 0:
         j = rest.find(VOLATILE_END, i)
         j = len(rest) if j < 0 else j + len(VOLATILE_END)
-        out += [rest[:i], "\n" * rest[i:j].count("\n")]
+        out.append(rest[:i])
+        at += i
+        cuts.append((at, rest[i:j].count("\n")))
         rest = rest[j:]
-    return "".join(out) + rest
+    return "".join(out) + rest, cuts
 
 
 def _first_diff(xs: list, ys: list) -> int:
@@ -320,6 +327,8 @@ def _rerender_report(plan: Plan, console: Console) -> None:
     if ok and not compare("report", read_record(report.dir), report.dir, scratch).is_finding:
         ok = _run_stage("report", spec, None, scratch.with_suffix(".log")) == 0
         shutil.rmtree(scratch, ignore_errors=True)
+        if ok:
+            scratch.with_suffix(".log").unlink(missing_ok=True)
         console.print(f"the report ({report.dir}/) shows the rebuild results" if ok else
                       f"[yellow]note:[/] the report could not be rendered again ({scratch.with_suffix('.log')})",
                       highlight=False)
