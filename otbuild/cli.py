@@ -238,14 +238,36 @@ def costs(recipe):
 
 @main.command()
 @click.argument("target")
+@click.argument("artifacts", nargs=-1)
 @click.option("--verify", is_flag=True,
               help="Rehash every file from its bytes; without it, a file whose path, size, mtime, ctime "
                    "and inode are unchanged keeps its cached sha256 (.otbuild/digests.json).")
-def audit(target, verify):
+@click.option("--rebuild", is_flag=True,
+              help="Rebuild the recipe's ARTIFACTS (labels, stages or ids; default: the cheap ones: table "
+                   "stages, the report, oracle trials) from their recorded inputs into .otbuild/rebuild/ and "
+                   "compare them with the build, volatile columns set aside; exit 1 on a difference.")
+@click.option("--all", "everything", is_flag=True, help="With --rebuild: every artifact (training, LLM stages).")
+@click.option("--keep", is_flag=True, help="With --rebuild: keep the rebuilds that matched too.")
+def audit(target, artifacts, verify, rebuild, everything, keep):
     """Prove where artifacts came from. TARGET is a recipe (checks all of its artifacts) or an
     artifact dir/file (shows its full record). Exits 1 if any artifact drifted from its record,
-    lacks one, or is not built; 2 if TARGET is neither a recipe nor a path inside an artifact."""
+    lacks one, or is not built; 2 if TARGET is neither a recipe nor a path inside an artifact.
+
+    With --rebuild, prove that they can be made again: TARGET is a recipe, its ARTIFACTS (or the
+    cheap ones) are rebuilt from their recorded inputs and compared file by file (parquet column
+    by column, naming the first differing row); exits 1 on a difference (docs/reproducibility.md)."""
     from otbuild import audit as audit_mod
+
+    if (artifacts or everything or keep) and not rebuild:
+        raise ConfigError("ARTIFACTS, --all and --keep go with --rebuild")
+    if rebuild:
+        from otbuild.rebuild import rebuild_plan
+
+        if everything and artifacts:
+            raise ConfigError("--all or ARTIFACTS, not both")
+        if "artifacts" in Path(target).parts or target.endswith((".parquet", ".json")):
+            raise ConfigError(f"{target}: --rebuild takes a recipe (and the labels of its artifacts)")
+        sys.exit(rebuild_plan(_plan(target), artifacts, out, everything, keep))
 
     try:
         path = Path(target).resolve()  # results/NAME/LABEL links into artifacts/

@@ -79,6 +79,8 @@ CASES = {
         ["otbuild", "build", "smoke", "-n"], ["otbuild", "build", "smoke", "--profile", "profiles/slurm", "-n"]],
     "otbuild report RECIPE [--profile P]": [["otbuild", "report", "smoke"]],
     "otbuild audit RECIPE [--verify]": [["otbuild", "audit", "smoke"]],
+    "otbuild audit --rebuild RECIPE [ARTIFACT...] [--all] [--keep]": [
+        ["otbuild", "audit", "--rebuild", "smoke", "sources/synth_text", "mix"]],
     "otbuild audit PATH [--verify]": [["otbuild", "audit", KEPT], ["otbuild", "audit", "--verify", "results/smoke/sft"]],
     "otbuild show PARQUET [--columns a,b] [--limit N] [--row N]": [
         ["otbuild", "show", TASKS, "--columns", "task_id,source", "--limit", "3"], ["otbuild", "show", TASKS, "--row", "0"]],

@@ -53,6 +53,7 @@ class TransformersEngine(ManagedServerEngine):
 
     name = "transformers"
     default_provider = "transformers"
+    seeds_requests = True  # the harness seeds each request: the same answers whatever runs concurrently
 
     def _launch(self) -> tuple[str, Callable[[], None]]:
         s = self.options

@@ -18,6 +18,7 @@ counts, a reasoning parser's text) comes from the completions.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -99,7 +100,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         with await asyncio.to_thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
             try:
-                stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions)
+                stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions,
+                                    seed_key=f"{run_id}:{task_id}:{sample_idx}")
             except ContextLengthExceededError as e:
                 stop, failure, details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
             finally:
@@ -203,8 +205,15 @@ def _trace_row(task, task_id, engine, started, t0, conversations, completions, r
     }
 
 
+def request_seed(seed_key: str, turn: int) -> int:
+    """The sampling seed of a trial's request `turn` for an engine that takes one per request
+    (`seeds_requests`: otbuild's own models, whose sampling is then the same whichever trial asks
+    first): from the run, the task, the sample and the turn alone."""
+    return int(hashlib.sha256(f"{seed_key}:{turn}".encode()).hexdigest()[:8], 16)
+
+
 async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: float,
-                 messages: list[dict], completions: list[Completion]) -> str:
+                 messages: list[dict], completions: list[Completion], seed_key: str = "") -> str:
     """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
     a context overflow raises ContextLengthExceededError."""
     deadline = time.monotonic() + timeout
@@ -214,13 +223,15 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
         screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
         pending_complete = False
-        for _ in range(settings.trials.max_episodes):
+        for turn in range(settings.trials.max_episodes):
             left = deadline - time.monotonic()
             if left <= 0:
                 return TIMEOUT
             try:
                 # the oracle reads the task's solution; a model's request gets the messages only
                 extra = {"task": task, "style": style} if getattr(engine, "needs_solution", False) else {}
+                if getattr(engine, "seeds_requests", False):
+                    extra["seed"] = request_seed(seed_key, turn)
                 completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
             except TimeoutError:
                 return TIMEOUT

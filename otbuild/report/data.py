@@ -18,7 +18,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.report import costs
-from otbuild.stages import PROVENANCE, STAGES
+from otbuild.stages import PROVENANCE, REBUILD, STAGES
 
 CANDIDATES = "candidates/"
 # Stages on the way from raw tasks to the trace set, in pipeline order (the funnel's steps).
@@ -42,6 +42,14 @@ class Artifact:
     dir: Path
     record: dict | None  # provenance.json, None when it is missing
     candidate: str | None = None  # an ablation candidate's name
+
+    @property
+    def rebuild(self) -> dict | None:
+        """The last `otbuild audit --rebuild` of this artifact (when, and whether it matched)."""
+        try:
+            return json.loads((self.dir / REBUILD).read_text())
+        except (OSError, ValueError):
+            return None
 
     @property
     def stats(self) -> dict:

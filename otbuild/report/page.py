@@ -15,8 +15,13 @@ from markupsafe import Markup
 import otbuild
 from otbuild.report import charts
 from otbuild.report.data import Group, Report
+from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
 
 TEMPLATES = Path(__file__).parent / "templates"
+# What the page and the card show that a rebuild from the same inputs does not give again (the
+# jobs' runtimes and throughput, the rebuild results) sits between these markers, which
+# `otbuild audit --rebuild` sets aside (docs/reproducibility.md).
+VOLATILE_BEGIN, VOLATILE_END = "<!-- otbuild:volatile -->", "<!-- /otbuild:volatile -->"
 _html = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                            undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 _md = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
@@ -24,6 +29,8 @@ _md = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=F
                          keep_trailing_newline=True)
 for _env in (_html, _md):
     _env.filters["num"] = charts.num
+    _env.globals.update(volatile_begin=Markup(VOLATILE_BEGIN), volatile_end=Markup(VOLATILE_END),
+                        volatile_log_keys=tuple(VOLATILE_LOG_KEYS))
 
 
 def _md_cell(value) -> str:

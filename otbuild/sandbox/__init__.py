@@ -21,7 +21,7 @@ from otbuild.sandbox.disk import mount_scratch, unmount_scratch
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
-from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, write_subtree
+from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, stamp_tree, write_subtree
 from otbuild.sandbox.limits import BACKENDS, Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
@@ -155,6 +155,7 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
         uid = inside_uid(backend, identity)
         write_etc(root, uid, identity.gid if uid else 0)
         os.chmod(root, 0o755)
+        stamp_tree(root)  # no wall clock in what `ls -l` shows (docs/reproducibility.md)
         if identity.privileged:  # the trial's own dirs belong to the trial uid
             for top in layout.tops():
                 _chown_tree(root / top, identity.uid, identity.gid)

@@ -6,11 +6,15 @@ The trial root mirrors the sandbox's private filesystem: `root/app` is `/app`, `
 COPY/WORKDIR lines say (Harbor convention), relative to the build context `environment/`; what
 the Dockerfile asks for that a layout cannot honour (`otbuild.tasks.dockerfile.local_problems`
 that are not skippable: ADD, COPY --from, a system dir, ...) is a LayoutError.
+
+Every file and dir laid out carries one fixed time (`file_time`), never the wall clock, so
+`ls -l` in a trial prints the same bytes in every build (docs/reproducibility.md).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -30,6 +34,29 @@ ENV_PREFIX = "environment/"
 DEFAULT_WORKDIR = "/app"
 # Private writable dirs every trial has (beside the task's own COPY targets).
 BASE_DIRS = ("tmp", "root", "logs/agent", "logs/verifier", "var/tmp")
+# The time of laid-out files without SOURCE_DATE_EPOCH: 2000-01-01T00:00:00Z. Task binaries
+# carry no time of their own (their tar entries are packed with mtime 0: otbuild.tasks.taskdir).
+FILE_TIME = 946684800
+
+
+def file_time() -> int:
+    """The mtime of every file and dir a trial's layout writes: SOURCE_DATE_EPOCH when set (the
+    reproducible-builds convention), else FILE_TIME."""
+    try:
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    except (KeyError, ValueError):
+        return FILE_TIME
+
+
+def stamp_tree(top: Path) -> None:
+    """Give `top` and everything under it (links not followed) the fixed `file_time`."""
+    t = file_time()
+    paths = [os.path.join(d, n) for d, dirs, files in os.walk(top, topdown=False) for n in files + dirs]
+    for path in [*paths, top]:
+        try:
+            os.utime(path, (t, t), follow_symlinks=False)
+        except PermissionError:  # not the trial's (a scratch disk's lost+found)
+            pass
 
 
 class LayoutError(SandboxError, ValueError):
@@ -139,7 +166,8 @@ def _strip_dir(rel: str, src: str) -> str:
 
 
 def materialise(layout: Layout, root: Path) -> None:
-    """Write the environment files and the base dirs into the trial root."""
+    """Write the environment files and the base dirs into the trial root (the caller stamps the
+    finished root: `stamp_tree`)."""
     for d in BASE_DIRS:
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / layout.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
@@ -148,11 +176,13 @@ def materialise(layout: Layout, root: Path) -> None:
 
 
 def write_subtree(task: TaskDir, prefix: str, dest: Path) -> None:
-    """Copy the task's `prefix/` files (tests/, solution/) to `dest`."""
+    """Copy the task's `prefix/` files (tests/, solution/, a podman build context) to `dest`,
+    at the fixed time."""
     dest.mkdir(parents=True, exist_ok=True)
     for rel, f in sorted(task.files.items()):
         if rel.startswith(prefix + "/"):
             _write(dest / rel[len(prefix) + 1:], f.data, f.executable)
+    stamp_tree(dest)
 
 
 def _write(path: Path, data: bytes, executable: bool) -> None:

@@ -52,6 +52,15 @@ TRACE_SCHEMA = pa.schema(
 )
 
 
+# Columns that measure a run rather than follow from its inputs: a rebuild from the same inputs
+# gives other values. Declared once, here, for every trace table; `otbuild audit --rebuild` and
+# the two-build test set them aside (docs/reproducibility.md).
+VOLATILE_COLUMNS = {
+    "date": "when the trial started: the wall clock",
+    "duration_s": "how long the trial took: the machine's speed and load",
+}
+
+
 def assistant_turn(text: str, reasoning: str | None = None) -> str:
     """An assistant message of a trace: the model's answer byte for byte, its reasoning (a
     reasoning parser's text) before it as Harbor exports it: `<think>REASONING</think>\nTEXT`.

@@ -14,6 +14,17 @@ from pathlib import Path
 LOG = "train_log.jsonl"
 MANIFEST = "checkpoint.json"
 CHECKPOINTS = "checkpoints"
+# What a rebuild from the same inputs changes in the manifest and the log: measurements and where
+# the run was (docs/reproducibility.md). The manifest's `files` holds every file's sha256, event
+# files included (their bytes are compared file by file instead).
+VOLATILE_MANIFEST_KEYS = {
+    "train_seconds": "elapsed time", "wall_seconds": "elapsed time", "placement": "the hosts and devices",
+    "tracking": "TensorBoard's event file names (time, host, pid)", "files": "sha256s of the event files too",
+}
+VOLATILE_LOG_KEYS = {
+    "time": "elapsed time", "tokens_per_second": "throughput", "update_seconds": "elapsed time",
+    "rollout_seconds": "elapsed time",
+}
 
 
 def save_checkpoint(engine, ckdir: Path, step: int, limit: int, rank: int, client: dict) -> None:

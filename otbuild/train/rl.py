@@ -123,11 +123,16 @@ class Policy:
         text = self.tok.apply_chat_template(clean(messages), tokenize=False, add_generation_prompt=True)
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def sample(self, prompt_ids: list[int]) -> list[int]:
+    def sample(self, prompt_ids: list[int], seed: int | None = None) -> list[int]:
+        """Sampled answer tokens; with `seed` (the harness's per request), the same whichever of
+        the step's concurrent trials asks first (the trainer's own RNG state is left as it was)."""
         import torch
 
         budget = min(self.max_tokens, self.max_context - len(prompt_ids))
-        with self.lock, torch.no_grad():
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with self.lock, torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
             was_training = self.model.training
             self.model.eval()
             x = torch.tensor([prompt_ids], device=self.model.device)
@@ -147,18 +152,19 @@ class PolicyEngine:
 
     name = "policy"
     provider = "otbuild"
+    seeds_requests = True
 
     def __init__(self, policy: Policy):
         self.policy = policy
         self.model = policy.name
         self.turns: list[Turn] = []
 
-    async def complete(self, messages: list[dict], **_) -> Completion:
+    async def complete(self, messages: list[dict], seed: int | None = None, **_) -> Completion:
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
             raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
-        ids = await asyncio.to_thread(p.sample, prompt)
+        ids = await asyncio.to_thread(p.sample, prompt, seed)
         self.turns.append(Turn(prompt, ids))
         stopped = bool(ids) and ids[-1] == p.tok.eos_token_id
         text = p.tok.decode(ids, skip_special_tokens=True)
@@ -175,6 +181,7 @@ class ServedPolicyEngine(PolicyEngine):
     itself, as in process."""
 
     provider = "hosted_vllm"
+    seeds_requests = False  # vLLM samples as it batches (docs/reproducibility.md)
 
     def __init__(self, policy: Policy, server):
         super().__init__(policy)

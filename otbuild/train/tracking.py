@@ -26,6 +26,9 @@ from pathlib import Path
 from otbuild.errors import ConfigError
 from otbuild.recipe.schema_train import Tracking, WandbTracking
 
+# TensorBoard names its event files by the time, host and pid, and stamps every event with the
+# wall clock: a rebuild compares how many there are, not their bytes (docs/reproducibility.md).
+VOLATILE_FILES = ("events.out.tfevents.*",)
 PREFIX = "train/"  # the tag of a logged value: train/loss, train/learning_rate, ...
 # train_log.jsonl's keys that the Hugging Face Trainer logs under another name: the tags follow
 # the Trainer's, so curves from both line up in one TensorBoard or wandb project
