@@ -263,3 +263,13 @@ def fake_vllm_bin(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     return log
+
+
+def pinned_release(extra: str) -> str:
+    """The one release of `extra`'s package that pyproject.toml's extra of that name pins (the
+    contract tests' tools: vllm, llamafactory)."""
+    import tomllib
+
+    reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    (pin,) = [r for r in reqs if r.startswith(f"{extra}==")]
+    return pin.removeprefix(f"{extra}==")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tomllib
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ from otbuild.train.chat import tokenize_conversation
 from otbuild.train.llamafactory import write_handoff
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
 from otbuild.train.toy import trace_rows
-from tests.conftest import REPO
+from tests.conftest import REPO, pinned_release
 
 LF_PYTHON = REPO / ".venv-llamafactory" / "bin" / "python"
 needs_llamafactory = pytest.mark.skipif(
@@ -43,14 +42,8 @@ TINY = {"kind": "tiny", "vocab_size": 600, "hidden_size": 32, "intermediate_size
 IGNORE = -100  # LLaMA-Factory's IGNORE_INDEX
 
 
-def pinned_llamafactory() -> str:
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llamafactory"]
-    (pin,) = [r for r in extra if r.startswith("llamafactory==")]
-    return pin.removeprefix("llamafactory==")
-
-
 def test_the_llamafactory_extra_pins_one_release():
-    assert pinned_llamafactory().count(".") == 2  # e.g. 0.9.5: the release the contract test ran against
+    assert pinned_release("llamafactory").count(".") == 2  # e.g. 0.9.5: the release the contract test ran against
 
 
 def conversations() -> list[list[dict]]:
@@ -145,7 +138,7 @@ def _lf_view(tok, ids: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[in
 @pytest.mark.slow
 def test_llamafactory_loads_the_export_with_the_recipes_settings(setup, contract):
     *_, exports = setup
-    assert contract["llamafactory"] == pinned_llamafactory()
+    assert contract["llamafactory"] == pinned_release("llamafactory")
     for name, (sft, out) in exports.items():
         run = contract["runs"][name]
         assert run["error"] is None, f"{name}: {run['error']}"

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import subprocess
-import tomllib
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ from otbuild.engines.vllm import vllm_command
 from otbuild.harness import protocol
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
-from tests.conftest import REPO
+from tests.conftest import REPO, pinned_release
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(
@@ -29,14 +28,8 @@ NAMED = ("reasoning_parser", "tool_call_parser", "quantization")
 WRONG = "not-otbuilds"  # the model of the known-bad items below
 
 
-def pinned_vllm() -> str:
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
-    (pin,) = [r for r in extra if r.startswith("vllm==")]
-    return pin.removeprefix("vllm==")
-
-
 def test_the_vllm_extra_pins_one_release():
-    assert pinned_vllm().count(".") == 2  # e.g. 0.33.0: the release the contract test ran against
+    assert pinned_release("vllm").count(".") == 2  # e.g. 0.33.0: the release the contract test ran against
 
 
 def _turn(style: str) -> list[dict]:
@@ -118,7 +111,7 @@ def contract(tmp_path_factory):
 @pytest.mark.slow
 def test_recipes_requests_pass_vllms_own_checks(contract):
     mine, bad, answer = contract
-    assert answer["vllm"] == pinned_vllm()
+    assert answer["vllm"] == pinned_release("vllm")
     assert len(mine["commands"]) >= 10 and len(mine["bodies"]) >= 20  # every recipe was planned
     assert any("--reasoning-parser" in c for c in mine["commands"]) and "glm45" in mine["reasoning_parsers"]
     assert any("structured_outputs" in b for b in mine["bodies"])  # thesis_smoke's constrained eval
