@@ -27,7 +27,11 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     rep = load(cfg, root)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    html, card = render_html(rep), render_card(rep)
+    try:  # links to the records, relative: they hold from results/<recipe>/report/ too (same depth)
+        up = "../" * len(outdir.resolve().relative_to(Path(root).resolve()).parts)
+    except ValueError:
+        up = None
+    html, card = render_html(rep, up), render_card(rep)
     for name, text in ((HTML, html), (CARD, card)):
         with atomic_path(outdir / name) as tmp:
             tmp.write_text(text, encoding="utf-8")

@@ -15,6 +15,7 @@ from markupsafe import Markup
 import otbuild
 from otbuild.report import charts
 from otbuild.report.data import Group, Report
+from otbuild.stages import PROVENANCE
 
 TEMPLATES = Path(__file__).parent / "templates"
 _html = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
@@ -39,15 +40,44 @@ _md.filters["json"] = lambda v: _md_cell(v if isinstance(v, str) else json.dumps
 _md.filters["num"] = lambda v: _md_cell(charts.num(v))
 
 
-def render_html(rep: Report) -> str:
+def render_html(rep: Report, up: str | None = None) -> str:
+    """The page; `up` is the way from the page's folder to the project root (`../../../` from
+    artifacts/report/<id>/ and from results/<recipe>/report/ alike), for the links to each
+    artifact's record (None: absolute file links)."""
     groups = [_group_charts(g) for g in rep.groups]
     ranking = None
     if rep.ranking:
         ranking = charts.bars([(r["candidate"], r["mean_z"] or 0.0) for r in rep.ranking],
                               title="mean z-score per candidate")
+    head = rep.headline
+    flags: dict[tuple, list[str]] = {}
+    for name, f in head.flags:
+        flags.setdefault((name, f.section), []).append(f"{f.label}: {f.text}")
+    benchmarks = list(dict.fromkeys(s.benchmark for p in head.parts for s in p.scores))
+
+    def record(a) -> str:
+        rel = Path(a.dir) / PROVENANCE
+        return up + rel.as_posix() if up is not None and not rel.is_absolute() else rel.resolve().as_uri()
+
+    resolved = yaml.safe_dump(rep.resolved, sort_keys=False, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
         rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
-        version=otbuild.__version__, anchor=_anchor, amount=amount)
+        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=duration, head=head,
+        flags=flags, benchmarks=benchmarks, record=record, resolved=resolved)
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as a person reads them: 42 s, 3 min 5 s, 2 h 10 min."""
+    if seconds is None:
+        return "–"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
 
 
 def amount(v: float | None) -> str:
