@@ -62,22 +62,8 @@ def render_html(rep: Report, up: str | None = None) -> str:
     resolved = yaml.safe_dump(rep.resolved, sort_keys=False, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
         rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
-        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=duration, head=head,
+        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=charts.duration, head=head,
         flags=flags, benchmarks=benchmarks, record=record, resolved=resolved)
-
-
-def duration(seconds: float | None) -> str:
-    """Seconds as a person reads them: 42 s, 3 min 5 s, 2 h 10 min."""
-    if seconds is None:
-        return "–"
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} min {s} s"
-    h, m = divmod(m, 60)
-    return f"{h} h {m} min"
 
 
 def amount(v: float | None) -> str:
