@@ -47,8 +47,7 @@ def summary(plan: Plan, root: Path = Path("."), wall: float | None = None) -> st
                  f"({num(t['requests'])} requests); cost {cost}")
     lines.append(f"  job time     {duration(t['seconds']) if t['seconds'] else '–'} summed over jobs, "
                  f"{amount(t['gpu_hours'])} GPU-hours")
-    for cand, f in head.flags:
-        lines.append(f"  warning: {cand + ': ' if cand else ''}{f.label}: {f.text}")
+    lines += [f"  warning: {w}" for w in head.warnings]
     return "\n".join(lines)
 
 

@@ -68,6 +68,11 @@ class Headline:
     def flags(self) -> list[tuple[str | None, Flag]]:
         return [(p.name, f) for p in self.parts for f in p.flags]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Each flag as one line: `[candidate: ]label: text`."""
+        return [f"{name + ': ' if name else ''}{f.label}: {f.text}" for name, f in self.flags]
+
 
 def headline(recipe: str, arts: list[Artifact], costs: costs_mod.Costs, ranking: list[dict] | None = None) -> Headline:
     parts = [_part(name, members) for name, members in by_candidate(arts)]
