@@ -81,7 +81,7 @@ def smoke_build(tmp_path_factory) -> tuple[Path, Counter]:
     project: (the project, the jobs that build ran per rule). Tests read it, never change it."""
     project = make_project(tmp_path_factory.mktemp("smoke"))
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
-    ran, log = snakemake(project, "smoke", env={"OTBUILD_PROGRESS_SECONDS": "1"})  # progress lines each second
+    ran, log = snakemake(project, "smoke", env={"OTBUILD_PROGRESS_SECONDS": "0.5"})  # progress twice a second
     (project / SMOKE_LOG).write_text(log)
     return project, ran
 

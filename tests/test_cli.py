@@ -136,11 +136,8 @@ def test_build_ends_with_what_it_made(project):
     """Issue 26.4: `otbuild build NAME` ends with where the results and the report are and the
     headline numbers (the workflow's success handler, so `snakemake NAME` says the same)."""
     (project / "recipes" / "good.yaml").write_text(
-        RECIPE + "teacher: {engine: oracle, shards: 1}
-trace_filter: {min_turns: 1}
-"
-        "eval: {model: {engine: oracle}, repeats: 2, benchmarks: {b: {kind: synthetic, count: 2, seed: 9}}}
-")
+        RECIPE + "teacher: {engine: oracle, shards: 1}\ntrace_filter: {min_turns: 1}\n"
+        "eval: {model: {engine: oracle}, repeats: 2, benchmarks: {b: {kind: synthetic, count: 2, seed: 9}}}\n")
     res = otbuild(project, "build", "good", "-n")
     assert res.returncode == 0 and "is built" not in res.stdout + res.stderr  # a dry run made nothing
     res = otbuild(project, "build", "good")

@@ -13,6 +13,7 @@ import pytest
 
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
+from otbuild.report.charts import num
 from tests.conftest import DATA, REPO, SMOKE_LOG, otbuild, snakemake
 
 pytestmark = pytest.mark.slow
@@ -244,13 +245,14 @@ def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
     for shard in (0, 1):  # the rollout shards: named by label, with done/total and the log
         assert re.search(rf"otbuild: teacher, shard {shard + 1} of 2: trials \d+/12 \(\d+%\).*; follow it: "
                          rf"tail -f logs/rollout/{node['teacher'].id}/{shard}-of-2.log", log), shard
-    assert f"otbuild: sft: SFT steps 0/6 (0%); follow it: tail -f logs/sft/{node['sft'].id}.log" in log
+    assert re.search(rf"otbuild: sft: SFT steps \d/6 \(\d+%\).*; follow it: tail -f logs/sft/{node['sft'].id}.log", log)
     assert re.search(r"otbuild: sft: SFT steps [1-6]/6 \(\d+%\), loss [\d.]+", log)
     said = log[log.index("otbuild: smoke is built in "):]
     report = json.loads((project / "results" / "smoke" / "report" / "provenance.json").read_text())["stats"]["costs"]
+    score = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()[0]
     for line in ("  results      results/smoke/  (manifest.json", "  report       results/smoke/report/report.html",
                  "  tasks kept   24 (task_filter)", "  traces kept  24 (trace_filter)",
-                 "  pass@1       heldout 0 ± 0 (3 repeats x 6 tasks)",
+                 f"  pass@1       heldout {num(score['mean'])} ± {num(score['stderr'])} (3 repeats x 6 tasks",
                  f"  tokens       {report['input_tokens']:,} in, {report['output_tokens']:,} out "
                  f"({report['requests']:,} requests); cost – (no prices: set `prices:` in the recipe)",
                  "  job time     "):
@@ -258,8 +260,7 @@ def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
     rl = [json.loads(x) for x in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
     flat = all(r["loss"] == 0 and r["grad_norm"] == 0 for r in rl)  # the tiny student never passes: so far always
     assert flat == ("  warning: rl: No learning signal: loss and grad norm are 0 at all 2 steps" in said)
-    zero = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()[0]["mean"] == 0
-    assert zero == ("  warning: eval: heldout: every trial scored 0 (3 repeats x 6 tasks" in said)
+    assert (score["mean"] == 0) == ("  warning: eval: heldout: every trial scored 0 (3 repeats x 6 tasks" in said)
     assert not list((project / ".otbuild" / "progress").glob("*.json"))  # every job cleaned up
 
 
