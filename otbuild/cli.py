@@ -156,7 +156,9 @@ def plan(recipe):
 @click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
 def build(recipe, profile, dry_run, snakemake_args):
     """Build RECIPE with Snakemake (validated first). Extra args go to snakemake. A project
-    without a Snakefile gets the installed otbuild's workflow."""
+    without a Snakefile gets the installed otbuild's workflow. Long jobs show their progress
+    and the log to follow; a build ends with where the results and the report are, tasks and
+    traces kept, pass@1 per benchmark, tokens, cost and time, and any degenerate result."""
     p = _plan(recipe)
     _check_jobs(p, profile)
     code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))

@@ -10,6 +10,7 @@ differ from their default.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -120,25 +121,29 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
 def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     """Every recipe ends in its report (HTML + dataset card) over all of its artifacts."""
     prices = {m: p.model_dump() for m, p in loaded.recipe.prices.items()}
-    nodes = [*nodes, report_node(loaded.name, nodes, prices)]
+    resolved = json.loads(json.dumps(loaded.data, default=str))  # YAML dates and the like as text
+    nodes = [*nodes, report_node(loaded.name, nodes, prices, loaded.recipe.description or "", resolved)]
     for n in nodes:
         n.config  # noqa: B018 - every job's settings fit its stage's model, checked when planned
     return Plan(loaded, nodes)
 
 
-def report_settings(recipe: str, nodes: list[Node], prices: dict | None = None) -> dict:
-    """The report stage's settings for a plan's nodes (topological order) and the recipe's token
-    prices (only when it sets some: a recipe without them keeps its id)."""
+def report_settings(recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "",
+                    resolved: dict | None = None) -> dict:
+    """The report stage's settings for a plan's nodes (topological order), the recipe's token
+    prices, description and resolved document (recipe.resolved.yaml's), each only when set."""
     settings = {"recipe": recipe,
                 "nodes": [{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes]}
-    return {**settings, "prices": prices} if prices else settings
+    extra = {"prices": prices, "description": description, "resolved": resolved}
+    return {**settings, **{k: v for k, v in extra.items() if v}}
 
 
-def report_node(recipe: str, nodes: list[Node], prices: dict | None = None) -> Node:
+def report_node(recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "",
+                resolved: dict | None = None) -> Node:
     """The `report` node of a plan: every node's main output is an input (one per id), so the
     report is rebuilt exactly when an artifact changes; its id follows from theirs (and from the
-    prices, when set)."""
-    settings = report_settings(recipe, nodes, prices)
+    prices, description and recipe text it shows)."""
+    settings = report_settings(recipe, nodes, prices, description, resolved)
     inputs = tuple({n.id: n for n in nodes}.values())
     return Node("report", "report", settings, settings, inputs)
 

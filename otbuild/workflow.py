@@ -6,6 +6,7 @@ import hashlib
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,7 @@ class Workflow:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.started = time.monotonic()  # the run's wall time, for its summary
         self.plans: dict[str, Plan] = {}
         self.nodes: dict[tuple[str, str], Node] = {}
         self.broken: dict[str, str] = {}  # recipe name -> its error
@@ -64,6 +66,32 @@ class Workflow:
 
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]
+
+    def describe_log(self, log: str) -> str:
+        """A job named by its recipe label from its log path (`teacher, shard 1 of 2`)."""
+        from otbuild.progress import describe_log
+
+        return describe_log(log, lambda stage, id: n.label if (n := self.nodes.get((stage, id))) else None)
+
+    def watch(self, out) -> None:
+        """When the run starts: show the running jobs' progress on its console (otbuild/progress.py)."""
+        from otbuild.progress import Watcher
+
+        self.watcher = Watcher(self.root, self.describe_log, out).start()
+
+    def summaries(self, targets) -> list[str]:
+        """When the run succeeded: what it made, for each recipe it was asked for (otbuild/summary.py)."""
+        from otbuild.summary import summary
+
+        if getattr(self, "watcher", None):
+            self.watcher.stop()
+        out = []
+        for name in (t for t in targets if t in self.plans):
+            try:
+                out.append(summary(self.plans[name], self.root, time.monotonic() - self.started))
+            except Exception as e:  # noqa: BLE001 (the build succeeded: a summary never fails it)
+                out.append(f"otbuild: {name} is built; no summary ({type(e).__name__}: {e})")
+        return out
 
     def shard_inputs(self, stage: str, id: str) -> list[str]:
         """What a merge job reads. A built artifact names the shards it was built from, so a

@@ -81,15 +81,19 @@ def smoke_build(tmp_path_factory) -> tuple[Path, Counter]:
     project: (the project, the jobs that build ran per rule). Tests read it, never change it."""
     project = make_project(tmp_path_factory.mktemp("smoke"))
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
-    ran, _ = snakemake(project, "smoke")
+    ran, log = snakemake(project, "smoke", env={"OTBUILD_PROGRESS_SECONDS": "0.5"})  # progress twice a second
+    (project / SMOKE_LOG).write_text(log)
     return project, ran
 
 
-def snakemake(project: Path, *args: str, check: bool = True) -> tuple[Counter, str]:
+SMOKE_LOG = "smoke-build.log"  # what `snakemake smoke` printed, in smoke_build's project
+
+
+def snakemake(project: Path, *args: str, check: bool = True, env: dict | None = None) -> tuple[Counter, str]:
     """Run the real snakemake CLI in `project`; return the jobs it ran per rule, and its log."""
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", *args], cwd=project, capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     log = proc.stdout + proc.stderr
     if check and proc.returncode != 0:

@@ -131,6 +131,29 @@ def test_build_dry_run_goes_through_snakemake(project):
     assert res.returncode == 2 and "mix.n: found 5" in res.stderr
 
 
+@pytest.mark.slow
+def test_build_ends_with_what_it_made(project):
+    """Issue 26.4: `otbuild build NAME` ends with where the results and the report are and the
+    headline numbers (the workflow's success handler, so `snakemake NAME` says the same)."""
+    (project / "recipes" / "good.yaml").write_text(
+        RECIPE + "teacher: {engine: oracle, shards: 1}\ntrace_filter: {min_turns: 1}\n"
+        "eval: {model: {engine: oracle}, repeats: 2, benchmarks: {b: {kind: synthetic, count: 2, seed: 9}}}\n")
+    res = otbuild(project, "build", "good", "-n")
+    assert res.returncode == 0 and "is built" not in res.stdout + res.stderr  # a dry run made nothing
+    res = otbuild(project, "build", "good")
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-3000:]
+    said = log[log.index("otbuild: good is built in "):]
+    traces = pq.read_table(project / "results" / "good" / "trace_filter" / "kept.parquet").num_rows
+    for line in ("  results      results/good/  (manifest.json names every artifact, its id and rows)",
+                 "  report       results/good/report/report.html",
+                 "  tasks kept   6 (task_filter)", f"  traces kept  {traces} (trace_filter)",
+                 "  pass@1       b 1 ± 0 (2 repeats x 2 tasks)",
+                 "  tokens       0 in, 0 out (", "  job time     "):
+        assert line in said, (line, said)
+    assert "warning:" not in said and (project / "results" / "good" / "report" / "report.html").exists()
+
+
 def test_errors_are_printed_whole_with_exit_2(project):
     """Brackets in a message are text (an ablation candidate's name), and a bad path is a usage
     error: no traceback, exit 2."""

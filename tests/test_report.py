@@ -139,13 +139,17 @@ def assert_self_contained(html: str) -> None:
     assert set(re.findall(r"https?://[^\s\"'<>]+", html)) <= {"http://www.w3.org/2000/svg"}
 
 
-def fake_training(project: Path, stage: str, steps: int) -> dict:
-    """A checkpoint dir as otbuild/train writes it: train_log.jsonl + checkpoint.json + record."""
-    d = project / "artifacts" / stage / ("5f" * 8 if stage == "sft" else "6e" * 8)
+def fake_training(project: Path, stage: str, steps: int, flat: bool = False) -> dict:
+    """A checkpoint dir as otbuild/train writes it: train_log.jsonl + checkpoint.json + record.
+    `flat`: an RL run without a learning signal (reward, loss and grad norm 0 at every step)."""
+    d = project / "artifacts" / stage / ("5f" * 8 if stage == "sft" else "7d" * 8 if flat else "6e" * 8)
     d.mkdir(parents=True, exist_ok=True)
     lines = []
     for s in range(1, steps + 1):
-        if stage == "sft":  # otbuild/train/sft.py's keys
+        if flat:
+            lines.append({"step": s, "reward_mean": 0.0, "pass_rate": 0.0, "loss": 0.0, "grad_norm": 0.0,
+                          "kl": 0.0, "lr": 5e-6})
+        elif stage == "sft":  # otbuild/train/sft.py's keys
             lines.append({"step": s, "epoch": round(s / 10, 4), "loss": round(3.0 * math.exp(-s / 12) + 0.4, 6),
                           "lr": 4e-5 * min(1, s / 3), "grad_norm": 1.0 / s, "tokens": 900, "supervised_tokens": 300,
                           "tokens_seen": 900 * s, "supervised_tokens_seen": 300 * s, "time": 0.5 * s,
@@ -164,6 +168,21 @@ def fake_training(project: Path, stage: str, steps: int) -> dict:
             if stage == "rl" else {})},
         "outputs": [{"path": str(d.relative_to(project) / "checkpoint.json"), "sha256": "0", "bytes": 1}]}))
     return {"label": stage, "stage": stage, "id": d.name, "dir": str(d.relative_to(project)), "log": lines}
+
+
+def fake_eval_of_zeros(project: Path) -> dict:
+    """An eval dir whose every trial scored 0 (the summary.parquet of otbuild/sql/eval_summary.sql)."""
+    import pyarrow as pa
+
+    d = project / "artifacts" / "eval" / ("0e" * 8)
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{
+        "model": "transformers:artifacts/rl/" + "7d" * 8, "benchmark": "heldout", "mean": 0.0, "stderr": 0.0,
+        "partial_mean": 0.0, "partial_stderr": 0.0, "repeats": 3, "n_tasks": 6, "n_exceptions": 0,
+        "n_task_failures": 0, "n_timed_out": 0, "n_excluded": 0}]), d / "summary.parquet")
+    (d / "provenance.json").write_text(json.dumps({"stage": "eval", "id": d.name, "settings": {}, "inputs": [],
+                                                   "stats": {}, "outputs": []}))
+    return {"label": "eval", "stage": "eval", "id": d.name, "dir": str(d.relative_to(project))}
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
@@ -205,12 +224,17 @@ def built(tmp_path_factory):
         nodes = {n: [x for x in p.nodes if x.stage != "report"] for n, p in plans.items()}
         # rep: through build() with SFT and RL dirs added to the nodes
         sft, rl = fake_training(project, "sft", 40), fake_training(project, "rl", 12)
-        settings = report_settings("rep", nodes["rep"])
+        settings = report_settings("rep", nodes["rep"], resolved=plans["rep"].recipe.data)
         settings["description"] = "report test <script>alert(\"x\")</script>"
         settings["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, rl)]
         settings["prices"] = {"policy": {"input_per_mtok": 1000.0, "output_per_mtok": 10000.0}}  # MODEL alone
         rep_out = project / "artifacts" / "report" / "rep"
         rep_stats = build(config("report", settings), rep_out)
+        # flat: the same recipe, but its RL run learned nothing and its eval scored 0 everywhere
+        flat_rl, zeros = fake_training(project, "rl", 3, flat=True), fake_eval_of_zeros(project)
+        flat = report_settings("flat", [n for n in nodes["rep"] if n.stage != "eval"])
+        flat["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, flat_rl, zeros)]
+        build(config("report", flat), project / "artifacts" / "report" / "flat")
         # rep_ablate: as the rule will run it, a report node's spec through the stage runner
         from otbuild.runner import run_spec
 
@@ -221,7 +245,7 @@ def built(tmp_path_factory):
             del STAGES["report"]
         os.chdir(cwd)
     return {"project": project, "plans": plans, "nodes": nodes, "sft": sft, "rl": rl,
-            "rep": rep_out, "rep_stats": rep_stats, "ablate": project / node.dir, "node": node, "record": record}
+            "rep": rep_out, "flat": project / "artifacts" / "report" / "flat", "rep_stats": rep_stats, "ablate": project / node.dir, "node": node, "record": record}
 
 
 def _node_dir(built, recipe, label) -> Path:
@@ -303,6 +327,62 @@ def test_every_section_with_the_artifacts_numbers(built):
     assert table(p, "tokens")["rl"] == ["rl", "transformers:policy", "96", "0", "10,800", "720", "18.00"]
     # data text is escaped
     assert "report test &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+
+
+@pytest.mark.slow
+def test_the_page_leads_with_the_result(built):
+    """Issue 26.5: the headline first (tasks and traces kept, pass@1 ± stderr per benchmark,
+    tokens, cost, job time), titled by the recipe, its resolved settings, ids linked to records."""
+    html = (built["rep"] / "report.html").read_text()
+    p = parse(html)
+    d = lambda label: _node_dir(built, "rep", label)
+    assert "<title>rep: otbuild report</title>" in html
+    assert html.index('<section id="headline">') < html.index('<section id="settings">') < \
+        html.index('<section id="recipe">')  # first in <main>
+    head = p.rows["headline"]
+    summary = pq.read_table(d("eval") / "summary.parquet").to_pylist()
+    assert head[0] == ["tasks kept", "traces kept", *[f"pass@1 {r['benchmark']}" for r in summary]]
+    assert head[1][:2] == [f"{rows_of(d('task_filter'))} task_filter", f"{rows_of(d('trace_filter'))} trace_filter"]
+    for cell, r in zip(head[1][2:], summary):
+        assert cell.startswith(f"{charts.num(r['mean'])} ± {charts.num(r['stderr'])} "
+                               f"{r['repeats']} repeats × {r['n_tasks']} tasks"), cell
+    costs = built["rep_stats"]["costs"]
+    assert f"tokens {costs['input_tokens']:,} in, {costs['output_tokens']:,} out ({costs['requests']:,} requests)" in \
+        re.sub(r"<[^>]+>", "", html)
+    assert "cost 18.00" in re.sub(r"<[^>]+>", "", html) and "job time " in html
+    assert 'class="flag"' not in html  # nothing degenerate here
+    # the resolved recipe, as recipe.resolved.yaml holds it
+    pre = re.search(r'<section id="settings">.*?<pre>(.*?)</pre>', html, re.DOTALL).group(1)
+    assert yaml.safe_load(pre.replace("&#34;", '"').replace("&lt;", "<").replace("&gt;", ">")
+                          .replace("&#39;", "'").replace("&amp;", "&")) == built["plans"]["rep"].recipe.data
+    # SFT time has its unit
+    assert table(p, "recipe-sft")["time (s)"] == [charts.num(built["sft"]["log"][-1]["time"])]
+    # every artifact id links to its record, from the page and from the results view alike
+    links = dict(re.findall(r'<td class="mono"><a href="([^"]+)">([0-9a-f]+)</a></td>', html))
+    assert len(links) == len(built["nodes"]["rep"]) + 2  # + the SFT and RL dirs
+    view = built["project"] / "results" / "rep" / "report"  # what `otbuild report` prints
+    for href, id in links.items():
+        for base in (built["rep"], view):  # as a browser resolves it: by the page's path, not its link's target
+            target = Path(os.path.normpath(base / href))
+            assert target.name == "provenance.json" and json.loads(target.read_text())["id"] == id, href
+
+
+@pytest.mark.slow
+def test_degenerate_results_are_flagged(built):
+    """An RL run whose reward, loss and grad norm are 0 at every step, an eval that scored 0 on
+    every trial: flagged at the top and in their sections."""
+    html = (built["flat"] / "report.html").read_text()
+    p = parse(html)
+    flags = re.findall(r'<p class="flag">(.*?)</p>', html, re.DOTALL)
+    text = [re.sub(r"<[^>]+>", "", f) for f in flags]
+    rl = "rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every step: " \
+         "no rollout passed, so every advantage is 0): the policy did not change."
+    ev = "eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier)"
+    assert len(flags) == 4 and sum(rl in t for t in text) == 2 and sum(ev in t for t in text) == 2
+    assert html.index(flags[0]) < html.index('<section id="recipe">')  # at the top, then in the sections
+    section = lambda name: re.sub(r"<[^>]+>", "", html.split(f'id="recipe-{name}"')[1].split("<h3")[0])
+    assert rl in section("rl") and ev in section("eval") and "Degenerate" not in section("sft")
+    assert p.rows["recipe-rl"]  # the curve and its tables are shown as always
 
 
 @pytest.mark.slow
@@ -390,7 +470,7 @@ def test_dataset_card_lists_sources_counts_filters_teacher_licence(built):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install -y chromium)")
-@pytest.mark.parametrize("which", ["rep", "ablate"])
+@pytest.mark.parametrize("which", ["rep", "ablate", "flat"])
 def test_renders_in_headless_chromium(built, which, tmp_path):
     page = built[which] / "report.html"
     url = page.resolve().as_uri()
@@ -404,22 +484,68 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     assert "contaminated by leak: 2" in dom.stdout  # decontamination counts, in the funnel
     if which == "rep":  # the training curves
         assert dom.stdout.count("<polyline ") == 2 + 3 + 2  # the curves and their panels
-    shown = parse(dom.stdout)  # tokens per stage and model, runtime and GPU-hours per stage
+    shown = parse(dom.stdout)
+    # the headline leads: tasks and traces kept and pass@1 per benchmark, for each candidate
+    head = shown.rows["headline"]
+    benchmarks = ["pass@1 heldout"] if which == "flat" else ["pass@1 extra", "pass@1 heldout"]
+    assert head[0] == ["candidate"] * (which == "ablate") + ["tasks kept", "traces kept", *benchmarks]
+    assert len(head) == 1 + (2 if which == "ablate" else 1) and all(" ± " in r[-1] for r in head[1:])
+    assert dom.stdout.index('id="headline"') < dom.stdout.index("Row-count funnel")
+    flagged = re.findall(r'<p class="flag">(.*?)</p>', dom.stdout, re.DOTALL)
+    if which == "flat":  # flagged at the top and in the RL and eval sections
+        rl_section = dom.stdout.split('id="recipe-rl"')[1].split("<h3")[0]
+        assert len(flagged) == 4 and '<p class="flag"><b>Degenerate result.</b> rl: No learning signal' in rl_section
+        assert "every trial scored 0" in dom.stdout.split('id="recipe-eval"')[1].split("<h3")[0]
+    else:
+        assert flagged == []
+    # tokens per stage and model, runtime and GPU-hours per stage
     assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "requests", "errors", "input tokens",
                                        "output tokens", "cost"]
-    assert {r[1] for r in shown.rows["tokens"][1:-1]} == {"rollout", "eval", *(["rl"] if which == "rep" else [])}
+    assert {r[1] for r in shown.rows["tokens"][1:-1]} == {"rollout", *([] if which == "flat" else ["eval"]),
+                                                          *(["rl"] if which != "ablate" else [])}
     assert shown.rows["tokens"][-1][0] == "total"
     assert shown.rows["runtime"][0][-2:] == ["GPUs", "GPU-hours"]
-    assert {"source", "mix", "rollout", "eval"} <= {r[1] for r in shown.rows["runtime"][1:-1]}
+    ran = {"source", "mix", "rollout", *([] if which == "flat" else ["eval"])}  # flat's eval is made by hand
+    assert ran <= {r[1] for r in shown.rows["runtime"][1:-1]}
     shot = tmp_path / "shot.png"
     res = chromium("--window-size=1280,2400", "--hide-scrollbars", f"--screenshot={shot}", url, tmp=tmp_path)
     assert res.returncode == 0 and shot.exists(), res.stderr[-3000:]
     assert [x for x in res.stderr.splitlines() if "Uncaught" in x or "ERROR:CONSOLE" in x] == []
     assert png_size(shot) == (1280, 2400) and shot.stat().st_size > 50_000  # drawn, not blank
+    # at 1280 px: every table fits its column (the eval's repeats, tasks and exceptions are
+    # seen, not scrolled to), and no axis label of a chart lies over its tick labels
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.read_text().replace("</body>", f"{MEASURE}</body>"))
+    dom = chromium("--window-size=1280,2400", "--dump-dom", measured.resolve().as_uri(), tmp=tmp_path)
+    problems = json.loads(re.search(r'<pre id="layout">(.*?)</pre>', dom.stdout, re.DOTALL).group(1))
+    assert problems == [], problems
+    assert '<th class="n">repeats</th><th class="n">tasks</th><th class="n">exceptions</th>' in dom.stdout
     keep = os.environ.get("OTBUILD_REPORT_SCREENSHOTS")
     if keep:  # to look at it: OTBUILD_REPORT_SCREENSHOTS=/some/dir
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(keep) / f"{which}.png")
+
+
+# Run in a copy of a page (the page itself has no script): what does not fit at the window's
+# width, and axis labels that overlap a tick label, as the browser lays them out.
+MEASURE = """<script>
+const out = [];
+document.querySelectorAll(".wide").forEach(w => {
+  if (w.scrollWidth > w.clientWidth + 1) out.push(`overflow: ${w.closest("section").id} ${w.scrollWidth} > ${w.clientWidth}`);
+});
+const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+document.querySelectorAll("svg.chart").forEach(svg => {
+  const ticks = [...svg.querySelectorAll(".c-tick")];
+  svg.querySelectorAll(".c-axis-label").forEach(label => ticks.forEach(t => {
+    if (hit(label.getBoundingClientRect(), t.getBoundingClientRect()))
+      out.push(`overlap: ${svg.getAttribute("aria-label")}: ${label.textContent} over tick ${t.textContent}`);
+  }));
+});
+const pre = document.createElement("pre");
+pre.id = "layout";
+pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
 
 
 # --- Snakemake's report() ----------------------------------------------------------------

@@ -11,7 +11,10 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import DATA, REPO, otbuild, snakemake
+from otbuild.plan import plan_recipe
+from otbuild.recipe.load import load_recipe
+from otbuild.report.charts import num
+from tests.conftest import DATA, REPO, SMOKE_LOG, otbuild, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -229,6 +232,36 @@ def test_smoke_recipe_builds(smoke_build):
     _, log = snakemake(project, "--report", "snakemake-report.html", "smoke")  # report() marks
     assert "Adding report.html" in log and "Adding dataset_card.md" in log
     assert (project / "snakemake-report.html").stat().st_size > 0
+
+
+def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
+    """Issue 26.4 on `snakemake smoke`: long jobs' progress on the console, naming the log to
+    follow; at the end where the results and report are, the headline numbers and the warnings
+    (the smoke's RL has no learning signal and its student scores 0: both are said)."""
+    project, _ = smoke_build
+    log = (project / SMOKE_LOG).read_text()
+    plan = plan_recipe(load_recipe("smoke", project))
+    node = {n.label: n for n in plan.nodes}
+    for shard in (0, 1):  # the rollout shards: named by label, with done/total and the log
+        assert re.search(rf"otbuild: teacher, shard {shard + 1} of 2: trials \d+/12 \(\d+%\).*; follow it: "
+                         rf"tail -f logs/rollout/{node['teacher'].id}/{shard}-of-2.log", log), shard
+    assert re.search(rf"otbuild: sft: SFT steps \d/6 \(\d+%\).*; follow it: tail -f logs/sft/{node['sft'].id}.log", log)
+    assert re.search(r"otbuild: sft: SFT steps [1-6]/6 \(\d+%\), loss [\d.]+", log)
+    said = log[log.index("otbuild: smoke is built in "):]
+    report = json.loads((project / "results" / "smoke" / "report" / "provenance.json").read_text())["stats"]["costs"]
+    score = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()[0]
+    for line in ("  results      results/smoke/  (manifest.json", "  report       results/smoke/report/report.html",
+                 "  tasks kept   24 (task_filter)", "  traces kept  24 (trace_filter)",
+                 f"  pass@1       heldout {num(score['mean'])} ± {num(score['stderr'])} (3 repeats x 6 tasks",
+                 f"  tokens       {report['input_tokens']:,} in, {report['output_tokens']:,} out "
+                 f"({report['requests']:,} requests); cost – (no prices: set `prices:` in the recipe)",
+                 "  job time     "):
+        assert line in said, (line, said)
+    rl = [json.loads(x) for x in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
+    flat = all(r["loss"] == 0 and r["grad_norm"] == 0 for r in rl)  # the tiny student never passes: so far always
+    assert flat == ("  warning: rl: No learning signal: loss and grad norm are 0 at all 2 steps" in said)
+    assert (score["mean"] == 0) == ("  warning: eval: heldout: every trial scored 0 (3 repeats x 6 tasks" in said)
+    assert not list((project / ".otbuild" / "progress").glob("*.json"))  # every job cleaned up
 
 
 GPU_RULES = {"augment", "rollout", "sft", "rl", "eval"}

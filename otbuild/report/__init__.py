@@ -27,7 +27,11 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     rep = load(cfg, root)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    html, card = render_html(rep), render_card(rep)
+    try:  # links to the records, relative: they hold from results/<recipe>/report/ too (same depth)
+        up = "../" * len(outdir.resolve().relative_to(Path(root).resolve()).parts)
+    except ValueError:
+        up = None
+    html, card = render_html(rep, up), render_card(rep)
     for name, text in ((HTML, html), (CARD, card)):
         with atomic_path(outdir / name) as tmp:
             tmp.write_text(text, encoding="utf-8")
@@ -39,4 +43,5 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     }
     missing = [a.label for a in rep.artifacts if a.record is None]
     return {"groups": len(rep.groups), "sections": sections, "artifacts": len(rep.artifacts),
+            "flags": rep.headline.warnings,
             "artifacts_without_record": missing, "costs": rep.costs.total, "html_bytes": len(html.encode()), "card_bytes": len(card.encode())}

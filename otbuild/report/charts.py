@@ -16,6 +16,7 @@ from markupsafe import Markup, escape
 
 W = 560  # default width of a chart, in user units
 CHAR_W = 6.6  # approximate width of one character of the 11px label font
+TICK_W = 6.2  # the same for the 10px tick font (digits are wider than the average character)
 
 
 def num(v: float | None, digits: int = 3) -> str:
@@ -27,6 +28,20 @@ def num(v: float | None, digits: int = 3) -> str:
     if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
         return f"{v:.{digits - 1}e}"
     return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as a person reads them: 42 s, 3 min 5 s, 2 h 10 min."""
+    if seconds is None:
+        return "–"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
@@ -128,9 +143,9 @@ def columns(
 ) -> Markup:
     """Vertical columns (a histogram: one column per bin label), the count above each."""
     items = [(str(k), float(v)) for k, v in items]
-    left, right, top, bottom = 48, 10, 16, 40
-    plot_w, plot_h = width - left - right, height - top - bottom
     ticks = nice_ticks(0, max([v for _, v in items] + [1]), 4, integer=True)
+    left, right, top, bottom = _left(ticks, ylabel), 10, 16, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
     hi = ticks[-1]
     n = max(len(items), 1)
     slot = plot_w / n
@@ -172,12 +187,12 @@ def line(
     if len(pts) > max_points:
         k = math.ceil(len(pts) / max_points)
         pts = pts[::k] + ([pts[-1]] if (len(pts) - 1) % k else [])
-    left, right, top, bottom = 56, 12, 12, 40
-    plot_w, plot_h = width - left - right, height - top - bottom
     xs, ys = [p[0] for p in pts] or [0.0], [p[1] for p in pts] or [0.0]
     xt = nice_ticks(min(xs), max(xs), 5)
     pad = (max(ys) - min(ys)) * 0.05 or abs(max(ys)) * 0.05 or 1
     yt = nice_ticks(min(ys) - pad, max(ys) + pad, 4)
+    left, right, top, bottom = _left(yt, ylabel), 12, 12, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
     x_lo, x_hi, y_lo, y_hi = xt[0], xt[-1], yt[0], yt[-1]
 
     def px(v: float) -> float:
@@ -201,6 +216,12 @@ def line(
                      f"<title>{escape(num(a))}: {escape(num(b, 4))}</title></circle>" for a, b in pts]
     body += _axis_labels(left, plot_w, top, plot_h, height, xlabel, ylabel)
     return _svg(width, height, title, body)
+
+
+def _left(ticks: Sequence[float], ylabel: str) -> float:
+    """The left margin: the widest y tick label, right-aligned 6 units left of the plot, and the
+    rotated y axis label left of it (never over the ticks)."""
+    return 6 + max(len(num(t)) for t in ticks) * TICK_W + (24 if ylabel else 6)
 
 
 def _axis_labels(left, plot_w, top, plot_h, height, xlabel, ylabel) -> list[str]:

@@ -15,6 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from otbuild import duck
 from otbuild.report import costs
@@ -158,6 +159,8 @@ class Report:
     zscores: list[dict] = field(default_factory=list)
     ranking_label: str | None = None
     costs: costs.Costs = field(default_factory=costs.Costs)
+    resolved: dict = field(default_factory=dict)  # the recipe as recipe.resolved.yaml holds it
+    headline: Any = None  # otbuild.report.headline.Headline
 
 
 def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
@@ -175,16 +178,42 @@ def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
 def load(cfg, root: Path = Path(".")) -> Report:
     arts = artifacts(cfg.nodes, root)
     con = duck.connect()
-    names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
-    groups = [_group(con, name, [a for a in arts if a.candidate == name]) for name in names]
-    rep = Report(cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root))
+    groups = [_group(con, name, members) for name, members in by_candidate(arts)]
+    rep = Report(cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root),
+                 resolved=cfg.resolved)
     rank = next((a for a in arts if a.stage == "rank"), None)
     if rank:
         outs = STAGES["rank"].outputs
         rep.ranking_label = rank.label
         rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
         rep.zscores = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) ORDER BY candidate, benchmark")
+    from otbuild.report.headline import headline  # it reads Artifacts (this module)
+
+    rep.headline = headline(cfg.recipe, arts, rep.costs, rep.ranking)
     return rep
+
+
+def by_candidate(arts: list[Artifact]) -> list[tuple[str | None, list[Artifact]]]:
+    """The artifacts of each candidate of an ablation (None: a plain recipe's), in plan order."""
+    names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
+    return [(name, [a for a in arts if a.candidate == name]) for name in names]
+
+
+def pipeline(arts: list[Artifact]) -> list[Artifact]:
+    """The artifacts on the way from raw tasks to the trace set (not the eval's benchmarks)."""
+    return [a for a in arts if a.stage in FUNNEL and not _is_benchmark(a)]
+
+
+def final_tasks(arts: list[Artifact]) -> Artifact | None:
+    """The task set the rollouts start from: the last task stage of the pipeline."""
+    tasks = [a for a in pipeline(arts) if a.stage in TASK_STAGES]
+    return tasks[-1] if tasks else None
+
+
+def final_traces(arts: list[Artifact]) -> list[Artifact]:
+    """The trace set: the trace filter's, else the rollouts and imported traces."""
+    line = pipeline(arts)
+    return [a for a in line if a.stage == "trace_filter"] or [a for a in line if a.stage in ("rollout", "trace_import")]
 
 
 def _record(d: Path) -> dict | None:
@@ -210,9 +239,9 @@ def _is_benchmark(a: Artifact) -> bool:
 
 def _group(con, name: str | None, arts: list[Artifact]) -> Group:
     g = Group(name, arts)
-    pipeline = [a for a in arts if a.stage in FUNNEL and not _is_benchmark(a)]
+    line = pipeline(arts)
     for stage in FUNNEL:
-        nodes = [a for a in pipeline if a.stage == stage]
+        nodes = [a for a in line if a.stage == stage]
         if not nodes:
             continue
         rows = [a.rows for a in nodes]
@@ -224,20 +253,18 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         step_name = nodes[0].local if len(nodes) == 1 else f"{'sources' if stage == 'source' else stage} ({len(nodes)})"
         g.funnel.append(Step(step_name, stage, [a.local for a in nodes],
                              None if None in rows else sum(rows), sum(rejected) if rejected else None, reasons))
-    g.sources = [_source_info(con, a) for a in pipeline if a.stage == "source"]
-    g.filters = [a for a in pipeline if a.stage in ("task_filter", "trace_filter")]
-    g.teachers = [a for a in pipeline if a.stage in ("rollout", "trace_import")]
-    mix = next((a for a in pipeline if a.stage == "mix"), None)
+    g.sources = [_source_info(con, a) for a in line if a.stage == "source"]
+    g.filters = [a for a in line if a.stage in ("task_filter", "trace_filter")]
+    g.teachers = [a for a in line if a.stage in ("rollout", "trace_import")]
+    mix = next((a for a in line if a.stage == "mix"), None)
     if mix and mix.main_output.exists():
         g.mix = {"label": mix.local, "settings": mix.settings, "sources": _rows(con, (
             "SELECT source, count(*) AS rows, count(*) FILTER (WHERE mix_copy > 0) AS upsampled_copies, "
             f"min(mix_rank) AS rank FROM read_parquet({_lit(mix.main_output)}) GROUP BY source ORDER BY rank, source"
         ))}
-    trace_final = [a for a in pipeline if a.stage == "trace_filter"] or g.teachers
-    if trace_final:
+    if trace_final := final_traces(arts):
         g.traces = _traces(con, trace_final)
-    task_final = [a for a in pipeline if a.stage in TASK_STAGES]
-    g.tasks = task_final[-1] if task_final else None
+    g.tasks = final_tasks(arts)
     for a in arts:
         if a.stage == "sft":
             g.sft = g.sft or _curve(a, LOSS_KEYS)
@@ -323,26 +350,19 @@ def _fmt(v: float) -> str:
 
 def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
     """The per-step log of a training dir: the first of `keys` that the log has, by step."""
-    path = next((a.dir / n for n in TRAIN_LOGS if (a.dir / n).exists()), None)
+    path, lines = train_log(a)
     if path is None:
         return None
-    lines = []
-    for raw in path.read_text().splitlines():
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue  # a torn last line of a killed run
-        if isinstance(rec, dict):
-            lines.append(rec)
     metric = next((k for k in keys if any(_finite(r.get(k)) for r in lines)), None)
     if metric is None:
         return None
     pts = _points(lines, metric)
     ys = [y for _, y in pts]
     summary = {"steps": len(pts), "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys)}
-    for k in ("epoch", "tokens_seen", "supervised_tokens_seen", "time"):
+    for k, shown in (("epoch", "epoch"), ("tokens_seen", "tokens_seen"),
+                     ("supervised_tokens_seen", "supervised_tokens_seen"), ("time", "time (s)")):
         if lines and k in lines[-1]:
-            summary[k] = lines[-1][k]
+            summary[shown] = lines[-1][k]
     k = max(1, math.ceil(len(lines) / 10))
     sample = lines[::k] + ([lines[-1]] if (len(lines) - 1) % k else [])
     columns = [c for c in TABLE_COLUMNS if c != metric and any(c in r for r in sample)]
@@ -352,6 +372,20 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
     except (OSError, ValueError, AttributeError):
         tracking = {}
     return Curve(a.local, path, metric, pts, summary, sample, columns, panels, tracking)
+
+
+def train_log(a: Artifact) -> tuple[Path | None, list[dict]]:
+    """A training dir's log (TRAIN_LOGS) and its lines (JSON objects, one per optimizer step)."""
+    path = next((a.dir / n for n in TRAIN_LOGS if (a.dir / n).exists()), None)
+    lines = []
+    for raw in path.read_text().splitlines() if path else ():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue  # a torn last line of a killed run
+        if isinstance(rec, dict):
+            lines.append(rec)
+    return path, lines
 
 
 def _points(lines: list[dict], key: str) -> list[tuple[float, float]]:

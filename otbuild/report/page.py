@@ -16,6 +16,7 @@ import otbuild
 from otbuild.report import charts
 from otbuild.report.data import Group, Report
 from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
+from otbuild.stages import PROVENANCE
 
 TEMPLATES = Path(__file__).parent / "templates"
 # What the page and the card show that a rebuild from the same inputs does not give again (the
@@ -46,15 +47,30 @@ _md.filters["json"] = lambda v: _md_cell(v if isinstance(v, str) else json.dumps
 _md.filters["num"] = lambda v: _md_cell(charts.num(v))
 
 
-def render_html(rep: Report) -> str:
+def render_html(rep: Report, up: str | None = None) -> str:
+    """The page; `up` is the way from the page's folder to the project root (`../../../` from
+    artifacts/report/<id>/ and from results/<recipe>/report/ alike), for the links to each
+    artifact's record (None: absolute file links)."""
     groups = [_group_charts(g) for g in rep.groups]
     ranking = None
     if rep.ranking:
         ranking = charts.bars([(r["candidate"], r["mean_z"] or 0.0) for r in rep.ranking],
                               title="mean z-score per candidate")
+    head = rep.headline
+    flags: dict[tuple, list[str]] = {}
+    for name, f in head.flags:
+        flags.setdefault((name, f.section), []).append(f"{f.label}: {f.text}")
+    benchmarks = list(dict.fromkeys(s.benchmark for p in head.parts for s in p.scores))
+
+    def record(a) -> str:
+        rel = Path(a.dir) / PROVENANCE
+        return up + rel.as_posix() if up is not None and not rel.is_absolute() else rel.resolve().as_uri()
+
+    resolved = yaml.safe_dump(rep.resolved, sort_keys=False, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
         rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
-        version=otbuild.__version__, anchor=_anchor, amount=amount)
+        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=charts.duration, head=head,
+        flags=flags, benchmarks=benchmarks, record=record, resolved=resolved)
 
 
 def amount(v: float | None) -> str:

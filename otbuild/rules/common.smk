@@ -1,4 +1,5 @@
 # Helpers shared by the stage rules: outputs, inputs and the spec of a node, looked up by id.
+from otbuild.progress import LOG_ENV
 from otbuild.stages import PROVENANCE, STAGES
 from otbuild.workflow import OTBUILD
 
@@ -31,7 +32,9 @@ def merge_benchmark(stage):
 
 
 def stage_shell(stage):
-    return OTBUILD + f" stage {stage} --spec {{params.spec}} > {{log}} 2>&1"
+    """The job: `otbuild stage`, its output in its log, which it is told (OTBUILD_LOG) so that a
+    long job can show its progress on the run's console (otbuild/progress.py)."""
+    return f"{LOG_ENV}={{log}} " + OTBUILD + f" stage {stage} --spec {{params.spec}} > {{log}} 2>&1"
 
 
 def shard_output(stage):
@@ -44,7 +47,7 @@ def shard_log(stage):
 
 
 def shard_shell(stage):
-    return OTBUILD + f" stage {stage} --spec {{params.spec}} --shard {{wildcards.shard}} > {{log}} 2>&1"
+    return f"{LOG_ENV}={{log}} " + OTBUILD + f" stage {stage} --spec {{params.spec}} --shard {{wildcards.shard}} > {{log}} 2>&1"
 
 
 def merge_inputs(stage):

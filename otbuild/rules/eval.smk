@@ -12,9 +12,9 @@ rule eval:
     benchmark:
         shard_benchmark("eval"),
     log:
-        "logs/eval/{id}/{shard}-of-{shards}.log",
+        shard_log("eval"),
     shell:
-        OTBUILD + " stage eval --spec {params.spec} --shard {wildcards.shard} > {log} 2>&1"
+        shard_shell("eval")
 
 
 rule eval_merge:

@@ -11,9 +11,9 @@ rule rollout:
     benchmark:
         shard_benchmark("rollout"),
     log:
-        "logs/rollout/{id}/{shard}-of-{shards}.log",
+        shard_log("rollout"),
     shell:
-        OTBUILD + " stage rollout --spec {params.spec} --shard {wildcards.shard} > {log} 2>&1"
+        shard_shell("rollout")
 
 
 rule rollout_merge:

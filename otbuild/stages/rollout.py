@@ -43,7 +43,9 @@ from otbuild import duck, usage
 from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
+from otbuild.progress import JobProgress, eta
 from otbuild.recipe.trials import HARBOR
+from otbuild.report.charts import duration
 from otbuild.stages import shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
@@ -311,13 +313,15 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
 
 
 class Progress:
-    """Trials done, pass rate, trials/s and ETA: a live bar on a terminal, lines in a log."""
+    """Trials done, pass rate, trials/s and ETA: a live bar on a terminal, lines in a log, and
+    the same on the console of the Snakemake run (otbuild/progress.py)."""
 
     def __init__(self, total: int, already: int):
         from rich.console import Console
         from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
         from rich.progress import Progress as Bar
 
+        self.job = JobProgress("trials", total, already)
         self.total, self.done, self.passed, self.errors = total, already, 0, 0
         self.start, self.last_line, self.run_now = time.monotonic(), 0.0, 0
         self.console = Console(stderr=True)
@@ -335,14 +339,16 @@ class Progress:
         self.errors += trace["exception"] is not None
         elapsed = time.monotonic() - self.start
         rate = self.run_now / elapsed if elapsed else 0.0
-        eta = (self.total - self.done) / rate if rate else float("inf")
+        left = eta(self.run_now, self.total - self.done, elapsed)
         stats = (f"pass {self.passed / self.run_now:.0%}  errors {self.errors}  {rate:.2f} trials/s")
+        self.job.update(self.done, f"pass {self.passed / self.run_now:.0%}, errors {self.errors}")
         if self.bar:
             self.bar.update(self.task, completed=self.done, stats=stats)
         elif time.monotonic() - self.last_line > 10 or self.done == self.total:
             self.last_line = time.monotonic()
-            print(f"rollouts {self.done}/{self.total}  {stats}  eta {eta:.0f}s", file=sys.stderr, flush=True)
+            print(f"rollouts {self.done}/{self.total}  {stats}  eta {duration(left)}", file=sys.stderr, flush=True)
 
     def finish(self) -> None:
+        self.job.finish()
         if self.bar:
             self.bar.stop()

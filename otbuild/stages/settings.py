@@ -108,6 +108,7 @@ class ReportSettings(Strict):
     description: str = ""
     nodes: list[ReportNode]
     prices: dict[str, Price] | None = None
+    resolved: dict[str, Any] = Field(default_factory=dict)  # the recipe as recipe.resolved.yaml holds it
 
 
 SETTINGS: dict[str, Any] = {

@@ -54,6 +54,7 @@ from otbuild.hashing import file_sha256
 from otbuild.recipe.schema_train import Rl
 from otbuild.stages.settings import RlSettings
 from otbuild.train.chat import clean
+from otbuild.progress import StepProgress
 from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
 from otbuild.train.data import global_batch_rows
 from otbuild.train.tracking import Tracker
@@ -469,6 +470,7 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
     tracker = Tracker(cfg.tracking, stage="rl", outdir=outdir, first_step=start + 1,
                       config=cfg.model_dump(mode="json"), active=rank == 0)
+    progress = StepProgress("RL", steps, start, None if rank else (lambda _: None))  # rank 0; it logs each step
     try:
         for step in range(start, steps):
             t0 = time.monotonic()
@@ -513,11 +515,13 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
                     f.write(json.dumps(rec) + "\n")
                 tracker.log(rec)
             log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
+            progress.step(step + 1, f"reward {rec['reward_mean']:.3f}, loss {rec['loss']:.4g}")
             shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
             if (step + 1) % cfg.save_steps == 0 and step + 1 < steps:
                 save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
                 tracker.flush()
     finally:
+        progress.finish()
         shutil.rmtree(workroot, ignore_errors=True)
         tracked = tracker.close()
     places = [None] * world

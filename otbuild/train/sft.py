@@ -33,6 +33,7 @@ from pathlib import Path
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.stages.settings import SftSettings
+from otbuild.progress import StepProgress
 from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
 from otbuild.train.data import build as build_dataset
 from otbuild.train.data import collate, global_batch_rows, steps_per_epoch
@@ -198,6 +199,7 @@ def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> d
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
     tracker = Tracker(cfg.tracking, stage="sft", outdir=outdir, first_step=step + 1,
                       config=cfg.model_dump(mode="json"), active=rank == 0)
+    progress = StepProgress("SFT", total_steps, step, log if rank == 0 else None)
     try:
         while step < total_steps:
             t_step = time.monotonic()
@@ -243,6 +245,7 @@ def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> d
                 logf.write(json.dumps(rec) + "\n")
                 logf.flush()
             tracker.log(rec)
+            progress.step(step, f"loss {rec['loss']:.4g}")
             if delay:
                 time.sleep(delay)
             if step % cfg.save_steps == 0 and step < total_steps:
@@ -252,6 +255,7 @@ def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> d
                 tracker.flush()
                 log(f"sft: checkpoint step {step}")
     finally:
+        progress.finish()
         if logf:
             logf.close()
         tracked = tracker.close()
