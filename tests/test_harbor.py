@@ -446,7 +446,7 @@ def test_a_linear_history_trial_is_its_last_context_window(tmp_path):
              "observation": {"results": [{"content": "o3"}]}}]
     trial = _trial(job, "t__1", "t", first)
     data = json.loads((trial / "agent" / "trajectory.json").read_text())
-    data["continued_trajectory_ref"] = "trajectory.cont-1.json"
+    data["continued_trajectory_ref"] = "trajectory.cont-0.json"  # as Harbor 0.26 writes it: one short
     (trial / "agent" / "trajectory.json").write_text(json.dumps(data))
     (trial / "agent" / "trajectory.cont-1.json").write_text(json.dumps({"steps": cont}))
     row = ingest.read_trial(trial)

@@ -183,17 +183,18 @@ def job_scores(job_dir: Path) -> list[dict]:
 # -- conversations ----------------------------------------------------------------------------
 def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
     """The main ATIF trajectory as {role, content} messages, with its episode count and the
-    trajectory files it spans. A trajectory continued in other files (`continued_trajectory_ref`:
-    terminus-2's `linear_history`, one file per context window) is read to its last file, whose
-    conversation is what the model saw when it gave its last answer (the context it was handed
-    after summarizing, then its new turns); the episodes of every file are counted. This is the
-    row Harbor's own `traces export --episodes last` gives."""
+    trajectory files it spans. A trajectory continued in other files (terminus-2's
+    `linear_history`: `trajectory.cont-N.json`, one per context window) is read to its last
+    file, whose conversation is what the model saw when it gave its last answer (the context
+    it was handed after summarizing, then its new turns); the episodes of every file are
+    counted. This is the row Harbor's own `traces export --episodes last` gives. The files are
+    taken in their numbered order rather than by `continued_trajectory_ref`, which Harbor 0.26
+    can write one number short (`cont-0` for a window it saved as `cont-1`)."""
     agent = trial_dir / "agent"
-    path = agent / "trajectory.json"
     messages: list[dict] = []
     episodes = 0
     used: list[str] = []
-    while path.is_file() and path.name not in used:
+    for path in _main_trajectories(agent):
         data = _json(path)
         if not isinstance(data, dict):
             break
@@ -202,11 +203,17 @@ def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
         messages, _ = _atif_messages(steps)
         episodes += sum(1 for st in steps if isinstance(st, dict) and st.get("source") == "agent"
                         and not st.get("is_copied_context"))
-        ref = data.get("continued_trajectory_ref")
-        if not ref:
-            break
-        path = agent / ref
     return messages, episodes, used
+
+
+def _main_trajectories(agent: Path) -> list[Path]:
+    """trajectory.json, then its continuations trajectory.cont-N.json by N."""
+    main = agent / "trajectory.json"
+    if not main.is_file():
+        return []
+    conts = [(int(n), p) for p in agent.glob("trajectory.cont-*.json")
+             if (n := p.name[len("trajectory.cont-"):-len(".json")]).isdigit()]
+    return [main] + [p for _, p in sorted(conts)]
 
 
 def _atif_messages(steps: list) -> tuple[list[dict], int]:
