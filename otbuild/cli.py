@@ -5,7 +5,6 @@ Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import otbuild
-from otbuild.errors import EXIT_FINDINGS, ConfigError, StageError
+from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError, StageError
 from otbuild.stages import STAGES
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
@@ -44,10 +43,15 @@ def main():
 
 
 def _plan(recipe: str):
+    """RECIPE (a name under recipes/ or a path), planned. A file elsewhere whose stem names
+    another recipe of the project is refused, as Snakemake could not tell their targets apart."""
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
+    from otbuild.workflow import outside_recipe
 
-    return plan_recipe(load_recipe(recipe, Path.cwd()))
+    loaded = load_recipe(recipe, Path.cwd())
+    outside_recipe(loaded, Path.cwd())
+    return plan_recipe(loaded)
 
 
 def _check_jobs(plan, profile: str | None) -> None:
@@ -84,32 +88,20 @@ def init(directory):
 def validate(recipes, images, profile):
     """Check RECIPES (names under recipes/ or paths) against the schema; write nothing. With
     --profile, also refuse rollouts whose concurrency x limits.memory_mb exceeds their job's mem_mb."""
+    from otbuild.workflow import preflight
+
     missing_images = 0
     for r in recipes:
         plan = _plan(r)
         _check_jobs(plan, profile)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
-        for node, path in plan.missing:
-            err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
-        for node, keys in _not_sent(plan):
-            err.print(f"[yellow]warning:[/] {node.label}: {node.config.model} is a reasoning model: "
-                      f"{', '.join(keys)} not sent (only its default is accepted; docs/engines.md)")
+        for message, needed in preflight(plan):
+            err.print(f"[yellow]warning:[/] {escape(message)}" + ("; the build needs it" if needed else ""),
+                      highlight=False, soft_wrap=True)
         if images:
             missing_images += _print_images(plan)
     if missing_images:
         raise SystemExit(1)
-
-
-def _not_sent(plan):
-    """Sampling settings a recipe sets (not left at their default) that a reasoning model is not sent."""
-    from otbuild.engines.request_policy import not_sent
-    from otbuild.recipe.schema import LLM
-
-    for node in plan.nodes:
-        cfg = node.config
-        if isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model:
-            if keys := not_sent(cfg.request_params, cfg.model, node.identity):
-                yield node, keys
 
 
 def _print_images(plan) -> int:
@@ -160,7 +152,7 @@ def build(recipe, profile, dry_run, snakemake_args):
     p = _plan(recipe)
     _check_jobs(p, profile)
     code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))
-    sys.exit(0 if code == 0 else EXIT_FINDINGS)
+    sys.exit(code if code in (0, EXIT_USAGE) else EXIT_FINDINGS)  # 2: the workflow refused the recipe
 
 
 def _snakemake(plan, profile: str | None, args: list[str]) -> int:
@@ -435,12 +427,13 @@ def _stage_command(name: str):
     @click.option("--spec", required=True, help="The node's spec as JSON (from the Snakefile).")
     @click.option("--shard", type=int, help="Sharded stages: run this shard (without: merge them).")
     def cmd(spec, shard):
-        from otbuild.runner import run_shard, run_spec
+        from otbuild.runner import read_spec, run_shard, run_spec
 
+        spec = read_spec(spec, name)
         if shard is not None:
-            run_shard(json.loads(spec), shard)
+            run_shard(spec, shard)
             return
-        record = run_spec(json.loads(spec), rule=name)
+        record = run_spec(spec, rule=name)
         rows = ", ".join(f"{Path(o['path']).name}: {o.get('rows', '?')} rows" for o in record["outputs"])
         out.print(f"[green]{name}[/] {record['id']}: {rows}")
 
