@@ -253,14 +253,17 @@ def audit(target, verify):
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--row", type=int, help="Show row N (0-based) in full: fields, metadata, task files.")
 @click.option("--limit", default=20, show_default=True, help="Rows in the preview table.")
 @click.option("--columns", help="Comma-separated columns for the table (default: all but blobs).")
 def show(path, row, limit, columns):
-    """Preview a parquet artifact as a table, or one row in full."""
+    """Preview a parquet artifact as a table, or one row in full. PATH may be an artifact's
+    folder (results/NAME/LABEL) holding one parquet file; with several, they are listed."""
     from otbuild import show as show_mod
 
+    if path.is_dir():
+        path = show_mod.only_parquet(path)
     show_mod.show(path, out, row=row, limit=limit, columns=columns.split(",") if columns else None)
 
 
