@@ -168,12 +168,55 @@ def test_a_killed_build_recovers_by_itself(project):
 
 
 def test_failed_stage_leaves_nothing_that_looks_complete(project):
-    _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/missing.parquet}\n")
+    (project / "data").mkdir()
+    (project / "data" / "broken.parquet").write_text("not parquet")
+    _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/broken.parquet}\n")
     _, log = snakemake(project, "r", check=False)
     assert "Error in rule source" in log
     src = project / "artifacts" / "source"
     assert not any(p.name == "provenance.json" for p in src.rglob("*")) if src.exists() else True
-    assert "task parquet does not exist" in (next((project / "logs" / "source").iterdir())).read_text()
+    assert "broken.parquet" in (next((project / "logs" / "source").iterdir())).read_text()
+
+
+def test_a_path_that_does_not_exist_stops_the_build_before_any_job(project):
+    """Issue 26.1: `validate` warns (data may come later); `snakemake NAME` and `otbuild build
+    NAME` print the warnings, then refuse before any job or lock: exit 2, naming the file that
+    set the key (an `extends` parent here), the key and the path. A dry run only warns."""
+    _write(project, "base", "sources:\n  mine: {kind: harbor-dir, rank: 1, path: data/nothere}\n"
+                            "teacher: {engine: oracle}\ntrace_filter: {}\n")
+    _write(project, "r", "extends: base\ntrace_filter: {min_turns: 1}\n")
+    said = f"{project}/recipes/base.yaml: sources.mine.path: {project}/data/nothere does not exist"
+    res = otbuild(project, "validate", "r")
+    assert res.returncode == 0 and f"warning: {said}; the build needs it" in " ".join(res.stderr.split())
+    for cmd in ([sys.executable, "-m", "snakemake", "r"], [sys.executable, "-m", "otbuild", "build", "r"]):
+        proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"otbuild: error: {said}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert not (project / "artifacts").exists() and not (project / "logs").exists()
+    dry, log = snakemake(project, "r", "-n")
+    assert f"otbuild: warning: {said}; the build needs it" in log and dry["source"] == 1
+
+
+def test_ctrl_c_names_each_interrupted_job_and_how_to_resume(project):
+    """Issue 26.3: Ctrl-C (SIGINT to the foreground process group) mid-rollout: one line per
+    interrupted job with its log, no RuleException quoting the spec, and the command to resume;
+    which then finishes the build."""
+    import signal
+
+    _write(project, "r", ROLLOUT)
+    proc = _start(project, "r")
+    _wait_for(lambda: sum(p.read_text().count("\n") for p in
+                          (project / "artifacts" / "rollout").glob("*/shards/*.partial.jsonl")) >= 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    after = log.split("otbuild: interrupted (Ctrl-C): stopping the running jobs", 1)[1]
+    lines = re.findall(r"^otbuild: interrupted: rollout; its log: logs/rollout/\w+/\d-of-2\.log$", after, re.M)
+    assert 1 <= len(lines) <= 2, after
+    assert "RuleException" not in after and "message: None" not in after and '"settings"' not in after, after
+    assert "otbuild: to resume, run `snakemake r` again" in after, after
+    ran, _ = snakemake(project, "r")
+    assert ran["report"] == 1
 
 
 def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
