@@ -83,6 +83,43 @@ def test_build_a_recipe_file_outside_recipes(project, tmp_path_factory):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_validate_and_plan_refuse_a_file_whose_stem_names_another_recipe(project, tmp_path_factory):
+    """Issue 26.2: as `build` does, so that no command accepts what the build would refuse."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "mine.yaml").write_text(RECIPE)
+    (project / "recipes" / "mine.yaml").write_text(RECIPE.replace("seed: 1", "seed: 2"))
+    for cmd in ("validate", "plan"):
+        res = otbuild(project, cmd, str(elsewhere / "mine.yaml"))
+        assert res.returncode == 2 and "target name 'mine' is taken by" in res.stderr, res.stdout + res.stderr
+        assert otbuild(project, cmd, "recipes/mine.yaml").returncode == 0
+
+
+def test_stage_specs_that_are_not_a_plans_are_config_errors(project):
+    """Issue 26.3: `otbuild stage NAME --spec` with what a user might type: exit 2, one line
+    saying what is wrong, no traceback."""
+    cases = {"{}": "--spec: required key(s) missing: stage, id, settings, inputs, outdir",
+             "nope": "--spec: not JSON", "[1]": "--spec: found a JSON list",
+             '{"stage": "source", "id": "x", "settings": {}, "inputs": [], "outdir": "o"}':
+                 "the spec is of a 'source' node, not a 'mix' one",
+             '{"stage": "mix", "id": "x", "settings": {"n": 1}, "inputs": [], "outdir": "o"}':
+                 "--spec: settings.total: Field required"}
+    for spec, said in cases.items():
+        res = otbuild(project, "stage", "mix", "--spec", spec)
+        assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, (spec, res.stderr)
+
+
+def test_show_a_folder_shows_its_only_parquet_or_lists_them(project, built_source):
+    """Issue 26.3: `otbuild show results/NAME/LABEL` (an artifact's folder)."""
+    res = otbuild(project, "show", str(built_source.parent))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "a folder with 2 parquet files: quarantine.parquet, tasks.parquet" in " ".join(res.stderr.split())
+    (built_source.parent / "quarantine.parquet").unlink()
+    res = otbuild(project, "show", str(built_source.parent))
+    assert res.returncode == 0 and "4 rows" in res.stdout, res.stderr
+    res = otbuild(project, "show", str(project))
+    assert res.returncode == 2 and "a folder with no parquet file in it" in res.stderr
+
+
 def test_show_table_and_row(project, built_source):
     res = otbuild(project, "show", str(built_source), "--columns", "path,source")
     assert res.returncode == 0 and "4 rows" in res.stdout and "synthetic-" in res.stdout
