@@ -95,9 +95,8 @@ def validate(recipes, images, profile):
         plan = _plan(r)
         _check_jobs(plan, profile)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
-        for message, needed in preflight(plan):
-            err.print(f"[yellow]warning:[/] {escape(message)}" + ("; the build needs it" if needed else ""),
-                      highlight=False, soft_wrap=True)
+        for message, _ in preflight(plan):
+            err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
         if images:
             missing_images += _print_images(plan)
     if missing_images:
@@ -106,11 +105,19 @@ def validate(recipes, images, profile):
 
 def _print_images(plan) -> int:
     """The base-image table of one plan; how many images are missing."""
-    from otbuild.sandbox.preflight import base_image_counts, image_presence
+    from otbuild.sandbox.preflight import base_image_counts, image_presence, trial_backends
 
-    counts = base_image_counts(plan)
+    counts, unread = base_image_counts(plan)
+    name = plan.recipe.name
+    if unread:
+        out.print(f"base images: {name}: could not check {len(unread)} source(s) whose data is not there yet "
+                  f"({', '.join(unread)}): their tasks' images are unknown", highlight=False)
     if not counts:
-        out.print(f"base images: {plan.recipe.name}: no task runs in its own image here")
+        if not unread:
+            backends = trial_backends(plan)
+            why = (f"trials run under sandbox {', '.join(sorted(backends))}, not in podman images"
+                   if backends and not backends & {"podman", "auto"} else "this host stands in for every image")
+            out.print(f"base images: {name}: no task runs in its own image here ({why})", highlight=False)
         return 0
     presence = image_presence(sorted(counts))
     table = Table(title=f"base images: {plan.recipe.name}")

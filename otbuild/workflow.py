@@ -72,10 +72,10 @@ class Workflow:
             plan = self.plans[name]
             if name not in self.checked:
                 self.checked.add(name)
-                stop = [m for m, needed in preflight(plan) if needed and not dryrun()]
-                for message, needed in preflight(plan):
-                    if message not in stop:
-                        print(f"otbuild: warning: {message}" + ("; the build needs it" * needed), file=sys.stderr)
+                said = preflight(plan)
+                stop = [m for m, needed in said if needed and not dryrun()]
+                for message in (m for m, _ in said if m not in stop):
+                    print(f"otbuild: warning: {message}", file=sys.stderr)
                 if stop:
                     print("\n".join(f"otbuild: error: {m}" for m in stop), file=sys.stderr)
                     print(f"otbuild: target {name!r} cannot be built without it: fix the path or bring the data "
@@ -142,7 +142,8 @@ def preflight(plan: Plan) -> list[tuple[str, bool]]:
 
     found: dict[tuple[str, bool], int] = {}
     for m in plan.missing:
-        found[(str(m), m.needed)] = found.get((str(m), m.needed), 0) + 1
+        said = (f"{m}; the build needs it" if m.needed else str(m), m.needed)
+        found[said] = found.get(said, 0) + 1
     for node in plan.nodes:
         cfg = node.config
         if isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model:

@@ -120,6 +120,36 @@ def test_show_a_folder_shows_its_only_parquet_or_lists_them(project, built_sourc
     assert res.returncode == 2 and "a folder with no parquet file in it" in res.stderr
 
 
+def test_validate_says_each_warning_once_and_what_it_could_not_check(project):
+    """Issue 26.6: an ablation's candidates share a source whose file is not there and a
+    reasoning model: each warning once, with the count; `--images` says it could not read the
+    source rather than that no task runs in its own image."""
+    (project / "recipes" / "abl.yaml").write_text("""
+sources:
+  a: {kind: harbor-parquet, rank: 1, path: data/none.parquet}
+task_filter:
+  llm: {engine: openai, base_url: 'http://x/v1', model: gpt-5-nano, kind: askllm, temperature: 0}
+  score: {column: llm_score, top_k: 2}
+teacher: {engine: oracle, sandbox: podman}
+trace_filter: {}
+eval: {model: {engine: oracle}, benchmarks: {b: {kind: harbor-parquet, path: data/b.parquet}}}
+ablate: {trace_filter.min_turns: [1, 2, 3]}
+""")
+    res = otbuild(project, "validate", "--images", "abl")
+    warnings = [" ".join(w.split()) for w in res.stderr.split("warning: ")[1:]]
+    assert warnings == [
+        f"{project}/recipes/abl.yaml: sources.a.path: {project}/data/none.parquet does not exist; the build needs it "
+        "(3 candidates)",
+        f"{project}/recipes/abl.yaml: eval.benchmarks.b.path: {project}/data/b.parquet does not exist; the build "
+        "needs it (3 candidates)",
+        "task_score: gpt-5-nano is a reasoning model: temperature not sent (only its default is accepted; "
+        "docs/engines.md) (3 candidates)"], res.stderr
+    said = " ".join(res.stdout.split())
+    assert ("base images: abl: could not check 2 source(s) whose data is not there yet (sources.a.path, "
+            "eval.benchmarks.b.path): their tasks' images are unknown") in said
+    assert "no task runs in its own image" not in said and res.returncode == 0
+
+
 def test_show_table_and_row(project, built_source):
     res = otbuild(project, "show", str(built_source), "--columns", "path,source")
     assert res.returncode == 0 and "4 rows" in res.stdout and "synthetic-" in res.stdout
