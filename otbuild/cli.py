@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,9 @@ import otbuild
 from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError, StageError
 from otbuild.stages import STAGES
 
-# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
-_WIDTH = None if sys.stdout.isatty() else 160
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default, unless
+# COLUMNS says how wide.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
 out = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 
@@ -137,15 +139,38 @@ def plan(recipe):
     from otbuild.provenance import check
 
     p = _plan(recipe)
-    table = Table(title=f"plan: {p.recipe.name}")
-    for col in ("artifact", "stage", "id", "status", "inputs"):
-        table.add_column(col)
+    table = Table(title=f"plan: {p.recipe.name}", caption="each artifact is artifacts/STAGE/ID; its inputs by name")
+    table.add_column("artifact (stage)", overflow="fold")
+    table.add_column("id", no_wrap=True, min_width=16)
+    table.add_column("status", no_wrap=True, min_width=7)
+    table.add_column("inputs", overflow="fold", ratio=1)
+    candidate = None
     for n in p.nodes:
+        prefix = "/".join(n.label.split("/")[:2]) + "/" if n.label.startswith("candidates/") else ""
+        if prefix and prefix != candidate:  # an ablation: a heading per candidate, labels within it
+            candidate = prefix
+            table.add_row(f"[bold]candidate {escape(prefix.split('/')[1])}[/]", "", "", "", end_section=False)
         status = check(n.dir, n.stage).status
         style = {"ok": "green", "not-built": "yellow"}.get(status, "red")
         shown = {"ok": "built", "not-built": "pending"}.get(status, status)
-        table.add_row(n.label, n.stage, n.id, f"[{style}]{shown}[/]", ", ".join(i.id for i in n.inputs))
+        label = n.label.removeprefix(prefix)
+        named = n.stage in (label.rsplit("/", 1)[-1], label.split("/")[0].removesuffix("s"))
+        name = ("  " if prefix else "") + escape(label) + ("" if named else f" [dim]({n.stage})[/]")
+        inputs = "every artifact above" if n.stage == "report" else _input_labels(n, prefix)
+        table.add_row(name, n.id, f"[{style}]{shown}[/]", escape(inputs))
     out.print(table)
+
+
+def _input_labels(node, prefix: str) -> str:
+    """A node's inputs by label: within a candidate, without its prefix; the same artifact of
+    several candidates (the ranking's evals) as one entry."""
+    labels: dict[str, int] = {}
+    for i in node.inputs:
+        label = i.label.removeprefix(prefix)
+        if label.startswith("candidates/"):
+            label = f"{label.split('/', 2)[2]} of each candidate"
+        labels[label] = labels.get(label, 0) + 1
+    return ", ".join(f"{label} ({n})" if n > 1 else label for label, n in labels.items())
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -40,6 +40,31 @@ def test_plan_lists_stages_and_ids(project):
     assert "sources/a" in res.stdout and "task_filter" in res.stdout and "pending" in res.stdout
 
 
+def test_plan_reads_in_80_columns_with_inputs_by_name(project):
+    """Issue 26.7: at 80 columns every id shows whole, once (its own row: inputs are named by
+    label), and no line is wider."""
+    import os
+    import subprocess
+    import sys
+
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    (project / "recipes" / "r.yaml").write_text(
+        "sources:\n  a_rather_long_source_name: {kind: synthetic, rank: 1, count: 6, seed: 1}\n"
+        "  b: {kind: synthetic, rank: 2, count: 6, seed: 2}\nmix: {n: 2, total: 8}\n"
+        "task_filter: {dedup: true}\n")
+    res = subprocess.run([sys.executable, "-m", "otbuild", "plan", "r"], cwd=project, capture_output=True,
+                         text=True, env={**os.environ, "COLUMNS": "80"})
+    assert res.returncode == 0, res.stderr
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    for n in plan_recipe(load_recipe("r", project)).nodes:
+        assert res.stdout.count(n.id) == 1, res.stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in res.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[2].strip()}
+    assert rows["mix"].startswith("sources/a_rather") and rows["task_filter"] == "mix", res.stdout
+
+
 def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
     """The README's `results/RECIPE/LABEL/FILE` paths are links into artifacts/: audit follows
     them; a path that is in no artifact is a usage error (2), naming it."""
