@@ -247,6 +247,34 @@ def test_an_invalid_recipe_blocks_only_its_own_target(project):
         assert f"otbuild: {project}/recipes/bad.yaml: mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
 
 
+def test_snakemake_warns_when_another_installation_s_otbuild_would_run(project, tmp_path):
+    """Issue 26.7: the `otbuild` on PATH belongs to another environment (a venv whose otbuild
+    is another package) than the snakemake run: the workflow says so before anything runs.
+    And the jobs' `python -m otbuild` is checked against the package the Snakefile came from."""
+    from otbuild import installation
+
+    env_a, other = tmp_path / "envA", tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_a)], check=True)
+    (other / "otbuild").mkdir(parents=True)
+    (other / "otbuild" / "__init__.py").write_text('__version__ = "9.9"\n')
+    (next((env_a / "lib").glob("python3*")) / "site-packages" / "other.pth").write_text(f"{other}\n")
+    (env_a / "bin" / "otbuild").write_text(f"#!{env_a}/bin/python -E\nimport sys\n")  # -E: not our PYTHONPATH
+    (env_a / "bin" / "otbuild").chmod(0o755)
+    _write(project, "r", RECIPE)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "r"], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{env_a}/bin:{os.environ['PATH']}"}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert (f"otbuild: warning: the `otbuild` on your PATH ({env_a}/bin/otbuild: otbuild 9.9 from {other}/otbuild) "
+            f"is another installation than the one this snakemake runs") in said, proc.stderr
+    _, log = snakemake(project, "-n", "r")
+    assert "otbuild: warning" not in log  # the same installation: nothing to say
+    elsewhere = tmp_path / "elsewhere"
+    assert installation.problems(project, elsewhere)[0].startswith(
+        f"this workflow was loaded from {elsewhere}, but its jobs (`{sys.executable} -m otbuild` in {project}) "
+        f"import otbuild")
+
+
 def test_smoke_recipe_builds(smoke_build):
     project, ran = smoke_build
     assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
