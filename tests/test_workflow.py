@@ -317,6 +317,8 @@ def test_slurm_dry_run_from_the_repo_root(recipe):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
+    assert ("otbuild: warning: profile slurm (slurm/config.yaml) still has placeholders: <account> (line "
+            in log)  # issue 26.7
     jobs: dict[str, set] = {}  # rule -> the resources lines of its jobs, from the dry run
     for block in log.split("\nrule ")[1:]:
         name = block.split(":", 1)[0].strip()
@@ -328,6 +330,22 @@ def test_slurm_dry_run_from_the_repo_root(recipe):
         assert all("mpi=srun" in ln for ln in lines if re.search(r"\bnodes=([2-9]|\d\d)", ln)), (rule, lines)
     if "sft" in jobs:
         assert all("nodes=4" in ln for ln in jobs["sft"])  # multi-node DeepSpeed
+
+
+def test_a_profile_s_unfilled_placeholders_are_named_once_filled_nothing(tmp_path):
+    """Issue 26.7: each `<...>` of profiles/slurm once, with its line; comments do not count."""
+    from otbuild.jobs import profile_warnings
+
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text)
+    (warning,) = profile_warnings(["--profile", str(tmp_path), "-n", "smoke"])
+    placeholders = re.findall(r"<[\w-]+>", warning)
+    assert placeholders == ["<account>", "<cpu-partition>", "<gpu-partition>", "<gpu-model>"], warning
+    for p in placeholders:
+        text = text.replace(p, "filled")
+    (tmp_path / "config.yaml").write_text(text)
+    assert profile_warnings(["--profile", str(tmp_path), "-n", "smoke"]) == []
+    assert "<" in text  # `# Replace every <...> placeholder` stays: a comment
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")
