@@ -149,7 +149,7 @@ def plan(recipe):
         prefix = "/".join(n.label.split("/")[:2]) + "/" if n.label.startswith("candidates/") else ""
         if prefix and prefix != candidate:  # an ablation: a heading per candidate, labels within it
             candidate = prefix
-            table.add_row(f"[bold]candidate {escape(prefix.split('/')[1])}[/]", "", "", "", end_section=False)
+            table.add_row(f"[bold]candidate {escape(prefix.split('/')[1])}[/]", "", "", "")
         status = check(n.dir, n.stage).status
         style = {"ok": "green", "not-built": "yellow"}.get(status, "red")
         shown = {"ok": "built", "not-built": "pending"}.get(status, status)
