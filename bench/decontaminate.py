@@ -227,6 +227,7 @@ IMPLS = ("duckdb", "python-index", "python-pairwise")
 
 
 def main() -> int:
+    from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=50_000)
     p.add_argument("--benchmark-tasks", type=int, default=500)
@@ -235,7 +236,7 @@ def main() -> int:
     p.add_argument("--fuzzy", type=float, default=0.8, help="the fuzzy pass's threshold (0: leave the fuzzy runs out)")
     p.add_argument("--fuzzy-pairwise-rows", type=int, default=1,
                    help="rows the pairwise fuzzy version (every pair scored, as OpenThoughts-Agent does) sees")
-    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-bench-decontaminate")
+    p.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-bench-decontaminate")
     p.add_argument("--child"), p.add_argument("--data-dir", type=Path), p.add_argument("--work", type=Path)
     args = p.parse_args()
     if args.child:

@@ -101,11 +101,12 @@ def child(way: str, src: Path, art: Path, shards: int) -> tuple[float, float]:
 
 
 def main() -> int:
+    from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--binary-bytes", type=int, default=4096)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=out_dir, default=None)
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -472,6 +472,7 @@ def _progress(s: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=40, help="copies of the one-command task per run")
     ap.add_argument("--concurrency", default="1,2,4,8", help="otbuild concurrency levels")
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="commands in the per-turn task (0: skip)")
     ap.add_argument("--profile-trials", type=int, default=10, help="trials in the phase profile (0: skip)")
     ap.add_argument("--backend", default="bwrap", choices=["bwrap", "unshare", "none"])
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-bench-sandbox")
+    ap.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-bench-sandbox")
     ap.add_argument("--child", choices=["otbuild", "profile"], help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

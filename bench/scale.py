@@ -215,12 +215,13 @@ def report(results: dict, baseline: dict | None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", default="1000,10000", help="comma-separated trace counts (e.g. 1000,10000,100000)")
     ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--sft-max", type=int, default=1000, help="run the SFT data step only up to this N")
     ap.add_argument("--baseline", type=Path, help="another checkout to run the same stages on")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-scale")
+    ap.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-scale")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and outputs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)

@@ -447,9 +447,10 @@ def report(manifest: dict, rows_in: int, results: list[dict], mismatches: dict, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000, help="synthetic task rows over all sources")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "otbuild-bench",
+    ap.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-bench",
                     help="data cache and outputs (default: a temp dir)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=2,

@@ -61,9 +61,10 @@ def tracked(tracking: dict):
 
 
 def main() -> None:
+    from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=out_dir, default=None)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="otbuild-bench-tracking-", dir=args.out))
     modes = {"jsonl": jsonl, "tensorboard": tracked({"tensorboard": True})}

@@ -5,7 +5,7 @@ Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config 
 
 from __future__ import annotations
 
-import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +16,12 @@ from rich.markup import escape
 from rich.table import Table
 
 import otbuild
-from otbuild.errors import EXIT_FINDINGS, ConfigError, StageError
+from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError, StageError
 from otbuild.stages import STAGES
 
-# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
-_WIDTH = None if sys.stdout.isatty() else 160
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default, unless
+# COLUMNS says how wide.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
 out = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 
@@ -44,10 +45,15 @@ def main():
 
 
 def _plan(recipe: str):
+    """RECIPE (a name under recipes/ or a path), planned. A file elsewhere whose stem names
+    another recipe of the project is refused, as Snakemake could not tell their targets apart."""
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
+    from otbuild.workflow import outside_recipe
 
-    return plan_recipe(load_recipe(recipe, Path.cwd()))
+    loaded = load_recipe(recipe, Path.cwd())
+    outside_recipe(loaded, Path.cwd())
+    return plan_recipe(loaded)
 
 
 def _check_jobs(plan, profile: str | None) -> None:
@@ -84,41 +90,36 @@ def init(directory):
 def validate(recipes, images, profile):
     """Check RECIPES (names under recipes/ or paths) against the schema; write nothing. With
     --profile, also refuse rollouts whose concurrency x limits.memory_mb exceeds their job's mem_mb."""
+    from otbuild.workflow import preflight
+
     missing_images = 0
     for r in recipes:
         plan = _plan(r)
         _check_jobs(plan, profile)
         out.print(f"[green]ok[/] {plan.recipe.path}: {len(plan.nodes)} stage(s)")
-        for node, path in plan.missing:
-            err.print(f"[yellow]warning:[/] {node.label}: {path} does not exist yet; the build needs it")
-        for node, keys in _not_sent(plan):
-            err.print(f"[yellow]warning:[/] {node.label}: {node.config.model} is a reasoning model: "
-                      f"{', '.join(keys)} not sent (only its default is accepted; docs/engines.md)")
+        for message, _ in preflight(plan):
+            err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
         if images:
             missing_images += _print_images(plan)
     if missing_images:
         raise SystemExit(1)
 
 
-def _not_sent(plan):
-    """Sampling settings a recipe sets (not left at their default) that a reasoning model is not sent."""
-    from otbuild.engines.request_policy import not_sent
-    from otbuild.recipe.schema import LLM
-
-    for node in plan.nodes:
-        cfg = node.config
-        if isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model:
-            if keys := not_sent(cfg.request_params, cfg.model, node.identity):
-                yield node, keys
-
-
 def _print_images(plan) -> int:
     """The base-image table of one plan; how many images are missing."""
-    from otbuild.sandbox.preflight import base_image_counts, image_presence
+    from otbuild.sandbox.preflight import base_image_counts, image_presence, trial_backends
 
-    counts = base_image_counts(plan)
+    counts, unread = base_image_counts(plan)
+    name = plan.recipe.name
+    if unread:
+        out.print(f"base images: {name}: could not check {len(unread)} source(s) whose data is not there yet "
+                  f"({', '.join(unread)}): their tasks' images are unknown", highlight=False)
     if not counts:
-        out.print(f"base images: {plan.recipe.name}: no task runs in its own image here")
+        if not unread:
+            backends = trial_backends(plan)
+            why = (f"trials run under sandbox {', '.join(sorted(backends))}, not in podman images"
+                   if backends and not backends & {"podman", "auto"} else "this host stands in for every image")
+            out.print(f"base images: {name}: no task runs in its own image here ({why})", highlight=False)
         return 0
     presence = image_presence(sorted(counts))
     table = Table(title=f"base images: {plan.recipe.name}")
@@ -138,15 +139,38 @@ def plan(recipe):
     from otbuild.provenance import check
 
     p = _plan(recipe)
-    table = Table(title=f"plan: {p.recipe.name}")
-    for col in ("artifact", "stage", "id", "status", "inputs"):
-        table.add_column(col)
+    table = Table(title=f"plan: {p.recipe.name}", caption="each artifact is artifacts/STAGE/ID; its inputs by name")
+    table.add_column("artifact (stage)", overflow="fold")
+    table.add_column("id", no_wrap=True, min_width=16)
+    table.add_column("status", no_wrap=True, min_width=7)
+    table.add_column("inputs", overflow="fold", ratio=1)
+    candidate = None
     for n in p.nodes:
+        prefix = "/".join(n.label.split("/")[:2]) + "/" if n.label.startswith("candidates/") else ""
+        if prefix and prefix != candidate:  # an ablation: a heading per candidate, labels within it
+            candidate = prefix
+            table.add_row(f"[bold]candidate {escape(prefix.split('/')[1])}[/]", "", "", "")
         status = check(n.dir, n.stage).status
         style = {"ok": "green", "not-built": "yellow"}.get(status, "red")
         shown = {"ok": "built", "not-built": "pending"}.get(status, status)
-        table.add_row(n.label, n.stage, n.id, f"[{style}]{shown}[/]", ", ".join(i.id for i in n.inputs))
+        label = n.label.removeprefix(prefix)
+        named = n.stage in (label.rsplit("/", 1)[-1], label.split("/")[0].removesuffix("s"))
+        name = ("  " if prefix else "") + escape(label) + ("" if named else f" [dim]({n.stage})[/]")
+        inputs = "every artifact above" if n.stage == "report" else _input_labels(n, prefix)
+        table.add_row(name, n.id, f"[{style}]{shown}[/]", escape(inputs))
     out.print(table)
+
+
+def _input_labels(node, prefix: str) -> str:
+    """A node's inputs by label: within a candidate, without its prefix; the same artifact of
+    several candidates (the ranking's evals) as one entry."""
+    labels: dict[str, int] = {}
+    for i in node.inputs:
+        label = i.label.removeprefix(prefix)
+        if label.startswith("candidates/"):
+            label = f"{label.split('/', 2)[2]} of each candidate"
+        labels[label] = labels.get(label, 0) + 1
+    return ", ".join(f"{label} ({n})" if n > 1 else label for label, n in labels.items())
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -162,7 +186,7 @@ def build(recipe, profile, dry_run, snakemake_args):
     p = _plan(recipe)
     _check_jobs(p, profile)
     code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))
-    sys.exit(0 if code == 0 else EXIT_FINDINGS)
+    sys.exit(code if code in (0, EXIT_USAGE) else EXIT_FINDINGS)  # 2: the workflow refused the recipe
 
 
 def _snakemake(plan, profile: str | None, args: list[str]) -> int:
@@ -285,14 +309,17 @@ def audit(target, artifacts, verify, rebuild, everything, keep):
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--row", type=int, help="Show row N (0-based) in full: fields, metadata, task files.")
 @click.option("--limit", default=20, show_default=True, help="Rows in the preview table.")
 @click.option("--columns", help="Comma-separated columns for the table (default: all but blobs).")
 def show(path, row, limit, columns):
-    """Preview a parquet artifact as a table, or one row in full."""
+    """Preview a parquet artifact as a table, or one row in full. PATH may be an artifact's
+    folder (results/NAME/LABEL) holding one parquet file; with several, they are listed."""
     from otbuild import show as show_mod
 
+    if path.is_dir():
+        path = show_mod.only_parquet(path)
     show_mod.show(path, out, row=row, limit=limit, columns=columns.split(",") if columns else None)
 
 
@@ -459,12 +486,13 @@ def _stage_command(name: str):
     @click.option("--spec", required=True, help="The node's spec as JSON (from the Snakefile).")
     @click.option("--shard", type=int, help="Sharded stages: run this shard (without: merge them).")
     def cmd(spec, shard):
-        from otbuild.runner import run_shard, run_spec
+        from otbuild.runner import read_spec, run_shard, run_spec
 
+        spec = read_spec(spec, name)
         if shard is not None:
-            run_shard(json.loads(spec), shard)
+            run_shard(spec, shard)
             return
-        record = run_spec(json.loads(spec), rule=name)
+        record = run_spec(spec, rule=name)
         rows = ", ".join(f"{Path(o['path']).name}: {o.get('rows', '?')} rows" for o in record["outputs"])
         out.print(f"[green]{name}[/] {record['id']}: {rows}")
 

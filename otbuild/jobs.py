@@ -1,5 +1,6 @@
-"""What a Snakemake job gives a stage: its memory and scratch space, and the check that a
-rollout's concurrent trials fit in its job's memory.
+"""What a Snakemake job gives a stage: its memory and scratch space, the check that a
+rollout's concurrent trials fit in its job's memory, and that a profile has no unfilled
+`<...>` placeholders.
 
 A Slurm job knows its memory (SLURM_MEM_PER_NODE: the profile's `mem_mb`, sbatch --mem);
 OTBUILD_JOB_MEM_MB says it elsewhere. Snakemake sets TMPDIR from the job's `tmpdir`
@@ -9,6 +10,7 @@ resource; some clusters set SLURM_TMPDIR (node-local scratch).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -73,3 +75,35 @@ def overcommit_problems(nodes, profile: Path) -> list[str]:
                 f"{node.label}: concurrency {conc} x limits.memory_mb {per} = {conc * per} MB is more than "
                 f"the job's {mem_mb} MB ({where}); lower {' or '.join(fixes)}, or give the job more memory")
     return problems
+
+
+PLACEHOLDER = re.compile(r"<[A-Za-z][\w.-]*>")  # profiles/slurm's `<account>`, `gpu:<gpu-model>:4`
+
+
+def profile_placeholders(config: Path) -> list[str]:
+    """The `<...>` placeholders still in a profile's config file (outside comments), each once
+    with the first line it is on."""
+    first: dict[str, int] = {}
+    for n, line in enumerate(config.read_text(errors="replace").splitlines(), 1):
+        for found in PLACEHOLDER.findall(line.split("#", 1)[0]):
+            first.setdefault(found, n)
+    return [f"{p} (line {n})" for p, n in first.items()]
+
+
+def profile_warnings(argv: list[str]) -> list[str]:
+    """Warnings about the profiles a snakemake command line (`argv`, without the program) uses:
+    placeholders left unfilled (Slurm would refuse every job, or they would land on a partition
+    named `<gpu-partition>`). Profiles are found as Snakemake finds them."""
+    from snakemake.cli import get_argument_parser, get_profile_dir
+
+    try:
+        args, _ = get_argument_parser().parse_known_args(argv)
+    except (SystemExit, Exception):  # noqa: BLE001 (Snakemake judges its own command line)
+        return []
+    said = []
+    for profile in args.profile or []:
+        found = get_profile_dir(profile) if profile != "none" else None
+        if found and (placeholders := profile_placeholders(found[1])):
+            said.append(f"profile {profile} ({found[1]}) still has placeholders: {', '.join(placeholders)}; "
+                        "replace them with your cluster's values before a real run")
+    return said

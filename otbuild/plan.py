@@ -29,13 +29,27 @@ RESULTS = Path("results")
 
 
 @dataclass(frozen=True)
+class Missing:
+    """Data a recipe names that is not there (yet): a file path, or a dataset not downloaded."""
+
+    file: Path  # the recipe file that set the key (itself or one it extends)
+    key: str  # the recipe key, e.g. sources.mine.path
+    what: str  # the path, or what of the dataset is not there
+    needed: bool = True  # False: the job may still fetch it (a dataset on the Hub)
+
+    def __str__(self) -> str:
+        what = f"{self.what} does not exist" if Path(self.what).is_absolute() else f"not there yet: {self.what}"
+        return f"{self.file}: {self.key}: {what}"
+
+
+@dataclass(frozen=True)
 class Node:
     stage: str
     label: str  # the node's name within its recipe, e.g. "sources/synth", "mix"
     settings: dict  # the spec's settings: the stage's settings model as JSON (otbuild/stages/settings.py)
     identity: dict  # what is hashed (settings with external paths replaced by their digests)
     inputs: tuple[Node, ...] = ()
-    missing: tuple[str, ...] = ()  # external paths the recipe names that do not exist (yet)
+    missing: tuple[Missing, ...] = ()  # external data the recipe names that is not there (yet)
 
     @cached_property
     def id(self) -> str:
@@ -90,8 +104,10 @@ class Plan:
     nodes: list[Node] = field(default_factory=list)  # topological order
 
     @property
-    def missing(self) -> list[tuple[Node, str]]:
-        return [(n, m) for n in self.nodes for m in n.missing]
+    def missing(self) -> list[Missing]:
+        """What the recipe names that is not there, once per node label (a node an ablation's
+        candidates share is listed under each of their labels)."""
+        return [m for n in self.nodes for m in n.missing]
 
     @property
     def final(self) -> list[Node]:
@@ -271,8 +287,15 @@ def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ide
             ident[key] = {"sha256": content_digest(path)}
         else:
             ident[key] = {"missing": settings[key]}
-            missing.append(str(path))
+            missing.append(_missing(loaded, label, key, str(path)))
     return Node(stage, label, settings, ident, missing=tuple(missing))
+
+
+def _missing(loaded: LoadedRecipe, label: str, key: str | None, what: str, needed: bool = True) -> Missing:
+    """`label`'s recipe key (eval's benchmarks are under eval.benchmarks), and `key` in it."""
+    section = ("eval." if label.startswith("benchmarks/") else "") + label.replace("/", ".")
+    dotted = f"{section}.{key}" if key else section
+    return Missing(loaded.file_for(dotted), dotted, what, needed)
 
 
 def _dataset_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ident: dict) -> Node:
@@ -287,7 +310,9 @@ def _dataset_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, 
         settings, ident, missing = resolve_dataset(stage, settings, ident, loaded.resolve, forms)
     except StageError as e:
         raise ConfigError(f"{loaded.path}: {label.replace('/', '.')}: {e}") from e
-    return Node(stage, label, settings, ident, missing=tuple(missing))
+    hub = settings["kind"] == "hf-dataset"  # the job may reach the Hub; a Harbor dataset is downloaded first
+    return Node(stage, label, settings, ident, missing=tuple(_missing(loaded, label, None, m, needed=not hub)
+                                                             for m in missing))
 
 
 def _topo(finals: list[Node]) -> list[Node]:

@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
 from otbuild.stages import PROVENANCE, STAGES
 from otbuild.stages.settings import config
+
+
+SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
+
+
+def read_spec(text: str, stage: str) -> dict:
+    """A `--spec` argument: the JSON a plan writes for one of `stage`'s nodes (`otbuild plan`
+    lists them; the Snakemake rules pass them). Anything else is a ConfigError saying what."""
+    hint = "expected the JSON of one of the plan's nodes, as the workflow's rules pass it"
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--spec: not JSON ({e}); {hint}") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"--spec: found a JSON {type(spec).__name__}; {hint}")
+    if missing := [k for k in SPEC_KEYS if k not in spec]:
+        raise ConfigError(f"--spec: required key(s) missing: {', '.join(missing)}; {hint}")
+    if spec["stage"] != stage:
+        raise ConfigError(f"--spec: the spec is of a {spec['stage']!r} node, not a {stage!r} one: "
+                          f"run `otbuild stage {spec['stage']} --spec ...`")
+    if not isinstance(spec["inputs"], list) or not all(isinstance(i, dict) and "path" in i for i in spec["inputs"]):
+        raise ConfigError(f"--spec: inputs: expected a list of {{id, stage, path}}; {hint}")
+    try:
+        config(stage, spec["settings"])
+    except ValidationError as e:
+        where = "; ".join(f"settings.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
+        raise ConfigError(f"--spec: {where} (a spec from another otbuild version? plan it again)") from None
+    return spec
 
 
 def run_shard(spec: dict, shard: int) -> None:

@@ -35,6 +35,20 @@ def show(path: Path, console: Console, row: int | None = None, limit: int = 20,
         _row(pf, row, console)
 
 
+def only_parquet(folder: Path) -> Path:
+    """The one parquet file of `folder` (an artifact's dir); a ConfigError listing them when
+    there are several (or none)."""
+    files = sorted(folder.glob("*.parquet"))
+    if len(files) == 1:
+        return files[0]
+    if not files:
+        nested = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.parquet"))[:10]
+        raise ConfigError(f"{folder}: a folder with no parquet file in it"
+                          + (f" (below it: {', '.join(nested)})" if nested else ""))
+    raise ConfigError(f"{folder}: a folder with {len(files)} parquet files: {', '.join(p.name for p in files)}; show one, "
+                      f"e.g. `otbuild show {folder / files[0].name}`")
+
+
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> list[dict]:
     rows, seen = [], 0
     for batch in pf.iter_batches(batch_size=1024):

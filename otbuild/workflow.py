@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -34,6 +35,7 @@ class Workflow:
         self.plans: dict[str, Plan] = {}
         self.nodes: dict[tuple[str, str], Node] = {}
         self.broken: dict[str, str] = {}  # recipe name -> its error
+        self.checked: set[str] = set()  # targets whose warnings were printed
         for path in sorted((self.root / "recipes").glob("*.yaml")):
             try:
                 plan = plan_recipe(load_recipe(path, self.root))
@@ -63,6 +65,26 @@ class Workflow:
             print(f"otbuild: {self.broken[name]}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         return fail
+
+    def target(self, name: str, dryrun: Callable[[], bool]) -> Callable:
+        """The input function of recipe NAME's target: every artifact of its plan. Asked for, it
+        first prints validate's warnings; a path the recipe names that does not exist ends the
+        run (exit 2) before any job or lock, naming the file and key (a dry run only warns)."""
+        def inputs(wildcards):
+            plan = self.plans[name]
+            if name not in self.checked:
+                self.checked.add(name)
+                said = preflight(plan)
+                stop = [m for m, needed in said if needed and not dryrun()]
+                for message in (m for m, _ in said if m not in stop):
+                    print(f"otbuild: warning: {message}", file=sys.stderr)
+                if stop:
+                    print("\n".join(f"otbuild: error: {m}" for m in stop), file=sys.stderr)
+                    print(f"otbuild: target {name!r} cannot be built without it: fix the path or bring the data "
+                          f"(`otbuild validate {name}` lists what is missing); nothing was run", file=sys.stderr)
+                    sys.exit(EXIT_USAGE)
+            return [str(p) for n in plan.nodes for p in (*n.outputs, n.provenance)]
+        return inputs
 
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]
@@ -136,6 +158,29 @@ def outside_recipe(loaded: LoadedRecipe, root: Path) -> Path | None:
     if own.resolve() != loaded.path.resolve():
         raise ConfigError(f"{loaded.path}: its target name {loaded.name!r} is taken by {own}; rename the file")
     return None
+
+
+def preflight(plan: Plan) -> list[tuple[str, bool]]:
+    """What `validate` warns about in a recipe, each once (with how many of an ablation's
+    candidates it concerns): data the recipe names that is not there, sampling settings a
+    reasoning model is not sent. True beside a message: a build cannot run without it (a path
+    that does not exist; a dataset on the Hub is fetched by its job)."""
+    from otbuild.engines.request_policy import not_sent
+    from otbuild.recipe.schema import LLM
+
+    found: dict[tuple[str, bool], int] = {}
+    for m in plan.missing:
+        said = (f"{m}; the build needs it" if m.needed else str(m), m.needed)
+        found[said] = found.get(said, 0) + 1
+    for node in plan.nodes:
+        cfg = node.config
+        if isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model:
+            if keys := not_sent(cfg.request_params, cfg.model, node.identity):
+                label = node.label.split("/", 2)[2] if node.label.startswith("candidates/") else node.label
+                message = (f"{label}: {cfg.model} is a reasoning model: {', '.join(keys)} not sent "
+                           "(only its default is accepted; docs/engines.md)")
+                found[(message, False)] = found.get((message, False), 0) + 1
+    return [(message + (f" ({n} candidates)" if n > 1 else ""), needed) for (message, needed), n in found.items()]
 
 
 def publish(plan: Plan) -> Path:

@@ -40,6 +40,31 @@ def test_plan_lists_stages_and_ids(project):
     assert "sources/a" in res.stdout and "task_filter" in res.stdout and "pending" in res.stdout
 
 
+def test_plan_reads_in_80_columns_with_inputs_by_name(project):
+    """Issue 26.7: at 80 columns every id shows whole, once (its own row: inputs are named by
+    label), and no line is wider."""
+    import os
+    import subprocess
+    import sys
+
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    (project / "recipes" / "r.yaml").write_text(
+        "sources:\n  a_rather_long_source_name: {kind: synthetic, rank: 1, count: 6, seed: 1}\n"
+        "  b: {kind: synthetic, rank: 2, count: 6, seed: 2}\nmix: {n: 2, total: 8}\n"
+        "task_filter: {dedup: true}\n")
+    res = subprocess.run([sys.executable, "-m", "otbuild", "plan", "r"], cwd=project, capture_output=True,
+                         text=True, env={**os.environ, "COLUMNS": "80"})
+    assert res.returncode == 0, res.stderr
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
+    for n in plan_recipe(load_recipe("r", project)).nodes:
+        assert res.stdout.count(n.id) == 1, res.stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in res.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[2].strip()}
+    assert rows["mix"].startswith("sources/a_rather") and rows["task_filter"] == "mix", res.stdout
+
+
 def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
     """The README's `results/RECIPE/LABEL/FILE` paths are links into artifacts/: audit follows
     them; a path that is in no artifact is a usage error (2), naming it."""
@@ -81,6 +106,73 @@ def test_build_a_recipe_file_outside_recipes(project, tmp_path_factory):
         assert "target name 'mine' is taken by" in res.stderr and "recipes/mine.yaml; rename" in res.stderr
     res = otbuild(project, "build", "recipes/mine.yaml", "-n")  # the same file by its path: as by its name
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_validate_and_plan_refuse_a_file_whose_stem_names_another_recipe(project, tmp_path_factory):
+    """Issue 26.2: as `build` does, so that no command accepts what the build would refuse."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "mine.yaml").write_text(RECIPE)
+    (project / "recipes" / "mine.yaml").write_text(RECIPE.replace("seed: 1", "seed: 2"))
+    for cmd in ("validate", "plan"):
+        res = otbuild(project, cmd, str(elsewhere / "mine.yaml"))
+        assert res.returncode == 2 and "target name 'mine' is taken by" in res.stderr, res.stdout + res.stderr
+        assert otbuild(project, cmd, "recipes/mine.yaml").returncode == 0
+
+
+def test_stage_specs_that_are_not_a_plans_are_config_errors(project):
+    """Issue 26.3: `otbuild stage NAME --spec` with what a user might type: exit 2, one line
+    saying what is wrong, no traceback."""
+    cases = {"{}": "--spec: required key(s) missing: stage, id, settings, inputs, outdir",
+             "nope": "--spec: not JSON", "[1]": "--spec: found a JSON list",
+             '{"stage": "source", "id": "x", "settings": {}, "inputs": [], "outdir": "o"}':
+                 "the spec is of a 'source' node, not a 'mix' one",
+             '{"stage": "mix", "id": "x", "settings": {"n": 1}, "inputs": [], "outdir": "o"}':
+                 "--spec: settings.total: Field required"}
+    for spec, said in cases.items():
+        res = otbuild(project, "stage", "mix", "--spec", spec)
+        assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, (spec, res.stderr)
+
+
+def test_show_a_folder_shows_its_only_parquet_or_lists_them(project, built_source):
+    """Issue 26.3: `otbuild show results/NAME/LABEL` (an artifact's folder)."""
+    res = otbuild(project, "show", str(built_source.parent))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "a folder with 2 parquet files: quarantine.parquet, tasks.parquet" in " ".join(res.stderr.split())
+    (built_source.parent / "quarantine.parquet").unlink()
+    res = otbuild(project, "show", str(built_source.parent))
+    assert res.returncode == 0 and "4 rows" in res.stdout, res.stderr
+    res = otbuild(project, "show", str(project))
+    assert res.returncode == 2 and "a folder with no parquet file in it" in res.stderr
+
+
+def test_validate_says_each_warning_once_and_what_it_could_not_check(project):
+    """Issue 26.6: an ablation's candidates share a source whose file is not there and a
+    reasoning model: each warning once, with the count; `--images` says it could not read the
+    source rather than that no task runs in its own image."""
+    (project / "recipes" / "abl.yaml").write_text("""
+sources:
+  a: {kind: harbor-parquet, rank: 1, path: data/none.parquet}
+task_filter:
+  llm: {engine: openai, base_url: 'http://x/v1', model: gpt-5-nano, kind: askllm, temperature: 0}
+  score: {column: llm_score, top_k: 2}
+teacher: {engine: oracle, sandbox: podman}
+trace_filter: {}
+eval: {model: {engine: oracle}, benchmarks: {b: {kind: harbor-parquet, path: data/b.parquet}}}
+ablate: {trace_filter.min_turns: [1, 2, 3]}
+""")
+    res = otbuild(project, "validate", "--images", "abl")
+    warnings = [" ".join(w.split()) for w in res.stderr.split("warning: ")[1:]]
+    assert warnings == [
+        f"{project}/recipes/abl.yaml: sources.a.path: {project}/data/none.parquet does not exist; the build needs it "
+        "(3 candidates)",
+        f"{project}/recipes/abl.yaml: eval.benchmarks.b.path: {project}/data/b.parquet does not exist; the build "
+        "needs it (3 candidates)",
+        "task_score: gpt-5-nano is a reasoning model: temperature not sent (only its default is accepted; "
+        "docs/engines.md) (3 candidates)"], res.stderr
+    said = " ".join(res.stdout.split())
+    assert ("base images: abl: could not check 2 source(s) whose data is not there yet (sources.a.path, "
+            "eval.benchmarks.b.path): their tasks' images are unknown") in said
+    assert "no task runs in its own image" not in said and res.returncode == 0
 
 
 def test_show_table_and_row(project, built_source):

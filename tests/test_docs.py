@@ -48,6 +48,47 @@ def test_yaml_blocks_are_valid_recipes(path, line, body, tmp_path):
     assert plan.nodes
 
 
+# Every YAML file the repository ships (recipes, profiles, the project template `otbuild init`
+# copies), found here rather than listed, so that a new one is checked too.
+SHIPPED_YAML = sorted(p for d in ("recipes", "profiles", "otbuild", "scripts", "bench", "slurm")
+                      for p in (REPO / d).rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_YAML, ids=[str(p.relative_to(REPO)) for p in SHIPPED_YAML])
+def test_shipped_yaml_files_have_no_duplicate_keys(path):
+    """YAML keeps the last of two equal keys silently (issue 26.6: profiles/default set
+    `benchmark-extended` twice); the recipes' loader refuses them, for every shipped file."""
+    from otbuild.recipe.load import _RecipeLoader
+
+    assert len(SHIPPED_YAML) >= 10
+    yaml.load(path.read_bytes(), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+
+
+def test_stage_versions_the_docs_state_are_the_registry_s():
+    """Any stage version the docs state (a StageDef line, "`sft` is at version 2") is the one in
+    otbuild/stages/__init__.py (issue 26.6: docs/training.md said rl was at 2)."""
+    from otbuild.stages import STAGES
+
+    stated = []
+    for path in DOCS:
+        text = path.read_text()
+        stated += [(path.name, *m) for m in re.findall(r'StageDef\(\s*"(\w+)",\s*(\d+)', text)]
+        stated += [(path.name, *m) for m in re.findall(r"`(\w+)`[^.`\n]{0,30}\bversion (\d+)", text)
+                   if m[0] in STAGES]
+    assert stated
+    wrong = [f"{doc}: {stage} at version {v}, the registry has {STAGES[stage].version}"
+             for doc, stage, v in stated if STAGES[stage].version != int(v)]
+    assert not wrong, wrong
+
+
+def test_the_smoke_settings_the_docs_show_are_the_smoke_recipe_s():
+    """docs/training.md's laptop block is recipes/smoke.yaml's sft and rl sections, as they are."""
+    text = (REPO / "docs" / "training.md").read_text()
+    block = yaml.safe_load(FENCE.search(text.split("on a laptop (recipes/smoke.yaml's)", 1)[1]).group(2))
+    smoke = yaml.safe_load((REPO / "recipes" / "smoke.yaml").read_text())
+    assert block == {"sft": smoke["sft"], "rl": smoke["rl"]}
+
+
 # -- the README's commands -----------------------------------------------------------------
 
 

@@ -66,7 +66,9 @@ def test_missing_data_still_plans(tmp_path):
     (tmp_path / "recipes" / "r.yaml").write_text(
         "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/none.parquet}\n")
     plan = plan_recipe(load_recipe("r", tmp_path))
-    assert [str(p) for _, p in plan.missing] == [str(tmp_path / "data" / "none.parquet")]
+    (missing,) = plan.missing
+    assert missing.what == str(tmp_path / "data" / "none.parquet") and missing.key == "sources.h.path"
+    assert missing.file == tmp_path / "recipes" / "r.yaml" and missing.needed
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")

@@ -68,6 +68,26 @@ def test_discriminated_sources_report_real_key_paths(recipes):
     assert "sources.d" in msg and "'nope'" in msg
 
 
+def test_a_wrong_value_is_blamed_on_the_file_that_set_it_with_did_you_mean(recipes):
+    """Issue 26.2: a child of `base` that sets an enumerated value wrongly: the child is named
+    (not the parent that set the rest of the section), with the close value, and no dump of
+    the merged section."""
+    root = _write(recipes, "child", "extends: base\nsources:\n  a: {kind: harbor_dir}\n")
+    msg = _error(root, "child")
+    assert msg.startswith(f"{recipes}/child.yaml: sources.a.kind: unknown kind 'harbor_dir'; did you mean "
+                          "'harbor-dir'? (kinds: synthetic, harbor-dir,"), msg
+    assert "count" not in msg and "{" not in msg
+    cases = {"teacher: {engine: olacle}": "teacher.engine: unknown value 'olacle'; did you mean 'oracle'?",
+             "teacher: {engine: oracle, sandbox: bwarp}": "teacher.sandbox: unknown value 'bwarp'; did you mean 'bwrap'?",
+             "sft: {model: {kind: tiny, chat_template: qwen_thinking}}":
+                 "sft.model.chat_template: unknown value 'qwen_thinking'; did you mean 'qwen3_thinking'?",
+             "mix: {order: shufle}": "mix.order: unknown value 'shufle'; did you mean 'shuffle'? "
+                                     "(expected one of: shuffle, round_robin)"}
+    for body, said in cases.items():
+        root = _write(recipes, "child", f"extends: base\n{body}\n")
+        assert f"child.yaml: {said}" in _error(root, "child")
+
+
 def test_all_errors_are_reported_at_once_and_types_are_named(recipes):
     root = _write(recipes, "bad", BASE.replace("n: 2,", "n: two,").replace("sample: {n: 5}", "sample: {n: 5, x: 1}"))
     msg = _error(root, "bad")

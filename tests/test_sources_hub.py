@@ -170,7 +170,7 @@ def planned_hub(project: Path, recipe: str, env: dict) -> dict:
     code = ("import json, sys; from pathlib import Path; from otbuild.plan import plan_recipe; "
             "from otbuild.recipe.load import load_recipe; "
             "n = next(n for n in plan_recipe(load_recipe(sys.argv[1], Path('.'))).nodes if n.label == 'sources/s'); "
-            "print(json.dumps({'id': n.id, 'hub': n.identity['hub'], 'missing': n.missing}))")
+            "print(json.dumps({'id': n.id, 'hub': n.identity['hub'], 'missing': [m.what for m in n.missing]}))")
     res = subprocess.run([sys.executable, "-c", code, recipe], cwd=project, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
     assert res.returncode == 0, res.stderr
@@ -258,7 +258,7 @@ def test_an_hf_dataset_not_in_the_cache_offline_names_repo_and_revision(project,
     (project / "recipes" / "hf.yaml").write_text(HF_RECIPE.format(extra=", revision: v2"))
     res = otbuild(project, "validate", "hf")
     assert res.returncode == 0, res.stderr
-    assert "hf://datasets/org/tasks@v2" in flat(res.stderr) and "does not exist yet" in flat(res.stderr)
+    assert "hf://datasets/org/tasks@v2" in flat(res.stderr) and "sources.s: not there yet" in flat(res.stderr)
     node = source_node(project, "hf", HF_RECIPE.format(extra=", revision: v2"))
     res = run_stage(project, node)
     assert res.returncode == 1

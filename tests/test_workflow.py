@@ -171,12 +171,56 @@ def test_a_killed_build_recovers_by_itself(project):
 
 
 def test_failed_stage_leaves_nothing_that_looks_complete(project):
-    _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/missing.parquet}\n")
+    (project / "data").mkdir()
+    (project / "data" / "broken.parquet").write_text("not parquet")
+    _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/broken.parquet}\n")
     _, log = snakemake(project, "r", check=False)
     assert "Error in rule source" in log
     src = project / "artifacts" / "source"
     assert not any(p.name == "provenance.json" for p in src.rglob("*")) if src.exists() else True
-    assert "task parquet does not exist" in (next((project / "logs" / "source").iterdir())).read_text()
+    assert "broken.parquet" in (next((project / "logs" / "source").iterdir())).read_text()
+
+
+def test_a_path_that_does_not_exist_stops_the_build_before_any_job(project):
+    """Issue 26.1: `validate` warns (data may come later); `snakemake NAME` and `otbuild build
+    NAME` print the warnings, then refuse before any job or lock: exit 2, naming the file that
+    set the key (an `extends` parent here), the key and the path. A dry run only warns."""
+    _write(project, "base", "sources:\n  mine: {kind: harbor-dir, rank: 1, path: data/nothere}\n"
+                            "teacher: {engine: oracle}\ntrace_filter: {}\n")
+    _write(project, "r", "extends: base\ntrace_filter: {min_turns: 1}\n")
+    said = f"{project}/recipes/base.yaml: sources.mine.path: {project}/data/nothere does not exist"
+    res = otbuild(project, "validate", "r")
+    assert res.returncode == 0 and f"warning: {said}; the build needs it" in " ".join(res.stderr.split())
+    for cmd in ([sys.executable, "-m", "snakemake", "r"], [sys.executable, "-m", "otbuild", "build", "r"]):
+        proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"otbuild: error: {said}; the build needs it" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (project / "artifacts").exists() and not (project / "logs").exists()
+    dry, log = snakemake(project, "r", "-n")
+    assert f"otbuild: warning: {said}; the build needs it" in log and dry["source"] == 1
+
+
+def test_ctrl_c_names_each_interrupted_job_and_how_to_resume(project):
+    """Issue 26.3: Ctrl-C (SIGINT to the foreground process group) mid-rollout: one line per
+    interrupted job with its log, no RuleException quoting the spec, and the command to resume;
+    which then finishes the build."""
+    import signal
+
+    _write(project, "r", ROLLOUT)
+    proc = _start(project, "r")
+    _wait_for(lambda: sum(p.read_text().count("\n") for p in
+                          (project / "artifacts" / "rollout").glob("*/shards/*.partial.jsonl")) >= 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    after = log.split("otbuild: interrupted (Ctrl-C): stopping the running jobs", 1)[1]
+    lines = re.findall(r"^otbuild: interrupted: rollout; its log: logs/rollout/\w+/\d-of-2\.log$", after, re.M)
+    assert 1 <= len(lines) <= 2, after
+    assert "RuleException" not in after and "message: None" not in after and '"settings"' not in after, after
+    assert "otbuild: to resume, run `snakemake r` again" in after, after
+    ran, _ = snakemake(project, "r")
+    assert ran["report"] == 1
 
 
 def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
@@ -204,6 +248,34 @@ def test_an_invalid_recipe_blocks_only_its_own_target(project):
                               text=True, check=False)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert f"otbuild: {project}/recipes/bad.yaml: mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
+
+
+def test_snakemake_warns_when_another_installation_s_otbuild_would_run(project, tmp_path):
+    """Issue 26.7: the `otbuild` on PATH belongs to another environment (a venv whose otbuild
+    is another package) than the snakemake run: the workflow says so before anything runs.
+    And the jobs' `python -m otbuild` is checked against the package the Snakefile came from."""
+    from otbuild import installation
+
+    env_a, other = tmp_path / "envA", tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_a)], check=True)
+    (other / "otbuild").mkdir(parents=True)
+    (other / "otbuild" / "__init__.py").write_text('__version__ = "9.9"\n')
+    (next((env_a / "lib").glob("python3*")) / "site-packages" / "other.pth").write_text(f"{other}\n")
+    (env_a / "bin" / "otbuild").write_text(f"#!{env_a}/bin/python -E\nimport sys\n")  # -E: not our PYTHONPATH
+    (env_a / "bin" / "otbuild").chmod(0o755)
+    _write(project, "r", RECIPE)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "r"], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{env_a}/bin:{os.environ['PATH']}"}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert (f"otbuild: warning: the `otbuild` on your PATH ({env_a}/bin/otbuild: otbuild 9.9 from {other}/otbuild) "
+            f"is another installation than the one this snakemake runs") in said, proc.stderr
+    _, log = snakemake(project, "-n", "r")
+    assert "otbuild: warning" not in log  # the same installation: nothing to say
+    elsewhere = tmp_path / "elsewhere"
+    assert installation.problems(project, elsewhere)[0].startswith(
+        f"this workflow was loaded from {elsewhere}, but its jobs (`{sys.executable} -m otbuild` in {project}) "
+        f"import otbuild")
 
 
 def test_smoke_recipe_builds(smoke_build):
@@ -278,6 +350,8 @@ def test_slurm_dry_run_from_the_repo_root(recipe):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
+    assert ("otbuild: warning: profile slurm (slurm/config.yaml) still has placeholders: <account> (line "
+            in log)  # issue 26.7
     jobs: dict[str, set] = {}  # rule -> the resources lines of its jobs, from the dry run
     for block in log.split("\nrule ")[1:]:
         name = block.split(":", 1)[0].strip()
@@ -289,6 +363,22 @@ def test_slurm_dry_run_from_the_repo_root(recipe):
         assert all("mpi=srun" in ln for ln in lines if re.search(r"\bnodes=([2-9]|\d\d)", ln)), (rule, lines)
     if "sft" in jobs:
         assert all("nodes=4" in ln for ln in jobs["sft"])  # multi-node DeepSpeed
+
+
+def test_a_profile_s_unfilled_placeholders_are_named_once_filled_nothing(tmp_path):
+    """Issue 26.7: each `<...>` of profiles/slurm once, with its line; comments do not count."""
+    from otbuild.jobs import profile_warnings
+
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text)
+    (warning,) = profile_warnings(["--profile", str(tmp_path), "-n", "smoke"])
+    placeholders = re.findall(r"<[\w-]+>", warning)
+    assert placeholders == ["<account>", "<cpu-partition>", "<gpu-partition>", "<gpu-model>"], warning
+    for p in placeholders:
+        text = text.replace(p, "filled")
+    (tmp_path / "config.yaml").write_text(text)
+    assert profile_warnings(["--profile", str(tmp_path), "-n", "smoke"]) == []
+    assert "<" in text  # `# Replace every <...> placeholder` stays: a comment
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/dev is not present")

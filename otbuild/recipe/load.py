@@ -8,7 +8,7 @@ import re
 import stat
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -29,10 +29,15 @@ class LoadedRecipe:
     root: Path  # project root: relative paths in the recipe resolve against it
     data: dict  # merged, pre-validation document (for the results view)
     recipe: Recipe
+    origin: dict = field(default_factory=dict, compare=False)  # key path -> the file that set it (extends)
 
     def resolve(self, p: str) -> Path:
         path = Path(p)
         return path if path.is_absolute() else (self.root / path)
+
+    def file_for(self, key: str) -> Path:
+        """The recipe file that set `key` (dotted: `sources.mine.path`), this one or one it extends."""
+        return _file_for(tuple(key.split(".")), self.origin, self.path)
 
 
 def recipe_path(name_or_path: str | Path, root: Path) -> Path:
@@ -53,7 +58,7 @@ def load_recipe(name_or_path: str | Path, root: Path | None = None) -> LoadedRec
     if not re.match(NAME_RE, name):
         raise ConfigError(f"{path}: recipe names must be identifiers ([A-Za-z_][A-Za-z0-9_]*), found {name!r}")
     data, origin = _load_chain(path, [])
-    return LoadedRecipe(name, path, path.resolve().parent.parent, data, validate(data, origin, path))
+    return LoadedRecipe(name, path, path.resolve().parent.parent, data, validate(data, origin, path), origin)
 
 
 def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
@@ -221,6 +226,16 @@ def _describe(err: dict, model: type[BaseModel] | None, loc: tuple, origin: dict
         return f"{file}: {where}: unknown key" + _suggest(key, allowed, "allowed keys")
     if kind == "missing":
         return f"{file}: {where}: required key is missing"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):  # the `kind` of a section with several kinds
+        key = err["ctx"]["discriminator"].strip("'")
+        tags = re.findall(r"'([^']*)'", (err.get("ctx") or {}).get("expected_tags", ""))
+        file, where = _file_for((*loc, key), origin, path), f"{where}.{key}"
+        if kind == "union_tag_not_found":
+            return f"{file}: {where}: required key is missing" + (f" ({key}s: {', '.join(tags)})" if tags else "")
+        return f"{file}: {where}: unknown {key} {err['ctx']['tag']!r}" + _suggest(err["ctx"]["tag"], tags, f"{key}s")
+    if kind == "literal_error" and isinstance(found, str):  # one of a few values: say which is close
+        return f"{file}: {where}: unknown value {found!r}" + _suggest(
+            found, re.findall(r"'([^']*)'", err["ctx"]["expected"]), "expected one of")
     msg = err["msg"].removeprefix("Value error, ")
     return f"{file}: {where}: {msg}; found {found!r}"
 

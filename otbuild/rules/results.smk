@@ -1,18 +1,20 @@
 # One target rule per recipe: `snakemake NAME` builds every artifact of recipes/NAME.yaml and
-# then (re)publishes results/NAME/ (links + manifest). It has no output file, so Snakemake
+# then (re)publishes results/NAME/ (links + manifest). Asked for, it first prints the recipe's
+# warnings (`otbuild validate`'s); data the recipe names that does not exist stops the run
+# before any job starts (exit 2; a dry run only warns). It has no output file, so Snakemake
 # always runs it: that is cheap and keeps the view true after an edit and an edit back.
 import re
 
 from otbuild.recipe.schema import NAME_RE
 from otbuild.workflow import publish
 
-for _name, _plan in WF.plans.items():
+for _name in WF.plans:
 
     rule:
         name:
             _name
         input:
-            [str(p) for n in _plan.nodes for p in (*n.outputs, n.provenance)],
+            WF.target(_name, lambda: workflow.dryrun),
         params:
             recipe=_name,
         localrule: True
