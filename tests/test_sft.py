@@ -338,6 +338,24 @@ def test_tokenized_set_streams_in_bounded_batches(tmp_path, tok, traces):
     assert all(sa.seq(i)[0].tolist() == sb.seq(i)[0].tolist() for i in range(len(sa)))
 
 
+def test_tokenized_set_in_worker_processes_is_byte_identical(tmp_path, tok, traces):
+    """Batches tokenized in 2 spawned workers are appended in input order: the same file, byte
+    for byte, and the same counts as one process (drops and truncation included, across files)."""
+    from otbuild.train.tokenized import TOKENS, resolve_workers
+
+    convs = [r["conversations"] for r in trace_rows(7, seed=3)]
+    other = _trace_set(tmp_path / "other.parquet", [convs[0], [], *convs[1:4], [], *convs[4:]])
+    kw = {"batch_rows": 3, "truncation": "drop"}
+    one = build_tokenized_set([traces, other], tok, "auto", 1000, tmp_path / "w1", workers=1, **kw)
+    two = build_tokenized_set([traces, other], tok, "auto", 1000, tmp_path / "w2", workers=2, **kw)
+    assert one == two and one["dropped"]["empty_conversation"] == 2 and one["dropped"]["too_long"]
+    assert one["sequences"] and (tmp_path / "w1" / TOKENS).read_bytes() == (tmp_path / "w2" / TOKENS).read_bytes()
+    assert TokenizedSet(tmp_path / "w2").stats == one
+    assert resolve_workers("auto") == len(os.sched_getaffinity(0)) and resolve_workers(3) == 3
+    with pytest.raises(ValueError, match="workers"):
+        resolve_workers(0)
+
+
 def test_zero_and_one_row_trace_sets(tmp_path, tok, traces):
     from otbuild.stages.sft import run
     from otbuild.train.sft import SftDataError

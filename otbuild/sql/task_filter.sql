@@ -17,7 +17,10 @@ WITH base AS (
     FROM task_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
 ), checked AS (
     SELECT *, CASE
-        WHEN trim(coalesce(instruction, '')) = '' THEN 'empty_instruction'
+        -- trim(instruction) = '', with trim only where the first byte is not printable ASCII
+        -- (a space, a control byte, non-ASCII): most rows never build the trimmed copy
+        WHEN coalesce(instruction, '') = '' OR (NOT (instruction >= '!' AND instruction < chr(127))
+                                                AND trim(instruction) = '') THEN 'empty_instruction'
         {% if chars and chars.min is not none %}
         WHEN length(instruction) < {{ chars.min }} THEN 'too_short: ' || length(instruction) || ' < {{ chars.min }} chars'
         {% endif %}
@@ -41,9 +44,13 @@ WITH base AS (
     FROM base
 ), normed AS (
     -- the dedup key, only for rows still in: md5 of the instruction in lower case with each
-    -- whitespace run made one space (the pattern leaves lone spaces alone: same key, cheaper)
+    -- run of RE2's \s ([\t\n\f\r ]) made one space: \t \n \f \r become spaces (plain
+    -- replaces), then runs of 2+ spaces one (a literal-prefix regex); md5_number: the same
+    -- digest as a 128-bit integer, cheaper to partition on than its hex text
     SELECT * EXCLUDE (instruction),
-           CASE WHEN reason IS NULL THEN md5(lower(regexp_replace(trim(instruction), '[\t\n\f\r]\s*| \s+', ' ', 'g'))) END AS _norm
+           CASE WHEN reason IS NULL THEN md5_number(lower(regexp_replace(
+               replace(replace(replace(replace(trim(instruction), chr(9), ' '), chr(10), ' '), chr(12), ' '), chr(13), ' '),
+               '  +', ' ', 'g'))) END AS _norm
     FROM checked
 ), deduped AS (
     SELECT * REPLACE (
