@@ -1,4 +1,10 @@
 {% from "_inputs.sql" import union_inputs %}
+{#- trim(x) (DuckDB's: Unicode spaces, a costly per-character pass), skipped where it cannot
+    change x: its first byte (a prefix compare) and its last (an end-anchored regex, which RE2
+    matches backwards from the end) are printable ASCII other than the space. NULL stays NULL. -#}
+{% macro trimmed(x) -%}
+CASE WHEN {{ x }} >= '!' AND {{ x }} < chr(127) AND regexp_matches({{ x }}, '[!-~]\z') THEN {{ x }} ELSE trim({{ x }}) END
+{%- endmacro %}
 -- Task filter. Steps run in this order; a row is rejected by the first step it fails and
 -- keeps that step's reason: per-row checks (instruction, length, regexes, overlap with a
 -- benchmark from decontaminate.sql, score present),
@@ -17,10 +23,7 @@ WITH base AS (
     FROM task_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
 ), checked AS (
     SELECT *, CASE
-        -- trim(instruction) = '', with trim only where the first byte is not printable ASCII
-        -- (a space, a control byte, non-ASCII): most rows never build the trimmed copy
-        WHEN coalesce(instruction, '') = '' OR (NOT (instruction >= '!' AND instruction < chr(127))
-                                                AND trim(instruction) = '') THEN 'empty_instruction'
+        WHEN coalesce({{ trimmed('instruction') }}, '') = '' THEN 'empty_instruction'
         {% if chars and chars.min is not none %}
         WHEN length(instruction) < {{ chars.min }} THEN 'too_short: ' || length(instruction) || ' < {{ chars.min }} chars'
         {% endif %}
@@ -44,13 +47,10 @@ WITH base AS (
     FROM base
 ), normed AS (
     -- the dedup key, only for rows still in: md5 of the instruction in lower case with each
-    -- run of RE2's \s ([\t\n\f\r ]) made one space: \t \n \f \r become spaces (plain
-    -- replaces), then runs of 2+ spaces one (a literal-prefix regex); md5_number: the same
-    -- digest as a 128-bit integer, cheaper to partition on than its hex text
+    -- whitespace run made one space (the pattern leaves lone spaces alone: same key, cheaper);
+    -- md5_number: the same digest as a 128-bit integer, cheaper to partition on than its hex
     SELECT * EXCLUDE (instruction),
-           CASE WHEN reason IS NULL THEN md5_number(lower(regexp_replace(
-               replace(replace(replace(replace(trim(instruction), chr(9), ' '), chr(10), ' '), chr(12), ' '), chr(13), ' '),
-               '  +', ' ', 'g'))) END AS _norm
+           CASE WHEN reason IS NULL THEN md5_number(lower(regexp_replace({{ trimmed('instruction') }}, '[\t\n\f\r]\s*| \s+', ' ', 'g'))) END AS _norm
     FROM checked
 ), deduped AS (
     SELECT * REPLACE (
