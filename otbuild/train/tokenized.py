@@ -93,8 +93,7 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
              "truncation": truncation, "chat_template": source}
     opts = {"source": source, "prompt": prompt, "cutoff_len": cutoff_len, "truncation": truncation,
             "train_on_prompt": train_on_prompt}
-    n_batches = sum(math.ceil(pq.ParquetFile(p).metadata.num_rows / batch_rows) for p in paths)
-    n_workers = min(resolve_workers(workers), n_batches)
+    n_workers = worker_count(paths, batch_rows, workers)
     with atomic_path(out / TOKENS) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
             pa.ipc.new_file(sink, SCHEMA) as writer:
         for batch, counts in _tokenized_batches(tokenizer, paths, batch_rows, n_workers, opts):
@@ -108,6 +107,13 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
             f"{stats['tokens']} tokens (dropped: {dropped or 'none'}, truncated: {stats['truncated']}; "
             f"{max(n_workers, 1)} process{'es' if n_workers > 1 else ''})")
     return stats
+
+
+def worker_count(paths: list[Path], batch_rows: int, workers: int | str) -> int:
+    """The worker processes a build uses: `workers` resolved, at most one per input batch
+    (0 or 1: the batches are tokenized in the calling process)."""
+    n_batches = sum(math.ceil(pq.ParquetFile(p).metadata.num_rows / batch_rows) for p in paths)
+    return min(resolve_workers(workers), n_batches)
 
 
 def resolve_workers(workers: int | str) -> int:
