@@ -15,8 +15,9 @@ Then the tokenization alone with each of `--workers` (default 1,2) worker proces
 in its own child, interleaved `--repeats` times (best wall time kept): wall and CPU ms per trace
 (CPU: the child and its workers), ms per trace per worker (wall x workers / traces: flat when
 the workers scale), the speed-up against 1 worker, and whether every count wrote the same
-bytes. PASS/FAIL: 2 workers >= 1.8x one (on a machine with 2 free cores). Exit 1 when the
-outputs differ.
+bytes. PASS/FAIL: 2 workers >= 1.8x one (on a machine with 2 free cores: each round first
+measures how much faster 2 processes run a CPU-bound loop than 1, printed beside it). Exit 1
+when the outputs differ.
 """
 
 from __future__ import annotations
@@ -170,7 +171,9 @@ def main() -> int:
         new = child("new", traces, tmp / "new", a.cutoff, None)
         counts = [int(w) for w in a.workers.split(",")]
         runs: dict[int, list[dict]] = {w: [] for w in counts}
+        cores = []
         for _ in range(a.repeats):
+            cores.append(free_cores())
             for w in counts:
                 runs[w].append(child("workers", traces, tmp / "new", a.cutoff, None, w))
     n = a.traces
@@ -187,10 +190,32 @@ def main() -> int:
         print(f"{k:<12}  {cells[0]}{cells[1]}")
     print(f"peak RSS: baseline {old['peak_mb']:.0f} MB, otbuild {new['peak_mb']:.0f} MB "
           f"({old['peak_mb'] / new['peak_mb']:.1f}x); tokens: baseline {old['tokens']}, otbuild {new['tokens']}")
-    return 0 if report_workers(runs, n) else 1
+    return 0 if report_workers(runs, n, cores) else 1
 
 
-def report_workers(runs: dict[int, list[dict]], n: int) -> bool:
+def spin(n: int = 20_000_000) -> float:
+    t = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i
+    return time.perf_counter() - t
+
+
+def free_cores() -> float:
+    """How much faster 2 processes run a CPU-bound loop than 1 right now (2.00: two idle cores;
+    ~1: the other core is busy with other work): what a 2-worker speed-up can be here."""
+    import multiprocessing
+
+    one = spin()
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(spin, [1000, 1000])  # started
+        t = time.perf_counter()
+        pool.map(spin, [20_000_000, 20_000_000])
+        two = time.perf_counter() - t
+    return 2 * one / two
+
+
+def report_workers(runs: dict[int, list[dict]], n: int, cores: list[float]) -> bool:
     """The tokenization by worker count (best wall of the repeats); PASS/FAIL of 2 workers
     against 1; False when the counts wrote different bytes."""
     best = {w: min(rs, key=lambda r: r["wall"]) for w, rs in runs.items()}
@@ -202,6 +227,8 @@ def report_workers(runs: dict[int, list[dict]], n: int) -> bool:
         walls = ", ".join(f"{x['wall']:.1f}" for x in runs[w])
         print(f"{w:<9}{r['wall'] / n * 1e3:>15.1f}{r['cpu'] / n * 1e3:>14.1f}{r['wall'] * w / n * 1e3:>17.1f}"
               f"{speed:>10}  [{walls}]")
+    print(f"machine: a CPU-bound loop in 2 processes ran {max(cores):.2f}x one (best of {len(cores)}, "
+          f"checked before each round; 2.00x: 2 idle cores)")
     same = len({r["sha256"] for rs in runs.values() for r in rs}) == 1
     print(f"tokens.arrow: {'IDENTICAL' if same else 'DIFFERENT'} for every worker count")
     if one and 2 in best:

@@ -599,7 +599,8 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
 
 @pytest.mark.slow
 def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
-    """Two local ranks (torchrun, gloo): rank 0 tokenizes once, both train on its memory map."""
+    """Two local ranks (torchrun, gloo): rank 0 tokenizes once, in 2 spawned worker processes
+    (3 batches of 4 traces), and both train on its memory map."""
     from otbuild.stages.sft import run
 
     env = {k: v for k, v in os.environ.items()
@@ -607,11 +608,12 @@ def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
     with pytest.MonkeyPatch.context() as mp:
         for k in set(os.environ) - set(env):
             mp.delenv(k)
-        stats = run(SftSettings(**{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2}), [traces],
-                    tmp_path / "ck")
+        mp.setenv("OTBUILD_TOKENIZE_BATCH", "4")  # read by the ranks' processes
+        stats = run(SftSettings(**{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2,
+                                   "tokenize_workers": 2}), [traces], tmp_path / "ck")
     out = capfd.readouterr().out
     assert stats["world_size"] == 2 and stats["steps"] == 2
-    assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out
+    assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out and "; 2 processes)" in out
     assert len([x for x in out.splitlines() if x.startswith("sft: ") and " rows, " in x]) == 2  # each rank
 
 
