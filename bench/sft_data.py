@@ -2,7 +2,7 @@
 realistic traces (~110 KB each, 5-100 turns, every answer with a <think> block), for the tiny
 student (its tokenizer trained on the traces, then every trace tokenized at cutoff 32K).
 
-    python bench/sft_data.py [--traces 200] [--baseline 84dd1f7] [--cutoff 32768]
+    python bench/sft_data.py [--traces 200] [--baseline 84dd1f7] [--cutoff 32768] [--workers 1,2] [--repeats 2]
 
 Each side runs in its own child process (peak RSS is that process's); the baseline's code is
 `git archive`d from the named commit (default: the last commit before the tokenized set).

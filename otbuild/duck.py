@@ -76,7 +76,8 @@ SPLIT_ROWS = 256
 def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path], outdir: Path, *,
                  rejected_by: str, kept_columns: tuple[str, ...] = (), batch_rows: int = SPLIT_ROWS) -> dict:
     """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
-    a time, in input order: the table `decided` (_ord, reason; one row per input row, _ord as
+    a time, in input order (each output encoded on its own thread while the next batch is
+    read: _OrderedWrites): the table `decided` (_ord, reason; one row per input row, _ord as
     union_inputs numbers them) says which rows go where; its `kept_columns` are appended to the
     kept rows. Only those narrow columns are held whole. Rejected rows get `reason` and
     `rejected_by`. Returns the row counts and the rejections per reason (the text before
