@@ -1,7 +1,7 @@
 """The trace path at the paper's scale: wall time and peak RSS per stage and N, and how they grow.
 
-    python bench/scale.py [--n 1000,10000] [--shards 64] [--sft-max 1000] [--baseline DIR]
-                          [--out DIR] [--keep]
+    python bench/scale.py [--n 1000,10000] [--shards 64] [--sft-max 1000] [--sft-workers auto]
+                          [--baseline DIR] [--out DIR] [--keep]
 
 For each N, bench/tracegen.py writes N realistic traces (5-100 turns, `<think>` blocks,
 terminal outputs of a few KB; ~110 KB each, distribution in its docstring) as the 64 partial
@@ -14,7 +14,9 @@ wait4 rusage, taken by a small launcher process):
 - rollout merge: `otbuild.stages.rollout.run` (the shards -> traces.parquet and its summary);
 - trace_filter: the paper's defaults (min_turns 5, timeouts, subagents, exceptions, dedup);
 - sft data: the SFT data preparation (`prepare_sft` below: the tokenized set, with
-  the tiny student's tokenizer, cutoff 32768), only for N <= --sft-max (it is slow);
+  the tiny student's tokenizer, cutoff 32768, in --sft-workers processes), only for
+  N <= --sft-max (it is slow); reported also as ms per trace per worker (flat when the
+  workers scale);
 - sharegpt export: `otbuild.train.export.export_llamafactory` of the kept traces.
 
 The table gives seconds, microseconds per trace, peak RSS, and between consecutive sizes the
@@ -45,9 +47,10 @@ STAGES = ("rollout shards", "rollout merge", "trace_filter", "sft data", "shareg
 RSS_TARGET_MB = 2048
 
 
-def prepare_sft(kept: Path, tokenizer_dir: Path) -> dict:
+def prepare_sft(kept: Path, tokenizer_dir: Path, workers: str = "auto") -> dict:
     """The SFT data preparation being measured: the tokenized training set, built once per
-    run (otbuild.train.tokenized); a --baseline checkout without it runs its in-memory path."""
+    run (otbuild.train.tokenized) in `workers` processes; a --baseline checkout without it runs
+    its in-memory path, one without workers one process."""
     try:
         from otbuild.train.tokenized import build_tokenized_set
     except ImportError:  # a baseline from before the tokenized set
@@ -56,9 +59,15 @@ def prepare_sft(kept: Path, tokenizer_dir: Path) -> dict:
 
         tok, _ = load_tokenizer(tokenizer_dir)
         ds = build(tok, read_conversations([kept]), cutoff_len=32768)
-        return {"rows": len(ds.rows), "tokens": ds.stats["tokens"]}
-    stats = build_tokenized_set([kept], tokenizer_dir, "auto", 32768, kept.parent / "tokenized")
-    return {"rows": stats["sequences"], "tokens": stats["tokens"]}
+        return {"rows": len(ds.rows), "tokens": ds.stats["tokens"], "workers": 1}
+    try:
+        from otbuild.train.tokenized import BATCH_ROWS, worker_count
+    except ImportError:  # a baseline from before the worker processes
+        stats = build_tokenized_set([kept], tokenizer_dir, "auto", 32768, kept.parent / "tokenized")
+        return {"rows": stats["sequences"], "tokens": stats["tokens"], "workers": 1}
+    w = int(workers) if workers.isdigit() else workers
+    stats = build_tokenized_set([kept], tokenizer_dir, "auto", 32768, kept.parent / "tokenized", workers=w)
+    return {"rows": stats["sequences"], "tokens": stats["tokens"], "workers": max(1, worker_count([kept], BATCH_ROWS, w))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,14 +110,14 @@ def tokenizer_dir(out: Path) -> Path:
 # children: one stage each, on the code of PYTHONPATH
 
 
-def child(stage: str, data: Path, work: Path, tok: Path) -> None:
+def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "auto") -> None:
     from otbuild.recipe.schema import TraceFilter
     from otbuild.stages.settings import RolloutSettings
 
     settings = RolloutSettings(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"])
     rollout_dir, tasks = work / "rollout", [data / "tasks.parquet"]
     kept = work / "trace_filter" / "kept.parquet"
-    t0 = time.perf_counter()
+    t0, extra = time.perf_counter(), {}
     if stage == "rollout shards":
         from otbuild.stages.rollout import run_shard
 
@@ -123,12 +132,12 @@ def child(stage: str, data: Path, work: Path, tok: Path) -> None:
 
         run(TraceFilter(), [rollout_dir / "traces.parquet"], work / "trace_filter")
     elif stage == "sft data":
-        prepare_sft(kept, tok)
+        extra["workers"] = prepare_sft(kept, tok, sft_workers)["workers"]
     elif stage == "sharegpt export":
         from otbuild.train.export import export_llamafactory
 
         export_llamafactory([kept], work / "export")
-    (work / "result.json").write_text(json.dumps({"stage_s": time.perf_counter() - t0}))
+    (work / "result.json").write_text(json.dumps({"stage_s": time.perf_counter() - t0, **extra}))
 
 
 # Peak RSS comes from the child's own wait4 rusage, taken by this small launcher: Linux carries
@@ -147,18 +156,19 @@ def measured(cmd: list[str], log: Path, **popen) -> tuple[int, float]:
     return code, int(rss.read_text()) / 1024 if rss.exists() else 0.0
 
 
-def run_child(stage: str, data: Path, work: Path, tok: Path, code: Path) -> dict:
-    """One stage in a fresh process on `code`'s otbuild; its own wall time and peak RSS."""
+def run_child(stage: str, data: Path, work: Path, tok: Path, code: Path, sft_workers: str) -> dict:
+    """One stage in a fresh process on `code`'s otbuild; its own wall time and peak RSS (the
+    SFT data step's worker processes are not in it: each is a process of its own)."""
     (work / "result.json").unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--data", str(data),
-           "--work", str(work), "--tokenizer", str(tok)]
+           "--work", str(work), "--tokenizer", str(tok), "--sft-workers", sft_workers]
     status, rss = measured(cmd, work / f"{stage.replace(' ', '_')}.log", env={**os.environ, "PYTHONPATH": str(code)})
     ok = status == 0 and (work / "result.json").exists()
     res = json.loads((work / "result.json").read_text()) if ok else {}
-    return {"ok": ok, "s": res.get("stage_s"), "rss_mb": rss}
+    return {"ok": ok, "s": res.get("stage_s"), "rss_mb": rss, "workers": res.get("workers")}
 
 
-def run_tree(data: Path, work: Path, tok: Path, code: Path, n: int, sft_max: int) -> dict:
+def run_tree(data: Path, work: Path, tok: Path, code: Path, n: int, sft_max: int, sft_workers: str) -> dict:
     """Every stage at one N on one checkout; a stage after a failed one is skipped."""
     shutil.rmtree(work, ignore_errors=True)
     shards = work / "rollout" / "shards"
@@ -169,7 +179,8 @@ def run_tree(data: Path, work: Path, tok: Path, code: Path, n: int, sft_max: int
     for stage in STAGES:
         if stage == "sft data" and n > sft_max:
             continue
-        out[stage] = {"ok": False, "s": None, "rss_mb": None} if failed else run_child(stage, data, work, tok, code)
+        out[stage] = ({"ok": False, "s": None, "rss_mb": None} if failed
+                      else run_child(stage, data, work, tok, code, sft_workers))
         failed = failed or not out[stage]["ok"]
         print(f"  N={n} {stage}: {_fmt(out[stage])}  [{code}]", flush=True)
     return out
@@ -210,6 +221,13 @@ def report(results: dict, baseline: dict | None) -> bool:
                          if b["ok"] and r["ok"] else f" {'failed':>8} {b['rss_mb'] or 0:>8.0f}")
             print(line)
             prev = (n, r)
+    for label, res in (("", results), ("baseline ", baseline or {})):
+        for n in sorted(res):
+            r = res[n].get("sft data")
+            if r and r["ok"]:
+                w = r.get("workers") or 1
+                print(f"{label}sft data N={n}: {w} worker process{'es' if w > 1 else ''}, {r['s'] / n * 1e3:.1f} ms "
+                      f"per trace, {r['s'] * w / n * 1e3:.1f} ms per trace per worker")
     print(f"\npeak RSS < {RSS_TARGET_MB} MB for every stage and N: {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -220,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", default="1000,10000", help="comma-separated trace counts (e.g. 1000,10000,100000)")
     ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--sft-max", type=int, default=1000, help="run the SFT data step only up to this N")
+    ap.add_argument("--sft-workers", default="auto",
+                    help="worker processes of the SFT data step (auto: one per available CPU)")
     ap.add_argument("--baseline", type=Path, help="another checkout to run the same stages on")
     ap.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-scale")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and outputs")
@@ -229,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.data, args.work, args.tokenizer)
+        child(args.child, args.data, args.work, args.tokenizer, args.sft_workers)
         return 0
     sys.path.insert(0, str(REPO))
     sizes = [int(x) for x in args.n.split(",")]
@@ -241,9 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             m = generate(data, n, args.shards)
             print(f"N={n}: {m['bytes'] / 1e9:.2f} GB of partial files ({m['bytes'] / n / 1e3:.0f} KB per trace), "
                   f"generated in {m['generate_s']:.0f} s", flush=True)
-            results[n] = run_tree(data, args.out / f"work{n}", tok, REPO, n, args.sft_max)
+            results[n] = run_tree(data, args.out / f"work{n}", tok, REPO, n, args.sft_max, args.sft_workers)
             if args.baseline:
-                baseline[n] = run_tree(data, args.out / f"base{n}", tok, args.baseline.resolve(), n, args.sft_max)
+                baseline[n] = run_tree(data, args.out / f"base{n}", tok, args.baseline.resolve(), n, args.sft_max,
+                                       args.sft_workers)
             if not args.keep:  # the biggest N needs the disk for itself
                 for d in (data, args.out / f"work{n}", args.out / f"base{n}"):
                     shutil.rmtree(d, ignore_errors=True)

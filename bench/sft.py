@@ -52,10 +52,11 @@ def prepare(work: Path, n: int, cutoff: int) -> dict:
 
 
 def run_otbuild(work: Path, epochs: float, cutoff: int) -> dict:
+    from otbuild.stages.settings import SftSettings
     from otbuild.train.sft import train
 
-    s = {**SETTINGS, "model": {"kind": "pretrained", "path": str(work / "model")}, "epochs": epochs,
-         "cutoff_len": cutoff}
+    s = SftSettings(**SETTINGS, model={"kind": "pretrained", "path": str(work / "model")}, epochs=epochs,
+                    cutoff_len=cutoff)  # the typed settings the stage passes
     m = train(s, [work / "kept.parquet"], work / "out-otbuild", log=lambda *_: None)
     return {"tokens": m["tokens_seen"], "seconds": m["train_seconds"], "steps": m["steps"]}
 

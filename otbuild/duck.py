@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import duckdb
@@ -72,14 +73,16 @@ def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> i
         return con.execute(f"SELECT count(*) FROM read_parquet({sql_literal(tmp)})").fetchone()[0]
 
 
-# Rows of the wide input held at once by stream_split (one parquet row group of each output).
+# Rows of the wide input per batch of stream_split (one parquet row group of each output; with
+# the writes in flight, up to 3 batches are held).
 SPLIT_ROWS = 256
 
 
 def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path], outdir: Path, *,
                  rejected_by: str, kept_columns: tuple[str, ...] = (), batch_rows: int = SPLIT_ROWS) -> dict:
     """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
-    a time, in input order: the table `decided` (_ord, reason; one row per input row, _ord as
+    a time, in input order (each output encoded on its own thread while the next batch is
+    read: _OrderedWrites): the table `decided` (_ord, reason; one row per input row, _ord as
     union_inputs numbers them) says which rows go where; its `kept_columns` are appended to the
     kept rows. Only those narrow columns are held whole. Rejected rows get `reason` and
     `rejected_by`. Returns the row counts and the rejections per reason (the text before
@@ -94,7 +97,8 @@ def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path
     at = 0
     with atomic_path(outdir / "kept.parquet") as kept_tmp, atomic_path(outdir / "rejected.parquet") as rej_tmp, \
             pq.ParquetWriter(kept_tmp, kept_schema, compression="zstd") as kept, \
-            pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected:
+            pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected, \
+            _OrderedWrites(kept.write_table, rejected.write_table) as write:
         for path in inputs:
             for batch in parquet_batches(path, batch_rows):
                 table = _conform(pa.Table.from_batches([batch]), schema)
@@ -102,16 +106,50 @@ def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path
                 extra = [narrow.column(c).slice(at, table.num_rows) for c in kept_columns]
                 at += table.num_rows
                 wide = pa.Table.from_arrays([*table.columns, *extra], schema=kept_schema) if extra else table
-                kept.write_table(wide.filter(pc.is_null(why)))
                 out = table.append_column("reason", why).append_column(
                     "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows))
-                rejected.write_table(out.filter(pc.is_valid(why)))
+                write(wide.filter(pc.is_null(why)), out.filter(pc.is_valid(why)))
     if at != len(reasons):
         raise RuntimeError(f"{decided}: {len(reasons)} decisions for {at} input rows")
     by_reason = con.execute(f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM {decided}"
                             " WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall()
     n_rejected = sum(n for _, n in by_reason)
     return {"kept": at - n_rejected, "rejected": n_rejected, "rejected_by_reason": dict(by_reason)}
+
+
+class _OrderedWrites:
+    """`write(a, b, ...)` hands each table to its own writer function, each on its own thread
+    (pyarrow encodes and compresses without the GIL), in call order per writer, so reading the
+    next batch and writing both outputs overlap; the files are byte for byte the ones written
+    in line. At most `depth` calls are in flight (memory: that many batches), and a writer's
+    error is raised by the next call or on leaving the `with`."""
+
+    def __init__(self, *writers, depth: int = 2):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._writers, self._depth = writers, depth
+        self._threads = [ThreadPoolExecutor(1) for _ in writers]
+        self._pending: deque = deque()
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, *tables) -> None:
+        self._pending.append([t.submit(w, x) for t, w, x in zip(self._threads, self._writers, tables, strict=True)])
+        while len(self._pending) > self._depth:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        for f in self._pending.popleft():
+            f.result()
+
+    def __exit__(self, kind, *_) -> None:
+        try:
+            while self._pending and kind is None:
+                self._drain_one()
+        finally:
+            for t in self._threads:
+                t.shutdown(wait=True, cancel_futures=True)
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

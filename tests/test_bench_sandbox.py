@@ -31,3 +31,19 @@ def test_bench_sandbox_tiny(tmp_path):
     # a row per concurrency level: system, concurrency, trials
     for c in (1, 2):
         assert re.search(rf"otbuild\W+{c}\W+4\W", out), out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / ".venv-harbor" / "bin" / "harbor").is_file(),
+                    reason="no .venv-harbor (make harbor-env): the Harbor side is not run")
+def test_bench_sandbox_against_harbor_tiny(tmp_path):
+    """With Harbor's CLI: both systems at concurrency 1 and the per-trial verdict between them."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sandbox.py"), "--trials", "3", "--concurrency", "1",
+         "--harbor-concurrency", "1", "--steps", "0", "--profile-trials", "0", "--out", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"harbor\W+1\W+3\W", out), out
+    assert re.search(r"^(PASS|FAIL): concurrency 1: otbuild .* ms/trial vs harbor .* ms/trial", out, re.M), out

@@ -338,6 +338,27 @@ def test_tokenized_set_streams_in_bounded_batches(tmp_path, tok, traces):
     assert all(sa.seq(i)[0].tolist() == sb.seq(i)[0].tolist() for i in range(len(sa)))
 
 
+def test_tokenized_set_in_worker_processes_is_byte_identical(tmp_path, tok, traces):
+    """Batches tokenized in 2 spawned workers are appended in input order: the same file, byte
+    for byte, and the same counts as one process (drops and truncation included, across files)."""
+    from otbuild.train.tokenized import TOKENS, resolve_workers
+
+    convs = [r["conversations"] for r in trace_rows(7, seed=3)]
+    other = _trace_set(tmp_path / "other.parquet", [convs[0], [], *convs[1:4], [], *convs[4:]])
+    kw = {"batch_rows": 3, "truncation": "drop"}
+    one = build_tokenized_set([traces, other], tok, "auto", 1000, tmp_path / "w1", workers=1, **kw)
+    two = build_tokenized_set([traces, other], tok, "auto", 1000, tmp_path / "w2", workers=2, **kw)
+    assert one == two and one["dropped"]["empty_conversation"] == 2 and one["dropped"]["too_long"]
+    assert one["sequences"] and (tmp_path / "w1" / TOKENS).read_bytes() == (tmp_path / "w2" / TOKENS).read_bytes()
+    assert TokenizedSet(tmp_path / "w2").stats == one
+    assert resolve_workers("auto") == len(os.sched_getaffinity(0)) and resolve_workers(3) == 3
+    with pytest.raises(ValueError, match="workers"):
+        resolve_workers(0)
+    from otbuild.recipe.base import identity  # the worker count is execution-only: no id moves
+
+    assert identity(SftSettings(**FAST, tokenize_workers=7)) == identity(SftSettings(**FAST))
+
+
 def test_zero_and_one_row_trace_sets(tmp_path, tok, traces):
     from otbuild.stages.sft import run
     from otbuild.train.sft import SftDataError
@@ -581,7 +602,8 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
 
 @pytest.mark.slow
 def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
-    """Two local ranks (torchrun, gloo): rank 0 tokenizes once, both train on its memory map."""
+    """Two local ranks (torchrun, gloo): rank 0 tokenizes once, in 2 spawned worker processes
+    (3 batches of 4 traces), and both train on its memory map."""
     from otbuild.stages.sft import run
 
     env = {k: v for k, v in os.environ.items()
@@ -589,11 +611,12 @@ def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
     with pytest.MonkeyPatch.context() as mp:
         for k in set(os.environ) - set(env):
             mp.delenv(k)
-        stats = run(SftSettings(**{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2}), [traces],
-                    tmp_path / "ck")
+        mp.setenv("OTBUILD_TOKENIZE_BATCH", "4")  # read by the ranks' processes
+        stats = run(SftSettings(**{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2,
+                                   "tokenize_workers": 2}), [traces], tmp_path / "ck")
     out = capfd.readouterr().out
     assert stats["world_size"] == 2 and stats["steps"] == 2
-    assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out
+    assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out and "; 2 processes)" in out
     assert len([x for x in out.splitlines() if x.startswith("sft: ") and " rows, " in x]) == 2  # each rank
 
 

@@ -145,6 +145,10 @@ class Sft(Training):
     # execution
     zero_stage: Literal[0, 1, 2, 3] = 3
     gradient_checkpointing: bool = True
+    tokenize_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = execution_only(
+        "auto", description="processes rank 0 tokenizes the traces in, a batch of OTBUILD_TOKENIZE_BATCH "
+        "traces each, at most 2 batches per worker in memory (auto: one per CPU the job grants it); the "
+        "tokenized set is the same whatever the count")
     save_steps: int = execution_only(100, ge=1, description="resumable checkpoint every N steps")
     save_total_limit: int = execution_only(1, ge=1)
     keep_checkpoints: bool = execution_only(False, description="keep checkpoints/ after the final save")

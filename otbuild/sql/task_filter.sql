@@ -1,4 +1,10 @@
 {% from "_inputs.sql" import union_inputs %}
+{#- trim(x) (DuckDB's: Unicode spaces, a costly per-character pass), skipped where it cannot
+    change x: its first byte (a prefix compare) and its last (an end-anchored regex, which RE2
+    matches backwards from the end) are printable ASCII other than the space. NULL stays NULL. -#}
+{% macro trimmed(x) -%}
+CASE WHEN {{ x }} >= '!' AND {{ x }} < chr(127) AND regexp_matches({{ x }}, '[!-~]\z') THEN {{ x }} ELSE trim({{ x }}) END
+{%- endmacro %}
 -- Task filter. Steps run in this order; a row is rejected by the first step it fails and
 -- keeps that step's reason: per-row checks (instruction, length, regexes, overlap with a
 -- benchmark from decontaminate.sql, score present),
@@ -17,7 +23,7 @@ WITH base AS (
     FROM task_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
 ), checked AS (
     SELECT *, CASE
-        WHEN trim(coalesce(instruction, '')) = '' THEN 'empty_instruction'
+        WHEN coalesce({{ trimmed('instruction') }}, '') = '' THEN 'empty_instruction'
         {% if chars and chars.min is not none %}
         WHEN length(instruction) < {{ chars.min }} THEN 'too_short: ' || length(instruction) || ' < {{ chars.min }} chars'
         {% endif %}
@@ -41,9 +47,10 @@ WITH base AS (
     FROM base
 ), normed AS (
     -- the dedup key, only for rows still in: md5 of the instruction in lower case with each
-    -- whitespace run made one space (the pattern leaves lone spaces alone: same key, cheaper)
+    -- whitespace run made one space (the pattern leaves lone spaces alone: same key, cheaper);
+    -- md5_number: the same digest as a 128-bit integer, cheaper to partition on than its hex
     SELECT * EXCLUDE (instruction),
-           CASE WHEN reason IS NULL THEN md5(lower(regexp_replace(trim(instruction), '[\t\n\f\r]\s*| \s+', ' ', 'g'))) END AS _norm
+           CASE WHEN reason IS NULL THEN md5_number(lower(regexp_replace({{ trimmed('instruction') }}, '[\t\n\f\r]\s*| \s+', ' ', 'g'))) END AS _norm
     FROM checked
 ), deduped AS (
     SELECT * REPLACE (

@@ -110,9 +110,15 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
 def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) -> Iterator[list]:
     """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
     compact harness renders them)."""
-    from otbuild.harness.protocol import compact_conversation
-
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
         for batch in parquet_batches(path, batch_rows, ["conversations"]):
-            convs = batch.column(0).to_pylist()
-            yield [compact_conversation(c) if c and prompt == "compact" else c for c in convs]
+            yield conversations_of(batch, prompt)
+
+
+def conversations_of(batch, prompt: str = PROMPTS[0]) -> list:
+    """A record batch's `conversations` column (its first) as Python lists, rewritten as the
+    compact harness renders them when `prompt` is compact."""
+    from otbuild.harness.protocol import compact_conversation
+
+    convs = batch.column(0).to_pylist()
+    return [compact_conversation(c) if c and prompt == "compact" else c for c in convs]

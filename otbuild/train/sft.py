@@ -141,7 +141,8 @@ def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> d
         base = materialise(spec, base_dir, inputs, cfg.prompt)
         tok, template = load_tokenizer(base, spec.chat_template)
         build_tokenized_set(inputs, tok, template, cfg.cutoff_len, tokenized, truncation=cfg.truncation,
-                            train_on_prompt=cfg.train_on_prompt, prompt=cfg.prompt, log=log)
+                            train_on_prompt=cfg.train_on_prompt, prompt=cfg.prompt, workers=cfg.tokenize_workers,
+                            log=log)
     dist.barrier()
     if rank:
         base = materialise(spec, base_dir, inputs, cfg.prompt)  # built by rank 0: found, not rebuilt

@@ -13,8 +13,12 @@ once per (traces, tokenizer, template, cutoff) and memory-mapped by every rank a
                 the counts: traces, dropped by reason, truncated, tokens cut, tokens, ...
 
 The build streams: `batch_rows` traces at a time (OTBUILD_TOKENIZE_BATCH, default 32) are read,
-rendered, tokenized in one batched call of the fast tokenizer (its threads on every core) and
-appended, so memory is bounded by the batch, not by the set.
+rendered, tokenized in one batched call of the fast tokenizer and appended, so memory is
+bounded by the batch, not by the set. With `workers` > 1 (default `auto`: one per CPU this
+process may run on, at most one per batch) the batches are tokenized in that many spawned
+worker processes, each a whole batch at a time, at most 2 batches per worker in flight (memory:
+~2 x workers x the batch), and appended in input order: the file is byte for byte the one a
+single process writes.
 Dropped traces are counted by reason: `empty_conversation`, `template_mismatch` (the chat
 template rewrote an assistant turn), `too_long` (truncation: drop) and `no_assistant_tokens`
 (nothing supervised left, e.g. after truncation: right). A set already built for the same key
@@ -25,16 +29,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import pickle
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path, write_json
+from otbuild.fsio import atomic_path, parquet_batches, write_json
 from otbuild.harness.protocol import PROMPTS
 from otbuild.hashing import file_sha256
-from otbuild.traces.table import iter_conversations
+from otbuild.traces.table import conversations_of
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
@@ -42,6 +50,7 @@ FORMAT = 1  # bump when the layout or the tokenization changes: old sets are reb
 # traces per tokenizer call, tokenized in parallel on every core: memory ~ BATCH_ROWS x the
 # largest trace x ~80 (its text, encodings and arrays: ~9 MB for a 110 KB trace)
 BATCH_ROWS = int(os.environ.get("OTBUILD_TOKENIZE_BATCH", "32"))
+COUNTS = ("traces", "sequences", "truncated", "tokens_cut", "tokens", "supervised_tokens")  # summed over batches
 DROP_REASONS = ("empty_conversation", "template_mismatch", "too_long", "no_assistant_tokens")
 SCHEMA = pa.schema([("trace", pa.int64()), ("input_ids", pa.list_(pa.int32())),
                     ("mask", pa.list_(pa.uint8())), ("length", pa.int32()), ("supervised", pa.int32())])
@@ -55,9 +64,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: Path, *,
                         truncation: str = "right", train_on_prompt: bool = False,
-                        prompt: str = PROMPTS[0], batch_rows: int = BATCH_ROWS, log=None) -> dict:
+                        prompt: str = PROMPTS[0], batch_rows: int = BATCH_ROWS, workers: int | str = "auto",
+                        log=None) -> dict:
     """Tokenize the trace parquet(s) `traces` once into `out`; return its counts (meta.json's
-    `stats`). `tokenizer`: a tokenizer or a model dir; `template`: auto | qwen3 | qwen3_thinking."""
+    `stats`). `tokenizer`: a tokenizer or a model dir; `template`: auto | qwen3 | qwen3_thinking;
+    `workers`: processes that tokenize (auto: one per available CPU; the output is the same)."""
     if isinstance(tokenizer, (str, Path)):
         from otbuild.train.model import load_tokenizer
 
@@ -80,26 +91,103 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
     stats = {"traces": 0, "sequences": 0, "dropped": dict.fromkeys(DROP_REASONS, 0), "truncated": 0,
              "tokens_cut": 0, "tokens": 0, "supervised_tokens": 0, "cutoff_len": cutoff_len,
              "truncation": truncation, "chat_template": source}
-    lengths = byte_lengths(tokenizer)
+    opts = {"source": source, "prompt": prompt, "cutoff_len": cutoff_len, "truncation": truncation,
+            "train_on_prompt": train_on_prompt}
+    n_workers = worker_count(paths, batch_rows, workers)
     with atomic_path(out / TOKENS) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
             pa.ipc.new_file(sink, SCHEMA) as writer:
-        for convs in iter_conversations(paths, batch_rows, prompt):
-            batch = _tokenize(tokenizer, lengths, convs, source, stats, cutoff_len=cutoff_len,
-                              truncation=truncation, train_on_prompt=train_on_prompt)
+        for batch, counts in _tokenized_batches(tokenizer, paths, batch_rows, n_workers, opts):
+            _add_counts(stats, counts)
             if batch is not None:
                 writer.write_batch(batch)
     write_json(out / META, {"key": key, "stats": stats})
     if log:
         dropped = {k: v for k, v in stats["dropped"].items() if v}
         log(f"sft: tokenized {stats['traces']} traces into {stats['sequences']} sequences, "
-            f"{stats['tokens']} tokens (dropped: {dropped or 'none'}, truncated: {stats['truncated']})")
+            f"{stats['tokens']} tokens (dropped: {dropped or 'none'}, truncated: {stats['truncated']}; "
+            f"{max(n_workers, 1)} process{'es' if n_workers > 1 else ''})")
     return stats
 
 
-def _tokenize(tokenizer, lengths, convs: list, source: str, stats: dict, *, cutoff_len: int,
-              truncation: str, train_on_prompt: bool) -> pa.RecordBatch | None:
-    first = stats["traces"]
-    stats["traces"] += len(convs)
+def worker_count(paths: list[Path], batch_rows: int, workers: int | str) -> int:
+    """The worker processes a build uses: `workers` resolved, at most one per input batch
+    (0 or 1: the batches are tokenized in the calling process)."""
+    n_batches = sum(math.ceil(pq.ParquetFile(p).metadata.num_rows / batch_rows) for p in paths)
+    return min(resolve_workers(workers), n_batches)
+
+
+def resolve_workers(workers: int | str) -> int:
+    """`auto`: the CPUs this process may run on (its affinity: what Slurm or a cgroup grants)."""
+    if workers == "auto":
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
+    if int(workers) < 1:
+        raise ValueError(f"tokenize workers must be >= 1 or 'auto', not {workers!r}")
+    return int(workers)
+
+
+def _tokenized_batches(tokenizer, paths: list[Path], batch_rows: int, n_workers: int, opts: dict):
+    """(record batch or None, counts) per input batch of `batch_rows` traces, in input order:
+    here, or (n_workers > 1) in spawned worker processes (not forked: the trainer's process has
+    threads), at most 2 batches per worker in flight."""
+    lengths = byte_lengths(tokenizer)
+    batches = (b for p in paths for b in parquet_batches(p, batch_rows, ["conversations"]))
+    first = 0
+    if n_workers <= 1:
+        for b in batches:
+            yield _tokenize(tokenizer, lengths, b, first, **opts)
+            first += b.num_rows
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # each worker's tokenizer gets the CPUs the workers leave (its Rust threads), at least one
+    threads = max(1, resolve_workers("auto") // n_workers)
+    payload = pickle.dumps((tokenizer, lengths, opts))
+    pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(payload, threads))
+    try:
+        pending: deque = deque()
+        for b in batches:
+            pending.append(pool.submit(_worker_tokenize, b, first))
+            first += b.num_rows
+            if len(pending) >= 2 * n_workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(payload: bytes, threads: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(threads)  # read when the tokenizer first runs in parallel
+    tokenizer, lengths, opts = pickle.loads(payload)
+    _WORKER.update(tokenizer=tokenizer, lengths=lengths, opts=opts)
+
+
+def _worker_tokenize(batch: pa.RecordBatch, first: int) -> tuple[pa.RecordBatch | None, dict]:
+    return _tokenize(_WORKER["tokenizer"], _WORKER["lengths"], batch, first, **_WORKER["opts"])
+
+
+def _add_counts(stats: dict, counts: dict) -> None:
+    for k in COUNTS:
+        stats[k] += counts[k]
+    for k in DROP_REASONS:
+        stats["dropped"][k] += counts["dropped"][k]
+
+
+def _tokenize(tokenizer, lengths, batch: pa.RecordBatch, first: int, *, source: str, prompt: str,
+              cutoff_len: int, truncation: str, train_on_prompt: bool) -> tuple[pa.RecordBatch | None, dict]:
+    """One input batch (its `conversations` column; its first trace is row `first` of the
+    inputs) -> the record batch of its kept sequences (None: none kept) and its counts."""
+    convs = conversations_of(batch, prompt)
+    stats = {**dict.fromkeys(COUNTS, 0), "dropped": dict.fromkeys(DROP_REASONS, 0)}
+    stats["traces"] = len(convs)
     present = [i for i, c in enumerate(convs) if c]
     stats["dropped"]["empty_conversation"] += len(convs) - len(present)
     cols: dict[str, list] = {name: [] for name in SCHEMA.names}
@@ -129,11 +217,11 @@ def _tokenize(tokenizer, lengths, convs: list, source: str, stats: dict, *, cuto
         stats["tokens"] += len(ids)
         stats["supervised_tokens"] += supervised
     if not cols["trace"]:
-        return None
+        return None, stats
     return pa.RecordBatch.from_arrays([
         pa.array(cols["trace"], pa.int64()), _lists(cols["input_ids"], pa.int32()),
         _lists(cols["mask"], pa.uint8()), pa.array(cols["length"], pa.int32()),
-        pa.array(cols["supervised"], pa.int32())], schema=SCHEMA)
+        pa.array(cols["supervised"], pa.int32())], schema=SCHEMA), stats
 
 
 def _lists(arrays: list[np.ndarray], type_) -> pa.ListArray:
