@@ -137,7 +137,9 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
 def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     """Every recipe ends in its report (HTML + dataset card) over all of its artifacts."""
     prices = {m: p.model_dump() for m, p in loaded.recipe.prices.items()}
-    resolved = json.loads(json.dumps(loaded.data, default=str))  # YAML dates and the like as text
+    # what the recipe sets that makes its artifacts (defaults and execution settings left out, as
+    # in every id): a change to `shards` or `concurrency` does not rebuild the report
+    resolved = json.loads(json.dumps(identity(loaded.recipe), default=str))
     nodes = [*nodes, report_node(loaded.name, nodes, prices, loaded.recipe.description or "", resolved)]
     for n in nodes:
         n.config  # noqa: B018 - every job's settings fit its stage's model, checked when planned

@@ -454,7 +454,7 @@ class Recipe(Strict):
     ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")],
                  Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
     # the grid's size is checked before any candidate is made (each is validated and planned)
-    max_candidates: int = Field(default=1000, ge=1, le=MAX_TASKS)
+    max_candidates: int = execution_only(1000, ge=1, le=MAX_TASKS, description="a guard on the grid's size")
     # MODEL (or ENGINE:MODEL) -> price per million tokens: only the report uses them (its id
     # follows them; no other artifact's does)
     prices: dict[Annotated[str, Field(min_length=1)], Price] = Field(default_factory=dict)

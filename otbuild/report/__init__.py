@@ -22,9 +22,11 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     (otbuild/stages/settings.py: ReportSettings); return the stage's stats."""
     from otbuild.fsio import atomic_path
     from otbuild.report.data import load
+    from otbuild.report.headline import headline
     from otbuild.report.page import render_card, render_html
 
     rep = load(cfg, root)
+    rep.headline = headline(cfg.recipe, rep.artifacts, rep.costs, rep.ranking)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     try:  # links to the records, relative: they hold from results/<recipe>/report/ too (same depth)

@@ -159,8 +159,8 @@ class Report:
     zscores: list[dict] = field(default_factory=list)
     ranking_label: str | None = None
     costs: costs.Costs = field(default_factory=costs.Costs)
-    resolved: dict = field(default_factory=dict)  # the recipe as recipe.resolved.yaml holds it
-    headline: Any = None  # otbuild.report.headline.Headline
+    resolved: dict = field(default_factory=dict)  # what the recipe sets that enters its ids
+    headline: Any = None  # otbuild.report.headline.Headline, set by otbuild.report.build
 
 
 def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
@@ -187,9 +187,6 @@ def load(cfg, root: Path = Path(".")) -> Report:
         rep.ranking_label = rank.label
         rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
         rep.zscores = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) ORDER BY candidate, benchmark")
-    from otbuild.report.headline import headline  # it reads Artifacts (this module)
-
-    rep.headline = headline(cfg.recipe, arts, rep.costs, rep.ranking)
     return rep
 
 

@@ -108,7 +108,7 @@ class ReportSettings(Strict):
     description: str = ""
     nodes: list[ReportNode]
     prices: dict[str, Price] | None = None
-    resolved: dict[str, Any] = Field(default_factory=dict)  # the recipe as recipe.resolved.yaml holds it
+    resolved: dict[str, Any] = Field(default_factory=dict)  # what the recipe sets that enters its ids
 
 
 SETTINGS: dict[str, Any] = {
