@@ -15,6 +15,10 @@ from pathlib import Path
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
 CARD = "dataset_card.md"
+# The page's links to the records are relative to where it is read: artifacts/report/<id>/ and
+# results/<recipe>/report/ both lie three folders below the project (and so a rebuild of the
+# report elsewhere writes the same bytes).
+RECORD_LINKS_UP = "../../../"
 
 
 def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
@@ -29,11 +33,7 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     rep.headline = headline(cfg.recipe, rep.artifacts, rep.costs, rep.ranking)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    try:  # links to the records, relative: they hold from results/<recipe>/report/ too (same depth)
-        up = "../" * len(outdir.resolve().relative_to(Path(root).resolve()).parts)
-    except ValueError:
-        up = None
-    html, card = render_html(rep, up), render_card(rep)
+    html, card = render_html(rep, RECORD_LINKS_UP), render_card(rep)
     for name, text in ((HTML, html), (CARD, card)):
         with atomic_path(outdir / name) as tmp:
             tmp.write_text(text, encoding="utf-8")

@@ -66,7 +66,7 @@ def render_html(rep: Report, up: str | None = None) -> str:
         rel = Path(a.dir) / PROVENANCE
         return up + rel.as_posix() if up is not None and not rel.is_absolute() else rel.resolve().as_uri()
 
-    resolved = yaml.safe_dump(rep.resolved, sort_keys=False, allow_unicode=True) if rep.resolved else ""
+    resolved = yaml.safe_dump(rep.resolved, sort_keys=True, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
         rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
         version=otbuild.__version__, anchor=_anchor, amount=amount, duration=charts.duration, head=head,
