@@ -37,9 +37,9 @@ from datetime import datetime
 from pathlib import Path
 
 from otbuild.traces.imports._common import ensure_task_text
+from otbuild.traces.outcome import TIMEOUT_ERRORS
 from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns, reward_text
 
-TIMEOUT_EXCEPTIONS = {"AgentTimeoutError"}  # the agent ran out of time: a task outcome
 
 
 def is_trial_dir(path: Path) -> bool:
@@ -105,7 +105,7 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
 
     rewards = (result.get("verifier_result") or {}).get("rewards")
     reward = _reward(rewards, trial_dir)
-    timed_out = exc_type in TIMEOUT_EXCEPTIONS
+    timed_out = exc_type in TIMEOUT_ERRORS  # the agent ran out of time: a task outcome
     exception = None if timed_out else exc_type
     n_in = agent_result.get("n_input_tokens")
     n_out = agent_result.get("n_output_tokens")

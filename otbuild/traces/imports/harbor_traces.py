@@ -27,13 +27,13 @@ import pyarrow.parquet as pq
 from otbuild.sources._rows import iter_file
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import ensure_task_text, files, iso, load_task_ids, trace_row
+from otbuild.traces.outcome import TIMEOUT_ERRORS
 
 KIND = "harbor-traces"
 SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".json")
 MAIN = "main"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "tool": "tool"}
-TIMEOUT = "AgentTimeoutError"  # Harbor's name for a trial whose agent ran out of time
 USED = {"conversations", "conversations_sharegpt", "agent", "model", "model_provider", "date", "task",
         "episode", "run_id", "trial_name", "result", "trace_source", "instruction"}
 KEYS = ("run_id", "trial_name", "trace_source", "episode")
@@ -79,7 +79,7 @@ def convert(d: dict, where: str, *, run_id=None, model=None, agent=None, task_id
         date=iso(d.get("date")), episode=d.get("episode") or None, run_id=run_id or d.get("run_id"),
         trial_name=d.get("trial_name"), task_id=(task_ids or {}).get(task, task) if task else None,
         teacher=f"{agent_name}:{model_name}" if model_name else None, reward=reward,
-        timed_out=exception == TIMEOUT, exception=None if exception == TIMEOUT else exception,
+        timed_out=exception in TIMEOUT_ERRORS, exception=None if exception in TIMEOUT_ERRORS else exception,
         is_subagent=source != MAIN,
         metadata={"where": where, "trace_source": source, **{k: v for k, v in d.items() if k not in USED}},
     ) | {"result": d.get("result")}  # as Harbor wrote it
