@@ -68,6 +68,15 @@ def test_discriminated_sources_report_real_key_paths(recipes):
     assert "sources.d" in msg and "'nope'" in msg
 
 
+def test_a_section_without_kind_gets_the_kind_its_keys_point_to(recipes):
+    root = _write(recipes, "bad", "sources:\n  a: {type: stackexchange, rank: 1, path: x.parquet}\n"
+                  "  b: {rank: 2, count: 3, families: [text]}\n  c: {rank: 3}\n")
+    msg = _error(root, "bad")
+    assert "sources.a.kind: required key is missing; did you mean `kind: stackexchange` (found `type: stackexchange`)?" in msg
+    assert "sources.b.kind: required key is missing; its keys (rank, count, families) fit kind 'synthetic'" in msg
+    assert "sources.c.kind: required key is missing (kinds: synthetic, harbor-dir," in msg  # rank fits every kind
+
+
 def test_a_wrong_value_is_blamed_on_the_file_that_set_it_with_did_you_mean(recipes):
     """Issue 26.2: a child of `base` that sets an enumerated value wrongly: the child is named
     (not the parent that set the rest of the section), with the close value, and no dump of

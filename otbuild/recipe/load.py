@@ -204,7 +204,9 @@ def _file_for(loc: tuple, origin: dict, default: Path) -> Path:
 
 # -- error messages --------------------------------------------------------------------------
 def _format_error(err: dict, origin: dict, path: Path) -> str:
-    model, loc = _walk(Recipe, err["loc"])
+    model, loc, union = _walk(Recipe, err["loc"])
+    if err["type"] == "union_tag_not_found":  # no `kind`: say which the section's keys point to
+        return _describe(err, model, loc, origin, path) + _guess_kind(err.get("input"), union)
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, LaunchOptionsError):  # keys of an engine_args mapping, by its engine's options
         return _launch_errors(cause, loc, origin, path)
@@ -231,7 +233,7 @@ def _describe(err: dict, model: type[BaseModel] | None, loc: tuple, origin: dict
         tags = re.findall(r"'([^']*)'", (err.get("ctx") or {}).get("expected_tags", ""))
         file, where = _file_for((*loc, key), origin, path), f"{where}.{key}"
         if kind == "union_tag_not_found":
-            return f"{file}: {where}: required key is missing" + (f" ({key}s: {', '.join(tags)})" if tags else "")
+            return f"{file}: {where}: required key is missing"
         return f"{file}: {where}: unknown {key} {err['ctx']['tag']!r}" + _suggest(err["ctx"]["tag"], tags, f"{key}s")
     if kind == "literal_error" and isinstance(found, str):  # one of a few values: say which is close
         return f"{file}: {where}: unknown value {found!r}" + _suggest(
@@ -240,9 +242,10 @@ def _describe(err: dict, model: type[BaseModel] | None, loc: tuple, origin: dict
     return f"{file}: {where}: {msg}; found {found!r}"
 
 
-def _walk(model: type[BaseModel], raw_loc: tuple) -> tuple[type[BaseModel] | None, tuple]:
+def _walk(model: type[BaseModel], raw_loc: tuple) -> tuple[type[BaseModel] | None, tuple, object]:
     """Follow a pydantic error location through the schema. Returns the model that owns the
-    last key and the location without discriminator tags (which are not keys in the file)."""
+    last key, the location without discriminator tags (which are not keys in the file) and the
+    type found there."""
     t: object = model
     clean: list = []
     owner: type[BaseModel] | None = model
@@ -263,7 +266,26 @@ def _walk(model: type[BaseModel], raw_loc: tuple) -> tuple[type[BaseModel] | Non
             t = next((m for m in typing.get_args(t) if part in _kinds(m)), None)
         else:
             clean.append(part)
-    return owner, tuple(clean)
+    return owner, tuple(clean), t
+
+
+def _guess_kind(found, union) -> str:
+    """For a section without `kind`: a key whose value is a kind (`type: synthetic`), else the
+    one set of kinds whose keys hold all the section's keys; then every kind."""
+    members = [m for m in typing.get_args(_unwrap(union)) if _kinds(m)]
+    tags = [k for m in members for k in _kinds(m)]
+    if not tags:
+        return ""
+    found = found if isinstance(found, dict) else {}
+    named = [(k, v) for k, v in found.items() if isinstance(v, str) and v in tags]
+    fit = [m for m in members if found and set(found) <= set(m.model_fields)]
+    if named:
+        hint = f"; did you mean `kind: {named[0][1]}` (found `{named[0][0]}: {named[0][1]}`)?"
+    elif len(fit) == 1:
+        hint = f"; its keys ({', '.join(found)}) fit kind {' or '.join(map(repr, _kinds(fit[0])))}"
+    else:
+        hint = ""
+    return f"{hint} (kinds: {', '.join(tags)})"
 
 
 def _unwrap(t):
