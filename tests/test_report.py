@@ -274,9 +274,12 @@ def test_every_section_with_the_artifacts_numbers(built):
     for label in ("task_filter", "trace_filter"):
         stats = rec(d(label))["stats"]
         assert funnel[label][2] == str(stats["rejected"]) and stats["rejected"] > 0
-        assert funnel[label][3] == " ".join(f"{r}: {n}" for r, n in sorted(stats["rejected_by_reason"].items()))
+        shown = {r.replace("contaminated by leak", "contaminated by leak (exact 2)"): n
+                 for r, n in stats["rejected_by_reason"].items()}  # which rules found the leaks
+        assert funnel[label][3] == " ".join(f"{r}: {n}" for r, n in sorted(shown.items()))
     assert "min_turns" in rec(d("trace_filter"))["stats"]["rejected_by_reason"]
     assert rec(d("task_filter"))["stats"]["rejected_by_reason"]["contaminated by leak"] == 2
+    assert rec(d("task_filter"))["stats"]["contaminated"] == {"leak": {"exact": 2, "ngram": 0, "fuzzy": 0}}
 
     # mix per source: counted in the mix parquet
     mixed = Counter(pq.read_table(d("mix") / "tasks.parquet", columns=["source"]).column("source").to_pylist())
@@ -454,8 +457,8 @@ def test_dataset_card_lists_sources_counts_filters_teacher_licence(built):
         stats = rec(d(label))["stats"]
         assert f"**{label}** ({label}):" in card
         assert f"Kept {stats['kept']}, rejected {stats['rejected']}." in card
-        for reason, n in stats["rejected_by_reason"].items():
-            assert f"| {reason} | {n} |" in card
+        for reason, n in stats["rejected_by_reason"].items():  # with the rules that found leaks
+            assert re.search(rf"\| {re.escape(reason)}( \(exact 2\))? \| {n} \|", card), reason
     assert "`min_turns: 7`" in card
     teacher = rec(d("teacher"))["stats"]
     assert "engine `oracle`" in card and f"Trials {teacher['trials']}: passed {teacher['passed']}" in card
@@ -482,7 +485,7 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     n_svg = len(re.findall(r"<svg\b", page.read_text()))
     assert len(re.findall(r'<svg [^>]*class="chart"', dom.stdout)) == n_svg >= 7
     assert dom.stdout.count("<rect ") >= 10
-    assert "contaminated by leak: 2" in dom.stdout  # decontamination counts, in the funnel
+    assert "contaminated by leak (exact 2): 2" in dom.stdout  # decontamination counts by rule, in the funnel
     if which == "rep":  # the training curves
         assert dom.stdout.count("<polyline ") == 2 + 3 + 2  # the curves and their panels
     shown = parse(dom.stdout)

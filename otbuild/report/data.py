@@ -87,7 +87,17 @@ class Artifact:
 
     @property
     def reasons(self) -> dict[str, int]:
-        return dict(self.stats.get("rejected_by_reason") or self.stats.get("quarantined_by_reason") or {})
+        """Rows dropped per reason; a decontamination reason says which rules found them
+        (`contaminated by B (exact 2, ngram 5)`: the task filter's per-rule counts)."""
+        reasons = self.stats.get("rejected_by_reason") or self.stats.get("quarantined_by_reason") or {}
+        rules = self.stats.get("contaminated") or {}
+        return {_with_rules(r, rules): n for r, n in reasons.items()}
+
+
+def _with_rules(reason: str, rules: dict[str, dict[str, int]]) -> str:
+    found = rules.get(reason.removeprefix("contaminated by ")) if reason.startswith("contaminated by ") else None
+    counts = ", ".join(f"{rule} {n}" for rule, n in (found or {}).items() if n)
+    return f"{reason} ({counts})" if counts else reason
 
 
 @dataclass
