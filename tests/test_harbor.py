@@ -398,10 +398,18 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     write_tasks(tasks, generate(2, seed=5), source="synth")
     settings = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="LAB_LLM_KEY",
                                max_episodes=6, sandbox=sandbox, harbor={"environment": "otbuild"})
+    from otbuild.progress import LOG_ENV, Watcher, describe_log
     from otbuild.stages.rollout import run_shard
 
     out = tmp_path / "rollout"
+    monkeypatch.chdir(tmp_path)  # the run's console: the shard's trials done, on both paths
+    monkeypatch.setenv(LOG_ENV, log := f"logs/rollout/{'ab' * 8}/0-of-1.log")
+    console: list[str] = []
+    watcher = Watcher(tmp_path, lambda p: describe_log(p, lambda s, i: "teacher"), console.append, every=0.2).start()
     run_shard(settings, [tasks], out, 0)
+    watcher.stop()
+    assert console and console[0].startswith("otbuild: teacher, shard 1 of 1: trials 0/2 (0%)")
+    assert console[0].endswith(f"follow it: tail -f {log}") and not list((tmp_path / ".otbuild").rglob("*.json"))
     rows = pq.read_table(out / "shards" / "0-of-1.parquet").to_pylist()
     assert len(rows) == 2 and all(r["exception"] is None for r in rows), [r["result"] for r in rows]
     turns = [m["content"] for r in rows for m in r["conversations"] if m["role"] == "assistant"]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,12 +220,39 @@ def test_augment_drops_reasoning_from_new_instructions(tmp_path, scripted):
     assert stats["quarantined_by_reason"] == {"reasoning in answer": 1}
 
 
-def _stage_proc(settings, src, out, shard: int) -> subprocess.Popen:
-    spec = {"stage": "task_score", "id": "t", "settings": settings.model_dump(mode="json"), "outdir": str(out),
+def _stage_proc(settings, src, out, shard: int, stage: str = "task_score", **env) -> subprocess.Popen:
+    spec = {"stage": stage, "id": "t", "settings": settings.model_dump(mode="json"), "outdir": str(out),
             "inputs": [{"id": "src", "stage": "source", "path": str(src)}]}
-    return subprocess.Popen([sys.executable, "-m", "otbuild", "stage", "task_score", "--spec", json.dumps(spec),
-                             "--shard", str(shard)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, "-m", "otbuild", "stage", stage, "--spec", json.dumps(spec),
+                             "--shard", str(shard)], env={**os.environ, "PYTHONPATH": str(REPO), **env},
+                            cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("stage", ["augment", "task_score"])
+def test_a_shard_job_shows_its_requests_on_the_runs_console(tmp_path, scripted, stage):
+    """What the Snakemake run prints for an augment or task_score shard job (otbuild/progress.py):
+    requests done of the shard's, then nothing left behind when the job ends."""
+    from otbuild.progress import Watcher, describe_log
+
+    srv = scripted(lambda body: (200, chat_answer("Rating: 3" if stage == "task_score" else "Do it again.")), delay=0.35)
+    src = write_source(tmp_path / "in.parquet", "s", [f"Task {i}: print {i} to /app/out.txt" for i in range(20)])
+    cls = TaskScorer if stage == "task_score" else Augment
+    settings = cls(engine="openai", base_url=srv.base_url, model="m", shards=2, concurrency=1,
+                   **({"kind": "askllm"} if stage == "task_score" else {"k": 2}))
+    log = f"logs/{stage}/{'ab' * 8}/1-of-2.log"
+    watcher = Watcher(tmp_path, lambda p: describe_log(p, lambda s, i: stage), print, every=0)
+    proc = _stage_proc(settings, src, tmp_path / "out", 1, stage, OTBUILD_LOG=log)
+    total = 10 if stage == "task_score" else 20  # shard 2 of 2: every other request
+    seen, deadline = [], time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen += watcher.tick()
+        time.sleep(0.1)
+    assert proc.wait() == 0, proc.stdout.read()
+    assert seen and seen[0].startswith(f"otbuild: {stage}, shard 2 of 2: requests ")
+    assert seen[0].endswith(f"; follow it: tail -f {log}")
+    done = [int(re.search(rf"requests (\d+)/{total} ", line)[1]) for line in seen]
+    assert done == sorted(done) and done[-1] > done[0]  # it moves
+    assert not list((tmp_path / ".otbuild" / "progress").glob("*.json"))  # and is gone at the end
 
 
 def test_task_score_resumes_after_kill_9_without_asking_twice(tmp_path, scripted):

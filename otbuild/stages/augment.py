@@ -58,13 +58,13 @@ def requests(cfg, inputs: list[Path]):
 
 
 def run_shard(cfg, inputs: list[Path], outdir: Path, shard: int) -> None:
-    llm_requests.run_shard("augment", cfg, requests(cfg, inputs), outdir, shard)
+    llm_requests.run_shard("augment", cfg, requests(cfg, inputs), llm_requests.input_rows(inputs) * len(_forms(cfg)), outdir, shard)
 
 
 def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     """Merge: the parents (with keep_original), then each parent's new forms in request order."""
     forms = _forms(cfg)
-    n_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
+    n_rows = llm_requests.input_rows(inputs)
     answers = llm_requests.answers(outdir, cfg.shards, n_rows * len(forms))
     partner_ids = _column(inputs, "task_id") if "combine" in cfg.kinds else None
     partners = _partners(n_rows, cfg.seed) if partner_ids is not None else None

@@ -19,10 +19,12 @@ as answered: a shard job run again (after a kill, or by hand after an outage) as
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from otbuild import duck, usage
 from otbuild.engines import EngineError, open_engine
@@ -30,6 +32,7 @@ from otbuild.engines.endpoint import refused
 from otbuild.engines.settings import concurrency
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
+from otbuild.progress import JobProgress
 from otbuild.stages import shard_path
 from otbuild.stages.partials import append, drop_torn_tail, partial_files
 
@@ -46,10 +49,11 @@ class RefusedRequest(RuntimeError):
     """The endpoint refused the first request (a 4xx): every other would fail the same way."""
 
 
-def run_shard(stage: str, cfg, requests: Callable[[Callable[[int], bool]], Iterable[Request]],
+def run_shard(stage: str, cfg, requests: Callable[[Callable[[int], bool]], Iterable[Request]], total: int,
               outdir: Path, shard: int) -> None:
     """Answer shard K's requests (those not answered yet) and write its parquet. `requests(wanted)`
-    yields the stage's requests whose numbers `wanted` accepts, in order, built as they go."""
+    yields the stage's requests whose numbers `wanted` accepts, in order, built as they go;
+    `total`: how many the stage has (all shards), for the run's console (otbuild/progress.py)."""
     n = cfg.shards
     dest = shard_path(outdir, n, shard)
     partial = dest.with_suffix(".partial.jsonl")
@@ -59,18 +63,29 @@ def run_shard(stage: str, cfg, requests: Callable[[Callable[[int], bool]], Itera
         f"SELECT request FROM ({_answers_sql(outdir)}) WHERE error IS NULL").fetchall()}
     todo = iter(requests(lambda r: r % n == shard and r not in done))
     print(f"{stage} shard {shard} of {n}: {len(done)} requests already answered (all shards)", flush=True)
-    sent = asyncio.run(_answer(stage, cfg, todo, partial))
+    mine = len(range(shard, total, n))
+    progress = JobProgress("requests", mine, sum(1 for r in done if r % n == shard))
+    try:
+        sent = asyncio.run(_answer(stage, cfg, todo, partial, progress))
+    finally:
+        progress.finish()
     print(f"{stage} shard {shard} of {n}: {sent} requests sent", flush=True)
     _write_shard(outdir, n, shard, dest)
     partial.unlink(missing_ok=True)
 
 
-async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path) -> int:
+def input_rows(inputs: list[Path]) -> int:
+    """Rows of the input tables, from their parquet footers."""
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
+
+
+async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path, progress: JobProgress) -> int:
     first = next(todo, None)
     if first is None:
         return 0
     engine = await open_engine(cfg)
     window = asyncio.Semaphore(2 * concurrency(cfg))  # requests built ahead, not all
+    tally: Counter[bool] = Counter()  # answered (True) and failed (False) in this run
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 
@@ -87,6 +102,8 @@ async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path) -> in
                     rec = {"request": number, "text": None, "error": f"[{type(e).__name__}] {e}",
                            "n_output_tokens": None, "usage_reported": None, "n_input_tokens": None}
                 append(out, rec)
+                tally[rec["error"] is None] += 1
+                progress.update(progress.first + tally.total(), f"{tally[False]} failed" if tally[False] else "")
 
             await one(first)
             sent = 1

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.engines.settings import concurrency
+from otbuild.progress import JobProgress
 from otbuild.recipe.trials import harbor_agent
 from otbuild.stages.settings import RolloutSettings
 from otbuild.tasks.table import TASK_SCHEMA, task_rows
@@ -43,6 +44,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
     names: dict[int, str] = {}  # row -> its task dir in the Harbor jobs (copies apart)
     job_rows: list[dict] = []
     engine = None
+    watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
         if cfg.engine != "oracle":  # Harbor's agent talks to the endpoint; it is asked once first
@@ -64,12 +66,24 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
                 log=work / f"attempts-{n}.log", **options)
             job_rows += read_job(job, subagents=True)
     finally:
+        watching.cancel()
         if engine is not None:
             await engine.aclose()
     ids = [{"task": rows[t.row]["path"], "task_id": rows[t.row]["task_id"], "source": rows[t.row]["source"],
             "sample_idx": t.sample_idx, "run_id": outdir.name,
             "teacher": f"{cfg.engine}:{cfg.model or 'oracle'}"} for t in trials]
     return shard_rows([names[t.row] for t in trials], ids, job_rows)
+
+
+async def _show_progress(work: Path, total: int, every: float = 2.0) -> None:
+    """The shard's trials done (each Harbor trial dir's result.json) on the run's console."""
+    progress = JobProgress("trials", total)
+    try:
+        while True:
+            await asyncio.sleep(every)
+            progress.update(min(total, sum(1 for _ in work.glob("jobs/attempts-*/*/result.json"))))
+    finally:
+        progress.finish()
 
 
 def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[dict]:

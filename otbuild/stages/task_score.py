@@ -43,12 +43,12 @@ def requests(cfg, inputs: list[Path]):
 
 
 def run_shard(cfg, inputs: list[Path], outdir: Path, shard: int) -> None:
-    llm_requests.run_shard("task_score", cfg, requests(cfg, inputs), outdir, shard)
+    llm_requests.run_shard("task_score", cfg, requests(cfg, inputs), llm_requests.input_rows(inputs), outdir, shard)
 
 
 def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     """Merge: the input rows, streamed, with each one's answer as `llm_score`, `llm_response`."""
-    total = sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
+    total = llm_requests.input_rows(inputs)
     answers = llm_requests.answers(outdir, cfg.shards, total)
     schema = pa.unify_schemas([pq.ParquetFile(p).schema_arrow for p in inputs]) if inputs else pa.schema([])
     out_schema = schema.append(pa.field("llm_score", pa.float64())).append(pa.field("llm_response", pa.string()))
