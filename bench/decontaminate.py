@@ -187,7 +187,7 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
     bench = [(BENCH, list(zip(*pq.read_table(data / "bench.parquet", columns=["path", "instruction"]).to_pydict().values())))]
     t0 = time.perf_counter()
     if impl == "duckdb":
-        from otbuild.recipe.schema import TaskFilter
+        from otbuild.settings.recipe import TaskFilter
         from otbuild.stages import task_filter
 
         settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram, "fuzzy": fuzzy})

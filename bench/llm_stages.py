@@ -65,7 +65,7 @@ def generate(out: Path, rows: int, shards: int, binary_bytes: int) -> Path:
 
 
 def merge_stream(src: Path, art: Path, shards: int) -> None:
-    from otbuild.recipe.schema import TaskScorer
+    from otbuild.settings.recipe import TaskScorer
     from otbuild.stages import task_score
 
     task_score.run(TaskScorer(kind="askllm", shards=shards, engine="openai", model="m",

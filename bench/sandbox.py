@@ -108,7 +108,7 @@ async def run_batch(tasks, engine, concurrency: int, work: Path, backend: str) -
     import asyncio
 
     from otbuild.harness.trial import TrialSettings, run_trial
-    from otbuild.recipe.trials import Trials
+    from otbuild.settings.trials import Trials
 
     settings = TrialSettings(Trials(sandbox=backend), "terminus2")
     sem = asyncio.Semaphore(concurrency)
@@ -129,7 +129,7 @@ async def run_batch(tasks, engine, concurrency: int, work: Path, backend: str) -
 def child_otbuild(args) -> None:
     import asyncio
 
-    from otbuild.engines.oracle import OracleEngine
+    from otbuild.harness.oracle import OracleEngine
 
     t_imports = time.perf_counter()
     engine = TimedEngine(OracleEngine())
@@ -166,7 +166,7 @@ def child_profile(args) -> None:
     import otbuild.sandbox as sb
     import otbuild.sandbox.identity as ident
     import otbuild.sandbox.sandbox as sbs
-    from otbuild.engines.oracle import OracleEngine
+    from otbuild.harness.oracle import OracleEngine
     from otbuild.harness import trial
     from otbuild.harness.terminal import Terminal
 

@@ -97,7 +97,7 @@ def tokenizer_dir(out: Path) -> Path:
     """The tiny student's tokenizer, trained once on a few generated traces."""
     from tracegen import TraceGen
 
-    from otbuild.recipe.schema_train import TinyModel
+    from otbuild.settings.train import TinyModel
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
     from otbuild.train.model import materialise
 
@@ -111,8 +111,8 @@ def tokenizer_dir(out: Path) -> Path:
 
 
 def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "auto") -> None:
-    from otbuild.recipe.schema import TraceFilter
-    from otbuild.stages.settings import RolloutSettings
+    from otbuild.settings.recipe import TraceFilter
+    from otbuild.settings.stages import RolloutSettings
 
     settings = RolloutSettings(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"])
     rollout_dir, tasks = work / "rollout", [data / "tasks.parquet"]

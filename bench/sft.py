@@ -32,7 +32,7 @@ SETTINGS = {"learning_rate": 4e-5, "lr_scheduler": "cosine", "warmup_ratio": 0.1
 
 
 def prepare(work: Path, n: int, cutoff: int) -> dict:
-    from otbuild.recipe.schema_train import TinyModel
+    from otbuild.settings.train import TinyModel
     from otbuild.train.data import build
     from otbuild.train.model import materialise
     from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
@@ -52,7 +52,7 @@ def prepare(work: Path, n: int, cutoff: int) -> dict:
 
 
 def run_otbuild(work: Path, epochs: float, cutoff: int) -> dict:
-    from otbuild.stages.settings import SftSettings
+    from otbuild.settings.stages import SftSettings
     from otbuild.train.sft import train
 
     s = SftSettings(**SETTINGS, model={"kind": "pretrained", "path": str(work / "model")}, epochs=epochs,

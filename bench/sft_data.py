@@ -74,7 +74,7 @@ def write_rows(dest: Path, n: int) -> None:
 
 
 def run_new(traces: Path, work: Path, cutoff: int) -> dict:
-    from otbuild.recipe.schema_train import TinyModel
+    from otbuild.settings.train import TinyModel
     from otbuild.train.model import load_tokenizer, materialise
     from otbuild.train.tokenized import build_tokenized_set
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from otbuild.recipe.schema_train import Tracking
+from otbuild.settings.train import Tracking
 from otbuild.train.tracking import Tracker
 
 

@@ -107,7 +107,7 @@ def validate(recipes, images, profile):
 
 def _print_images(plan) -> int:
     """The base-image table of one plan; how many images are missing."""
-    from otbuild.sandbox.preflight import base_image_counts, image_presence, trial_backends
+    from otbuild.recipe_images import base_image_counts, image_presence, trial_backends
 
     counts, unread = base_image_counts(plan)
     name = plan.recipe.name

@@ -57,7 +57,7 @@ def profile_mem_mb(profile: Path, rule: str) -> tuple[int, str] | None:
 def overcommit_problems(nodes, profile: Path) -> list[str]:
     """Rollout and eval stages whose concurrency x per-trial memory exceeds their job's memory
     under `profile` (what Slurm would kill mid-run, after hours of GPU time)."""
-    from otbuild.engines.settings import concurrency
+    from otbuild.settings.engines import concurrency
 
     problems = []
     for node in nodes:

@@ -4,7 +4,7 @@ A node's id hashes its stage, the stage's implementation version, the identity o
 settings and the ids of its inputs, so an edit changes exactly the edited stage and what lies
 downstream, and recipes sharing a prefix share artifacts. Artifacts live at
 artifacts/<stage>/<id>/. The identity of a recipe section follows one rule
-(otbuild/recipe/base.py): execution-only fields are left out, the others count only when they
+(otbuild/settings/base.py): execution-only fields are left out, the others count only when they
 differ from their default.
 """
 
@@ -16,11 +16,11 @@ from functools import cached_property
 from pathlib import Path
 
 from otbuild.hashing import content_digest, settings_hash
-from otbuild.recipe.base import identity
+from otbuild.settings.base import identity
 from otbuild.recipe.load import LoadedRecipe
-from otbuild.recipe.trials import ShardedTrials
+from otbuild.settings.trials import ShardedTrials
 from otbuild.stages import PROVENANCE, STAGES, shard_path
-from otbuild.stages.settings import config
+from otbuild.settings.stages import config
 
 # Settings naming files outside the project's artifacts: hashed by content.
 FILE_KEYS = {"path", "labels", "tasks", "instances"}
@@ -46,7 +46,7 @@ class Missing:
 class Node:
     stage: str
     label: str  # the node's name within its recipe, e.g. "sources/synth", "mix"
-    settings: dict  # the spec's settings: the stage's settings model as JSON (otbuild/stages/settings.py)
+    settings: dict  # the spec's settings: the stage's settings model as JSON (otbuild/settings/stages.py)
     identity: dict  # what is hashed (settings with external paths replaced by their digests)
     inputs: tuple[Node, ...] = ()
     missing: tuple[Missing, ...] = ()  # external data the recipe names that is not there (yet)
@@ -262,7 +262,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
 def _section_node(stage: str, label: str, section, inputs: list[Node], exclude: set[str] = frozenset(),
                   extra: dict | None = None) -> Node:
     """A node whose settings are a recipe section (less `exclude`, plus `extra`); its identity
-    follows the section's id rule (otbuild/recipe/base.py)."""
+    follows the section's id rule (otbuild/settings/base.py)."""
     extra = extra or {}
     return Node(stage, label, {**section.model_dump(exclude=exclude), **extra},
                 {**identity(section, exclude=exclude), **extra}, tuple(inputs))

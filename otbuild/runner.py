@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
 from otbuild.stages import PROVENANCE, STAGES
-from otbuild.stages.settings import config
+from otbuild.settings.stages import config
 
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from otbuild import duck
 
 if TYPE_CHECKING:
-    from otbuild.recipe.schema import Price
+    from otbuild.settings.recipe import Price
 
 KEYS = ("requests", "errors", "input_tokens", "output_tokens")
 # A trial's last request failed: the engine gave up (its exception), or the conversation

@@ -166,7 +166,7 @@ def preflight(plan: Plan) -> list[tuple[str, bool]]:
     reasoning model is not sent. True beside a message: a build cannot run without it (a path
     that does not exist; a dataset on the Hub is fetched by its job)."""
     from otbuild.engines.request_policy import not_sent
-    from otbuild.recipe.schema import LLM
+    from otbuild.settings.recipe import LLM
 
     found: dict[tuple[str, bool], int] = {}
     for m in plan.missing:

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from otbuild.recipe.schema_train import Rl
+from otbuild.settings.train import Rl
 from otbuild.train.dist import init_distributed
 from otbuild.train.rl import TokenSequence, make_engine, update
 

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import mix, source
-from otbuild.stages.settings import MixSettings, config
+from otbuild.settings.stages import MixSettings, config
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import otbuild
 

@@ -12,7 +12,7 @@ import pytest
 
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
-from otbuild.recipe.schema import Price
+from otbuild.settings.recipe import Price
 from otbuild.report.costs import gpus, price_of, read_benchmark
 from tests.conftest import chat_answer, otbuild, snakemake
 from tests.test_report import CHROMIUM, chromium, parse

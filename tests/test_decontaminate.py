@@ -15,10 +15,10 @@ from bench.decontaminate import reference  # the rule pair by pair, in plain Pyt
 from otbuild.errors import ConfigError
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
-from otbuild.recipe.schema import TaskFilter
+from otbuild.settings.recipe import TaskFilter
 from otbuild.sources import read_source
 from otbuild.stages import task_filter
-from otbuild.stages.settings import config
+from otbuild.settings.stages import config
 from otbuild.tasks.table import TaskRecord, write_tasks
 from tests.conftest import DATA, make_task
 

@@ -239,7 +239,7 @@ def test_the_llamafactory_handoff_runs_as_written(tmp_path, monkeypatch):
     """The documented commands, in a project whose recipe of that name has the paper recipe's
     `sft` section and imported traces (built here), with `llamafactory-cli` standing in as
     LLaMA-Factory's own checks (no GPU): its parser takes the YAML, its loader the data."""
-    from otbuild.recipe.schema_train import TinyModel
+    from otbuild.settings.train import TinyModel
     from otbuild.runner import run_spec
     from otbuild.train.model import materialise
     from otbuild.train.toy import trace_rows

@@ -29,7 +29,7 @@ from otbuild.engines import (
     register,
 )
 from otbuild.engines.process import free_port
-from otbuild.engines.settings import (
+from otbuild.settings.engines import (
     CONCURRENCY,
     ServerOptions,
     TransformersOptions,
@@ -38,8 +38,8 @@ from otbuild.engines.settings import (
 )
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema import Teacher
-from otbuild.stages.settings import RolloutSettings
+from otbuild.settings.recipe import Teacher
+from otbuild.settings.stages import RolloutSettings
 from otbuild.serve import READY
 from tests.conftest import REPO
 
@@ -116,7 +116,7 @@ def test_each_engine_setting_is_declared_once():
     """One place per setting: a launch option is not also a client key, no model declares again
     a key of what it extends (but the sections above, knowingly), docs/engines.md names every
     key, and each engine's default concurrency is the one it states."""
-    import otbuild.recipe.schema  # noqa: F401 (the recipe's LLM sections)
+    import otbuild.settings.recipe  # noqa: F401 (the recipe's LLM sections)
 
     for options in (VLLMOptions, TransformersOptions):
         assert not set(options.model_fields) & set(LLM.model_fields), options
@@ -231,7 +231,7 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
     """A recipe's unset `concurrency` means the engine's own default (vLLM batches 64 requests),
     for the engine's client and for the trials the rollout runs at once; set, it wins. It is
     execution-only: spelling it out keeps the stage's id."""
-    from otbuild.engines.settings import CONCURRENCY, concurrency
+    from otbuild.settings.engines import CONCURRENCY, concurrency
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
 

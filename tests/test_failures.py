@@ -15,7 +15,7 @@ from otbuild.sources.synthetic import generate
 from otbuild.stages import eval as eval_stage
 from otbuild.stages import rollout
 from otbuild.stages.failures import InfraFailuresExceeded
-from otbuild.stages.settings import EvalSettings, RolloutSettings
+from otbuild.settings.stages import EvalSettings, RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.traces import outcome as oc
 from otbuild.traces.table import write_traces
@@ -70,7 +70,7 @@ def test_every_way_a_trial_ends_classifies_alike_in_python_and_sql(tmp_path):
 def test_the_trace_filter_drops_by_outcome_whichever_harness_wrote_the_row(tmp_path):
     """A disk-limit or context-overflow trial is a failed task (kept, reward 0) from either
     harness; infrastructure and verifier errors are dropped naming the error."""
-    from otbuild.recipe.schema import TraceFilter
+    from otbuild.settings.recipe import TraceFilter
     from otbuild.stages import trace_filter
 
     write_traces(tmp_path / "t.parquet", [{**r, "trial_name": f"t{i}", "conversations": r["conversations"]

@@ -29,7 +29,7 @@ from otbuild.harbor.job import (
     write_job_config,
 )
 from otbuild.sources.synthetic import generate
-from otbuild.stages.settings import RolloutSettings
+from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import Quarantined, write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
 from tests.conftest import otbuild, snakemake
@@ -130,7 +130,7 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
     """terminus-2's context summarization writes subagent trajectories beside the main one
     (harbor 0.26: agent/trajectory.summarization-N-{summary,questions,answers}.json, agent
     name terminus-2-summarization-*); Harbor rollouts keep them as is_subagent rows."""
-    from otbuild.recipe.schema import TraceFilter
+    from otbuild.settings.recipe import TraceFilter
     from otbuild.stages import trace_filter
     from otbuild.stages.rollout_harbor import shard_rows
     from otbuild.traces.table import write_traces

@@ -13,16 +13,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.engines import ENGINES, LLM, Completion, EngineError, make_engine
-from otbuild.engines.oracle import OracleEngine
+from otbuild.harness.oracle import OracleEngine
 from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.harness.trial import TrialSettings, run_trial
-from otbuild.recipe.trials import Trials
+from otbuild.settings.trials import Trials
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import plan_trials, run_shard
-from otbuild.stages.settings import RolloutSettings
+from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import DATA, REPO, chat_answer

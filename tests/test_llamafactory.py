@@ -119,7 +119,7 @@ def test_unbuilt_traces_and_tiny_models_are_errors(built):
 
 
 def test_zero_stage_precision_and_steps_map_to_their_llamafactory_settings():
-    from otbuild.recipe.schema_train import Sft
+    from otbuild.settings.train import Sft
     from otbuild.train.llamafactory import deepspeed_config, training_args
 
     def args(**sft):
@@ -147,7 +147,7 @@ def test_zero_stage_precision_and_steps_map_to_their_llamafactory_settings():
 
 
 def test_a_wandb_run_is_named_in_the_yamls_header(tmp_path):
-    from otbuild.recipe.schema_train import Sft
+    from otbuild.settings.train import Sft
     from otbuild.train.llamafactory import write_handoff
     from otbuild.train.toy import write_toy_traces
 
@@ -161,7 +161,7 @@ def test_a_wandb_run_is_named_in_the_yamls_header(tmp_path):
 
 
 def test_every_optimizer_setting_and_the_template_follow_the_recipe():
-    from otbuild.recipe.schema_train import Sft
+    from otbuild.settings.train import Sft
     from otbuild.train.llamafactory import training_args
 
     def args(template="auto", speed=(), **sft):
@@ -186,7 +186,7 @@ def _conv(*roles):
 def test_turns_alternate_as_llamafactory_requires_and_the_changes_are_counted(tmp_path):
     """LLaMA-Factory drops a conversation whose turns do not alternate user/assistant or that
     does not end with an answer: the export merges and trims them, and says how many."""
-    from otbuild.recipe.schema_train import Sft
+    from otbuild.settings.train import Sft
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
     from otbuild.train.llamafactory import write_handoff
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from otbuild.recipe.schema_train import Sft, TinyModel
+from otbuild.settings.train import Sft, TinyModel
 from otbuild.traces.table import TRACE_SCHEMA, write_traces
 from otbuild.train.chat import tokenize_conversation
 from otbuild.train.llamafactory import write_handoff

@@ -12,7 +12,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.recipe.schema import Augment, TaskScorer
+from otbuild.settings.recipe import Augment, TaskScorer
 from otbuild.stages import augment, task_score
 from otbuild.stages.llm_requests import RefusedRequest
 from otbuild.tasks.taskdir import TaskDir

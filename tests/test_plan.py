@@ -143,9 +143,9 @@ def test_a_new_defaulted_field_keeps_every_id():
     with a default. Ids of recipes that do not set it stay what they were."""
     from pydantic import Field
 
-    from otbuild.recipe.base import identity
-    from otbuild.recipe.schema import Mix, Teacher, TraceFilter
-    from otbuild.recipe.schema_train import Sft
+    from otbuild.settings.base import identity
+    from otbuild.settings.recipe import Mix, Teacher, TraceFilter
+    from otbuild.settings.train import Sft
 
     cases = [(Mix, {"n": 2, "total": 10}), (Teacher, {"engine": "vllm", "model": "m", "max_episodes": 9}),
              (TraceFilter, {"min_turns": 3}), (Sft, {"model": {"kind": "tiny"}, "epochs": 2})]

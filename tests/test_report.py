@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from otbuild.plan import plan_recipe, report_node, report_settings
-from otbuild.stages.settings import config
+from otbuild.settings.stages import config
 from otbuild.recipe.load import load_recipe
 from otbuild.report import build, charts
 from otbuild.report.page import _md_cell

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from otbuild.sandbox import backend_problem
-from otbuild.stages.settings import RlSettings, SftSettings
+from otbuild.settings.stages import RlSettings, SftSettings
 from otbuild.train.rl import (
     TokenSequence,
     Turn,
@@ -122,7 +122,7 @@ class _Recorder:
 @needs_sandbox
 def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     from otbuild.harness.trial import TrialSettings, run_trial
-    from otbuild.recipe.trials import Trials
+    from otbuild.settings.trials import Trials
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
     from otbuild.train.model import load_model, load_tokenizer

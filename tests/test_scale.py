@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.recipe.schema import TraceFilter
+from otbuild.settings.recipe import TraceFilter
 from otbuild.stages import rollout, shard_path, trace_filter, trace_import
-from otbuild.stages.settings import RolloutSettings, config
+from otbuild.settings.stages import RolloutSettings, config
 from otbuild.train.export import export_llamafactory
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"

@@ -1,5 +1,5 @@
 """One definition per setting: what a stage and its workers receive is the recipe section's
-model (otbuild/stages/settings.py), its defaults the schema's, whatever path the settings take
+model (otbuild/settings/stages.py), its defaults the schema's, whatever path the settings take
 (plan -> spec JSON -> runner -> training worker)."""
 
 import ast
@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 from otbuild.plan import FILE_KEYS, plan_recipe
 from otbuild.recipe.load import load_recipe
-from otbuild.recipe.schema import Harness
+from otbuild.settings.recipe import Harness
 from otbuild.stages import STAGES
-from otbuild.stages.settings import SETTINGS, config
+from otbuild.settings.stages import SETTINGS, config
 from tests.conftest import REPO
 
 # Every stage, each section with only what it requires: all else is left to the schema.
@@ -99,7 +99,7 @@ def test_the_training_workers_read_back_what_the_stage_wrote(tmp_path):
 def test_rl_trials_are_the_teachers_fields(tmp_path):
     """rl.sandbox declares no field of its own: the same trial fields, with limits."""
     recipe, _ = bare_plan(tmp_path)
-    from otbuild.recipe.trials import Trials
+    from otbuild.settings.trials import Trials
 
     assert set(type(recipe.rl.sandbox).model_fields) == set(Trials.model_fields)
     assert set(Trials.model_fields) <= set(type(recipe.teacher).model_fields) & set(type(recipe.eval).model_fields)

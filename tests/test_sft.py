@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from otbuild.recipe.schema_train import Launch, TinyModel
-from otbuild.stages.settings import SftSettings
+from otbuild.settings.train import Launch, TinyModel
+from otbuild.settings.stages import SftSettings
 from otbuild.traces.table import TRACE_SCHEMA, write_traces
 from otbuild.train import data as D
 from otbuild.train.chat import TemplateMismatch, tokenize_conversation
@@ -354,7 +354,7 @@ def test_tokenized_set_in_worker_processes_is_byte_identical(tmp_path, tok, trac
     assert resolve_workers("auto") == len(os.sched_getaffinity(0)) and resolve_workers(3) == 3
     with pytest.raises(ValueError, match="workers"):
         resolve_workers(0)
-    from otbuild.recipe.base import identity  # the worker count is execution-only: no id moves
+    from otbuild.settings.base import identity  # the worker count is execution-only: no id moves
 
     assert identity(SftSettings(**FAST, tokenize_workers=7)) == identity(SftSettings(**FAST))
 
@@ -411,7 +411,7 @@ def test_gradient_accumulation_from_world_size():
 
 
 def test_zero3_config_from_the_recipe():
-    from otbuild.recipe.schema_train import Sft
+    from otbuild.settings.train import Sft
 
     s = Sft(model={"kind": "pretrained", "path": "/models/Qwen3-8B"})
     conf = ds_config(s, global_batch=96, per_device=1, world_size=16, on_gpu=True, client_optimizer=False)
@@ -466,7 +466,7 @@ def test_launch_command_for_a_4_node_4_gpu_slurm_allocation():
 def test_schema_defaults_are_the_papers():
     from pydantic import ValidationError
 
-    from otbuild.recipe.schema_train import Rl, Sft
+    from otbuild.settings.train import Rl, Sft
 
     s = Sft(model={"kind": "pretrained", "path": "Qwen/Qwen3-8B"})
     assert (s.learning_rate, s.lr_scheduler, s.warmup_ratio, s.global_batch_size, s.cutoff_len,

@@ -312,7 +312,7 @@ def test_tb1_quarantine_reasons(tmp_path):
 def test_a_source_with_no_usable_task_fails_its_stage(tmp_path):
     """A folder of folders that are not tasks (say /etc) built "successfully" with 0 tasks."""
     from otbuild.stages import source
-    from otbuild.stages.settings import config
+    from otbuild.settings.stages import config
 
     folder = tmp_path / "etc"
     _write(folder / "apt", {"sources.list": "deb x\n"})

@@ -14,9 +14,9 @@ import pytest
 from otbuild.recipe.load import load_recipe
 from otbuild.sources import nl2bash, read_source, stackexchange, swe_grader, swe_instances, table
 from otbuild.sources._html import html_to_markdown
-from otbuild.sources._rows import SourceFormatError
+from otbuild.records import SourceFormatError
 from otbuild.sources.shell_safety import check_command
-from otbuild.stages.settings import config
+from otbuild.settings.stages import config
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dev"

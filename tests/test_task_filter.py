@@ -3,7 +3,7 @@
 import duckdb
 import pytest
 
-from otbuild.recipe.schema import TaskFilter
+from otbuild.settings.recipe import TaskFilter
 from otbuild.stages import task_filter
 from tests.conftest import write_source
 

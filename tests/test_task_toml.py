@@ -11,7 +11,7 @@ import tomllib
 import pytest
 
 from otbuild.harness.trial import TrialSettings, effective_timeout, trial_timeouts
-from otbuild.recipe.trials import Trials
+from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, task_limits
 from otbuild.sandbox.podman import NetworkPolicyError, TrialNetworks, trial_networks
 from otbuild.tasks.task_toml import (

@@ -2,7 +2,7 @@
 
 import duckdb
 
-from otbuild.recipe.schema import TraceFilter
+from otbuild.settings.recipe import TraceFilter
 from otbuild.stages import trace_filter
 from otbuild.traces.table import write_traces
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.sources._rows import SourceFormatError
+from otbuild.records import SourceFormatError
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports import IMPORTERS, read_traces
 from otbuild.traces.table import TRACE_SCHEMA, count_turns, write_traces
@@ -201,7 +201,7 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
 def test_an_import_with_no_usable_trace_fails_its_stage(tmp_path):
     from otbuild.errors import StageError
     from otbuild.stages import trace_import
-    from otbuild.stages.settings import config
+    from otbuild.settings.stages import config
 
     f = tmp_path / "m.jsonl"
     f.write_text('{"id": "b"}\n[1]\n')

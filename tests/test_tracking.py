@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from otbuild.recipe.schema_train import Tracking
-from otbuild.stages.settings import SftSettings
+from otbuild.settings.train import Tracking
+from otbuild.settings.stages import SftSettings
 from otbuild.train.toy import write_toy_traces
 from otbuild.train.tracking import Tracker, tag
 
@@ -165,8 +165,8 @@ def test_wandb_configured_but_missing_is_a_config_error(tmp_path, monkeypatch):
 
 
 def test_tracking_settings_change_no_content_id():
-    from otbuild.recipe.base import identity
-    from otbuild.recipe.schema_train import Rl, Sft
+    from otbuild.settings.base import identity
+    from otbuild.settings.train import Rl, Sft
 
     base = {"model": {"kind": "tiny"}}
     tracked = {"tracking": {"tensorboard": False, "wandb": {"project": "p", "mode": "offline"}}}

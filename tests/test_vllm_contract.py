@@ -14,7 +14,7 @@ import yaml
 
 from otbuild.engines import LLM
 from otbuild.engines.openai import CONTEXT_OVERFLOW, OpenAIEngine, request_body
-from otbuild.engines.settings import client_settings
+from otbuild.settings.engines import client_settings
 from otbuild.engines.vllm import vllm_command
 from otbuild.harness import protocol
 from otbuild.plan import plan_recipe

@@ -4,8 +4,8 @@
         completion = await engine.complete(messages)
 
 or `engine = await open_engine(llm)` ... `await engine.aclose()`. `llm` is a recipe's LLM
-section (`otbuild.engines.settings.LLM`) or a subclass of it (a Teacher, ...): the engines read
-its LLM fields: a stage passes its own typed settings (otbuild/stages/settings.py).
+section (`otbuild.settings.engines.LLM`) or a subclass of it (a Teacher, ...): the engines read
+its LLM fields: a stage passes its own typed settings (otbuild/settings/stages.py).
 
 `ENGINES` maps a section's `engine` to a factory `LLM -> Engine`, as a callable or a lazy
 "module:attribute" path; new engines (e.g. the oracle) add an entry or `register()`.
@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 
 from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
-from otbuild.engines.settings import LLM
+from otbuild.settings.engines import LLM
 from otbuild.errors import ConfigError
 
 Factory = Callable[[LLM], Engine]
@@ -26,7 +26,7 @@ ENGINES: dict[str, str | Factory] = {
     "openai": "otbuild.engines.openai:OpenAIEngine",
     "vllm": "otbuild.engines.vllm:VLLMEngine",
     "transformers": "otbuild.engines.local:TransformersEngine",
-    "oracle": "otbuild.engines.oracle:OracleEngine",
+    "oracle": "otbuild.harness.oracle:OracleEngine",
 }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from otbuild.engines.base import Completion
 from otbuild.engines.openai import OpenAIEngine
 from otbuild.engines.process import install_sigterm_cleanup
-from otbuild.engines.settings import LLM, client_settings
+from otbuild.settings.engines import LLM, client_settings
 
 
 class ManagedServerEngine:

@@ -16,7 +16,7 @@ import httpx
 
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
-from otbuild.engines.settings import LLM, concurrency
+from otbuild.settings.engines import LLM, concurrency
 from otbuild.errors import ConfigError
 
 # How OpenAI-compatible servers say a request is over the context window: vLLM and OpenAI

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess, free_port
-from otbuild.engines.settings import LLM, check_fits_model
+from otbuild.settings.engines import LLM, check_fits_model
 
 
 def vllm_command(llm: LLM, port: int) -> list[str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.recipe.trials import Trials
+from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
 from otbuild.tasks.task_toml import TaskConfig, resolve_env, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
@@ -41,7 +41,7 @@ SETTLE_SECONDS = 2.0  # wait for the first prompt
 @dataclass(frozen=True)
 class TrialSettings:
     """What a trial runs under: a recipe's trial section (teacher, eval or rl.sandbox: one
-    declaration, otbuild/recipe/trials.py) and the harness prompt style (harness.prompt)."""
+    declaration, otbuild/settings/trials.py) and the harness prompt style (harness.prompt)."""
 
     trials: Trials
     prompt: str

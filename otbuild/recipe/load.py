@@ -15,11 +15,11 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from otbuild.engines.settings import LLM, LaunchOptionsError, check_fits_model, launch_options
+from otbuild.settings.engines import LLM, LaunchOptionsError, check_fits_model, launch_options
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema import NAME_RE, Eval, Recipe, Teacher
-from otbuild.recipe.schema_train import Rl
-from otbuild.recipe.trials import HARBOR, harbor_agent, trials_of
+from otbuild.settings.recipe import NAME_RE, Eval, Recipe, Teacher
+from otbuild.settings.train import Rl
+from otbuild.settings.trials import HARBOR, harbor_agent, trials_of
 
 
 @dataclass(frozen=True)
@@ -316,7 +316,7 @@ def _suggest(word: str, choices: list[str], what: str) -> str:
 
 # -- checks across keys ----------------------------------------------------------------------
 def _check_engine(llm: LLM, where: str, file: Path) -> None:
-    """The engine's settings against its model (otbuild/engines/settings.py), before anything runs."""
+    """The engine's settings against its model (otbuild/settings/engines.py), before anything runs."""
     try:
         check_fits_model(llm)
     except ConfigError as e:

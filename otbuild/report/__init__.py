@@ -23,7 +23,7 @@ RECORD_LINKS_UP = "../../../"
 
 def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     """Write OUTDIR/report.html and OUTDIR/dataset_card.md for the report stage's settings
-    (otbuild/stages/settings.py: ReportSettings); return the stage's stats."""
+    (otbuild/settings/stages.py: ReportSettings); return the stage's stats."""
     from otbuild.fsio import atomic_path
     from otbuild.report.data import load
     from otbuild.report.headline import headline

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from otbuild.usage import KEYS, cost
 
 if TYPE_CHECKING:
-    from otbuild.recipe.schema import Price
+    from otbuild.settings.recipe import Price
 
 BENCHMARKS = Path("benchmarks")
 LLM_STAGES = ("augment", "task_score", "rollout", "eval", "rl")  # they record llm_usage

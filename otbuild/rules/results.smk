@@ -5,7 +5,7 @@
 # always runs it: that is cheap and keeps the view true after an edit and an edit back.
 import re
 
-from otbuild.recipe.schema import NAME_RE
+from otbuild.settings.recipe import NAME_RE
 from otbuild.workflow import publish
 
 for _name in WF.plans:

@@ -44,7 +44,7 @@ from pathlib import Path
 from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
-from otbuild.sandbox.limits import Limits
+from otbuild.settings.limits import Limits
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config

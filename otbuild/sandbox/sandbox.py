@@ -19,7 +19,7 @@ from otbuild.sandbox.errors import SandboxError, WallClockExceeded
 from otbuild.sandbox.hostfs import system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, write_subtree
-from otbuild.sandbox.limits import Limits
+from otbuild.settings.limits import Limits
 from otbuild.sandbox.output import read_bounded
 from otbuild.sandbox.procs import descendants, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation

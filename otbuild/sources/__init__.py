@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources._rows import EXTENSIONS
+from otbuild.records import EXTENSIONS
 from otbuild.tasks.table import Quarantined, TaskRecord
 
 PATH_ADAPTERS = {
@@ -31,7 +31,7 @@ HUB_KEYS = {"repo", "revision", "split", "files", "hub"}  # what an hf-dataset s
 
 
 def read_source(cfg) -> Iterator[TaskRecord | Quarantined]:
-    """The items of a source (its settings: otbuild/stages/settings.py SourceSettings)."""
+    """The items of a source (its settings: otbuild/settings/stages.py SourceSettings)."""
     if cfg.kind == "synthetic":
         from otbuild.sources.synthetic import generate
 
@@ -137,7 +137,7 @@ def resolve_dataset(stage: str, settings: dict, ident: dict, resolve_path,
 
 def _plan_hub(stage: str, settings: dict, ident: dict, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
     from otbuild.errors import StageError
-    from otbuild.stages.settings import config
+    from otbuild.settings.stages import config
 
     for key in HUB_KEYS:
         ident.pop(key, None)
@@ -153,7 +153,7 @@ def _plan_hub(stage: str, settings: dict, ident: dict, forms: tuple[str, ...]) -
 
 def _plan_harbor(stage: str, settings: dict, ident: dict, resolve_path) -> tuple[dict, dict, list[str]]:
     from otbuild.sources.harbor_dataset import HARBOR_TASK_CACHE, tasks_digest
-    from otbuild.stages.settings import config
+    from otbuild.settings.stages import config
 
     for key in ("registry", "path"):
         ident.pop(key, None)

@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources._rows import (
+from otbuild.records import (
     Dedup,
     Row,
     SourceFormatError,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from otbuild.sources import PATH_FORMS
 from otbuild.sources._html import html_to_markdown
-from otbuild.sources._rows import (
+from otbuild.records import (
     Dedup,
     SourceFormatError,
     as_text,
@@ -169,7 +169,7 @@ def parse_tags(tags) -> list[str]:
     if s.startswith("<"):
         return re.findall(r"<([^<>]+)>", s)
     if s.startswith("["):
-        from otbuild.sources._rows import as_list
+        from otbuild.records import as_list
 
         try:
             return [str(t) for t in as_list(s, "tags")]

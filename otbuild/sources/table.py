@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources._rows import Dedup, as_text, iter_rows, task_name
+from otbuild.records import Dedup, as_text, iter_rows, task_name
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
 from otbuild.tasks.taskdir import DOCKERFILE, INSTRUCTION, SOLUTION, TASK_TOML, TESTS, TaskDir

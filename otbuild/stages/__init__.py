@@ -17,7 +17,7 @@ class StageDef:
     version: int
     outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
     module: str  # defines run(cfg, inputs: list[Path], outdir: Path) -> stats dict or None, where cfg
-    # is the stage's settings model (otbuild/stages/settings.py: SETTINGS[name])
+    # is the stage's settings model (otbuild/settings/stages.py: SETTINGS[name])
     sql: tuple[str, ...] = ()  # templates under otbuild/sql/ that the stage renders
     sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard, run() merges
 

@@ -16,7 +16,7 @@ from otbuild import duck, usage
 from otbuild.stages import rollout
 from otbuild.stages.failures import outcome_stats
 from otbuild.stages.rollout import merge_shards
-from otbuild.stages.settings import EvalSettings
+from otbuild.settings.stages import EvalSettings
 
 # scores.parquet's measurement (the trial's duration_s); traces.parquet's are the trace table's
 # (otbuild.traces.table.VOLATILE_COLUMNS)

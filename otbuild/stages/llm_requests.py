@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from otbuild import duck, usage
 from otbuild.engines import EngineError, open_engine
 from otbuild.engines.endpoint import refused
-from otbuild.engines.settings import concurrency
+from otbuild.settings.engines import concurrency
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.report import build
-from otbuild.stages.settings import ReportSettings
+from otbuild.settings.stages import ReportSettings
 
 
 def run(cfg: ReportSettings, inputs: list[Path], outdir: Path) -> dict:

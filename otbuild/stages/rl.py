@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import usage
-from otbuild.stages.settings import RlSettings
+from otbuild.settings.stages import RlSettings
 from otbuild.stages.sft import run_training
 
 

@@ -44,12 +44,12 @@ from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, eta
-from otbuild.recipe.trials import HARBOR
+from otbuild.settings.trials import HARBOR
 from otbuild.report.charts import duration
 from otbuild.stages import shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
-from otbuild.stages.settings import RolloutSettings
+from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import task_rows
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces import outcome as oc
@@ -229,7 +229,7 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
     alone)."""
     from otbuild.engines import open_engine
     from otbuild.engines.endpoint import FirstRequest
-    from otbuild.engines.settings import concurrency
+    from otbuild.settings.engines import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
 
     rows = task_rows(inputs, {t.row for t in todo})

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from otbuild.stages.settings import RlSettings, SftSettings
+from otbuild.settings.stages import RlSettings, SftSettings
 from otbuild.train.dist import free_port, launch_command
 
 

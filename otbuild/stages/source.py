@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from otbuild.errors import StageError
-from otbuild.recipe.schema import TaskFileSource
+from otbuild.settings.recipe import TaskFileSource
 from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import (
     Quarantined,

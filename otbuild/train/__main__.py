@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(export_llamafactory(a.inputs, a.outdir, a.name, chat_template=a.chat_template)))
         return 0
-    from otbuild.stages.settings import config
+    from otbuild.settings.stages import config
 
     raw = Path(a.settings[1:]).read_text() if a.settings.startswith("@") else a.settings
     cfg = config(a.command, json.loads(raw))  # the stage's model: the schema's defaults

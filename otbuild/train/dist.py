@@ -19,7 +19,7 @@ import sys
 from datetime import timedelta
 
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema_train import Launch, Training
+from otbuild.settings.train import Launch, Training
 
 
 class BatchSizeError(ConfigError):

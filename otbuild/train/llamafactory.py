@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from otbuild.fsio import atomic_path, write_json
-from otbuild.recipe.schema_train import Sft
+from otbuild.settings.train import Sft
 from otbuild.train.export import export_llamafactory, export_template, llamafactory_template
 
 # The DeepSpeed config LLaMA-Factory's examples ship (examples/deepspeed/ds_zN_config.json):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.harness.protocol import PROMPTS
-from otbuild.recipe.schema_train import ModelSpec
+from otbuild.settings.train import ModelSpec
 from otbuild.traces.table import iter_conversations
 from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
 

@@ -51,8 +51,8 @@ from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
-from otbuild.recipe.schema_train import Rl
-from otbuild.stages.settings import RlSettings
+from otbuild.settings.train import Rl
+from otbuild.settings.stages import RlSettings
 from otbuild.train.chat import clean
 from otbuild.progress import StepProgress
 from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log

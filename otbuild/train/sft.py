@@ -32,7 +32,7 @@ from pathlib import Path
 
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
-from otbuild.stages.settings import SftSettings
+from otbuild.settings.stages import SftSettings
 from otbuild.progress import StepProgress
 from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
 from otbuild.train.data import build as build_dataset

@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 
 from otbuild.errors import ConfigError
-from otbuild.recipe.schema_train import Tracking, WandbTracking
+from otbuild.settings.train import Tracking, WandbTracking
 
 # TensorBoard names its event files by the time, host and pid, and stamps every event with the
 # wall clock: a rebuild compares how many there are, not their bytes (docs/reproducibility.md).

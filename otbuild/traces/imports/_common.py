@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from otbuild.sources import _rows as rows
-from otbuild.sources._rows import SourceFormatError, iter_rows
+from otbuild import records as rows
+from otbuild.records import SourceFormatError, iter_rows
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
 

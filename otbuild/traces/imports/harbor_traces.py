@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from otbuild.sources._rows import iter_file
+from otbuild.records import iter_file
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import ensure_task_text, files, iso, load_task_ids, trace_row
 from otbuild.traces.outcome import TIMEOUT_ERRORS

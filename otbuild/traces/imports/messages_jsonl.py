@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.sources._rows import iter_rows
+from otbuild.records import iter_rows
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
     ensure_task_text,

@@ -3,7 +3,7 @@
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
 
-Content ids (otbuild/recipe/base.py): fields made with `execution_only(...)` are never part of
+Content ids (otbuild/settings/base.py): fields made with `execution_only(...)` are never part of
 an id; every other field is, but only when it differs from its default. So a new field must
 come with a default that keeps today's behaviour, and a knob that does not change outputs is
 declared `execution_only`.
@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from otbuild.engines.settings import LLM, Sampling
+from otbuild.settings.engines import LLM, Sampling
 from otbuild.harness.protocol import PROMPTS
-from otbuild.recipe.base import (
+from otbuild.settings.base import (
     MAX_REPEATS,
     MAX_SHARDS,
     MAX_TASKS,
@@ -25,8 +25,8 @@ from otbuild.recipe.base import (
     engine_args,
     execution_only,
 )
-from otbuild.recipe.schema_train import Rl, Sft
-from otbuild.recipe.trials import ShardedTrials
+from otbuild.settings.train import Rl, Sft
+from otbuild.settings.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"

@@ -15,7 +15,7 @@ BACKENDS = ("bwrap", "unshare", "none", "podman", "auto")
 
 def _setting(default, description: str = "", **bounds):
     """A limit a recipe sets (`limits:`): the recipe schema builds its section from these
-    fields, their bounds and descriptions (otbuild/recipe/trials.py: SandboxLimits)."""
+    fields, their bounds and descriptions (otbuild/settings/trials.py: SandboxLimits)."""
     return field(default=default, metadata={"recipe": True, "description": description, **bounds})
 
 

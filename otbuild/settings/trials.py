@@ -2,7 +2,7 @@
 teacher's rollouts, eval, and RL's rollouts (`rl.sandbox`). The harness takes them as
 `TrialSettings` (otbuild/harness/trial.py: `TrialSettings.of(section, prompt)`).
 
-The limits section is built from the sandbox's own `Limits` (otbuild/sandbox/limits.py: the
+The limits section is built from the sandbox's own `Limits` (otbuild/settings/limits.py: the
 sandbox is standard-library only, so its fields, bounds and descriptions are the one
 definition and the recipe's model follows them).
 """
@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from otbuild.recipe.base import MAX_EPISODES, MAX_SHARDS, Strict, execution_only
-from otbuild.sandbox.limits import BACKENDS, Limits
+from otbuild.settings.base import MAX_EPISODES, MAX_SHARDS, Strict, execution_only
+from otbuild.settings.limits import BACKENDS, Limits
 
 HARBOR = "harbor"  # trials through Harbor's CLI (teacher and eval only): otbuild/harbor/
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from otbuild.recipe.trials import trials_of
+from otbuild.settings.trials import trials_of
 from otbuild.sources import read_source
 from otbuild.tasks.base_image import task_base_images
 from otbuild.tasks.table import Quarantined

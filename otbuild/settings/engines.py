@@ -1,12 +1,12 @@
 """Engine settings, each declared once, in the recipe schema's terms.
 
-`LLM` is the section every LLM stage of a recipe shares (otbuild/recipe/schema.py extends it:
+`LLM` is the section every LLM stage of a recipe shares (otbuild/settings/recipe.py extends it:
 `Teacher`, `Augment`, `TaskScorer`): every setting an engine's client reads. An engine that
 starts its own server reads its launch options from `engine_args`, a mapping checked against
 that engine's model of them (`VLLMOptions`, `TransformersOptions`). Engines take the `LLM` (or
 a subclass: they read only its fields): `make_engine(llm)` in otbuild/engines/__init__.py.
 
-Content ids follow the recipe's rule (otbuild/recipe/base.py): fields made with
+Content ids follow the recipe's rule (otbuild/settings/base.py): fields made with
 `execution_only(...)` change how requests are sent or a server runs (concurrency, retries,
 timeouts, host/port, parallelism), not what the model answers; they, and values equal to
 their defaults, stay out of ids (`identity_args` there, for the keys of `engine_args`).
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from otbuild.engines.model_config import check_vllm_model
-from otbuild.recipe.base import LAUNCH_OPTIONS, Strict, engine_args, execution_only
+from otbuild.settings.base import LAUNCH_OPTIONS, Strict, engine_args, execution_only
 
 # Requests (so trials) in flight per engine when a section leaves `concurrency` unset: vLLM
 # batches them; `otbuild serve` answers one at a time (2 keeps it busy); the oracle's trials

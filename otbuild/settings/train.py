@@ -6,7 +6,7 @@ template; RLOO with PPO clip 0.2/0.2, no KL, AdamW lr 5e-6, batch 64, 8 samples,
 0.7), so the otagent_v2_* recipes only name the base model. CPU recipes (smoke) set a `tiny`
 model and small numbers. Execution knobs that do not change what is produced
 (`save_steps`, `concurrency`, `launcher`, ...) are `execution_only`: not part of the content
-id (otbuild/recipe/base.py); see docs/training.md.
+id (otbuild/settings/base.py); see docs/training.md.
 
 What the stages consume and produce (otbuild/stages/sft.py, otbuild/stages/rl.py):
   sft: inputs [kept.parquet of trace_filter]             -> checkpoint dir (checkpoint.json first)
@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from otbuild.recipe.base import Strict, engine_args, execution_only
-from otbuild.recipe.trials import PolicyTrials
+from otbuild.settings.base import Strict, engine_args, execution_only
+from otbuild.settings.trials import PolicyTrials
 
 ChatTemplate = Literal["auto", "qwen3", "qwen3_thinking"]
 CHAT_TEMPLATE = Field(

@@ -27,7 +27,7 @@ MAX_EPISODES = 10_000  # agent turns per trial
 EXECUTION_ONLY = "execution_only"
 ENGINE_ARGS_OF = "engine_args_of"
 # engine -> the model of its launch options (the keys of an `engine_args` mapping), for each
-# engine that starts a server; declared with the engines (otbuild/engines/settings.py)
+# engine that starts a server; declared with the engines (otbuild/settings/engines.py)
 LAUNCH_OPTIONS: dict[str, type[BaseModel]] = {}
 
 
@@ -64,7 +64,7 @@ def identity_args(engine: str, args: dict) -> dict:
     """The launch options in `args` that belong in a content id: not execution-only, not equal
     to their default. Keys the engine's options do not declare are kept (validate rejects them)."""
     if args and not LAUNCH_OPTIONS:  # never an id without them: every key would count
-        raise RuntimeError("the engines' launch options are not declared: import otbuild.engines.settings")
+        raise RuntimeError("the engines' launch options are not declared: import otbuild.settings.engines")
     known = LAUNCH_OPTIONS[engine].model_fields if engine in LAUNCH_OPTIONS else {}
     out = {}
     for key, value in args.items():

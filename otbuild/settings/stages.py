@@ -1,6 +1,6 @@
 """What each stage receives: its settings model.
 
-A stage's settings are its recipe section (otbuild/recipe/, otbuild/engines/settings.py: the
+A stage's settings are its recipe section (otbuild/recipe/, otbuild/settings/engines.py: the
 one definition of every field, its default and its bounds) plus what the plan adds: a source's name, the files
 and dataset commits it resolved, the harness prompt style, the checkpoint an eval serves. The
 plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them back
@@ -18,8 +18,8 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, TypeAdapter, create_model
 
-from otbuild.recipe.base import Strict
-from otbuild.recipe.schema import (
+from otbuild.settings.base import Strict
+from otbuild.settings.recipe import (
     NAME_RE,
     Augment,
     Mix,
@@ -33,7 +33,7 @@ from otbuild.recipe.schema import (
     TraceFilter,
     TraceImport,
 )
-from otbuild.recipe.schema_train import Rl, Sft
+from otbuild.settings.train import Rl, Sft
 
 
 class Named(Strict):
