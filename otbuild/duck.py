@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 
 from otbuild import jobs
 from otbuild.fsio import atomic_path, parquet_batches
-from otbuild.traces import outcome
 
 SQL_DIR = Path(__file__).parent / "sql"
 _env = jinja2.Environment(
@@ -26,11 +25,6 @@ def sql_literal(value) -> str:
 
 
 _env.filters["sql"] = sql_literal
-# how a trial ended (otbuild/traces/outcome.py), the same in every template that asks
-_env.globals["outcome"] = {"macros": outcome.sql_macros(), "excluded": outcome.sql_in(outcome.EXCLUDED_FROM_SCORES),
-                           "scored_zero": outcome.sql_in(outcome.SCORED_ZERO_ERRORS),
-                           "dropped": outcome.sql_in(outcome.DROPPED_AS_EXCEPTIONS)}
-
 
 def regex_error(pattern: str) -> str | None:
     """Why DuckDB's regexp functions (RE2 syntax: no lookaround, no backreferences) refuse

@@ -4,7 +4,7 @@ A node's id hashes its stage, the stage's implementation version, the identity o
 settings and the ids of its inputs, so an edit changes exactly the edited stage and what lies
 downstream, and recipes sharing a prefix share artifacts. Artifacts live at
 artifacts/<stage>/<id>/. The identity of a recipe section follows one rule
-(otbuild/settings/base.py): execution-only fields are left out, the others count only when they
+(otbuild/settings/identity.py): execution-only fields are left out, the others count only when they
 differ from their default.
 """
 
@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 
 from otbuild.hashing import content_digest, settings_hash
-from otbuild.settings.base import identity
+from otbuild.settings.identity import identity
 from otbuild.recipe.load import LoadedRecipe
 from otbuild.settings.trials import ShardedTrials
 from otbuild.stages import PROVENANCE, STAGES, shard_path
@@ -262,7 +262,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
 def _section_node(stage: str, label: str, section, inputs: list[Node], exclude: set[str] = frozenset(),
                   extra: dict | None = None) -> Node:
     """A node whose settings are a recipe section (less `exclude`, plus `extra`); its identity
-    follows the section's id rule (otbuild/settings/base.py)."""
+    follows the section's id rule (otbuild/settings/identity.py)."""
     extra = extra or {}
     return Node(stage, label, {**section.model_dump(exclude=exclude), **extra},
                 {**identity(section, exclude=exclude), **extra}, tuple(inputs))

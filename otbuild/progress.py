@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otbuild.fsio import write_json
-from otbuild.report.charts import duration
 
 DIR = Path(".otbuild") / "progress"
 LOG_ENV = "OTBUILD_LOG"  # the job's log file, set by the rules (otbuild/rules/common.smk)
@@ -30,6 +29,20 @@ EVERY_ENV = "OTBUILD_PROGRESS_SECONDS"
 WRITE_EVERY = 2.0  # seconds between two writes of a job's status file
 QUIET_FOR = 300.0  # a job that has not moved is named again after this long
 LOG_RE = re.compile(r"logs/(?P<stage>\w+)/(?P<id>[0-9a-f]{16})(?:/(?P<shard>\d+)-of-(?P<shards>\d+))?\.log$")
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as a person reads them: 42 s, 3 min 5 s, 2 h 10 min."""
+    if seconds is None:
+        return "–"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
 
 
 def eta(done_now: int, left: int, elapsed: float) -> float | None:

@@ -1,4 +1,5 @@
-"""Rows of record files (JSON, JSONL, CSV, parquet) for the row-based source adapters.
+"""Rows of record files (JSON, JSONL, CSV, parquet) for the row-based source adapters and
+the trace importers.
 
 `iter_rows(path)` yields `Row(where, data)` for every record of a file or of the sorted
 record files of a folder. A row that cannot be used on its own (a line that is not valid

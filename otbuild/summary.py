@@ -10,7 +10,8 @@ from pathlib import Path
 from otbuild.plan import RESULTS, Plan
 from otbuild.report import HTML
 from otbuild.report import costs as costs_mod
-from otbuild.report.charts import duration, num
+from otbuild.progress import duration
+from otbuild.report.charts import num
 from otbuild.report.data import artifacts
 from otbuild.report.headline import Headline, Part, headline
 from otbuild.report.page import amount

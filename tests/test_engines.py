@@ -29,18 +29,13 @@ from otbuild.engines import (
     register,
 )
 from otbuild.engines.process import free_port
-from otbuild.settings.engines import (
-    CONCURRENCY,
-    ServerOptions,
-    TransformersOptions,
-    VLLMOptions,
-    check_fits_model,
-)
+from otbuild.engines.model_config import check_fits_model
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
 from otbuild.settings.recipe import Teacher
 from otbuild.settings.stages import RolloutSettings
 from otbuild.serve import READY
+from otbuild.settings.engines import CONCURRENCY, ServerOptions, TransformersOptions, VLLMOptions
 from tests.conftest import REPO
 
 psutil = pytest.importorskip("psutil")

@@ -86,3 +86,71 @@ def test_no_import_circles():
     found = cycles(module_graph())
     assert not found, "import circles (cut each by moving what both sides need to a module both import):\n" + \
         "\n".join(" -> ".join(c) for c in found)
+
+
+def part(module: str) -> str:
+    """The part of otbuild a module belongs to: its sub-package (`otbuild.stages`), or itself
+    for a module at the top (`otbuild.plan`)."""
+    return ".".join(module.split(".")[:2])
+
+
+def two_way_parts(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """Pairs of parts that import each other, each with the imports that make it (`a -> b`)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for a, deps in graph.items():
+        for b in deps:
+            if part(a) != part(b):
+                edges.setdefault((part(a), part(b)), []).append(f"{a} -> {b}")
+    return {(x, y): sorted(edges[x, y] + edges[y, x]) for x, y in sorted(edges) if x < y and (y, x) in edges}
+
+
+def test_the_part_finder_names_both_directions():
+    graph = {"p.a.x": {"p.b.y"}, "p.b.y": {"p.b.z"}, "p.b.z": {"p.a"}, "p.a": set(), "p.c": {"p.a.x"}}
+    assert two_way_parts(graph) == {("p.a", "p.b"): ["p.a.x -> p.b.y", "p.b.z -> p.a"]}
+
+
+def test_no_two_parts_import_each_other():
+    """Sub-packages (and top-level modules) form layers: settings at the bottom, then what
+    builds on them; two that import each other are one part split in two, or a layer inverted."""
+    found = two_way_parts(module_graph())
+    assert not found, "parts that import each other (move what both need below both):\n" + "\n".join(
+        f"{a} <-> {b}: {', '.join(why)}" for (a, b), why in found.items())
+
+
+# The house, bottom first: a part imports only parts of its own floor or below. docs/README.md's
+# "Layers" says what each floor is for.
+FLOORS = (
+    # settings: every model that describes a recipe; foundations that know nothing of otbuild
+    ("settings", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",
+     "installation", "scaffold", "otbuild"),
+    # parts with one job each, built on settings
+    ("tasks", "engines", "duck", "hub", "serve", "show"),
+    ("sandbox", "traces", "usage"),
+    ("harness", "harbor", "sources"),
+    ("recipe", "recipe_images", "train", "ingest"),
+    # the stages compose the parts
+    ("stages",),
+    # the build: plan, records, reports, and the commands over them
+    ("plan", "codehash", "recovery", "report"),
+    ("provenance", "summary"),
+    ("audit", "publish", "rebuild", "runner", "workflow"),
+    ("cli", "__main__"),
+)
+
+
+def floor(p: str) -> int:
+    name = p.removeprefix("otbuild.") if p != "otbuild" else "otbuild"
+    return next((i for i, names in enumerate(FLOORS) if name in names), -1)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a part to a part on a higher floor, and parts on no floor."""
+    out = sorted({f"{part(m)} is on no floor of FLOORS" for m in graph if floor(part(m)) < 0})
+    for a, deps in sorted(graph.items()):
+        out += [f"{a} -> {b}" for b in sorted(deps) if floor(part(b)) > floor(part(a)) >= 0]
+    return out
+
+
+def test_imports_go_down_the_floors():
+    found = upward_imports(module_graph())
+    assert not found, "imports up the house (move what is shared down, or the importer up):\n" + "\n".join(found)

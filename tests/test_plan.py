@@ -143,7 +143,7 @@ def test_a_new_defaulted_field_keeps_every_id():
     with a default. Ids of recipes that do not set it stay what they were."""
     from pydantic import Field
 
-    from otbuild.settings.base import identity
+    from otbuild.settings.identity import identity
     from otbuild.settings.recipe import Mix, Teacher, TraceFilter
     from otbuild.settings.train import Sft
 

@@ -36,7 +36,7 @@ from otbuild.stages import STAGES, StageDef
 from tests.conftest import make_project, snakemake, write_source
 
 CHROMIUM = Path("/usr/bin/chromium")
-REPORT_STAGE = StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.stages.report")
+REPORT_STAGE = StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.report")
 
 RECIPE = """
 description: report test <script>alert("x")</script>

@@ -354,7 +354,7 @@ def test_tokenized_set_in_worker_processes_is_byte_identical(tmp_path, tok, trac
     assert resolve_workers("auto") == len(os.sched_getaffinity(0)) and resolve_workers(3) == 3
     with pytest.raises(ValueError, match="workers"):
         resolve_workers(0)
-    from otbuild.settings.base import identity  # the worker count is execution-only: no id moves
+    from otbuild.settings.identity import identity  # the worker count is execution-only: no id moves
 
     assert identity(SftSettings(**FAST, tokenize_workers=7)) == identity(SftSettings(**FAST))
 

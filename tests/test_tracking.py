@@ -165,7 +165,7 @@ def test_wandb_configured_but_missing_is_a_config_error(tmp_path, monkeypatch):
 
 
 def test_tracking_settings_change_no_content_id():
-    from otbuild.settings.base import identity
+    from otbuild.settings.identity import identity
     from otbuild.settings.train import Rl, Sft
 
     base = {"model": {"kind": "tiny"}}

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from otbuild.errors import ConfigError
+from otbuild.settings.engines import LLM
 
 # Formats a checkpoint is saved in, as vLLM's `--quantization` and model names spell them.
 FORMATS = ("awq", "gptq", "fp8")
@@ -103,3 +104,11 @@ def context_limit(model: str, config: dict | None) -> tuple[int | None, str]:
 def _names_a_model(model: str) -> bool:
     """An HF id (`org/name`) whose name can be read for a format tag (not a path on disk)."""
     return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", model)) and not Path(model).exists()
+
+
+def check_fits_model(llm: LLM) -> None:
+    """A vLLM engine's options against its model's own config:
+    what vLLM would refuse after loading the weights is a ConfigError up front."""
+    if llm.engine == "vllm":
+        o = llm.launch
+        check_vllm_model(llm.model, o.quantization, o.max_model_len, o.hf_overrides)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess, free_port
-from otbuild.settings.engines import LLM, check_fits_model
+from otbuild.engines.model_config import check_fits_model
+from otbuild.settings.engines import LLM
 
 
 def vllm_command(llm: LLM, port: int) -> list[str]:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from otbuild.fsio import parquet_batches
 from otbuild.prompts import render
+from otbuild.settings.recipe import PROMPTS
 
 MAX_DURATION = 60.0
 MAX_OUTPUT_BYTES = 10_000
@@ -36,9 +40,6 @@ class Answer:
 
 class ParseError(ValueError):
     pass
-
-
-PROMPTS = ("terminus2", "compact")  # the prompt styles; the first is the default
 
 
 def _answer_regex() -> str:
@@ -235,3 +236,18 @@ def _compact_answer(text: str) -> str:
 def _short(text: str) -> str:
     first = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
     return first[:Compact.ANALYSIS_CHARS]
+
+
+def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) -> Iterator[list]:
+    """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
+    compact harness renders them)."""
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        for batch in parquet_batches(path, batch_rows, ["conversations"]):
+            yield conversations_of(batch, prompt)
+
+
+def conversations_of(batch, prompt: str = PROMPTS[0]) -> list:
+    """A record batch's `conversations` column (its first) as Python lists, rewritten as the
+    compact harness renders them when `prompt` is compact."""
+    convs = batch.column(0).to_pylist()
+    return [compact_conversation(c) if c and prompt == "compact" else c for c in convs]

@@ -15,8 +15,10 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from otbuild.settings.engines import LLM, LaunchOptionsError, check_fits_model, launch_options
+from otbuild.engines.model_config import check_fits_model
+from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
 from otbuild.errors import ConfigError
+from otbuild.settings.base import RE2, field_extra
 from otbuild.settings.recipe import NAME_RE, Eval, Recipe, Teacher
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, harbor_agent, trials_of
@@ -66,6 +68,7 @@ def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
     try:
         _check_finite(data, origin, path, ())
         recipe = Recipe.model_validate(data)
+        _check_regexes(recipe, origin, path, ())
         _check_semantics(recipe, origin, path)
     except ValidationError as e:
         raise ConfigError("\n".join(context + _format_error(err, origin, path) for err in e.errors())) from None
@@ -330,6 +333,25 @@ def _check_launch_options(engine: str, args: dict, loc: tuple, origin: dict, pat
         launch_options(engine, args)
     except LaunchOptionsError as e:
         raise ConfigError(_launch_errors(e, loc, origin, path)) from None
+
+
+def _check_regexes(value, origin: dict, path: Path, loc: tuple) -> None:
+    """Every `re2` field (otbuild/settings/base.py) through DuckDB's regex engine, which runs them."""
+    from otbuild.duck import regex_error
+
+    if isinstance(value, BaseModel):
+        for name, info in type(value).model_fields.items():
+            v = getattr(value, name)
+            if field_extra(info).get(RE2) and v is not None and (error := regex_error(v)):
+                raise ConfigError(f"{_file_for((*loc, name), origin, path)}: {'.'.join(map(str, (*loc, name)))}: "
+                                  f"not a valid regular expression for DuckDB (RE2 syntax: {error}); found {v!r}")
+            _check_regexes(v, origin, path, (*loc, name))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_regexes(v, origin, path, (*loc, k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_regexes(v, origin, path, (*loc, i))
 
 
 def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:

@@ -1,6 +1,8 @@
 """Reports: one self-contained HTML page per recipe (row-count funnel, per-source mix, turn
 and reward distributions, training curves, eval scores, ablation ranking) and a dataset card
-for its trace set (or task set). See docs/reports.md.
+for its trace set (or task set). See docs/reports.md. This package is also the `report` stage
+(`run`): its settings name every node of the recipe's plan, its inputs are their main outputs
+(so the report is rebuilt exactly when an artifact changes).
 
   data.py    what the page shows, read from artifact dirs (provenance, parquet, train logs)
   charts.py  inline SVG charts (bars with error bars, columns, lines)
@@ -19,6 +21,11 @@ CARD = "dataset_card.md"
 # results/<recipe>/report/ both lie three folders below the project (and so a rebuild of the
 # report elsewhere writes the same bytes).
 RECORD_LINKS_UP = "../../../"
+
+
+def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+    """The report stage (otbuild/stages/): the inputs are read through the settings' nodes."""
+    return build(cfg, Path(outdir))
 
 
 def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:

@@ -30,20 +30,6 @@ def num(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}" if abs(v) >= 1 else f"{v:.{digits}f}".rstrip("0").rstrip(".")
 
 
-def duration(seconds: float | None) -> str:
-    """Seconds as a person reads them: 42 s, 3 min 5 s, 2 h 10 min."""
-    if seconds is None:
-        return "–"
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.3g} s" if seconds < 10 else f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} min {s} s"
-    h, m = divmod(m, 60)
-    return f"{h} h {m} min"
-
-
 def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
     """About n round tick values; the first <= lo, the last >= hi (whole numbers if `integer`)."""
     if hi <= lo:

@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 import otbuild
 from otbuild.report import charts
+from otbuild.progress import duration
 from otbuild.report.data import Group, Report
 from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
 from otbuild.stages import PROVENANCE
@@ -69,7 +70,7 @@ def render_html(rep: Report, up: str | None = None) -> str:
     resolved = yaml.safe_dump(rep.resolved, sort_keys=True, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
         rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
-        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=charts.duration, head=head,
+        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=duration, head=head,
         flags=flags, benchmarks=benchmarks, record=record, resolved=resolved)
 
 

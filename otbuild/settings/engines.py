@@ -6,10 +6,10 @@ starts its own server reads its launch options from `engine_args`, a mapping che
 that engine's model of them (`VLLMOptions`, `TransformersOptions`). Engines take the `LLM` (or
 a subclass: they read only its fields): `make_engine(llm)` in otbuild/engines/__init__.py.
 
-Content ids follow the recipe's rule (otbuild/settings/base.py): fields made with
+Content ids follow the rule of otbuild/settings/identity.py: fields made with
 `execution_only(...)` change how requests are sent or a server runs (concurrency, retries,
 timeouts, host/port, parallelism), not what the model answers; they, and values equal to
-their defaults, stay out of ids (`identity_args` there, for the keys of `engine_args`).
+their defaults, stay out of ids (the keys of `engine_args` too).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from otbuild.engines.model_config import check_vllm_model
-from otbuild.settings.base import LAUNCH_OPTIONS, Strict, engine_args, execution_only
+from otbuild.settings.base import Strict, engine_args, execution_only
 
 # Requests (so trials) in flight per engine when a section leaves `concurrency` unset: vLLM
 # batches them; `otbuild serve` answers one at a time (2 keeps it busy); the oracle's trials
@@ -64,7 +63,9 @@ class VLLMOptions(ServerOptions):
     vllm_executable: str = execution_only("vllm", min_length=1)
 
 
-LAUNCH_OPTIONS.update(vllm=VLLMOptions, transformers=TransformersOptions)
+# engine -> the model of its launch options (the keys of an `engine_args` mapping), for each
+# engine that starts a server
+LAUNCH_OPTIONS: dict[str, type[ServerOptions]] = {"vllm": VLLMOptions, "transformers": TransformersOptions}
 
 
 class LaunchOptionsError(ValueError):
@@ -155,14 +156,6 @@ def client_settings(llm: LLM) -> LLM:
     if llm.launch is None:
         return llm
     return llm.model_copy(update={"model": llm.launch.served_model_name or llm.model, "api_key_env": None})
-
-
-def check_fits_model(llm: LLM) -> None:
-    """A vLLM engine's options against its model's own config (otbuild/engines/model_config.py):
-    what vLLM would refuse after loading the weights is a ConfigError up front."""
-    if llm.engine == "vllm":
-        o = llm.launch
-        check_vllm_model(llm.model, o.quantization, o.max_model_len, o.hf_overrides)
 
 
 def concurrency(section: LLM) -> int:

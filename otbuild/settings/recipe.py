@@ -3,7 +3,7 @@
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
 
-Content ids (otbuild/settings/base.py): fields made with `execution_only(...)` are never part of
+Content ids (otbuild/settings/identity.py): fields made with `execution_only(...)` are never part of
 an id; every other field is, but only when it differs from its default. So a new field must
 come with a default that keeps today's behaviour, and a knob that does not change outputs is
 declared `execution_only`.
@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from otbuild.settings.engines import LLM, Sampling
-from otbuild.harness.protocol import PROMPTS
 from otbuild.settings.base import (
     MAX_REPEATS,
     MAX_SHARDS,
@@ -24,6 +23,7 @@ from otbuild.settings.base import (
     Strict,
     engine_args,
     execution_only,
+    re2,
 )
 from otbuild.settings.train import Rl, Sft
 from otbuild.settings.trials import ShardedTrials
@@ -35,15 +35,6 @@ FAMILIES = ("files", "text", "data", "archive", "python")
 
 
 RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
-
-
-def duckdb_regex(v: str | None) -> str | None:
-    """A regex the SQL will run: checked by DuckDB (RE2: no lookarounds, no backreferences)."""
-    from otbuild.duck import regex_error
-
-    if v is not None and (error := regex_error(v)):
-        raise ValueError(f"not a valid regular expression for DuckDB (RE2 syntax: {error})")
-    return v
 
 
 class SyntheticSource(Strict):
@@ -73,12 +64,7 @@ class SourceSample(Strict):
     seed: int = 0
     stratify: str | None = Field(default=None, pattern=NAME_RE,
                                  description="a task metadata key (e.g. repo), or the column path or source")
-    pattern: str | None = Field(default=None, description="RE2: the stratum is its first group's match in the value")
-
-    @field_validator("pattern")
-    @classmethod
-    def _regex(cls, v):
-        return duckdb_regex(v)
+    pattern: str | None = re2(description="the stratum is its first group's match in the value")
 
     @model_validator(mode="after")
     def _pattern_needs_key(self):
@@ -270,15 +256,10 @@ class TaskFilter(Strict):
     decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
     dedup: bool = True
     instruction_chars: Bounds | None = None
-    include_regex: str | None = None
-    exclude_regex: str | None = None
+    include_regex: str | None = re2()
+    exclude_regex: str | None = re2()
     score: Score | None = None
     sample: Sample | None = None
-
-    @field_validator("include_regex", "exclude_regex")
-    @classmethod
-    def _regex(cls, v):
-        return duckdb_regex(v)
 
 
 
@@ -410,6 +391,9 @@ class Eval(ShardedTrials, Sampling):
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
     allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "
                                                  "harness prompt than its rollouts' (validate refuses it otherwise)")
+
+
+PROMPTS = ("terminus2", "compact")  # the harness's prompt styles (otbuild/harness/protocol.py); the first is the default
 
 
 class PromptStyle(Strict):

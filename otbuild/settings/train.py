@@ -6,7 +6,7 @@ template; RLOO with PPO clip 0.2/0.2, no KL, AdamW lr 5e-6, batch 64, 8 samples,
 0.7), so the otagent_v2_* recipes only name the base model. CPU recipes (smoke) set a `tiny`
 model and small numbers. Execution knobs that do not change what is produced
 (`save_steps`, `concurrency`, `launcher`, ...) are `execution_only`: not part of the content
-id (otbuild/settings/base.py); see docs/training.md.
+id (otbuild/settings/identity.py); see docs/training.md.
 
 What the stages consume and produce (otbuild/stages/sft.py, otbuild/stages/rl.py):
   sft: inputs [kept.parquet of trace_filter]             -> checkpoint dir (checkpoint.json first)

@@ -40,7 +40,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
         StageDef("sft", 2, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
         StageDef("rl", 4, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
-        StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.stages.report"),
+        StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report"),
         StageDef(
             "trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
             ("trace_filter.sql", "_inputs.sql"),

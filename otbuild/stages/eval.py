@@ -16,6 +16,7 @@ from otbuild import duck, usage
 from otbuild.stages import rollout
 from otbuild.stages.failures import outcome_stats
 from otbuild.stages.rollout import merge_shards
+from otbuild.traces import outcome
 from otbuild.settings.stages import EvalSettings
 
 # scores.parquet's measurement (the trial's duration_s); traces.parquet's are the trace table's
@@ -31,7 +32,8 @@ def run_shard(cfg: EvalSettings, inputs: list[Path], outdir: Path, shard: int) -
 def run(cfg: EvalSettings, inputs: list[Path], outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
-    duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label)
+    duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label,
+                      outcome=outcome.sql_context())
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions, n_excluded FROM ev_summary").fetchall()

@@ -45,7 +45,7 @@ from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, eta
 from otbuild.settings.trials import HARBOR
-from otbuild.report.charts import duration
+from otbuild.progress import duration
 from otbuild.stages import shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail

@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.traces import outcome
 
 
 def run(cfg, inputs: list[Path], outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
-                      offsets=duck.input_offsets(inputs), **cfg.model_dump())
+                      offsets=duck.input_offsets(inputs), outcome=outcome.sql_context(), **cfg.model_dump())
     stats = duck.stream_split(con, "trace_decided", inputs, outdir, rejected_by="trace_filter")
     total = stats["kept"] + stats["rejected"]
     capped = stats["rejected_by_reason"].get("not_sampled", 0)

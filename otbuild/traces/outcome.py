@@ -96,6 +96,12 @@ def sql_in(values) -> str:
     return "(" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + ")"
 
 
+def sql_context() -> dict:
+    """What a SQL template that asks how trials ended gets as `outcome` (eval.sql, trace_filter.sql)."""
+    return {"macros": sql_macros(), "excluded": sql_in(EXCLUDED_FROM_SCORES),
+            "scored_zero": sql_in(SCORED_ZERO_ERRORS), "dropped": sql_in(DROPPED_AS_EXCEPTIONS)}
+
+
 def sql_macros() -> str:
     """DuckDB macros `otb_error(result, exception)` and `otb_outcome(result, exception,
     timed_out, reward)`: error_name() and classify() in SQL, from the same lists."""

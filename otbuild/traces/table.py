@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path, parquet_batches
-from otbuild.harness.protocol import PROMPTS
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
@@ -105,20 +104,3 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
             batch = []
     if batch:
         yield batch
-
-
-def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) -> Iterator[list]:
-    """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
-    compact harness renders them)."""
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        for batch in parquet_batches(path, batch_rows, ["conversations"]):
-            yield conversations_of(batch, prompt)
-
-
-def conversations_of(batch, prompt: str = PROMPTS[0]) -> list:
-    """A record batch's `conversations` column (its first) as Python lists, rewritten as the
-    compact harness renders them when `prompt` is compact."""
-    from otbuild.harness.protocol import compact_conversation
-
-    convs = batch.column(0).to_pylist()
-    return [compact_conversation(c) if c and prompt == "compact" else c for c in convs]

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from otbuild.fsio import atomic_path, write_json
-from otbuild.harness.protocol import PROMPTS
+from otbuild.settings.recipe import PROMPTS
 from otbuild.train.chat import for_template
 
 ROLE_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
@@ -109,7 +109,7 @@ def _as_user(role: str, content: str) -> str:
 
 def iter_conversations(paths, batch_rows: int = 64, prompt: str = PROMPTS[0]) -> Iterator[list[dict]]:
     """The non-empty conversations of trace parquets, in order, in the prompt style `prompt`."""
-    from otbuild.traces.table import iter_conversations as batches
+    from otbuild.harness.protocol import iter_conversations as batches
 
     for batch in batches(paths, batch_rows, prompt):
         yield from (c for c in batch if c)

@@ -40,9 +40,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path, parquet_batches, write_json
-from otbuild.harness.protocol import PROMPTS
+from otbuild.settings.recipe import PROMPTS
 from otbuild.hashing import file_sha256
-from otbuild.traces.table import conversations_of
+from otbuild.harness.protocol import conversations_of
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
