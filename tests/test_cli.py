@@ -6,7 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import mix, source
-from otbuild.settings.stages import MixSettings, config
+from otbuild.settings.stages import MixSettings
+from otbuild.stages import STAGES
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import otbuild
 
@@ -17,7 +18,7 @@ RECIPE = "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\ntask_fil
 def built_source(tmp_path):
     out = tmp_path / "src"
     out.mkdir()
-    source.run(config("source", {"name": "a", "kind": "synthetic", "count": 4, "seed": 3}), [], out)
+    source.run(STAGES["source"].config({"name": "a", "kind": "synthetic", "count": 4, "seed": 3}), [], out)
     return out / "tasks.parquet"
 
 

@@ -23,6 +23,8 @@ from otbuild.settings.base import (
     Strict,
     engine_args,
     execution_only,
+    external,
+    plan_only,
     re2,
 )
 from otbuild.settings.train import Rl, Sft
@@ -41,7 +43,7 @@ class SyntheticSource(Strict):
     """Procedurally generated terminal tasks (the embedded default source)."""
 
     kind: Literal["synthetic"]
-    rank: int | None = Field(default=None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
+    rank: int | None = plan_only(None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
     count: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
     families: list[Literal[FAMILIES]] | None = None  # type: ignore[valid-type]
@@ -83,16 +85,16 @@ class PathSource(TaskFileSource):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1, description="relative to the project root, or absolute")
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1, description="relative to the project root, or absolute")
 
 
 class SweInstancesSource(TaskFileSource):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     patch_introduces_bug: bool | Literal["auto"] = Field(
         default="auto",
         description="SWE-smith convention (oracle = reverse patch); auto: by repo/image/id naming",
@@ -106,8 +108,8 @@ class StackExchangeSource(TaskFileSource):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     site: str | None = Field(
         default=None, min_length=1, description="default: the row's site, or the dump's folder"
     )
@@ -117,8 +119,8 @@ class Nl2BashSource(TaskFileSource):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     verifier: bool = Field(
         default=True, description="add tests where the command is safe and deterministic"
     )
@@ -136,8 +138,8 @@ class TableSource(TaskFileSource):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     columns: TableColumns
     image: str = Field(default="python:3.12-slim", min_length=1)
     docker_image: str | None = Field(default=None, min_length=1)
@@ -148,11 +150,11 @@ class HfDatasetSource(TaskFileSource):
     its local cache: the revision is resolved to a commit when planned (docs/sources.md)."""
 
     kind: Literal["hf-dataset"]
-    rank: int | None = Field(default=None, ge=1)
-    repo: str = Field(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
-    revision: str = Field(default="main", min_length=1, description="a branch, tag or commit")
-    split: str | None = Field(default=None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
-    files: list[str] | None = Field(default=None, min_length=1, description="glob patterns of repo files")
+    rank: int | None = plan_only(None, ge=1)
+    repo: str = external(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
+    revision: str = external("main", min_length=1, description="a branch, tag or commit")
+    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
+    files: list[str] | None = external(None, min_length=1, description="glob patterns of repo files")
 
 
 class HarborDatasetSource(TaskFileSource):
@@ -160,10 +162,10 @@ class HarborDatasetSource(TaskFileSource):
     swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
 
     kind: Literal["harbor-dataset"]
-    rank: int | None = Field(default=None, ge=1)
+    rank: int | None = plan_only(None, ge=1)
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
-    registry: str = Field(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
-    path: str | None = Field(default=None, min_length=1, description="where Harbor downloaded the tasks: its "
+    registry: str = external(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
+    path: str | None = external(None, min_length=1, description="where Harbor downloaded the tasks: its "
                              "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
 
 
@@ -252,7 +254,7 @@ class Decontaminate(Strict):
 
 
 class TaskFilter(Strict):
-    llm: TaskScorer | None = None  # scores every task first (a stage of its own: task_score)
+    llm: TaskScorer | None = plan_only(None, description="scores every task first (a stage of its own: task_score)")
     decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
     dedup: bool = True
     instruction_chars: Bounds | None = None
@@ -295,7 +297,7 @@ class Augment(LLM):
     """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
     Tezos 997 -> ~21K surface forms)."""
 
-    sources: list[str] | None = Field(default=None, description="sources to augment; default: all")
+    sources: list[str] | None = plan_only(None, description="sources to augment; default: all")
     kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
     k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
@@ -316,10 +318,10 @@ class SweTrajectoryImport(FileSource):
     """mini-swe-agent `.traj.json` or SWE-agent `.traj` files (a file or a folder)."""
 
     kind: Literal["mini-swe-agent", "swe-agent"]
-    path: str = Field(min_length=1)
-    labels: str | None = None  # JSONL of {instance_id, resolved}: the reward
-    tasks: str | None = None  # a task parquet to look task ids up in
-    instances: str | None = None  # SWE instances, for an empty task message
+    path: str = external(min_length=1)
+    labels: str | None = external(None)  # JSONL of {instance_id, resolved}: the reward
+    tasks: str | None = external(None)  # a task parquet to look task ids up in
+    instances: str | None = external(None)  # SWE instances, for an empty task message
     run_id: str | None = None
     model: str | None = None
     agent: str | None = None
@@ -329,8 +331,8 @@ class MessagesImport(FileSource):
     """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
 
     kind: Literal["messages-jsonl"]
-    path: str = Field(min_length=1)
-    tasks: str | None = None
+    path: str = external(min_length=1)
+    tasks: str | None = external(None)
     run_id: str | None = None
     model: str | None = None
     model_provider: str | None = None
@@ -342,9 +344,9 @@ class HarborTracesImport(FileSource):
     sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
 
     kind: Literal["harbor-traces"]
-    path: str = Field(min_length=1)
+    path: str = external(min_length=1)
     episodes: Literal["last", "all"] = Field(default="last", description="each trial's last episode, or every row")
-    tasks: str | None = None
+    tasks: str | None = external(None)
     run_id: str | None = None
     model: str | None = None
     agent: str | None = None
@@ -355,10 +357,10 @@ class HfTraceImport(FileSource):
     the importers above (`format`); the revision is resolved to a commit when planned."""
 
     kind: Literal["hf-dataset"]
-    repo: str = Field(pattern=HF_REPO_RE)
-    revision: str = Field(default="main", min_length=1)
-    split: str | None = Field(default=None, pattern=NAME_RE)
-    files: list[str] | None = Field(default=None, min_length=1)
+    repo: str = external(pattern=HF_REPO_RE)
+    revision: str = external("main", min_length=1)
+    split: str | None = external(None, pattern=NAME_RE)
+    files: list[str] | None = external(None, min_length=1)
     format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
     episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces: default last")
     run_id: str | None = None
