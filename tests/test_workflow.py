@@ -37,7 +37,7 @@ def test_edit_rebuilds_exactly_what_it_invalidates(project):
     ran, _ = snakemake(project, "r")
     assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
     ran, _ = snakemake(project, "r")
-    assert ran == {"r": 1}  # nothing but re-publishing the results view
+    assert ran == {"r": 1}  # nothing but rewriting the results view
 
     _write(project, "r", RECIPE.replace("min: 10", "min: 200"))
     dry, log = snakemake(project, "r", "-n")

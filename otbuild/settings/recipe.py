@@ -445,24 +445,3 @@ class Recipe(Strict):
     # follows them; no other artifact's does)
     prices: dict[Annotated[str, Field(min_length=1)], Price] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _inputs_exist(self):
-        if not (self.sources or self.trace_imports):
-            raise ValueError("nothing to build from: add `sources` (tasks) or `trace_imports` (traces)")
-        needing = [k for k in ("mix", "augment", "task_filter", "teacher", "rl") if getattr(self, k)]
-        if needing and not self.sources:
-            raise ValueError(f"{needing[0]} works on tasks: add `sources`")
-        if (self.trace_filter or self.sft) and not (self.teacher or self.trace_imports):
-            raise ValueError("trace_filter and sft need traces: add a `teacher` or `trace_imports` section")
-        if self.rl and not self.sft:
-            raise ValueError("rl starts from the SFT checkpoint: add an `sft` section")
-        if self.rl and not (self.mix or self.task_filter) and len(self.sources) > 1:
-            raise ValueError("rl draws its tasks from one task set: add `mix` or `task_filter`")
-        if self.task_filter and self.task_filter.decontaminate:
-            known = [*(self.eval.benchmarks if self.eval else {}), *self.sources]
-            for name in self.task_filter.decontaminate.against:
-                if name not in known:
-                    raise ValueError(f"task_filter.decontaminate.against: {name!r} is neither a benchmark in "
-                                     f"eval.benchmarks nor a source (known: {', '.join(known) or 'none'})")
-        return self
-
