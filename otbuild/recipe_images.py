@@ -7,6 +7,7 @@ from collections import Counter
 
 from otbuild.settings.trials import trials_of
 from otbuild.sources import read_source
+from otbuild.stages import STAGES
 from otbuild.tasks.base_image import task_base_images
 from otbuild.tasks.table import Quarantined
 
