@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 import otbuild
+from otbuild.artifact import top_files
 from otbuild.codehash import code_files, code_sha256
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
@@ -46,9 +47,7 @@ def artifact_files(outdir: Path, stage: str) -> list[Path]:
     checkpoint's config and tokenizer files, ...): what the record covers. Hidden files, the
     record itself and subdirs (resume state, shards) are not part of the artifact."""
     declared = [outdir / o for o in STAGES[stage].outputs]
-    others = sorted(p for p in outdir.iterdir() if p.is_file() and p not in declared
-                    and p.name != PROVENANCE and not p.name.startswith("."))
-    return declared + others
+    return declared + [p for p in top_files(outdir) if p not in declared]
 
 
 def describe_file(path: Path) -> dict:

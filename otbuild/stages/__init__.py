@@ -19,6 +19,8 @@ from pydantic import TypeAdapter
 
 from otbuild.settings import stages as s
 
+from otbuild.artifact import PROVENANCE, REBUILD  # noqa: F401 - the registry's names for them
+
 
 @dataclass(frozen=True)
 class StageDef:
@@ -70,10 +72,6 @@ STAGES: dict[str, StageDef] = {
                  s.TraceFilter, traces=True),
     )
 }
-
-PROVENANCE = "provenance.json"
-# the artifact's last `otbuild audit --rebuild` (hidden: not one of its files; otbuild/rebuild.py)
-REBUILD = ".rebuild.json"
 
 
 def shard_path(outdir: Path, shards: int, shard: int) -> Path:
