@@ -85,13 +85,14 @@ class JobProgress:
 
 class StepProgress:
     """A training run's steps: on the run's console (rank 0: `log` is not None) and, every
-    LOG_EVERY seconds and at the last step, a line in the job's log through `log`."""
+    `every` seconds (0: every step) and at the last step, a line in the job's log through `log`."""
 
     LOG_EVERY = 30.0
 
-    def __init__(self, what: str, total: int, done: int, log: Callable[[str], None] | None):
+    def __init__(self, what: str, total: int, done: int, log: Callable[[str], None] | None,
+                 every: float = LOG_EVERY):
         self.job = JobProgress(f"{what} steps", total, done) if log is not None else None
-        self.what, self.total, self.first, self.log = what, total, done, log
+        self.what, self.total, self.first, self.log, self.every = what, total, done, log, every
         self.start = self.logged = time.monotonic()
 
     def step(self, done: int, note: str) -> None:
@@ -99,7 +100,7 @@ class StepProgress:
             return
         self.job.update(done, note)
         now = time.monotonic()
-        if now - self.logged >= self.LOG_EVERY or done == self.total:
+        if now - self.logged >= self.every or done == self.total:
             self.logged = now
             left = eta(done - self.first, self.total - done, now - self.start)
             self.log(f"{self.what.lower()}: step {done}/{self.total}, {note}"

@@ -205,7 +205,7 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(R, "rollout", real)
     seen = []
     R.train(RlSettings(**settings), inputs, tmp_path / "rl", log=seen.append)
-    assert "rl: resumed from step 2" in seen and len([s for s in seen if "step 3/3" in s]) == 1
+    assert "rl: resumed from step 2 of 3" in seen and len([s for s in seen if "step 3/3" in s]) == 1
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["trajectories"] == 2 for r in log)
     assert not (tmp_path / "rl" / "checkpoints").exists()

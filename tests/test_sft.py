@@ -558,13 +558,14 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 
-    def start(outdir, delay):
+    def start(outdir, delay=None):  # delay: each step that much longer (tests/slow_train.py)
+        entry = ["-m", "otbuild.train"] if delay is None else [str(Path(__file__).parent / "slow_train.py"), delay]
         return subprocess.Popen(
-            [sys.executable, "-m", "otbuild.train", "sft", str(traces), "--outdir", str(outdir),
+            [sys.executable, *entry, "sft", str(traces), "--outdir", str(outdir),
              "--settings", f"@{tmp_path / 's.json'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, env={**env, "OTBUILD_TRAIN_STEP_DELAY": delay}, start_new_session=True)
+            text=True, env=env, start_new_session=True)
 
-    ref = start(tmp_path / "ref", "0")
+    ref = start(tmp_path / "ref")
     run = start(tmp_path / "run", "0.3")
     latest = tmp_path / "run" / "checkpoints" / "latest"
     deadline = time.monotonic() + 120
@@ -578,7 +579,7 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     run.wait()
     assert not (tmp_path / "run" / "checkpoint.json").exists()
     assert max(r["step"] for r in _log(tmp_path / "run")) > 10
-    again = start(tmp_path / "run", "0")
+    again = start(tmp_path / "run")
     out, _ = again.communicate(timeout=180)
     assert again.returncode == 0, out
     assert "sft: resumed from step 10" in out

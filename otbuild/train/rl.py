@@ -18,7 +18,7 @@ One step:
 4. AdamW (lr 5e-6), grad clipping; one line per step in train_log.jsonl (reward, loss, ...),
    also written to TensorBoard event files and a wandb run (`tracking`: otbuild/train/tracking.py);
    checkpoints/step-N (DeepSpeed's: weights, optimizer) every save_steps; a killed run resumes
-   from the last one.
+   from the last one (the loop SFT shares: otbuild/train/loop.py).
 
 Scale-out: one process per GPU (otbuild.train.dist.launch_command: srun + torchrun over the
 Slurm allocation), DeepSpeed data parallel with ZeRO 0-2 and bf16 on GPU. Each rank holds a
@@ -49,15 +49,12 @@ from pathlib import Path
 from otbuild import usage
 from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
-from otbuild.fsio import write_json
-from otbuild.hashing import file_sha256
 from otbuild.settings.train import Rl
 from otbuild.settings.stages import RlSettings
 from otbuild.train.chat import clean
-from otbuild.progress import StepProgress
-from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
+from otbuild.train.checkpoint import LOG
 from otbuild.train.data import global_batch_rows
-from otbuild.train.tracking import Tracker
+from otbuild.train.loop import Trainer, run
 
 
 # -- the math -----------------------------------------------------------------------------------
@@ -428,118 +425,108 @@ def make_engine(cfg: Rl, model_dir: Path, *, on_gpu: bool):
 def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     """RLOO on one process or on each of the ranks a launcher started (one per GPU): DeepSpeed
     data parallel, bf16 on GPU, each rank rolling out its share of the step's tasks."""
-    import torch
     import torch.distributed as dist
-
-    from otbuild.train.dist import init_distributed, placement
-    from otbuild.train.model import load_model, load_tokenizer
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    on_gpu = torch.cuda.is_available()
-    # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
-    init_distributed(on_gpu, timeout=timedelta(hours=24))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cfg.rollout == "vllm" and world > 1:
-        raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
-                          "were started; use gpus_per_node: 1 on one node, or rollout: transformers")
-    log = log if rank == 0 else (lambda _: None)
-    sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])
-    tasks = read_tasks(Path(inputs[1]))
-    if not tasks:
-        raise ValueError("the task table is empty")
-    seed = cfg.seed
-    engine, conf = make_engine(cfg, sft_dir, on_gpu=on_gpu)
-    model = engine.module
-    dtype = next(model.parameters()).dtype
-    tok, template = load_tokenizer(sft_dir)
-    ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if cfg.kl_coef > 0 else None
-    ckdir = outdir / CHECKPOINTS
-    start = 0
-    if (ckdir / "latest").exists():
-        _, client = engine.load_checkpoint(str(ckdir))
-        start = client["step"]
-        log(f"rl: resumed from step {start}")
-    if rank == 0:
-        truncate_log(outdir / LOG, start)
-    log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
-        f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
-    policy = Policy(model, tok, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                    max_context=cfg.max_context, name=str(sft_dir))
-    steps, tasks_per_step, k = cfg.steps, cfg.batch_size, cfg.samples_per_task
-    workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
-    tracker = Tracker(cfg.tracking, stage="rl", outdir=outdir, first_step=start + 1,
-                      config=cfg.model_dump(mode="json"), active=rank == 0)
-    progress = StepProgress("RL", steps, start, None if rank else (lambda _: None))  # rank 0; it logs each step
-    try:
-        for step in range(start, steps):
-            t0 = time.monotonic()
-            torch.manual_seed(seed * 1_000_003 + step + rank * 7_919)
-            random.seed(seed * 1_000_003 + step + rank * 7_919)
-            indices = global_batch_rows(len(tasks), step, min(tasks_per_step, len(tasks)), seed)
-            mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
-            roll = served_rollout if cfg.rollout == "vllm" else rollout
-            trajs = asyncio.run(roll(policy, tasks, mine, k, cfg, workroot / f"step-{step}",
-                                     run_id=f"{outdir.name}-{step}"))
-            t1 = time.monotonic()
-            seqs, groups_zero = [], 0
-            for g in range(len(mine)):
-                group = trajs[g * k:(g + 1) * k]
-                adv = rloo_advantages([t.reward for t in group], cfg.std_eps)
-                groups_zero += all(a == 0.0 for a in adv)
-                for t, a in zip(group, adv, strict=True):
-                    for s in sequences(t.turns):
-                        s.advantage = a
-                        seqs.append(s)
-            st = update(engine, seqs, cfg, tok.pad_token_id, ref)
-            parts = [None] * world
-            dist.all_gather_object(parts, {
-                **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
-                "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0,
-                **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS}})
-            rewards = [r for p in parts for r in p["rewards"]]
-            total = {key: sum(p[key] for p in parts) for key in
-                     ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors")}
-            rec = {"step": step + 1, "reward_mean": sum(rewards) / len(rewards),
-                   "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
-                   "loss": total["loss"], "grad_norm": st["grad_norm"], "kl": total["kl"],
-                   "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
-                   "trajectories": len(rewards), "sequences": total["sequences"],
-                   "zero_advantage_tasks": total["zero"], "errors": total["errors"],
-                   "lr": engine.get_lr()[0], "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
-                   "update_seconds": round(time.monotonic() - t1, 3),
-                   "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
-                   **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
-            if rank == 0:
-                with open(outdir / LOG, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                tracker.log(rec)
-            log(f"rl: step {step + 1}/{steps} reward {rec['reward_mean']:.3f} loss {rec['loss']:.4f}")
-            progress.step(step + 1, f"reward {rec['reward_mean']:.3f}, loss {rec['loss']:.4g}")
-            shutil.rmtree(workroot / f"step-{step}", ignore_errors=True)
-            if (step + 1) % cfg.save_steps == 0 and step + 1 < steps:
-                save_checkpoint(engine, ckdir, step + 1, 1, rank, {"step": step + 1})
-                tracker.flush()
-    finally:
-        progress.finish()
-        shutil.rmtree(workroot, ignore_errors=True)
-        tracked = tracker.close()
-    places = [None] * world
-    dist.all_gather_object(places, placement(engine.device))
-    manifest = {}
-    if rank == 0:
-        model.save_pretrained(outdir, safe_serialization=True, max_shard_size="10000GB")
-        tok.save_pretrained(outdir)
-        shutil.rmtree(ckdir, ignore_errors=True)
+    t = RlTrainer(cfg, inputs, outdir, log)
+    return run(t, outdir, log if dist.get_rank() == 0 else (lambda _: None))
+
+
+class RlTrainer(Trainer):
+    """RL's part of the loop (otbuild/train/loop.py): the policy under DeepSpeed, and a step of
+    rollouts, advantages and one update."""
+
+    kind = "rl"
+    log_every = 0  # a step takes minutes: a line each
+
+    def __init__(self, cfg: RlSettings, inputs: list[Path], outdir: Path, log):
+        import torch
+        import torch.distributed as dist
+
+        from otbuild.train.dist import init_distributed
+        from otbuild.train.model import load_model, load_tokenizer
+
+        on_gpu = torch.cuda.is_available()
+        # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
+        init_distributed(on_gpu, timeout=timedelta(hours=24))
+        self.rank, self.world = rank, world = dist.get_rank(), dist.get_world_size()
+        if cfg.rollout == "vllm" and world > 1:
+            raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
+                              "were started; use gpus_per_node: 1 on one node, or rollout: transformers")
+        self.cfg, self.outdir, self.total_steps = cfg, outdir, cfg.steps
+        self.sft_dir = sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])
+        self.tasks = read_tasks(Path(inputs[1]))
+        if not self.tasks:
+            raise ValueError("the task table is empty")
+        self.engine, self.conf = engine, conf = make_engine(cfg, sft_dir, on_gpu=on_gpu)
+        self.model = model = engine.module
+        dtype = next(model.parameters()).dtype
+        self.tok, self.template = load_tokenizer(sft_dir)
+        self.ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if cfg.kl_coef > 0 else None
+        if rank == 0:
+            log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
+                f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
+        self.policy = Policy(model, self.tok, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                             max_context=cfg.max_context, name=str(sft_dir))
+        self.workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
+
+    def step(self, step: int) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        cfg, tasks, rank, world, k = self.cfg, self.tasks, self.rank, self.world, self.cfg.samples_per_task
+        t0 = time.monotonic()
+        torch.manual_seed(cfg.seed * 1_000_003 + step + rank * 7_919)
+        random.seed(cfg.seed * 1_000_003 + step + rank * 7_919)
+        indices = global_batch_rows(len(tasks), step, min(cfg.batch_size, len(tasks)), cfg.seed)
+        mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
+        roll = served_rollout if cfg.rollout == "vllm" else rollout
+        trajs = asyncio.run(roll(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
+                                 run_id=f"{self.outdir.name}-{step}"))
+        t1 = time.monotonic()
+        seqs, groups_zero = [], 0
+        for g in range(len(mine)):
+            group = trajs[g * k:(g + 1) * k]
+            adv = rloo_advantages([t.reward for t in group], cfg.std_eps)
+            groups_zero += all(a == 0.0 for a in adv)
+            for t, a in zip(group, adv, strict=True):
+                for s in sequences(t.turns):
+                    s.advantage = a
+                    seqs.append(s)
+        st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
+        parts = [None] * world
+        dist.all_gather_object(parts, {
+            **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
+            "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0,
+            **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS}})
+        rewards = [r for p in parts for r in p["rewards"]]
+        total = {key: sum(p[key] for p in parts) for key in
+                 ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors")}
+        shutil.rmtree(self.workroot / f"step-{step}", ignore_errors=True)
+        return {"step": step + 1, "reward_mean": sum(rewards) / len(rewards),
+                "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+                "loss": total["loss"], "grad_norm": st["grad_norm"], "kl": total["kl"],
+                "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
+                "trajectories": len(rewards), "sequences": total["sequences"],
+                "zero_advantage_tasks": total["zero"], "errors": total["errors"],
+                "lr": self.engine.get_lr()[0], "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
+                "update_seconds": round(time.monotonic() - t1, 3),
+                "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
+                **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
+
+    def note(self, rec: dict) -> str:
+        return f"reward {rec['reward_mean']:.3f}, loss {rec['loss']:.4g}"
+
+    def close(self) -> None:
+        shutil.rmtree(self.workroot, ignore_errors=True)
+
+    def weights(self):
+        return self.model, self.tok, None
+
+    def finish(self, outdir: Path) -> dict:
         last = [json.loads(x) for x in (outdir / LOG).read_text().splitlines()]
-        manifest = {
-            "kind": "rl", "algorithm": "rloo", "base_checkpoint": str(sft_dir), "chat_template": template,
-            "steps": steps, "world_size": world, "placement": places, "deepspeed": conf, "tracking": tracked,
-            "reward_mean_first": last[0]["reward_mean"] if last else None,
-            "reward_mean_last": last[-1]["reward_mean"] if last else None,
-            "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir()) if p.is_file()
-                      and p.name not in (MANIFEST, "provenance.json") and not p.name.startswith(".")},
-        }
-        write_json(outdir / MANIFEST, manifest)
-    dist.barrier()
-    return manifest
+        return {"algorithm": "rloo", "base_checkpoint": str(self.sft_dir), "chat_template": self.template,
+                "deepspeed": self.conf,
+                "reward_mean_first": last[0]["reward_mean"] if last else None,
+                "reward_mean_last": last[-1]["reward_mean"] if last else None}

@@ -13,7 +13,8 @@ outdir after a successful run:
 while running (and after a kill): checkpoints/step-N/ (DeepSpeed: weights, optimizer,
 scheduler, client state) + checkpoints/latest; tokenized/ (the training set, tokenized once by
 rank 0 and memory-mapped by every rank: otbuild/train/tokenized.py); base_model/ (a built
-tiny model).
+tiny model). The loop around SFT's step (resume, the log, tracking, checkpoints, the final
+save and manifest) is the one RL shares: otbuild/train/loop.py.
 
 Loss: cross entropy summed over the supervised (assistant) tokens of a global batch, divided
 by their count (token mean over the global batch, whatever the micro-batching). Logits are
@@ -23,30 +24,18 @@ tensor is never materialised.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
 
-from otbuild.fsio import write_json
-from otbuild.hashing import file_sha256
 from otbuild.settings.stages import SftSettings
-from otbuild.progress import StepProgress
-from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint, truncate_log
 from otbuild.train.data import build as build_dataset
 from otbuild.train.data import collate, global_batch_rows, steps_per_epoch
-from otbuild.train.dist import (
-    client_adamw,
-    ds_config,
-    init_distributed,
-    placement,
-    uses_client_optimizer,
-)
+from otbuild.train.dist import client_adamw, ds_config, init_distributed, uses_client_optimizer
+from otbuild.train.loop import Trainer, run
 from otbuild.train.model import load_model, load_tokenizer, materialise
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set, remove_tokenized_set
-from otbuild.train.tracking import Tracker
 
 TOKENIZED = "tokenized"
 LOSS_CHUNK = 4096  # supervised positions per lm_head chunk
@@ -124,172 +113,161 @@ def copy_batch(tok, step: int, seed: int, rank: int, allowed=None) -> dict:
 
 
 def train(cfg: SftSettings, inputs: list[Path], outdir: Path, *, log=print) -> dict:
-    import torch
-
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    on_gpu = torch.cuda.is_available()
-    deepspeed = init_distributed(on_gpu)
-    import torch.distributed as dist
+    return run(SftTrainer(cfg, inputs, outdir, log), outdir, log)
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    t_start = time.monotonic()
 
-    spec = cfg.model
-    base_dir, tokenized = outdir / "base_model", outdir / TOKENIZED
-    if rank == 0:  # the tokenized set is built once, by one rank; every rank (and resume) reads it
-        base = materialise(spec, base_dir, inputs, cfg.prompt)
-        tok, template = load_tokenizer(base, spec.chat_template)
-        build_tokenized_set(inputs, tok, template, cfg.cutoff_len, tokenized, truncation=cfg.truncation,
-                            train_on_prompt=cfg.train_on_prompt, prompt=cfg.prompt, workers=cfg.tokenize_workers,
-                            log=log)
-    dist.barrier()
-    if rank:
-        base = materialise(spec, base_dir, inputs, cfg.prompt)  # built by rank 0: found, not rebuilt
-        tok, template = load_tokenizer(base, spec.chat_template)
-    seqs = TokenizedSet(tokenized)
-    check_dropped(seqs.stats, cfg.max_dropped_fraction, inputs)
-    ds = build_dataset(seqs, cutoff_len=cfg.cutoff_len, packing=cfg.packing, token_budget=cfg.token_budget,
-                       seed=cfg.seed)
-    if not len(ds):
-        raise SftDataError(f"{', '.join(map(str, inputs))}: no trainable traces: {ds.stats}")
+class SftTrainer(Trainer):
+    """SFT's part of the loop (otbuild/train/loop.py): the tokenized set, the model under
+    DeepSpeed, and a step over one global batch."""
 
-    global_batch, per_device = cfg.global_batch_size, cfg.per_device_batch_size
-    client_opt = uses_client_optimizer(cfg, on_gpu)
-    conf = ds_config(cfg, global_batch=global_batch, per_device=per_device, world_size=world, on_gpu=on_gpu,
-                     client_optimizer=client_opt)
-    accum = conf["gradient_accumulation_steps"]
-    per_epoch = steps_per_epoch(len(ds), global_batch)
-    total_steps = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * per_epoch))
-    warmup = math.ceil(cfg.warmup_ratio * total_steps)
+    kind = "sft"
 
-    dschf = None
-    if conf["zero_optimization"]["stage"] == 3:
-        from transformers.integrations import HfDeepSpeedConfig
+    def __init__(self, cfg: SftSettings, inputs: list[Path], outdir: Path, log):
+        import torch
 
-        dschf = HfDeepSpeedConfig(conf)  # noqa: F841 - keeps zero.Init on while loading
-    dtype = torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32
-    model = load_model(base, dtype=dtype)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    module = _loss_module(model)
-    optimizer = client_adamw(module.parameters(), cfg) if client_opt else None
-    sched = lr_lambda(cfg.lr_scheduler, warmup, total_steps)
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=module, model_parameters=None if client_opt else module.parameters(), optimizer=optimizer,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched), config=conf)
+        on_gpu = torch.cuda.is_available()
+        deepspeed = init_distributed(on_gpu)
+        import torch.distributed as dist
 
-    ckdir = outdir / CHECKPOINTS
-    step, tokens_seen, sup_seen, elapsed0 = 0, 0, 0, 0.0
-    if (ckdir / "latest").exists():
-        _, client = engine.load_checkpoint(str(ckdir))
-        step, tokens_seen = client["step"], client["tokens_seen"]
-        sup_seen, elapsed0 = client["supervised_tokens_seen"], client["elapsed"]
-        log(f"sft: resumed from step {step} of {total_steps}")
-    if rank == 0:
-        truncate_log(outdir / LOG, step)
-    log(f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {total_steps} steps "
-        f"({per_epoch}/epoch), world {world} x micro {per_device} x accum {accum} = {global_batch}, "
-        f"zero {conf['zero_optimization']['stage']}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
+        self.cfg, self.rank, self.world = cfg, dist.get_rank(), dist.get_world_size()
+        self.t_start = time.monotonic()
+        rank, world = self.rank, self.world
 
-    delay = float(os.environ.get("OTBUILD_TRAIN_STEP_DELAY", "0"))  # tests: make a run killable
-    copy_weight, seed = cfg.copy_loss_weight, cfg.seed
-    copyable = copyable_tokens(tok) if copy_weight else None
-    per_rank = per_device * accum
-    t0 = time.monotonic() - elapsed0
-    logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
-    tracker = Tracker(cfg.tracking, stage="sft", outdir=outdir, first_step=step + 1,
-                      config=cfg.model_dump(mode="json"), active=rank == 0)
-    progress = StepProgress("SFT", total_steps, step, log if rank == 0 else None)
-    try:
-        while step < total_steps:
-            t_step = time.monotonic()
-            idx = global_batch_rows(len(ds), step, global_batch, cfg.seed)
-            n_sup, n_tok = int(ds.supervised[idx].sum()), int(ds.tokens[idx].sum())
-            mine = [ds.row(i) for i in idx[rank * per_rank:(rank + 1) * per_rank]]  # this rank's slice
-            lr = scheduler.get_last_lr()[0]
-            loss_sum, gn_local, copy_loss = 0.0, None, None
-            for m in range(accum):
-                batch = collate(mine[m * per_device:(m + 1) * per_device], tok.pad_token_id)
-                batch.pop("n_tokens")
-                batch = {k: v.to(engine.device) for k, v in batch.items()}
-                total = engine(**batch)
-                objective = total / max(n_sup, 1) * accum * world
-                if copy_weight and m == 0:  # once per step and rank, averaged over ranks
-                    cb = {k: v.to(engine.device) for k, v in copy_batch(tok, step, seed, rank, copyable).items()}
-                    copy_loss = engine(**cb) / COPY_TARGETS
-                    objective = objective + copy_weight * copy_loss * accum
-                engine.backward(objective)
-                if m == accum - 1 and conf["zero_optimization"]["stage"] == 0:
-                    grads = [p.grad.float().norm() for p in module.parameters() if p.grad is not None]
-                    gn_local = float(torch.stack(grads).norm()) if grads else 0.0
-                engine.step()
-                loss_sum += float(total.detach())
-            if world > 1:
-                t = torch.tensor([loss_sum], dtype=torch.float64, device=engine.device)
-                dist.all_reduce(t)
-                loss_sum = float(t.item())
-            step += 1
-            tokens_seen += n_tok
-            sup_seen += n_sup
-            gn = engine.get_global_grad_norm()
-            if gn is None and conf["zero_optimization"]["stage"] == 0:
-                gn = gn_local  # before clipping, as DeepSpeed reports it for ZeRO
-            rec = {"step": step, "epoch": round(step / per_epoch, 4), "loss": loss_sum / max(n_sup, 1),
-                   "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
-                   "tokens_per_second": round(n_tok / max(time.monotonic() - t_step, 1e-9), 1),
-                   "supervised_tokens": n_sup, "tokens_seen": tokens_seen,
-                   "supervised_tokens_seen": sup_seen, "time": round(time.monotonic() - t0, 3)}
-            if copy_loss is not None:
-                rec["copy_loss"] = float(copy_loss.detach())
-            if logf:
-                logf.write(json.dumps(rec) + "\n")
-                logf.flush()
-            tracker.log(rec)
-            progress.step(step, f"loss {rec['loss']:.4g}")
-            if delay:
-                time.sleep(delay)
-            if step % cfg.save_steps == 0 and step < total_steps:
-                save_checkpoint(engine, ckdir, step, cfg.save_total_limit, rank, {
-                    "step": step, "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
-                    "elapsed": time.monotonic() - t0})
-                tracker.flush()
-                log(f"sft: checkpoint step {step}")
-    finally:
-        progress.finish()
-        if logf:
-            logf.close()
-        tracked = tracker.close()
+        spec = cfg.model
+        self.base_dir, self.tokenized = outdir / "base_model", outdir / TOKENIZED
+        if rank == 0:  # the tokenized set is built once, by one rank; every rank (and resume) reads it
+            base = materialise(spec, self.base_dir, inputs, cfg.prompt)
+            tok, template = load_tokenizer(base, spec.chat_template)
+            build_tokenized_set(inputs, tok, template, cfg.cutoff_len, self.tokenized, truncation=cfg.truncation,
+                                train_on_prompt=cfg.train_on_prompt, prompt=cfg.prompt,
+                                workers=cfg.tokenize_workers, log=log)
+        dist.barrier()
+        if rank:
+            base = materialise(spec, self.base_dir, inputs, cfg.prompt)  # built by rank 0: found, not rebuilt
+            tok, template = load_tokenizer(base, spec.chat_template)
+        self.tok, self.template = tok, template
+        seqs = TokenizedSet(self.tokenized)
+        check_dropped(seqs.stats, cfg.max_dropped_fraction, inputs)
+        self.ds = ds = build_dataset(seqs, cutoff_len=cfg.cutoff_len, packing=cfg.packing,
+                                     token_budget=cfg.token_budget, seed=cfg.seed)
+        if not len(ds):
+            raise SftDataError(f"{', '.join(map(str, inputs))}: no trainable traces: {ds.stats}")
 
-    train_time = time.monotonic() - t0
-    state = engine._zero3_consolidated_16bit_state_dict() if conf["zero_optimization"]["stage"] == 3 \
-        else engine.module.state_dict()
-    places = [None] * world
-    dist.all_gather_object(places, placement(engine.device))
-    manifest = {}
-    if rank == 0:
-        state = {k.removeprefix("model."): v for k, v in state.items()}
-        model.save_pretrained(outdir, state_dict=state, safe_serialization=True, max_shard_size="10000GB")
-        tok.save_pretrained(outdir)
-        if not cfg.keep_checkpoints:
-            shutil.rmtree(ckdir, ignore_errors=True)
-        if spec.kind == "tiny":
-            shutil.rmtree(base_dir, ignore_errors=True)
-        remove_tokenized_set(tokenized)
-        manifest = {
-            "kind": "sft", "base_model": spec.model_dump(mode="json"), "chat_template": template, "steps": step,
-            "total_steps": total_steps, "steps_per_epoch": per_epoch, "epochs": cfg.epochs,
-            "world_size": world, "placement": places, "gradient_accumulation_steps": accum,
-            "global_batch_size": global_batch,
-            "tokens_seen": tokens_seen, "supervised_tokens_seen": sup_seen,
-            "train_seconds": round(train_time, 3), "wall_seconds": round(time.monotonic() - t_start, 3),
-            "data": ds.stats, "deepspeed": conf, "tracking": tracked,
-            "files": {p.name: file_sha256(p) for p in sorted(outdir.iterdir())
-                      if p.is_file() and p.name not in (MANIFEST, "provenance.json")},
+        global_batch, per_device = cfg.global_batch_size, cfg.per_device_batch_size
+        client_opt = uses_client_optimizer(cfg, on_gpu)
+        self.conf = conf = ds_config(cfg, global_batch=global_batch, per_device=per_device, world_size=world,
+                                     on_gpu=on_gpu, client_optimizer=client_opt)
+        self.zero = conf["zero_optimization"]["stage"]
+        self.accum = accum = conf["gradient_accumulation_steps"]
+        self.per_epoch = steps_per_epoch(len(ds), global_batch)
+        self.total_steps = cfg.max_steps if cfg.max_steps is not None \
+            else max(1, math.ceil(cfg.epochs * self.per_epoch))
+        warmup = math.ceil(cfg.warmup_ratio * self.total_steps)
+
+        dschf = None
+        if self.zero == 3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            dschf = HfDeepSpeedConfig(conf)  # noqa: F841 - keeps zero.Init on while loading
+        dtype = torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32
+        self.model = model = load_model(base, dtype=dtype)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.module = module = _loss_module(model)
+        optimizer = client_adamw(module.parameters(), cfg) if client_opt else None
+        sched = lr_lambda(cfg.lr_scheduler, warmup, self.total_steps)
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=module, model_parameters=None if client_opt else module.parameters(), optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched), config=conf)
+        self.save_limit, self.keep_checkpoints = cfg.save_total_limit, cfg.keep_checkpoints
+        log(f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {self.total_steps} steps "
+            f"({self.per_epoch}/epoch), world {world} x micro {per_device} x accum {accum} = {global_batch}, "
+            f"zero {self.zero}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
+        self.copyable = copyable_tokens(tok) if cfg.copy_loss_weight else None
+        self.tokens_seen = self.sup_seen = 0
+        self.t0 = time.monotonic()
+
+    def restore(self, client: dict) -> None:
+        self.tokens_seen, self.sup_seen = client["tokens_seen"], client["supervised_tokens_seen"]
+        self.t0 = time.monotonic() - client["elapsed"]
+
+    def client_state(self) -> dict:
+        return {"tokens_seen": self.tokens_seen, "supervised_tokens_seen": self.sup_seen,
+                "elapsed": time.monotonic() - self.t0}
+
+    def step(self, step: int) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        cfg, ds, engine, accum, world, rank = self.cfg, self.ds, self.engine, self.accum, self.world, self.rank
+        per_device, copy_weight = cfg.per_device_batch_size, cfg.copy_loss_weight
+        per_rank = per_device * accum
+        t_step = time.monotonic()
+        idx = global_batch_rows(len(ds), step, cfg.global_batch_size, cfg.seed)
+        n_sup, n_tok = int(ds.supervised[idx].sum()), int(ds.tokens[idx].sum())
+        mine = [ds.row(i) for i in idx[rank * per_rank:(rank + 1) * per_rank]]  # this rank's slice
+        lr = self.scheduler.get_last_lr()[0]
+        loss_sum, gn_local, copy_loss = 0.0, None, None
+        for m in range(accum):
+            batch = collate(mine[m * per_device:(m + 1) * per_device], self.tok.pad_token_id)
+            batch.pop("n_tokens")
+            batch = {k: v.to(engine.device) for k, v in batch.items()}
+            total = engine(**batch)
+            objective = total / max(n_sup, 1) * accum * world
+            if copy_weight and m == 0:  # once per step and rank, averaged over ranks
+                cb = copy_batch(self.tok, step, cfg.seed, rank, self.copyable)
+                copy_loss = engine(**{k: v.to(engine.device) for k, v in cb.items()}) / COPY_TARGETS
+                objective = objective + copy_weight * copy_loss * accum
+            engine.backward(objective)
+            if m == accum - 1 and self.zero == 0:
+                grads = [p.grad.float().norm() for p in self.module.parameters() if p.grad is not None]
+                gn_local = float(torch.stack(grads).norm()) if grads else 0.0
+            engine.step()
+            loss_sum += float(total.detach())
+        if world > 1:
+            t = torch.tensor([loss_sum], dtype=torch.float64, device=engine.device)
+            dist.all_reduce(t)
+            loss_sum = float(t.item())
+        self.tokens_seen += n_tok
+        self.sup_seen += n_sup
+        gn = engine.get_global_grad_norm()
+        if gn is None and self.zero == 0:
+            gn = gn_local  # before clipping, as DeepSpeed reports it for ZeRO
+        rec = {"step": step + 1, "epoch": round((step + 1) / self.per_epoch, 4), "loss": loss_sum / max(n_sup, 1),
+               "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
+               "tokens_per_second": round(n_tok / max(time.monotonic() - t_step, 1e-9), 1),
+               "supervised_tokens": n_sup, "tokens_seen": self.tokens_seen,
+               "supervised_tokens_seen": self.sup_seen, "time": round(time.monotonic() - self.t0, 3)}
+        if copy_loss is not None:
+            rec["copy_loss"] = float(copy_loss.detach())
+        return rec
+
+    def note(self, rec: dict) -> str:
+        return f"loss {rec['loss']:.4g}"
+
+    def weights(self):
+        self.train_time = time.monotonic() - self.t0
+        state = self.engine._zero3_consolidated_16bit_state_dict() if self.zero == 3 \
+            else self.engine.module.state_dict()
+        if self.rank == 0:
+            state = {k.removeprefix("model."): v for k, v in state.items()}
+        return self.model, self.tok, state
+
+    def finish(self, outdir: Path) -> dict:
+        cfg = self.cfg
+        if cfg.model.kind == "tiny":
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+        remove_tokenized_set(self.tokenized)
+        return {
+            "base_model": cfg.model.model_dump(mode="json"), "chat_template": self.template,
+            "total_steps": self.total_steps, "steps_per_epoch": self.per_epoch, "epochs": cfg.epochs,
+            "gradient_accumulation_steps": self.accum, "global_batch_size": cfg.global_batch_size,
+            "tokens_seen": self.tokens_seen, "supervised_tokens_seen": self.sup_seen,
+            "train_seconds": round(self.train_time, 3), "wall_seconds": round(time.monotonic() - self.t_start, 3),
+            "data": self.ds.stats, "deepspeed": self.conf,
         }
-        write_json(outdir / MANIFEST, manifest)
-    dist.barrier()
-    return manifest
 
 
 class SftDataError(ValueError):
