@@ -25,7 +25,7 @@ rule report:
             subcategory=_report_recipe,
             labels=lambda wc: {"recipe": _report_recipe(wc), "file": "dataset_card.md"},
         ),
-        provenance="artifacts/report/{id}/provenance.json",
+        provenance=f"artifacts/report/{{id}}/{PROVENANCE}",
     params:
         spec=stage_spec("report"),
         recipe=_report_recipe,
