@@ -60,7 +60,7 @@ def _check_jobs(plan, profile: str | None) -> None:
     """Refuse a rollout or eval whose concurrent trials would not fit in its job's memory."""
     if not profile:
         return
-    from otbuild.jobs import overcommit_problems
+    from otbuild.profiles import overcommit_problems
 
     where = next((d for d in (Path.cwd() / "profiles" / profile, Path(profile)) if (d / "config.yaml").is_file()), None)
     if where is None:

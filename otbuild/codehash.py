@@ -4,8 +4,9 @@ Provenance records these hashes (`code`, and `code_sha256` over them) so that `o
 names the files changed since an artifact was built. The files of a stage: its module and the
 otbuild modules it imports, directly or not (found in the source, so imports inside functions
 count; a module that imports by name, importlib, brings every module of its package), the
-`__init__` of each package on the way, its SQL templates and the template folders its modules
-read (a module naming a `templates` folder: its own, else the package's).
+`__init__` of each package on the way, the SQL templates its modules name (and those these
+import or include), and the template folders its modules read (a module naming a `templates`
+folder: its own, else the package's).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -21,18 +23,35 @@ from otbuild.duck import SQL_DIR
 from otbuild.stages import STAGES
 
 PACKAGE = Path(otbuild.__file__).parent
+SQL_NAME = re.compile(r"""["'](\w+\.sql)["']""")  # a template named in a module or another template
 
 
 def code_files(stage: str) -> dict[str, str]:
     """sha256 (16 hex digits) of every file of the stage's code, by path (otbuild/...)."""
     stage_def = STAGES[stage]
     files = set(_closure(_module_file(stage_def.module)))
-    files |= {Path(SQL_DIR.name, t) for t in stage_def.sql}
+    files |= {Path(SQL_DIR.name, t) for t in _templates({n for f in files if f.suffix == ".py" for n in _sql_named(f)})}
     for f in [f for f in files if f.suffix == ".py" and _reads_templates(f)]:
         folder = next(d for d in ((PACKAGE / f).parent / "templates", PACKAGE / "templates") if d.is_dir())
         files |= {p.relative_to(PACKAGE) for p in folder.rglob("*") if p.is_file()}
     return {f"otbuild/{f.as_posix()}": hashlib.sha256((PACKAGE / f).read_bytes()).hexdigest()[:16]
             for f in sorted(files)}
+
+
+@cache
+def _sql_named(f: Path) -> frozenset[str]:
+    """The SQL templates a module names ("mix.sql")."""
+    return frozenset(n for n in SQL_NAME.findall((PACKAGE / f).read_text()) if (SQL_DIR / n).is_file())
+
+
+def _templates(names: set[str]) -> set[str]:
+    """The templates and those they import or include, to the end."""
+    todo, out = list(names), set()
+    while todo:
+        if (name := todo.pop()) not in out:
+            out.add(name)
+            todo += [n for n in SQL_NAME.findall((SQL_DIR / name).read_text()) if (SQL_DIR / n).is_file()]
+    return out
 
 
 def code_sha256(stage: str, files: dict[str, str] | None = None) -> str:

@@ -1,6 +1,5 @@
-"""What a Snakemake job gives a stage: its memory and scratch space, the check that a
-rollout's concurrent trials fit in its job's memory, and that a profile has no unfilled
-`<...>` placeholders.
+"""What a Snakemake job gives a stage: its memory and scratch space (what the profile asks
+for the job: otbuild/profiles.py).
 
 A Slurm job knows its memory (SLURM_MEM_PER_NODE: the profile's `mem_mb`, sbatch --mem);
 OTBUILD_JOB_MEM_MB says it elsewhere. Snakemake sets TMPDIR from the job's `tmpdir`
@@ -10,11 +9,8 @@ resource; some clusters set SLURM_TMPDIR (node-local scratch).
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
-
-import yaml
 
 DEFAULT_DUCKDB_MB = 1024
 DUCKDB_SHARE = 0.75  # the rest of the job is for Python and pyarrow batches (a few hundred MB)
@@ -36,74 +32,3 @@ def spill_dir() -> Path:
     $TMPDIR, as tempfile finds it), in a folder otbuild-duckdb."""
     base = os.environ.get("OTBUILD_DUCKDB_TEMP") or os.environ.get("SLURM_TMPDIR") or tempfile.gettempdir()
     return Path(base) / "otbuild-duckdb"
-
-
-def profile_mem_mb(profile: Path, rule: str) -> tuple[int, str] | None:
-    """The memory (MB) a profile gives `rule`'s jobs on their first attempt, and where it is
-    set; None when the profile does not say."""
-    cfg = yaml.safe_load((profile / "config.yaml").read_text()) or {}
-    for key in (f"set-resources.{rule}", "default-resources"):
-        section = cfg
-        for part in key.split("."):
-            section = (section or {}).get(part) or {}
-        if "mem_mb" in section:
-            value = section["mem_mb"]
-            if isinstance(value, str):  # an expression such as "16000 * attempt"
-                value = eval(value, {"attempt": 1})  # noqa: S307 (the user's own profile)
-            return int(value), f"{profile / 'config.yaml'}: {key}.mem_mb"
-    return None
-
-
-def overcommit_problems(nodes, profile: Path) -> list[str]:
-    """Rollout and eval stages whose concurrency x per-trial memory exceeds their job's memory
-    under `profile` (what Slurm would kill mid-run, after hours of GPU time)."""
-    from otbuild.settings.engines import concurrency
-
-    problems = []
-    for node in nodes:
-        if node.stage not in ("rollout", "eval"):
-            continue
-        job = profile_mem_mb(profile, node.stage)
-        if job is None:
-            continue
-        mem_mb, where = job
-        conc = concurrency(node.config)  # unset: the engine's own default
-        per = node.config.limits.memory_mb
-        if conc * per > mem_mb:
-            fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]
-            problems.append(
-                f"{node.label}: concurrency {conc} x limits.memory_mb {per} = {conc * per} MB is more than "
-                f"the job's {mem_mb} MB ({where}); lower {' or '.join(fixes)}, or give the job more memory")
-    return problems
-
-
-PLACEHOLDER = re.compile(r"<[A-Za-z][\w.-]*>")  # profiles/slurm's `<account>`, `gpu:<gpu-model>:4`
-
-
-def profile_placeholders(config: Path) -> list[str]:
-    """The `<...>` placeholders still in a profile's config file (outside comments), each once
-    with the first line it is on."""
-    first: dict[str, int] = {}
-    for n, line in enumerate(config.read_text(errors="replace").splitlines(), 1):
-        for found in PLACEHOLDER.findall(line.split("#", 1)[0]):
-            first.setdefault(found, n)
-    return [f"{p} (line {n})" for p, n in first.items()]
-
-
-def profile_warnings(argv: list[str]) -> list[str]:
-    """Warnings about the profiles a snakemake command line (`argv`, without the program) uses:
-    placeholders left unfilled (Slurm would refuse every job, or they would land on a partition
-    named `<gpu-partition>`). Profiles are found as Snakemake finds them."""
-    from snakemake.cli import get_argument_parser, get_profile_dir
-
-    try:
-        args, _ = get_argument_parser().parse_known_args(argv)
-    except (SystemExit, Exception):  # noqa: BLE001 (Snakemake judges its own command line)
-        return []
-    said = []
-    for profile in args.profile or []:
-        found = get_profile_dir(profile) if profile != "none" else None
-        if found and (placeholders := profile_placeholders(found[1])):
-            said.append(f"profile {profile} ({found[1]}) still has placeholders: {', '.join(placeholders)}; "
-                        "replace them with your cluster's values before a real run")
-    return said

@@ -45,8 +45,6 @@ SCRATCH = Path(".otbuild") / "rebuild"
 # Engines whose answers a rebuild cannot give again byte for byte without the same model, server
 # (batching, kernels) and seed; the oracle replays solutions, the in-process models are seeded.
 SAMPLED_ENGINES = ("openai", "vllm")
-# Stages that train: cheap never (the default rebuild leaves them to --all or to being named).
-TRAINING = ("sft", "rl")
 # What an LLM-sampled stage's rebuild must still give again: row counts and these columns.
 KEY_COLUMNS = ("path", "task", "task_id", "source", "sample_idx", "benchmark", "repeat", "trial_name", "run_id")
 TRAIN_FILES = {MANIFEST: tuple(VOLATILE_MANIFEST_KEYS), LOG: tuple(VOLATILE_LOG_KEYS)}
@@ -72,12 +70,12 @@ def volatile_file(name: str) -> bool:
 
 def sampled(stage: str, settings: dict) -> bool:
     """Whether the stage's output comes from an LLM a rebuild may not sample the same again."""
-    return stage not in TRAINING and settings.get("engine") in SAMPLED_ENGINES
+    return not STAGES[stage].training and settings.get("engine") in SAMPLED_ENGINES
 
 
 def cheap(stage: str, settings: dict) -> bool:
     """Rebuilt by default: table stages, the report and trials of the oracle (no model runs)."""
-    return stage not in TRAINING and settings.get("engine") in (None, "oracle")
+    return not STAGES[stage].training and settings.get("engine") in (None, "oracle")
 
 
 @dataclass

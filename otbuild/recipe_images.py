@@ -36,7 +36,7 @@ def base_image_counts(plan) -> tuple[Counter, list[str]]:
 
 def trial_backends(plan) -> set[str]:
     """The sandboxes the recipe's trials (rollouts, eval, RL) run in."""
-    return {trials_of(n.config).sandbox for n in plan.nodes if n.stage in ("rollout", "eval", "rl")}
+    return {trials_of(n.config).sandbox for n in plan.nodes if STAGES[n.stage].trials}
 
 
 def image_presence(images) -> dict[str, bool | None]:

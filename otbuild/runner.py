@@ -11,7 +11,6 @@ from pydantic import ValidationError
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
 from otbuild.stages import PROVENANCE, STAGES
-from otbuild.settings.stages import config
 
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
@@ -35,7 +34,7 @@ def read_spec(text: str, stage: str) -> dict:
     if not isinstance(spec["inputs"], list) or not all(isinstance(i, dict) and "path" in i for i in spec["inputs"]):
         raise ConfigError(f"--spec: inputs: expected a list of {{id, stage, path}}; {hint}")
     try:
-        config(stage, spec["settings"])
+        STAGES[stage].config(spec["settings"])
     except ValidationError as e:
         where = "; ".join(f"settings.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
         raise ConfigError(f"--spec: {where} (a spec from another otbuild version? plan it again)") from None
@@ -46,7 +45,7 @@ def run_shard(spec: dict, shard: int) -> None:
     """One shard of a sharded stage; the merge (run_spec) records the provenance."""
     stage = STAGES[spec["stage"]]
     inputs = [Path(i["path"]) for i in spec["inputs"]]
-    cfg = config(spec["stage"], spec["settings"])
+    cfg = STAGES[spec["stage"]].config(spec["settings"])
     importlib.import_module(stage.module).run_shard(cfg, inputs, Path(spec["outdir"]), shard)
 
 
@@ -57,6 +56,6 @@ def run_spec(spec: dict, rule: str | None = None) -> dict:
     (outdir / PROVENANCE).unlink(missing_ok=True)  # the record is written last, on success only
     started = now()
     inputs = [Path(i["path"]) for i in spec["inputs"]]
-    cfg = config(spec["stage"], spec["settings"])  # the stage's typed settings, the schema's defaults
+    cfg = STAGES[spec["stage"]].config(spec["settings"])  # the stage's typed settings, the schema's defaults
     stats = importlib.import_module(stage.module).run(cfg, inputs, outdir)
     return write_record(spec, rule or stage.name, started, stats or {})

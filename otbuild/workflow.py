@@ -183,7 +183,7 @@ def preflight(plan: Plan) -> list[tuple[str, bool]]:
     return [(message + (f" ({n} candidates)" if n > 1 else ""), needed) for (message, needed), n in found.items()]
 
 
-def publish(plan: Plan) -> Path:
+def write_results(plan: Plan) -> Path:
     """Write results/<recipe>/: a link per node (its label) and manifest.json naming every
     artifact with its id, outputs, row counts and sha256 (from the provenance records)."""
     out = RESULTS / plan.recipe.name

@@ -36,11 +36,11 @@ def trace_import(kind: str, path=None, **settings):
 
 
 def _settings(stage: str, kind: str, path, settings: dict):
-    from otbuild.settings.stages import config
+    from otbuild.stages import STAGES
 
     plain = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
     located = {} if path is None else {"path": str(path)}
-    return config(stage, {"name": "test", "kind": kind, **located, **plain})
+    return STAGES[stage].config({"name": "test", "kind": kind, **located, **plain})
 
 
 def make_task(name: str, instruction: str, **metadata) -> TaskRecord:

@@ -6,7 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import mix, source
-from otbuild.settings.stages import MixSettings, config
+from otbuild.settings.stages import MixSettings
+from otbuild.stages import STAGES
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import otbuild
 
@@ -17,7 +18,7 @@ RECIPE = "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\ntask_fil
 def built_source(tmp_path):
     out = tmp_path / "src"
     out.mkdir()
-    source.run(config("source", {"name": "a", "kind": "synthetic", "count": 4, "seed": 3}), [], out)
+    source.run(STAGES["source"].config({"name": "a", "kind": "synthetic", "count": 4, "seed": 3}), [], out)
     return out / "tasks.parquet"
 
 
@@ -71,7 +72,7 @@ def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
     from otbuild.hashing import canonical_json
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
-    from otbuild.workflow import publish
+    from otbuild.workflow import write_results
 
     (project / "recipes" / "good.yaml").write_text(RECIPE)
     monkeypatch.chdir(project)
@@ -79,7 +80,7 @@ def test_audit_an_artifact_by_its_results_path(project, monkeypatch):
     node = next(n for n in plan.nodes if n.stage == "source")
     res = otbuild(project, "stage", "source", "--spec", canonical_json(node.spec()))
     assert res.returncode == 0, res.stderr
-    publish(plan)
+    write_results(plan)
     for path in ("results/good/sources/a/tasks.parquet", "results/good/sources/a", f"{node.dir}/tasks.parquet"):
         res = otbuild(project, "audit", path)
         assert res.returncode == 0, path + res.stdout + res.stderr

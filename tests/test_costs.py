@@ -107,9 +107,9 @@ def test_prices_change_only_the_report_id(project):
            for n in ("plain", "priced")}
     assert ids["plain"].keys() == ids["priced"].keys()
     assert [k for k in ids["plain"] if ids["plain"][k] != ids["priced"][k]] == ["report"]
-    from otbuild.plan import report_settings
+    from otbuild.plan import report_node
 
-    assert "prices" not in report_settings("plain", [])  # no prices: the settings (and id) as before
+    assert "prices" not in report_node("plain", []).identity  # no prices: the id as before
 
 
 def test_a_bad_price_is_a_config_error_naming_the_key(project):

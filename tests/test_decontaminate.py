@@ -18,13 +18,13 @@ from otbuild.recipe.load import load_recipe
 from otbuild.settings.recipe import TaskFilter
 from otbuild.sources import read_source
 from otbuild.stages import task_filter
-from otbuild.settings.stages import config
+from otbuild.stages import STAGES
 from otbuild.tasks.table import TaskRecord, write_tasks
 from tests.conftest import DATA, make_task
 
 
 def _read(kind: str, path: Path) -> list[TaskRecord]:
-    return [r for r in read_source(config("source", {"name": kind.replace("-", "_"), "kind": kind, "path": str(path)})) if isinstance(r, TaskRecord)]
+    return [r for r in read_source(STAGES["source"].config({"name": kind.replace("-", "_"), "kind": kind, "path": str(path)})) if isinstance(r, TaskRecord)]
 
 
 def _filter(tmp_path: Path, train: Path, refs: list[Path], **decontaminate) -> tuple[list[dict], list[dict], dict]:

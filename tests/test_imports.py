@@ -127,11 +127,11 @@ FLOORS = (
     ("tasks", "engines", "duck", "hub", "serve", "show"),
     ("sandbox", "traces", "usage"),
     ("harness", "harbor", "sources"),
-    ("recipe", "recipe_images", "train", "ingest"),
+    ("recipe", "train", "ingest"),
     # the stages compose the parts
     ("stages",),
     # the build: plan, records, reports, and the commands over them
-    ("plan", "codehash", "recovery", "report"),
+    ("plan", "codehash", "recovery", "report", "profiles", "recipe_images"),
     ("provenance", "summary"),
     ("audit", "publish", "rebuild", "runner", "workflow"),
     ("cli", "__main__"),

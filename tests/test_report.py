@@ -27,16 +27,14 @@ import pytest
 import yaml
 
 from otbuild.plan import plan_recipe, report_node, report_settings
-from otbuild.settings.stages import config
 from otbuild.recipe.load import load_recipe
 from otbuild.report import build, charts
 from otbuild.report.page import _md_cell
 from otbuild.sources.synthetic import generate
-from otbuild.stages import STAGES, StageDef
+from otbuild.stages import STAGES
 from tests.conftest import make_project, snakemake, write_source
 
 CHROMIUM = Path("/usr/bin/chromium")
-REPORT_STAGE = StageDef("report", 1, ("report.html", "dataset_card.md"), "otbuild.report")
 
 RECIPE = """
 description: report test <script>alert("x")</script>
@@ -216,33 +214,28 @@ def built(tmp_path_factory):
 
     cwd = Path.cwd()
     os.chdir(project)  # stages run from the project root (artifact paths are relative)
-    added = "report" not in STAGES
-    if added:  # until the owner registers the stage (see docs/reports.md)
-        STAGES["report"] = REPORT_STAGE
     try:
         plans = {n: plan_recipe(load_recipe(project / "recipes" / f"{n}.yaml", project)) for n in ("rep", "rep_ablate")}
         nodes = {n: [x for x in p.nodes if x.stage != "report"] for n, p in plans.items()}
         # rep: through build() with SFT and RL dirs added to the nodes
         sft, rl = fake_training(project, "sft", 40), fake_training(project, "rl", 12)
-        settings = report_settings("rep", nodes["rep"], resolved=plans["rep"].recipe.data)
+        settings = report_settings("rep", nodes["rep"], resolved=plans["rep"].recipe.data).model_dump()
         settings["description"] = "report test <script>alert(\"x\")</script>"
         settings["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, rl)]
         settings["prices"] = {"policy": {"input_per_mtok": 1000.0, "output_per_mtok": 10000.0}}  # MODEL alone
         rep_out = project / "artifacts" / "report" / "rep"
-        rep_stats = build(config("report", settings), rep_out)
+        rep_stats = build(STAGES["report"].config(settings), rep_out)
         # flat: the same recipe, but its RL run learned nothing and its eval scored 0 everywhere
         flat_rl, zeros = fake_training(project, "rl", 3, flat=True), fake_eval_of_zeros(project)
-        flat = report_settings("flat", [n for n in nodes["rep"] if n.stage != "eval"])
+        flat = report_settings("flat", [n for n in nodes["rep"] if n.stage != "eval"]).model_dump()
         flat["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, flat_rl, zeros)]
-        build(config("report", flat), project / "artifacts" / "report" / "flat")
+        build(STAGES["report"].config(flat), project / "artifacts" / "report" / "flat")
         # rep_ablate: as the rule will run it, a report node's spec through the stage runner
         from otbuild.runner import run_spec
 
         node = report_node("rep_ablate", nodes["rep_ablate"])
         record = run_spec(node.spec(), rule="report")
     finally:
-        if added:
-            del STAGES["report"]
         os.chdir(cwd)
     return {"project": project, "plans": plans, "nodes": nodes, "sft": sft, "rl": rl,
             "rep": rep_out, "flat": project / "artifacts" / "report" / "flat", "rep_stats": rep_stats, "ablate": project / node.dir, "node": node, "record": record}
@@ -639,9 +632,9 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
         "stage": "source", "settings": {"name": "evil", "kind": "table"},
         "stats": {"quarantined": 1, "quarantined_by_reason": {"<img src=x onerror=alert(1)>": 1}},
         "outputs": [{"path": str(hostile / "tasks.parquet"), "rows": 2}]}))
-    settings = report_settings("t", nodes)
+    settings = report_settings("t", nodes).model_dump()
     settings["nodes"].insert(0, {"label": "sources/evil", "stage": "source", "id": "x", "dir": str(hostile)})
-    stats = build(config("report", settings), tmp_path / "out")
+    stats = build(STAGES["report"].config(settings), tmp_path / "out")
     assert stats["sections"] == {"funnel": True, "mix": True, "traces": False, "sft": False, "rl": False,
                                  "eval": False, "ranking": False}
     html = (tmp_path / "out" / "report.html").read_text()
@@ -671,7 +664,7 @@ def test_a_trace_set_that_kept_nothing_is_reported_not_a_crash(tmp_path, monkeyp
     nodes = _run_in_process(tmp_path, "z", (
         "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\n"
         "trace_filter: {min_turns: 5}\n"))
-    build(config("report", report_settings("z", nodes)), tmp_path / "out")
+    build(report_settings("z", nodes), tmp_path / "out")
     p = parse((tmp_path / "out" / "report.html").read_text())
     assert "No traces: this trace set has 0 rows (the funnel says where they went)." in p.notes["recipe-traces"]
     assert table(p, "recipe-funnel")["trace_filter"][1] == "0"

@@ -14,7 +14,8 @@ import pytest
 
 from otbuild.settings.recipe import TraceFilter
 from otbuild.stages import rollout, shard_path, trace_filter, trace_import
-from otbuild.settings.stages import RolloutSettings, config
+from otbuild.settings.stages import RolloutSettings
+from otbuild.stages import STAGES
 from otbuild.train.export import export_llamafactory
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -74,7 +75,7 @@ def test_few_rows_pass_through_every_trace_stage(tmp_path, n):
 
     src = tmp_path / "chats.jsonl"
     write_messages_jsonl(src, n)
-    imp = trace_import.run(config("trace_import", {"name": "chats", "kind": "messages-jsonl", "path": str(src),
+    imp = trace_import.run(STAGES["trace_import"].config({"name": "chats", "kind": "messages-jsonl", "path": str(src),
                                                    "allow_empty": n == 0}), [], tmp_path / "imp")
     assert imp["traces"] == n and pq.read_table(tmp_path / "imp" / "traces.parquet").num_rows == n
 

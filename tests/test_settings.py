@@ -9,11 +9,11 @@ import typing
 import pytest
 from pydantic import BaseModel
 
-from otbuild.plan import FILE_KEYS, plan_recipe
+from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.settings.recipe import Harness
 from otbuild.stages import STAGES
-from otbuild.settings.stages import SETTINGS, config
+from otbuild.settings.base import EXTERNAL, PLAN_ONLY, fields_with
 from tests.conftest import REPO
 
 # Every stage, each section with only what it requires: all else is left to the schema.
@@ -35,11 +35,11 @@ eval:
     b: {kind: synthetic, count: 1}
 ablate: {mix.total: [2, 3]}
 """
-# What the plan sets itself, not from the section: a source's rank orders the mix; augment's
-# `sources` and task_filter's `llm` are nodes of their own; eval's model is the checkpoint it
-# serves; files (FILE_KEYS) are resolved.
-NOT_PASSED = {"source": {"rank"}, "augment": {"sources"}, "task_filter": {"llm"}, "eval": {"model"},
-              "mix": {"total"}}  # (the ablated setting: a rank stage needs candidates)
+# What the plan sets itself, not from the section: fields it reads itself (`plan_only`: a
+# source's rank, augment's `sources`, task_filter's `llm`) or resolves (`external`: files);
+# eval's model is the checkpoint it serves; the ablated setting (a rank stage needs candidates).
+NOT_PASSED = {"eval": {"model"}, "mix": {"total"}}
+SETTINGS = {name: d.settings for name, d in STAGES.items()}
 
 
 def bare_plan(tmp_path):
@@ -59,7 +59,7 @@ def sections(recipe, stage: str) -> list[BaseModel]:
 
 
 def test_every_stage_declares_its_settings_model():
-    assert set(SETTINGS) == set(STAGES)
+    assert all(model is not None for model in SETTINGS.values())
 
 
 def test_a_recipe_that_sets_nothing_gives_every_stage_the_schema_defaults(tmp_path):
@@ -69,12 +69,13 @@ def test_a_recipe_that_sets_nothing_gives_every_stage_the_schema_defaults(tmp_pa
     assert {n.stage for n in plan.nodes} == set(STAGES)
     compared = 0
     for node in plan.nodes:
-        cfg = config(node.stage, json.loads(json.dumps(node.spec()))["settings"])  # what the job validates
+        cfg = STAGES[node.stage].config(json.loads(json.dumps(node.spec()))["settings"])  # what the job validates
         assert cfg == node.config
         for section in sections(recipe, node.stage):
             if node.stage == "source" and section.count != cfg.count:
                 continue  # the other source
-            for name in type(section).model_fields.keys() - NOT_PASSED.get(node.stage, set()) - FILE_KEYS:
+            planned = fields_with(type(section), PLAN_ONLY, EXTERNAL) | NOT_PASSED.get(node.stage, set())
+            for name in type(section).model_fields.keys() - planned:
                 if node.stage == "eval" and name not in type(cfg).model_fields:
                     continue  # the eval's own: benchmarks, repeats, rank_by, ...
                 assert getattr(cfg, name) == getattr(section, name), f"{node.stage}.{name}"
@@ -93,7 +94,7 @@ def test_the_training_workers_read_back_what_the_stage_wrote(tmp_path):
     _, plan = bare_plan(tmp_path)
     for node in plan.nodes:
         if node.stage in ("sft", "rl"):
-            assert config(node.stage, json.loads(node.config.model_dump_json())) == node.config
+            assert STAGES[node.stage].config(json.loads(node.config.model_dump_json())) == node.config
 
 
 def test_rl_trials_are_the_teachers_fields(tmp_path):

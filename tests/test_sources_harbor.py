@@ -313,7 +313,7 @@ def test_tb1_quarantine_reasons(tmp_path):
 def test_a_source_with_no_usable_task_fails_its_stage(tmp_path):
     """A folder of folders that are not tasks (say /etc) built "successfully" with 0 tasks."""
     from otbuild.stages import source
-    from otbuild.settings.stages import config
+    from otbuild.stages import STAGES
 
     folder = tmp_path / "etc"
     _write(folder / "apt", {"sources.list": "deb x\n"})
@@ -321,10 +321,10 @@ def test_a_source_with_no_usable_task_fails_its_stage(tmp_path):
     _write(folder / "task", {k: v for k, v in GOOD.items() if k != "tests/test.sh"})
     settings = {"name": "h", "kind": "harbor-dir", "path": str(folder), "allow_empty": False}
     with pytest.raises(StageError) as e:
-        source.run(config("source", settings), [], tmp_path / "out")
+        source.run(STAGES["source"].config(settings), [], tmp_path / "out")
     assert str(e.value) == (
         f"source 'h': no usable item in {folder}: 3 quarantined (2 missing instruction.md, e.g. apt; "
         "1 missing tests/test.sh, e.g. task); set `allow_empty: true` on it if that is expected")
-    stats = source.run(config("source", {**settings, "allow_empty": True}), [], tmp_path / "out")
+    stats = source.run(STAGES["source"].config({**settings, "allow_empty": True}), [], tmp_path / "out")
     assert stats["tasks"] == 0 and stats["quarantined_by_reason"] == {"missing instruction.md": 2,
                                                                         "missing tests/test.sh": 1}

@@ -16,7 +16,7 @@ from otbuild.sources import nl2bash, read_source, stackexchange, swe_grader, swe
 from otbuild.sources._html import html_to_markdown
 from otbuild.records import SourceFormatError
 from otbuild.sources.shell_safety import check_command
-from otbuild.settings.stages import config
+from otbuild.stages import STAGES
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
 from tests.conftest import source
 
@@ -426,7 +426,7 @@ def test_generated_scripts_are_valid_shell(tmp_path):
 
 # -- dispatch and recipes -------------------------------------------------------------------------------
 def test_dispatch_passes_options_and_tasks_write(tmp_path):
-    items = list(read_source(config("source", {"kind": "stackexchange", "name": "se", "site": "ul",
+    items = list(read_source(STAGES["source"].config({"kind": "stackexchange", "name": "se", "site": "ul",
                                                "path": str(SE / "unixlinux_bash_accepted.jsonl")})))
     assert len(items) == 300 and items[0].task.name.startswith("ul-")
     n = write_tasks(

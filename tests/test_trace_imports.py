@@ -203,15 +203,15 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
 def test_an_import_with_no_usable_trace_fails_its_stage(tmp_path):
     from otbuild.errors import StageError
     from otbuild.stages import trace_import
-    from otbuild.settings.stages import config
+    from otbuild.stages import STAGES
 
     f = tmp_path / "m.jsonl"
     f.write_text('{"id": "b"}\n[1]\n')
     settings = {"name": "t", "kind": "messages-jsonl", "path": str(f)}
     with pytest.raises(StageError, match=r"trace_imports\.t: no usable item in .*m\.jsonl: 2 quarantined "
                                          r"\(1 missing field, e\.g\. b.*; 1 not an object, e\.g\. m\.jsonl:2"):
-        trace_import.run(config("trace_import", settings), [], tmp_path / "out")
-    assert trace_import.run(config("trace_import", {**settings, "allow_empty": True}), [], tmp_path / "out")["traces"] == 0
+        trace_import.run(STAGES["trace_import"].config(settings), [], tmp_path / "out")
+    assert trace_import.run(STAGES["trace_import"].config({**settings, "allow_empty": True}), [], tmp_path / "out")["traces"] == 0
 
 
 def test_an_hf_dataset_import_reads_its_files_as_its_format_with_that_formats_defaults():

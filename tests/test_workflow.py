@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.plan import plan_recipe
+from otbuild.stages import STAGES
 from otbuild.recipe.load import load_recipe
 from otbuild.report.charts import num
 from tests.conftest import DATA, REPO, SMOKE_LOG, otbuild, snakemake
@@ -36,7 +37,7 @@ def test_edit_rebuilds_exactly_what_it_invalidates(project):
     ran, _ = snakemake(project, "r")
     assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
     ran, _ = snakemake(project, "r")
-    assert ran == {"r": 1}  # nothing but re-publishing the results view
+    assert ran == {"r": 1}  # nothing but rewriting the results view
 
     _write(project, "r", RECIPE.replace("min: 10", "min: 200"))
     dry, log = snakemake(project, "r", "-n")
@@ -336,7 +337,7 @@ def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
     assert not list((project / ".otbuild" / "progress").glob("*.json"))  # every job cleaned up
 
 
-GPU_RULES = {"augment", "rollout", "sft", "rl", "eval"}
+GPU_RULES = {s.name for s in STAGES.values() if s.gpu}  # a sharded stage's shard jobs; its merge on a CPU
 
 
 @pytest.mark.parametrize("recipe", ["otagent_v2_100k", "otagent_v2_10k", "ablate_mixing", "ablate_task_filter",
@@ -367,7 +368,7 @@ def test_slurm_dry_run_from_the_repo_root(recipe):
 
 def test_a_profile_s_unfilled_placeholders_are_named_once_filled_nothing(tmp_path):
     """Issue 26.7: each `<...>` of profiles/slurm once, with its line; comments do not count."""
-    from otbuild.jobs import profile_warnings
+    from otbuild.profiles import profile_warnings
 
     text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
     (tmp_path / "config.yaml").write_text(text)

@@ -317,7 +317,11 @@ def _suggest(word: str, choices: list[str], what: str) -> str:
     return f"{hint} ({what}: {', '.join(choices)})" if choices else hint
 
 
-# -- checks across keys ----------------------------------------------------------------------
+# -- checks across sections ----------------------------------------------------------------
+# The rule: a settings model's validators check its own section (types, bounds, how its own
+# fields go together: otbuild/settings/); what relates sections (one needs or names another)
+# and what needs the world (files, a model's config, DuckDB's regex engine) is checked here,
+# after validation, naming the file that set the key.
 def _check_engine(llm: LLM, where: str, file: Path) -> None:
     """The engine's settings against its model (otbuild/settings/engines.py), before anything runs."""
     try:
@@ -354,7 +358,32 @@ def _check_regexes(value, origin: dict, path: Path, loc: tuple) -> None:
             _check_regexes(v, origin, path, (*loc, i))
 
 
+def _check_inputs(recipe: Recipe, origin: dict, path: Path) -> None:
+    """Each stage has what it works on: tasks, traces, a checkpoint, the task sets it names."""
+    def fail(key: str, why: str):
+        raise ConfigError(f"{_file_for(tuple(key.split('.')), origin, path)}: {key}: {why}")
+
+    if not (recipe.sources or recipe.trace_imports):
+        raise ConfigError(f"{path}: nothing to build from: add `sources` (tasks) or `trace_imports` (traces)")
+    if needing := [k for k in ("mix", "augment", "task_filter", "teacher", "rl") if getattr(recipe, k)]:
+        if not recipe.sources:
+            fail(needing[0], "works on tasks: add `sources`")
+    if (recipe.trace_filter or recipe.sft) and not (recipe.teacher or recipe.trace_imports):
+        fail("trace_filter" if recipe.trace_filter else "sft", "needs traces: add a `teacher` or `trace_imports` section")
+    if recipe.rl and not recipe.sft:
+        fail("rl", "starts from the SFT checkpoint: add an `sft` section")
+    if recipe.rl and not (recipe.mix or recipe.task_filter) and len(recipe.sources) > 1:
+        fail("rl", "draws its tasks from one task set: add `mix` or `task_filter`")
+    if recipe.task_filter and recipe.task_filter.decontaminate:
+        known = [*(recipe.eval.benchmarks if recipe.eval else {}), *recipe.sources]
+        for name in recipe.task_filter.decontaminate.against:
+            if name not in known:
+                fail("task_filter.decontaminate.against", f"{name!r} is neither a benchmark in eval.benchmarks "
+                     f"nor a source (known: {', '.join(known) or 'none'})")
+
+
 def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
+    _check_inputs(recipe, origin, path)
     llms = {"teacher": recipe.teacher, "augment": recipe.augment,
             "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
             "eval.model": recipe.eval.model if recipe.eval else None}

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from otbuild.stages import STAGES
 from otbuild.usage import KEYS, cost
 
 if TYPE_CHECKING:
     from otbuild.settings.recipe import Price
 
 BENCHMARKS = Path("benchmarks")
-LLM_STAGES = ("augment", "task_score", "rollout", "eval", "rl")  # they record llm_usage
 GRES_GPUS = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)")
 
 
@@ -85,7 +85,7 @@ def collect(artifacts, prices: dict[str, Price] | None, root: Path = Path(".")) 
             continue
         seen.add((a.stage, a.id))
         usage = a.stats.get("llm_usage")
-        if usage is None and a.stage in LLM_STAGES and a.record is not None:
+        if usage is None and a.stage in STAGES and STAGES[a.stage].llm and a.record is not None:
             out.unrecorded.append(a.label)
         for model, u in sorted((usage or {}).items()):
             price = price_of(model, prices or {})

@@ -25,7 +25,6 @@ CANDIDATES = "candidates/"
 # Stages on the way from raw tasks to the trace set, in pipeline order (the funnel's steps).
 FUNNEL = ("source", "augment", "mix", "task_score", "task_filter", "trace_import", "rollout", "trace_filter")
 TASK_STAGES = ("source", "augment", "mix", "task_score", "task_filter")
-TRACE_STAGES = ("trace_import", "rollout", "trace_filter")
 # Training logs: sft writes train_log.jsonl (otbuild/train/sft.py); rl its own per-step log.
 TRAIN_LOGS = ("train_log.jsonl", "rl_log.jsonl")
 REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "rewards/mean")

@@ -1,12 +1,12 @@
 # One target rule per recipe: `snakemake NAME` builds every artifact of recipes/NAME.yaml and
-# then (re)publishes results/NAME/ (links + manifest). Asked for, it first prints the recipe's
+# then (re)writes results/NAME/ (links + manifest). Asked for, it first prints the recipe's
 # warnings (`otbuild validate`'s); data the recipe names that does not exist stops the run
 # before any job starts (exit 2; a dry run only warns). It has no output file, so Snakemake
 # always runs it: that is cheap and keeps the view true after an edit and an edit back.
 import re
 
 from otbuild.settings.recipe import NAME_RE
-from otbuild.workflow import publish
+from otbuild.workflow import write_results
 
 for _name in WF.plans:
 
@@ -19,7 +19,7 @@ for _name in WF.plans:
             recipe=_name,
         localrule: True
         run:
-            publish(WF.plans[params.recipe])
+            write_results(WF.plans[params.recipe])
 
 
 # An invalid recipe's target: its errors end a run that asks for it (exit 2), before anything

@@ -1,6 +1,5 @@
 """The rule that turns settings into the part of a content id they own.
 
-The id rule (`identity`):
 - A field marked `execution_only(...)` changes how a stage runs, not what it produces
   (shards, concurrency, client retries and timeouts, checkpoint cadence, launchers): it is
   never hashed, so changing it reuses what was built.
@@ -9,22 +8,27 @@ The id rule (`identity`):
   default gives the same id as leaving it out. Changing what a default means (or what a stage
   does with its settings) therefore needs a bump of the stage's version (otbuild/stages/).
 - Fields marked `engine_args(of=...)` hold engine launch options: their keys are filtered by
-  the same rule through the engine's model of them (`LAUNCH_OPTIONS`, `identity_args`).
+  the same rule through the engine's model of them (`LAUNCH_OPTIONS`).
+- A plan node's settings (`found` given): fields marked `external` (where data lies) and
+  `resolved` (what the plan told the stage) are left out and `found` goes in, what the plan
+  found there (a file's digest, a dataset's commit or version, or what is missing); a model
+  whose id is shaped otherwise says so in `identity_view` (the eval's: its recipe section's).
 """
 
 from typing import Any
 
 from pydantic import BaseModel
 
-from otbuild.settings.base import ENGINE_ARGS_OF, field_extra, is_execution_only
+from otbuild.settings.base import ENGINE_ARGS_OF, EXECUTION_ONLY, EXTERNAL, PLAN_ONLY, RESOLVED, field_extra, role
 from otbuild.settings.engines import LAUNCH_OPTIONS
 
 
-def identity(section: BaseModel, exclude: set[str] | frozenset = frozenset()) -> dict:
+def identity(section: BaseModel, found: dict | None = None) -> dict:
     """The part of a content id that `section` owns (the rule in this module's docstring)."""
+    skip = (EXECUTION_ONLY,) if found is None else (EXECUTION_ONLY, EXTERNAL, RESOLVED, PLAN_ONLY)
     out = {}
     for name, info in type(section).model_fields.items():
-        if name in exclude or is_execution_only(info):
+        if role(info) in skip:
             continue
         value = getattr(section, name)
         if of := field_extra(info).get(ENGINE_ARGS_OF):
@@ -32,7 +36,10 @@ def identity(section: BaseModel, exclude: set[str] | frozenset = frozenset()) ->
         if not info.is_required() and value == info.get_default(call_default_factory=True):
             continue
         out[name] = _plain(value)
-    return out
+    if found is None:
+        return out
+    view = getattr(section, "identity_view", None)
+    return {**(view(out) if view else out), **found}
 
 
 def identity_args(engine: str, args: dict) -> dict:
@@ -42,7 +49,7 @@ def identity_args(engine: str, args: dict) -> dict:
     out = {}
     for key, value in args.items():
         info = known.get(key)
-        if info is not None and (is_execution_only(info) or value == info.get_default(call_default_factory=True)):
+        if info is not None and (role(info) == EXECUTION_ONLY or value == info.get_default(call_default_factory=True)):
             continue
         out[key] = value
     return out

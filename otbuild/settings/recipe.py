@@ -23,6 +23,8 @@ from otbuild.settings.base import (
     Strict,
     engine_args,
     execution_only,
+    external,
+    plan_only,
     re2,
 )
 from otbuild.settings.train import Rl, Sft
@@ -41,7 +43,7 @@ class SyntheticSource(Strict):
     """Procedurally generated terminal tasks (the embedded default source)."""
 
     kind: Literal["synthetic"]
-    rank: int | None = Field(default=None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
+    rank: int | None = plan_only(None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
     count: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
     families: list[Literal[FAMILIES]] | None = None  # type: ignore[valid-type]
@@ -83,16 +85,16 @@ class PathSource(TaskFileSource):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1, description="relative to the project root, or absolute")
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1, description="relative to the project root, or absolute")
 
 
 class SweInstancesSource(TaskFileSource):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     patch_introduces_bug: bool | Literal["auto"] = Field(
         default="auto",
         description="SWE-smith convention (oracle = reverse patch); auto: by repo/image/id naming",
@@ -106,8 +108,8 @@ class StackExchangeSource(TaskFileSource):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     site: str | None = Field(
         default=None, min_length=1, description="default: the row's site, or the dump's folder"
     )
@@ -117,8 +119,8 @@ class Nl2BashSource(TaskFileSource):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     verifier: bool = Field(
         default=True, description="add tests where the command is safe and deterministic"
     )
@@ -136,8 +138,8 @@ class TableSource(TaskFileSource):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
-    rank: int | None = Field(default=None, ge=1)
-    path: str = Field(min_length=1)
+    rank: int | None = plan_only(None, ge=1)
+    path: str = external(min_length=1)
     columns: TableColumns
     image: str = Field(default="python:3.12-slim", min_length=1)
     docker_image: str | None = Field(default=None, min_length=1)
@@ -148,11 +150,11 @@ class HfDatasetSource(TaskFileSource):
     its local cache: the revision is resolved to a commit when planned (docs/sources.md)."""
 
     kind: Literal["hf-dataset"]
-    rank: int | None = Field(default=None, ge=1)
-    repo: str = Field(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
-    revision: str = Field(default="main", min_length=1, description="a branch, tag or commit")
-    split: str | None = Field(default=None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
-    files: list[str] | None = Field(default=None, min_length=1, description="glob patterns of repo files")
+    rank: int | None = plan_only(None, ge=1)
+    repo: str = external(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
+    revision: str = external("main", min_length=1, description="a branch, tag or commit")
+    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
+    files: list[str] | None = external(None, min_length=1, description="glob patterns of repo files")
 
 
 class HarborDatasetSource(TaskFileSource):
@@ -160,10 +162,10 @@ class HarborDatasetSource(TaskFileSource):
     swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
 
     kind: Literal["harbor-dataset"]
-    rank: int | None = Field(default=None, ge=1)
+    rank: int | None = plan_only(None, ge=1)
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
-    registry: str = Field(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
-    path: str | None = Field(default=None, min_length=1, description="where Harbor downloaded the tasks: its "
+    registry: str = external(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
+    path: str | None = external(None, min_length=1, description="where Harbor downloaded the tasks: its "
                              "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
 
 
@@ -252,7 +254,7 @@ class Decontaminate(Strict):
 
 
 class TaskFilter(Strict):
-    llm: TaskScorer | None = None  # scores every task first (a stage of its own: task_score)
+    llm: TaskScorer | None = plan_only(None, description="scores every task first (a stage of its own: task_score)")
     decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
     dedup: bool = True
     instruction_chars: Bounds | None = None
@@ -295,7 +297,7 @@ class Augment(LLM):
     """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
     Tezos 997 -> ~21K surface forms)."""
 
-    sources: list[str] | None = Field(default=None, description="sources to augment; default: all")
+    sources: list[str] | None = plan_only(None, description="sources to augment; default: all")
     kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
     k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
@@ -315,10 +317,10 @@ class TaskScorer(LLM):
 class SweTrajectoryOptions(Strict):
     """What the SWE trajectory importers read beside the trajectories (otbuild/traces/imports/)."""
 
-    labels: str | None = Field(default=None, description="JSON/JSONL of {instance_id, resolved}: the reward "
-                               "(mini-swe-agent: labels.jsonl beside the trajectories when there is one)")
-    tasks: str | None = Field(default=None, description="a task parquet to look task ids up in")
-    instances: str | None = Field(default=None, description="SWE instances, for an empty task message")
+    labels: str | None = external(None, description="JSON/JSONL of {instance_id, resolved}: the reward "
+                                  "(mini-swe-agent: labels.jsonl beside the trajectories when there is one)")
+    tasks: str | None = external(None, description="a task parquet to look task ids up in")
+    instances: str | None = external(None, description="SWE instances, for an empty task message")
     run_id: str | None = Field(default=None, description="default: the trajectories' folder name")
     model: str | None = Field(default=None, description="default: the model the trajectory names")
 
@@ -334,7 +336,7 @@ class SweAgentOptions(SweTrajectoryOptions):
 class MessagesOptions(Strict):
     """What the messages-jsonl importer reads beside the rows."""
 
-    tasks: str | None = Field(default=None, description="a task parquet to look task ids up in")
+    tasks: str | None = external(None, description="a task parquet to look task ids up in")
     run_id: str | None = Field(default=None, description="default: the row's run_id, else the file stem")
     model: str | None = Field(default=None, description="default: the row's model")
     model_provider: str | None = Field(default=None, description="default: the model's ORG/ prefix")
@@ -345,7 +347,7 @@ class HarborTracesOptions(Strict):
     """What the harbor-traces importer reads beside the rows."""
 
     episodes: Literal["last", "all"] = Field(default="last", description="each trial's last episode, or every row")
-    tasks: str | None = Field(default=None, description="a task parquet to look task ids up in")
+    tasks: str | None = external(None, description="a task parquet to look task ids up in")
     run_id: str | None = Field(default=None, description="default: the row's")
     model: str | None = Field(default=None, description="default: the row's")
     agent: str | None = Field(default=None, description="default: the row's")
@@ -362,21 +364,21 @@ class MiniSweAgentImport(FileSource, MiniSweAgentOptions):
     """mini-swe-agent `.traj.json` files (a file or a folder)."""
 
     kind: Literal["mini-swe-agent"]
-    path: str = Field(min_length=1)
+    path: str = external(min_length=1)
 
 
 class SweAgentImport(FileSource, SweAgentOptions):
     """SWE-agent `.traj` files (a file or a folder)."""
 
     kind: Literal["swe-agent"]
-    path: str = Field(min_length=1)
+    path: str = external(min_length=1)
 
 
 class MessagesImport(FileSource, MessagesOptions):
     """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
 
     kind: Literal["messages-jsonl"]
-    path: str = Field(min_length=1)
+    path: str = external(min_length=1)
 
 
 class HarborTracesImport(FileSource, HarborTracesOptions):
@@ -384,7 +386,7 @@ class HarborTracesImport(FileSource, HarborTracesOptions):
     sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
 
     kind: Literal["harbor-traces"]
-    path: str = Field(min_length=1)
+    path: str = external(min_length=1)
 
 
 class HfTraceImport(FileSource):
@@ -392,10 +394,10 @@ class HfTraceImport(FileSource):
     the importers above (`format`); the revision is resolved to a commit when planned."""
 
     kind: Literal["hf-dataset"]
-    repo: str = Field(pattern=HF_REPO_RE)
-    revision: str = Field(default="main", min_length=1)
-    split: str | None = Field(default=None, pattern=NAME_RE)
-    files: list[str] | None = Field(default=None, min_length=1)
+    repo: str = external(pattern=HF_REPO_RE)
+    revision: str = external("main", min_length=1)
+    split: str | None = external(None, pattern=NAME_RE)
+    files: list[str] | None = external(None, min_length=1)
     format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
     # the format's options: None leaves the format's default (IMPORT_OPTIONS)
     episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces (default: its)")
@@ -480,25 +482,4 @@ class Recipe(Strict):
     # MODEL (or ENGINE:MODEL) -> price per million tokens: only the report uses them (its id
     # follows them; no other artifact's does)
     prices: dict[Annotated[str, Field(min_length=1)], Price] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _inputs_exist(self):
-        if not (self.sources or self.trace_imports):
-            raise ValueError("nothing to build from: add `sources` (tasks) or `trace_imports` (traces)")
-        needing = [k for k in ("mix", "augment", "task_filter", "teacher", "rl") if getattr(self, k)]
-        if needing and not self.sources:
-            raise ValueError(f"{needing[0]} works on tasks: add `sources`")
-        if (self.trace_filter or self.sft) and not (self.teacher or self.trace_imports):
-            raise ValueError("trace_filter and sft need traces: add a `teacher` or `trace_imports` section")
-        if self.rl and not self.sft:
-            raise ValueError("rl starts from the SFT checkpoint: add an `sft` section")
-        if self.rl and not (self.mix or self.task_filter) and len(self.sources) > 1:
-            raise ValueError("rl draws its tasks from one task set: add `mix` or `task_filter`")
-        if self.task_filter and self.task_filter.decontaminate:
-            known = [*(self.eval.benchmarks if self.eval else {}), *self.sources]
-            for name in self.task_filter.decontaminate.against:
-                if name not in known:
-                    raise ValueError(f"task_filter.decontaminate.against: {name!r} is neither a benchmark in "
-                                     f"eval.benchmarks nor a source (known: {', '.join(known) or 'none'})")
-        return self
 

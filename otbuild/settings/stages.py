@@ -1,11 +1,12 @@
 """What each stage receives: its settings model.
 
-A stage's settings are its recipe section (otbuild/recipe/, otbuild/settings/engines.py: the
-one definition of every field, its default and its bounds) plus what the plan adds: a source's name, the files
-and dataset commits it resolved, the harness prompt style, the checkpoint an eval serves. The
-plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them back
-into the stage's model (`config`), so `run(cfg, inputs, outdir)` and the training workers get
-typed settings with the schema's defaults, never a dict with defaults of their own.
+A stage's settings are its recipe section (recipe.py, train.py, engines.py here: the one
+definition of every field, its default and its bounds) plus what the plan adds: a source's
+name, the files and dataset commits it resolved, the harness prompt style, the checkpoint an
+eval serves. Each stage names its model in the registry (otbuild/stages/: `StageDef.settings`).
+The plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them
+back into the model (`StageDef.config`), so `run(cfg, inputs, outdir)` and the training
+workers get typed settings with the schema's defaults, never a dict with defaults of their own.
 
 A new setting is declared once, in its recipe section; the stage reads it as `cfg.NAME`.
 """
@@ -13,15 +14,15 @@ A new setting is declared once, in its recipe section; the stage reads it as `cf
 from __future__ import annotations
 
 import typing
-from functools import cache
 from typing import Annotated, Any, Union
 
-from pydantic import Field, TypeAdapter, create_model
+from pydantic import Field, create_model
 
-from otbuild.settings.base import Strict
+from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
     Augment,
+    Eval,
     Mix,
     Price,
     PromptStyle,
@@ -34,6 +35,7 @@ from otbuild.settings.recipe import (
     TraceImport,
 )
 from otbuild.settings.train import Rl, Sft
+from otbuild.settings.trials import ShardedTrials
 
 
 class Named(Strict):
@@ -41,13 +43,13 @@ class Named(Strict):
 
 
 class HubFilesPlanned(Strict):
-    hub: dict[str, str] | None = Field(default=None, description="the commit and files the plan resolved "
-                                       "(otbuild/hub.py: HubFiles.planned())")
+    hub: dict[str, str] | None = resolved(description="the commit and files the plan resolved "
+                                          "(otbuild/hub.py: HubFiles.planned())")
 
 
 class HarborTasksPlanned(Strict):
-    root: str | None = Field(default=None, description="where Harbor's downloaded tasks are looked up")
-    tasks_digest: str | None = Field(default=None, description="the digest of the task dirs the plan found")
+    root: str | None = resolved(description="where Harbor's downloaded tasks are looked up")
+    tasks_digest: str | None = resolved(description="the digest of the task dirs the plan found")
 
 
 PLANNED = {"hf-dataset": (HubFilesPlanned,), "harbor-dataset": (HarborTasksPlanned,)}
@@ -81,6 +83,22 @@ class EvalSettings(Teacher, PromptStyle):
     `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
 
     model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
+    serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")
+
+    def identity_view(self, ident: dict) -> dict:
+        """The eval's id is its recipe section's: `repeats`; the served checkpoint's engine as
+        `serve_with` (the checkpoint is an input: its id is in this one), or a named model's
+        settings under `model`, apart from the eval's own trial settings."""
+        ident = {k: v for k, v in ident.items() if k not in ("model_label", "samples_per_task")}
+        if self.samples_per_task != Eval.model_fields["repeats"].default:
+            ident["repeats"] = self.samples_per_task
+        if self.serves_checkpoint:
+            ident.pop("model")
+            if (engine := ident.pop("engine")) != Eval.model_fields["serve_with"].default:
+                ident["serve_with"] = engine
+            return ident
+        own = {*ShardedTrials.model_fields, *PromptStyle.model_fields, "repeats"}
+        return {**{k: v for k, v in ident.items() if k in own}, "model": {k: v for k, v in ident.items() if k not in own}}
 
 
 class SftSettings(Sft, PromptStyle):
@@ -110,21 +128,6 @@ class ReportSettings(Strict):
     prices: dict[str, Price] | None = None
     resolved: dict[str, Any] = Field(default_factory=dict)  # what the recipe sets that enters its ids
 
-
-SETTINGS: dict[str, Any] = {
-    "source": SourceSettings, "mix": MixSettings, "augment": Augment, "task_score": TaskScorer,
-    "task_filter": TaskFilter, "trace_import": TraceImportSettings, "rollout": RolloutSettings,
-    "eval": EvalSettings, "rank": RankSettings, "sft": SftSettings, "rl": RlSettings, "report": ReportSettings,
-    "trace_filter": TraceFilter,
-}  # fmt: skip
-
-
-@cache
-def _adapter(stage: str) -> TypeAdapter:
-    return TypeAdapter(SETTINGS[stage])
-
-
-def config(stage: str, settings: dict) -> Any:
-    """The typed settings of `stage` from a spec's plain settings (a ValidationError names the
-    field when a spec does not fit: a plan and its stage out of step)."""
-    return _adapter(stage).validate_python(settings)
+    def identity_view(self, ident: dict) -> dict:
+        """Prices count whole (both numbers, defaults included), as the report shows them."""
+        return {**ident, "prices": {m: p.model_dump() for m, p in self.prices.items()}} if self.prices else ident

@@ -25,8 +25,6 @@ PATH_FORMS: dict[str, tuple[str, ...] | None] = {
     "nl2bash": EXTENSIONS,  # or a folder holding all.nl + all.cm, or an .nl/.cm file
     "table": EXTENSIONS,
 }  # fmt: skip
-# Kinds naming a dataset by id rather than a path: resolved when planned (`resolve_dataset`).
-DATASET_KINDS = {"hf-dataset", "harbor-dataset"}
 HUB_KEYS = {"repo", "revision", "split", "files", "hub"}  # what an hf-dataset section says about its files
 
 
@@ -101,13 +99,13 @@ def harbor_tasks(cfg) -> tuple[list[Path], str | None, str]:
     still not there."""
     from otbuild.errors import StageError
 
-    dataset, dirs, missing = _locate_harbor(cfg)
+    dataset, dirs, missing = locate_harbor(cfg)
     if missing:
         raise StageError(f"source {cfg.name!r}: not downloaded: {missing}")
     return dirs, cfg.tasks_digest, dataset
 
 
-def _locate_harbor(cfg) -> tuple[str, list[Path], str | None]:
+def locate_harbor(cfg) -> tuple[str, list[Path], str | None]:
     """NAME@VERSION, its task dirs, and what is missing (None: nothing)."""
     from otbuild.sources.harbor_dataset import locate
 
@@ -121,49 +119,3 @@ def _locate_harbor(cfg) -> tuple[str, list[Path], str | None]:
         return dataset, dirs, (f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
                                f"in {root} (`harbor datasets download {dataset}`)")
     return dataset, dirs, None
-
-
-def resolve_dataset(stage: str, settings: dict, ident: dict, resolve_path,
-                    forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
-    """Plan a DATASET_KINDS section of `stage`: its settings for the stage (what exactly to
-    read), its identity (the resolved commit or version and the content's digests, not where it
-    lies) and what is not there yet. Raises StageError for a registry that does not name the
-    dataset."""
-    settings, ident = dict(settings), dict(ident)
-    if settings["kind"] == "hf-dataset":
-        return _plan_hub(stage, settings, ident, forms)
-    return _plan_harbor(stage, settings, ident, resolve_path)
-
-
-def _plan_hub(stage: str, settings: dict, ident: dict, forms: tuple[str, ...]) -> tuple[dict, dict, list[str]]:
-    from otbuild.errors import StageError
-    from otbuild.settings.stages import config
-
-    for key in HUB_KEYS:
-        ident.pop(key, None)
-    cfg = config(stage, settings)
-    try:
-        found = hub_files(cfg, forms)
-        settings["hub"], ident["hub"] = found.planned(), found.identity()
-    except StageError as e:
-        ident["hub"] = {"missing": where(cfg)}
-        return settings, ident, [str(e)]
-    return settings, ident, []
-
-
-def _plan_harbor(stage: str, settings: dict, ident: dict, resolve_path) -> tuple[dict, dict, list[str]]:
-    from otbuild.sources.harbor_dataset import HARBOR_TASK_CACHE, tasks_digest
-    from otbuild.settings.stages import config
-
-    for key in ("registry", "path"):
-        ident.pop(key, None)
-        if settings.get(key):
-            settings[key] = str(resolve_path(str(Path(settings[key]).expanduser())).resolve())
-    settings["root"] = settings.get("path") or str(HARBOR_TASK_CACHE.expanduser())
-    dataset, dirs, missing = _locate_harbor(config(stage, settings))
-    settings["dataset"] = ident["dataset"] = dataset
-    if missing:
-        ident["missing"] = missing
-        return settings, ident, [missing]
-    settings["tasks_digest"] = ident["tasks"] = tasks_digest(dirs)
-    return settings, ident, []

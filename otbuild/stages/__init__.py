@@ -1,4 +1,7 @@
-"""The stage registry: what each stage writes, its implementation version, where its code is.
+"""The stage registry: each stage says what it writes, its implementation version, where its
+code is, the settings it receives and what kind of job it is. Everything that treats stages
+differently (the Snakemake rules, job sizes, the preflight, the report, costs, rebuilds) asks
+this registry.
 
 Bump `version` by hand when a stage's output semantics change: it is part of every id of
 that stage, so old artifacts are left alone and new ones are built beside them. Refactors
@@ -8,7 +11,13 @@ that keep the semantics do not bump it (the audit reports code drift instead).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from otbuild.settings import stages as s
 
 
 @dataclass(frozen=True)
@@ -16,35 +25,49 @@ class StageDef:
     name: str
     version: int
     outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
-    module: str  # defines run(cfg, inputs: list[Path], outdir: Path) -> stats dict or None, where cfg
-    # is the stage's settings model (otbuild/settings/stages.py: SETTINGS[name])
-    sql: tuple[str, ...] = ()  # templates under otbuild/sql/ that the stage renders
-    sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard, run() merges
+    module: str  # defines run(cfg, inputs: list[Path], outdir: Path) -> stats dict or None
+    settings: Any  # the model of `cfg` (otbuild/settings/stages.py)
+    sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard job, then run() merges
+    gpu: bool = False  # may serve a model or train: a GPU job on a cluster (profiles/slurm)
+    trials: bool = False  # runs agent trials in a sandbox; its settings are (or hold) the trial settings
+    llm: bool = False  # asks an LLM: records `llm_usage` (requests, tokens) in its stats
+    traces: bool = False  # its main output is a trace table
+    training: bool = False  # trains a checkpoint
 
+    @cached_property
+    def _adapter(self) -> TypeAdapter:
+        return TypeAdapter(self.settings)
+
+    def config(self, settings: dict) -> Any:
+        """The typed settings from a spec's plain settings (a ValidationError names the field when a
+        spec does not fit: a plan and its stage out of step)."""
+        return self._adapter.validate_python(settings)
+
+
+TRAINED = ("checkpoint.json", "model.safetensors", "train_log.jsonl")
 
 STAGES: dict[str, StageDef] = {
-    s.name: s
-    for s in (
-        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", ("source_sample.sql",)),
-        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", ("mix.sql", "_inputs.sql")),
-        StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", sharded=True),
-        StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", sharded=True),
-        StageDef(
-            "task_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
-            ("task_filter.sql", "_inputs.sql"),
-        ),
-        StageDef("trace_import", 2, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import"),
-        StageDef("rollout", 3, ("traces.parquet",), "otbuild.stages.rollout", sharded=True),
+    d.name: d
+    for d in (
+        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", s.SourceSettings),
+        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", s.MixSettings),
+        StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", s.Augment,
+                 sharded=True, gpu=True, llm=True),
+        StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", s.TaskScorer,
+                 sharded=True, llm=True),
+        StageDef("task_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter", s.TaskFilter),
+        StageDef("trace_import", 2, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import",
+                 s.TraceImportSettings, traces=True),
+        StageDef("rollout", 3, ("traces.parquet",), "otbuild.stages.rollout", s.RolloutSettings,
+                 sharded=True, gpu=True, trials=True, llm=True, traces=True),
         StageDef("eval", 4, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
-                 ("eval.sql", "eval_summary.sql"), sharded=True),
-        StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", ("rank.sql",)),
-        StageDef("sft", 2, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.sft"),
-        StageDef("rl", 4, ("checkpoint.json", "model.safetensors", "train_log.jsonl"), "otbuild.stages.rl"),
-        StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report"),
-        StageDef(
-            "trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
-            ("trace_filter.sql", "_inputs.sql"),
-        ),
+                 s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True),
+        StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", s.RankSettings),
+        StageDef("sft", 2, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True),
+        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True),
+        StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report", s.ReportSettings),
+        StageDef("trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
+                 s.TraceFilter, traces=True),
     )
 }
 

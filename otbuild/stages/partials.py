@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -33,25 +32,6 @@ def drop_torn_tail(path: Path) -> None:
 
 def partial_files(outdir: Path) -> list[Path]:
     return sorted((Path(outdir) / "shards").glob("*.partial.jsonl"))
-
-
-def iter_records(outdir: Path, key: str) -> Iterator[tuple[int, dict]]:
-    """(record[key], record) of every finished unit, from every shard's partial file (so a
-    restart with another shard count loses nothing); a line that is not a whole record (cut
-    short by a crash, another job's line being written) is skipped: that unit runs again. A
-    file that vanishes meanwhile is its shard's, finished (its rows are in its parquet)."""
-    for path in partial_files(outdir):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        for line in data.splitlines():
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get(key), int):
-                yield rec[key], rec
 
 
 def append(out, record: dict) -> None:

@@ -25,10 +25,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(export_llamafactory(a.inputs, a.outdir, a.name, chat_template=a.chat_template)))
         return 0
-    from otbuild.settings.stages import config
+    from otbuild.settings.stages import RlSettings, SftSettings
 
     raw = Path(a.settings[1:]).read_text() if a.settings.startswith("@") else a.settings
-    cfg = config(a.command, json.loads(raw))  # the stage's model: the schema's defaults
+    model = SftSettings if a.command == "sft" else RlSettings  # the stage's model: the schema's defaults
+    cfg = model.model_validate(json.loads(raw))
     a.outdir.mkdir(parents=True, exist_ok=True)
     if a.command == "sft":
         from otbuild.train.sft import train

@@ -1,11 +1,12 @@
 """Recipe -> DAG of content-addressed stage nodes.
 
-A node's id hashes its stage, the stage's implementation version, the identity of its own
-settings and the ids of its inputs, so an edit changes exactly the edited stage and what lies
-downstream, and recipes sharing a prefix share artifacts. Artifacts live at
-artifacts/<stage>/<id>/. The identity of a recipe section follows one rule
-(otbuild/settings/identity.py): execution-only fields are left out, the others count only when they
-differ from their default.
+A node carries the typed settings its stage receives (`StageDef.settings`). Its id hashes its
+stage, the stage's implementation version, the identity of those settings and the ids of its
+inputs, so an edit changes exactly the edited stage and what lies downstream, and recipes
+sharing a prefix share artifacts. Artifacts live at artifacts/<stage>/<id>/. Identity follows
+one rule (otbuild/settings/identity.py): execution-only fields are left out, the others count
+only when they differ from their default, and data outside the project counts by what the plan
+found there (otbuild/plan/external.py).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
-from otbuild.hashing import content_digest, settings_hash
-from otbuild.settings.identity import identity
+from pydantic import BaseModel
+
+from otbuild.errors import ConfigError, StageError
+from otbuild.hashing import settings_hash
+from otbuild.plan.external import find
 from otbuild.recipe.load import LoadedRecipe
+from otbuild.settings.base import PLAN_ONLY, fields_with
+from otbuild.settings.identity import identity
+from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.stages import PROVENANCE, STAGES, shard_path
-from otbuild.settings.stages import config
 
-# Settings naming files outside the project's artifacts: hashed by content.
-FILE_KEYS = {"path", "labels", "tasks", "instances"}
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")
 
@@ -46,10 +51,20 @@ class Missing:
 class Node:
     stage: str
     label: str  # the node's name within its recipe, e.g. "sources/synth", "mix"
-    settings: dict  # the spec's settings: the stage's settings model as JSON (otbuild/settings/stages.py)
-    identity: dict  # what is hashed (settings with external paths replaced by their digests)
+    config: Any  # the stage's typed settings (StageDef.settings), what its job receives
     inputs: tuple[Node, ...] = ()
     missing: tuple[Missing, ...] = ()  # external data the recipe names that is not there (yet)
+    found: dict = field(default_factory=dict)  # what the plan found for the external fields
+
+    @cached_property
+    def identity(self) -> dict:
+        """What is hashed: the settings' identity, data outside the project by what was found."""
+        return identity(self.config, self.found)
+
+    @cached_property
+    def settings(self) -> dict:
+        """The settings as the spec carries them (the runner validates them back into `config`)."""
+        return self.config.model_dump(mode="json")
 
     @cached_property
     def id(self) -> str:
@@ -58,11 +73,6 @@ class Node:
             {"stage": self.stage, "version": d.version, "settings": self.identity,
              "inputs": [n.id for n in self.inputs]}
         )
-
-    @cached_property
-    def config(self):
-        """The typed settings the stage's job will receive (its model's defaults filled in)."""
-        return config(self.stage, self.settings)
 
     @property
     def dir(self) -> Path:
@@ -127,10 +137,8 @@ def plan_recipe(loaded: LoadedRecipe) -> Plan:
         nodes = _finals(cand, prefix=f"candidates/{name}/")
         evals.append(next(n for n in nodes if n.stage == "eval"))
         finals += nodes
-    settings = {"candidates": [e.label.split("/")[1] for e in evals]}
-    if loaded.recipe.eval and loaded.recipe.eval.rank_by != "pass_at_1":  # the default keeps ids
-        settings["metric"] = loaded.recipe.eval.rank_by
-    finals.append(Node("rank", "ranking", settings, settings, tuple(evals)))
+    metric = {"metric": loaded.recipe.eval.rank_by} if loaded.recipe.eval else {}
+    finals.append(_node("rank", "ranking", {"candidates": [e.label.split("/")[1] for e in evals], **metric}, evals))
     return _with_report(loaded, _topo(finals))
 
 
@@ -140,20 +148,15 @@ def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     # what the recipe sets that makes its artifacts (defaults and execution settings left out, as
     # in every id): a change to `shards` or `concurrency` does not rebuild the report
     resolved = json.loads(json.dumps(identity(loaded.recipe), default=str))
-    nodes = [*nodes, report_node(loaded.name, nodes, prices, loaded.recipe.description or "", resolved)]
-    for n in nodes:
-        n.config  # noqa: B018 - every job's settings fit its stage's model, checked when planned
-    return Plan(loaded, nodes)
+    return Plan(loaded, [*nodes, report_node(loaded.name, nodes, prices, loaded.recipe.description or "", resolved)])
 
 
 def report_settings(recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "",
-                    resolved: dict | None = None) -> dict:
+                    resolved: dict | None = None) -> ReportSettings:
     """The report stage's settings for a plan's nodes (topological order), the recipe's token
     prices, description and resolved document (recipe.resolved.yaml's), each only when set."""
-    settings = {"recipe": recipe,
-                "nodes": [{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes]}
-    extra = {"prices": prices, "description": description, "resolved": resolved}
-    return {**settings, **{k: v for k, v in extra.items() if v}}
+    return ReportSettings(recipe=recipe, description=description, prices=prices or None, resolved=resolved or {},
+                          nodes=[{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes])
 
 
 def report_node(recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "",
@@ -161,47 +164,42 @@ def report_node(recipe: str, nodes: list[Node], prices: dict | None = None, desc
     """The `report` node of a plan: every node's main output is an input (one per id), so the
     report is rebuilt exactly when an artifact changes; its id follows from theirs (and from the
     prices, description and recipe text it shows)."""
-    settings = report_settings(recipe, nodes, prices, description, resolved)
-    inputs = tuple({n.id: n for n in nodes}.values())
-    return Node("report", "report", settings, settings, inputs)
+    config = report_settings(recipe, nodes, prices, description, resolved)
+    return Node("report", "report", config, tuple({n.id: n for n in nodes}.values()))
 
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     """The last nodes of one recipe (labels under `prefix`); their inputs hold the rest."""
     r = loaded.recipe
+    harness = {"prompt": r.harness.prompt}  # what stages that render or run harness turns add
     ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
     sources = {name: _source_node(loaded, name, src) for name, src in ranked}
     if r.augment:  # per source, before the mix: the augmented set takes the source's place
         for name in r.augment.sources or list(sources):
-            sources[name] = _section_node("augment", f"augment/{name}", r.augment, [sources[name]],
-                                          exclude={"sources"})
+            sources[name] = _section_node("augment", f"augment/{name}", r.augment, [sources[name]])
     tasks: list[Node] = list(sources.values())
     if r.mix:
         top = [name for name, _ in ranked[: r.mix.n]]
-        tasks = [_section_node("mix", "mix", r.mix, [sources[n] for n in top], extra={"sources": top})]
+        tasks = [_section_node("mix", "mix", r.mix, [sources[n] for n in top], sources=top)]
     if r.task_filter:
         if r.task_filter.llm:
             tasks = [_section_node("task_score", "task_score", r.task_filter.llm, tasks)]
         held_out = _held_out(loaded, r.task_filter.decontaminate)
-        tasks = [_section_node("task_filter", "task_filter", r.task_filter, [*tasks, *held_out], exclude={"llm"})]
+        tasks = [_section_node("task_filter", "task_filter", r.task_filter, [*tasks, *held_out])]
     traces: list[Node] = []
     if r.teacher:
-        traces.append(_section_node("rollout", "teacher", r.teacher, tasks, extra=_harness(r)))
+        traces.append(_section_node("rollout", "teacher", r.teacher, tasks, **harness))
     for name, imp in sorted(r.trace_imports.items()):
-        traces.append(_file_node(loaded, "trace_import", f"trace_imports/{name}",
-                                 {"name": name, **imp.model_dump(exclude_none=True)},
-                                 {"name": name, **identity(imp)}))
+        traces.append(_external_node(loaded, "trace_import", f"trace_imports/{name}", name, imp))
     finals = traces or tasks
     if r.trace_filter:
         finals = [_section_node("trace_filter", "trace_filter", r.trace_filter, traces)]
     model = None
     if r.sft:
-        node = _section_node("sft", "sft", r.sft, finals, extra=_harness(r))
-        for d in (node.settings, node.identity):
-            _resolve_model(loaded, d["model"])
-        model = finals = [node]
+        sft = _passed(r.sft)
+        model = finals = [_node("sft", "sft", {**sft, "model": _local_model(loaded, sft["model"]), **harness}, finals)]
         if r.rl:
-            model = finals = [_section_node("rl", "rl", r.rl, [*model, *tasks], extra=_harness(r))]
+            model = finals = [_section_node("rl", "rl", r.rl, [*model, *tasks], **harness)]
     if r.eval:
         finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
@@ -216,81 +214,68 @@ def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:
             else _source_node(loaded, name, r.sources[name]) for name in (decontaminate.against if decontaminate else [])]
 
 
-def _harness(recipe) -> dict:
-    """What a stage that renders or runs harness turns adds to its settings and id: the prompt
-    style, when not the default (the id rule)."""
-    return identity(recipe.harness, exclude={"constrained_decoding"})
-
-
-def _resolve_model(loaded: LoadedRecipe, spec: dict) -> None:
+def _local_model(loaded: LoadedRecipe, spec: dict) -> dict:
     """A pretrained model dir in the project is resolved; an HF id (in the local cache) is kept."""
     if spec["kind"] == "pretrained" and loaded.resolve(spec["path"]).exists():
-        spec["path"] = str(loaded.resolve(spec["path"]).resolve())
+        return {**spec, "path": str(loaded.resolve(spec["path"]).resolve())}
+    return spec
 
 
 def _relabel(node: Node, prefix: str) -> Node:
     """The same node (same id) under a candidate's label prefix, inputs included."""
-    return Node(node.stage, prefix + node.label, node.settings, node.identity,
-                tuple(_relabel(i, prefix) for i in node.inputs), node.missing)
+    return Node(node.stage, prefix + node.label, node.config, tuple(_relabel(i, prefix) for i in node.inputs),
+                node.missing, node.found)
 
 
 def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings.
     Without an explicit model, the recipe's last checkpoint is served (transformers or vllm)."""
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
-    trial = {*ShardedTrials.model_fields, "concurrency"}  # the eval's, whichever model answers
-    checkpoint_serving = {"serve_with", "engine_args", "temperature", "max_tokens"}
+    trials = ev.model_dump(include=set(ShardedTrials.model_fields) | {"concurrency"})  # the eval's, whoever answers
     if ev.model is not None:
         model = ev.model.model_dump()
-        ident = {**identity(ev, exclude={"benchmarks", "rank_by", "model", *checkpoint_serving}),
-                 "model": identity(ev.model, exclude={*trial, "samples_per_task"})}
     else:  # the checkpoint is an input: its id is in this node's id
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
-                 "max_tokens": ev.max_tokens, "engine_args": ev.engine_args}
-        ident = identity(ev, exclude={"benchmarks", "rank_by"})  # rank_by: the ranking's
+                 "max_tokens": ev.max_tokens, "engine_args": ev.engine_args, "serves_checkpoint": True}
         if loaded.recipe.harness.constrained_decoding:
             from otbuild.harness.protocol import ANSWER_REGEX
 
-            model["extra_body"] = ident["extra_body"] = {"structured_outputs": {"regex": ANSWER_REGEX}}
+            model["extra_body"] = {"structured_outputs": {"regex": ANSWER_REGEX}}
         benchmarks.append(checkpoint)
-    settings = {**model, **ev.model_dump(include=trial), "samples_per_task": ev.repeats,
-                "model_label": f"{model['engine']}:{model.get('model') or model['engine']}"}
-    harness = _harness(loaded.recipe)
-    return Node("eval", "eval", {**settings, **harness}, {**ident, **harness}, tuple(benchmarks))
+    label = f"{model['engine']}:{model.get('model') or model['engine']}"
+    return _node("eval", "eval", {**model, **trials, "samples_per_task": ev.repeats, "model_label": label,
+                                  "prompt": loaded.recipe.harness.prompt}, benchmarks)
 
 
-def _section_node(stage: str, label: str, section, inputs: list[Node], exclude: set[str] = frozenset(),
-                  extra: dict | None = None) -> Node:
-    """A node whose settings are a recipe section (less `exclude`, plus `extra`); its identity
-    follows the section's id rule (otbuild/settings/identity.py)."""
-    extra = extra or {}
-    return Node(stage, label, {**section.model_dump(exclude=exclude), **extra},
-                {**identity(section, exclude=exclude), **extra}, tuple(inputs))
+def _node(stage: str, label: str, settings: dict, inputs=()) -> Node:
+    """A node of `stage` with these settings, typed by its model (a plan that does not fit its
+    stage fails here, not in the job)."""
+    return Node(stage, label, STAGES[stage].config(settings), tuple(inputs))
+
+
+def _passed(section: BaseModel) -> dict:
+    """What of a recipe section its stage receives: all but what the plan reads itself."""
+    return section.model_dump(exclude=fields_with(type(section), PLAN_ONLY))
+
+
+def _section_node(stage: str, label: str, section: BaseModel, inputs: list[Node], **extra) -> Node:
+    """A node whose settings are a recipe section plus what the plan adds (`extra`)."""
+    return _node(stage, label, {**_passed(section), **extra}, inputs)
 
 
 def _source_node(loaded: LoadedRecipe, name: str, src, group: str = "sources") -> Node:
-    return _file_node(loaded, "source", f"{group}/{name}", {"name": name, **src.model_dump(exclude={"rank"})},
-                      {"name": name, **identity(src, exclude={"rank"})})
+    return _external_node(loaded, "source", f"{group}/{name}", name, src)
 
 
-def _file_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ident: dict) -> Node:
-    """A node reading external files (FILE_KEYS). It is addressed by their content, not by
-    where they lie. Data not there yet (to be fetched before the build) still plans, under
-    an id that changes once it arrives."""
-    if settings.get("kind") in ("hf-dataset", "harbor-dataset"):  # otbuild.sources.DATASET_KINDS
-        return _dataset_node(loaded, stage, label, settings, ident)
-    ident, missing = dict(ident), []
-    for key in FILE_KEYS & settings.keys():
-        if settings[key] is None:
-            continue
-        path = loaded.resolve(settings[key])
-        settings[key] = str(path.resolve())
-        if path.exists():
-            ident[key] = {"sha256": content_digest(path)}
-        else:
-            ident[key] = {"missing": settings[key]}
-            missing.append(_missing(loaded, label, key, str(path)))
-    return Node(stage, label, settings, ident, missing=tuple(missing))
+def _external_node(loaded: LoadedRecipe, stage: str, label: str, name: str, section: BaseModel) -> Node:
+    """A node reading data outside the project (files, a dataset by id): addressed by what the
+    plan finds there (otbuild/plan/external.py), not by where it lies."""
+    config = STAGES[stage].config({"name": name, **_passed(section)})
+    try:
+        config, found, missing = find(config, loaded.resolve)
+    except StageError as e:
+        raise ConfigError(f"{loaded.path}: {label.replace('/', '.')}: {e}") from e
+    return Node(stage, label, config, missing=tuple(_missing(loaded, label, *m) for m in missing), found=found)
 
 
 def _missing(loaded: LoadedRecipe, label: str, key: str | None, what: str, needed: bool = True) -> Missing:
@@ -298,23 +283,6 @@ def _missing(loaded: LoadedRecipe, label: str, key: str | None, what: str, neede
     section = ("eval." if label.startswith("benchmarks/") else "") + label.replace("/", ".")
     dotted = f"{section}.{key}" if key else section
     return Missing(loaded.file_for(dotted), dotted, what, needed)
-
-
-def _dataset_node(loaded: LoadedRecipe, stage: str, label: str, settings: dict, ident: dict) -> Node:
-    """A node reading a dataset named by id (the Hub, Harbor's registry): addressed by the
-    commit or version it resolves to and its files' content (otbuild/sources/__init__.py)."""
-    from otbuild.errors import ConfigError, StageError
-    from otbuild.sources import resolve_dataset
-    from otbuild.traces.imports import PATH_FORMS
-
-    forms = (".parquet",) if stage == "source" else PATH_FORMS[settings["format"]]
-    try:
-        settings, ident, missing = resolve_dataset(stage, settings, ident, loaded.resolve, forms)
-    except StageError as e:
-        raise ConfigError(f"{loaded.path}: {label.replace('/', '.')}: {e}") from e
-    hub = settings["kind"] == "hf-dataset"  # the job may reach the Hub; a Harbor dataset is downloaded first
-    return Node(stage, label, settings, ident, missing=tuple(_missing(loaded, label, None, m, needed=not hub)
-                                                             for m in missing))
 
 
 def _topo(finals: list[Node]) -> list[Node]:
