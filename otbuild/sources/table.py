@@ -8,8 +8,9 @@
 - `metadata`: columns copied into the task's metadata as they are.
 
 The environment is `FROM <image>` with WORKDIR /app: `image` (default python:3.12-slim, so
-tasks are runnable locally; the defaults are TableSource's, otbuild/settings/recipe.py); `docker_image` instead names a prebuilt image in task.toml
-(`[environment] docker_image`), which makes the tasks not runnable locally. A row without the
+tasks are runnable locally); `docker_image` instead names a prebuilt image in task.toml
+(`[environment] docker_image`), which makes the tasks not runnable locally. The options and
+their defaults are TableSource's (otbuild/settings/recipe.py). A row without the
 instruction column, or with a blank one, is quarantined ("missing field" / "empty
 instruction"); a non-text solution/tests value is quarantined as "bad field".
 """

@@ -7,10 +7,11 @@ Optional row fields used when present: `instance_id`/`task_id`/`id`/`task` (the 
 `timed_out`, `exception`, `is_subagent`, `n_input_tokens`/`n_output_tokens`, `duration_s`;
 every other field goes to metadata.
 
-Options (otbuild/settings/recipe.py MessagesOptions): `agent` (default "unknown"; e.g. "swe-agent" for SWE-smith's SFT files), `model`,
-`model_provider`, `run_id` (default: the file stem), `tasks` (an otbuild task parquet, for
-`task_id` by task path). A malformed line raises SourceFormatError naming the file and line;
-a row without a messages list, or whose task text is missing, is quarantined.
+Options (MessagesOptions, otbuild/settings/recipe.py): `agent` (default "unknown"; e.g.
+"swe-agent" for SWE-smith's SFT files), `model`, `model_provider`, `run_id` (default: the row's,
+else the file stem), `tasks` (an otbuild task parquet, for `task_id` by task path). A
+malformed line raises SourceFormatError naming the file and line; a row without a messages
+list, or whose task text is missing, is quarantined.
 """
 
 from __future__ import annotations
