@@ -24,6 +24,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the Huggin
 DATA = REPO.parent / "shared" / "data" / "dev"
 
 
+def source(kind: str, path, **settings):
+    """A source's settings as its adapter gets them (otbuild/settings/stages.py), from its recipe keys."""
+    return _settings("source", kind, path, settings)
+
+
+def trace_import(kind: str, path=None, **settings):
+    """A trace import's settings as its importer gets them, from its recipe keys (an
+    hf-dataset import has no path)."""
+    return _settings("trace_import", kind, path, settings)
+
+
+def _settings(stage: str, kind: str, path, settings: dict):
+    from otbuild.stages import STAGES
+
+    plain = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    located = {} if path is None else {"path": str(path)}
+    return STAGES[stage].config({"name": "test", "kind": kind, **located, **plain})
+
+
 def make_task(name: str, instruction: str, **metadata) -> TaskRecord:
     t = TaskDir(name)
     t.add("instruction.md", instruction)

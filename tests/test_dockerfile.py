@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from otbuild.sandbox.layout import LayoutError, plan
-from otbuild.sources import harbor_dir, nl2bash, stackexchange, tb1_dir
+from otbuild.sources import nl2bash, read_source, stackexchange
 from otbuild.sources.synthetic import generate
 from otbuild.tasks.base_image import base_images
 from otbuild.tasks.dockerfile import local_problems, parse
 from otbuild.tasks.table import Quarantined
 from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
-from tests.conftest import REPO
+from tests.conftest import REPO, source
 
 DEV_TASKS = REPO.parent / "shared" / "data" / "dev" / "terminal_bench_tasks"
 DOCKER_KEYWORDS = {"FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY",
@@ -182,9 +182,9 @@ def test_real_tasks_runnable_locally_counts():
     """The counts the source adapters give (runnable_locally feeds the task parquets): the same
     as before the one policy (52 of 108)."""
     counts = Counter()
-    for fmt, read in (("harbor_format", harbor_dir.read), ("tb1_format", tb1_dir.read)):
+    for fmt, kind in (("harbor_format", "harbor-dir"), ("tb1_format", "tb1-dir")):
         for collection in sorted((DEV_TASKS / fmt).iterdir()):
-            for rec in read(collection):
+            for rec in read_source(source(kind, collection)):
                 if not isinstance(rec, Quarantined):
                     counts[collection.name, rec.runnable_locally] += 1
     assert counts == {("tb2_ot_fewshots", False): 5, ("tb2_ot_fewshots", True): 1,

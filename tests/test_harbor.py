@@ -32,7 +32,7 @@ from otbuild.sources.synthetic import generate
 from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import Quarantined, write_tasks
 from otbuild.traces.table import TRACE_SCHEMA, count_turns
-from tests.conftest import otbuild, snakemake
+from tests.conftest import otbuild, snakemake, trace_import
 
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
 needs_harbor = pytest.mark.skipif(
@@ -493,7 +493,7 @@ def test_harbor_trace_export_rows_import_by_trial(tmp_path):
             + [{**_export_rows("t1__a", 1, "1.0")[0], "trace_source": "summarization-1-summary"}])
     pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "train-00000-of-00002.parquet")
     pq.write_table(pa.Table.from_pylist(rows[2:]), tmp_path / "train-00001-of-00002.parquet")
-    last = list(read_traces("harbor-traces", tmp_path))
+    last = list(read_traces(trace_import("harbor-traces", tmp_path)))
     assert [(r["trial_name"], r["episode"], r["is_subagent"]) for r in last] == [
         ("t1__a", "episode-2", False), ("t1__b", "episode-1", False), ("t1__c", "episode-0", False),
         ("t1__a", "episode-0", True)]
@@ -503,12 +503,12 @@ def test_harbor_trace_export_rows_import_by_trial(tmp_path):
     assert (b["reward"], b["exception"], b["timed_out"]) == (None, None, True)
     assert (c["exception"], c["result"]) == ("InternalServerError", "InternalServerError")
     assert a["source"] == "import:harbor-traces" and a["teacher"] == "terminus-2:glm"
-    assert len(list(read_traces("harbor-traces", tmp_path, episodes="all"))) == len(rows)
+    assert len(list(read_traces(trace_import("harbor-traces", tmp_path, episodes="all")))) == len(rows)
     sharegpt = tmp_path / "sg" / "data.jsonl"
     sharegpt.parent.mkdir()
     sharegpt.write_text(json.dumps({"conversations_sharegpt": [{"from": "human", "value": "Do."}, {"from": "gpt", "value": "Done."}],
                                     "trial_name": "x", "episode": "episode-0", "result": "0.0"}) + "\n")
-    [row] = read_traces("harbor-traces", sharegpt)
+    [row] = read_traces(trace_import("harbor-traces", sharegpt))
     assert row["conversations"] == [{"role": "user", "content": "Do."}, {"role": "assistant", "content": "Done."}]
     assert row["reward"] == 0.0
 
@@ -533,7 +533,7 @@ def test_harbors_own_trace_export_imports_to_what_the_job_ingest_gives(tmp_path,
     res = subprocess.run([str(HARBOR.parent / "python"), "-c", code, str(job), str(export)],
                          capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
-    imported = {r["trial_name"]: r for r in read_traces("harbor-traces", export)}
+    imported = {r["trial_name"]: r for r in read_traces(trace_import("harbor-traces", export))}
     ingested = {r["trial_name"]: r for r in ingest.read_job(job)}
     assert len(imported) == 4 and set(imported) == set(ingested)
     for name, row in imported.items():
@@ -553,10 +553,10 @@ def test_an_export_row_without_the_task_is_quarantined(tmp_path):
     row["conversations"] = [{"role": "assistant", "content": "Technical difficulties. Please continue with the task."},
                             {"role": "user", "content": "output"}, {"role": "assistant", "content": "ls"}]
     pq.write_table(pa.Table.from_pylist([row]), tmp_path / "x.parquet")
-    [q] = read_traces("harbor-traces", tmp_path / "x.parquet")
+    [q] = read_traces(trace_import("harbor-traces", tmp_path / "x.parquet"))
     assert isinstance(q, Quarantined) and q.name == "t1__a" and q.reason == "no user message before the first answer"
     pq.write_table(pa.Table.from_pylist([{**row, "instruction": "Fix it."}]), tmp_path / "y.parquet")
-    [ok] = read_traces("harbor-traces", tmp_path / "y.parquet")
+    [ok] = read_traces(trace_import("harbor-traces", tmp_path / "y.parquet"))
     assert ok["conversations"][0] == {"role": "user", "content": "Fix it."}
 
 

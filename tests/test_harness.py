@@ -25,7 +25,7 @@ from otbuild.stages.rollout import plan_trials, run_shard
 from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from tests.conftest import DATA, REPO, chat_answer
+from tests.conftest import DATA, REPO, chat_answer, source
 
 needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
@@ -483,7 +483,7 @@ def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
     from otbuild.sources import tb1_dir
 
     base = DATA / "terminal_bench_tasks" / "tb1_format"
-    records = [r for d in ("evoeval", "tb_core_original") for r in tb1_dir.read(base / d)
+    records = [r for d in ("evoeval", "tb_core_original") for r in tb1_dir.read(source("tb1-dir", base / d))
                if getattr(r, "runnable_locally", False)]
     assert len(records) >= 40
 

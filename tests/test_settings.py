@@ -110,19 +110,23 @@ def test_rl_trials_are_the_teachers_fields(tmp_path):
 SETTINGS_NAMES = {"settings", "cfg", "section", "sb"}
 
 
-def field_names(model, seen=None) -> set[str]:
+def fields(model, seen=None):
+    """(name, FieldInfo) of every field of `model` (a model or a discriminated union of them)
+    and of the models its fields hold."""
     seen = seen if seen is not None else set()
-    out = set()
     for m in typing.get_args(typing.get_args(model)[0]) if typing.get_origin(model) is typing.Annotated else [model]:
         if not (isinstance(m, type) and issubclass(m, BaseModel)) or m in seen:
             continue
         seen.add(m)
         for name, info in m.model_fields.items():
-            out.add(name)
+            yield name, info
             for arg in (info.annotation, *typing.get_args(info.annotation)):
                 if isinstance(arg, type) and issubclass(arg, BaseModel):
-                    out |= field_names(arg, seen)
-    return out
+                    yield from fields(arg, seen)
+
+
+def field_names(model) -> set[str]:
+    return {name for name, _ in fields(model)}
 
 
 def restated_defaults(paths, names: set[str]) -> list[str]:
@@ -143,6 +147,12 @@ def restated_defaults(paths, names: set[str]) -> list[str]:
 
 
 NAMES = set().union(*(field_names(m) for m in SETTINGS.values()))
+# Every default a setting of that name has (settings of several sections share a name).
+DEFAULTS: dict[str, list] = {}
+for _model in SETTINGS.values():
+    for _name, _info in fields(_model):
+        if not _info.is_required():
+            DEFAULTS.setdefault(_name, []).append(_info.get_default(call_default_factory=True))
 
 
 @pytest.mark.parametrize("where", ["stages", "train", "sources", "harness", "engines", "sandbox"])
@@ -157,3 +167,41 @@ def test_the_checker_finds_a_restated_default(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('def f(settings, cfg):\n    return settings.get("epochs", 1.0), getattr(cfg, "adam_eps", 1e-8)\n')
     assert len(restated_defaults([bad], NAMES)) == 2
+
+
+def restated_keyword_defaults(paths, defaults: dict[str, list]) -> list[str]:
+    """Parameters named like a setting whose keyword default is that setting's default (the
+    adapter's `def read(path, verifier=True)`): the adapter gets the setting from its section."""
+    found = []
+    for path in paths:
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            a = fn.args
+            positional = [*a.posonlyargs, *a.args]
+            pairs = [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
+                     *((arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)]
+            for arg, node in pairs:
+                try:
+                    value = ast.literal_eval(node)
+                except ValueError:
+                    continue  # not a constant: no restated value
+                if any(type(value) is type(d) and value == d for d in defaults.get(arg.arg, [])):
+                    found.append(f"{path}:{node.lineno}: {getattr(fn, 'name', 'lambda')}({arg.arg}={ast.unparse(node)})")
+    return found
+
+
+@pytest.mark.parametrize("where", ["sources", "traces/imports", "stages"])
+def test_no_adapter_or_stage_restates_a_settings_default_as_a_keyword_default(where):
+    """No `def read(path, verifier=True)` fed a section's dump: the adapters, importers and
+    stages take their typed settings, whose model holds each default once."""
+    found = restated_keyword_defaults(sorted((REPO / "otbuild" / where).rglob("*.py")), DEFAULTS)
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_finds_a_restated_keyword_default(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def read(path, verifier=True, *, episodes='last', site=None, count=3):\n    pass\n"
+                   "def ok(path, verifier=1, episodes='all', columns=None, agent=AGENT):\n    pass\n")
+    assert [f.split(": ", 1)[1] for f in restated_keyword_defaults([bad], DEFAULTS)] == [
+        "read(verifier=True)", "read(episodes='last')", "read(site=None)"]

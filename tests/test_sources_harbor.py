@@ -21,6 +21,7 @@ from otbuild.tasks.export import export_tasks
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
 from otbuild.tasks.task_toml import runnable_locally
 from otbuild.tasks.taskdir import TaskDir
+from tests.conftest import source
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "dev"
 TB = DATA / "terminal_bench_tasks"
@@ -53,7 +54,7 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, bool]]:
 @pytest.mark.parametrize("folder", ["tb2_ot_fewshots", "termigen_no_solution"])
 def test_harbor_dir_reads_every_task(folder):
     src = HARBOR / folder
-    items = list(harbor_dir.read(src))
+    items = list(harbor_dir.read(source("harbor-dir", src)))
     assert [i.task.name for i in items] == [d.name for d in task_dirs(src)]  # sorted, none lost
     for d in task_dirs(src):
         rec = records(items)[d.name]
@@ -68,7 +69,7 @@ def test_harbor_dir_reads_every_task(folder):
 
 
 def test_harbor_runnable_locally_on_real_tasks():
-    recs = records(harbor_dir.read(FEWSHOTS))
+    recs = records(harbor_dir.read(source("harbor-dir", FEWSHOTS)))
     # hello-world: no docker_image, Dockerfile is FROM + WORKDIR only.
     assert recs["hello-world"].runnable_locally is True
     # build-cython-ext: prebuilt docker_image and RUN apt-get install.
@@ -100,7 +101,7 @@ def test_harbor_dir_quarantines_broken_tasks(tmp_path):
     (tmp_path / "h_linked_dir").symlink_to(tmp_path / "a_good")
     (tmp_path / "README.md").write_text("not a task\n")
 
-    items = list(harbor_dir.read(tmp_path))
+    items = list(harbor_dir.read(source("harbor-dir", tmp_path)))
     reasons = {i.name: i.reason for i in items if isinstance(i, Quarantined)}
     assert reasons == {
         "b_no_instruction": "missing instruction.md",
@@ -119,10 +120,10 @@ def test_harbor_dir_quarantines_broken_tasks(tmp_path):
 
 def test_missing_source_folder_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
-        list(harbor_dir.read(tmp_path / "nope"))
+        list(harbor_dir.read(source("harbor-dir", tmp_path / "nope")))
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError, match="file"):
-        list(tb1_dir.read(tmp_path / "file"))
+        list(tb1_dir.read(source("tb1-dir", tmp_path / "file")))
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,7 @@ def test_runnable_locally_rule(dockerfile, toml, expected):
 # -- parquet round trip ----------------------------------------------------------------
 def test_harbor_dir_parquet_export_round_trip(tmp_path):
     parquet = tmp_path / "tasks.parquet"
-    assert write_tasks(parquet, harbor_dir.read(FEWSHOTS), source="fewshots") == 6
+    assert write_tasks(parquet, harbor_dir.read(source("harbor-dir", FEWSHOTS)), source="fewshots") == 6
     assert export_tasks(parquet, tmp_path / "out") == 6
     for d in task_dirs(FEWSHOTS):
         assert snapshot(tmp_path / "out" / d.name) == snapshot(d), d.name
@@ -160,19 +161,19 @@ def test_harbor_dir_parquet_export_round_trip(tmp_path):
 
 def test_harbor_parquet_reads_write_tasks_output(tmp_path):
     parquet = tmp_path / "part-0.parquet"
-    write_tasks(parquet, harbor_dir.read(FEWSHOTS), source="fewshots")
+    write_tasks(parquet, harbor_dir.read(source("harbor-dir", FEWSHOTS)), source="fewshots")
     written = pq.read_table(parquet, columns=["path", "task_id"]).to_pylist()
-    items = list(harbor_parquet.read(parquet))
+    items = list(harbor_parquet.read(source("harbor-parquet", parquet)))
     assert [(r.task.name, r.task.task_id()) for r in items] == [
         (row["path"], row["task_id"]) for row in written
     ]
-    direct = records(harbor_dir.read(FEWSHOTS))
+    direct = records(harbor_dir.read(source("harbor-dir", FEWSHOTS)))
     for rec in items:
         assert rec.metadata == direct[rec.task.name].metadata
         assert rec.runnable_locally == direct[rec.task.name].runnable_locally
     # A folder of parquets is read file by file, in name order.
-    write_tasks(tmp_path / "part-1.parquet", harbor_dir.read(FEWSHOTS), source="again")
-    assert len(list(harbor_parquet.read(tmp_path))) == 2 * len(items)
+    write_tasks(tmp_path / "part-1.parquet", harbor_dir.read(source("harbor-dir", FEWSHOTS)), source="again")
+    assert len(list(harbor_parquet.read(source("harbor-parquet", tmp_path)))) == 2 * len(items)
 
 
 def _task_parquet(path: Path, rows: list[dict]) -> Path:
@@ -190,7 +191,7 @@ def test_harbor_parquet_bad_inputs(tmp_path):
             {"path": "junk", "task_binary": b"not a tar", "extra": 3},
         ],
     )
-    items = list(harbor_parquet.read(parquet))
+    items = list(harbor_parquet.read(source("harbor-parquet", parquet)))
     assert isinstance(items[0], TaskRecord)
     assert [(i.name, i.reason) for i in items[1:]] == [
         ("broken", "corrupt task_binary"),
@@ -198,9 +199,9 @@ def test_harbor_parquet_bad_inputs(tmp_path):
     ]
     (tmp_path / "fake.parquet").write_text("hello")
     with pytest.raises(ValueError, match="fake.parquet"):
-        list(harbor_parquet.read(tmp_path / "fake.parquet"))
+        list(harbor_parquet.read(source("harbor-parquet", tmp_path / "fake.parquet")))
     with pytest.raises(ValueError, match="task_binary"):
-        list(harbor_parquet.read(_task_parquet(tmp_path / "cols.parquet", [{"path": "x"}])))
+        list(harbor_parquet.read(source("harbor-parquet", _task_parquet(tmp_path / "cols.parquet", [{"path": "x"}]))))
 
 
 def test_tar_with_top_level_folder_is_accepted(tmp_path):
@@ -214,7 +215,7 @@ def test_tar_with_top_level_folder_is_accepted(tmp_path):
         tmp_path / "t.parquet",
         [{"path": "hello-world", "task_binary": gzip.compress(raw.getvalue())}],
     )
-    (rec,) = harbor_parquet.read(parquet)
+    (rec,) = harbor_parquet.read(source("harbor-parquet", parquet))
     assert isinstance(rec, TaskRecord)
     assert {k: f.data for k, f in rec.task.files.items()} == {
         k: v[0] for k, v in snapshot(src).items()
@@ -230,7 +231,7 @@ def test_tar_with_top_level_folder_is_accepted(tmp_path):
 )
 def test_tb1_reads_every_task(folder, n_records):
     src = TB1 / folder
-    items = list(tb1_dir.read(src))
+    items = list(tb1_dir.read(source("tb1-dir", src)))
     assert [i.task.name if isinstance(i, TaskRecord) else i.name for i in items] == [
         d.name
         for d in task_dirs(src)  # LICENSE at the top of tb_core_original is not a task
@@ -254,7 +255,7 @@ def test_tb1_reads_every_task(folder, n_records):
 
 def test_tb1_conversion_content():
     src = TB1 / "aider_polyglot_python" / "polyglot_python_book-store"
-    rec = records(tb1_dir.read(src.parent))[src.name]
+    rec = records(tb1_dir.read(source("tb1-dir", src.parent)))[src.name]
     files = rec.task.files
     assert rec.task.instruction == yaml.safe_load((src / "task.yaml").read_text())["instruction"]
     assert files["solution/solve.sh"].data == (src / "solution.sh").read_bytes()
@@ -278,7 +279,7 @@ def test_tb1_conversion_content():
 
 
 def test_tb1_without_dockerfile_or_run_tests():
-    recs = records(tb1_dir.read(TB1 / "tb_core_original"))
+    recs = records(tb1_dir.read(source("tb1-dir", TB1 / "tb_core_original")))
     hello = recs["hello-world"]
     assert "environment/Dockerfile" not in hello.task.files
     assert "pytest /tests/test_outputs.py" in hello.task.text("tests/run-tests.sh")
@@ -297,7 +298,7 @@ def test_tb1_quarantine_reasons(tmp_path):
     _write(tmp_path / "d", ok | {"task.yaml": "instruction: ''\n"})
     _write(tmp_path / "e", ok | {"task.yaml": "instruction: x\nmax_agent_timeout_sec: soon\n"})
     _write(tmp_path / "f", {"task.yaml": "instruction: hi\n"})
-    items = list(tb1_dir.read(tmp_path))
+    items = list(tb1_dir.read(source("tb1-dir", tmp_path)))
     assert isinstance(items[0], TaskRecord)
     assert items[0].metadata["agent_timeout_sec"] == 360.0  # Harbor's default
     assert [(i.name, i.reason) for i in items[1:]] == [

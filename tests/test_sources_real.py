@@ -18,6 +18,7 @@ from otbuild.records import SourceFormatError
 from otbuild.sources.shell_safety import check_command
 from otbuild.stages import STAGES
 from otbuild.tasks.table import Quarantined, TaskRecord, write_tasks
+from tests.conftest import source
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dev"
 if not DATA.is_dir():
@@ -49,7 +50,7 @@ def write_lines(path: Path, lines: list) -> Path:
 # -- swe-instances -------------------------------------------------------------------
 def test_swebench_instances_become_tasks():
     src = jsonl(SWEB)
-    recs, bad = split(swe_instances.read(SWEB))
+    recs, bad = split(swe_instances.read(source("swe-instances", SWEB)))
     assert len(recs) == len(src) == 62 and not bad
     for inst in src:
         rec = recs[inst["instance_id"]]
@@ -84,7 +85,7 @@ def test_swebench_instances_become_tasks():
 
 def test_swesmith_patch_is_bug_introducing():
     src = {r["instance_id"]: r for f in sorted(SMITH.glob("*.jsonl")) for r in jsonl(f)}
-    recs, bad = split(swe_instances.read(SMITH))
+    recs, bad = split(swe_instances.read(source("swe-instances", SMITH)))
     assert len(recs) == len(src) == 11 and not bad
     for iid, inst in src.items():
         t = recs[iid].task
@@ -101,11 +102,11 @@ def test_swesmith_patch_is_bug_introducing():
     packet = recs["pylint-dev__astroid.b114f6b5.pr_2570"].metadata
     assert packet["pass_to_pass_missing"] and packet["pass_to_pass_count"] == 1592
     # forced off: the patch is then a fix, applied forward
-    forced, _ = split(swe_instances.read(SMITH, patch_introduces_bug=False))
+    forced, _ = split(swe_instances.read(source("swe-instances", SMITH, patch_introduces_bug=False)))
     assert " -R" not in forced["pylint-dev__astroid.b114f6b5.pr_2570"].task.text(
         "solution/solve.sh"
     )
-    named, _ = split(swe_instances.read(SMITH, image_namespace="swebench"))
+    named, _ = split(swe_instances.read(source("swe-instances", SMITH, image_namespace="swebench")))
     assert (
         named["pylint-dev__astroid.b114f6b5.pr_2570"]
         .metadata["docker_image"]
@@ -126,7 +127,7 @@ def test_swe_quarantine_reasons(tmp_path):
         good,
         {**good, "instance_id": "a__b-5", "patch": 7},
     ])  # fmt: skip
-    recs, bad = split(swe_instances.read(f))
+    recs, bad = split(swe_instances.read(source("swe-instances", f)))
     assert list(recs) == [good["instance_id"]]
     assert [q.reason for q in bad] == ["missing field", "empty instruction", "bad field", "missing field",
                                        "not an object", "bad encoding", "duplicate id", "bad field"]  # fmt: skip
@@ -138,11 +139,11 @@ def test_swe_malformed_files_name_file_and_position(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text(good + "\n" + good + "\n" + good[: len(good) // 2])
     with pytest.raises(ValueError, match=r"t\.jsonl: line 3 .*truncated"):
-        list(swe_instances.read(f))
+        list(swe_instances.read(source("swe-instances", f)))
     g = tmp_path / "t.json"
     g.write_text('[\n {"instance_id": "x",\n  oops}\n]')
     with pytest.raises(SourceFormatError, match=r"t\.json: line 3 column 3"):
-        list(swe_instances.read(g))
+        list(swe_instances.read(source("swe-instances", g)))
 
 
 def test_swe_grader_parsers():
@@ -177,7 +178,7 @@ def test_stackexchange_exports():
     src = {
         f"{r['site']}-{r['question_id']}": r for f in sorted(SE.glob("*.jsonl")) for r in jsonl(f)
     }
-    recs, bad = split(stackexchange.read(SE))
+    recs, bad = split(stackexchange.read(source("stackexchange", SE)))
     assert len(recs) == len(src) == 600 and not bad
     assert Counter(r.metadata["site"] for r in recs.values()) == {
         "superuser": 300,
@@ -199,7 +200,7 @@ def test_stackexchange_exports():
     ref = recs["superuser-46139"].task.text("solution/reference_answer.md")
     assert ref.startswith("[`source`](http://ss64.com/bash/source.html) is a bash shell built-in")
     assert "> ```\n> . filename [arguments]\n>\n> source filename [arguments]\n> ```" in ref
-    forced, _ = split(stackexchange.read(SE / "superuser_bash_accepted.jsonl", site="super user"))
+    forced, _ = split(stackexchange.read(source("stackexchange", SE / "superuser_bash_accepted.jsonl", site="super user")))
     assert "super-user-46139" in forced
 
 
@@ -233,7 +234,7 @@ def test_stackexchange_posts_xml(tmp_path):
     d = tmp_path / "unix.stackexchange.com"
     d.mkdir()
     (d / "Posts.xml").write_text(POSTS)
-    recs, bad = split(stackexchange.read(d / "Posts.xml"))
+    recs, bad = split(stackexchange.read(source("stackexchange", d / "Posts.xml")))
     assert sorted(recs) == ["unix.stackexchange.com-1", "unix.stackexchange.com-2"]
     assert [(q.name, q.reason) for q in bad] == [("unix.stackexchange.com-5", "empty instruction")]
     one = recs["unix.stackexchange.com-1"]
@@ -245,7 +246,7 @@ def test_stackexchange_posts_xml(tmp_path):
     assert "solution/reference_answer.md" not in recs["unix.stackexchange.com-2"].task.files
     (d / "Posts.xml").write_text(POSTS.replace('Score="1"', 'Score="1'))
     with pytest.raises(SourceFormatError, match=r"Posts\.xml: line \d+ column \d+"):
-        list(stackexchange.read(d))
+        list(stackexchange.read(source("stackexchange", d)))
 
 
 def test_stackexchange_csv_with_body_and_bad_rows(tmp_path):
@@ -256,7 +257,7 @@ def test_stackexchange_csv_with_body_and_bad_rows(tmp_path):
         b"8,,,,\n"
         b"9,Bad \xff bytes,body,,\n"
     )
-    recs, bad = split(stackexchange.read(f, site="askubuntu"))
+    recs, bad = split(stackexchange.read(source("stackexchange", f, site="askubuntu")))
     assert list(recs) == ["askubuntu-7"]
     assert recs["askubuntu-7"].task.instruction == "# Count files\n\nHow many *files*?\n"
     assert recs["askubuntu-7"].metadata["tags"] == ["bash", "find"]
@@ -266,7 +267,7 @@ def test_stackexchange_csv_with_body_and_bad_rows(tmp_path):
 # -- nl2bash -----------------------------------------------------------------------------------
 def test_nl2bash_pairs():
     src = jsonl(NL)
-    recs, bad = split(nl2bash.read(NL))
+    recs, bad = split(nl2bash.read(source("nl2bash", NL)))
     assert len(recs) == len(src) == 2000 and not bad
     verified = [r for r in recs.values() if "tests/test.sh" in r.task.files]
     assert 100 < len(verified) < 1000  # the rule keeps a real, conservative share
@@ -311,7 +312,7 @@ def test_nl2bash_verifiers_fail_a_trivial_command(tmp_path):
             {"id": "fails", "nl": "diff two files", "cmd": "diff -u file1 file2"},
             {"id": "todo", "nl": "count TODO lines", "cmd": "grep -r -c TODO src"}]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    recs = {r.metadata["id"]: r for r in nl2bash.read(tmp_path / "pairs.jsonl")}
+    recs = {r.metadata["id"]: r for r in nl2bash.read(source("nl2bash", tmp_path / "pairs.jsonl"))}
     for quiet in ("silent", "fails"):
         assert "tests/test.sh" not in recs[quiet].task.files
         assert "prints nothing in the fixture" in recs[quiet].metadata["verifier_skipped"]
@@ -344,30 +345,30 @@ def test_nl2bash_nl_cm_files_and_errors(tmp_path):
     src = jsonl(NL)[:30]
     (tmp_path / "all.nl").write_text("".join(r["nl"] + "\n" for r in src))
     (tmp_path / "all.cm").write_text("".join(r["cmd"] + "\n" for r in src))
-    recs, bad = split(nl2bash.read(tmp_path))
+    recs, bad = split(nl2bash.read(source("nl2bash", tmp_path)))
     assert not bad and [r.metadata["nl"] for r in recs.values()] == [r["nl"].strip() for r in src]
     assert next(iter(recs)) == "nl2bash-0"  # id = 0-based line number
     (tmp_path / "all.cm").write_bytes(
         b"ls\n\xff\xfe\n" + b"".join(r["cmd"].encode() + b"\n" for r in src[2:])
     )
-    recs, bad = split(nl2bash.read(tmp_path / "all.nl"))
+    recs, bad = split(nl2bash.read(source("nl2bash", tmp_path / "all.nl")))
     assert [q.reason for q in bad] == ["bad encoding"] and len(recs) == 29
     (tmp_path / "all.cm").write_text("ls\n")
     with pytest.raises(SourceFormatError, match=r"all\.nl has 30 lines but .*all\.cm has 1"):
-        list(nl2bash.read(tmp_path))
+        list(nl2bash.read(source("nl2bash", tmp_path)))
     f = write_lines(
         tmp_path / "p.jsonl",
         [{"id": 1, "nl": "", "cmd": "ls"}, {"id": 2, "nl": "list", "cmd": " "}],
     )
-    assert [q.reason for q in split(nl2bash.read(f))[1]] == ["empty instruction", "missing field"]
-    off, _ = split(nl2bash.read(NL, verifier=False))
+    assert [q.reason for q in split(nl2bash.read(source("nl2bash", f)))[1]] == ["empty instruction", "missing field"]
+    off, _ = split(nl2bash.read(source("nl2bash", NL, verifier=False)))
     assert not any("tests/test.sh" in r.task.files for r in off.values())
 
 
 # -- table ---------------------------------------------------------------------------------------
 def test_table_on_real_jsonl_and_formats(tmp_path):
     cols = {"instruction": "nl", "id": "id", "solution": "cmd", "metadata": ["cmd"]}
-    recs, bad = split(table.read(NL, columns=cols))
+    recs, bad = split(table.read(source("table", NL, columns=cols)))
     src = jsonl(NL)
     assert len(recs) == 2000 and not bad
     first = recs[str(src[0]["id"])]
@@ -388,8 +389,8 @@ def test_table_on_real_jsonl_and_formats(tmp_path):
     rows[3]["q"] = " "
     del rows[4]["q"]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "t.parquet", row_group_size=2)
-    recs, bad = split(table.read(tmp_path / "t.parquet", columns={"instruction": "q", "solution": "sh", "tests": "t"},
-                                 docker_image="img:1"))  # fmt: skip
+    recs, bad = split(table.read(source("table", tmp_path / "t.parquet", columns={"instruction": "q", "solution": "sh", "tests": "t"},
+                                 docker_image="img:1")))  # fmt: skip
     assert sorted(recs) == ["t-0", "t-1", "t-2"] and [q.reason for q in bad] == [
         "empty instruction",
         "empty instruction",
@@ -400,21 +401,21 @@ def test_table_on_real_jsonl_and_formats(tmp_path):
         tomllib.loads(recs["t-0"].task.text("task.toml"))["environment"]["docker_image"] == "img:1"
     )
     (tmp_path / "c.csv").write_text("q,sh\nList files,ls\n,ls\n")
-    recs, bad = split(table.read(tmp_path / "c.csv", columns={"instruction": "q"}))
+    recs, bad = split(table.read(source("table", tmp_path / "c.csv", columns={"instruction": "q"})))
     assert list(recs) == ["c-0"] and [q.reason for q in bad] == ["empty instruction"]
     data = (tmp_path / "t.parquet").read_bytes()
     (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
     with pytest.raises(
         SourceFormatError, match=r"t\.parquet: not a readable parquet file \(footer at byte offset"
     ):
-        list(table.read(tmp_path / "t.parquet", columns={"instruction": "q"}))
+        list(table.read(source("table", tmp_path / "t.parquet", columns={"instruction": "q"})))
 
 
 def test_generated_scripts_are_valid_shell(tmp_path):
     import subprocess
 
-    nl = next(r for r in nl2bash.read(NL) if isinstance(r, TaskRecord) and "tests/test.sh" in r.task.files)
-    swe = next(iter(split(swe_instances.read(SMITH))[0].values()))
+    nl = next(r for r in nl2bash.read(source("nl2bash", NL)) if isinstance(r, TaskRecord) and "tests/test.sh" in r.task.files)
+    swe = next(iter(split(swe_instances.read(source("swe-instances", SMITH)))[0].values()))
     for t in (nl.task, swe.task):
         for rel in ("tests/test.sh", "solution/solve.sh"):
             (tmp_path / "s.sh").write_text(t.text(rel))
@@ -430,7 +431,7 @@ def test_dispatch_passes_options_and_tasks_write(tmp_path):
     assert len(items) == 300 and items[0].task.name.startswith("ul-")
     n = write_tasks(
         tmp_path / "t.parquet",
-        (i for i in swe_instances.read(SMITH) if isinstance(i, TaskRecord)),
+        (i for i in swe_instances.read(source("swe-instances", SMITH)) if isinstance(i, TaskRecord)),
         "smith",
     )
     assert (

@@ -10,8 +10,10 @@ import pytest
 
 from otbuild.records import SourceFormatError
 from otbuild.tasks.table import Quarantined
-from otbuild.traces.imports import IMPORTERS, read_traces
+from otbuild.settings.recipe import MessagesOptions, MiniSweAgentOptions
+from otbuild.traces.imports import IMPORTERS, format_options, importer, read_traces
 from otbuild.traces.table import TRACE_SCHEMA, count_turns, write_traces
+from tests.conftest import trace_import
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dev"
 if not DATA.is_dir():
@@ -29,7 +31,7 @@ def jsonl(path: Path) -> list[dict]:
 
 
 def rows_of(kind, path, **options) -> list[dict]:
-    items = list(read_traces(kind, path, **options))
+    items = list(read_traces(trace_import(kind, path, **options)))
     assert not [i for i in items if isinstance(i, Quarantined)]
     return items
 
@@ -52,7 +54,7 @@ def check_common(rows: list[dict], kind: str, tmp_path: Path) -> None:
 def test_registry():
     assert set(IMPORTERS) == {"mini-swe-agent", "swe-agent", "messages-jsonl", "harbor-traces"}
     with pytest.raises(ValueError, match="unknown trace import kind"):
-        read_traces("nope", MINI)
+        importer("nope")
 
 
 def test_mini_swe_agent(tmp_path):
@@ -95,15 +97,15 @@ def test_mini_swe_agent_options_and_quarantine(tmp_path):
     (tmp_path / "astropy__astropy-7166.traj.json").write_text(json.dumps(src))
     (tmp_path / "broken.traj.json").write_text('{"messages": [')
     with pytest.raises(SourceFormatError, match=r"broken\.traj\.json: line 1 column 15"):
-        list(read_traces("mini-swe-agent", tmp_path))
+        list(read_traces(trace_import("mini-swe-agent", tmp_path)))
     (tmp_path / "broken.traj.json").unlink()
-    items = list(read_traces("mini-swe-agent", tmp_path))
+    items = list(read_traces(trace_import("mini-swe-agent", tmp_path)))
     assert [(q.name, q.reason) for q in items] == [
         ("astropy__astropy-7166", "empty first user message")
     ]
-    (row,) = read_traces(
+    (row,) = read_traces(trace_import(
         "mini-swe-agent", tmp_path, instances=INSTANCES, run_id="r1", labels=MINI / "labels.jsonl"
-    )
+    ))
     assert row["conversations"][1]["content"].startswith("InheritDocstrings metaclass doesn't work")
     assert (
         row["timed_out"] and row["exception"] == "TimeoutError" and row["result"] == "TimeoutError"
@@ -142,7 +144,7 @@ def test_swe_agent_subagents_and_content_parts(tmp_path):
     (tmp_path / "x.traj").write_text(
         json.dumps({"history": hist, "info": {"exit_status": "exit_environment_error"}})
     )
-    main, sub = read_traces("swe-agent", tmp_path)
+    main, sub = read_traces(trace_import("swe-agent", tmp_path))
     assert main["conversations"][1]["content"] == "Fix the bug in foo.py"
     assert (
         main["conversations"][2]["content"]
@@ -181,7 +183,7 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
         [1],
     ]  # fmt: skip
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    items = list(read_traces("messages-jsonl", f))
+    items = list(read_traces(trace_import("messages-jsonl", f)))
     bad = [(i.name, i.reason) for i in items if isinstance(i, Quarantined)]
     good = [i for i in items if not isinstance(i, Quarantined)]
     assert bad == [("b", "missing field"), ("c", "empty first user message"), ("e", "bad messages"),
@@ -195,7 +197,7 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
     assert d["conversations"][0]["content"] == "Count the lines of a.txt"
     f.write_text(json.dumps(lines[0]) + "\n{not json\n")
     with pytest.raises(SourceFormatError, match=r"m\.jsonl: line 2 "):
-        list(read_traces("messages-jsonl", f))
+        list(read_traces(trace_import("messages-jsonl", f)))
 
 
 def test_an_import_with_no_usable_trace_fails_its_stage(tmp_path):
@@ -210,3 +212,14 @@ def test_an_import_with_no_usable_trace_fails_its_stage(tmp_path):
                                          r"\(1 missing field, e\.g\. b.*; 1 not an object, e\.g\. m\.jsonl:2"):
         trace_import.run(STAGES["trace_import"].config(settings), [], tmp_path / "out")
     assert trace_import.run(STAGES["trace_import"].config({**settings, "allow_empty": True}), [], tmp_path / "out")["traces"] == 0
+
+
+def test_an_hf_dataset_import_reads_its_files_as_its_format_with_that_formats_defaults():
+    """What an hf-dataset section leaves unset is its format's default (the format's section
+    holds it); what it sets is passed on."""
+    hf = trace_import("hf-dataset", repo="org/trajs", format="mini-swe-agent")
+    assert format_options(hf) == MiniSweAgentOptions() and format_options(hf).agent == "mini-swe-agent"
+    assert list(read_traces(hf, [MINI])) == list(read_traces(trace_import("mini-swe-agent", MINI)))
+    named = trace_import("hf-dataset", repo="org/trajs", format="messages-jsonl", agent="swe-agent", run_id="r")
+    assert format_options(named) == MessagesOptions(agent="swe-agent", run_id="r")
+    assert format_options(trace_import("hf-dataset", repo="org/t", format="harbor-traces")).episodes == "last"

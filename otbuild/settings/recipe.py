@@ -314,42 +314,79 @@ class TaskScorer(LLM):
     shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
-class SweTrajectoryImport(FileSource):
-    """mini-swe-agent `.traj.json` or SWE-agent `.traj` files (a file or a folder)."""
+class SweTrajectoryOptions(Strict):
+    """What the SWE trajectory importers read beside the trajectories (otbuild/traces/imports/)."""
 
-    kind: Literal["mini-swe-agent", "swe-agent"]
+    labels: str | None = external(None, description="JSON/JSONL of {instance_id, resolved}: the reward "
+                                  "(mini-swe-agent: labels.jsonl beside the trajectories when there is one)")
+    tasks: str | None = external(None, description="a task parquet to look task ids up in")
+    instances: str | None = external(None, description="SWE instances, for an empty task message")
+    run_id: str | None = Field(default=None, description="default: the trajectories' folder name")
+    model: str | None = Field(default=None, description="default: the model the trajectory names")
+
+
+class MiniSweAgentOptions(SweTrajectoryOptions):
+    agent: str = Field(default="mini-swe-agent", min_length=1)
+
+
+class SweAgentOptions(SweTrajectoryOptions):
+    agent: str = Field(default="swe-agent", min_length=1)
+
+
+class MessagesOptions(Strict):
+    """What the messages-jsonl importer reads beside the rows."""
+
+    tasks: str | None = external(None, description="a task parquet to look task ids up in")
+    run_id: str | None = Field(default=None, description="default: the row's run_id, else the file stem")
+    model: str | None = Field(default=None, description="default: the row's model")
+    model_provider: str | None = Field(default=None, description="default: the model's ORG/ prefix")
+    agent: str = Field(default="unknown", min_length=1, description="for rows that name no agent")
+
+
+class HarborTracesOptions(Strict):
+    """What the harbor-traces importer reads beside the rows."""
+
+    episodes: Literal["last", "all"] = Field(default="last", description="each trial's last episode, or every row")
+    tasks: str | None = external(None, description="a task parquet to look task ids up in")
+    run_id: str | None = Field(default=None, description="default: the row's")
+    model: str | None = Field(default=None, description="default: the row's")
+    agent: str | None = Field(default=None, description="default: the row's")
+
+
+# Each importer's options by the kind (or hf-dataset `format`) that names it.
+IMPORT_OPTIONS: dict[str, type[Strict]] = {
+    "mini-swe-agent": MiniSweAgentOptions, "swe-agent": SweAgentOptions, "messages-jsonl": MessagesOptions,
+    "harbor-traces": HarborTracesOptions,
+}  # fmt: skip
+
+
+class MiniSweAgentImport(FileSource, MiniSweAgentOptions):
+    """mini-swe-agent `.traj.json` files (a file or a folder)."""
+
+    kind: Literal["mini-swe-agent"]
     path: str = external(min_length=1)
-    labels: str | None = external(None)  # JSONL of {instance_id, resolved}: the reward
-    tasks: str | None = external(None)  # a task parquet to look task ids up in
-    instances: str | None = external(None)  # SWE instances, for an empty task message
-    run_id: str | None = None
-    model: str | None = None
-    agent: str | None = None
 
 
-class MessagesImport(FileSource):
+class SweAgentImport(FileSource, SweAgentOptions):
+    """SWE-agent `.traj` files (a file or a folder)."""
+
+    kind: Literal["swe-agent"]
+    path: str = external(min_length=1)
+
+
+class MessagesImport(FileSource, MessagesOptions):
     """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
 
     kind: Literal["messages-jsonl"]
     path: str = external(min_length=1)
-    tasks: str | None = external(None)
-    run_id: str | None = None
-    model: str | None = None
-    model_provider: str | None = None
-    agent: str | None = None
 
 
-class HarborTracesImport(FileSource):
+class HarborTracesImport(FileSource, HarborTracesOptions):
     """Harbor's trace export (`harbor traces export`: what OpenThoughts-Agent publishes its SFT
     sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
 
     kind: Literal["harbor-traces"]
     path: str = external(min_length=1)
-    episodes: Literal["last", "all"] = Field(default="last", description="each trial's last episode, or every row")
-    tasks: str | None = external(None)
-    run_id: str | None = None
-    model: str | None = None
-    agent: str | None = None
 
 
 class HfTraceImport(FileSource):
@@ -362,10 +399,11 @@ class HfTraceImport(FileSource):
     split: str | None = external(None, pattern=NAME_RE)
     files: list[str] | None = external(None, min_length=1)
     format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
-    episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces: default last")
-    run_id: str | None = None
-    model: str | None = None
-    agent: str | None = None
+    # the format's options: None leaves the format's default (IMPORT_OPTIONS)
+    episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces (default: its)")
+    run_id: str | None = Field(default=None, description="default: the format's")
+    model: str | None = Field(default=None, description="default: the format's")
+    agent: str | None = Field(default=None, description="default: the format's")
 
     @model_validator(mode="after")
     def _episodes_for_harbor(self):
@@ -374,7 +412,7 @@ class HfTraceImport(FileSource):
         return self
 
 
-TraceImport = Annotated[SweTrajectoryImport | MessagesImport | HarborTracesImport | HfTraceImport,
+TraceImport = Annotated[MiniSweAgentImport | SweAgentImport | MessagesImport | HarborTracesImport | HfTraceImport,
                         Field(discriminator="kind")]
 
 

@@ -1,6 +1,8 @@
 """Source adapters: each turns some input into Harbor task records (or quarantined items).
 
-Adapters are imported lazily so that planning a DAG never pays for them."""
+A PATH_ADAPTERS module has `read(cfg) -> Iterator[TaskRecord | Quarantined]`, `cfg` being its
+source's settings (otbuild/settings/stages.py SourceSettings: its recipe section, whose fields
+hold every option's default). Adapters are imported lazily so that planning a DAG never pays for them."""
 
 from __future__ import annotations
 
@@ -23,8 +25,6 @@ PATH_FORMS: dict[str, tuple[str, ...] | None] = {
     "nl2bash": EXTENSIONS,  # or a folder holding all.nl + all.cm, or an .nl/.cm file
     "table": EXTENSIONS,
 }  # fmt: skip
-# Settings keys every path source has; the others are the kind's options, passed to `read`.
-COMMON_KEYS = {"kind", "rank", "path", "name", "allow_empty", "sample"}
 HUB_KEYS = {"repo", "revision", "split", "files", "hub"}  # what an hf-dataset section says about its files
 
 
@@ -35,15 +35,15 @@ def read_source(cfg) -> Iterator[TaskRecord | Quarantined]:
 
         return generate(cfg.count, cfg.seed, cfg.families, cfg.difficulties)
     if cfg.kind == "hf-dataset":
-        from otbuild.sources.harbor_parquet import read as read_parquet
+        from otbuild.sources.harbor_parquet import read_path
 
-        return (item for f in hub_files(cfg, (".parquet",)).paths for item in read_parquet(f))
+        return (item for f in hub_files(cfg, (".parquet",)).paths for item in read_path(f))
     if cfg.kind == "harbor-dataset":
         from otbuild.sources.harbor_dataset import read as read_dataset
 
         return read_dataset(*harbor_tasks(cfg))
     module = importlib.import_module(f"otbuild.sources.{PATH_ADAPTERS[cfg.kind]}")
-    return module.read(Path(cfg.path), **cfg.model_dump(exclude=COMMON_KEYS))
+    return module.read(cfg)
 
 
 def path_problem(kind: str, path: Path) -> str | None:

@@ -40,6 +40,7 @@ from otbuild.records import (
     iter_rows,
     task_name,
 )
+from otbuild.settings.recipe import Nl2BashSource
 from otbuild.sources.shell_safety import check_command
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
@@ -113,11 +114,11 @@ def _pairs(path: Path) -> Iterator[Row]:
             yield Row(where, None, "bad encoding", f"line {i + 1}: not UTF-8 ({e})")
 
 
-def read(path: Path, verifier: bool = True) -> Iterator[TaskRecord | Quarantined]:
-    """Yield one TaskRecord or Quarantined per pair. `verifier: false` never adds tests.
-    Safe references are probed in the local sandbox, PROBE_BATCH at a time."""
-    seen = Dedup()
-    rows = enumerate(_pairs(Path(path)))
+def read(cfg: Nl2BashSource) -> Iterator[TaskRecord | Quarantined]:
+    """Yield one TaskRecord or Quarantined per pair of `cfg.path`. `verifier: false` never adds
+    tests. Safe references are probed in the local sandbox, PROBE_BATCH at a time."""
+    seen, verifier = Dedup(), cfg.verifier
+    rows = enumerate(_pairs(Path(cfg.path)))
     while batch := list(itertools.islice(rows, PROBE_BATCH)):
         safe = {c for _, r in batch if verifier and r.data and (c := _first(r.data, CMD_KEYS))
                 and check_command(c.strip()) is None}
@@ -162,8 +163,7 @@ def _first(d: dict, keys) -> str | None:
     return None
 
 
-def convert(d: dict, where: str, n: int, verifier: bool = True,
-            silent: set[str] = frozenset()) -> TaskRecord | Quarantined:  # type: ignore[assignment]
+def convert(d: dict, where: str, n: int, verifier: bool, silent: set[str]) -> TaskRecord | Quarantined:
     rid = as_text(d.get("id"))
     name = task_name("nl2bash", rid if rid is not None else n)
     nl, cmd = _first(d, NL_KEYS), _first(d, CMD_KEYS)

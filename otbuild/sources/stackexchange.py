@@ -33,6 +33,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
+from otbuild.settings.recipe import StackExchangeSource
 from otbuild.sources import PATH_FORMS
 from otbuild.sources._html import html_to_markdown
 from otbuild.records import (
@@ -71,11 +72,11 @@ HTML_HINT = re.compile(
 )
 
 
-def read(path: Path, site: str | None = None) -> Iterator[TaskRecord | Quarantined]:
-    """Yield one TaskRecord or Quarantined per question in `path`. Raises SourceFormatError
+def read(cfg: StackExchangeSource) -> Iterator[TaskRecord | Quarantined]:
+    """Yield one TaskRecord or Quarantined per question in `cfg.path`. Raises SourceFormatError
     (a ValueError) for a malformed file, naming it and the line/position."""
-    seen = Dedup()
-    for f in record_files(Path(path), PATH_FORMS["stackexchange"]):
+    seen, site = Dedup(), cfg.site
+    for f in record_files(Path(cfg.path), PATH_FORMS["stackexchange"]):
         items = _posts_xml(f, site) if f.suffix.lower() == ".xml" else _export(f, site)
         for item in items:
             if isinstance(item, TaskRecord) and (

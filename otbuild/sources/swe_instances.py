@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Literal
 
 from otbuild.sources import PATH_FORMS
+from otbuild.settings.recipe import SweInstancesSource
 from otbuild.records import Dedup, as_list, as_text, heredoc, iter_rows, task_name
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
@@ -83,19 +84,15 @@ def is_swesmith(row: dict) -> bool:
     )
 
 
-def read(
-    path: Path,
-    patch_introduces_bug: bool | Literal["auto"] = "auto",
-    image_namespace: str | None = None,
-) -> Iterator[TaskRecord | Quarantined]:
-    """Yield one TaskRecord or Quarantined per instance of `path` (a .json/.jsonl file or a
+def read(cfg: SweInstancesSource) -> Iterator[TaskRecord | Quarantined]:
+    """Yield one TaskRecord or Quarantined per instance of `cfg.path` (a .json/.jsonl file or a
     folder of them, sorted). Raises SourceFormatError (a ValueError) for a malformed file."""
     seen = Dedup()
-    for row in iter_rows(Path(path), PATH_FORMS["swe-instances"]):
+    for row in iter_rows(Path(cfg.path), PATH_FORMS["swe-instances"]):
         if row.data is None:
             yield Quarantined(row.where, row.reason, row.detail)
             continue
-        item = convert(row.data, row.where, patch_introduces_bug, image_namespace)
+        item = convert(row.data, row.where, cfg.patch_introduces_bug, cfg.image_namespace)
         if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
             item = Quarantined(
                 item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
@@ -104,7 +101,7 @@ def read(
 
 
 def convert(
-    row: dict, where: str, patch_introduces_bug="auto", image_namespace=None
+    row: dict, where: str, patch_introduces_bug: bool | Literal["auto"], image_namespace: str | None
 ) -> TaskRecord | Quarantined:
     iid = as_text(row.get("instance_id"))
     if iid is None:

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from otbuild.settings.recipe import PathSource
 from otbuild.tasks.dockerfile import parse
 from otbuild.tasks.harbor_meta import dump_toml, harbor_record, load_dir, task_subdirs
 from otbuild.tasks.table import Quarantined, TaskRecord
@@ -59,9 +60,9 @@ python3 -m pytest {target} -rA
 """
 
 
-def read(path: Path) -> Iterator[TaskRecord | Quarantined]:
-    """Yield one TaskRecord (converted to Harbor) or Quarantined per task subdir of `path`."""
-    for sub in task_subdirs(path):
+def read(cfg: PathSource) -> Iterator[TaskRecord | Quarantined]:
+    """Yield one TaskRecord (converted to Harbor) or Quarantined per task subdir of `cfg.path`."""
+    for sub in task_subdirs(Path(cfg.path)):
         src = load_dir(sub)
         if isinstance(src, Quarantined):
             yield src

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from otbuild.errors import StageError
-from otbuild.settings.recipe import TaskFileSource
+from otbuild.settings.recipe import SourceSample, TaskFileSource
 from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import (
     Quarantined,
@@ -45,7 +45,7 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
             check_not_empty(f"source {name!r}", where(cfg), n, quarantined, cfg.allow_empty)
         if sample:
             try:
-                stats["sample"] = sample_tasks(read, dest, **sample.model_dump())
+                stats["sample"] = sample_tasks(read, dest, sample)
             except StageError as e:
                 raise StageError(f"source {name!r}: {e}") from e
             n = stats["sample"]["kept"]
@@ -56,14 +56,14 @@ def run(cfg, inputs: list[Path], outdir: Path) -> dict:
 STRATIFY_COLUMNS = ("path", "source")  # task columns `stratify` may name; any other name is a metadata key
 
 
-def sample_tasks(src: Path, dest: Path, n: int, seed: int = 0, stratify: str | None = None,
-                 pattern: str | None = None) -> dict:
-    """Copy a seeded sample of `n` tasks of `src` to `dest` (all of them when there are no more);
-    returns the counts, per stratum: [tasks read, tasks kept]. Raises StageError when no task
-    has a value to stratify by."""
+def sample_tasks(src: Path, dest: Path, sample: SourceSample) -> dict:
+    """Copy a seeded sample of `sample.n` tasks of `src` to `dest` (all of them when there are no
+    more); returns the counts, per stratum: [tasks read, tasks kept]. Raises StageError when no
+    task has a value to stratify by."""
     from otbuild import duck
     from otbuild.duck import sql_literal
 
+    n, seed, stratify, pattern = sample.n, sample.seed, sample.stratify, sample.pattern
     con = duck.connect()
     duck.run_template(con, "source_sample.sql", tasks=str(src), n=n, seed=seed, stratify=stratify, pattern=pattern,
                       columns=STRATIFY_COLUMNS)

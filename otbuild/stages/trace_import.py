@@ -5,26 +5,21 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from otbuild.sources import HUB_KEYS, hub_files, where
+from otbuild.sources import hub_files, where
 from otbuild.tasks.table import Quarantined, check_not_empty, write_quarantine
 from otbuild.traces.imports import PATH_FORMS, read_traces
 from otbuild.traces.table import write_traces
 
-NOT_OPTIONS = {"name", "kind", "path", "allow_empty", "format", *HUB_KEYS}
-
 
 def run(cfg, inputs: list[Path], outdir: Path) -> dict:
-    options = cfg.model_dump(exclude=NOT_OPTIONS, exclude_none=True)
-    stats = {}
+    stats, files = {}, None
     if cfg.kind == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
         found = hub_files(cfg, PATH_FORMS[cfg.format])
-        kind, files, stats["hub"] = cfg.format, found.paths, found.identity()
-    else:
-        kind, files = cfg.kind, [Path(cfg.path)]
+        files, stats["hub"] = found.paths, found.identity()
     quarantined: list[Quarantined] = []  # small records; the traces are streamed to parquet
 
     def traces():
-        for item in read_traces(kind, files, **options):
+        for item in read_traces(cfg, files):
             if isinstance(item, Quarantined):
                 quarantined.append(item)
             else:

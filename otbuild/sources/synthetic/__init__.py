@@ -11,7 +11,7 @@ operations, so its reference solution has 3-4 (d=1), 5-6 (d=2) or 7+ (d=3) top-l
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from otbuild.tasks.table import TaskRecord
 from otbuild.tasks.taskdir import SOLUTION
@@ -26,9 +26,10 @@ DIFFICULTIES: tuple[int, ...] = LEVELS
 __all__ = ["DIFFICULTIES", "FAMILIES", "GENERATOR", "generate", "solution_steps"]
 
 
-def generate(count: int, seed: int, families: list[str] | None = None,
-             difficulties: list[int] | None = None) -> Iterator[TaskRecord]:
-    """Yield `count` tasks; task i cycles through the (family, difficulty) pairs selected."""
+def generate(count: int, seed: int, families: Sequence[str] | None = FAMILIES,
+             difficulties: Sequence[int] | None = DIFFICULTIES) -> Iterator[TaskRecord]:
+    """Yield `count` tasks; task i cycles through the (family, difficulty) pairs selected
+    (None: every one, as a synthetic source that names none)."""
     fams = _select("family", families, FAMILIES)
     levels = _select("difficulty", difficulties, DIFFICULTIES)
     if count < 0:

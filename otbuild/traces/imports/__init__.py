@@ -1,10 +1,12 @@
 """Trace importers: existing agent trajectories as trace rows (TRACE_SCHEMA).
 
-Each importer module has `read(path: Path, **options) -> Iterator[dict | Quarantined]`, where
-`path` is a trajectory file or a folder of them, and each dict has exactly TRACE_SCHEMA's keys
-(turns counted with `count_turns`, like otbuild's own rollouts). An importer whose rows relate
-across files (Harbor's export: a trial's episodes in several shards) also has
-`read_many(paths, **options)`, which reads the files as one table. Importers are loaded lazily.
+Each importer module has `read(path: Path, cfg) -> Iterator[dict | Quarantined]`, where
+`path` is a trajectory file or a folder of them, `cfg` the importer's options (its model in
+IMPORT_OPTIONS, otbuild/settings/recipe.py: the import's section is one), and each dict has
+exactly TRACE_SCHEMA's keys (turns counted with `count_turns`, like otbuild's own rollouts). An
+importer whose rows relate across files (Harbor's export: a trial's episodes in several
+shards) also has `read_many(paths, cfg)`, which reads the files as one table. Importers are
+loaded lazily.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from otbuild.settings.recipe import IMPORT_OPTIONS
 from otbuild.tasks.table import Quarantined
 
 IMPORTERS = {
@@ -36,12 +39,25 @@ def importer(kind: str):
     return importlib.import_module(f"otbuild.traces.imports.{IMPORTERS[kind]}")
 
 
-def read_traces(kind: str, paths: Path | list[Path], **options) -> Iterator[dict | Quarantined]:
-    """The rows of the trajectory files (or folders of them) of one import."""
+def read_traces(cfg, paths: list[Path] | None = None) -> Iterator[dict | Quarantined]:
+    """The rows of one import (its settings: otbuild/settings/stages.py TraceImportSettings):
+    the trajectory files (or folders of them) of its `path`, or `paths` (an hf-dataset's files,
+    read by the importer its `format` names)."""
+    if cfg.kind == "hf-dataset":
+        kind, options = cfg.format, format_options(cfg)
+    else:
+        kind, options = cfg.kind, cfg
     module = importer(kind)
-    paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    paths = [Path(cfg.path)] if paths is None else [Path(p) for p in paths]
     if hasattr(module, "read_many"):
         from otbuild.traces.imports._common import files
 
-        return module.read_many([f for p in paths for f in files(p, PATH_FORMS[kind])], **options)
-    return (item for p in paths for item in module.read(p, **options))
+        return module.read_many([f for p in paths for f in files(p, PATH_FORMS[kind])], options)
+    return (item for p in paths for item in module.read(p, options))
+
+
+def format_options(cfg):
+    """An hf-dataset import's options for the importer of its `format`: what the section
+    sets; a field it leaves None has that importer's default (IMPORT_OPTIONS)."""
+    model = IMPORT_OPTIONS[cfg.format]
+    return model(**{k: v for k, v in cfg if k in model.model_fields and v is not None})

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from otbuild.records import iter_file
+from otbuild.settings.recipe import HarborTracesOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import ensure_task_text, files, iso, load_task_ids, trace_row
 from otbuild.traces.outcome import TIMEOUT_ERRORS
@@ -39,19 +40,16 @@ USED = {"conversations", "conversations_sharegpt", "agent", "model", "model_prov
 KEYS = ("run_id", "trial_name", "trace_source", "episode")
 
 
-def read(path: Path, **options) -> Iterator[dict | Quarantined]:
+def read(path: Path, cfg: HarborTracesOptions) -> Iterator[dict | Quarantined]:
     """Trace rows of an export file, or of every export file in a folder."""
-    return read_many(files(Path(path), SUFFIXES), **options)
+    return read_many(files(Path(path), SUFFIXES), cfg)
 
 
-def read_many(paths: list[Path], episodes: str = "last", run_id: str | None = None, model: str | None = None,
-              agent: str | None = None, tasks: str | Path | None = None) -> Iterator[dict | Quarantined]:
+def read_many(paths: list[Path], cfg: HarborTracesOptions) -> Iterator[dict | Quarantined]:
     """Trace rows of export files read as one table (a trial's episodes may be spread over a
     dataset's shard files)."""
-    if episodes not in ("last", "all"):
-        raise ValueError(f"episodes must be last or all, not {episodes!r}")
-    last = _last_episodes(paths) if episodes == "last" else None
-    task_ids = load_task_ids(tasks)
+    last = _last_episodes(paths) if cfg.episodes == "last" else None
+    task_ids = load_task_ids(cfg.tasks)
     for f in paths:
         for row in iter_file(f):
             if row.data is None:
@@ -59,10 +57,10 @@ def read_many(paths: list[Path], episodes: str = "last", run_id: str | None = No
                 continue
             if last is not None and _is_main(row.data) and _episode(row.data) != last.get(_trial(row.data)):
                 continue
-            yield convert(row.data, row.where, run_id=run_id, model=model, agent=agent, task_ids=task_ids)
+            yield convert(row.data, row.where, run_id=cfg.run_id, model=cfg.model, agent=cfg.agent, task_ids=task_ids)
 
 
-def convert(d: dict, where: str, *, run_id=None, model=None, agent=None, task_ids=None) -> dict | Quarantined:
+def convert(d: dict, where: str, *, run_id, model, agent, task_ids) -> dict | Quarantined:
     task = d.get("task") or None
     name = d.get("trial_name") or task or where
     conv = _conversation(d)
@@ -77,7 +75,7 @@ def convert(d: dict, where: str, *, run_id=None, model=None, agent=None, task_id
     return trace_row(
         conv, kind=KIND, agent=agent_name, task=task, model=model_name, model_provider=d.get("model_provider"),
         date=iso(d.get("date")), episode=d.get("episode") or None, run_id=run_id or d.get("run_id"),
-        trial_name=d.get("trial_name"), task_id=(task_ids or {}).get(task, task) if task else None,
+        trial_name=d.get("trial_name"), task_id=task_ids.get(task, task) if task else None,
         teacher=f"{agent_name}:{model_name}" if model_name else None, reward=reward,
         timed_out=exception in TIMEOUT_ERRORS, exception=None if exception in TIMEOUT_ERRORS else exception,
         is_subagent=source != MAIN,

@@ -7,10 +7,11 @@ Optional row fields used when present: `instance_id`/`task_id`/`id`/`task` (the 
 `timed_out`, `exception`, `is_subagent`, `n_input_tokens`/`n_output_tokens`, `duration_s`;
 every other field goes to metadata.
 
-Options: `agent` (default "unknown"; e.g. "swe-agent" for SWE-smith's SFT files), `model`,
-`model_provider`, `run_id` (default: the file stem), `tasks` (an otbuild task parquet, for
-`task_id` by task path). A malformed line raises SourceFormatError naming the file and line;
-a row without a messages list, or whose task text is missing, is quarantined.
+Options (MessagesOptions, otbuild/settings/recipe.py): `agent` (default "unknown"; e.g.
+"swe-agent" for SWE-smith's SFT files), `model`, `model_provider`, `run_id` (default: the row's,
+else the file stem), `tasks` (an otbuild task parquet, for `task_id` by task path). A
+malformed line raises SourceFormatError naming the file and line; a row without a messages
+list, or whose task text is missing, is quarantined.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from otbuild.records import iter_rows
+from otbuild.settings.recipe import MessagesOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
     ensure_task_text,
@@ -53,20 +55,13 @@ USED = {
 }
 
 
-def read(
-    path: Path,
-    agent: str = "unknown",
-    model: str | None = None,
-    model_provider: str | None = None,
-    run_id: str | None = None,
-    tasks: str | Path | None = None,
-) -> Iterator[dict | Quarantined]:
-    task_ids = load_task_ids(tasks)
+def read(path: Path, cfg: MessagesOptions) -> Iterator[dict | Quarantined]:
+    task_ids = load_task_ids(cfg.tasks)
     for row in iter_rows(Path(path), (".jsonl", ".ndjson", ".json", ".parquet")):
         if row.data is None:
             yield Quarantined(row.where, row.reason, row.detail)
             continue
-        yield convert(row.data, row.where, agent, model, model_provider, run_id, task_ids)
+        yield convert(row.data, row.where, cfg.agent, cfg.model, cfg.model_provider, cfg.run_id, task_ids)
 
 
 def _first(d: dict, keys) -> str | None:

@@ -4,7 +4,7 @@ A file holds `messages` ([{role, content, extra?}]: system prompt, the task as t
 message, then assistant actions and user observations), `info` (exit_status, submission,
 model_stats, mini_version, config with model/agent/environment) and `instance_id`.
 
-Options:
+Options (otbuild/settings/recipe.py MiniSweAgentOptions):
 - `labels`: a JSON/JSONL with `instance_id` and `resolved` (or `reward`); default
   `labels.jsonl` beside the trajectories when present. Gives `reward` (1.0/0.0).
 - `tasks`: an otbuild task parquet; a task whose `path` is the instance id gives `task_id`
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from otbuild.settings.recipe import MiniSweAgentOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
     ensure_task_text,
@@ -38,18 +39,11 @@ KIND = "mini-swe-agent"
 AGENT_OUTCOMES = {"Submitted", "LimitsExceeded"}
 
 
-def read(
-    path: Path,
-    labels: str | Path | None = None,
-    tasks: str | Path | None = None,
-    instances: str | Path | None = None,
-    run_id: str | None = None,
-    model: str | None = None,
-    agent: str = "mini-swe-agent",
-) -> Iterator[dict | Quarantined]:
+def read(path: Path, cfg: MiniSweAgentOptions) -> Iterator[dict | Quarantined]:
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    for item in swe_trajectories(path, ".traj.json", Path(labels) if labels else folder / "labels.jsonl", tasks, instances, run_id):
-        yield convert(*item, model, agent)
+    labels = Path(cfg.labels) if cfg.labels else folder / "labels.jsonl"
+    for item in swe_trajectories(path, ".traj.json", labels, cfg.tasks, cfg.instances, cfg.run_id):
+        yield convert(*item, cfg.model, cfg.agent)
 
 
 def convert(

@@ -6,7 +6,7 @@ first message is the main one; messages of any other agent (e.g. a reviewer or a
 make their own row with `is_subagent` True, so a trace filter can drop them. `trajectory`
 (steps with action/observation/thought) is summarised in metadata (`n_steps`).
 
-Options:
+Options (otbuild/settings/recipe.py SweAgentOptions):
 - `labels`: JSON/JSONL of `instance_id` + `resolved`/`reward` (key: the file stem), for `reward`;
 - `tasks`: an otbuild task parquet, for `task_id` by task path (= file stem);
 - `instances`: SWE instances JSON/JSONL whose `problem_statement` fills an empty first user
@@ -25,6 +25,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from otbuild.settings.recipe import SweAgentOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
     ensure_task_text,
@@ -37,17 +38,10 @@ from otbuild.traces.imports._common import (
 KIND = "swe-agent"
 
 
-def read(
-    path: Path,
-    labels: str | Path | None = None,
-    tasks: str | Path | None = None,
-    instances: str | Path | None = None,
-    run_id: str | None = None,
-    model: str | None = None,
-    agent: str = "swe-agent",
-) -> Iterator[dict | Quarantined]:
-    for item in swe_trajectories(path, ".traj", Path(labels) if labels else None, tasks, instances, run_id):
-        yield from convert(*item, model, agent)
+def read(path: Path, cfg: SweAgentOptions) -> Iterator[dict | Quarantined]:
+    labels = Path(cfg.labels) if cfg.labels else None
+    for item in swe_trajectories(path, ".traj", labels, cfg.tasks, cfg.instances, cfg.run_id):
+        yield from convert(*item, cfg.model, cfg.agent)
 
 
 def _model_from_replay(d: dict) -> str | None:
