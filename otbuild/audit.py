@@ -12,7 +12,8 @@ import otbuild
 from otbuild.errors import EXIT_FINDINGS, EXIT_OK, ConfigError
 from otbuild.plan import RESULTS, Plan
 from otbuild.provenance import check, read_record
-from otbuild.stages import PROVENANCE, STAGES
+from otbuild.artifact import PROVENANCE
+from otbuild.stages import STAGES
 
 STYLE = {"ok": "green", "not-built": "yellow"}
 

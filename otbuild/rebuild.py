@@ -35,7 +35,8 @@ from otbuild.fsio import parquet_batches, write_json
 from otbuild.plan import Node, Plan
 from otbuild.provenance import artifact_files, check, now, read_record
 from otbuild.report.page import VOLATILE_BEGIN, VOLATILE_END
-from otbuild.stages import REBUILD, STAGES
+from otbuild.artifact import REBUILD
+from otbuild.stages import STAGES
 from otbuild.stages.eval import SCORES_VOLATILE
 from otbuild.traces.table import VOLATILE_COLUMNS as TRACE_VOLATILE
 from otbuild.train.checkpoint import LOG, MANIFEST, VOLATILE_LOG_KEYS, VOLATILE_MANIFEST_KEYS

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from otbuild.fsio import write_json
-from otbuild.stages import PROVENANCE
+from otbuild.artifact import PROVENANCE
 
 OWNER = "otbuild-owner.json"
 

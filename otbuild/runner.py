@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
-from otbuild.stages import PROVENANCE, STAGES
+from otbuild.artifact import PROVENANCE
+from otbuild.stages import STAGES
 
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes

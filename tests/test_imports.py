@@ -121,7 +121,7 @@ def test_no_two_parts_import_each_other():
 # "Layers" says what each floor is for.
 FLOORS = (
     # settings: every model that describes a recipe; foundations that know nothing of otbuild
-    ("settings", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",
+    ("settings", "artifact", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",
      "installation", "scaffold", "otbuild"),
     # parts with one job each, built on settings
     ("tasks", "engines", "duck", "hub", "serve", "show"),

@@ -27,7 +27,8 @@ from otbuild.settings.base import PLAN_ONLY, fields_with
 from otbuild.settings.identity import identity
 from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
-from otbuild.stages import PROVENANCE, STAGES, shard_path
+from otbuild.artifact import PROVENANCE
+from otbuild.stages import STAGES, shard_path
 
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")

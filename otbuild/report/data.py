@@ -19,7 +19,8 @@ from typing import Any
 
 from otbuild import duck
 from otbuild.report import costs
-from otbuild.stages import PROVENANCE, REBUILD, STAGES
+from otbuild.artifact import PROVENANCE, REBUILD
+from otbuild.stages import STAGES
 
 CANDIDATES = "candidates/"
 # Stages on the way from raw tasks to the trace set, in pipeline order (the funnel's steps).

@@ -17,7 +17,7 @@ from otbuild.report import charts
 from otbuild.progress import duration
 from otbuild.report.data import Group, Report
 from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
-from otbuild.stages import PROVENANCE
+from otbuild.artifact import PROVENANCE
 
 TEMPLATES = Path(__file__).parent / "templates"
 # What the page and the card show that a rebuild from the same inputs does not give again (the

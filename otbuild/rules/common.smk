@@ -1,6 +1,7 @@
 # Helpers shared by the stage rules: outputs, inputs and the spec of a node, looked up by id.
 from otbuild.progress import LOG_ENV
-from otbuild.stages import PROVENANCE, STAGES
+from otbuild.artifact import PROVENANCE
+from otbuild.stages import STAGES
 from otbuild.workflow import OTBUILD
 
 
@@ -31,10 +32,12 @@ def merge_benchmark(stage):
     return f"benchmarks/{stage}/{{id}}/merge.tsv"
 
 
-def stage_shell(stage):
+def stage_shell():
     """The job: `otbuild stage`, its output in its log, which it is told (OTBUILD_LOG) so that a
-    long job can show its progress on the run's console (otbuild/progress.py)."""
-    return f"{LOG_ENV}={{log}} " + OTBUILD + f" stage {stage} --spec {{params.spec}} > {{log}} 2>&1"
+    long job can show its progress on the run's console (otbuild/progress.py). The stage comes
+    from the rule's `params.stage`: a shell command is formatted when the job runs, after the
+    loop that made the rules has moved on."""
+    return f"{LOG_ENV}={{log}} " + OTBUILD + " stage {params.stage} --spec {params.spec} > {log} 2>&1"
 
 
 def shard_output(stage):
@@ -46,8 +49,8 @@ def shard_log(stage):
     return f"logs/{stage}/{{id}}/{{shard}}-of-{{shards}}.log"
 
 
-def shard_shell(stage):
-    return f"{LOG_ENV}={{log}} " + OTBUILD + f" stage {stage} --spec {{params.spec}} --shard {{wildcards.shard}} > {{log}} 2>&1"
+def shard_shell():
+    return stage_shell().replace(" > {log}", " --shard {wildcards.shard} > {log}")
 
 
 def merge_inputs(stage):

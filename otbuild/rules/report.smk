@@ -28,6 +28,7 @@ rule report:
         provenance=f"artifacts/report/{{id}}/{PROVENANCE}",
     params:
         spec=stage_spec("report"),
+        stage="report",
         recipe=_report_recipe,
     benchmark:
         stage_benchmark("report"),
@@ -35,4 +36,4 @@ rule report:
         "logs/report/{id}.log",
     localrule: True
     shell:
-        stage_shell("report")
+        stage_shell()

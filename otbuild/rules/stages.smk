@@ -19,12 +19,13 @@ for _stage in (s.name for s in STAGES.values() if s.name != "report"):
                 shard_output(_stage),
             params:
                 spec=stage_spec(_stage),
+                stage=_stage,
             benchmark:
                 shard_benchmark(_stage)
             log:
                 shard_log(_stage),
             shell:
-                shard_shell(_stage)
+                shard_shell()
 
         rule:
             name:
@@ -35,12 +36,13 @@ for _stage in (s.name for s in STAGES.values() if s.name != "report"):
                 **stage_outputs(_stage),
             params:
                 spec=stage_spec(_stage),
+                stage=_stage,
             benchmark:
                 merge_benchmark(_stage)
             log:
                 f"logs/{_stage}/{{id}}/merge.log",
             shell:
-                stage_shell(_stage)
+                stage_shell()
 
     else:
 
@@ -53,9 +55,10 @@ for _stage in (s.name for s in STAGES.values() if s.name != "report"):
                 **stage_outputs(_stage),
             params:
                 spec=stage_spec(_stage),
+                stage=_stage,
             benchmark:
                 stage_benchmark(_stage)
             log:
                 f"logs/{_stage}/{{id}}.log",
             shell:
-                stage_shell(_stage)
+                stage_shell()

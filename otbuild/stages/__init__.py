@@ -19,7 +19,6 @@ from pydantic import TypeAdapter
 
 from otbuild.settings import stages as s
 
-from otbuild.artifact import PROVENANCE, REBUILD  # noqa: F401 - the registry's names for them
 
 
 @dataclass(frozen=True)
