@@ -25,7 +25,6 @@ PATH_FORMS: dict[str, tuple[str, ...] | None] = {
     "nl2bash": EXTENSIONS,  # or a folder holding all.nl + all.cm, or an .nl/.cm file
     "table": EXTENSIONS,
 }  # fmt: skip
-HUB_KEYS = {"repo", "revision", "split", "files", "hub"}  # what an hf-dataset section says about its files
 
 
 def read_source(cfg) -> Iterator[TaskRecord | Quarantined]:
