@@ -134,11 +134,26 @@ def _print_images(plan) -> int:
 
 @main.command()
 @click.argument("recipe")
-def plan(recipe):
-    """Show RECIPE's stages, their content ids and whether each is built."""
+@click.option("--estimate", is_flag=True, help="Estimate what building RECIPE will take, per stage and in "
+              "total: counts, requests, tokens, cost, GPU-hours and wall time, each with a range; saved to "
+              ".otbuild/estimates/RECIPE.json for the report (docs/estimate.md).")
+@click.option("--from", "pilots", multiple=True, metavar="PILOT",
+              help="With --estimate: a built pilot recipe (a name, or a recipe file in another project's "
+                   "recipes/) whose artifacts give the rates; repeatable.")
+@click.option("--profile", help="With --estimate: the Snakemake profile whose resources, runtimes, retries "
+              "and parallel jobs the estimate uses (default: a local run).")
+@click.option("--json", "as_json", is_flag=True, help="With --estimate: print it as one JSON object.")
+def plan(recipe, estimate, pilots, profile, as_json):
+    """Show RECIPE's stages, their content ids and whether each is built; with --estimate, what
+    building it will cost."""
     from otbuild.provenance import check
 
+    if (pilots or profile or as_json) and not estimate:
+        raise ConfigError("--from, --profile and --json go with --estimate")
     p = _plan(recipe)
+    if estimate:
+        _estimate(p, pilots, profile, as_json)
+        return
     table = Table(title=f"plan: {p.recipe.name}", caption="each artifact is artifacts/STAGE/ID; its inputs by name")
     table.add_column("artifact (stage)", overflow="fold")
     table.add_column("id", no_wrap=True, min_width=16)
@@ -159,6 +174,33 @@ def plan(recipe):
         inputs = "every artifact above" if n.stage == "report" else _input_labels(n, prefix)
         table.add_row(name, n.id, f"[{style}]{shown}[/]", escape(inputs))
     out.print(table)
+
+
+def _estimate(p, pilots: tuple[str, ...], profile: str | None, as_json: bool) -> None:
+    """`plan --estimate`: calibrate from each pilot (planned in its own project), estimate, save, show."""
+    import json
+
+    from otbuild.estimate.pilot import calibrate
+    from otbuild.estimate.record import save
+    from otbuild.estimate.run import estimate
+    from otbuild.estimate.profile import find_profile
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe, recipe_path
+
+    calibrated = []
+    for name in pilots:
+        path = recipe_path(name, Path.cwd()).resolve()
+        root = path.parent.parent if path.parent.name == "recipes" else Path.cwd()
+        calibrated.append(calibrate(plan_recipe(load_recipe(path, root)), root))
+    result = estimate(p, calibrated, find_profile(profile, Path(".")))
+    saved = save(result)
+    if as_json:
+        click.echo(json.dumps(result.json(), indent=1))
+        return
+    from otbuild.estimate.show import show
+
+    show(result, out)
+    out.print(f"[dim]saved to {saved}: the report of a build shows it beside what was measured[/]", highlight=False)
 
 
 def _input_labels(node, prefix: str) -> str:
