@@ -269,14 +269,16 @@ def report(recipe, profile, snakemake_args):
 @click.argument("recipe")
 def costs(recipe):
     """Tokens, cost, runtime and GPU-hours of RECIPE's built artifacts (nothing is built): the
-    report's tables, from each artifact's record, the recipe's `prices` and the jobs' benchmarks."""
+    report's tables, from each artifact's record, the recipe's `prices` and the jobs' benchmarks;
+    and, when `plan --estimate` was run before the build, its figures beside them."""
     from otbuild.report import costs as costs_mod
     from otbuild.report.charts import num
     from otbuild.report.data import artifacts
     from otbuild.report.page import amount
 
     report = _plan(recipe).nodes[-1].config  # the report's: every node, and the prices
-    k = costs_mod.collect(artifacts(report.nodes), report.prices)
+    arts = artifacts(report.nodes)
+    k = costs_mod.collect(arts, report.prices)
     t = k.total
     tokens = Table(title=f"LLM requests and tokens: {recipe}")
     for col in ("artifact", "stage", "model", "requests", "errors", "input tokens", "output tokens", "cost"):
@@ -302,6 +304,25 @@ def costs(recipe):
     if not k.runtimes:
         out.print("no benchmark files under benchmarks/ for these artifacts (not built yet, or built "
                   "before benchmarks were recorded)", highlight=False)
+    _print_versus(report.recipe, arts, k)
+
+
+def _print_versus(recipe: str, arts, k) -> None:
+    """The last estimate of RECIPE (`plan --estimate`) beside what is built, when one was made."""
+    from otbuild.estimate.record import compare, load_saved
+    from otbuild.report.charts import num
+
+    saved = load_saved(recipe)
+    rows = compare(saved, arts, k) if saved else []
+    if not rows:
+        return
+    table = Table(title=f"estimate ({saved.get('made_at')}) and actual: {recipe}")
+    for col in ("artifact", "figure", "estimate", "low", "high", "actual", "error"):
+        table.add_column(col, justify="left" if col in ("artifact", "figure") else "right")
+    for r in rows:
+        error = f"{100 * r['error']:+.0f} %" if r["error"] is not None else "–"
+        table.add_row(r["label"], r["metric"], *(num(r[c]) for c in ("estimate", "low", "high", "actual")), error)
+    out.print(table)
 
 
 @main.command()

@@ -232,9 +232,11 @@ class Model:
         from otbuild.report.costs import price_of
         from otbuild.usage import cost
 
+        e.model = model
+        if model.startswith("oracle:"):  # it replays solve.sh: no model, no tokens
+            return
         e.input_tokens = requests * self.rate(e, n, "input_tokens_per_request")
         e.output_tokens = requests * self.rate(e, n, "output_tokens_per_request", cap=max_tokens)
-        e.model = model
         price = price_of(model, self.prices)
         if price is not None:
             e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k), "output_tokens": getattr(e.output_tokens, k)},
@@ -328,11 +330,26 @@ class Model:
         e.counts.update(traces=traces, tokens_per_epoch=per_epoch, tokens_to_train_on=trained)
         grant = self._grant("sft")
         devices = max(grant.gpus, 1)
-        over = self.rate(e, n, "overhead_s") if self._measured(n, "overhead_s") else self.rate_default_overhead(e, n)
+        over = self._sft_overhead(n, e, per_epoch)
         e.jobs.append(Job("sft", 1, over + trained * self._device_seconds_per_token(n, e) / devices, grant))
         if grant.gpus == 0 and n.settings.get("model", {}).get("kind") == "pretrained":
             e.notes.append("the profile grants sft no GPU: its GPU-hours count 0 (pass --profile slurm)")
         self.rows[n.id] = Span.of(1)
+
+    def _sft_overhead(self, n, e: StageEstimate, per_epoch: Span) -> Span:
+        """What an SFT job spends besides training. A pilot cannot tell how much of it is fixed
+        (start-up, saving) and how much grows with the data (tokenizer, tokenization): the range
+        spans both readings, the estimate is their middle."""
+        found = next((m for p in self.pilots if (m := p.find("sft", match(n), "overhead_s"))), None)
+        if found is None:
+            return self.rate_default_overhead(e, n)
+        fixed = self.rate(e, n, "overhead_s").estimate
+        grown = fixed * per_epoch.estimate / found.per if found.per else fixed
+        lo, hi = sorted((fixed, grown))
+        span = Span((fixed + grown) / 2, lo, hi)
+        e.rates[-1] = Rate("overhead_s", span, "s per job", e.rates[-1].source + ": fixed to grown with the tokens",
+                           False, e.rates[-1].n)
+        return span
 
     def _rl(self, n, e: StageEstimate) -> None:
         cfg = n.config

@@ -41,6 +41,7 @@ class Measured:
     values: list[float] | None = None
     span: Span | None = None
     n: int | None = None
+    per: float | None = None  # the amount of data the pilot's figure was for (sft: its tokens per epoch)
 
     def rate(self, cap: float | None = None) -> Rate:
         if self.values is not None:
@@ -214,9 +215,9 @@ def _sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float
         out["gpu_seconds_per_token"] = Measured(
             "gpu_seconds_per_token", "device-s per token", f"{source} ({seen:,} tokens on {devices} device(s))",
             span=Span(per, spread.low * scale, spread.high * scale), n=len(steps))
-        if work:
+        if work:  # start-up, the tokenizer, tokenization, saving: partly growing with the data
             out["overhead_s"] = Measured("overhead_s", "s per job", f"{source} (job less training)",
-                                         values=[max(s - secs, 0.0) for s in work])
+                                         values=[max(s - secs, 0.0) for s in work], per=data.get("tokens"))
     return out
 
 

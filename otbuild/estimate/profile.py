@@ -5,7 +5,7 @@ Snakemake applies it on top) and how many jobs run at once (`jobs`, or a local r
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from otbuild.errors import ConfigError
@@ -29,8 +29,14 @@ class Profile:
     path: Path | None
     parallel: int  # jobs at once
     retries: int
+    _grants: dict = field(default_factory=dict, repr=False)
 
     def grant(self, rule: str) -> Grant:
+        if rule not in self._grants:
+            self._grants[rule] = self._grant(rule)
+        return self._grants[rule]
+
+    def _grant(self, rule: str) -> Grant:
         res = rule_resources(self.path, rule) if self.path else {}
         plain = {k: v for k, (v, _) in res.items()}
         runtime = res.get("runtime")
