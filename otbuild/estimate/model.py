@@ -90,19 +90,24 @@ class Model:
                 if r.n is not None and r.n < SMALL_PILOT:
                     self.small.setdefault(r.source, []).append(name)
                 return r.value * scale
-        r = fallback or default(node.stage, name)
-        value = r.value.cap(cap) * scale
-        side = self.force.get((node.stage, name))
-        if side:
-            value = Span.of(getattr(value, side))
-        r = Rate(r.name, value, r.unit, r.source, True)
-        e.rates.append(r)
-        self.assumed.setdefault((node.stage, name), r)
+        value = self._assume(e, (node.stage, name), fallback or default(node.stage, name), cap, scale)
         for p in self.pilots:
             for their, meas in p.other(node.stage, name):
                 why = (f"it measured {their}, this is {m}" if node.stage not in ("task_filter", "trace_filter")
                        else "other rules or another teacher")
                 e.notes.append(f"rates of {meas.source.split(' (')[0]} not taken: {why}")
+        return value
+
+    def _assume(self, e: StageEstimate, key: tuple[str, str], r: Rate, cap: float | None = None,
+                scale: float = 1.0) -> Span:
+        """A default rate (`key`: its place in DEFAULTS, or its stage and name), recorded as assumed
+        (at one end of its range when `force` says so)."""
+        value = r.value.cap(cap) * scale
+        if side := self.force.get(key):
+            value = Span.of(getattr(value, side))
+        r = Rate(r.name, value, r.unit, r.source, True)
+        e.rates.append(r)
+        self.assumed.setdefault(key, r)
         return value
 
     # -- the plan ----------------------------------------------------------------------------
@@ -131,6 +136,8 @@ class Model:
         if rows is not None:
             e.counts["rows"] = Span.of(rows)
         stats = rec.get("stats") or {}
+        if n.stage in ("rollout", "eval") and stats.get("trials") is not None:
+            e.counts["trials"] = Span.of(stats["trials"])
         if n.stage == "task_filter" and stats.get("rollouts_planned"):
             self.rollouts[n.id] = Span.of(stats["rollouts_planned"])
         e.notes.append("built: reused, costs nothing")
@@ -144,31 +151,25 @@ class Model:
     def _table(self, n, e: StageEstimate) -> None:
         """A stage whose time hardly grows with rows at these sizes (DuckDB over parquet, the
         report, the ranking): its job time as a pilot measured it."""
-        e.jobs.append(Job(n.stage, 1, self.rate(e, n, "job_s") if self._measured(n, "job_s") else
-                          self.rate_default_overhead(e, n), self._grant(n.stage)))
+        e.jobs.append(Job(n.stage, 1, self._job_rate(e, n, "job_s"), self._grant(n.stage)))
         self.rows[n.id] = self._in(n)
 
     def _measured(self, n, name: str) -> bool:
         return any(p.find(n.stage, match(n), name) for p in self.pilots)
 
-    def rate_default_overhead(self, e, n, server: bool = False, name: str = "overhead_s") -> Span:
-        key = ("server" if server else "job", name)
-        r = default(*key)
-        value = Span.of(getattr(r.value, self.force[key])) if key in self.force else r.value
-        r = Rate(name, value, r.unit, r.source, True)
-        e.rates.append(r)
-        self.assumed.setdefault(key, r)
-        return value
+    def _job_rate(self, e: StageEstimate, n, name: str, server: bool = False, otherwise: str = "overhead_s") -> Span:
+        """A job time a pilot measured for this work (`name`), else the default job overhead
+        (`otherwise`; a vLLM server's load with `server`)."""
+        if self._measured(n, name):
+            return self.rate(e, n, name)
+        key = ("server" if server else "job", otherwise)
+        return self._assume(e, key, default(*key))
 
     def _source(self, n, e: StageEstimate) -> None:
         rows = _known_rows(n, self.root)
         if rows is None:
-            kind = "benchmark" if n.label.startswith("benchmarks/") or "benchmarks/" in n.label else "source"
-            r = default(kind, "tasks")
-            side = self.force.get((kind, "tasks"))
-            rows = Span.of(getattr(r.value, side)) if side else r.value
-            e.rates.append(Rate("tasks", rows, r.unit, r.source, True))
-            self.assumed.setdefault((kind, "tasks"), Rate("tasks", rows, r.unit, r.source, True))
+            kind = "benchmark" if "benchmarks/" in n.label else "source"
+            rows = self._assume(e, (kind, "tasks"), default(kind, "tasks"))
         e.counts["tasks"] = rows
         self._table(n, e)
         self.rows[n.id] = rows
@@ -222,9 +223,7 @@ class Model:
         self._tokens(n, e, requests, cfg.max_tokens, f"{cfg.engine}:{cfg.model}")
         shards = cfg.shards
         per = self.rate(e, n, "seconds_per_request")
-        server = cfg.engine == "vllm"
-        over = self.rate(e, n, "overhead_s") if self._measured(n, "overhead_s") else \
-            self.rate_default_overhead(e, n, server)
+        over = self._job_rate(e, n, "overhead_s", server=cfg.engine == "vllm")
         e.jobs.append(Job(n.stage, shards, over + requests / shards * per / concurrency(cfg), self._grant(n.stage)))
         self._merge(n, e)
 
@@ -245,8 +244,7 @@ class Model:
             e.notes.append(f"no price for {model}: set `prices:` in the recipe")
 
     def _merge(self, n, e: StageEstimate) -> None:
-        merge = self.rate(e, n, "merge_s") if self._measured(n, "merge_s") else \
-            self.rate_default_overhead(e, n, name="merge_s")
+        merge = self._job_rate(e, n, "merge_s", otherwise="merge_s")
         e.jobs.append(Job(f"{n.stage}_merge", 1, merge, self._grant(f"{n.stage}_merge")))
 
     def _trials(self, n, e: StageEstimate, trials: Span, model: str, server: bool) -> None:
@@ -258,8 +256,7 @@ class Model:
         e.counts.update(trials=trials, requests=e.requests)
         self._tokens(n, e, e.requests, cfg.max_tokens, model)
         per = self.rate(e, n, "seconds_per_trial")
-        over = self.rate(e, n, "overhead_s") if self._measured(n, "overhead_s") else \
-            self.rate_default_overhead(e, n, server)
+        over = self._job_rate(e, n, "overhead_s", server)
         shards = cfg.shards
         e.jobs.append(Job(n.stage, shards, over + trials / shards * per / concurrency(cfg), self._grant(n.stage)))
         self._merge(n, e)
@@ -288,14 +285,15 @@ class Model:
         planned = keep.score.keep_rate if keep and keep.score and keep.score.budget else None
         fallback = None if planned is None else Rate(
             "keep_rate", Span(planned, planned * 0.6, planned), "kept / in",
-            "assumed: the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); "
+            "the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); "
             "x0.6 at the low end", True)
         if n.config.dedup and any(i.id in self.distinct for i in n.inputs):
             distinct = sum((self.distinct.get(i.id, self.rows.get(i.id, ZERO)) for i in n.inputs), ZERO)
             e.notes.append("dedup: the oracle's samples of a task are one conversation, so one of them is kept")
         else:
             distinct = traces
-        kept = (distinct * self.rate(e, n, "keep_rate", fallback=fallback)).ceil().cap(n.config.sample.n if n.config.sample else None)
+        kept = (distinct * self.rate(e, n, "keep_rate", fallback=fallback)).ceil()
+        kept = kept.cap(n.config.sample.n if n.config.sample else None)
         self._table(n, e)
         self.rows[n.id] = kept
         e.counts["traces_in"] = traces
@@ -308,11 +306,7 @@ class Model:
             return self.rate(e, n, "gpu_seconds_per_token")
         found = model_params_b(n.settings.get("model"))
         if found is None:
-            r = default("model", "params_b")
-            e.rates.append(r)
-            self.assumed.setdefault(("model", "params_b"), r)
-            params = r.value if not self.force.get(("model", "params_b")) else \
-                Span.of(getattr(r.value, self.force[("model", "params_b")]))
+            params = self._assume(e, ("model", "params_b"), default("model", "params_b"))
         else:
             params = Span.of(found[0])
             e.notes.append(f"{found[0]:g}B parameters ({found[1]}): the paper's 8B figure x {found[0] / 8:g}")
@@ -342,7 +336,7 @@ class Model:
         spans both readings, the estimate is their middle."""
         found = next((m for p in self.pilots if (m := p.find("sft", match(n), "overhead_s"))), None)
         if found is None:
-            return self.rate_default_overhead(e, n)
+            return self._job_rate(e, n, "overhead_s")
         fixed = self.rate(e, n, "overhead_s").estimate
         grown = fixed * per_epoch.estimate / found.per if found.per else fixed
         lo, hi = sorted((fixed, grown))
