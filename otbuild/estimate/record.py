@@ -65,7 +65,8 @@ def build_wall_seconds(arts, root: Path = Path(".")) -> float | None:
 def compare(saved: dict, arts, costs, root: Path = Path(".")) -> list[dict]:
     """The estimate's figures beside what the build measured: per stage label its counts,
     requests, tokens, cost, GPU-hours and job seconds; in total the same and the wall time.
-    Each row: label, metric, estimate, low, high, actual, error ((estimate - actual) / actual)."""
+    Each row: label, metric, estimate, low, high, actual, error ((estimate - actual) / actual).
+    Only what the estimate expected to build counts, in the totals too."""
     rows = []
 
     def row(label, metric, est, actual):
@@ -84,10 +85,10 @@ def compare(saved: dict, arts, costs, root: Path = Path(".")) -> list[dict]:
         if u.cost is not None:
             d["cost"] = (d["cost"] or 0) + u.cost
     runtime = {r.label: r for r in costs.runtimes}
-    for label, s in saved.get("stages", {}).items():
-        a = by_label.get(label)
-        if a is None or a.record is None or s.get("built"):
-            continue  # not built now, or built before the estimate (it cost nothing there)
+    pending = [label for label, s in saved.get("stages", {}).items()
+               if not s.get("built") and (a := by_label.get(label)) is not None and a.record is not None]
+    for label in pending:  # built since the estimate (what was built before cost nothing there)
+        s, a = saved["stages"][label], by_label[label]
         for name, est in s["counts"].items():
             if (path := ACTUAL_COUNTS.get((s["stage"], name))) is not None:
                 row(label, name, est, _stat(a, path))
@@ -98,10 +99,14 @@ def compare(saved: dict, arts, costs, root: Path = Path(".")) -> list[dict]:
             row(label, "job_seconds", s["job_seconds"], runtime[label].seconds)
             if s["gpu_hours"]["high"]:
                 row(label, "gpu_hours", s["gpu_hours"], runtime[label].gpu_hours)
-    t, total = saved.get("total", {}), costs.total
-    for k in ("requests", "input_tokens", "output_tokens", "cost", "gpu_hours"):
+    if not pending:
+        return rows
+    t = saved.get("total", {})
+    for k in ("requests", "input_tokens", "output_tokens", "cost"):
         if (t.get(k) or {}).get("high"):
-            row("total", k, t[k], total[k])
-    row("total", "job_seconds", t.get("job_seconds"), total["seconds"] or None)
-    row("total", "wall_seconds", t.get("wall_s"), build_wall_seconds(arts, root))
+            row("total", k, t[k], sum(usage[label][k] or 0 for label in pending if label in usage))
+    for k, field in (("gpu_hours", "gpu_hours"), ("job_seconds", "seconds")):
+        if (t.get(k) or {}).get("high"):
+            row("total", k, t[k], sum(getattr(runtime[label], field) for label in pending if label in runtime))
+    row("total", "wall_seconds", t.get("wall_s"), build_wall_seconds([by_label[label] for label in pending], root))
     return rows

@@ -18,11 +18,16 @@ def _n(v: Span | None, money: bool = False) -> str:
     if v is None:
         return "–"
     f = (lambda x: f"{x:,.2f}") if money else (lambda x: num(float(x) if x < 100 else round(x)))
-    return f(v.estimate) if v.fixed() else f"{f(v.estimate)} [dim]({f(v.low)}–{f(v.high)})[/]"
+    return f(v.estimate) if v.fixed() else f"{f(v.estimate)}\n[dim]({f(v.low)}–{f(v.high)})[/]"
+
+
+def _days(seconds: float) -> str:
+    """A duration; from two days on, in days."""
+    return f"{seconds / 86400:,.1f} days" if seconds >= 2 * 86400 else duration(seconds)
 
 
 def _t(v: Span) -> str:
-    return duration(v.estimate) if v.fixed() else f"{duration(v.estimate)} [dim]({duration(v.low)}–{duration(v.high)})[/]"
+    return _days(v.estimate) if v.fixed() else f"{_days(v.estimate)}\n[dim]({_days(v.low)}–{_days(v.high)})[/]"
 
 
 def show(est: Estimate, out: Console) -> None:
@@ -74,3 +79,18 @@ def show(est: Estimate, out: Console) -> None:
         out.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     for f in est.flags:
         out.print(f"[bold red]profile:[/] {escape(f)}", highlight=False, soft_wrap=True)
+    out.print(headline(est), highlight=False, soft_wrap=True)
+
+
+def headline(est: Estimate) -> str:
+    """One sentence: GPU-hours, API cost and wall time with their ranges, and how many rates were assumed."""
+    t = est.total
+    rates = [r for s in est.stages for r in s.rates]
+
+    def span(v: Span, f) -> str:
+        return f(v.estimate) if v.fixed() else f"{f(v.estimate)} ({f(v.low)}-{f(v.high)})"
+
+    cost = "no API cost priced" if t["cost"] is None else f"API cost {span(t['cost'], lambda x: f'{x:,.2f}')}"
+    return (f"[bold]{est.recipe}[/]: about {span(t['gpu_hours'], lambda x: f'{x:,.0f}')} GPU-hours, {cost}, "
+            f"{span(t['wall_s'], _days)} of wall time on profile {est.profile.name}; "
+            f"{sum(r.assumed for r in rates)} of {len(rates)} rates assumed")
