@@ -177,3 +177,24 @@ def test_a_pilot_s_estimate_of_a_3x_variant_holds_when_it_is_built(tmp_path, mon
     assert "Estimate and actual" in html and "tokens_to_train_on" in html
     again = _estimate(project, "bigger", "--from", "pilot")  # now built: costs nothing
     assert all(s["built"] for s in again["stages"].values()) and again["total"]["requests"]["high"] == 0
+
+
+def test_a_pilot_s_sft_rate_on_gpus_scales_to_the_target_s_parameters(paper, monkeypatch):
+    """An 8B pilot trained on GPUs measured its device-seconds per token: the 32B target takes
+    that rate x 4 (measured, not assumed); its own tokens per trace stay an assumption."""
+    from otbuild.estimate.pilot import Measured, Pilot
+    from otbuild.estimate.profile import find_profile
+    from otbuild.estimate.run import estimate
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    monkeypatch.chdir(paper)
+    pilot = Pilot("p8b", paper, {("sft", "train:Qwen3-8B"): {"gpu_seconds_per_token": Measured(
+        "gpu_seconds_per_token", "device-s per token", "pilot p8b: sft", span=Span(1e-4, 9e-5, 1.2e-4), n=40,
+        per=8.0)}})
+    est = estimate(plan_recipe(load_recipe("otagent_v2_100k", paper)), [pilot], find_profile("slurm", paper))
+    sft = next(s for s in est.stages if s.stage == "sft")
+    rate = next(r for r in sft.rates if r.name == "gpu_seconds_per_token")
+    assert not rate.assumed and rate.value == Span(4e-4, 3.6e-4, 4.8e-4) and "x 4 for 32B" in rate.source
+    tokens = sft.counts["tokens_to_train_on"].estimate
+    assert sft.gpu_hours.estimate == pytest.approx((30 + tokens * 4e-4 / 16) * 16 / 3600)

@@ -309,6 +309,13 @@ class Model:
             params = self._assume(e, ("model", "params_b"), default("model", "params_b"))
         else:
             params = Span.of(found[0])
+            other = [m for p in self.pilots for _, m in p.other("sft", "gpu_seconds_per_token") if m.per]
+            if other:  # a pretrained model trained on GPUs: its rate x the ratio of parameters (6N FLOPs a token)
+                r = other[0].rate()
+                ratio = found[0] / other[0].per
+                e.rates.append(Rate(r.name, r.value * ratio, r.unit, f"{r.source}, a {other[0].per:g}B model: "
+                                    f"x {ratio:g} for {found[0]:g}B parameters", False, r.n))
+                return r.value * ratio
             e.notes.append(f"{found[0]:g}B parameters ({found[1]}): the paper's 8B figure x {found[0] / 8:g}")
         return self.rate(e, n, "gpu_seconds_per_token") * params
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.errors import ConfigError
-from otbuild.estimate.rates import Rate, model_key
+from otbuild.estimate.rates import Rate, model_key, model_params_b
 from otbuild.estimate.span import Span, mean_span, rate_span
 from otbuild.report.costs import benchmark_files, read_benchmark
 from otbuild.stages import PROVENANCE
@@ -212,9 +212,11 @@ def _sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float
         steps = _step_rates(root / n.dir / "train_log.jsonl")
         spread = mean_span(steps) if len(steps) > 1 else Span(per, per * 0.8, per * 1.25)
         scale = per / spread.estimate if spread.estimate else 1.0
+        params = model_params_b(n.settings.get("model")) if n.settings.get("model", {}).get("kind") == "pretrained" \
+            and any(j["gpus"] for j in jobs) else None  # on GPUs: scalable to another model's size
         out["gpu_seconds_per_token"] = Measured(
             "gpu_seconds_per_token", "device-s per token", f"{source} ({seen:,} tokens on {devices} device(s))",
-            span=Span(per, spread.low * scale, spread.high * scale), n=len(steps))
+            span=Span(per, spread.low * scale, spread.high * scale), n=len(steps), per=params[0] if params else None)
         if work:  # start-up, the tokenizer, tokenization, saving: partly growing with the data
             out["overhead_s"] = Measured("overhead_s", "s per job", f"{source} (job less training)",
                                          values=[max(s - secs, 0.0) for s in work], per=data.get("tokens"))
