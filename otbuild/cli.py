@@ -134,11 +134,26 @@ def _print_images(plan) -> int:
 
 @main.command()
 @click.argument("recipe")
-def plan(recipe):
-    """Show RECIPE's stages, their content ids and whether each is built."""
+@click.option("--estimate", is_flag=True, help="Estimate what building RECIPE will take, per stage and in "
+              "total: counts, requests, tokens, cost, GPU-hours and wall time, each with a range; saved to "
+              ".otbuild/estimates/RECIPE.json for the report (docs/estimate.md).")
+@click.option("--from", "pilots", multiple=True, metavar="PILOT",
+              help="With --estimate: a built pilot recipe (a name, or a recipe file in another project's "
+                   "recipes/) whose artifacts give the rates; repeatable.")
+@click.option("--profile", help="With --estimate: the Snakemake profile whose resources, runtimes, retries "
+              "and parallel jobs the estimate uses (default: a local run).")
+@click.option("--json", "as_json", is_flag=True, help="With --estimate: print it as one JSON object.")
+def plan(recipe, estimate, pilots, profile, as_json):
+    """Show RECIPE's stages, their content ids and whether each is built; with --estimate, what
+    building it will cost."""
     from otbuild.provenance import check
 
+    if (pilots or profile or as_json) and not estimate:
+        raise ConfigError("--from, --profile and --json go with --estimate")
     p = _plan(recipe)
+    if estimate:
+        _estimate(p, pilots, profile, as_json)
+        return
     table = Table(title=f"plan: {p.recipe.name}", caption="each artifact is artifacts/STAGE/ID; its inputs by name")
     table.add_column("artifact (stage)", overflow="fold")
     table.add_column("id", no_wrap=True, min_width=16)
@@ -159,6 +174,33 @@ def plan(recipe):
         inputs = "every artifact above" if n.stage == "report" else _input_labels(n, prefix)
         table.add_row(name, n.id, f"[{style}]{shown}[/]", escape(inputs))
     out.print(table)
+
+
+def _estimate(p, pilots: tuple[str, ...], profile: str | None, as_json: bool) -> None:
+    """`plan --estimate`: calibrate from each pilot (planned in its own project), estimate, save, show."""
+    import json
+
+    from otbuild.estimate.pilot import calibrate
+    from otbuild.report.estimate import save
+    from otbuild.estimate.run import estimate
+    from otbuild.estimate.profile import find_profile
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe, recipe_path
+
+    calibrated = []
+    for name in pilots:
+        path = recipe_path(name, Path.cwd()).resolve()
+        root = path.parent.parent if path.parent.name == "recipes" else Path.cwd()
+        calibrated.append(calibrate(plan_recipe(load_recipe(path, root)), root))
+    result = estimate(p, calibrated, find_profile(profile, Path(".")))
+    saved = save(result)
+    if as_json:
+        click.echo(json.dumps(result.json(), indent=1))
+        return
+    from otbuild.estimate.show import show
+
+    show(result, out)
+    out.print(f"[dim]saved to {saved}: the report of a build shows it beside what was measured[/]", highlight=False)
 
 
 def _input_labels(node, prefix: str) -> str:
@@ -227,14 +269,16 @@ def report(recipe, profile, snakemake_args):
 @click.argument("recipe")
 def costs(recipe):
     """Tokens, cost, runtime and GPU-hours of RECIPE's built artifacts (nothing is built): the
-    report's tables, from each artifact's record, the recipe's `prices` and the jobs' benchmarks."""
+    report's tables, from each artifact's record, the recipe's `prices` and the jobs' benchmarks;
+    and, when `plan --estimate` was run before the build, its figures beside them."""
     from otbuild.report import costs as costs_mod
     from otbuild.report.charts import num
     from otbuild.report.data import artifacts
     from otbuild.report.page import amount
 
     report = _plan(recipe).nodes[-1].config  # the report's: every node, and the prices
-    k = costs_mod.collect(artifacts(report.nodes), report.prices)
+    arts = artifacts(report.nodes)
+    k = costs_mod.collect(arts, report.prices)
     t = k.total
     tokens = Table(title=f"LLM requests and tokens: {recipe}")
     for col in ("artifact", "stage", "model", "requests", "errors", "input tokens", "output tokens", "cost"):
@@ -260,6 +304,25 @@ def costs(recipe):
     if not k.runtimes:
         out.print("no benchmark files under benchmarks/ for these artifacts (not built yet, or built "
                   "before benchmarks were recorded)", highlight=False)
+    _print_versus(report.recipe, arts, k)
+
+
+def _print_versus(recipe: str, arts, k) -> None:
+    """The last estimate of RECIPE (`plan --estimate`) beside what is built, when one was made."""
+    from otbuild.report.estimate import compare, load_saved
+    from otbuild.report.charts import num
+
+    saved = load_saved(recipe)
+    rows = compare(saved, arts, k) if saved else []
+    if not rows:
+        return
+    table = Table(title=f"estimate ({saved.get('made_at')}) and actual: {recipe}")
+    for col in ("artifact", "figure", "estimate", "low", "high", "actual", "error"):
+        table.add_column(col, justify="left" if col in ("artifact", "figure") else "right")
+    for r in rows:
+        error = f"{100 * r['error']:+.0f} %" if r["error"] is not None else "–"
+        table.add_row(r["label"], r["metric"], *(num(r[c]) for c in ("estimate", "low", "high", "actual")), error)
+    out.print(table)
 
 
 @main.command()

@@ -12,20 +12,36 @@ import yaml
 from otbuild.stages import STAGES
 
 
-def profile_mem_mb(profile: Path, rule: str) -> tuple[int, str] | None:
-    """The memory (MB) a profile gives `rule`'s jobs on their first attempt, and where it is
-    set; None when the profile does not say."""
-    cfg = yaml.safe_load((profile / "config.yaml").read_text()) or {}
-    for key in (f"set-resources.{rule}", "default-resources"):
+def profile_config(profile: Path) -> dict:
+    """A profile's config.yaml as a mapping."""
+    return yaml.safe_load((profile / "config.yaml").read_text()) or {}
+
+
+def rule_resources(profile: Path, rule: str, attempt: int = 1) -> dict[str, tuple[object, str]]:
+    """The resources a profile gives `rule`'s jobs on `attempt`, each with where it is set:
+    its `set-resources` entry over `default-resources`; expressions such as "16000 * attempt"
+    evaluated."""
+    cfg = profile_config(profile)
+    out: dict[str, tuple[object, str]] = {}
+    for key in ("default-resources", f"set-resources.{rule}"):
         section = cfg
         for part in key.split("."):
             section = (section or {}).get(part) or {}
-        if "mem_mb" in section:
-            value = section["mem_mb"]
-            if isinstance(value, str):  # an expression such as "16000 * attempt"
-                value = eval(value, {"attempt": 1})  # noqa: S307 (the user's own profile)
-            return int(value), f"{profile / 'config.yaml'}: {key}.mem_mb"
-    return None
+        for name, value in section.items() if isinstance(section, dict) else ():
+            if isinstance(value, str) and name in ("mem_mb", "runtime", "nodes", "gpu", "tasks_per_node"):
+                try:
+                    value = eval(value, {"attempt": attempt})  # noqa: S307 (the user's own profile)
+                except Exception:  # noqa: BLE001 - a plain string resource (a partition name)
+                    pass
+            out[name] = (value, f"{profile / 'config.yaml'}: {key}.{name}")
+    return out
+
+
+def profile_mem_mb(profile: Path, rule: str) -> tuple[int, str] | None:
+    """The memory (MB) a profile gives `rule`'s jobs on their first attempt, and where it is
+    set; None when the profile does not say."""
+    found = rule_resources(profile, rule).get("mem_mb")
+    return (int(found[0]), found[1]) if found else None
 
 
 def overcommit_problems(nodes, profile: Path) -> list[str]:

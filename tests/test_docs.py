@@ -116,6 +116,9 @@ CASES = {
     "otbuild validate RECIPE... [--profile P]": [["otbuild", "validate", "smoke", "recipes/smoke.yaml"],
                                                  ["otbuild", "validate", "smoke", "--profile", "slurm"]],
     "otbuild plan RECIPE": [["otbuild", "plan", "recipes/smoke.yaml"]],
+    "otbuild plan --estimate RECIPE [--from PILOT]... [--profile P] [--json]": [
+        ["otbuild", "plan", "--estimate", "otagent_v2_100k", "--from", "{pilot}", "--profile", "slurm"],
+        ["otbuild", "plan", "--estimate", "smoke", "--from", "recipes/smoke.yaml", "--json"]],
     "otbuild build RECIPE [--profile P] [-n] [SNAKEMAKE ARGS]": [
         ["otbuild", "build", "smoke", "-n"], ["otbuild", "build", "smoke", "--profile", "profiles/slurm", "-n"]],
     "otbuild report RECIPE [--profile P]": [["otbuild", "report", "smoke"]],
@@ -201,7 +204,8 @@ def test_readme_commands_run_on_the_smoke_build(smoke_build, tmp_path):
                                 {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}}])
     node = next(n for n in plan_recipe(load_recipe("smoke", project)).nodes if n.stage == "trace_filter")
     spec = {**node.spec(), "outdir": str(tmp_path / "trace_filter")}  # the stage once more, beside the build
-    fill = {"tmp": str(tmp_path), "job": str(job), "spec": canonical_json(spec), "images": str(_saved_image(tmp_path))}
+    fill = {"tmp": str(tmp_path), "job": str(job), "spec": canonical_json(spec), "images": str(_saved_image(tmp_path)),
+            "pilot": str(project / "recipes" / "smoke.yaml")}
     failures = []
     for documented, cmds in CASES.items():
         for cmd in cmds:

@@ -170,6 +170,8 @@ class Report:
     ranking_label: str | None = None
     costs: costs.Costs = field(default_factory=costs.Costs)
     resolved: dict = field(default_factory=dict)  # what the recipe sets that enters its ids
+    estimate: list[dict] = field(default_factory=list)  # otbuild.report.estimate.compare's rows
+    estimate_made_at: str | None = None  # when `otbuild plan --estimate` made it
     headline: Any = None  # otbuild.report.headline.Headline, set by otbuild.report.build
 
 
@@ -191,6 +193,10 @@ def load(cfg, root: Path = Path(".")) -> Report:
     groups = [_group(con, name, members) for name, members in by_candidate(arts)]
     rep = Report(cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root),
                  resolved=cfg.resolved)
+    from otbuild.report.estimate import compare, load_saved
+
+    if saved := load_saved(cfg.recipe, root):  # not an input: shown as volatile (docs/estimate.md)
+        rep.estimate, rep.estimate_made_at = compare(saved, arts, rep.costs, root), saved.get("made_at")
     rank = next((a for a in arts if a.stage == "rank"), None)
     if rank:
         outs = STAGES["rank"].outputs

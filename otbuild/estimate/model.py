@@ -1,0 +1,406 @@
+"""The count model: what each node of a plan will do, from the recipe's settings and the rates.
+
+Counts follow the plan: a mix makes `total` tasks, a task filter keeps its input at its keep
+rate up to `top_k` and `sample.n` and plans ceil(budget / keep_rate) rollouts, a rollout runs
+each task's `n_rollouts` (else `samples_per_task`), the trace filter keeps at its keep rate up
+to `sample.n`, SFT trains on traces x tokens per trace (at most cutoff_len) x epochs, RL runs
+steps x batch x samples trials, eval benchmark tasks x repeats. An artifact already built
+counts what its record says and costs nothing.
+
+Work follows the counts: requests are trials x turns (at most max_episodes), tokens are
+requests x tokens per request (output at most max_tokens), a shard job's time is its overhead
+plus its trials x seconds per trial over its concurrent slots, SFT's device-seconds are tokens
+x seconds per token (x the model's parameters for the paper's figure), GPU-hours are each
+job's time x the GPUs the profile grants it, and wall time is the longest path through the
+DAG with the shards of a stage in waves of the profile's parallel jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otbuild.estimate.pilot import SMALL_PILOT, Pilot, match
+from otbuild.estimate.profile import Grant, Profile
+from otbuild.estimate.rates import Rate, default, model_params_b
+from otbuild.estimate.span import ZERO, Span
+
+SHARDED = {"rollout", "eval", "augment", "task_score"}
+RESUMABLE = SHARDED | {"sft", "rl"}  # they pick up where a killed job stopped (docs/failures.md)
+
+
+@dataclass
+class Job:
+    rule: str
+    count: int  # jobs of this kind
+    seconds: Span  # each
+    grant: Grant
+
+
+@dataclass
+class StageEstimate:
+    label: str
+    stage: str
+    id: str
+    built: bool
+    counts: dict[str, Span] = field(default_factory=dict)
+    requests: Span = ZERO
+    input_tokens: Span = ZERO
+    output_tokens: Span = ZERO
+    cost: Span | None = None
+    model: str | None = None  # ENGINE:MODEL whose tokens these are
+    jobs: list[Job] = field(default_factory=list)
+    wall_s: Span = ZERO
+    rates: list[Rate] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> Span:
+        return sum((j.seconds * (j.count * j.grant.gpus) for j in self.jobs), ZERO) / 3600
+
+    @property
+    def job_seconds(self) -> Span:
+        return sum((j.seconds * j.count for j in self.jobs), ZERO)
+
+
+class Model:
+    """One estimate of a plan. `force` moves assumed rates ((stage, rate) -> "low" | "high") to
+    one end of their range: how much each assumption moves the totals."""
+
+    def __init__(self, plan, pilots: list[Pilot], profile: Profile, root: Path, force: dict | None = None):
+        self.plan, self.pilots, self.profile, self.root = plan, pilots, profile, root
+        self.prices = plan.recipe.recipe.prices
+        self.force = force or {}
+        self.rows: dict[str, Span] = {}  # node id -> rows of its main output
+        self.rollouts: dict[str, Span] = {}  # task filter id -> rollouts it plans
+        self.distinct: dict[str, Span] = {}  # rollout id -> distinct traces, where fewer than its trials
+        self.stages: list[StageEstimate] = []
+        self.assumed: dict[tuple[str, str], Rate] = {}
+        self.small: dict[str, list[str]] = {}  # a pilot's rates taken from fewer than SMALL_PILOT items
+
+    # -- rates -------------------------------------------------------------------------------
+    def rate(self, e: StageEstimate, node, name: str, cap: float | None = None, scale: float = 1.0,
+             fallback: Rate | None = None) -> Span:
+        m = match(node)
+        for p in self.pilots:
+            if found := p.find(node.stage, m, name):
+                r = found.rate(cap)
+                e.rates.append(r)
+                if r.n is not None and r.n < SMALL_PILOT:
+                    self.small.setdefault(r.source, []).append(name)
+                return r.value * scale
+        value = self._assume(e, (node.stage, name), fallback or default(node.stage, name), cap, scale)
+        for p in self.pilots:
+            for their, meas in p.other(node.stage, name):
+                why = (f"it measured {their}, this is {m}" if node.stage not in ("task_filter", "trace_filter")
+                       else "other rules or another teacher")
+                e.notes.append(f"rates of {meas.source.split(' (')[0]} not taken: {why}")
+        return value
+
+    def _assume(self, e: StageEstimate, key: tuple[str, str], r: Rate, cap: float | None = None,
+                scale: float = 1.0) -> Span:
+        """A default rate (`key`: its place in DEFAULTS, or its stage and name), recorded as assumed
+        (at one end of its range when `force` says so)."""
+        value = r.value.cap(cap) * scale
+        if side := self.force.get(key):
+            value = Span.of(getattr(value, side))
+        r = Rate(r.name, value, r.unit, r.source, True)
+        e.rates.append(r)
+        self.assumed.setdefault(key, r)
+        return value
+
+    # -- the plan ----------------------------------------------------------------------------
+    def run(self) -> Model:
+        seen = set()
+        for n in self.plan.nodes:
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            e = StageEstimate(n.label, n.stage, n.id, built=(self.root / n.provenance).is_file())
+            if e.built:
+                self._built(n, e)
+            else:
+                getattr(self, f"_{n.stage}", self._table)(n, e)
+                e.wall_s = self._wall(e)
+            self.stages.append(e)
+        return self
+
+    def _built(self, n, e: StageEstimate) -> None:
+        from otbuild.provenance import read_record
+
+        rec = read_record(self.root / n.dir) or {}
+        main = n.main_output.name
+        rows = next((o.get("rows") for o in rec.get("outputs", []) if o["path"].endswith("/" + main)), None)
+        self.rows[n.id] = Span.of(rows or 0)
+        if rows is not None:
+            e.counts["rows"] = Span.of(rows)
+        stats = rec.get("stats") or {}
+        if n.stage in ("rollout", "eval") and stats.get("trials") is not None:
+            e.counts["trials"] = Span.of(stats["trials"])
+        if n.stage == "task_filter" and stats.get("rollouts_planned"):
+            self.rollouts[n.id] = Span.of(stats["rollouts_planned"])
+        e.notes.append("built: reused, costs nothing")
+
+    def _in(self, n, stages: tuple[str, ...] | None = None) -> Span:
+        return sum((self.rows.get(i.id, ZERO) for i in n.inputs if stages is None or i.stage in stages), ZERO)
+
+    def _grant(self, rule: str) -> Grant:
+        return self.profile.grant(rule)
+
+    def _table(self, n, e: StageEstimate) -> None:
+        """A stage whose time hardly grows with rows at these sizes (DuckDB over parquet, the
+        report, the ranking): its job time as a pilot measured it."""
+        e.jobs.append(Job(n.stage, 1, self._job_rate(e, n, "job_s"), self._grant(n.stage)))
+        self.rows[n.id] = self._in(n)
+
+    def _measured(self, n, name: str) -> bool:
+        return any(p.find(n.stage, match(n), name) for p in self.pilots)
+
+    def _job_rate(self, e: StageEstimate, n, name: str, server: bool = False, otherwise: str = "overhead_s") -> Span:
+        """A job time a pilot measured for this work (`name`), else the default job overhead
+        (`otherwise`; a vLLM server's load with `server`)."""
+        if self._measured(n, name):
+            return self.rate(e, n, name)
+        key = ("server" if server else "job", otherwise)
+        return self._assume(e, key, default(*key))
+
+    def _source(self, n, e: StageEstimate) -> None:
+        rows = _known_rows(n, self.root)
+        if rows is None:
+            kind = "benchmark" if "benchmarks/" in n.label else "source"
+            rows = self._assume(e, (kind, "tasks"), default(kind, "tasks"))
+        e.counts["tasks"] = rows
+        self._table(n, e)
+        self.rows[n.id] = rows
+
+    def _trace_import(self, n, e: StageEstimate) -> None:
+        self._source(n, e)
+        e.counts["traces"] = e.counts.pop("tasks")
+
+    def _mix(self, n, e: StageEstimate) -> None:
+        self._table(n, e)
+        self.rows[n.id] = Span.of(n.config.total)
+        e.counts["tasks"] = self.rows[n.id]
+
+    def _task_filter(self, n, e: StageEstimate) -> None:
+        from otbuild.stages.task_filter import planned_rollouts
+
+        cfg = n.config
+        held = len(cfg.decontaminate.against) if cfg.decontaminate else 0
+        tasks_in = sum((self.rows.get(i.id, ZERO) for i in n.inputs[:len(n.inputs) - held]), ZERO)
+        kept = (tasks_in * self.rate(e, n, "keep_rate")).ceil()
+        if cfg.score and cfg.score.top_k:
+            kept = kept.cap(cfg.score.top_k)
+        if cfg.sample:
+            kept = kept.cap(cfg.sample.n)
+        self._table(n, e)
+        self.rows[n.id] = kept
+        e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+        if (budget := planned_rollouts(cfg.score)) is not None:
+            self.rollouts[n.id] = Span.of(budget)
+            e.counts["rollouts_planned"] = Span.of(budget)
+
+    def _task_score(self, n, e: StageEstimate) -> None:
+        tasks = self._in(n)
+        self._requests(n, e, tasks)
+        self.rows[n.id] = tasks
+        e.counts["tasks"] = tasks
+
+    def _augment(self, n, e: StageEstimate) -> None:
+        cfg = n.config
+        tasks = self._in(n)
+        forms = cfg.k * len(cfg.kinds)
+        self._requests(n, e, tasks * forms)
+        self.rows[n.id] = tasks * (forms + int(cfg.keep_original))
+        e.counts.update(tasks_in=tasks, tasks_out=self.rows[n.id])
+
+    def _requests(self, n, e: StageEstimate, requests: Span) -> None:
+        from otbuild.settings.engines import concurrency
+
+        cfg = n.config
+        e.counts["requests"] = e.requests = requests
+        self._tokens(n, e, requests, cfg.max_tokens, f"{cfg.engine}:{cfg.model}")
+        shards = cfg.shards
+        per = self.rate(e, n, "seconds_per_request")
+        over = self._job_rate(e, n, "overhead_s", server=cfg.engine == "vllm")
+        e.jobs.append(Job(n.stage, shards, over + requests / shards * per / concurrency(cfg), self._grant(n.stage)))
+        self._merge(n, e)
+
+    def _tokens(self, n, e: StageEstimate, requests: Span, max_tokens: int, model: str) -> None:
+        from otbuild.report.costs import price_of
+        from otbuild.usage import cost
+
+        e.model = model
+        if model.startswith("oracle:"):  # it replays solve.sh: no model, no tokens
+            return
+        e.input_tokens = requests * self.rate(e, n, "input_tokens_per_request")
+        e.output_tokens = requests * self.rate(e, n, "output_tokens_per_request", cap=max_tokens)
+        price = price_of(model, self.prices)
+        if price is not None:
+            e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k), "output_tokens": getattr(e.output_tokens, k)},
+                                 price) for k in ("estimate", "low", "high")))
+        elif e.input_tokens.high + e.output_tokens.high > 0 and model.startswith("openai:"):  # served: GPU-hours
+            e.notes.append(f"no price for {model}: set `prices:` in the recipe")
+
+    def _merge(self, n, e: StageEstimate) -> None:
+        merge = self._job_rate(e, n, "merge_s", otherwise="merge_s")
+        e.jobs.append(Job(f"{n.stage}_merge", 1, merge, self._grant(f"{n.stage}_merge")))
+
+    def _trials(self, n, e: StageEstimate, trials: Span, model: str, server: bool) -> None:
+        from otbuild.settings.engines import concurrency
+
+        cfg = n.config
+        turns = self.rate(e, n, "turns_per_trial", cap=cfg.max_episodes)
+        e.requests = trials * turns
+        e.counts.update(trials=trials, requests=e.requests)
+        self._tokens(n, e, e.requests, cfg.max_tokens, model)
+        per = self.rate(e, n, "seconds_per_trial")
+        over = self._job_rate(e, n, "overhead_s", server)
+        shards = cfg.shards
+        e.jobs.append(Job(n.stage, shards, over + trials / shards * per / concurrency(cfg), self._grant(n.stage)))
+        self._merge(n, e)
+
+    def _rollout(self, n, e: StageEstimate) -> None:
+        cfg = n.config
+        tasks = self._in(n)
+        planned = [self.rollouts[i.id] for i in n.inputs if i.id in self.rollouts]
+        trials = sum(planned, ZERO) if planned else tasks * cfg.samples_per_task
+        e.counts["tasks"] = tasks
+        self._trials(n, e, trials, f"{cfg.engine}:{cfg.model or cfg.engine}", cfg.engine == "vllm")
+        self.rows[n.id] = trials
+        if cfg.engine == "oracle":  # it replays the same solution: a task's samples are one trace
+            self.distinct[n.id] = tasks
+
+    def _eval(self, n, e: StageEstimate) -> None:
+        cfg = n.config
+        tasks = self._in(n, ("source",))
+        e.counts["benchmark_tasks"] = tasks
+        self._trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
+        self.rows[n.id] = Span.of(len([i for i in n.inputs if i.stage == "source"]))
+
+    def _trace_filter(self, n, e: StageEstimate) -> None:
+        traces = self._in(n)
+        keep = self.plan.recipe.recipe.task_filter
+        planned = keep.score.keep_rate if keep and keep.score and keep.score.budget else None
+        fallback = None if planned is None else Rate(
+            "keep_rate", Span(planned, planned * 0.6, planned), "kept / in",
+            "the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); "
+            "x0.6 at the low end", True)
+        if n.config.dedup and any(i.id in self.distinct for i in n.inputs):
+            distinct = sum((self.distinct.get(i.id, self.rows.get(i.id, ZERO)) for i in n.inputs), ZERO)
+            e.notes.append("dedup: the oracle's samples of a task are one conversation, so one of them is kept")
+        else:
+            distinct = traces
+        kept = (distinct * self.rate(e, n, "keep_rate", fallback=fallback)).ceil()
+        kept = kept.cap(n.config.sample.n if n.config.sample else None)
+        self._table(n, e)
+        self.rows[n.id] = kept
+        e.counts["traces_in"] = traces
+        if distinct is not traces:
+            e.counts["distinct_traces"] = distinct
+        e.counts["traces_kept"] = kept
+
+    def _device_seconds_per_token(self, n, e: StageEstimate) -> Span:
+        if self._measured(n, "gpu_seconds_per_token"):
+            return self.rate(e, n, "gpu_seconds_per_token")
+        found = model_params_b(n.settings.get("model"))
+        if found is None:
+            params = self._assume(e, ("model", "params_b"), default("model", "params_b"))
+        else:
+            params = Span.of(found[0])
+            other = [m for p in self.pilots for _, m in p.other("sft", "gpu_seconds_per_token") if m.per]
+            if other:  # a pretrained model trained on GPUs: its rate x the ratio of parameters (6N FLOPs a token)
+                r = other[0].rate()
+                ratio = found[0] / other[0].per
+                e.rates.append(Rate(r.name, r.value * ratio, r.unit, f"{r.source}, a {other[0].per:g}B model: "
+                                    f"x {ratio:g} for {found[0]:g}B parameters", False, r.n))
+                return r.value * ratio
+            e.notes.append(f"{found[0]:g}B parameters ({found[1]}): the paper's 8B figure x {found[0] / 8:g}")
+        return self.rate(e, n, "gpu_seconds_per_token") * params
+
+    def _sft(self, n, e: StageEstimate) -> None:
+        cfg = n.config
+        traces = self._in(n)
+        per_trace = self.rate(e, n, "tokens_per_trace", cap=cfg.cutoff_len)
+        per_epoch = (traces * per_trace).cap(cfg.token_budget)
+        if cfg.max_steps is not None:
+            trained = Span.of(cfg.max_steps * cfg.global_batch_size) * per_trace
+        else:
+            trained = per_epoch * cfg.epochs
+        e.counts.update(traces=traces, tokens_per_epoch=per_epoch, tokens_to_train_on=trained)
+        grant = self._grant("sft")
+        devices = max(grant.gpus, 1)
+        over = self._sft_overhead(n, e, per_epoch)
+        e.jobs.append(Job("sft", 1, over + trained * self._device_seconds_per_token(n, e) / devices, grant))
+        if grant.gpus == 0 and n.settings.get("model", {}).get("kind") == "pretrained":
+            e.notes.append("the profile grants sft no GPU: its GPU-hours count 0 (pass --profile slurm)")
+        self.rows[n.id] = Span.of(1)
+
+    def _sft_overhead(self, n, e: StageEstimate, per_epoch: Span) -> Span:
+        """What an SFT job spends besides training. A pilot cannot tell how much of it is fixed
+        (start-up, saving) and how much grows with the data (tokenizer, tokenization): the range
+        spans both readings, the estimate is their middle."""
+        found = next((m for p in self.pilots if (m := p.find("sft", match(n), "overhead_s"))), None)
+        if found is None:
+            return self._job_rate(e, n, "overhead_s")
+        fixed = self.rate(e, n, "overhead_s").estimate
+        grown = fixed * per_epoch.estimate / found.per if found.per else fixed
+        lo, hi = sorted((fixed, grown))
+        span = Span((fixed + grown) / 2, lo, hi)
+        e.rates[-1] = Rate("overhead_s", span, "s per job", e.rates[-1].source + ": fixed to grown with the tokens",
+                           False, e.rates[-1].n)
+        return span
+
+    def _rl(self, n, e: StageEstimate) -> None:
+        cfg = n.config
+        trials = Span.of(cfg.steps * cfg.batch_size * cfg.samples_per_task)
+        turns = self.rate(e, n, "turns_per_trial", cap=cfg.sandbox.max_episodes)
+        e.requests = trials * turns
+        e.counts.update(steps=Span.of(cfg.steps), trials=trials, requests=e.requests)
+        self._tokens(n, e, e.requests, cfg.max_tokens, f"{cfg.rollout}:policy")
+        grant = self._grant("rl")
+        e.jobs.append(Job("rl", 1, trials * self.rate(e, n, "seconds_per_trial") / max(grant.gpus, 1), grant))
+        self.rows[n.id] = Span.of(1)
+
+    # -- time --------------------------------------------------------------------------------
+    def _wall(self, e: StageEstimate) -> Span:
+        """The stage's own wall time: its jobs of each kind in waves of the parallel jobs."""
+        total = ZERO
+        for j in e.jobs:
+            total = total + j.seconds * math.ceil(j.count / max(self.profile.parallel, 1))
+        return total
+
+    def critical_path(self) -> Span:
+        by_id = {s.id: s for s in self.stages}
+        finish: dict[str, Span] = {}
+        for n in self.plan.nodes:
+            if n.id in finish:
+                continue
+            start = [finish[i.id] for i in n.inputs if i.id in finish]
+            begin = Span(*(max([getattr(s, k) for s in start] + [0.0]) for k in ("estimate", "low", "high")))
+            finish[n.id] = begin + by_id[n.id].wall_s
+        return Span(*(max([getattr(s, k) for s in finish.values()] + [0.0]) for k in ("estimate", "low", "high")))
+
+
+def _known_rows(n, root: Path) -> Span | None:
+    """Tasks a source will have, where the recipe or its data says: a synthetic count, a
+    parquet's rows, Harbor task dirs; at most its `sample.n`."""
+    s = n.settings
+    rows = None
+    if s.get("kind") == "synthetic":
+        rows = s["count"]
+    elif s.get("path") and Path(s["path"]).exists():
+        p = Path(s["path"])
+        try:
+            if p.is_file() and p.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                rows = pq.ParquetFile(p).metadata.num_rows
+            elif p.is_dir() and s.get("kind") in ("harbor-dir", "tb1-dir"):
+                rows = sum(1 for d in p.iterdir() if d.is_dir())
+        except OSError:
+            rows = None
+    if rows is not None and (s.get("sample") or {}).get("n"):
+        rows = min(rows, s["sample"]["n"])
+    return Span.of(rows) if rows is not None else None
