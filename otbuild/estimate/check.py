@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from otbuild.estimate.model import RESUMABLE, SHARDED, Job, StageEstimate
+from otbuild.estimate.model import Job, StageEstimate
+from otbuild.stages import STAGES
 
 RETRIES_WHERE = "profiles/default/config.yaml `retries` (its keys win), or `--retries N` on the command line"
 
@@ -40,17 +41,18 @@ def _flag(e: StageEstimate, j: Job) -> str | None:
             + f", more than the {_hours(g.runtime_s)} x {g.attempts} attempt(s) = {_hours(granted)} the profile grants "
               f"it ({g.runtime_where})")
     fixes = []
-    if e.stage in RESUMABLE and not j.rule.endswith("_merge"):
+    d = STAGES[e.stage]
+    if (d.sharded or d.training) and not j.rule.endswith("_merge"):  # they resume where a killed job stopped
         attempts = math.ceil(need / g.runtime_s)
         fixes.append(f"it resumes where a killed job stopped, so {attempts} attempts of {g.runtime_s / 3600:g} h "
                      f"would finish it: retries: {attempts - 1} ({RETRIES_WHERE})")
-    if e.stage in ("sft", "rl") and g.gpus:
+    if STAGES[e.stage].training and g.gpus:
         gpus = math.ceil(g.gpus * need / granted)
         per_node = max(g.gpus // max(g.nodes, 1), 1)
         nodes = math.ceil(gpus / per_node)
         fixes.append(f"{nodes * per_node} GPUs (nodes: {nodes} of {per_node}) finish it in {g.attempts} attempt(s), "
                      "if it scales linearly")
-    if e.stage in SHARDED and not j.rule.endswith("_merge"):
+    if STAGES[e.stage].sharded and not j.rule.endswith("_merge"):
         shards = math.ceil(j.count * need / granted)
         fixes.append(f"shards: {shards} (each job does less)")
     fixes.append(f"runtime: {math.ceil(need / g.attempts / 60)} minutes per attempt")

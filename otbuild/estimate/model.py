@@ -25,9 +25,8 @@ from otbuild.estimate.pilot import SMALL_PILOT, Pilot, match
 from otbuild.estimate.profile import Grant, Profile
 from otbuild.estimate.rates import Rate, default, model_params_b
 from otbuild.estimate.span import ZERO, Span
+from otbuild.stages import STAGES
 
-SHARDED = {"rollout", "eval", "augment", "task_score"}
-RESUMABLE = SHARDED | {"sft", "rl"}  # they pick up where a killed job stopped (docs/failures.md)
 
 
 @dataclass
@@ -136,7 +135,7 @@ class Model:
         if rows is not None:
             e.counts["rows"] = Span.of(rows)
         stats = rec.get("stats") or {}
-        if n.stage in ("rollout", "eval") and stats.get("trials") is not None:
+        if STAGES[n.stage].trials and STAGES[n.stage].sharded and stats.get("trials") is not None:
             e.counts["trials"] = Span.of(stats["trials"])
         if n.stage == "task_filter" and stats.get("rollouts_planned"):
             self.rollouts[n.id] = Span.of(stats["rollouts_planned"])

@@ -27,6 +27,7 @@ from otbuild.estimate.rates import Rate, model_key, model_params_b
 from otbuild.estimate.span import Span, mean_span, rate_span
 from otbuild.report.costs import benchmark_files, read_benchmark
 from otbuild.artifact import PROVENANCE
+from otbuild.stages import STAGES
 
 SMALL_PILOT = 30  # items below which a pilot's rate is flagged as saying little
 
@@ -68,7 +69,7 @@ class Pilot:
 
 def match(node) -> str:
     """What a target node must share with a pilot's to take its rates."""
-    if node.stage in ("rollout", "eval", "rl", "sft", "augment", "task_score"):
+    if STAGES[node.stage].llm or STAGES[node.stage].training:  # a model does the work
         return model_key(node)
     if node.stage in ("task_filter", "trace_filter"):
         rules = {k: v for k, v in node.identity.items() if k not in ("sample", "score", "llm")}
@@ -118,9 +119,9 @@ def _measure(n, record: dict, root: Path, source: str) -> dict[str, Measured]:
     stats = record.get("stats") or {}
     work, merge = _jobs(n, root)
     out: dict[str, Measured] = {}
-    if n.stage in ("rollout", "eval"):
+    if STAGES[n.stage].trials and STAGES[n.stage].sharded:
         out = _trials(n, root, source, work)
-    elif n.stage in ("augment", "task_score"):
+    elif STAGES[n.stage].llm and STAGES[n.stage].sharded:
         out = _requests(n, stats, source, work)
     elif n.stage == "sft":
         out = _sft(n, record, stats, root, source, work)

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from otbuild.estimate.span import Span
+from otbuild.stages import STAGES
 
 # The paper's SFT figure: about 160 GPU-hours per 10K traces of its 8B SFT (7 epochs, the
 # otagent_v2_10k recipe's) on GH200. Expressed per trained token at an assumed trace length, it
@@ -105,7 +106,7 @@ def model_key(node) -> str:
     """Who does a node's work, for matching a pilot's rates: ENGINE:MODEL for LLM stages, the
     base model for training, the served checkpoint's base model for an eval of it."""
     s = node.settings
-    if node.stage in ("sft", "rl"):
+    if STAGES[node.stage].training:
         return f"train:{_spec_key(_base_model(node))}"
     if node.stage == "eval" and not any(i.stage == "source" for i in node.inputs[-1:]):
         return f"eval:{s.get('engine')}:{_spec_key(_base_model(node.inputs[-1]))}"
@@ -114,7 +115,7 @@ def model_key(node) -> str:
 
 def _base_model(node) -> dict | None:
     while node.stage not in ("sft",):
-        trained = [i for i in node.inputs if i.stage in ("sft", "rl")]
+        trained = [i for i in node.inputs if STAGES[i.stage].training]
         if not trained:
             return None
         node = trained[0]
