@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
+HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or ROOT / ".venv-harbor" / "bin" / "harbor")  # as otbuild.harbor.job
 TARGET_STARTUP_S = 1.0
 TARGET_RATIO = 0.5  # otbuild per trial / Harbor per trial
 # Harbor 0.26 earlier on this kind of machine, with a bubblewrap environment class

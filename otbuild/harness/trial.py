@@ -257,14 +257,22 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
             messages.append({"role": "user", "content": reply})
         return OUT_OF_EPISODES
     finally:
-        await asyncio.to_thread(term.close)
+        await asyncio.to_thread(_close_terminal, box, term)
 
 
 def _open_terminal(box) -> Terminal:
     try:
-        return Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
+        term = Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
     except OSError as e:  # no pty or no fork left on the host
         raise SandboxError(f"could not start the agent's terminal: {e}") from e
+    box.adopt(term.proc)  # kill_all ends it with its pid namespace: no /proc scan
+    return term
+
+
+def _close_terminal(box, term: Terminal) -> None:
+    """Everything the agent started ends with the terminal's namespace (kill_all), then the pty."""
+    box.kill_all()
+    term.close()
 
 
 async def _execute(term: Terminal, commands: list[protocol.Command], deadline: float) -> str:
@@ -276,7 +284,7 @@ async def _execute(term: Terminal, commands: list[protocol.Command], deadline: f
         term.send(c.keystrokes)
         out.append(await asyncio.to_thread(term.read, min(c.duration, left)))
     if not commands:  # nothing to run: what the terminal already shows (as tmux would capture)
-        out.append(await asyncio.to_thread(term.read, 0.005, False))
+        out.append(term.read(0, False))
     return protocol.cap_output("".join(out))
 
 

@@ -21,7 +21,7 @@ from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, write_subtree
 from otbuild.sandbox.limits import Limits
 from otbuild.sandbox.output import read_bounded
-from otbuild.sandbox.procs import descendants, kill_until_gone, pids_with_env, scan
+from otbuild.sandbox.procs import descendants, end_namespace, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation
 from otbuild.tasks.taskdir import TaskDir
 
@@ -60,7 +60,7 @@ class Sandbox:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._handed_out = False  # argv() was given to a caller: kill_all is needed at close
+        self._handed_out = 0  # argv()s given to callers and not adopted: kill_all scans /proc
         self.deadline = time.monotonic() + self.limits.wall_seconds
         self._watchdog = threading.Timer(self.limits.wall_seconds, self.kill_all)
         self._watchdog.daemon = True
@@ -90,8 +90,9 @@ class Sandbox:
              env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
         """The host argv that runs `command` in the sandbox, limits applied. For callers
         that run the process themselves (`tty=True` keeps the controlling terminal, for
-        `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`."""
-        self._handed_out = True
+        `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`;
+        `adopt` the process started from it, and kill_all needs no /proc scan."""
+        self._handed_out += 1
         return self._argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
 
     def _argv(self, command: list[str], *, with_tests: bool = False, cwd: str | None = None,
@@ -162,10 +163,36 @@ class Sandbox:
             text += f"\n[output truncated at {len(data)} bytes; command killed]\n"
         return RunResult(proc.returncode, text, timed_out, over, time.monotonic() - start)
 
+    def adopt(self, proc: subprocess.Popen) -> None:
+        """`proc` is the process the caller started from an `argv()` of this sandbox (its
+        launcher): `kill_all` and `close` end it and every process of its pid namespace."""
+        with self._lock:
+            self._procs.add(proc)
+            self._handed_out = max(0, self._handed_out - 1)
+
     # -- the end ------------------------------------------------------------------------
     def kill_all(self) -> None:
         """SIGKILL every process of the trial, including those started from `argv()`, and
-        return when none is left."""
+        return when none is left. The launchers it knows (run()'s, adopted ones) each end
+        with their pid namespace (`end_namespace`: no /proc scan); only when an argv() was
+        handed out and not adopted, or without a pid namespace (`none`), or when a launcher
+        cannot be shown to have taken its namespace with it, does it scan /proc."""
+        with self._lock:
+            known = list(self._procs)
+        scan_needed = self._handed_out > 0 or self.backend == "none"
+        for proc in known:
+            if end_namespace(proc):
+                with self._lock:
+                    self._procs.discard(proc)
+            else:
+                scan_needed = True
+        if scan_needed:
+            self._kill_found()
+        self._handed_out = 0
+
+    def _kill_found(self) -> None:
+        """kill_all by /proc: the launchers found by the trial root in their argv, what is
+        below them and (as root) every process of the trial uid, until none is left."""
         root = str(self.root)
         marker = root + "/"
 
@@ -185,7 +212,6 @@ class Sandbox:
         left = kill_until_gone(find)
         if left:
             log.error("sandbox %s: processes survived kill_all: %s", root, sorted(left))
-        self._handed_out = False
 
     def close(self) -> None:
         """Kill every process, release the trial uid; remove the root only if `cleanup`."""
@@ -193,7 +219,7 @@ class Sandbox:
             return
         self._watchdog.cancel()
         self._disk.stop()
-        if self._handed_out:  # run() leaves nothing behind; what argv() started may live on
+        if self._handed_out or self._procs:  # run() leaves nothing behind; argv()'s may live on
             self.kill_all()
         self._closed = True
         self._identity.release()
