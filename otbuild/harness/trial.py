@@ -99,17 +99,18 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         # in a thread: podman may build the task's image first
         with await asyncio.to_thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
+            verifier = _park_verifier(box, config.verifier.env)  # its start overlaps the agent's turns
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions,
-                                    seed_key=f"{run_id}:{task_id}:{sample_idx}")
+                                    seed_key=f"{run_id}:{task_id}:{sample_idx}", keep=verifier)
             except ContextLengthExceededError as e:
                 stop, failure, details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
             finally:
-                box.kill_all()  # nothing the agent started survives into the verifier
+                box.kill_all(keep=verifier)  # nothing the agent started survives into the verifier
             if stop == CONTEXT_EXCEEDED:
                 reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
             elif not box.disk_exceeded:
-                reward, extra = await _verify(box, verifier_timeout, config.verifier.env)
+                reward, extra = await _verify(box, verifier_timeout, config.verifier.env, verifier)
                 details.update(extra)
             if box.disk_exceeded:  # the trial filled its writable space: everything was killed
                 stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
@@ -124,14 +125,29 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                       agent_timeout, sample_idx, run_id, source, failure=failure)
 
 
-async def _verify(box, timeout: float, env: dict[str, str]) -> tuple[float | None, dict]:
-    """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
+VERIFIER = ["bash", "/tests/test.sh"]
+
+
+def _park_verifier(box, env: dict[str, str]):
+    """The verifier's sandbox, started now and held until `_verify` (Sandbox.park); None where
+    the backend holds none or the task's verifier env cannot be resolved (`_verify` says why)."""
     try:
         env = resolve_env(env, os.environ)
-    except KeyError as e:
-        raise VerifierEnvError(e.args[0]) from None
-    result = await asyncio.to_thread(box.run, ["bash", "/tests/test.sh"], timeout=timeout, with_tests=True,
-                                     env=env)
+    except KeyError:
+        return None
+    return box.park(VERIFIER, with_tests=True, env=env)
+
+
+async def _verify(box, timeout: float, env: dict[str, str], parked=None) -> tuple[float | None, dict]:
+    """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
+    if parked is not None:
+        result = await asyncio.to_thread(parked.run, timeout)
+    else:
+        try:
+            env = resolve_env(env, os.environ)
+        except KeyError as e:
+            raise VerifierEnvError(e.args[0]) from None
+        result = await asyncio.to_thread(box.run, VERIFIER, timeout=timeout, with_tests=True, env=env)
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:
@@ -213,9 +229,10 @@ def request_seed(seed_key: str, turn: int) -> int:
 
 
 async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: float,
-                 messages: list[dict], completions: list[Completion], seed_key: str = "") -> str:
+                 messages: list[dict], completions: list[Completion], seed_key: str = "", keep=None) -> str:
     """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
-    a context overflow raises ContextLengthExceededError."""
+    a context overflow raises ContextLengthExceededError. `keep`: the parked verifier, which
+    ending the terminal leaves be."""
     deadline = time.monotonic() + timeout
     style = protocol.prompt_style(settings.prompt)
     term = await asyncio.to_thread(_open_terminal, box)
@@ -257,7 +274,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
             messages.append({"role": "user", "content": reply})
         return OUT_OF_EPISODES
     finally:
-        await asyncio.to_thread(_close_terminal, box, term)
+        await asyncio.to_thread(_close_terminal, box, term, keep)
 
 
 def _open_terminal(box) -> Terminal:
@@ -269,9 +286,9 @@ def _open_terminal(box) -> Terminal:
     return term
 
 
-def _close_terminal(box, term: Terminal) -> None:
+def _close_terminal(box, term: Terminal, keep=None) -> None:
     """Everything the agent started ends with the terminal's namespace (kill_all), then the pty."""
-    box.kill_all()
+    box.kill_all(keep=keep)
     term.close()
 
 
