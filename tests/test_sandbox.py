@@ -366,6 +366,23 @@ def test_kill_all_ends_processes_started_from_argv(box):
         p.wait(timeout=5)  # under load in CI, so only their ending is checked)
 
 
+def test_a_parked_command_survives_kill_all_keep_and_runs_with_its_tests(local_box):
+    box = local_box
+    tag = str(700000 + os.getpid() % 10000)
+    held = box.park(["bash", "-c", f"ls /tests; cat /logs/verifier/x 2>&1; sleep 0.{tag} &"], with_tests=True)
+    other = box.park(["sleep", f"{tag}9"])
+    box.run(f"mkdir -p /logs/verifier && echo planted > /logs/verifier/x; sleep {tag}1 &", timeout=10)
+    box.kill_all(keep=held)  # ends `other`, not `held`
+    assert other.proc.poll() is not None and held.proc.poll() is None
+    r = held.run(timeout=20)
+    assert r.exit_code == 0 and "test.sh" in r.output, r.output  # the tests were copied in at run
+    assert "planted" not in r.output  # logs/verifier reset at run, after what the agent left
+    assert gone(tag)
+    third = box.park(["true"])
+    box.close()  # a parked command that never ran ends with the sandbox
+    assert third.proc.poll() is not None
+
+
 def test_wall_clock_ends_the_trial(task, tmp_path, backend):
     limits = Limits(wall_seconds=1.5, memory_mb=1024)
     with open_sandbox(task, tmp_path, backend=backend, limits=limits) as b:
