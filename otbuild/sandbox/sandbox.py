@@ -61,6 +61,7 @@ class Sandbox:
         self._lock = threading.Lock()
         self._closed = False
         self._handed_out = 0  # argv()s given to callers and not adopted: kill_all scans /proc
+        self._survivors = False  # kill_all left processes behind (the uid is not released clean)
         self.deadline = time.monotonic() + self.limits.wall_seconds
         self._watchdog = threading.Timer(self.limits.wall_seconds, self.kill_all)
         self._watchdog.daemon = True
@@ -244,6 +245,7 @@ class Sandbox:
         left = kill_until_gone(find)
         if left:
             log.error("sandbox %s: processes survived kill_all: %s", root, sorted(left))
+            self._survivors = True
 
     def close(self) -> None:
         """Kill every process, release the trial uid; remove the root only if `cleanup`."""
@@ -254,7 +256,7 @@ class Sandbox:
         if self._handed_out or self._procs:  # run() leaves nothing behind; argv()'s may live on
             self.kill_all()
         self._closed = True
-        self._identity.release()
+        self._identity.release(clean=not self._survivors)
         if self._scratch:
             unmount_scratch(self.root, keep_files=not self._cleanup)
         if self._cleanup:
