@@ -218,6 +218,8 @@ class Sandbox:
                 scan_needed = True
         if scan_needed:
             self._kill_found(kept)
+            with self._lock:  # what the scan ended needs no second look
+                self._procs -= {p for p in known if p.poll() is not None}
         self._handed_out = 0
 
     def _kill_found(self, kept: subprocess.Popen | None) -> None:
