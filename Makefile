@@ -43,10 +43,11 @@ test-fast: setup  ## skip the slow end-to-end checks
 
 # every script in bench/ but tracegen.py (the trace generator scale.py uses); each runs in the
 # test suite at a small size (tests/test_bench_*.py)
-bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale
+bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale
 	$(PYTHON) bench/tables.py
 	$(PYTHON) bench/decontaminate.py
 	$(PYTHON) bench/sandbox.py
+	$(PYTHON) bench/concurrency.py
 	$(PYTHON) bench/sft.py
 	$(PYTHON) bench/sft_data.py
 	$(PYTHON) bench/llm_stages.py

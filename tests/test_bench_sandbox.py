@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from otbuild.sandbox import backend_problem
 
 ROOT = Path(__file__).resolve().parent.parent
+HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or ROOT / ".venv-harbor" / "bin" / "harbor")  # as bench/sandbox.py
 
 pytestmark = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
@@ -34,8 +36,8 @@ def test_bench_sandbox_tiny(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (ROOT / ".venv-harbor" / "bin" / "harbor").is_file(),
-                    reason="no .venv-harbor (make harbor-env): the Harbor side is not run")
+@pytest.mark.skipif(not HARBOR.is_file(),
+                    reason="no Harbor CLI ($OTBUILD_HARBOR or .venv-harbor: make harbor-env): the Harbor side is not run")
 def test_bench_sandbox_against_harbor_tiny(tmp_path):
     """With Harbor's CLI: both systems at concurrency 1 and the per-trial verdict between them."""
     proc = subprocess.run(

@@ -227,6 +227,31 @@ def test_agent_timeout_ends_the_trial_and_the_verifier_still_runs(tmp_path):
 
 
 @needs_sandbox
+def test_nothing_the_agent_started_reaches_the_verifier_and_the_agent_never_sees_tests(tmp_path):
+    """The verifier's sandbox is started with the trial (parked) and runs after the agent's
+    processes are gone: a detached writer the agent leaves behind does not survive into it, and
+    the tests are not there while the agent works."""
+    task = _task_with_test("a=$(wc -c < /app/beat); sleep 0.5; b=$(wc -c < /app/beat)\n"
+                           '[ "$a" = "$b" ] && echo 1 > /logs/verifier/reward.txt\n')
+    writer = ("(setsid nohup bash -c 'while :; do echo x >> /app/beat; echo 0.5 > /logs/verifier/reward.txt;"
+              " sleep 0.02; done' >/dev/null 2>&1 &)\n")
+    engine = ScriptedEngine([answer(writer, "sleep 0.2; ls /tests; echo listed=$?\n", duration=3),
+                             answer(complete=True), answer(complete=True)])
+    trace = _trial(task, engine, tmp_path)
+    assert "listed=2" in engine.seen[1][-1]["content"]  # no /tests while the agent works
+    assert trace["exception"] is None and trace["reward"] == 1.0, trace["metadata"]
+
+
+def _task_with_test(test_sh: str) -> TaskDir:
+    task = TaskDir("t")
+    task.add("instruction.md", "x")
+    task.add("task.toml", 'version = "1.0"\n')
+    task.add("environment/Dockerfile", "FROM ubuntu:24.04\nWORKDIR /app\n")
+    task.add("tests/test.sh", "#!/bin/bash\n" + test_sh, executable=True)
+    return task
+
+
+@needs_sandbox
 def test_engine_failure_is_an_infrastructure_exception(tmp_path):
     task = next(generate(1, 3)).task
     trace = _trial(task, ScriptedEngine([EngineError("503 after 5 retries")]), tmp_path)

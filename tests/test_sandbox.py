@@ -18,6 +18,7 @@ import pytest
 from otbuild.sandbox import (
     LayoutError,
     Limits,
+    SandboxError,
     backend_problem,
     head_tail,
     open_sandbox,
@@ -364,6 +365,42 @@ def test_kill_all_ends_processes_started_from_argv(box):
     assert gone(tag)
     for p in procs:  # the launchers end too (podman exec may report 0 for a killed session: seen
         p.wait(timeout=5)  # under load in CI, so only their ending is checked)
+
+
+def test_a_parked_command_survives_kill_all_keep_and_runs_with_its_tests(local_box):
+    box = local_box
+    tag = str(700000 + os.getpid() % 10000)
+    held = box.park(["bash", "-c", f"ls /tests; cat /logs/verifier/x 2>&1; sleep 0.{tag} &"], with_tests=True)
+    other = box.park(["sleep", f"{tag}9"])
+    box.run(f"mkdir -p /logs/verifier && echo planted > /logs/verifier/x; sleep {tag}1 &", timeout=10)
+    box.kill_all(keep=held)  # ends `other`, not `held`
+    assert other.proc.poll() is not None and held.proc.poll() is None
+    r = held.run(timeout=20)
+    assert r.exit_code == 0 and "test.sh" in r.output, r.output  # the tests were copied in at run
+    assert "planted" not in r.output  # logs/verifier reset at run, after what the agent left
+    assert gone(tag)
+    third = box.park(["true"])
+    box.close()  # a parked command that never ran ends with the sandbox
+    assert third.proc.poll() is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="trial uids are allocated as root only")
+def test_a_uid_released_clean_is_taken_again_without_a_proc_scan(monkeypatch, tmp_path):
+    from otbuild.sandbox import identity
+
+    monkeypatch.setattr(identity, "LOCK_DIR", tmp_path / "uids")
+    monkeypatch.setattr(identity, "UID_RANGE", 1)  # one uid: every acquire takes it again
+    scans, live = [], []
+    monkeypatch.setattr(identity, "pids_of_uid", lambda uid: scans.append(uid) or live)
+    first = identity.acquire()
+    first.release(clean=True)
+    again = identity.acquire()
+    assert again.uid == first.uid and scans == []  # released clean: no scan
+    again.release()  # not clean (a crashed run's): the next one looks for leftovers
+    live.append(12345)
+    with pytest.raises(SandboxError, match="no free sandbox uid"):
+        identity.acquire()  # a process of it is left: not handed out
+    assert scans == [first.uid]
 
 
 def test_wall_clock_ends_the_trial(task, tmp_path, backend):

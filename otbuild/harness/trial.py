@@ -18,10 +18,12 @@ counts, a reasoning parser's text) comes from the completions.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,6 +84,22 @@ CONTEXT_EXCEEDED = "context_length_exceeded"  # the next request would not fit t
 DISK_EXCEEDED = "disk_limit_exceeded"  # the trial wrote storage_mb: a failed task, unverified
 
 
+class TrialThread:
+    """A trial's own thread for its blocking calls (the sandbox's start, terminal reads, the
+    verifier, the end of its processes): no trial waits for a thread another trial holds, at
+    any concurrency (asyncio's shared default pool has min(32, CPUs + 4) threads, fewer than a
+    rollout's trials in flight, and a terminal read holds one for its command's duration)."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="otbuild-trial")
+
+    def __call__(self, fn, *args, **kwargs):
+        return asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)  # a cancelled trial's call ends on its own
+
+
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
                     *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
     started, t0 = datetime.now(UTC), time.monotonic()
@@ -91,25 +109,27 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     reward = exception = failure = stop = None
     details: dict = {}
     agent_timeout = verifier_timeout = 0.0
+    thread = TrialThread()
     try:
         config = task_config(task)  # a task.toml Harbor would refuse is this trial's exception
         agent_timeout, verifier_timeout = trial_timeouts(config, settings)
         # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
         limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
         # in a thread: podman may build the task's image first
-        with await asyncio.to_thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
+        with await thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
+            verifier = await thread(_park_verifier, box, config.verifier.env)  # started now, run after the agent
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions,
-                                    seed_key=f"{run_id}:{task_id}:{sample_idx}")
+                                    seed_key=f"{run_id}:{task_id}:{sample_idx}", keep=verifier, thread=thread)
             except ContextLengthExceededError as e:
                 stop, failure, details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
             finally:
-                box.kill_all()  # nothing the agent started survives into the verifier
+                box.kill_all(keep=verifier)  # nothing the agent started survives into the verifier
             if stop == CONTEXT_EXCEEDED:
                 reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
             elif not box.disk_exceeded:
-                reward, extra = await _verify(box, verifier_timeout, config.verifier.env)
+                reward, extra = await _verify(box, verifier_timeout, config.verifier.env, verifier, thread)
                 details.update(extra)
             if box.disk_exceeded:  # the trial filled its writable space: everything was killed
                 stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
@@ -118,20 +138,38 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     except INFRASTRUCTURE_ERRORS as e:
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
+    finally:
+        thread.close()
     return _trace_row(task, task_id, engine, started, t0, _conversation(messages, completions, settings),
                       completions, reward, exception, {"stop_reason": stop, "verifier_timeout_sec": verifier_timeout,
                                                        **details}, stop == TIMEOUT,
                       agent_timeout, sample_idx, run_id, source, failure=failure)
 
 
-async def _verify(box, timeout: float, env: dict[str, str]) -> tuple[float | None, dict]:
-    """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
+VERIFIER = ["bash", "/tests/test.sh"]
+
+
+def _park_verifier(box, env: dict[str, str]):
+    """The verifier's sandbox, started now and held until `_verify` (Sandbox.park); None where
+    the backend holds none or the task's verifier env cannot be resolved (`_verify` says why)."""
     try:
         env = resolve_env(env, os.environ)
-    except KeyError as e:
-        raise VerifierEnvError(e.args[0]) from None
-    result = await asyncio.to_thread(box.run, ["bash", "/tests/test.sh"], timeout=timeout, with_tests=True,
-                                     env=env)
+    except KeyError:
+        return None
+    return box.park(VERIFIER, with_tests=True, env=env)
+
+
+async def _verify(box, timeout: float, env: dict[str, str], parked, thread: TrialThread
+                  ) -> tuple[float | None, dict]:
+    """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
+    if parked is not None:
+        result = await thread(parked.run, timeout)
+    else:
+        try:
+            env = resolve_env(env, os.environ)
+        except KeyError as e:
+            raise VerifierEnvError(e.args[0]) from None
+        result = await thread(box.run, VERIFIER, timeout=timeout, with_tests=True, env=env)
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:
@@ -213,14 +251,16 @@ def request_seed(seed_key: str, turn: int) -> int:
 
 
 async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: float,
-                 messages: list[dict], completions: list[Completion], seed_key: str = "") -> str:
+                 messages: list[dict], completions: list[Completion], *, seed_key: str, keep,
+                 thread: TrialThread) -> str:
     """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
-    a context overflow raises ContextLengthExceededError."""
+    a context overflow raises ContextLengthExceededError. `keep`: the parked verifier, which
+    ending the terminal leaves be."""
     deadline = time.monotonic() + timeout
     style = protocol.prompt_style(settings.prompt)
-    term = await asyncio.to_thread(_open_terminal, box)
+    term = await thread(_open_terminal, box)
     try:
-        screen = await asyncio.to_thread(term.read, SETTLE_SECONDS)
+        screen = await thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
         pending_complete = False
         for turn in range(settings.trials.max_episodes):
@@ -244,7 +284,7 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
                 continue
             if answer.task_complete and pending_complete:
                 return DONE
-            output = await _execute(term, answer.commands, deadline)
+            output = await _execute(term, answer.commands, deadline, thread)
             if not term.alive:
                 messages.append({"role": "user", "content": style.observation_reply(output)})
                 return SHELL_EXITED
@@ -257,26 +297,34 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
             messages.append({"role": "user", "content": reply})
         return OUT_OF_EPISODES
     finally:
-        await asyncio.to_thread(term.close)
+        await thread(_close_terminal, box, term, keep)
 
 
 def _open_terminal(box) -> Terminal:
     try:
-        return Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
+        term = Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
     except OSError as e:  # no pty or no fork left on the host
         raise SandboxError(f"could not start the agent's terminal: {e}") from e
+    box.adopt(term.proc)  # kill_all ends it with its pid namespace: no /proc scan
+    return term
 
 
-async def _execute(term: Terminal, commands: list[protocol.Command], deadline: float) -> str:
+def _close_terminal(box, term: Terminal, keep=None) -> None:
+    """Everything the agent started ends with the terminal's namespace (kill_all), then the pty."""
+    box.kill_all(keep=keep)
+    term.close()
+
+
+async def _execute(term: Terminal, commands: list[protocol.Command], deadline: float, thread: TrialThread) -> str:
     out = []
     for c in commands:
         left = deadline - time.monotonic()
         if left <= 0:
             break
         term.send(c.keystrokes)
-        out.append(await asyncio.to_thread(term.read, min(c.duration, left)))
+        out.append(await thread(term.read, min(c.duration, left)))
     if not commands:  # nothing to run: what the terminal already shows (as tmux would capture)
-        out.append(await asyncio.to_thread(term.read, 0.005, False))
+        out.append(term.read(0, False))
     return protocol.cap_output("".join(out))
 
 

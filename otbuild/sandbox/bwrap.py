@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 
-from otbuild.sandbox.hostfs import SHM_BYTES, SHM_MODE
+from otbuild.sandbox.hostfs import SHM_BYTES, SHM_MODE, Mount, system_mounts
 from otbuild.sandbox.spec import Invocation
 
 BWRAP = "bwrap"
@@ -18,8 +18,11 @@ def available() -> str | None:
     path = shutil.which(BWRAP)
     if path is None:
         return "bwrap is not installed (apt-get install bubblewrap)"
+    # the system dirs a trial binds, not all of /: a recursive bind of / fails now and then on a
+    # host where other trials' tmpfs roots come and go ("Unable to apply mount flags"), and one
+    # failed probe would send this whole process to the unshare backend
     try:
-        proc = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid",
+        proc = subprocess.run([path, *_mount_args(system_mounts()), "--unshare-net", "--unshare-pid",
                                *_userns(), "true"], check=False, capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap does not run: {e}"
@@ -38,6 +41,17 @@ def _supports(flag: str) -> bool:
     return flag in proc.stdout
 
 
+def _mount_args(mounts: list[Mount]) -> list[str]:
+    a = []
+    for m in mounts:
+        if m.kind == "dir":
+            a += ["--dir", m.dest]
+            continue
+        flag = {"ro": "--ro-bind", "rw": "--bind", "symlink": "--symlink"}[m.kind]
+        a += [flag, m.src, m.dest]
+    return a
+
+
 def argv(inv: Invocation) -> list[str]:
     a = [shutil.which(BWRAP) or BWRAP, "--unshare-net", "--unshare-pid", "--unshare-ipc",
          "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--clearenv",
@@ -46,12 +60,7 @@ def argv(inv: Invocation) -> list[str]:
         a += ["--unshare-user"] + (["--disable-userns"] if _supports("--disable-userns") else [])
     if not inv.tty:
         a.append("--new-session")
-    for m in inv.mounts:
-        if m.kind == "dir":
-            a += ["--dir", m.dest]
-            continue
-        flag = {"ro": "--ro-bind", "rw": "--bind", "symlink": "--symlink"}[m.kind]
-        a += [flag, m.src, m.dest]
+    a += _mount_args(inv.mounts)
     a += ["--proc", "/proc", "--dev", "/dev"]
     # bwrap's own /dev/shm is root's, 0755: a tmpfs the trial's uid can write instead
     size = ["--size", str(SHM_BYTES)] if _supports("--size") else []  # bwrap >= 0.8

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from otbuild.sandbox.errors import SandboxError
 
+CLEAN = b"clean"  # a lock file's content when its last trial left no process behind
 UID_BASE = 2_000_000
 UID_RANGE = 100_000
 LOCK_DIR = Path("/tmp/otbuild-sandbox-uids")
@@ -39,8 +40,12 @@ class Identity:
         return ["/usr/bin/setpriv", *(ids if self.privileged else []),
                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
 
-    def release(self) -> None:
+    def release(self, clean: bool = False) -> None:
+        """Give the uid back; `clean`: none of its processes is left (the sandbox saw them all
+        end), so the next trial to take it need not scan /proc for leftovers."""
         if self._lock is not None:
+            if clean:
+                os.pwrite(self._lock, CLEAN, 0)
             os.close(self._lock)
             self._lock = None
 
@@ -62,9 +67,11 @@ def acquire() -> Identity:
         except BlockingIOError:
             os.close(fd)
             continue
-        if not fresh and _uid_in_use(uid):  # a leftover of a crashed run: do not share it
+        # a uid released without CLEAN (a crashed run's) may have processes left: not shared then
+        if not fresh and os.pread(fd, len(CLEAN), 0) != CLEAN and _uid_in_use(uid):
             os.close(fd)
             continue
+        os.ftruncate(fd, 0)  # in use: a crash from here on leaves it unclean
         return Identity(uid, uid, privileged=True, _lock=fd)
     raise SandboxError("no free sandbox uid")
 

@@ -300,9 +300,10 @@ class PodmanSandbox(Sandbox):
         self.network = network
 
     # -- the end ------------------------------------------------------------------------
-    def kill_all(self) -> None:
+    def kill_all(self, keep=None) -> None:
         """SIGKILL every process in the container but the two that keep it up, and the
-        `podman exec` clients on the host; return when none is left."""
+        `podman exec` clients on the host; return when none is left (`keep`: podman parks
+        nothing)."""
         def find() -> set[int]:
             with self._lock:
                 clients = {p.pid for p in self._procs if p.poll() is None}

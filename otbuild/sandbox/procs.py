@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 
@@ -70,6 +71,35 @@ def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
+
+
+def end_namespace(launcher: subprocess.Popen, timeout: float = 10.0) -> bool:
+    """End a sandbox launcher whose child is the init of a pid namespace (bwrap; `unshare
+    --fork`) and every process in that namespace, without scanning /proc: SIGKILL the init
+    (the kernel then kills everything in its namespace, and the init exits only once all of it
+    is gone), then wait for the launcher, which exits when its init has. True when the
+    namespace is shown gone so; False when it cannot be (the launcher was killed before its
+    init, or has no child yet, or did not exit in `timeout`): the caller scans instead."""
+    if launcher.poll() is not None:  # ended on its own: after its init, so after its namespace
+        return launcher.returncode >= 0
+    try:
+        with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+            inits = [int(p) for p in f.read().split()]
+    except OSError:
+        inits = []
+    for pid in inits:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if not inits:
+        launcher.kill()
+    try:
+        launcher.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        return False
+    return bool(inits)
 
 
 def owner(pid: int | None = None) -> str:

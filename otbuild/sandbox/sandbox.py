@@ -21,7 +21,7 @@ from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, write_subtree
 from otbuild.settings.limits import Limits
 from otbuild.sandbox.output import read_bounded
-from otbuild.sandbox.procs import descendants, kill_until_gone, pids_with_env, scan
+from otbuild.sandbox.procs import descendants, end_namespace, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation
 from otbuild.tasks.taskdir import TaskDir
 
@@ -60,7 +60,8 @@ class Sandbox:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._handed_out = False  # argv() was given to a caller: kill_all is needed at close
+        self._handed_out = 0  # argv()s given to callers and not adopted: kill_all scans /proc
+        self._survivors = False  # kill_all left processes behind (the uid is not released clean)
         self.deadline = time.monotonic() + self.limits.wall_seconds
         self._watchdog = threading.Timer(self.limits.wall_seconds, self.kill_all)
         self._watchdog.daemon = True
@@ -90,20 +91,24 @@ class Sandbox:
              env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
         """The host argv that runs `command` in the sandbox, limits applied. For callers
         that run the process themselves (`tty=True` keeps the controlling terminal, for
-        `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`."""
-        self._handed_out = True
+        `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`;
+        `adopt` the process started from it, and kill_all needs no /proc scan."""
+        self._handed_out += 1
         return self._argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
 
     def _argv(self, command: list[str], *, with_tests: bool = False, cwd: str | None = None,
               env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
+        self._check_open()
+        if with_tests:
+            self._ensure_tests()
+        return self._command_argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
+
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("sandbox is closed")
         if time.monotonic() >= self.deadline:
             raise WallClockExceeded(f"trial {self.root.name}: its wall clock "
                                f"({self.limits.wall_seconds:g}s) ran out")
-        if with_tests:
-            self._ensure_tests()
-        return self._command_argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
 
     def _command_argv(self, command: list[str], *, with_tests: bool, cwd: str | None,
                       env: dict[str, str] | None, tty: bool) -> list[str]:
@@ -130,16 +135,40 @@ class Sandbox:
         start = time.monotonic()
         if start >= self.deadline:
             return RunResult(-9, "[the trial's wall clock ran out]\n", True, False, 0.0)
-        args = self._argv(command, with_tests=with_tests, cwd=cwd, env=env)
-        deadline = min(start + timeout, self.deadline)
+        proc = self._spawn(self._argv(command, with_tests=with_tests, cwd=cwd, env=env))
+        return self._wait(proc, start, timeout)
+
+    def park(self, command: list[str], *, with_tests: bool = False, env: dict[str, str] | None = None
+             ) -> Parked | None:
+        """Start `command`'s sandbox now, held before the command itself runs, until
+        `Parked.run`: what starting a command costs (namespaces, mounts, the limits and uid
+        prefix) is paid while something else runs (the harness parks the verifier while the
+        agent works). Its tests (`with_tests`) are copied in and logs/verifier reset only when
+        it runs. `kill_all(keep=...)` can leave it be; `close` ends it. None where a backend
+        cannot hold one (podman, none): use `run`."""
+        if self.backend not in ("bwrap", "unshare"):
+            return None
+        self._check_open()
+        if with_tests:
+            (self.root / "tests").mkdir(exist_ok=True)  # bound now, filled at run
+        held = ["/bin/sh", "-c", 'read -r _ && exec "$@"', "parked", *command]
+        proc = self._spawn(self._command_argv(held, with_tests=with_tests, cwd=None, env=env, tty=False),
+                           stdin=subprocess.PIPE)
+        return Parked(self, proc, with_tests)
+
+    def _spawn(self, args: list[str], stdin=subprocess.DEVNULL) -> subprocess.Popen:
         try:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={"PATH": PATH}, cwd=self.root)
+            proc = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env={"PATH": PATH}, cwd=self.root)
         except OSError as e:  # no fork, no pipe: the host is out of something
             raise SandboxError(f"trial {self.root.name}: could not start {args[0]}: {e}") from e
         with self._lock:
             self._procs.add(proc)
+        return proc
+
+    def _wait(self, proc: subprocess.Popen, start: float, timeout: float) -> RunResult:
+        """run()'s end: `proc`'s output until it ends, the timeout, or the output cap."""
+        deadline = min(start + timeout, self.deadline)
         try:
             data, over, timed_out = read_bounded(proc.stdout.fileno(), self.limits.output_bytes,
                                                  deadline)
@@ -162,10 +191,41 @@ class Sandbox:
             text += f"\n[output truncated at {len(data)} bytes; command killed]\n"
         return RunResult(proc.returncode, text, timed_out, over, time.monotonic() - start)
 
+    def adopt(self, proc: subprocess.Popen) -> None:
+        """`proc` is the process the caller started from an `argv()` of this sandbox (its
+        launcher): `kill_all` and `close` end it and every process of its pid namespace."""
+        with self._lock:
+            self._procs.add(proc)
+            self._handed_out = max(0, self._handed_out - 1)
+
     # -- the end ------------------------------------------------------------------------
-    def kill_all(self) -> None:
+    def kill_all(self, keep: Parked | None = None) -> None:
         """SIGKILL every process of the trial, including those started from `argv()`, and
-        return when none is left."""
+        return when none is left; but `keep`, a parked command that has not run (nothing of
+        the trial has run in it). The launchers it knows (run()'s, adopted ones) each end
+        with their pid namespace (`end_namespace`: no /proc scan); only when an argv() was
+        handed out and not adopted, or without a pid namespace (`none`), or when a launcher
+        cannot be shown to have taken its namespace with it, does it scan /proc."""
+        kept = keep.proc if keep is not None and not keep.started else None
+        with self._lock:
+            known = [p for p in self._procs if p is not kept]
+        scan_needed = self._handed_out > 0 or self.backend == "none"
+        for proc in known:
+            if end_namespace(proc):
+                with self._lock:
+                    self._procs.discard(proc)
+            else:
+                scan_needed = True
+        if scan_needed:
+            self._kill_found(kept)
+            with self._lock:  # what the scan ended needs no second look
+                self._procs -= {p for p in known if p.poll() is not None}
+        self._handed_out = 0
+
+    def _kill_found(self, kept: subprocess.Popen | None) -> None:
+        """kill_all by /proc: the launchers found by the trial root in their argv, what is
+        below them and (as root) every process of the trial uid, until none is left; but
+        `kept` and what is below it."""
         root = str(self.root)
         marker = root + "/"
 
@@ -175,17 +235,19 @@ class Sandbox:
                     and os.path.basename(args[0]) in LAUNCHERS and any(marker in a for a in args)}
             with self._lock:
                 tops |= {p.pid for p in self._procs if p.poll() is None}
+            if kept is not None:
+                tops.discard(kept.pid)
             found = descendants(tops, table) & table.keys()
             if self.backend == "none":
                 found |= pids_with_env(f"OTBUILD_SANDBOX_ROOT={root}".encode())
             if self._identity.privileged and self.backend != "none":
                 found |= set(pids_of_uid(self._identity.uid))
-            return found
+            return found - (descendants([kept.pid], table) if kept is not None else set())
 
         left = kill_until_gone(find)
         if left:
             log.error("sandbox %s: processes survived kill_all: %s", root, sorted(left))
-        self._handed_out = False
+            self._survivors = True
 
     def close(self) -> None:
         """Kill every process, release the trial uid; remove the root only if `cleanup`."""
@@ -193,10 +255,10 @@ class Sandbox:
             return
         self._watchdog.cancel()
         self._disk.stop()
-        if self._handed_out:  # run() leaves nothing behind; what argv() started may live on
+        if self._handed_out or self._procs:  # run() leaves nothing behind; argv()'s may live on
             self.kill_all()
         self._closed = True
-        self._identity.release()
+        self._identity.release(clean=not self._survivors)
         if self._scratch:
             unmount_scratch(self.root, keep_files=not self._cleanup)
         if self._cleanup:
@@ -225,6 +287,30 @@ class Sandbox:
         if self._identity.privileged and self.backend != "none":
             os.chown(verifier, self._identity.uid, self._identity.gid)
         self._tests_ready = True
+
+
+class Parked:
+    """A command whose sandbox is up, held before the command itself (`Sandbox.park`)."""
+
+    def __init__(self, box: Sandbox, proc: subprocess.Popen, with_tests: bool):
+        self.box, self.proc, self.with_tests = box, proc, with_tests
+        self.started = False
+
+    def run(self, timeout: float) -> RunResult:
+        """Let the command run, as `Sandbox.run` would have started it now."""
+        box, start = self.box, time.monotonic()
+        self.started = True
+        if start >= box.deadline or box._closed:
+            box.kill_all()
+            return RunResult(-9, "[the trial's wall clock ran out]\n", True, False, 0.0)
+        if self.with_tests:
+            box._ensure_tests()
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:  # it ended meanwhile: _wait reports how
+            pass
+        return box._wait(self.proc, start, timeout)
 
 
 def reset_verifier(root: Path) -> Path:
