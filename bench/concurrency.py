@@ -72,9 +72,9 @@ def child(args) -> None:
     import asyncio
 
     from otbuild.engines.openai import OpenAIEngine
-    from otbuild.engines.settings import LLM
+    from otbuild.settings.engines import LLM
     from otbuild.harness.trial import TrialSettings, run_trial
-    from otbuild.recipe.trials import Trials
+    from otbuild.settings.trials import Trials
     from sandbox import make_task  # bench/sandbox.py's task
 
     c = args.child
