@@ -9,7 +9,8 @@ from rich.table import Table
 
 from otbuild.estimate.run import Estimate
 from otbuild.estimate.span import Span
-from otbuild.report.charts import duration, num
+from otbuild.progress import duration
+from otbuild.report.charts import num
 
 SHOWN = 8  # assumptions shown, those that move the total most first
 
