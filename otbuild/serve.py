@@ -6,7 +6,7 @@ temperature is 0; `structured_outputs: {regex: ...}` constrains the answer to a 
 expression, as vLLM's does: otbuild/engines/guided.py; `usage` token counts; a request over the model's context
 window is a 400 that says so, as vLLM's; served under a reasoning model's name, e.g. gpt-5-nano,
 it refuses `max_tokens` and non-default sampling knobs as OpenAI's API does:
-otbuild/engines/request_policy.py), GET /v1/models, GET /health. Prints
+otbuild/engines/request_policy.py), GET /v1/models, GET /health, GET /version (transformers'). Prints
 `otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
 """
 
@@ -169,6 +169,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             self._send(200, {"status": "ok"})
+        elif self.path == "/version":  # the engine's, as vLLM answers its own
+            import transformers
+
+            self._send(200, {"version": transformers.__version__})
         elif self.path == "/v1/models":
             name = self.server.served_model_name
             self._send(200, {"object": "list", "data": [

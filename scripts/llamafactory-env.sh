@@ -11,11 +11,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pinned-env.sh
 
-# torch first, so llamafactory's dependency on it does not pull another build; TORCH_INDEX
-# (e.g. https://download.pytorch.org/whl/cpu) where no local wheel or mirror has the CPU one
-cpu_torch() {
-    "$1/bin/python" -c "import torch" 2>/dev/null || \
-        "$1/bin/python" -m pip install -q --disable-pip-version-check "${TORCH:-torch==2.13.0}" \
-            ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} 2>&1 | grep -v "^WARNING: Location" || true
-}
 pinned_env llamafactory cpu_torch

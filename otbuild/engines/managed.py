@@ -1,21 +1,35 @@
-"""Engines that start their own server: the openai engine over a child process."""
+"""Engines that start their own server: the openai engine over a child process.
+
+A server that dies while the engine is open (its process killed, a crashed engine core) is
+noticed by the client before it retries, so no request waits on a dead port: the requests in
+flight fail with ServerDiedError (an infrastructure failure of their trials, retried as the
+stage's failure policy says) and the next request starts the server again, up to the launch
+options' `max_restarts`; after that the engine is gone and every request raises EndpointError,
+which stops the stage naming the server's log tail.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-from otbuild.engines.base import Completion
+import httpx
+
+from otbuild.engines.base import Completion, EngineError
+from otbuild.engines.endpoint import EndpointError
 from otbuild.engines.openai import OpenAIEngine
-from otbuild.engines.process import install_sigterm_cleanup
+from otbuild.engines.process import ServerProcess, install_sigterm_cleanup
 from otbuild.settings.engines import LLM, client_settings
+
+
+class ServerDiedError(EngineError):
+    """The engine's own server exited while it was being asked (the client's retries stop)."""
 
 
 class ManagedServerEngine:
     """Starts the server on first use (or `async with`), stops it on `aclose()`.
 
-    Subclasses set `name`, `default_provider` and implement `_launch() -> (base_url, stop)`,
-    which blocks until the server is healthy and cleans up after itself when it fails.
+    Subclasses set `name`, `default_provider` and implement `_launch() -> (base_url, server)`,
+    which blocks until the server is healthy and stops it when it fails to get there.
     """
 
     name = ""
@@ -28,35 +42,65 @@ class ManagedServerEngine:
         self.model = self.client_settings.model
         self.provider = settings.provider or self.default_provider
         self.base_url: str | None = None
+        self.version: str | None = None  # the engine's release, as its server says (GET /version)
+        self.restarts = 0  # times the server was started again after it died
         self._client: OpenAIEngine | None = None
-        self._stop: Callable[[], None] | None = None
+        self._server: ServerProcess | None = None
+        self._gone: EndpointError | None = None
         self._lock = asyncio.Lock()
 
-    def _launch(self) -> tuple[str, Callable[[], None]]:
+    def _launch(self) -> tuple[str, ServerProcess]:
         raise NotImplementedError
+
+    def died(self) -> str | None:
+        """Why the server is not there any more (its exit code and log tail); None while it runs."""
+        server = self._server
+        code = server.exit_code() if server is not None else None
+        if code is None:
+            return None
+        return f"{self.name}: the server exited with code {code}; log {server.log_path}, last lines:\n" \
+               f"{server.log_tail()}"
 
     async def start(self) -> None:
         async with self._lock:
+            if self._gone is not None:
+                raise self._gone
             if self._client is not None:
-                return
+                why = self.died()
+                if why is None:
+                    return
+                await self._close()
+                if self.restarts >= self.options.max_restarts:
+                    self._gone = EndpointError(f"the server died {self.restarts + 1} time(s), more than "
+                                               f"max_restarts ({self.options.max_restarts}) allows: {why}")
+                    raise self._gone
+                self.restarts += 1
             install_sigterm_cleanup()  # here: signal handlers need the main thread
-            self.base_url, self._stop = await asyncio.to_thread(self._launch)
+            self.base_url, self._server = await asyncio.to_thread(self._launch)
+            self.version = await asyncio.to_thread(_version, self.base_url.removesuffix("/v1"))
             self._client = OpenAIEngine(self.client_settings, base_url=self.base_url, name=self.name,
-                                        provider=self.provider, trust_env=False)
+                                        provider=self.provider, trust_env=False, alive=self._alive)
+
+    def _alive(self) -> None:
+        if (why := self.died()) is not None:
+            raise ServerDiedError(why)
 
     async def complete(self, messages: list[dict], **kw) -> Completion:
         await self.start()
         return await self._client.complete(messages, **kw)
 
-    async def aclose(self) -> None:
-        client, stop = self._client, self._stop
-        self._client = self._stop = None
+    async def _close(self) -> None:
+        client, server = self._client, self._server
+        self._client = self._server = None
         try:
             if client is not None:
                 await client.aclose()
         finally:
-            if stop is not None:
-                await asyncio.to_thread(stop)
+            if server is not None:
+                await asyncio.to_thread(server.stop)
+
+    async def aclose(self) -> None:
+        await self._close()
 
     async def __aenter__(self):
         await self.start()
@@ -64,3 +108,11 @@ class ManagedServerEngine:
 
     async def __aexit__(self, *exc):
         await self.aclose()
+
+
+def _version(root: str) -> str | None:
+    try:
+        r = httpx.get(f"{root}/version", timeout=10.0, trust_env=False)
+        return str(r.json()["version"]) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None

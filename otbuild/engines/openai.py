@@ -1,7 +1,8 @@
 """The `openai` engine: any OpenAI-compatible chat endpoint over httpx (no SDK).
 
 Bounded concurrency (one semaphore per engine), retries with exponential backoff and jitter on
-transport errors, timeouts, 429 and 5xx; other 4xx fail at once. Failures raise EngineError;
+transport errors, timeouts, 429 and 5xx; other 4xx fail at once; no retry when `alive` says the
+server behind `base_url` is gone (a managed server, otbuild/engines/managed.py). Failures raise EngineError;
 a request the model's context window cannot hold raises its subclass ContextLengthExceededError.
 """
 
@@ -11,6 +12,7 @@ import asyncio
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 
 import httpx
 
@@ -40,6 +42,7 @@ class OpenAIEngine:
         name: str | None = None,
         provider: str = "openai",
         trust_env: bool = True,
+        alive: Callable[[], None] | None = None,
     ):
         self.settings = settings
         self.base_url = (base_url or settings.base_url or "").rstrip("/")
@@ -57,6 +60,7 @@ class OpenAIEngine:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._sem = asyncio.Semaphore(concurrency(settings))
         self._trust_env = trust_env
+        self._alive = alive or (lambda: None)  # raises when the server behind base_url is gone
         self._client: httpx.AsyncClient | None = None
         self.stats: Counter = Counter()  # requests, retries, errors, usage_missing
 
@@ -95,8 +99,10 @@ class OpenAIEngine:
         last, status, retry_after = "", None, None
         for attempt in range(attempts):
             if attempt:
+                self._alive()  # a managed server that died: no retry waits on its port
                 self.stats["retries"] += 1
                 await asyncio.sleep(self._delay(attempt, retry_after))
+                self._alive()
             retry_after = None
             self.stats["requests"] += 1
             try:
@@ -114,6 +120,7 @@ class OpenAIEngine:
                 raise error(f"{self._who()} rejected the request ({last})", status=status)
             retry_after = _seconds(r.headers.get("retry-after"))
         self.stats["errors"] += 1
+        self._alive()
         raise EngineError(
             f"{self._who()}: no answer after {attempts} attempt(s); last error: {last}", status=status
         )

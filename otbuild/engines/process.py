@@ -1,14 +1,18 @@
 """A model server in a child process: started in its own process group, awaited until healthy,
-and stopped with all its children: on close, on failure, at exit and on SIGTERM."""
+and stopped with all its children: on close, on failure, at exit, on SIGTERM, and when the
+process that started it dies by any means (kill -9 included: otbuild/engines/guard.py leads the
+server's group). Each server gets a temporary dir of its own (TMPDIR), removed with it."""
 
 from __future__ import annotations
 
 import atexit
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -20,10 +24,12 @@ from otbuild.engines.base import EngineError
 
 _LIVE: set[ServerProcess] = set()
 _LIVE_LOCK = threading.Lock()
+GUARD = Path(__file__).with_name("guard.py")
 
 
 class ServerProcess:
-    """`argv` run with stdout+stderr to `log_path` (a temporary file when None)."""
+    """`argv` run with stdout+stderr to `log_path` (a temporary file when None), under the guard
+    (its process group ends with the process that started it)."""
 
     def __init__(self, argv: list[str], *, name: str, log_path: str | Path | None = None,
                  env: dict | None = None):
@@ -33,18 +39,21 @@ class ServerProcess:
             os.close(fd)
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
+        self.tmpdir: str | None = None
 
     def start(self) -> ServerProcess:
         install_sigterm_cleanup()
+        if shutil.which(self.argv[0], path=(self.env or os.environ).get("PATH")) is None:
+            raise EngineError(f"{self.name}: cannot run {self.argv[0]!r}: no such executable")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmpdir = tempfile.mkdtemp(prefix=f"otbuild-{self.name.replace(' ', '-')}-")
+        env = {**(os.environ if self.env is None else self.env), "TMPDIR": self.tmpdir}
         with open(self.log_path, "ab") as log:
-            try:
-                self.proc = subprocess.Popen(
-                    self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.env, start_new_session=True,
-                )
-            except OSError as e:
-                raise EngineError(f"{self.name}: cannot run {self.argv[0]!r}: {e}") from e
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(GUARD), str(os.getpid()), self.tmpdir, "--", *self.argv],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+            )
         with _LIVE_LOCK:
             _LIVE.add(self)
         return self
@@ -52,6 +61,10 @@ class ServerProcess:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def exit_code(self) -> int | None:
+        """None while it runs (or before it started); its exit code once it ended."""
+        return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -101,15 +114,17 @@ class ServerProcess:
         with _LIVE_LOCK:
             _LIVE.discard(self)
         proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        _killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        _killpg(proc.pid, signal.SIGKILL)  # children that outlived their parent, too
-        proc.wait()
+        if proc is not None:
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            _killpg(proc.pid, signal.SIGKILL)  # children that outlived the server (or its crash), too
+            proc.wait()
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -79,11 +79,14 @@ def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384, t
                     special_tokens: list[str] | None = None, hidden_size: int = 32,
                     intermediate_size: int = 64, num_hidden_layers: int = 2,
                     num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                    max_position_embeddings: int = 1024, tokenizer: str = "bytelevel") -> Path:
+                    max_position_embeddings: int = 1024, tokenizer: str = "bytelevel",
+                    head_dim: int | None = None) -> Path:
     """Write a model dir (config, weights, tokenizer, chat template) to `dest`; return it.
 
     `texts` (default: `corpus()`) trains the tokenizer (`tokenizer`: its kind, see
-    `train_tokenizer`); `arch` is "qwen2" or "qwen3"."""
+    `train_tokenizer`); `arch` is "qwen2" or "qwen3"; `head_dim` (qwen3; None:
+    hidden_size // num_attention_heads) is the attention heads' width, which vLLM's kernels
+    must support (VLLM_HEAD_DIMS in otbuild/settings/train.py)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -93,7 +96,7 @@ def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384, t
                           kind=tokenizer)
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
-    extra = {"head_dim": hidden_size // num_attention_heads} if arch == "qwen3" else {}
+    extra = {"head_dim": head_dim or hidden_size // num_attention_heads} if arch == "qwen3" else {}
     config = config_cls(
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,

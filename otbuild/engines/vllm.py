@@ -1,30 +1,49 @@
-"""The `vllm` engine: `vllm serve MODEL` on this GPU node (through its CLI only: vLLM brings
-its own CUDA torch; the tested release is pyproject's `vllm` extra), on a free port, and the
-openai engine pointed at it. tests/test_vllm_contract.py checks these command lines and the
-request bodies against that release's own parser and request models."""
+"""The `vllm` engine: `vllm serve MODEL` on this node (through its CLI only: vLLM brings its
+own torch; the tested release is pyproject's `vllm` extra, its CUDA build on a GPU node and its
+CPU build elsewhere: scripts/vllm-env.sh), on a free port, and the openai engine pointed at it.
+tests/test_vllm_contract.py checks these command lines and the request bodies against that
+release's own parser and request models; tests/test_vllm_live.py runs them on the real server."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
-from collections.abc import Callable
+from pathlib import Path
 
+from otbuild.engines.base import EngineError
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess, free_port
 from otbuild.engines.model_config import check_fits_model
-from otbuild.settings.engines import LLM
+from otbuild.settings.engines import LLM, VLLMOptions
+
+# where `make setup` puts vLLM (scripts/vllm-env.sh): the project's, or this checkout's
+VENV_VLLM = Path(".venv-vllm", "bin", "vllm")
+CHECKOUT_VLLM = Path(__file__).resolve().parents[2] / VENV_VLLM
+
+
+def vllm_executable(s: VLLMOptions) -> str | None:
+    """The `vllm` to run: `vllm_executable` when set, else `vllm` on PATH, else the project's
+    (the working directory's) .venv-vllm, else that of the otbuild checkout; None: none there."""
+    if s.vllm_executable:
+        return s.vllm_executable
+    found = shutil.which("vllm")
+    if found:
+        return found
+    return next((str(p.absolute()) for p in (VENV_VLLM, CHECKOUT_VLLM) if os.access(p, os.X_OK)), None)
 
 
 def vllm_command(llm: LLM, port: int) -> list[str]:
     """The `vllm serve` command line for this engine section (options left unset are not passed)."""
     s = llm.launch
-    cmd = [s.vllm_executable, "serve", llm.model, "--host", s.host, "--port", str(port),
+    cmd = [vllm_executable(s) or "vllm", "serve", llm.model, "--host", s.host, "--port", str(port),
            "--tensor-parallel-size", str(s.tensor_parallel_size),
            "--data-parallel-size", str(s.data_parallel_size)]
     options = {
         "--served-model-name": s.served_model_name,
         "--max-model-len": s.max_model_len,
+        "--dtype": s.dtype,
         "--quantization": s.quantization,
         "--gpu-memory-utilization": s.gpu_memory_utilization,
         "--tool-call-parser": s.tool_call_parser,
@@ -46,8 +65,12 @@ class VLLMEngine(ManagedServerEngine):
         check_fits_model(settings)
         super().__init__(settings)
 
-    def _launch(self) -> tuple[str, Callable[[], None]]:
+    def _launch(self) -> tuple[str, ServerProcess]:
         s = self.options
+        if vllm_executable(s) is None:
+            raise EngineError("vllm: no `vllm` executable: not on PATH, and no .venv-vllm here or in otbuild's "
+                              "checkout; install it with `make vllm-env` (scripts/vllm-env.sh) or name one in "
+                              "engine_args.vllm_executable")
         client_host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
         port = s.port or free_port(client_host)
         server = ServerProcess(
@@ -60,4 +83,4 @@ class VLLMEngine(ManagedServerEngine):
         except BaseException:
             server.stop()
             raise
-        return f"{root}/v1", server.stop
+        return f"{root}/v1", server

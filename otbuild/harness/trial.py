@@ -238,9 +238,15 @@ def _trace_row(task, task_id, engine, started, t0, conversations, completions, r
         "n_input_tokens": sum(c.n_input_tokens for c in completions),
         "n_output_tokens": sum(c.n_output_tokens for c in completions),
         "duration_s": round(time.monotonic() - t0, 3),
-        "metadata": json.dumps({"agent_timeout_sec": agent_timeout, "episodes": episodes, **details},
-                               sort_keys=True, default=str),
+        "metadata": json.dumps({"agent_timeout_sec": agent_timeout, "episodes": episodes, **details,
+                                **_engine_version(engine)}, sort_keys=True, default=str),
     }
+
+
+def _engine_version(engine) -> dict:
+    """{"engine_version": ...} of an engine that knows its release (a managed server's)."""
+    version = getattr(engine, "version", None)
+    return {"engine_version": version} if isinstance(version, str) else {}
 
 
 def request_seed(seed_key: str, turn: int) -> int:

@@ -393,9 +393,9 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
     if ev and ev.model is None:
         _check_launch_options(ev.serve_with, ev.engine_args, ("eval", "engine_args"), origin, path)
-    if recipe.rl and recipe.rl.rollout == "vllm":
-        _check_launch_options("vllm", recipe.rl.vllm_args, ("rl", "vllm_args"), origin, path)
-    if ev and ev.model is None and ev.serve_with == "vllm" and base and base.kind == "pretrained":
+    if recipe.rl and recipe.rl.rollout in ("vllm", "auto"):
+        _check_launch_options(recipe.rl.rollout, recipe.rl.vllm_args, ("rl", "vllm_args"), origin, path)
+    if ev and ev.model is None and ev.serve_with in ("vllm", "auto") and base and base.kind == "pretrained":
         local = path.resolve().parent.parent / base.path  # the checkpoint keeps its base's config
         model = str(local) if local.exists() else base.path
         _check_engine(LLM(engine="vllm", model=model, engine_args=ev.engine_args),

@@ -25,6 +25,9 @@ from otbuild.settings.base import Strict, engine_args, execution_only
 # batches them; `otbuild serve` answers one at a time (2 keeps it busy); the oracle's trials
 # are sandboxes on a CPU. docs/engines.md states these.
 CONCURRENCY = {"openai": 8, "vllm": 64, "transformers": 2, "oracle": 4}
+# `auto` (otbuild's own checkpoints: eval.serve_with, rl.rollout): vllm where it is installed,
+# else transformers; decided when the engine starts (otbuild.engines.resolve_auto)
+AUTO = "auto"
 
 
 class ServerOptions(Strict):
@@ -35,6 +38,8 @@ class ServerOptions(Strict):
     served_model_name: str | None = Field(default=None, min_length=1, description="None: `model`")
     log_path: str | None = execution_only(None, description="the server's stdout+stderr; None: a temporary file")
     env: dict[str, Any] = Field(default_factory=dict, description="extra environment variables for the server")
+    max_restarts: int = execution_only(
+        2, ge=0, description="times a server that died is started again before the stage fails")
 
 
 class TransformersOptions(ServerOptions):
@@ -59,13 +64,18 @@ class VLLMOptions(ServerOptions):
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    dtype: str | None = Field(default=None, description="e.g. float32, bfloat16; unset: vLLM's choice for the "
+                              "checkpoint (`--dtype auto`)")
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the command line as is")
-    vllm_executable: str = execution_only("vllm", min_length=1)
+    vllm_executable: str | None = execution_only(
+        None, min_length=1, description="None: `vllm` on PATH, else the project's .venv-vllm/bin/vllm (make setup)")
 
 
 # engine -> the model of its launch options (the keys of an `engine_args` mapping), for each
 # engine that starts a server
-LAUNCH_OPTIONS: dict[str, type[ServerOptions]] = {"vllm": VLLMOptions, "transformers": TransformersOptions}
+# (`auto` takes vLLM's: those a fallback to transformers cannot use are left out there)
+LAUNCH_OPTIONS: dict[str, type[ServerOptions]] = {"vllm": VLLMOptions, "transformers": TransformersOptions,
+                                                  AUTO: VLLMOptions}
 
 
 class LaunchOptionsError(ValueError):
@@ -91,6 +101,12 @@ def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions
         raise LaunchOptionsError(options, e.errors()) from None
 
 
+def server_fallback(args: dict) -> dict:
+    """The launch options of `args` (an `auto` engine's, vLLM's) that every server takes: what
+    is left when `auto` finds no vLLM and starts `otbuild serve`."""
+    return {k: v for k, v in args.items() if k in ServerOptions.model_fields}
+
+
 class Sampling(Strict):
     """How a model is asked: an engine section's, and eval's for the checkpoint it serves."""
 
@@ -105,8 +121,8 @@ class LLM(Sampling):
     transformers model dir. Execution knobs (concurrency, retries, the client's timeout and
     backoff) are not part of content ids."""
 
-    engine: Literal["openai", "vllm", "transformers"]
-    model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers)")
+    engine: Literal["openai", "vllm", "transformers", "auto"]
+    model: str = Field(min_length=1, description="model name (openai), HF id or path (vllm), dir (transformers, auto)")
     base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     request_params: Literal["auto", "standard", "reasoning"] = Field(
@@ -161,7 +177,14 @@ def client_settings(llm: LLM) -> LLM:
 def concurrency(section: LLM) -> int:
     """Requests (so trials) in flight for `section` (an LLM section, or a stage's settings built
     on one): its `concurrency`, else its engine's default."""
-    return section.concurrency or CONCURRENCY.get(section.engine, CONCURRENCY["openai"])
+    if section.concurrency:
+        return section.concurrency
+    engine = section.engine
+    if engine == AUTO:
+        from otbuild.engines import resolve_auto  # what this machine has
+
+        engine = resolve_auto(section).engine
+    return CONCURRENCY.get(engine, CONCURRENCY["openai"])
 
 
 def _described(errors: list[dict]) -> str:

@@ -425,7 +425,9 @@ class Eval(ShardedTrials, Sampling):
     benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
     repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
     model: Teacher | None = None
-    serve_with: Literal["transformers", "vllm"] = "transformers"  # for the trained checkpoint
+    serve_with: Literal["transformers", "vllm", "auto"] = Field(
+        default="transformers", description="for the trained checkpoint; auto: vllm where it is installed, "
+        "else transformers (decided by the job, named in the stage's provenance)")
     engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
     rank_by: RankBy = Field(
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")

@@ -30,6 +30,13 @@ CHAT_TEMPLATE = Field(
     "else qwen3_thinking")
 
 
+# Attention head widths both of vLLM's attention paths serve: its CPU backend's
+# (`CPUAttentionBackend.get_supported_head_sizes`, vLLM 0.32) within FlashAttention's (multiples
+# of 8 up to 256 on a GPU). The tiny student is built with one of them, so the checkpoints
+# otbuild trains load in `vllm serve` as they are (tests/test_vllm_live.py).
+VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
 class TinyModel(Strict):
     """A Qwen3-architecture model built from scratch: a byte-level BPE tokenizer trained
     deterministically on a bounded sample of the trace set, with the qwen3 chat template's
@@ -45,12 +52,17 @@ class TinyModel(Strict):
     num_hidden_layers: int = Field(default=2, ge=1)
     num_attention_heads: int = Field(default=4, ge=1)
     num_key_value_heads: int = Field(default=2, ge=1)
+    head_dim: int = Field(default=32, description=f"each attention head's width: one of {VLLM_HEAD_DIMS} "
+                          "(what vLLM serves on CPU and GPU); need not be hidden_size / num_attention_heads")
     max_position_embeddings: int = Field(default=4096, ge=64)
     seed: int = 0
     chat_template: ChatTemplate = CHAT_TEMPLATE
 
     @model_validator(mode="after")
     def _heads(self):
+        if self.head_dim not in VLLM_HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim}: vLLM serves heads of width {', '.join(map(str, VLLM_HEAD_DIMS))} "
+                             "only (its CPU build refuses the others at the first request)")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -182,8 +194,9 @@ class Rl(Training):
     ppo_epochs: int = Field(default=1, ge=1)
     micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
     zero_stage: Literal[0, 1, 2] = 2
-    rollout: Literal["transformers", "vllm"] = Field(
-        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step")
+    rollout: Literal["transformers", "vllm", "auto"] = Field(
+        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step; "
+        "auto: vllm where it is installed, else transformers (decided by the job)")
     vllm_args: dict[str, Any] = engine_args(
         of="rollout", description="rollout: vllm: vllm serve settings (tensor_parallel_size, ...)")
     sandbox: PolicyTrials = Field(default=PolicyTrials(), description="the rollouts' trial settings, as the teacher's")

@@ -64,7 +64,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("eval", 4, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True),
         StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", s.RankSettings),
-        StageDef("sft", 2, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True),
+        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True),
         StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True),
         StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report", s.ReportSettings),
         StageDef("trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",

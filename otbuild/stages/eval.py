@@ -42,4 +42,5 @@ def run(cfg: EvalSettings, inputs: list[Path], outdir: Path) -> dict:
     return {"trials": trials, "shards": shards, **outcome_stats(con, outdir / "traces.parquet"),
             "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x}
                            for b, m, s, e, x in summary},
-            "llm_usage": usage.of_traces(outdir / "traces.parquet")}
+            "llm_usage": usage.of_traces(outdir / "traces.parquet"),
+            "engines": usage.engines_of_traces(outdir / "traces.parquet")}

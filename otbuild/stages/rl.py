@@ -15,5 +15,13 @@ from otbuild.stages.sft import run_training
 def run(cfg: RlSettings, inputs: list[Path], outdir: Path) -> dict:
     stats = run_training("rl", cfg, inputs, outdir)
     # the rollouts' requests and tokens: the policy served by vLLM, or generating in process
-    model = f"{cfg.rollout}:policy"
-    return {**stats, "llm_usage": usage.of_log(Path(outdir) / "train_log.jsonl", model)}
+    # (rollout: auto is the one its steps name)
+    log = Path(outdir) / "train_log.jsonl"
+    engines = usage.rollout_engines(log)
+    model = f"{rollout_engine_name(engines, cfg.rollout)}:policy"
+    return {**stats, "rollout_engines": engines, "llm_usage": usage.of_log(log, model)}
+
+
+def rollout_engine_name(engines: list[str], rollout: str) -> str:
+    """The engine of the rollouts ("vllm 0.32.0" -> vllm), else the recipe's `rollout`."""
+    return engines[-1].split()[0] if engines else rollout

@@ -131,7 +131,8 @@ def run(cfg: RolloutSettings, inputs: list[Path], outdir: Path) -> dict:
     ).fetchone()
     return {"trials": trials, "subagent_traces": subagents, "shards": shards, "passed": passed,
             "exceptions": exceptions, "timed_out": timed_out, **outcomes,
-            "llm_usage": usage.of_traces(outdir / "traces.parquet")}
+            "llm_usage": usage.of_traces(outdir / "traces.parquet"),
+            "engines": usage.engines_of_traces(outdir / "traces.parquet")}
 
 
 # Rows held in memory at once by the merge, over all shards together (~110 KB each).

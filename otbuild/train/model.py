@@ -56,7 +56,7 @@ def materialise(spec: ModelSpec, dest: Path, traces=None, prompt: str = PROMPTS[
             return dest
         texts = sample_texts(traces, prompt) if traces else []
         size = spec.model_dump(include={"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                        "num_key_value_heads", "max_position_embeddings"})
+                                        "num_key_value_heads", "max_position_embeddings", "head_dim"})
         return make_tiny_model(dest, seed=spec.seed, vocab_size=spec.vocab_size, texts=texts or None, arch="qwen3",
                                chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL, tokenizer=spec.tokenizer,
                                **size)

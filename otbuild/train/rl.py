@@ -115,6 +115,7 @@ class Policy:
         self.model, self.tok = model, tokenizer
         self.temperature, self.max_tokens, self.max_context = temperature, max_tokens, max_context
         self.name = name
+        self.served_by: str | None = None  # "vllm VERSION" when a server answered the last rollout
         self.lock = threading.Lock()
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
@@ -277,6 +278,14 @@ def read_tasks(path: Path) -> list[tuple[str, object]]:
     return [(r["task_id"], TaskDir.unpack(r["path"], r["task_binary"])) for r in t]
 
 
+def rollout_engine(cfg: RlSettings) -> str:
+    """`rl.rollout` on this machine: `auto` is vllm where it is installed, else transformers."""
+    from otbuild.engines import LLM, resolve_auto
+
+    return resolve_auto(LLM(engine=cfg.rollout, model="policy", engine_args=cfg.vllm_args)).engine \
+        if cfg.rollout == "auto" else cfg.rollout
+
+
 async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
                          workroot: Path, run_id: str) -> list[Trajectory]:
     """rollout: vllm. The weights sync through the file system: the step's policy is saved and
@@ -289,6 +298,7 @@ async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg:
     policy.tok.save_pretrained(policy_dir)
     server = await open_engine(LLM(engine="vllm", model=str(policy_dir), concurrency=cfg.concurrency,
                                    engine_args={"served_model_name": "policy", **cfg.vllm_args}))
+    policy.served_by = f"vllm {server.version}" if server.version else "vllm"
     try:
         return await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=server)
     finally:
@@ -451,7 +461,8 @@ class RlTrainer(Trainer):
         # a collective waits for the slowest rank's rollouts (agent timeouts are hours)
         init_distributed(on_gpu, timeout=timedelta(hours=24))
         self.rank, self.world = rank, world = dist.get_rank(), dist.get_world_size()
-        if cfg.rollout == "vllm" and world > 1:
+        self.rollout = rollout_engine(cfg)
+        if self.rollout == "vllm" and world > 1:
             raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
                               "were started; use gpus_per_node: 1 on one node, or rollout: transformers")
         self.cfg, self.outdir, self.total_steps = cfg, outdir, cfg.steps
@@ -481,7 +492,7 @@ class RlTrainer(Trainer):
         random.seed(cfg.seed * 1_000_003 + step + rank * 7_919)
         indices = global_batch_rows(len(tasks), step, min(cfg.batch_size, len(tasks)), cfg.seed)
         mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
-        roll = served_rollout if cfg.rollout == "vllm" else rollout
+        roll = served_rollout if self.rollout == "vllm" else rollout
         trajs = asyncio.run(roll(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
                                  run_id=f"{self.outdir.name}-{step}"))
         t1 = time.monotonic()
@@ -510,7 +521,8 @@ class RlTrainer(Trainer):
                 "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
                 "trajectories": len(rewards), "sequences": total["sequences"],
                 "zero_advantage_tasks": total["zero"], "errors": total["errors"],
-                "lr": self.engine.get_lr()[0], "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
+                "lr": self.engine.get_lr()[0], "rollout_engine": self.policy.served_by or "transformers",
+                "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
                 "update_seconds": round(time.monotonic() - t1, 3),
                 "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
                 **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
