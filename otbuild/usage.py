@@ -21,10 +21,11 @@ if TYPE_CHECKING:
     from otbuild.settings.recipe import Price
 
 KEYS = ("requests", "errors", "input_tokens", "output_tokens")
-# A trial's last request failed: the engine gave up (its exception), or the conversation
-# outgrew the context window (its result: a task failure, as Harbor records it).
-ENGINE_GAVE_UP, OVER_CONTEXT = "EngineError", "ContextLengthExceededError"
-FAILED_REQUEST = f"exception = '{ENGINE_GAVE_UP}' OR result = '{OVER_CONTEXT}'"
+# A trial's last request failed: the engine gave up (its exception; ServerDiedError: its own
+# server died under it, otbuild/engines/managed.py), or the conversation outgrew the context
+# window (its result: a task failure, as Harbor records it).
+ENGINE_GAVE_UP, OVER_CONTEXT = ("EngineError", "ServerDiedError"), "ContextLengthExceededError"
+FAILED_REQUEST = f"exception IN ({', '.join(repr(e) for e in ENGINE_GAVE_UP)}) OR result = '{OVER_CONTEXT}'"
 
 
 def of_answers(files: list[Path], model: str) -> dict[str, dict[str, int]]:
@@ -62,7 +63,7 @@ def engines_of_traces(path: Path) -> dict[str, str | None]:
 
 def of_trial(row: dict) -> dict[str, int]:
     """One trial's trace row (RL rollouts, which keep no trace table): as `of_traces` counts it."""
-    failed = int(row.get("exception") == ENGINE_GAVE_UP or row.get("result") == OVER_CONTEXT)
+    failed = int(row.get("exception") in ENGINE_GAVE_UP or row.get("result") == OVER_CONTEXT)
     return {"requests": (row.get("n_turns") or 0) + failed, "errors": failed,
             "input_tokens": row.get("n_input_tokens") or 0, "output_tokens": row.get("n_output_tokens") or 0}
 

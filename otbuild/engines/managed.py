@@ -4,8 +4,8 @@ A server that dies while the engine is open (its process killed, a crashed engin
 noticed by the client before it retries, so no request waits on a dead port: the requests in
 flight fail with ServerDiedError (an infrastructure failure of their trials, retried as the
 stage's failure policy says) and the next request starts the server again, up to the launch
-options' `max_restarts`; after that the engine is gone and every request raises EndpointError,
-which stops the stage naming the server's log tail.
+options' `max_restarts`; after that the engine is gone and every request raises
+ServerGoneError, which stops the stage naming the server's log tail.
 """
 
 from __future__ import annotations
@@ -15,14 +15,18 @@ import asyncio
 import httpx
 
 from otbuild.engines.base import Completion, EngineError
-from otbuild.engines.endpoint import EndpointError
 from otbuild.engines.openai import OpenAIEngine
 from otbuild.engines.process import ServerProcess, install_sigterm_cleanup
+from otbuild.errors import StageError
 from otbuild.settings.engines import LLM, client_settings
 
 
 class ServerDiedError(EngineError):
     """The engine's own server exited while it was being asked (the client's retries stop)."""
+
+
+class ServerGoneError(StageError):
+    """The server died more often than `max_restarts` allows: the stage stops, naming its log."""
 
 
 class ManagedServerEngine:
@@ -46,7 +50,7 @@ class ManagedServerEngine:
         self.restarts = 0  # times the server was started again after it died
         self._client: OpenAIEngine | None = None
         self._server: ServerProcess | None = None
-        self._gone: EndpointError | None = None
+        self._gone: ServerGoneError | None = None
         self._lock = asyncio.Lock()
 
     def _launch(self) -> tuple[str, ServerProcess]:
@@ -71,7 +75,7 @@ class ManagedServerEngine:
                     return
                 await self._close()
                 if self.restarts >= self.options.max_restarts:
-                    self._gone = EndpointError(f"the server died {self.restarts + 1} time(s), more than "
+                    self._gone = ServerGoneError(f"the server died {self.restarts + 1} time(s), more than "
                                                f"max_restarts ({self.options.max_restarts}) allows: {why}")
                     raise self._gone
                 self.restarts += 1

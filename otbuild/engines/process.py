@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from otbuild.engines.base import EngineError
+from otbuild.progress import LOG_ENV
 
 _LIVE: set[ServerProcess] = set()
 _LIVE_LOCK = threading.Lock()
@@ -28,14 +29,18 @@ GUARD = Path(__file__).with_name("guard.py")
 
 
 class ServerProcess:
-    """`argv` run with stdout+stderr to `log_path` (a temporary file when None), under the guard
-    (its process group ends with the process that started it)."""
+    """`argv` run with stdout+stderr to `log_path`, under the guard (its process group ends with
+    the process that started it). No `log_path`: beside the job's own log (`OTBUILD_LOG`, e.g.
+    logs/eval/ID/0-of-2.vllm-serve.log), else a temporary file."""
 
     def __init__(self, argv: list[str], *, name: str, log_path: str | Path | None = None,
                  env: dict | None = None):
         self.argv, self.name, self.env = argv, name, env
+        slug = name.replace(" ", "-")
+        if log_path is None and (job_log := os.environ.get(LOG_ENV)):
+            log_path = Path(job_log).with_suffix(f".{slug}.log")
         if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log")
+            fd, log_path = tempfile.mkstemp(prefix=f"{slug}-", suffix=".log")
             os.close(fd)
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None

@@ -43,6 +43,7 @@ class Usage:
     input_tokens: int
     output_tokens: int
     cost: float | None  # None: no price for the model
+    engine: str | None = None  # the engine that served it and its release, e.g. "vllm 0.32.0"
 
 
 @dataclass
@@ -91,11 +92,21 @@ def collect(artifacts, prices: dict[str, Price] | None, root: Path = Path(".")) 
             price = price_of(model, prices or {})
             if price is None and u.get("input_tokens", 0) + u.get("output_tokens", 0) > 0:
                 out.unpriced.append(model)
-            out.usage.append(Usage(a.label, a.stage, model, *(int(u.get(k, 0)) for k in KEYS), cost(u, price)))
+            out.usage.append(Usage(a.label, a.stage, model, *(int(u.get(k, 0)) for k in KEYS), cost(u, price),
+                                   served_by(a.stats, model)))
         if runtime := _runtime(a, root):
             out.runtimes.append(runtime)
     out.unpriced = sorted(set(out.unpriced))
     return out
+
+
+def served_by(stats: dict, model: str) -> str | None:
+    """Which engine release answered `model` (ENGINE:MODEL) in an artifact: a rollout's or
+    eval's `engines` (per model), an RL run's `rollout_engines`; None where none was recorded."""
+    if version := (stats.get("engines") or {}).get(model):
+        return f"{model.partition(':')[0]} {version}"
+    engines = stats.get("rollout_engines") or []
+    return ", ".join(engines) or None
 
 
 def price_of(model: str, prices: dict[str, Price]) -> Price | None:

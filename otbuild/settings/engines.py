@@ -177,14 +177,7 @@ def client_settings(llm: LLM) -> LLM:
 def concurrency(section: LLM) -> int:
     """Requests (so trials) in flight for `section` (an LLM section, or a stage's settings built
     on one): its `concurrency`, else its engine's default."""
-    if section.concurrency:
-        return section.concurrency
-    engine = section.engine
-    if engine == AUTO:
-        from otbuild.engines import resolve_auto  # what this machine has
-
-        engine = resolve_auto(section).engine
-    return CONCURRENCY.get(engine, CONCURRENCY["openai"])
+    return section.concurrency or CONCURRENCY.get(section.engine, CONCURRENCY["openai"])
 
 
 def _described(errors: list[dict]) -> str:

@@ -14,7 +14,7 @@ A new setting is declared once, in its recipe section; the stage reads it as `cf
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, create_model
 
@@ -82,6 +82,7 @@ class EvalSettings(Teacher, PromptStyle):
     """The model's engine settings (an engine section, or the checkpoint served by the eval's
     `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
 
+    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # auto: serve_with's, for the checkpoint
     model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
     serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")
 

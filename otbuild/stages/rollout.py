@@ -228,10 +228,12 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
     the shard stops as soon as more of them failed than it allows (`failures`), or when the
     model's endpoint refuses the run (otbuild/engines/endpoint.py: its first request goes
     alone)."""
-    from otbuild.engines import open_engine
+    from otbuild.engines import open_engine, resolve_auto
     from otbuild.engines.endpoint import FirstRequest
     from otbuild.settings.engines import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
+
+    cfg = resolve_auto(cfg)  # serve_with: auto is decided here, by what this machine has
 
     rows = task_rows(inputs, {t.row for t in todo})
     containers = cfg.sandbox in ("podman", "auto")  # a task's own image can run here
