@@ -19,14 +19,14 @@ setup:  ## Python package + dev extras (editable), the sandbox's Debian packages
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[dev]'
 	@scripts/podman-setup.sh  # podman for `sandbox: podman|auto`: packages, config, base images
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
-	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); its contract test will be skipped"
+	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); its live and contract tests will be skipped"
 	@scripts/llamafactory-env.sh || echo "setup: no LLaMA-Factory environment (.venv-llamafactory); its contract test will be skipped"
 	@{ scripts/slurm-cluster.sh install && scripts/slurm-cluster.sh start; } || echo "setup: no local Slurm cluster (scripts/slurm-cluster.sh); its test will be skipped"
 
 harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class
 	scripts/harbor-env.sh
 
-vllm-env:  ## the pinned vLLM (pyproject's `vllm` extra) in .venv-vllm, for its contract test
+vllm-env:  ## the pinned vLLM (pyproject's `vllm` extra; its CPU build without CUDA) in .venv-vllm: the `vllm` engine's default, its live and contract tests
 	scripts/vllm-env.sh
 
 llamafactory-env:  ## the pinned LLaMA-Factory (pyproject's `llamafactory` extra) in .venv-llamafactory, beside a CPU torch, for its contract test
@@ -43,7 +43,7 @@ test-fast: setup  ## skip the slow end-to-end checks
 
 # every script in bench/ but tracegen.py (the trace generator scale.py uses); each runs in the
 # test suite at a small size (tests/test_bench_*.py)
-bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale
+bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale, rollouts against vLLM's ceiling
 	$(PYTHON) bench/tables.py
 	$(PYTHON) bench/decontaminate.py
 	$(PYTHON) bench/sandbox.py
@@ -53,3 +53,4 @@ bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Pyt
 	$(PYTHON) bench/llm_stages.py
 	$(PYTHON) bench/tracking.py
 	$(PYTHON) bench/scale.py
+	$(PYTHON) bench/vllm.py

@@ -212,6 +212,15 @@ def fake_vllm_bin(tmp_path, monkeypatch) -> Path:
     return log
 
 
+def run_bench(script: str, *args: str, timeout: float) -> str:
+    """`python bench/SCRIPT ARGS...` from the repository root; its output, once it exited 0."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], check=False,
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    return out
+
+
 def pinned_release(extra: str) -> str:
     """The one release of `extra`'s package that pyproject.toml's extra of that name pins (the
     contract tests' tools: vllm, llamafactory)."""

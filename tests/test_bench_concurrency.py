@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from otbuild.sandbox import backend_problem
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import run_bench
 
 pytestmark = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
 
 def test_bench_concurrency_tiny(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "concurrency.py"), "--concurrency", "1,4", "--latency", "0.2",
-         "--turns", "4", "--rounds", "1", "--out", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    out = run_bench("concurrency.py", "--concurrency", "1,4", "--latency", "0.2", "--turns", "4", "--rounds", "1",
+                    "--out", str(tmp_path), timeout=120)
     assert "otbuild trials/s against concurrency" in out and "ideal trials/s" in out, out
     assert re.search(r"^(PASS|FAIL): efficiency >= 85% at every concurrency up to 4", out, re.M), out
     assert "trials: ALL PASSED (reward 1)" in out, out

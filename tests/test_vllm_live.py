@@ -174,7 +174,8 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
         sandbox="bwrap", keep_reasoning=keep_reasoning,
         extra_body={"logit_bias": {str(end_think): 4.0}},  # a random model closes its think block now and then
         engine_args={"reasoning_parser": "qwen3", "dtype": "float32", "max_model_len": 2000,
-                     "vllm_executable": str(RECORDER)})
+                     "vllm_executable": str(RECORDER),  # seeded requests: no chunked prefill on the CPU build
+                     "extra_args": ["--max-num-batched-tokens", "8192"]})
     out = tmp_path / "rollout"
     run_shard(settings, [synthetic_tasks(tmp_path / "tasks.parquet", 2)], out, 0)
     rows = pq.read_table(out / "shards" / "0-of-1.parquet").to_pylist()

@@ -1,0 +1,158 @@
+"""otbuild's rollouts against vLLM's own ceiling, on one `vllm serve`.
+
+    python bench/vllm.py [--concurrency 1,8,32] [--trials 2] [--max-tokens 32] [--episodes 3]
+                         [--model DIR] [--out DIR]
+
+The server is the one a recipe's `engine: vllm` starts (otbuild/engines/vllm.py: the pinned
+release from .venv-vllm, its CPU build on a machine without CUDA), on --model (default: a random
+Qwen3 of the smoke student's shape, built here), in float32, without prefix caching (otbuild's
+turns share their conversation's prefix, vLLM's random prompts share nothing: with the cache
+the two loads would not be the same work). At each concurrency C, in turn:
+
+- otbuild: C x --trials trials of synthetic tasks through the rollout stage's shard runner
+  (otbuild's harness, bwrap sandboxes, the compact prompt), C in flight, every request
+  generating exactly --max-tokens (vLLM's `ignore_eos`), --episodes requests per trial;
+  wall time from the shard's start to its end; requests and tokens from its traces.
+- vLLM: `vllm bench serve` (vLLM's own load generator: `--backend openai-chat --dataset-name
+  random`) with as many requests, otbuild's mean prompt length, the same output length and
+  `--max-concurrency C`.
+
+Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
+ratio, otbuild's trials/s, and the share of otbuild's wall time that is not the model's
+(1 - ratio: the harness, the sandbox, the terminal's settle time, the first request sent
+alone). On a GPU node the same script gives the absolute figures (--model a real checkpoint).
+Exit status: 0 when every level ran, 2 when vLLM is not installed or a level failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+SERVED_AS = "bench"
+
+
+def random_student(dest: Path) -> Path:
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
+
+    return make_tiny_model(dest, arch="qwen3", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=4096,
+                           chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL)
+
+
+def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
+    """C x --trials trials through the rollout stage against the server: wall time and counts."""
+    import pyarrow.parquet as pq
+
+    from otbuild.settings.stages import RolloutSettings
+    from otbuild.sources.synthetic import generate
+    from otbuild.stages.rollout import run_shard
+    from otbuild.tasks.table import write_tasks
+
+    tasks = work / f"tasks-c{c}.parquet"
+    write_tasks(tasks, generate(c * args.trials, seed=c), source="synth")
+    # no per-request seed: vLLM 0.32's CPU build dies on a seeded request whose prefill is
+    # chunked ("CPU Generator does not use offset", docs/engines.md)
+    settings = RolloutSettings(engine="openai", base_url=base_url, model=SERVED_AS, temperature=0.7,
+                               max_tokens=args.max_tokens, max_episodes=args.episodes, concurrency=c,
+                               sandbox="bwrap", prompt="compact", extra_body={"ignore_eos": True})
+    out = work / f"rollout-c{c}"
+    t0 = time.monotonic()
+    run_shard(settings, [tasks], out, 0)
+    wall = time.monotonic() - t0
+    rows = pq.read_table(out / "shards" / "0-of-1.parquet",
+                         columns=["n_turns", "n_input_tokens", "n_output_tokens"]).to_pylist()
+    requests = sum(r["n_turns"] for r in rows)
+    return {"trials": len(rows), "wall": wall, "requests": requests,
+            "prompt_tokens": sum(r["n_input_tokens"] for r in rows) / max(requests, 1),
+            "output_tokens": sum(r["n_output_tokens"] for r in rows)}
+
+
+def vllm_level(vllm: str, root: str, model: Path, c: int, requests: int, prompt_tokens: float,
+               max_tokens: int, work: Path) -> dict:
+    """`vllm bench serve` at --max-concurrency C: its own JSON result."""
+    name = f"vllm-bench-c{c}.json"
+    cmd = [vllm, "bench", "serve", "--backend", "openai-chat", "--base-url", root, "--endpoint",
+           "/v1/chat/completions", "--model", SERVED_AS, "--tokenizer", str(model), "--dataset-name", "random",
+           "--random-input-len", str(max(1, round(prompt_tokens))), "--random-output-len", str(max_tokens),
+           "--random-range-ratio", "0", "--num-prompts", str(requests), "--max-concurrency", str(c),
+           "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(work), "--result-filename", name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return json.loads((work / name).read_text())
+
+
+def main(argv=None) -> int:
+    from outdir import out_dir
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    p.add_argument("--trials", type=int, default=2, help="trials per unit of concurrency")
+    p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    p.add_argument("--episodes", type=int, default=3, help="requests per trial")
+    p.add_argument("--model", type=Path, help="a model dir to serve (default: a random tiny Qwen3)")
+    p.add_argument("--out", type=out_dir, help="where the results go (default: a temporary dir)")
+    args = p.parse_args(argv)
+    try:
+        levels = [int(x) for x in args.concurrency.split(",")]
+        assert levels and all(c >= 1 for c in levels)
+    except (ValueError, AssertionError):
+        p.error(f"--concurrency: expected comma-separated integers >= 1, got {args.concurrency!r}")
+
+    from otbuild.engines import LLM
+    from otbuild.engines.vllm import VLLMEngine, vllm_executable
+    from otbuild.settings.engines import VLLMOptions
+
+    vllm = vllm_executable(VLLMOptions())
+    if vllm is None:
+        print("bench/vllm.py: no vLLM here: make vllm-env (scripts/vllm-env.sh)", file=sys.stderr)
+        return 2
+    work = args.out or Path(tempfile.mkdtemp(prefix="otbuild-bench-vllm-"))
+    model = args.model or random_student(work / "model")
+    # prefix caching off: otbuild's turns share their conversation's prefix, vLLM's random
+    # prompts share nothing; with it on, the two loads would not be the same work
+    engine = VLLMEngine(LLM(engine="vllm", model=str(model), engine_args={
+        "dtype": "float32", "max_model_len": 4096, "served_model_name": SERVED_AS,
+        "log_path": str(work / "vllm-serve.log"), "extra_args": ["--no-enable-prefix-caching"]}))
+    base_url, server = engine._launch()
+    root = base_url.removesuffix("/v1")
+    rows = []
+    try:
+        for c in levels:
+            ours = otbuild_level(base_url, c, args, work)
+            theirs = vllm_level(vllm, root, model, c, ours["requests"], ours["prompt_tokens"], args.max_tokens, work)
+            rows.append((c, ours, theirs))
+    except Exception as e:  # noqa: BLE001 (reported, exit 2)
+        print(f"bench/vllm.py: {e}", file=sys.stderr)
+        return 2
+    finally:
+        server.stop()
+    print(f"otbuild's rollouts against `vllm bench serve` on one vllm serve ({model}), "
+          f"{args.max_tokens} output tokens a request, {args.episodes} requests a trial")
+    head = ("concurrency", "requests", "prompt tok", "vLLM tok/s", "otbuild tok/s", "ratio", "trials/s", "not model")
+    print("  ".join(f"{h:>13}" for h in head))
+    for c, ours, theirs in rows:
+        tok_s = ours["output_tokens"] / ours["wall"]
+        ratio = tok_s / theirs["output_throughput"]
+        cells = (c, ours["requests"], f"{ours['prompt_tokens']:.0f}", f"{theirs['output_throughput']:.1f}",
+                 f"{tok_s:.1f}", f"{ratio:.2f}x", f"{ours['trials'] / ours['wall']:.3f}", f"{1 - ratio:.0%}")
+        print("  ".join(f"{x:>13}" for x in cells))
+    print(f"results: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
