@@ -35,19 +35,19 @@ def _write(project, name, text):
 def test_edit_rebuilds_exactly_what_it_invalidates(project):
     _write(project, "r", RECIPE)
     ran, _ = snakemake(project, "r")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
     ran, _ = snakemake(project, "r")
     assert ran == {"r": 1}  # nothing but rewriting the results view
 
     _write(project, "r", RECIPE.replace("min: 10", "min: 200"))
     dry, log = snakemake(project, "r", "-n")
-    assert dry == {"task_filter": 1, "report": 1, "r": 1}, log
+    assert dry == {"task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}, log
     ran, _ = snakemake(project, "r")
-    assert ran == {"task_filter": 1, "report": 1, "r": 1}
+    assert ran == {"task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
 
     _write(project, "r", RECIPE)  # edit back: everything is already built
     ran, _ = snakemake(project, "r")
-    assert ran == {"r": 1}
+    assert ran == {"results_manifest": 1, "r": 1}  # no stage: the manifest names the old ids again
     manifest = json.loads((project / "results" / "r" / "manifest.json").read_text())
     kept = next(a for a in manifest["artifacts"] if a["label"] == "task_filter")
     assert (project / "results" / "r" / "task_filter").resolve() == (project / kept["dir"]).resolve()
@@ -60,7 +60,7 @@ def test_recipes_sharing_a_prefix_share_artifacts(project):
     _write(project, "r2", "extends: r\ntask_filter: {sample: {n: 3}}\n")
     snakemake(project, "r")
     ran, _ = snakemake(project, "r2")
-    assert ran == {"task_filter": 1, "report": 1, "r2": 1}
+    assert ran == {"task_filter": 1, "report": 1, "results_manifest": 1, "r2": 1}
     mixes = list((project / "artifacts" / "mix").iterdir())
     assert len(mixes) == 1 and len(list((project / "artifacts" / "task_filter").iterdir())) == 2
 
@@ -162,7 +162,7 @@ def test_a_killed_build_recovers_by_itself(project):
     ran, log = snakemake(project, "r")  # 3: plain restart again
     assert "LockException" not in log and "IncompleteFilesException" not in log
     assert "output(s) of killed jobs were complete and are kept" in log
-    assert ran == {"report": 1, "r": 1}, log  # the merge's complete outputs were kept
+    assert ran == {"report": 1, "results_manifest": 1, "r": 1}, log  # the merge's complete outputs were kept
     traces = pq.read_table(project / "results" / "r" / "teacher" / "traces.parquet").to_pylist()
     assert len(traces) == 6 and all(t["reward"] == 1.0 for t in traces)
 
@@ -240,7 +240,7 @@ def test_an_invalid_recipe_blocks_only_its_own_target(project):
     _write(project, "child", "extends: bad\n")
     _write(project, "deep", "description: " + "[" * 20000 + "]" * 20000 + "\n")
     ran, log = snakemake(project, "r")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
     assert "warning: recipes/bad.yaml is not valid, so target 'bad' cannot be built (the others can): " \
            f"{project}/recipes/bad.yaml: mix.ordr: unknown key" in log
     assert "target 'child' cannot be built" in log and "target 'deep' cannot be built" in log
@@ -282,7 +282,8 @@ def test_snakemake_warns_when_another_installation_s_otbuild_would_run(project, 
 def test_smoke_recipe_builds(smoke_build):
     project, ran = smoke_build
     assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
-                   "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1, "smoke": 1}
+                   "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1,
+                   "results_manifest": 1, "smoke": 1}
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
     traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()
