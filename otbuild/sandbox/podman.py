@@ -57,7 +57,7 @@ BUILD_TIMEOUT_SEC = 3600
 LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
 MARKER = "OTBUILD_EXEC"
 LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
-             "scripts/podman-setup.sh builds ubuntu and debian ones)")
+             "scripts/podman-setup.sh builds ubuntu, debian and python:3.12-slim ones)")
 OWNER_LABEL = "otbuild.owner"  # host:pid:start time of the process (the build's job) running the trial
 # the same for an image build: a build arg (no Dockerfile declares it, so it changes no layer and
 # no cache key) that buildah records in each working container's buildah.json
