@@ -396,15 +396,18 @@ def serve(args):
 
 
 @main.command()
-@click.option("--containers", is_flag=True, help="Remove podman trial containers whose build is no longer "
-              "running (left by kill -9); those of live builds are kept.")
+@click.option("--containers", is_flag=True, help="Remove podman trial containers, and the working containers "
+              "and intermediate images of image builds, whose build is no longer running (left by kill -9); "
+              "those of live builds are kept.")
 def clean(containers):
     """Remove what killed builds left behind."""
     if not containers:
         raise click.UsageError("say what to clean: --containers")
-    from otbuild.sandbox.podman import remove_leaked_containers
+    from otbuild.sandbox.podman import remove_leaked_builds, remove_leaked_containers
 
     out.print(f"removed {remove_leaked_containers()} trial container(s) of builds that are no longer running")
+    out.print(f"removed {remove_leaked_builds()} image-build working container(s) of builds that are no longer "
+              "running (and their intermediate images)")
 
 
 @main.group()

@@ -125,17 +125,21 @@ def _complete(root: Path, key: str) -> bool:
 
 def remove_dead_trial_containers() -> None:
     """Podman trial containers whose build was killed (kill -9 leaves them running `sleep
-    infinity` with conmon and exec sessions), and its trials' tmpfs roots: removed at the next
-    start; say how many."""
+    infinity` with conmon and exec sessions), the working containers and intermediate images of
+    its `podman build`s, and its trials' tmpfs roots: removed at the next start; say how many."""
     if "--nolock" in sys.argv:
         return  # a job of a live run
     from otbuild.sandbox.disk import remove_leaked_scratch
-    from otbuild.sandbox.podman import remove_leaked_containers
+    from otbuild.sandbox.podman import remove_leaked_builds, remove_leaked_containers
 
     removed = remove_leaked_containers()
     if removed:
         print(f"otbuild: removed {removed} trial container(s) of builds that are no longer running",
               file=sys.stderr)
+    removed = remove_leaked_builds()
+    if removed:
+        print(f"otbuild: removed {removed} image-build working container(s) of builds that are no longer running "
+              "(and their intermediate images)", file=sys.stderr)
     unmounted = remove_leaked_scratch()
     if unmounted:
         print(f"otbuild: unmounted {unmounted} trial tmpfs of builds that are no longer running", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import sys
@@ -83,8 +84,12 @@ class Workflow:
                     print(f"otbuild: target {name!r} cannot be built without it: fix the path or bring the data "
                           f"(`otbuild validate {name}` lists what is missing); nothing was run", file=sys.stderr)
                     sys.exit(EXIT_USAGE)
-            return [str(p) for n in plan.nodes for p in (*n.outputs, n.provenance)]
+            return self.artifact_files(name)
         return inputs
+
+    def artifact_files(self, name: str) -> list[str]:
+        """Every output file and record of recipe NAME's artifacts."""
+        return [str(p) for n in self.plans[name].nodes for p in (*n.outputs, n.provenance)]
 
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]
@@ -183,9 +188,17 @@ def preflight(plan: Plan) -> list[tuple[str, bool]]:
     return [(message + (f" ({n} candidates)" if n > 1 else ""), needed) for (message, needed), n in found.items()]
 
 
-def write_results(plan: Plan) -> Path:
-    """Write results/<recipe>/: a link per node (its label) and manifest.json naming every
-    artifact with its id, outputs, row counts and sha256 (from the provenance records)."""
+def write_results(plan: Plan, log: str | Path | None = None) -> Path:
+    """Write results/<recipe>/ whole: the view (write_view) and manifest.json (write_manifest,
+    which leaves an unchanged manifest as it is)."""
+    write_manifest(plan)
+    out = write_view(plan)
+    _say(log, f"{out}/: {len(plan.nodes)} links by label, recipe.resolved.yaml, manifest.json")
+    return out
+
+
+def write_view(plan: Plan) -> Path:
+    """Write results/<recipe>/'s view: a link per node (its label) and recipe.resolved.yaml."""
     out = RESULTS / plan.recipe.name
     out.mkdir(parents=True, exist_ok=True)
     labels = set()
@@ -200,18 +213,36 @@ def write_results(plan: Plan) -> Path:
             tmp.symlink_to(target)
     for stale in [p for p in out.rglob("*") if p.is_symlink() and p not in labels]:
         stale.unlink()
-    recipe_bytes = plan.recipe.path.read_bytes()
     with atomic_path(out / "recipe.resolved.yaml") as tmp:
         tmp.write_text(yaml.safe_dump(plan.recipe.data, sort_keys=False))
-    write_json(out / "manifest.json", {
+    return out
+
+
+def write_manifest(plan: Plan, log: str | Path | None = None) -> Path:
+    """Write results/<recipe>/manifest.json, naming every artifact with its id, outputs, row
+    counts and sha256 (from the provenance records) and the recipe file's sha256."""
+    path = RESULTS / plan.recipe.name / "manifest.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    manifest = {
         "recipe": plan.recipe.name,
         "recipe_file": str(plan.recipe.path),
-        "recipe_sha256": hashlib.sha256(recipe_bytes).hexdigest(),
+        "recipe_sha256": hashlib.sha256(plan.recipe.path.read_bytes()).hexdigest(),
         "artifacts": [
             {"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir),
              "inputs": [i.id for i in n.inputs],
              "outputs": (read_record(n.dir) or {}).get("outputs", [])}
             for n in plan.nodes
         ],
-    })
-    return out
+    }
+    text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"  # as write_json writes it
+    if not path.is_file() or path.read_text() != text:
+        with atomic_path(path) as tmp:  # unchanged, it stays as it is (its mtime too)
+            tmp.write_text(text)
+    _say(log, f"{path}: {len(plan.nodes)} artifacts")
+    return path
+
+
+def _say(log: str | Path | None, line: str) -> None:
+    if log is not None:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        Path(log).write_text(line + "\n")

@@ -4,14 +4,19 @@
 # when no registry is reachable. Idempotent: each step is skipped when already done.
 #
 #   scripts/podman-setup.sh            # what `make setup` runs
-#   OTBUILD_BASE_IMAGES="ubuntu:24.04 debian:bookworm" scripts/podman-setup.sh
+#   OTBUILD_BASE_IMAGES="ubuntu:24.04 debian:bookworm python:3.12-slim" scripts/podman-setup.sh
+#
+# python:3.12-slim is what otbuild's own task sources name (synthetic, stackexchange, nl2bash,
+# table): built here as Ubuntu 24.04's Python 3.12 (python, python3 in /usr/local/bin, as Docker
+# Hub's image has them), or Debian bookworm's Python 3.11 when the Ubuntu archive is not reached
+# (those tasks need only bash and Python's standard library).
 set -euo pipefail
 
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
 APT=(apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends)
 PACKAGES=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containernetworking-plugins
           mmdebstrap debian-archive-keyring curl)
-BASE_IMAGES=${OTBUILD_BASE_IMAGES:-"ubuntu:24.04 debian:bookworm"}
+BASE_IMAGES=${OTBUILD_BASE_IMAGES:-"ubuntu:24.04 debian:bookworm python:3.12-slim"}
 UBUNTU_MIRROR=${OTBUILD_UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}
 DEBIAN_MIRROR=${OTBUILD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -63,19 +68,22 @@ ubuntu_keyring() {
 # base images: no registry is reachable, so the common bases are bootstrapped from the
 # distributions' archives and tagged as Docker Hub would name them (builds use --pull=never)
 tmp=$([ -w /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")  # ~3x faster in memory
-bootstrap() {  # tag suite mirror components keyring
-    local tag=$1 suite=$2 mirror=$3 components=$4 keyring=$5 sources=()
+# python as Docker Hub's python images have it: /usr/local/bin/python and python3, UTF-8
+PYTHON_HOOK='ln -sf /usr/bin/python3 "$1/usr/local/bin/python3" && ln -sf /usr/bin/python3 "$1/usr/local/bin/python"'
+bootstrap() {  # tag suite mirror components keyring [extra packages] [customize hook]
+    local tag=$1 suite=$2 mirror=$3 components=$4 keyring=$5 extra=${6:-} hook=${7:-true} sources=()
+    local cmd=/bin/bash env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    [ -z "$extra" ] || cmd=python3 env="$env LANG=C.UTF-8"  # as Docker Hub's python images
     for s in $suite $suite-updates; do sources+=("deb $mirror $s $components"); done
     # minbase: Essential + apt, like Docker Hub's images; apt lists are cleaned, as there
     echo "podman-setup: building $tag ($suite from $mirror)"
     local tar; tar=$(mktemp -p "$tmp" otbuild-rootfs.XXXXXX.tar)
     # a failed bootstrap leaves no image behind: the tar is imported only when complete
     TMPDIR=$tmp $SUDO mmdebstrap --quiet --variant=minbase --keyring="$keyring" \
-        --include=apt,ca-certificates --aptopt='APT::Install-Recommends "false"' \
-        "$suite" "$tar" "${sources[@]}" \
-    && $SUDO podman import --quiet --change 'CMD ["/bin/bash"]' \
-        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        "$tar" "docker.io/library/$tag" >/dev/null
+        --include="apt,ca-certificates${extra:+,$extra}" --aptopt='APT::Install-Recommends "false"' \
+        --customize-hook="$hook" "$suite" "$tar" "${sources[@]}" \
+    && $SUDO podman import --quiet --change "CMD [\"$cmd\"]" \
+        --change "ENV $env" "$tar" "docker.io/library/$tag" >/dev/null
     local rc=$?; rm -f "$tar"; return $rc
 }
 build_image() {
@@ -88,7 +96,13 @@ build_image() {
             ubuntu_keyring && bootstrap "$1" jammy "$UBUNTU_MIRROR" "main universe" "$UBUNTU_KEYRING" ;;
         debian:bookworm|debian:12)
             bootstrap "$1" bookworm "$DEBIAN_MIRROR" main /usr/share/keyrings/debian-archive-keyring.gpg ;;
-        *) echo "podman-setup: no recipe for base image $1 (known: ubuntu:24.04 ubuntu:22.04 debian:bookworm)" >&2
+        python:3.12-slim|python:3.12)
+            { ubuntu_keyring && bootstrap "$1" noble "$UBUNTU_MIRROR" main "$UBUNTU_KEYRING" python3 "$PYTHON_HOOK"; } \
+                || { echo "podman-setup: the Ubuntu archive failed; $1 is Debian bookworm's Python 3.11 instead" >&2
+                     bootstrap "$1" bookworm "$DEBIAN_MIRROR" main /usr/share/keyrings/debian-archive-keyring.gpg \
+                         python3 "$PYTHON_HOOK"; } ;;
+        *) echo "podman-setup: no recipe for base image $1 (known: ubuntu:24.04 ubuntu:22.04 debian:bookworm" \
+                "python:3.12-slim)" >&2
            return 2 ;;
     esac
 }

@@ -35,6 +35,7 @@ from otbuild.sandbox.podman import (
     image_exists,
 )
 from otbuild.sandbox.procs import owner_is_gone
+from otbuild.sandbox.reward import read_reward
 from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import check_podman
 from otbuild.tasks.base_image import base_images, host_images
@@ -379,3 +380,83 @@ def test_a_podman_trial_is_stopped_at_its_disk_cap_wherever_it_writes(tmp_path):
         r = box.run("for i in $(seq 1 200); do head -c 1048576 /dev/zero > /usr/local/f$i; sleep 0.02; done",
                     timeout=60)  # the image's own filesystem, not a mounted dir
         assert box.disk_exceeded and r.exit_code != 0 and r.duration_s < 30
+
+
+@needs_podman
+def test_otbuild_s_own_tasks_run_in_the_python_image_set_up_provides(tmp_path):
+    """Issue 39.4: otbuild's own tasks start FROM python:3.12-slim, which scripts/podman-setup.sh
+    bootstraps offline: a synthetic task builds and its oracle passes under podman (no registry)."""
+    task = next(generate(1, 0)).task
+    assert task.text("environment/Dockerfile").startswith("FROM python:3.12-slim\n")
+    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(pull="never"), with_solution=True,
+                      cleanup=True) as box:
+        assert box.run("python --version && python3 -c 'import json, sqlite3'", timeout=30).output.startswith("Python 3.")
+        assert box.run("bash /solution/solve.sh", timeout=60).exit_code == 0
+        r = box.run("bash /tests/test.sh", timeout=60, with_tests=True)
+        assert r.exit_code == 0, r.output
+        reward = read_reward(box.root)
+        assert (reward if isinstance(reward, float) else reward["reward"]) == 1.0
+
+
+def _storage_containers() -> dict[str, str]:
+    """Containers only `podman ps --external` shows (buildah's working containers): id -> name."""
+    r = subprocess.run(["podman", "ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.State}} {{.Names}}"],
+                       capture_output=True, text=True, check=True)
+    return {cid: name for cid, state, name in (ln.split(" ", 2) for ln in r.stdout.splitlines()) if state.lower() == "storage"}
+
+
+def _dangling_images() -> set[str]:
+    r = subprocess.run(["podman", "images", "-a", "-q", "--no-trunc", "--filter", "dangling=true"],
+                       capture_output=True, text=True, check=True)
+    return set(r.stdout.split())
+
+
+def _kill_mid_image_build(project) -> dict[str, str]:
+    """Start `snakemake slow`, kill its process group once its image build runs its second RUN
+    (a working container made from the first RUN's intermediate image); what the kill left."""
+    before = _storage_containers()
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "slow", "--cores", "1"], cwd=project,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and all(
+                name.startswith("debian-") for cid, name in _storage_containers().items() if cid not in before):
+            assert proc.poll() is None, "the build ended before its image build was caught"
+            time.sleep(0.3)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake, its job and the job's `podman build`
+        proc.wait()
+    left = dict(_storage_containers().items() - before.items())
+    assert left, "no working container was left"
+    deadline = time.monotonic() + 60  # a SIGKILLed job takes a moment to be gone
+    while set(podman.leaked_build_containers()) < set(left) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.slow
+@needs_podman
+def test_a_killed_image_build_leaves_no_working_container_or_intermediate_image(project):
+    """Issue 39.5: kill -9 of a build while `podman build` runs leaves buildah working containers
+    (seen by `podman ps -a --external`) and intermediate images; the restart's recovery and
+    `otbuild clean --containers` remove them, and nothing of a live or another tool's build."""
+    (project / "data").mkdir()
+    slow = f"FROM debian:bookworm\nRUN echo {secrets.token_hex(8)} > /layer\nRUN sleep 300\nWORKDIR /app\n"
+    task = ot_agent_task("slow-build", 8099, slow)
+    write_tasks(project / "data" / "swesmith.parquet", [TaskRecord(task, False)], source="swesmith")
+    (project / "recipes" / "slow.yaml").write_text(SLOW_RECIPE)
+    dangling = _dangling_images()
+
+    left = _kill_mid_image_build(project)
+    made = _dangling_images() - dangling
+    assert made  # the first RUN's intermediate image
+    _, log = snakemake(project, "slow", "-n")  # the restart: recovery runs before the DAG
+    assert f"removed {len(left)} image-build working container(s) of builds that are no longer running" in log, log
+    assert not left.keys() & _storage_containers().keys()
+    assert not made & _dangling_images()
+
+    left = _kill_mid_image_build(project)
+    res = otbuild(project, "clean", "--containers")
+    assert res.returncode == 0 and f"removed {len(left)} image-build working container(s)" in res.stdout, res.stdout
+    assert not left.keys() & _storage_containers().keys()
+    assert podman.leaked_build_containers() == {}

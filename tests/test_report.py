@@ -564,11 +564,11 @@ rule all:
 rule report:
     input: "src/report.html", "src/dataset_card.md"
     output:
-        html=report("artifacts/report/{{id}}/report.html", caption=str(CAPTIONS / "report.rst"),
-                    category="otbuild", subcategory=_recipe,
+        html=report("artifacts/report/{{id}}/report.html", caption=str(CAPTIONS / "report.report.rst"),
+                    category="Results", subcategory=_recipe,
                     labels=lambda wc: {{"recipe": _recipe(wc), "file": "report.html"}}),
-        card=report("artifacts/report/{{id}}/dataset_card.md", caption=str(CAPTIONS / "dataset_card.rst"),
-                    category="otbuild", subcategory=_recipe,
+        card=report("artifacts/report/{{id}}/dataset_card.md", caption=str(CAPTIONS / "report.dataset_card.rst"),
+                    category="Results", subcategory=_recipe,
                     labels=lambda wc: {{"recipe": _recipe(wc), "file": "dataset_card.md"}}),
     params:
         recipe=_recipe,
@@ -596,7 +596,7 @@ def test_snakemake_report_carries_page_and_card_with_captions(built, tmp_path):
     out = (tmp_path / "out.html").read_text()
     assert "otbuild report of recipe <strong>rep</strong>: the row-count funnel" in out
     assert "Dataset card (<tt class=\\\"docutils literal\\\">README.md</tt> style) of recipe <strong>rep</strong>" in out
-    assert '"otbuild"' in out
+    assert '"Results"' in out
 
 
 # --- fast checks (no snakemake) ------------------------------------------------------------

@@ -35,19 +35,19 @@ def _write(project, name, text):
 def test_edit_rebuilds_exactly_what_it_invalidates(project):
     _write(project, "r", RECIPE)
     ran, _ = snakemake(project, "r")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
     ran, _ = snakemake(project, "r")
     assert ran == {"r": 1}  # nothing but rewriting the results view
 
     _write(project, "r", RECIPE.replace("min: 10", "min: 200"))
     dry, log = snakemake(project, "r", "-n")
-    assert dry == {"task_filter": 1, "report": 1, "r": 1}, log
+    assert dry == {"task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}, log
     ran, _ = snakemake(project, "r")
-    assert ran == {"task_filter": 1, "report": 1, "r": 1}
+    assert ran == {"task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
 
     _write(project, "r", RECIPE)  # edit back: everything is already built
     ran, _ = snakemake(project, "r")
-    assert ran == {"r": 1}
+    assert ran == {"results_manifest": 1, "r": 1}  # no stage: the manifest names the old ids again
     manifest = json.loads((project / "results" / "r" / "manifest.json").read_text())
     kept = next(a for a in manifest["artifacts"] if a["label"] == "task_filter")
     assert (project / "results" / "r" / "task_filter").resolve() == (project / kept["dir"]).resolve()
@@ -60,7 +60,7 @@ def test_recipes_sharing_a_prefix_share_artifacts(project):
     _write(project, "r2", "extends: r\ntask_filter: {sample: {n: 3}}\n")
     snakemake(project, "r")
     ran, _ = snakemake(project, "r2")
-    assert ran == {"task_filter": 1, "report": 1, "r2": 1}
+    assert ran == {"task_filter": 1, "report": 1, "results_manifest": 1, "r2": 1}
     mixes = list((project / "artifacts" / "mix").iterdir())
     assert len(mixes) == 1 and len(list((project / "artifacts" / "task_filter").iterdir())) == 2
 
@@ -162,7 +162,7 @@ def test_a_killed_build_recovers_by_itself(project):
     ran, log = snakemake(project, "r")  # 3: plain restart again
     assert "LockException" not in log and "IncompleteFilesException" not in log
     assert "output(s) of killed jobs were complete and are kept" in log
-    assert ran == {"report": 1, "r": 1}, log  # the merge's complete outputs were kept
+    assert ran == {"report": 1, "results_manifest": 1, "r": 1}, log  # the merge's complete outputs were kept
     traces = pq.read_table(project / "results" / "r" / "teacher" / "traces.parquet").to_pylist()
     assert len(traces) == 6 and all(t["reward"] == 1.0 for t in traces)
 
@@ -177,6 +177,7 @@ def test_failed_stage_leaves_nothing_that_looks_complete(project):
     _write(project, "r", "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/broken.parquet}\n")
     _, log = snakemake(project, "r", check=False)
     assert "Error in rule source" in log
+    assert re.search(r"log: logs/source/[0-9a-f]{16}\.log \(check log file\(s\) for error details\)", log), log
     src = project / "artifacts" / "source"
     assert not any(p.name == "provenance.json" for p in src.rglob("*")) if src.exists() else True
     assert "broken.parquet" in (next((project / "logs" / "source").iterdir())).read_text()
@@ -240,7 +241,7 @@ def test_an_invalid_recipe_blocks_only_its_own_target(project):
     _write(project, "child", "extends: bad\n")
     _write(project, "deep", "description: " + "[" * 20000 + "]" * 20000 + "\n")
     ran, log = snakemake(project, "r")
-    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "r": 1}
+    assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
     assert "warning: recipes/bad.yaml is not valid, so target 'bad' cannot be built (the others can): " \
            f"{project}/recipes/bad.yaml: mix.ordr: unknown key" in log
     assert "target 'child' cannot be built" in log and "target 'deep' cannot be built" in log
@@ -282,7 +283,8 @@ def test_snakemake_warns_when_another_installation_s_otbuild_would_run(project, 
 def test_smoke_recipe_builds(smoke_build):
     project, ran = smoke_build
     assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
-                   "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1, "smoke": 1}
+                   "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1,
+                   "results_manifest": 1, "smoke": 1}
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
     traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()
@@ -305,6 +307,49 @@ def test_smoke_recipe_builds(smoke_build):
     _, log = snakemake(project, "--report", "snakemake-report.html", "smoke")  # report() marks
     assert "Adding report.html" in log and "Adding dataset_card.md" in log
     assert (project / "snakemake-report.html").stat().st_size > 0
+
+
+def test_snakemake_report_and_summary_know_otbuild_s_results_and_logs(smoke_build, tmp_path):
+    """Issue 39.1-2 on the smoke build: `snakemake --report x.zip` holds otbuild's report page,
+    the dataset card and the manifest (Results), the eval summary (Evaluation) and the training
+    logs (Training), each with its caption, beside Snakemake's runtimes; `--summary` names each
+    job's log."""
+    import zipfile
+
+    project, _ = smoke_build
+    node = {n.label: n for n in plan_recipe(load_recipe("smoke", project)).nodes}
+    _, log = snakemake(project, "--report", str(tmp_path / "report.zip"), "smoke")
+    for name in ("report.html", "dataset_card.md", "manifest.json", "summary.parquet", "train_log.jsonl"):
+        assert f"Adding {name}" in log, (name, log)
+    with zipfile.ZipFile(tmp_path / "report.zip") as z:
+        names = z.namelist()
+        data = next(z.read(n).decode() for n in names if n.endswith("report.html") and "/data/" not in n)
+        shipped = {n.rsplit("/", 1)[-1] for n in names}
+        results = next(z.read(n) for n in names if n.endswith("/manifest.json"))
+    assert {"report.html", "dataset_card.md", "manifest.json", "summary.parquet", "train_log.jsonl"} <= shipped
+    assert json.loads(results) == json.loads((project / "results" / "smoke" / "manifest.json").read_text())
+    for category in ("Results", "Evaluation", "Training"):
+        assert f'"{category}"' in data, category
+    assert "Manifest of recipe <strong>smoke</strong>" in data and "Eval summary" in data and "SFT training log" in data
+    assert "runtimes" in data.lower()  # Snakemake's own statistics
+    _, summary = snakemake(project, "--summary", "smoke")
+    for label, log_path in (("teacher", "logs/rollout/{id}/0-of-2.log"), ("sft", "logs/sft/{id}.log"),
+                            ("report", "logs/report/{id}.log")):
+        assert log_path.format(id=node[label].id) in summary, (label, summary[-3000:])
+
+
+def test_snakemake_lint_says_nothing_but_the_answered_software_advice(project):
+    """Issue 39.3: `snakemake --lint` over the workflow (every recipe of the repository) flags no
+    rule without a log, no path made with `+`, no function beside rules; what it still advises
+    (a conda env or container per rule) docs/architecture.md answers."""
+    for recipe in (REPO / "recipes").glob("*.yaml"):
+        shutil.copy(recipe, project / "recipes")
+    _, log = snakemake(project, "--lint", check=False)
+    said = {line.strip() for line in log.splitlines() if line.startswith("    * ")}
+    assert said == {"* Specify a conda environment or container for each rule.:"}, log
+    assert "Lints for snakefile" not in log  # nothing about the .smk files themselves
+    answer = (REPO / "docs" / "architecture.md").read_text()
+    assert "## Jobs run in the installed environment" in answer and "`conda:`" in answer
 
 
 def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):

@@ -1,14 +1,39 @@
-# Helpers shared by the stage rules: outputs, inputs and the spec of a node, looked up by id.
+# Helpers shared by the rules: outputs, inputs and the spec of a node, looked up by id; what
+# `snakemake --report` shows (report(): captions, categories).
+import mimetypes
+
 from otbuild.progress import LOG_ENV
 from otbuild.artifact import PROVENANCE
-from otbuild.stages import STAGES
+from otbuild.report import CAPTIONS
+from otbuild.stages import RESULTS, STAGES
 from otbuild.workflow import OTBUILD
+
+# parquet results are offered for download in Snakemake's report, never shown as text
+mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
 
 
 def stage_outputs(stage):
-    """Every file of the artifact dir, the provenance record included (written last)."""
-    files = {o.split(".")[0]: f"artifacts/{stage}/{{id}}/{o}" for o in STAGES[stage].outputs}
+    """Every file of the artifact dir, the provenance record included (written last); those the
+    registry says (`reported`) flagged for Snakemake's report."""
+    reported = dict(STAGES[stage].reported)
+    files = {}
+    for o in STAGES[stage].outputs:
+        path = f"artifacts/{stage}/{{id}}/{o}"
+        files[o.split(".")[0]] = reported_output(stage, o, path, reported[o]) if o in reported else path
     return {**files, "provenance": f"artifacts/{stage}/{{id}}/{PROVENANCE}"}
+
+
+def reported_output(stage, name, path, category):
+    """`path` flagged for Snakemake's report with its caption (captions/STAGE.NAME.rst): the
+    results under the recipe's name, evaluation and training under the artifact's label."""
+    if category == RESULTS:
+        sub = report_recipe
+        labels = lambda wc: {"recipe": report_recipe(wc), "file": name}
+    else:
+        sub = lambda wc: WF.node(stage, wc.id).label
+        labels = lambda wc: {"artifact": WF.node(stage, wc.id).label, "file": name}
+    caption = str(CAPTIONS / f"{stage}.{name.split('.')[0]}.rst")
+    return report(path, caption=caption, category=category, subcategory=sub, labels=labels)
 
 
 def stage_inputs(stage):
@@ -37,7 +62,7 @@ def stage_shell():
     long job can show its progress on the run's console (otbuild/progress.py). The stage comes
     from the rule's `params.stage`: a shell command is formatted when the job runs, after the
     loop that made the rules has moved on."""
-    return f"{LOG_ENV}={{log}} " + OTBUILD + " stage {params.stage} --spec {params.spec} > {log} 2>&1"
+    return f"{LOG_ENV}={{log}} {OTBUILD} stage {{params.stage}} --spec {{params.spec}} > {{log}} 2>&1"
 
 
 def shard_output(stage):
@@ -55,3 +80,14 @@ def shard_shell():
 
 def merge_inputs(stage):
     return lambda wc: WF.shard_inputs(stage, wc.id)
+
+
+def report_recipe(wc):
+    """The recipe a report artifact is of (its captions and subcategory in Snakemake's report)."""
+    return WF.node("report", wc.id).config.recipe
+
+
+def manifest_inputs(wc):
+    """What results/RECIPE/manifest.json is made from: every artifact file and record of the
+    recipe (the target rule refreshes the recipe file's sha256 in it on every build)."""
+    return WF.artifact_files(wc.recipe)

@@ -57,8 +57,11 @@ BUILD_TIMEOUT_SEC = 3600
 LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
 MARKER = "OTBUILD_EXEC"
 LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
-             "scripts/podman-setup.sh builds ubuntu and debian ones)")
+             "scripts/podman-setup.sh builds ubuntu, debian and python:3.12-slim ones)")
 OWNER_LABEL = "otbuild.owner"  # host:pid:start time of the process (the build's job) running the trial
+# the same for an image build: a build arg (no Dockerfile declares it, so it changes no layer and
+# no cache key) that buildah records in each working container's buildah.json
+BUILD_OWNER_ARG = "OTBUILD_BUILD_OWNER"
 
 
 class ImageBuildError(SandboxError):
@@ -157,6 +160,7 @@ def _build(task: TaskDir, tag: str, pull: str, timeout: float) -> None:
         write_subtree(task, "environment", Path(ctx))
         try:
             r = subprocess.run(["podman", "build", f"--pull={pull}", "--layers", "--quiet", "-t", tag,
+                                "--build-arg", f"{BUILD_OWNER_ARG}={owner()}",
                                 "-f", str(Path(ctx) / "Dockerfile"), ctx],
                                capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
@@ -203,6 +207,47 @@ def remove_leaked_containers() -> int:
     leaked = leaked_containers()
     if leaked:
         _podman("rm", "-f", "-t", "0", *leaked, check=False, timeout=300)
+    return len(leaked)
+
+
+def leaked_build_containers() -> dict[str, str]:
+    """The working containers that killed image builds left (`podman build` killed with its
+    job: buildah's `NAME-working-container`s, seen only by `podman ps --external`), each with
+    the image it was made from: those whose build arg BUILD_OWNER_ARG names a process of this
+    host that is gone. Another tool's builds and containers are never among them."""
+    if shutil.which("podman") is None:
+        return {}
+    r = _podman("ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.State}}", check=False)
+    ids = [cid for cid, _, state in (ln.partition(" ") for ln in r.stdout.splitlines()) if state.lower() == "storage"]
+    if not ids:
+        return {}
+    store = _podman("info", "--format", "{{.Store.GraphRoot}} {{.Store.GraphDriverName}}", check=False).stdout.split()
+    if len(store) != 2:
+        return {}
+    leaked = {}
+    for cid in ids:
+        try:
+            builder = json.loads((Path(store[0]) / f"{store[1]}-containers" / cid / "userdata" / "buildah.json")
+                                 .read_text())
+        except (OSError, ValueError):
+            continue  # not a buildah working container, or not one we may read
+        label = (builder.get("Args") or {}).get(BUILD_OWNER_ARG)
+        if label and owner_is_gone(label):
+            leaked[cid] = builder.get("image-id") or ""
+    return leaked
+
+
+def remove_leaked_builds() -> int:
+    """Remove what killed image builds left: their working containers, then the intermediate
+    images those were made from (untagged ones no other container or image uses; podman keeps
+    the others); the number of containers removed."""
+    leaked = leaked_build_containers()
+    if leaked:
+        _podman("rm", "-f", *leaked, check=False, timeout=300)
+        for image in {i for i in leaked.values() if i}:
+            r = _podman("image", "inspect", "--format", "{{len .RepoTags}}", image, check=False)
+            if r.returncode == 0 and r.stdout.strip() == "0":  # an intermediate image, never a base
+                _podman("rmi", image, check=False, timeout=300)
     return len(leaked)
 
 

@@ -34,6 +34,9 @@ class StageDef:
     llm: bool = False  # asks an LLM: records `llm_usage` (requests, tokens) in its stats
     traces: bool = False  # its main output is a trace table
     training: bool = False  # trains a checkpoint
+    # outputs flagged for `snakemake --report`, each with its category there (captions:
+    # otbuild/report/captions/STAGE.FILE.rst); not part of any id
+    reported: tuple[tuple[str, str], ...] = ()
 
     @cached_property
     def _adapter(self) -> TypeAdapter:
@@ -44,6 +47,9 @@ class StageDef:
         spec does not fit: a plan and its stage out of step)."""
         return self._adapter.validate_python(settings)
 
+
+# the categories of `snakemake --report` (docs/reports.md); the results' manifest is in RESULTS too
+RESULTS, EVALUATION, TRAINING = "Results", "Evaluation", "Training"
 
 TRAINED = ("checkpoint.json", "model.safetensors", "train_log.jsonl")
 
@@ -62,11 +68,16 @@ STAGES: dict[str, StageDef] = {
         StageDef("rollout", 3, ("traces.parquet",), "otbuild.stages.rollout", s.RolloutSettings,
                  sharded=True, gpu=True, trials=True, llm=True, traces=True),
         StageDef("eval", 4, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
-                 s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True),
-        StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", s.RankSettings),
-        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True),
-        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True),
-        StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report", s.ReportSettings),
+                 s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True,
+                 reported=(("summary.parquet", EVALUATION),)),
+        StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", s.RankSettings,
+                 reported=(("ranking.parquet", EVALUATION),)),
+        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True,
+                 reported=(("train_log.jsonl", TRAINING),)),
+        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True,
+                 reported=(("train_log.jsonl", TRAINING),)),
+        StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report", s.ReportSettings,
+                 reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS))),
         StageDef("trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
                  s.TraceFilter, traces=True),
     )
