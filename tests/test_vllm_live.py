@@ -334,3 +334,21 @@ def test_no_vllm_outlives_a_job_killed_with_its_process_group(tmp_path, qwen3):
     finally:
         job.kill()
         job.wait()
+
+
+def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
+    """`serve_with: auto` and `rl.rollout: auto` where vLLM is installed: the smoke's eval and
+    both RL steps ran on vLLM, whose release the provenance and the report name; each server's
+    log lies beside its job's; no vLLM process outlived the build."""
+    project, _ = smoke_build
+    results = project / "results" / "smoke"
+    ev = json.loads((results / "eval" / "provenance.json").read_text())["stats"]
+    rl = json.loads((results / "rl" / "provenance.json").read_text())["stats"]
+    assert list(ev["engines"].values()) == ["0.32.0"] and next(iter(ev["engines"])).startswith("vllm:")
+    assert rl["rollout_engines"] == ["vllm 0.32.0"] and list(rl["llm_usage"]) == ["vllm:policy"]
+    steps = [json.loads(line) for line in (results / "rl" / "train_log.jsonl").read_text().splitlines()]
+    assert [s["rollout_engine"] for s in steps if "rollout_engine" in s] == ["vllm 0.32.0"] * 2
+    assert "vllm 0.32.0" in (results / "report" / "report.html").read_text()
+    logs = sorted(p.relative_to(project / "logs").as_posix() for p in (project / "logs").rglob("*.vllm-serve.log"))
+    assert [p.split("/")[0] for p in logs] == ["eval", "rl"], logs
+    assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
