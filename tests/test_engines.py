@@ -98,7 +98,8 @@ def test_registry_and_settings_errors(monkeypatch):
 
 # Sections that extend the LLM section and declare one of its keys again, and why.
 REDECLARED = {"Teacher": {"engine", "model"},  # also the oracle, which needs no model
-              "Augment": {"seed"}}  # the augment's own seed (0: its pairings), also its requests'
+              "Augment": {"seed"},  # the augment's own seed (0: its pairings), also its requests'
+              "EvalSettings": {"engine"}}  # also `auto`: serve_with's, for the recipe's checkpoint
 
 
 def _subclasses(cls: type) -> list[type]:
