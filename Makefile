@@ -43,7 +43,7 @@ test-fast: setup  ## skip the slow end-to-end checks
 
 # every script in bench/ but tracegen.py (the trace generator scale.py uses); each runs in the
 # test suite at a small size (tests/test_bench_*.py)
-bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale, rollouts against vLLM's ceiling
+bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale, rollouts against vLLM's ceiling, RL weight sync (restart vs in place)
 	$(PYTHON) bench/tables.py
 	$(PYTHON) bench/decontaminate.py
 	$(PYTHON) bench/sandbox.py
@@ -54,3 +54,4 @@ bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Pyt
 	$(PYTHON) bench/tracking.py
 	$(PYTHON) bench/scale.py
 	$(PYTHON) bench/vllm.py
+	$(PYTHON) bench/rl.py

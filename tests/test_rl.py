@@ -223,9 +223,10 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
 @pytest.mark.slow
 @needs_sandbox
 def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
-    """rollout: vllm: each step's policy is saved, `vllm serve` is started on it (here the
-    `vllm` on PATH is otbuild serve underneath), the trials run against it over HTTP, the server
-    stops, and the update trains on the recorded turns."""
+    """rollout: vllm, weight_sync: restart: each step's policy is saved, `vllm serve` is started
+    on it (here the `vllm` on PATH is otbuild serve underneath, which takes no weights while it
+    runs: the live reload is tests/test_vllm_live.py's), the trials run against it over HTTP,
+    and the update trains on the recorded turns."""
     import psutil
 
     import otbuild.train.rl as R
@@ -239,7 +240,7 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     (sft / "checkpoint.json").write_text("{}")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
     settings = {"steps": 2, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
-                "temperature": 1.0, "sandbox": {"max_episodes": 1}, "rollout": "vllm",
+                "temperature": 1.0, "sandbox": {"max_episodes": 1}, "rollout": "vllm", "weight_sync": "restart",
                 "vllm_args": {"tensor_parallel_size": 2, "startup_timeout_sec": 120}}
     R.train(RlSettings(**settings), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
     launches = [json.loads(x) for x in fake_vllm_bin.read_text().splitlines()]

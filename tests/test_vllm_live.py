@@ -352,3 +352,55 @@ def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
     logs = sorted(p.relative_to(project / "logs").as_posix() for p in (project / "logs").rglob("*.vllm-serve.log"))
     assert [p.split("/")[0] for p in logs] == ["eval", "rl"], logs
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
+def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
+    """rollout: vllm keeps one server for the run: after an update the served model answers as
+    the in-process policy with the new weights does (greedy, token for token), on the same
+    server process (reloaded in place, not restarted); `restart` starts a new one instead."""
+    import torch
+
+    from otbuild.settings.stages import RlSettings
+    from otbuild.train.model import load_model, load_tokenizer
+    from otbuild.train.rl import Policy, PolicyServer
+
+    tok, _ = load_tokenizer(qwen3)
+    policy = Policy(load_model(qwen3), tok, temperature=1.0, max_tokens=12, max_context=1024)
+    messages = [{"role": "user", "content": "list the files in /app and count them"}]
+    prompt = policy.prompt_ids(messages)
+
+    def in_process() -> list[int]:
+        x = torch.tensor([prompt])
+        with torch.no_grad():
+            out = policy.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12)
+        return out[0, len(prompt):].tolist()
+
+    async def served(server) -> list[int]:
+        client = server.client()
+        try:
+            r = await client._http().post(f"{server.base_url}/chat/completions", json={
+                "model": "policy", "messages": messages, "temperature": 0, "max_tokens": 12,
+                "logprobs": True, "return_tokens_as_token_ids": True})
+        finally:
+            await client.aclose()
+        return [int(t["token"].removeprefix("token_id:")) for t in r.json()["choices"][0]["logprobs"]["content"]]
+
+    cfg = RlSettings(steps=2, rollout="vllm", vllm_args={"dtype": "float32", "max_model_len": 1024})
+    server = PolicyServer(cfg, tmp_path)
+    try:
+        assert server.sync(policy, 0) == "start"
+        pid, before = server.server.pid, asyncio.run(served(server))
+        assert before == in_process()
+        torch.manual_seed(1)
+        with torch.no_grad():  # an update that moves every weight, the tied embedding too
+            for p in policy.model.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        assert server.sync(policy, 1) == "reload" and server.server.pid == pid and server.version == 1
+        after = asyncio.run(served(server))
+        assert after == in_process() != before
+        restart = PolicyServer(cfg.model_copy(update={"weight_sync": "restart"}), tmp_path / "restart")
+        restart.server, restart.base_url = server.server, server.base_url  # as after a first step
+        server.server = None
+        assert restart.sync(policy, 2) == "start" and restart.server.pid != pid
+        assert asyncio.run(served(restart)) == after
+        restart.stop()
+    finally:
+        server.stop()

@@ -81,7 +81,7 @@ class ManagedServerEngine:
                 self.restarts += 1
             install_sigterm_cleanup()  # here: signal handlers need the main thread
             self.base_url, self._server = await asyncio.to_thread(self._launch)
-            self.version = await asyncio.to_thread(_version, self.base_url.removesuffix("/v1"))
+            self.version = await asyncio.to_thread(server_version, self.base_url.removesuffix("/v1"))
             self._client = OpenAIEngine(self.client_settings, base_url=self.base_url, name=self.name,
                                         provider=self.provider, trust_env=False, alive=self._alive)
 
@@ -114,7 +114,7 @@ class ManagedServerEngine:
         await self.aclose()
 
 
-def _version(root: str) -> str | None:
+def server_version(root: str) -> str | None:
     try:
         r = httpx.get(f"{root}/version", timeout=10.0, trust_env=False)
         return str(r.json()["version"]) if r.status_code == 200 else None

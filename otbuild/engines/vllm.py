@@ -34,6 +34,36 @@ def vllm_executable(s: VLLMOptions) -> str | None:
     return next((str(p.absolute()) for p in (VENV_VLLM, CHECKOUT_VLLM) if os.access(p, os.X_OK)), None)
 
 
+# what vLLM needs to take new weights while it runs: its development endpoints (/collective_rpc,
+# /reset_prefix_cache) beside its RL ones (/pause, /resume)
+WEIGHT_SYNC_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0) -> None:
+    """Move the weights saved in `weights_dir` (safetensors, the served model's architecture)
+    into the live server at `root` (its URL without /v1, started with WEIGHT_SYNC_ENV):
+    generation is paused across the reload (requests wait, none is dropped), the workers load
+    the files in place (`reload_weights` through vLLM's collective RPC: a reload from disk, as
+    no weight-transfer engine runs on a CPU), the prefix cache (the old weights' KV) is reset,
+    and generation resumes."""
+    import httpx
+
+    with httpx.Client(timeout=timeout, trust_env=False) as http:
+
+        def post(path: str, body: dict | None = None) -> None:
+            r = http.post(root + path, json=body) if body else http.post(root + path)
+            if r.status_code != 200:
+                raise EngineError(f"vllm: {path} answered HTTP {r.status_code} while loading {weights_dir}: "
+                                  f"{r.text[:500]} (is the server started with {WEIGHT_SYNC_ENV}?)")
+
+        post("/pause")
+        try:
+            post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_dir}})
+            post("/reset_prefix_cache")
+        finally:
+            post("/resume")
+
+
 def vllm_command(llm: LLM, port: int) -> list[str]:
     """The `vllm serve` command line for this engine section (options left unset are not passed)."""
     s = llm.launch

@@ -195,10 +195,13 @@ class Rl(Training):
     micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
     zero_stage: Literal[0, 1, 2] = 2
     rollout: Literal["transformers", "vllm", "auto"] = Field(
-        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: a server per step; "
+        default="transformers", description="transformers: in process (CPU/1 GPU); vllm: one server for the run; "
         "auto: vllm where it is installed, else transformers (decided by the job)")
     vllm_args: dict[str, Any] = engine_args(
         of="rollout", description="rollout: vllm: vllm serve settings (tensor_parallel_size, ...)")
+    weight_sync: Literal["reload", "restart"] = execution_only(
+        "reload", description="rollout: vllm: how each step's policy reaches the one live server: reloaded "
+        "in place (generation paused across it) or served by a new server per step")
     sandbox: PolicyTrials = Field(default=PolicyTrials(), description="the rollouts' trial settings, as the teacher's")
     concurrency: int = execution_only(8, ge=1)
     save_steps: int = execution_only(10, ge=1)

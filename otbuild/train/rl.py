@@ -49,6 +49,7 @@ from pathlib import Path
 from otbuild import usage
 from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
+from otbuild.fsio import write_json
 from otbuild.settings.train import Rl
 from otbuild.settings.stages import RlSettings
 from otbuild.train.chat import clean
@@ -218,6 +219,7 @@ class Trajectory:
     error: str | None
     turns: list[Turn] = field(default_factory=list)
     usage: dict = field(default_factory=dict)  # the trial's requests, errors and tokens (otbuild/usage.py)
+    weight_version: int | None = None  # rollout: vllm: the optimizer step whose weights answered
 
 
 def sequences(turns: list[Turn]) -> list[TokenSequence]:
@@ -286,23 +288,105 @@ def rollout_engine(cfg: RlSettings) -> str:
         if cfg.rollout == "auto" else cfg.rollout
 
 
-async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
-                         workroot: Path, run_id: str) -> list[Trajectory]:
-    """rollout: vllm. The weights sync through the file system: the step's policy is saved and
-    `vllm serve` is started on it (tensor/data parallel from `vllm_args`), the step's trials
-    run against it, and it is stopped (also on failure) before the update."""
-    from otbuild.engines import LLM, open_engine
+def save_served_copy(policy: Policy, dest: Path) -> None:
+    """The policy as vLLM serves it: its weights in one safetensors file, its config and
+    tokenizer. Untied (the output embedding saved as its own `lm_head.weight`, the config saying
+    so): vLLM 0.32 reloads a tied model's embedding in place but leaves its output head at the
+    old weights, so a tied copy would serve weights no trainer ever had."""
+    import torch
+    from safetensors.torch import save_file
 
-    policy_dir = workroot / "policy"
-    policy.model.save_pretrained(policy_dir, safe_serialization=True, max_shard_size="10000GB")
-    policy.tok.save_pretrained(policy_dir)
-    server = await open_engine(LLM(engine="vllm", model=str(policy_dir), concurrency=cfg.concurrency,
-                                   engine_args={"served_model_name": "policy", **cfg.vllm_args}))
-    policy.served_by = f"vllm {server.version}" if server.version else "vllm"
+    dest.mkdir(parents=True, exist_ok=True)
+    model = policy.model
+    with torch.no_grad():
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            state["lm_head.weight"] = model.get_input_embeddings().weight.detach().to("cpu").clone()
+    tmp = dest / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(dest / "model.safetensors")
+    config = model.config.to_dict()
+    config["tie_word_embeddings"] = False
+    write_json(dest / "config.json", config)
+    if not (dest / "tokenizer_config.json").exists():
+        policy.tok.save_pretrained(dest)
+
+
+class PolicyServer:
+    """rollout: vllm. One `vllm serve` for the whole run, on a copy of the policy saved in
+    `workroot/policy` (tensor/data parallel and the rest from `vllm_args`). `sync(policy,
+    version)` before each step's rollouts moves the current weights into it: saved over the
+    copy, then reloaded in place while generation is paused (`weight_sync: reload`, vLLM's
+    collective RPC: otbuild/engines/vllm.py), or served by a new server (`restart`, and
+    whenever the server is gone). Trials ask it through `client()`; `version` is the optimizer
+    step whose weights it serves."""
+
+    def __init__(self, cfg: RlSettings, workroot: Path):
+        from otbuild.engines import LLM
+        from otbuild.engines.vllm import WEIGHT_SYNC_ENV
+
+        self.cfg, self.dir = cfg, workroot / "policy"
+        args = dict(cfg.vllm_args)
+        self.llm = LLM(engine="vllm", model=str(self.dir), concurrency=cfg.concurrency,
+                       engine_args={"served_model_name": "policy", **args,
+                                    "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV}})
+        self.base_url: str | None = None
+        self.server = None
+        self.version: int | None = None
+        self.release: str | None = None
+
+    def sync(self, policy: Policy, version: int) -> str:
+        """Serve `policy`'s weights as `version`; how they got there: reload or start."""
+        from otbuild.engines.managed import server_version
+        from otbuild.engines.vllm import VLLMEngine, reload_weights
+
+        save_served_copy(policy, self.dir)
+        live = self.server is not None and self.server.exit_code() is None
+        if live and self.cfg.weight_sync == "reload":
+            reload_weights(self.base_url.removesuffix("/v1"), str(self.dir))
+            how = "reload"
+        else:
+            self.stop()
+            self.base_url, self.server = VLLMEngine(self.llm)._launch()
+            self.release = server_version(self.base_url.removesuffix("/v1"))
+            how = "start"
+        self.version = version
+        return how
+
+    def client(self):
+        """An engine over the live server for one event loop (a step's rollouts)."""
+        from otbuild.engines.managed import ServerDiedError
+        from otbuild.engines.openai import OpenAIEngine
+        from otbuild.settings.engines import client_settings
+
+        server = self.server
+
+        def alive() -> None:
+            if (code := server.exit_code()) is not None:
+                raise ServerDiedError(f"vllm: the policy's server exited with code {code}; log {server.log_path}, "
+                                      f"last lines:\n{server.log_tail()}")
+
+        return OpenAIEngine(client_settings(self.llm), base_url=self.base_url, name="vllm", provider="hosted_vllm",
+                            trust_env=False, alive=alive)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = self.base_url = None
+
+
+async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
+                         workroot: Path, run_id: str, server: PolicyServer) -> list[Trajectory]:
+    """rollout: vllm: the step's trials against the live server (PolicyServer, synced already)."""
+    client = server.client()
+    policy.served_by = f"vllm {server.release}" if server.release else "vllm"
     try:
-        return await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=server)
+        trajs = await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=client)
     finally:
-        await server.aclose()
+        await client.aclose()
+    for t in trajs:
+        t.weight_version = server.version
+    return trajs
 
 
 async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
@@ -481,6 +565,7 @@ class RlTrainer(Trainer):
         self.policy = Policy(model, self.tok, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                              max_context=cfg.max_context, name=str(sft_dir))
         self.workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
+        self.server = PolicyServer(cfg, self.workroot) if self.rollout == "vllm" else None
 
     def step(self, step: int) -> dict:
         import torch
@@ -492,9 +577,16 @@ class RlTrainer(Trainer):
         random.seed(cfg.seed * 1_000_003 + step + rank * 7_919)
         indices = global_batch_rows(len(tasks), step, min(cfg.batch_size, len(tasks)), cfg.seed)
         mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
-        roll = served_rollout if self.rollout == "vllm" else rollout
-        trajs = asyncio.run(roll(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
-                                 run_id=f"{self.outdir.name}-{step}"))
+        sync = {}
+        if self.rollout == "vllm":  # this step's rollouts run on the weights after the last update
+            how = self.server.sync(self.policy, step)
+            sync = {"weight_sync": how, "sync_seconds": round(time.monotonic() - t0, 3)}
+            trajs = asyncio.run(served_rollout(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
+                                               run_id=f"{self.outdir.name}-{step}", server=self.server))
+            sync["weight_versions"] = sorted({t.weight_version for t in trajs})
+        else:
+            trajs = asyncio.run(rollout(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
+                                        run_id=f"{self.outdir.name}-{step}"))
         t1 = time.monotonic()
         seqs, groups_zero = [], 0
         for g in range(len(mine)):
@@ -522,7 +614,7 @@ class RlTrainer(Trainer):
                 "trajectories": len(rewards), "sequences": total["sequences"],
                 "zero_advantage_tasks": total["zero"], "errors": total["errors"],
                 "lr": self.engine.get_lr()[0], "rollout_engine": self.policy.served_by or "transformers",
-                "rollout_seconds": round(max(p["rollout_seconds"] for p in parts), 3),
+                **sync, "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
                 "update_seconds": round(time.monotonic() - t1, 3),
                 "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
                 **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
@@ -531,6 +623,8 @@ class RlTrainer(Trainer):
         return f"reward {rec['reward_mean']:.3f}, loss {rec['loss']:.4g}"
 
     def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
         shutil.rmtree(self.workroot, ignore_errors=True)
 
     def weights(self):
