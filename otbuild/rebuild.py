@@ -69,9 +69,14 @@ def volatile_file(name: str) -> bool:
     return any(fnmatch.fnmatch(name, p) for p in VOLATILE_FILES)
 
 
-def sampled(stage: str, settings: dict) -> bool:
-    """Whether the stage's output comes from an LLM a rebuild may not sample the same again."""
-    return not STAGES[stage].training and settings.get("engine") in SAMPLED_ENGINES
+def sampled(stage: str, settings: dict, stats: dict | None = None) -> bool:
+    """An LLM stage whose answers come from a model server (openai, vllm; `auto`: as its
+    record's `engines` name the engine that answered), so a rebuild can match its rows, not its
+    bytes."""
+    engine = settings.get("engine")
+    if engine == "auto":
+        return any(model.partition(":")[0] in SAMPLED_ENGINES for model in (stats or {}).get("engines", {}))
+    return not STAGES[stage].training and engine in SAMPLED_ENGINES
 
 
 def cheap(stage: str, settings: dict) -> bool:
@@ -167,7 +172,8 @@ def _rebuild(node: Node, console: Console) -> Outcome:
     for shard in [*range(shards), None]:
         if code := _run_stage(node.stage, spec, shard, log):
             return Outcome(node, "differs", [f"the rebuild failed (exit {code}; its log: {log})"])
-    outcome = compare(node.stage, record, node.dir, scratch, sampled(node.stage, record["settings"]))
+    outcome = compare(node.stage, record, node.dir, scratch,
+                      sampled(node.stage, record["settings"], record.get("stats")))
     outcome.node = node
     return outcome
 

@@ -71,8 +71,9 @@ def test_a_build_records_tokens_runtime_and_gpu_hours_and_the_report_shows_them(
     # the report: a token table with the cost from the recipe's prices, and GPU-hours per stage
     html = (project / "results" / "r" / "report" / "report.html").read_text()
     tokens = {(r[1], r[2]): r[3:] for r in _rows(html, "tokens")[1:-1]}
-    assert tokens[("augment", "openai:m")] == ["4", "0", "40", "20", "24.00"]  # 40 x 0.1 + 20 x 1.0
-    assert tokens[("task_score", "openai:m")][:2] == ["8", "0"]
+    assert tokens[("augment", "openai:m")] == ["–", "4", "0", "40", "20", "24.00"]  # 40 x 0.1 + 20 x 1.0
+    # ("served by" –: an endpoint otbuild did not start, whose release it does not know)
+    assert tokens[("task_score", "openai:m")][1:3] == ["8", "0"]
     assert tokens[("rollout", "oracle:oracle")][-1] == "–"  # no price, no tokens
     runtimes = {r[1]: r[2:] for r in _rows(html, "runtime")[1:-1]}
     hours = sum(s["s"] for s in shards) * 8 / 3600

@@ -96,13 +96,24 @@ def second_smoke(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_two_builds_give_the_same_bytes(smoke_build, second_smoke):
+    """Byte for byte but for the declared volatile parts, except what a model server sampled:
+    where vLLM is installed the smoke serves its student on it (`auto`), which promises no
+    determinism; the eval is then compared as sampled (its rows and key columns), and the RL
+    run whose rollouts it served and the report that counts their tokens are left out."""
+    from otbuild.rebuild import sampled
+
     first, _ = smoke_build
     dirs = sorted(p.relative_to(first) for p in (first / "artifacts").glob("*/*"))
     assert dirs == sorted(p.relative_to(second_smoke) for p in (second_smoke / "artifacts").glob("*/*"))
-    outcomes = {str(d): compare(d.parent.name, read_record(first / d), first / d, second_smoke / d) for d in dirs}
-    assert {d: o.differences for d, o in outcomes.items() if o.result != "identical"} == {}
+    records = {d: read_record(first / d) for d in dirs}
+    served_rl = any(r["stage"] == "rl" and r.get("stats", {}).get("rollout_engines", ["transformers"])[0] != "transformers"
+                    for r in records.values())
+    outcomes = {str(d): compare(r["stage"], r, first / d, second_smoke / d, sampled(r["stage"], r["settings"], r.get("stats")))
+                for d, r in records.items() if not (served_rl and r["stage"] in ("rl", "report"))}
+    assert {d: o.differences for d, o in outcomes.items() if o.result not in ("identical", "sampled")} == {}
+    assert len(outcomes) >= len(dirs) - 2
     # byte for byte but for the declared volatile columns, files and regions
-    aside = {note for o in outcomes.values() for note in o.notes}
+    aside = {note for o in outcomes.values() if o.result == "identical" for note in o.notes}
     assert all("set aside" in n for n in aside), aside
 
 

@@ -321,7 +321,7 @@ def test_every_section_with_the_artifacts_numbers(built):
     assert not any(v for k, v in p.notes.items() if k != "rebuilds"), p.notes  # nothing rebuilt yet here
     assert p.notes["rebuilds"] and "Not rebuilt yet" in p.notes["rebuilds"][0]
     # the rl run's rollout tokens (12 steps) at the recipe's price of `policy`: 10.8 + 7.2
-    assert table(p, "tokens")["rl"] == ["rl", "transformers:policy", "96", "0", "10,800", "720", "18.00"]
+    assert table(p, "tokens")["rl"] == ["rl", "transformers:policy", "–", "96", "0", "10,800", "720", "18.00"]
     # data text is escaped
     assert "report test &lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
 
@@ -496,8 +496,8 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     else:
         assert flagged == []
     # tokens per stage and model, runtime and GPU-hours per stage
-    assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "requests", "errors", "input tokens",
-                                       "output tokens", "cost"]
+    assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "served by", "requests", "errors",
+                                       "input tokens", "output tokens", "cost"]
     assert {r[1] for r in shown.rows["tokens"][1:-1]} == {"rollout", *([] if which == "flat" else ["eval"]),
                                                           *(["rl"] if which != "ablate" else [])}
     assert shown.rows["tokens"][-1][0] == "total"

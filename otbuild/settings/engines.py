@@ -24,9 +24,10 @@ from otbuild.settings.base import Strict, engine_args, execution_only
 # Requests (so trials) in flight per engine when a section leaves `concurrency` unset: vLLM
 # batches them; `otbuild serve` answers one at a time (2 keeps it busy); the oracle's trials
 # are sandboxes on a CPU. docs/engines.md states these.
-CONCURRENCY = {"openai": 8, "vllm": 64, "transformers": 2, "oracle": 4}
 # `auto` (otbuild's own checkpoints: eval.serve_with, rl.rollout): vllm where it is installed,
-# else transformers; decided when the engine starts (otbuild.engines.resolve_auto)
+# else transformers, decided when the engine starts (otbuild.engines.resolve_auto); its trials
+# in flight are known before that (the profile's memory check counts them): transformers' 2
+CONCURRENCY = {"openai": 8, "vllm": 64, "transformers": 2, "oracle": 4, "auto": 2}
 AUTO = "auto"
 
 

@@ -233,6 +233,7 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
     from otbuild.settings.engines import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
 
+    in_flight = concurrency(cfg)  # as the plan counted them (auto's own)
     cfg = resolve_auto(cfg)  # serve_with: auto is decided here, by what this machine has
 
     rows = task_rows(inputs, {t.row for t in todo})
@@ -247,7 +248,7 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
     trial_settings = TrialSettings(cfg, cfg.prompt)
     progress = Progress(total, already)
-    sem = asyncio.Semaphore(concurrency(cfg))
+    sem = asyncio.Semaphore(in_flight)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(cfg)
     model = engine if getattr(engine, "needs_solution", False) else FirstRequest(engine)

@@ -23,7 +23,7 @@ VOLATILE_MANIFEST_KEYS = {
 }
 VOLATILE_LOG_KEYS = {
     "time": "elapsed time", "tokens_per_second": "throughput", "update_seconds": "elapsed time",
-    "rollout_seconds": "elapsed time",
+    "rollout_seconds": "elapsed time", "sync_seconds": "elapsed time",
 }
 
 
