@@ -89,7 +89,7 @@ def vllm_level(vllm: str, root: str, model: Path, c: int, requests: int, prompt_
            "--random-input-len", str(max(1, round(prompt_tokens))), "--random-output-len", str(max_tokens),
            "--random-range-ratio", "0", "--num-prompts", str(requests), "--max-concurrency", str(c),
            "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(work), "--result-filename", name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     return json.loads((work / name).read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from otbuild.errors import EXIT_USAGE, ConfigError
-from otbuild.fsio import atomic_path, write_json
+from otbuild.fsio import atomic_path
 from otbuild.hashing import canonical_json
 from otbuild.plan import RESULTS, Node, Plan, plan_recipe
 from otbuild.provenance import read_record

@@ -221,7 +221,9 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
     assert stats["engines"] == {f"vllm:{ckpt}": "0.32.0"} and stats["trials"] == 3
     answers = [m["content"] for r in pq.read_table(out / "traces.parquet").to_pylist()
                for m in r["conversations"] if m["role"] == "assistant"]
-    framed = lambda a: regex.fullmatch(protocol.ANSWER_REGEX, a, partial=True)  # noqa: E731 (cut at max_tokens: a prefix)
+    def framed(answer: str):  # inside the frame, or a prefix of it (cut at max_tokens)
+        return regex.fullmatch(protocol.ANSWER_REGEX, answer, partial=True)
+
     assert answers and all(framed(a) for a in answers), answers
     free = [m["content"] for r in pq.read_table(project / "results" / "smoke" / "eval" / "traces.parquet").to_pylist()
             for m in r["conversations"] if m["role"] == "assistant"]  # the same student on vLLM, unconstrained

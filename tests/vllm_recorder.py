@@ -26,7 +26,13 @@ def main(args: list[str]) -> None:
     port, inner = int(args[at]), free_port()
     args[at] = str(inner)
     server = subprocess.Popen([os.environ["REAL_VLLM"], *args])
-    record = open(os.environ["VLLM_RECORD"], "a")
+    with open(os.environ["VLLM_RECORD"], "a") as record:
+        serve(port, inner, record)
+        sys.exit(server.wait())
+
+
+def serve(port: int, inner: int, record) -> None:
+    """The proxy on `port`, in a thread: every request to the server on `inner`, recorded."""
     lock = threading.Lock()
 
     class Proxy(BaseHTTPRequestHandler):
@@ -63,7 +69,6 @@ def main(args: list[str]) -> None:
 
     proxy = ThreadingHTTPServer(("127.0.0.1", port), Proxy)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    sys.exit(server.wait())
 
 
 if __name__ == "__main__":

@@ -57,13 +57,8 @@ class ManagedServerEngine:
         raise NotImplementedError
 
     def died(self) -> str | None:
-        """Why the server is not there any more (its exit code and log tail); None while it runs."""
-        server = self._server
-        code = server.exit_code() if server is not None else None
-        if code is None:
-            return None
-        return f"{self.name}: the server exited with code {code}; log {server.log_path}, last lines:\n" \
-               f"{server.log_tail()}"
+        """Why the server is not there any more (ServerProcess.gone); None while it runs."""
+        return self._server.gone() if self._server is not None else None
 
     async def start(self) -> None:
         async with self._lock:

@@ -71,6 +71,13 @@ class ServerProcess:
         """None while it runs (or before it started); its exit code once it ended."""
         return None if self.proc is None else self.proc.poll()
 
+    def gone(self) -> str | None:
+        """Why the server is not there any more (its exit code and log tail); None while it runs."""
+        code = self.exit_code()
+        if code is None:
+            return None
+        return f"{self.name}: the server exited with code {code}; log {self.log_path}, last lines:\n{self.log_tail()}"
+
     def log_tail(self, n: int = 30) -> str:
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()

@@ -116,7 +116,6 @@ class Policy:
         self.model, self.tok = model, tokenizer
         self.temperature, self.max_tokens, self.max_context = temperature, max_tokens, max_context
         self.name = name
-        self.served_by: str | None = None  # "vllm VERSION" when a server answered the last rollout
         self.lock = threading.Lock()
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
@@ -362,12 +361,16 @@ class PolicyServer:
         server = self.server
 
         def alive() -> None:
-            if (code := server.exit_code()) is not None:
-                raise ServerDiedError(f"vllm: the policy's server exited with code {code}; log {server.log_path}, "
-                                      f"last lines:\n{server.log_tail()}")
+            if (why := server.gone()) is not None:
+                raise ServerDiedError(why)
 
         return OpenAIEngine(client_settings(self.llm), base_url=self.base_url, name="vllm", provider="hosted_vllm",
                             trust_env=False, alive=alive)
+
+    @property
+    def engine(self) -> str:
+        """What serves the rollouts, as the step log names it: "vllm RELEASE"."""
+        return f"vllm {self.release}" if self.release else "vllm"
 
     def stop(self) -> None:
         if self.server is not None:
@@ -379,7 +382,6 @@ async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg:
                          workroot: Path, run_id: str, server: PolicyServer) -> list[Trajectory]:
     """rollout: vllm: the step's trials against the live server (PolicyServer, synced already)."""
     client = server.client()
-    policy.served_by = f"vllm {server.release}" if server.release else "vllm"
     try:
         trajs = await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=client)
     finally:
@@ -613,7 +615,7 @@ class RlTrainer(Trainer):
                 "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
                 "trajectories": len(rewards), "sequences": total["sequences"],
                 "zero_advantage_tasks": total["zero"], "errors": total["errors"],
-                "lr": self.engine.get_lr()[0], "rollout_engine": self.policy.served_by or "transformers",
+                "lr": self.engine.get_lr()[0], "rollout_engine": self.server.engine if self.server else "transformers",
                 **sync, "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
                 "update_seconds": round(time.monotonic() - t1, 3),
                 "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
