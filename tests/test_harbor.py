@@ -566,7 +566,7 @@ def test_an_export_row_without_the_task_is_quarantined(tmp_path):
 def test_the_paper_teachers_harbor_jobs_are_openthoughts_agents_trace_configs(tmp_path, recipe):
     """The paper recipes' teacher runs terminus-2 as OpenThoughts-Agent's trace-generation
     configs do (raw content, linear history, interleaved thinking, proactive summarization at
-    8,192 free tokens, thinking on, a 1,800 s agent timeout), with the served model's context
+    8,192 free tokens, thinking on, a 1,800 s agent timeout, no verifier), with the served model's context
     for summarizing; Harbor's own models accept the job config and the agent's options."""
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
@@ -582,17 +582,19 @@ def test_the_paper_teachers_harbor_jobs_are_openthoughts_agents_trace_configs(tm
     assert kw["llm_call_kwargs"]["extra_body"] == {"chat_template_kwargs": {"enable_thinking": True}}
     assert kw["model_info"]["max_input_tokens"] == node.config.launch.max_model_len
     assert agent["override_timeout_sec"] == 1800
+    assert cfg["verifier"]["disable"] is True  # trace generation without the verifier (teacher.verify)
     if HARBOR.is_file():
         code = ("import json,sys; from harbor.models.job.config import JobConfig; "
                 "from harbor.agents.terminus_2.terminus_2 import Terminus2; "
                 "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); "
                 "o = Terminus2.parse_options(c.agents[0].kwargs, {}); "
-                "print(o.interleaved_thinking, o.proactive_summarization_threshold, o.trajectory_config)")
+                "print(o.interleaved_thinking, o.proactive_summarization_threshold, c.verifier.disable, "
+                "o.trajectory_config)")
         path = write_job_config(tmp_path / "job.json", cfg)
         res = subprocess.run([str(HARBOR.parent / "python"), "-c", code, str(path)], capture_output=True,
                              text=True, check=False)
         assert res.returncode == 0, res.stderr[-2000:]
-        assert res.stdout.split()[:2] == ["True", "8192"] and "raw_content" in res.stdout
+        assert res.stdout.split()[:3] == ["True", "8192", "True"] and "raw_content" in res.stdout
 
 
 @pytest.mark.slow
@@ -613,3 +615,41 @@ def test_a_wrong_key_fails_the_rollout_naming_the_401(tmp_path, scripted, monkey
         run_shard(settings, [tasks], tmp_path / "rollout", 0)
     assert len(srv.requests) == 1
     assert not (tmp_path / "rollout" / "harbor" / "shard-0-of-1" / "jobs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor)])
+def test_a_teacher_without_the_verifier_leaves_each_reward_unknown(tmp_path, sandbox):
+    """teacher.verify: false (OpenThoughts-Agent's trace generation: `verifier.disable`) on both
+    paths: the agent runs, no verifier does, and each trace's reward is unknown (outcome
+    `unverified`, the reason in its metadata), never a 0 or a 1; the same tasks verified pass."""
+    import duckdb
+
+    from otbuild.stages.failures import outcome_stats
+    from otbuild.stages.rollout import run_shard
+    from otbuild.traces.outcome import UNVERIFIED, UNVERIFIED_REASON
+
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, generate(2, seed=3), source="synth")
+    outcomes = {}
+    for verify in (False, True):
+        settings = RolloutSettings(engine="oracle", sandbox=sandbox, verify=verify, harbor={"environment": "otbuild"})
+        out = tmp_path / f"verify-{verify}"
+        run_shard(settings, [tasks], out, 0)
+        shard = out / "shards" / "0-of-1.parquet"
+        rows = pq.read_table(shard).to_pylist()
+        assert len(rows) == 2 and all(r["n_turns"] >= 1 and r["exception"] is None for r in rows)
+        outcomes[verify] = outcome_stats(duckdb.connect(), shard)["outcomes"]
+        metas = [json.loads(r["metadata"]) for r in rows]
+        if verify:
+            assert [r["reward"] for r in rows] == [1.0, 1.0]
+            assert not any("unverified_reason" in m for m in metas)
+            continue
+        assert [(r["reward"], r["result"]) for r in rows] == [(None, "")] * 2
+        assert [m["unverified_reason"] for m in metas] == [UNVERIFIED_REASON] * 2
+        if sandbox == "harbor":  # Harbor's own record: no verifier ran
+            results = [json.loads(p.read_text()) for p in out.rglob("attempts-*/*/result.json")]
+            assert len(results) == 2 and all(r.get("verifier_result") is None for r in results)
+        else:
+            assert all(m["verifier_timeout_sec"] == 0 for m in metas)
+    assert outcomes == {False: {UNVERIFIED: 2}, True: {"passed": 2}}

@@ -391,3 +391,19 @@ def test_a_teacher_context_longer_than_sft_cutoff_needs_an_explicit_truncation(r
     assert load_recipe("fits", root).recipe.sft.cutoff_len == 65536
     for name in ("otagent_v2_100k", "otagent_v2_10k"):  # the paper's recipes say it
         assert load_recipe(name, REPO).recipe.sft.truncation == "right"
+
+
+def test_a_reward_rule_over_an_unverified_teacher_is_refused(recipes):
+    """teacher.verify: false leaves every teacher trace's reward unknown: a min_reward filter
+    would drop them all, so validate refuses it (exit 2) naming both keys; without the rule
+    the recipe is valid and its unverified traces pass drop_exceptions."""
+    from tests.conftest import otbuild
+
+    teacher = "teacher: {engine: oracle, verify: false}\n"
+    root = _write(recipes, "unverified", BASE + teacher + "trace_filter: {min_reward: 1.0}\n")
+    msg = _error(root, "unverified")
+    assert "unverified.yaml: trace_filter.min_reward:" in msg and "teacher.verify is false" in msg
+    res = otbuild(root, "validate", "unverified")
+    assert res.returncode == 2 and "trace_filter.min_reward" in res.stderr + res.stdout
+    root = _write(recipes, "unverified_ok", BASE + teacher + "trace_filter: {drop_exceptions: true}\n")
+    assert load_recipe("unverified_ok", root).recipe.teacher.verify is False

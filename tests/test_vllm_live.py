@@ -242,7 +242,7 @@ def test_a_server_killed_mid_shard_is_restarted_and_its_trials_run_again(tmp_pat
     from otbuild.stages.rollout import run_shard
 
     log = tmp_path / "vllm.log"
-    settings = RolloutSettings(engine="vllm", model=str(qwen3), temperature=0.7, seed=1, max_tokens=24,
+    settings = RolloutSettings(engine="vllm", model=str(qwen3), temperature=0.7, seed=1, max_tokens=160,
                                max_episodes=3, concurrency=1, sandbox="bwrap", prompt="compact", backoff_sec=0.2,
                                engine_args={"dtype": "float32", "max_model_len": 2048, "log_path": str(log)})
     out = tmp_path / "rollout"
@@ -262,6 +262,7 @@ def test_a_server_killed_mid_shard_is_restarted_and_its_trials_run_again(tmp_pat
         time.sleep(0.2)
     servers = [p for p in _processes("vllm.entrypoints.cli.main") if str(qwen3) in p[1]]
     assert len(servers) == 1, servers
+    _wait_for_a_running_request(servers[0][1])  # the kill lands mid-request, not between two
     pgid = os.getpgid(servers[0][0])
     for pid in group_members(pgid):
         if pid != pgid:  # the server and its engine processes; the guard reports the death
@@ -274,6 +275,23 @@ def test_a_server_killed_mid_shard_is_restarted_and_its_trials_run_again(tmp_pat
     assert ["ServerDiedError"] in retried, retried
     assert log.read_text().count("Application startup complete") == 2  # started once more
     assert not group_members(pgid) and not [p for p in _processes("vllm.entrypoints.cli.main") if str(qwen3) in p[1]]
+
+
+def _wait_for_a_running_request(cmdline: str, timeout: float = 120.0) -> None:
+    """Until the server at `cmdline`'s --port reports a request running (vLLM's /metrics)."""
+    port = regex.search(r"--port[ =](\d+)", cmdline)
+    assert port, cmdline
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            metrics = httpx.get(f"http://127.0.0.1:{port[1]}/metrics", timeout=2.0, trust_env=False).text
+        except httpx.HTTPError:
+            metrics = ""
+        running = regex.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", metrics, flags=regex.M)
+        if running and float(running[1]) > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no request ran on the server within {timeout} s")
 
 
 def _processes(needle: str) -> list[tuple[int, str]]:

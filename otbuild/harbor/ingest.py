@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 
 from otbuild.traces.imports._common import ensure_task_text
-from otbuild.traces.outcome import TIMEOUT_ERRORS
+from otbuild.traces.outcome import TIMEOUT_ERRORS, UNVERIFIED_REASON
 from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns, reward_text
 
 
@@ -127,6 +127,8 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
                     ("environment_setup", "agent_setup", "agent_execution", "verifier")},
         "task_path": str(task_path) if task_path else None,
     }
+    if (config.get("verifier") or {}).get("disable") and reward is None:
+        meta["unverified_reason"] = UNVERIFIED_REASON
     return {
         "conversations": conversations,
         "agent": agent_info.get("name") or agent_cfg.get("name"),

@@ -47,7 +47,7 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
                agent_kwargs: dict | None = None, environment_kwargs: dict | None = None,
                timeout_multiplier: float = 1.0, agent_timeout_sec: float | None = None,
                max_timeout_sec: float | None = None, task_names: list[str] | None = None,
-               max_retries: int = 0, api_key_env: str | None = None) -> dict:
+               max_retries: int = 0, api_key_env: str | None = None, verify: bool = True) -> dict:
     """A Harbor JobConfig (schema: `harbor job schema`) as a dict.
 
     `environment`: a Harbor environment type (docker, daytona, modal, ...), `otbuild` (ours,
@@ -63,7 +63,8 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
     `model_api_key_name`): the config holds the name, never the key. `max_retries`: Harbor
     reruns a trial that ended in an error up to that many times, with backoff; its error
     policy leaves out the agent's own ends and the verifier's, and so do the errors otbuild
-    does not count as infrastructure (otbuild/traces/outcome.py: KNOWN_ERRORS)."""
+    does not count as infrastructure (otbuild/traces/outcome.py: KNOWN_ERRORS). `verify`
+    false: no trial runs the verifier (`verifier.disable`), so none has a reward."""
     if agent != "oracle" and not model:
         raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
     agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
@@ -92,6 +93,8 @@ def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "
     if task_names:
         dataset["task_names"] = list(task_names)
     verifier_cfg = {} if max_timeout_sec is None else {"max_timeout_sec": float(max_timeout_sec)}
+    if not verify:
+        verifier_cfg["disable"] = True
     return {
         "job_name": job_name,
         "jobs_dir": str(Path(jobs_dir).resolve()),
@@ -169,7 +172,7 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                    agent_timeout_sec: float | None = None, max_timeout_sec: float | None = None,
                    harbor: str | Path | None = None, max_retries: int = 0,
                    api_key_env: str | None = None, timeout_sec: float | None = None,
-                   log: Path | None = None) -> Path:
+                   log: Path | None = None, verify: bool = True) -> Path:
     """Run one Harbor job over `tasks` (a task parquet, or a dir of Harbor task dirs) and
     return its job dir (`workdir/jobs/<job_name>/`); ingest it with `read_job`. An existing
     job dir of that name is replaced. Raises HarborNotInstalled, or RuntimeError when
@@ -185,7 +188,8 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                      environment=environment, n_attempts=n_attempts, n_concurrent=n_concurrent,
                      agent_kwargs=agent_kwargs, environment_kwargs=environment_kwargs,
                      timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec,
-                     max_timeout_sec=max_timeout_sec, max_retries=max_retries, api_key_env=api_key_env)
+                     max_timeout_sec=max_timeout_sec, max_retries=max_retries, api_key_env=api_key_env,
+                     verify=verify)
     env = harbor_env(api_key_env=api_key_env)
     path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
     log = Path(log or workdir / f"{job_name}.harbor.log")

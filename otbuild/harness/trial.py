@@ -35,6 +35,7 @@ from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
 from otbuild.tasks.task_toml import TaskConfig, resolve_env, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
+from otbuild.traces.outcome import UNVERIFIED_REASON
 from otbuild.traces.table import assistant_turn, reward_text
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt
@@ -48,6 +49,7 @@ class TrialSettings:
     trials: Trials
     prompt: str
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec (scaled and capped alike)
+    verify: bool = True  # False: the verifier is not run (teacher.verify), the reward stays unknown
 
     @property
     def limits(self) -> Limits:
@@ -113,12 +115,14 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     try:
         config = task_config(task)  # a task.toml Harbor would refuse is this trial's exception
         agent_timeout, verifier_timeout = trial_timeouts(config, settings)
+        verifier_timeout = verifier_timeout if settings.verify else 0.0
         # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
         limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
         # in a thread: podman may build the task's image first
         with await thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
-            verifier = await thread(_park_verifier, box, config.verifier.env)  # started now, run after the agent
+            # started now, run after the agent
+            verifier = await thread(_park_verifier, box, config.verifier.env) if settings.verify else None
             try:
                 stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions,
                                     seed_key=f"{run_id}:{task_id}:{sample_idx}", keep=verifier, thread=thread)
@@ -128,6 +132,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                 box.kill_all(keep=verifier)  # nothing the agent started survives into the verifier
             if stop == CONTEXT_EXCEEDED:
                 reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
+            elif not settings.verify:
+                details["unverified_reason"] = UNVERIFIED_REASON
             elif not box.disk_exceeded:
                 reward, extra = await _verify(box, verifier_timeout, config.verifier.env, verifier, thread)
                 details.update(extra)

@@ -420,6 +420,7 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
                           "harness.constrained_decoding: applies to the eval of the recipe's own checkpoint "
                           "(no eval.model); here it would constrain nothing: remove it")
     _check_sft_context(recipe, origin, path)
+    _check_reward_known(recipe, origin, path)
     if recipe.sources and recipe.trace_imports and not (recipe.teacher or recipe.rl):
         raise ConfigError(f"{_file_for(('sources',), origin, path)}: sources: no stage uses these tasks (the "
                           "traces come from trace_imports): add a `teacher` to roll them out, or remove `sources`")
@@ -472,6 +473,16 @@ def _check_sft_context(recipe: Recipe, origin: dict, path: Path) -> None:
             f"at {context} positions (teacher.engine_args.max_model_len) but sft.cutoff_len is {sft.cutoff_len}, "
             "so longer traces are cut; say how: `right` keeps each trace's first cutoff_len tokens (its ending, "
             "where the task gets solved, is lost), `drop` leaves the trace out (both counted in the provenance)")
+
+
+def _check_reward_known(recipe: Recipe, origin: dict, path: Path) -> None:
+    """A reward rule needs rewards: a teacher that skips the verifier leaves every trace's unknown."""
+    teacher, rules = recipe.teacher, recipe.trace_filter
+    if teacher and not teacher.verify and rules and rules.min_reward is not None:
+        raise ConfigError(
+            f"{_file_for(('trace_filter', 'min_reward'), origin, path)}: trace_filter.min_reward: keeps traces by "
+            "their reward, but teacher.verify is false: no verifier runs, so no teacher trace has a reward and "
+            "every one would be dropped; set teacher.verify: true, or remove trace_filter.min_reward")
 
 
 def _check_paths(recipe: Recipe, origin: dict, path: Path) -> None:

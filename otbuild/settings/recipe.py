@@ -285,6 +285,9 @@ class Teacher(LLM, ShardedTrials):
     engine: Literal["oracle", "openai", "vllm", "transformers"]
     model: str | None = Field(default=None, description="not needed for the oracle")
     samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
+    verify: bool = Field(default=True, description="run each task's verifier after the agent; false skips it "
+                         "(OpenThoughts-Agent's trace generation, `verifier.disable`): the reward is unknown "
+                         "(outcome `unverified`), so trace_filter.min_reward cannot apply")
 
     @model_validator(mode="after")
     def _model_needed(self):

@@ -246,7 +246,7 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
 
             if removed := remove_leaked_containers():
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
-    trial_settings = TrialSettings(cfg, cfg.prompt)
+    trial_settings = TrialSettings(cfg, cfg.prompt, verify=cfg.verify)
     progress = Progress(total, already)
     sem = asyncio.Semaphore(in_flight)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))

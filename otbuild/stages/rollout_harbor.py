@@ -125,4 +125,5 @@ def harbor_options(cfg: RolloutSettings) -> dict:
                                     **(kwargs.get("model_info") or {})}
     return {"agent": agent, "agent_kwargs": kwargs or None, "environment": hb.environment,
             "environment_kwargs": hb.environment_kwargs or None, "timeout_multiplier": cfg.timeout_multiplier,
-            "agent_timeout_sec": cfg.agent_timeout_sec, "max_timeout_sec": cfg.timeout_cap_sec / cfg.timeout_multiplier}
+            "agent_timeout_sec": cfg.agent_timeout_sec, "max_timeout_sec": cfg.timeout_cap_sec / cfg.timeout_multiplier,
+            "verify": cfg.verify}

@@ -20,7 +20,7 @@ alike:
     timed_out       the agent ran out of time (timed_out, AgentTimeoutError)
     task_failure    the agent's own end without a verdict: its context window, its disk limit,
                     its output length (ContextLengthExceededError, DiskLimitExceededError, ...)
-    unverified      no error and no reward (imported traces without a label)
+    unverified      no error and no reward (imported traces without a label; teacher.verify: false)
     passed / failed the verifier's reward, >= 1 or below
 
 An unknown error name is infrastructure: as Harbor's retries do, only what is known to be
@@ -37,6 +37,7 @@ VERIFIER_ERROR = "verifier_error"
 TIMED_OUT = "timed_out"
 TASK_FAILURE = "task_failure"
 UNVERIFIED = "unverified"
+UNVERIFIED_REASON = "teacher.verify: false: the verifier was not run"  # in a trace's metadata
 PASSED = "passed"
 FAILED = "failed"
 OUTCOMES = (NOT_RUN, INFRASTRUCTURE, VERIFIER_ERROR, TIMED_OUT, TASK_FAILURE, UNVERIFIED, PASSED, FAILED)
