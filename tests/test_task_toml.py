@@ -312,3 +312,60 @@ def test_harbors_own_task_config_agrees():
                        capture_output=True, text=True, timeout=120, check=True)
     theirs = json.loads(r.stdout)
     assert [_ours(config(t)) for t in CONTRACT_TOMLS] == theirs
+
+
+# -- keys Harbor runs and otbuild's harness refuses ------------------------------------------
+UNSUPPORTED_TOMLS = {  # each a task.toml Harbor 0.26 loads, setting one key the harness does not run
+    "steps": '[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n',
+    "multi_step_reward_strategy": 'multi_step_reward_strategy = "final"\n',
+    "artifacts": 'artifacts = ["/app/out.txt"]\n',
+    "environment.env": '[environment.env]\nTOKEN = "${TOKEN:-x}"\n',
+    "solution.env": '[solution.env]\nSEED = "1"\n',
+    "verifier.collect": '[[verifier.collect]]\ncommand = "cp /app/out.txt /logs/artifacts/"\n',
+    "verifier.environment_mode": '[verifier]\nenvironment_mode = "separate"\n',
+}
+
+
+def test_keys_the_harness_does_not_run_refuse_the_trial_naming_the_key(tmp_path):
+    """A task.toml key Harbor honours and otbuild's harness does not is that trial's
+    TaskKeyNotSupported (outcome not_run, left out of means), its message naming the key and
+    `sandbox: harbor`; never silently ignored. Empty tables (Terminal-Bench's `[solution.env]`)
+    and the default `environment_mode = "shared"` are nothing to refuse, and none of the real
+    task dirs in ../shared/data/dev is refused."""
+    import asyncio
+
+    from otbuild.harness.oracle import OracleEngine
+    from otbuild.harness.trial import run_trial
+    from otbuild.tasks.task_toml import harness_unsupported
+    from otbuild.traces.outcome import NOT_RUN, outcome
+
+    for key, text in UNSUPPORTED_TOMLS.items():
+        assert harness_unsupported(config(text)) == [key], key
+        t = task(text, name=key.replace(".", "-"))
+        row = asyncio.run(run_trial(t, t.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"),
+                                    tmp_path / key))
+        message = json.loads(row["metadata"])["exception_message"]
+        assert row["exception"] == "TaskKeyNotSupported" and f"task.toml {key} (" in message, message
+        assert "sandbox: harbor" in message and row["conversations"] == [] and row["reward"] is None
+        assert outcome(row) == NOT_RUN
+    assert harness_unsupported(config('[solution.env]\n[verifier]\nenvironment_mode = "shared"\n')) == []
+    dev = sorted((REPO.parent / "shared" / "data" / "dev").rglob("task.toml"))
+    assert all(harness_unsupported(config(p.read_text(), p.parent.name)) == [] for p in dev)
+
+
+@pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
+def test_harbor_loads_every_task_toml_the_harness_refuses():
+    """The refused keys are Harbor's own: its TaskConfig loads each of those task.tomls and
+    finds the key set (so `sandbox: harbor` runs what the harness refuses)."""
+    code = ("import json, sys; from harbor.models.task.config import TaskConfig\n"
+            "for text in json.load(sys.stdin):\n"
+            "    c = TaskConfig.model_validate_toml(text)\n"
+            "    print(bool(c.steps), c.multi_step_reward_strategy is not None, bool(c.artifacts),"
+            " bool(c.environment.env), bool(c.solution.env), bool(c.verifier.collect),"
+            " getattr(c.verifier.environment_mode, 'value', None) == 'separate')")
+    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", code], input=json.dumps(list(UNSUPPORTED_TOMLS.values())),
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = [line.split() for line in r.stdout.splitlines()]
+    assert [row.index("True") for row in found] == [0, 1, 2, 3, 4, 5, 6]
+    assert [row.count("True") for row in found] == [1] * 7

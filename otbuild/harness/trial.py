@@ -33,7 +33,7 @@ from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
-from otbuild.tasks.task_toml import TaskConfig, resolve_env, task_config
+from otbuild.tasks.task_toml import HARNESS_UNSUPPORTED, TaskConfig, harness_unsupported, resolve_env, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 from otbuild.traces.outcome import UNVERIFIED_REASON
 from otbuild.traces.table import assistant_turn, reward_text
@@ -68,6 +68,10 @@ class VerifierEnvError(Exception):
     """The task's `[verifier].env` names a host variable (`${VAR}`) this host does not set."""
 
 
+class TaskKeyNotSupported(Exception):
+    """The task's task.toml sets a key Harbor runs and this harness does not (HARNESS_UNSUPPORTED)."""
+
+
 class RewardFileNotFoundError(Exception):
     """The verifier ended without writing a reward: it died before judging (e.g. it could not
     install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
@@ -76,7 +80,7 @@ class RewardFileNotFoundError(Exception):
 # what a trial records as its exception (outcome infrastructure or verifier_error:
 # otbuild/traces/outcome.py); anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
-                         RewardFileNotFoundError, VerifierEnvError, TaskFormatError)
+                         RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -114,6 +118,10 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     thread = TrialThread()
     try:
         config = task_config(task)  # a task.toml Harbor would refuse is this trial's exception
+        if unsupported := harness_unsupported(config):
+            raise TaskKeyNotSupported(
+                f"task {task.name!r}: task.toml {', '.join(unsupported)} ({HARNESS_UNSUPPORTED[unsupported[0]]}) "
+                "is not run by otbuild's harness; run the task with sandbox: harbor")
         agent_timeout, verifier_timeout = trial_timeouts(config, settings)
         verifier_timeout = verifier_timeout if settings.verify else 0.0
         # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin

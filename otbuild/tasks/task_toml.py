@@ -148,6 +148,34 @@ def task_metadata(config: TaskConfig) -> dict:
     return meta
 
 
+# task.toml keys Harbor runs and otbuild's harness does not (yet): a task that sets one is
+# refused by the harness, naming the key (sandbox: harbor runs it)
+HARNESS_UNSUPPORTED = {
+    "steps": "a multi-step task ([[steps]])",
+    "multi_step_reward_strategy": "a multi-step task's reward strategy",
+    "artifacts": "artifacts to collect after the trial",
+    "environment.env": "variables for the task's environment",
+    "solution.env": "variables for the reference solution",
+    "verifier.collect": "commands that collect files for the verifier ([[verifier.collect]])",
+    "verifier.environment": "a separate verifier environment",
+    "verifier.environment_mode": "a separate verifier environment (environment_mode = \"separate\")",
+}
+
+
+def harness_unsupported(config: TaskConfig) -> list[str]:
+    """The keys of HARNESS_UNSUPPORTED that `config`'s task.toml sets (empty tables and
+    `environment_mode = "shared"`, Harbor's default, are nothing to refuse)."""
+    found = []
+    for key in HARNESS_UNSUPPORTED:
+        table, _, name = key.rpartition(".")
+        value = (config.toml.get(table) if table else config.toml) or {}
+        value = value.get(name) if isinstance(value, dict) else None
+        if value in (None, {}, [], "shared"):
+            continue
+        found.append(key)
+    return found
+
+
 def runnable_locally(task: TaskDir, config: TaskConfig | None = None) -> bool:
     """True only when the task needs no container image we cannot reproduce locally:
 

@@ -42,7 +42,8 @@ PASSED = "passed"
 FAILED = "failed"
 OUTCOMES = (NOT_RUN, INFRASTRUCTURE, VERIFIER_ERROR, TIMED_OUT, TASK_FAILURE, UNVERIFIED, PASSED, FAILED)
 
-NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError", "NetworkPolicyError", "TaskFormatError")
+NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError", "NetworkPolicyError", "TaskFormatError",
+                  "TaskKeyNotSupported")
 VERIFIER_ERRORS = ("VerifierTimeoutError", "VerifierOutputParseError", "RewardFileNotFoundError",
                    "RewardFileEmptyError", "VerifierEnvError")
 TIMEOUT_ERRORS = ("AgentTimeoutError",)
