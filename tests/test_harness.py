@@ -326,6 +326,36 @@ def test_the_verifier_gets_its_task_toml_env(tmp_path, monkeypatch):
     assert "OTB_TEST_JUDGE_KEY" in json.loads(trace["metadata"])["exception_message"]
 
 
+@needs_sandbox
+def test_environment_env_reaches_every_phase_and_solution_env_the_oracle(tmp_path, monkeypatch):
+    """As Harbor: [environment].env is in the agent's shell and the verifier's process (host
+    ${VAR}s resolved); [solution].env only in the oracle's replay of solve.sh, never a model's
+    shell or the verifier. A host variable missing without a default: TaskEnvError, not run."""
+    from otbuild.harness.oracle import OracleEngine
+    from otbuild.traces.outcome import NOT_RUN, outcome
+
+    task = TaskDir("task-env")
+    task.add("instruction.md", "Write the seed.")
+    task.add("task.toml", '[environment.env]\nREGION = "${OTB_TEST_REGION}"\nMODE = "${OTB_TEST_MODE:-fast}"\n'
+                          '[solution.env]\nSEED = "42"\n')
+    task.add("solution/solve.sh", '#!/bin/bash\necho "$SEED/$REGION" > /tmp/seed.txt\n', executable=True)
+    task.add("tests/test.sh", '#!/bin/bash\n[ "$(cat /tmp/seed.txt)/$MODE/$SEED" = "42/eu/fast/" ] '
+             "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n", executable=True)
+    monkeypatch.setenv("OTB_TEST_REGION", "eu")
+    monkeypatch.delenv("OTB_TEST_MODE", raising=False)
+    trace = _trial(task, OracleEngine(), tmp_path / "oracle")
+    assert trace["reward"] == 1.0, trace["metadata"]
+    engine = ScriptedEngine([answer('echo "agent sees [$REGION/$MODE/$SEED]"\n'), answer(complete=True),
+                             answer(complete=True)])
+    trace = _trial(task, engine, tmp_path / "model")
+    assert "agent sees [eu/fast/]" in engine.seen[1][-1]["content"] and trace["reward"] == 0.0
+
+    monkeypatch.delenv("OTB_TEST_REGION")
+    trace = _trial(task, OracleEngine(), tmp_path / "missing")
+    assert trace["exception"] == "TaskEnvError" and outcome(trace) == NOT_RUN
+    assert "[environment].env REGION: the host has no OTB_TEST_REGION" in json.loads(trace["metadata"])["exception_message"]
+
+
 def test_a_task_toml_harbor_would_refuse_is_the_trials_exception(tmp_path):
     task = TaskDir("bad-network")
     task.add("instruction.md", "Do nothing.")

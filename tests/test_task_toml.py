@@ -275,6 +275,7 @@ CONTRACT_TOMLS = [
     '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["PyPI.org.", "*.example.com", "10.0.0.0/8"]\n',
     '[environment]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "public"\n',
     '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["api.example.com"]\n',
+    '[environment.env]\nREGION = "${REGION:-eu}"\n[solution.env]\nSEED = "42"\n',
 ]
 
 HARBOR_SIDE = """
@@ -290,7 +291,8 @@ for text in json.load(sys.stdin):
                 "verifier_env": c.verifier.env, "build_timeout": e.build_timeout_sec, "cpus": e.cpus,
                 "memory_mb": e.memory_mb, "storage_mb": e.storage_mb, "docker_image": e.docker_image,
                 "network": [e.network_mode.value, list(e.allowed_hosts or [])],
-                "agent_network": phase(c.agent), "verifier_network": phase(c.verifier)})
+                "agent_network": phase(c.agent), "verifier_network": phase(c.verifier),
+                "environment_env": e.env, "solution_env": c.solution.env})
 print(json.dumps(out))
 """
 
@@ -303,7 +305,7 @@ def _ours(c: TaskConfig) -> dict:
             "verifier_env": c.verifier.env, "build_timeout": e.build_timeout_sec, "cpus": e.cpus,
             "memory_mb": e.memory_mb, "storage_mb": e.storage_mb, "docker_image": e.docker_image,
             "network": phase(e.network), "agent_network": phase(c.agent.network),
-            "verifier_network": phase(c.verifier.network)}
+            "verifier_network": phase(c.verifier.network), "environment_env": e.env, "solution_env": c.solution_env}
 
 
 @pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
@@ -319,8 +321,6 @@ UNSUPPORTED_TOMLS = {  # each a task.toml Harbor 0.26 loads, setting one key the
     "steps": '[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n',
     "multi_step_reward_strategy": 'multi_step_reward_strategy = "final"\n',
     "artifacts": 'artifacts = ["/app/out.txt"]\n',
-    "environment.env": '[environment.env]\nTOKEN = "${TOKEN:-x}"\n',
-    "solution.env": '[solution.env]\nSEED = "1"\n',
     "verifier.collect": '[[verifier.collect]]\ncommand = "cp /app/out.txt /logs/artifacts/"\n',
     "verifier.environment_mode": '[verifier]\nenvironment_mode = "separate"\n',
 }
@@ -329,8 +329,7 @@ UNSUPPORTED_TOMLS = {  # each a task.toml Harbor 0.26 loads, setting one key the
 def test_keys_the_harness_does_not_run_refuse_the_trial_naming_the_key(tmp_path):
     """A task.toml key Harbor honours and otbuild's harness does not is that trial's
     TaskKeyNotSupported (outcome not_run, left out of means), its message naming the key and
-    `sandbox: harbor`; never silently ignored. Empty tables (Terminal-Bench's `[solution.env]`)
-    and the default `environment_mode = "shared"` are nothing to refuse, and none of the real
+    `sandbox: harbor`; never silently ignored. The default `environment_mode = "shared"` are nothing to refuse, and none of the real
     task dirs in ../shared/data/dev is refused."""
     import asyncio
 
@@ -361,11 +360,11 @@ def test_harbor_loads_every_task_toml_the_harness_refuses():
             "for text in json.load(sys.stdin):\n"
             "    c = TaskConfig.model_validate_toml(text)\n"
             "    print(bool(c.steps), c.multi_step_reward_strategy is not None, bool(c.artifacts),"
-            " bool(c.environment.env), bool(c.solution.env), bool(c.verifier.collect),"
+            " bool(c.verifier.collect),"
             " getattr(c.verifier.environment_mode, 'value', None) == 'separate')")
     r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", code], input=json.dumps(list(UNSUPPORTED_TOMLS.values())),
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     found = [line.split() for line in r.stdout.splitlines()]
-    assert [row.index("True") for row in found] == [0, 1, 2, 3, 4, 5, 6]
-    assert [row.count("True") for row in found] == [1] * 7
+    assert [row.index("True") for row in found] == [0, 1, 2, 3, 4]
+    assert [row.count("True") for row in found] == [1] * 5

@@ -68,6 +68,11 @@ class VerifierEnvError(Exception):
     """The task's `[verifier].env` names a host variable (`${VAR}`) this host does not set."""
 
 
+class TaskEnvError(Exception):
+    """The task's `[environment].env` or `[solution].env` names a host variable (`${VAR}`) this
+    host does not set (no default): the same every time, so the trial is not run."""
+
+
 class TaskKeyNotSupported(Exception):
     """The task's task.toml sets a key Harbor runs and this harness does not (HARNESS_UNSUPPORTED)."""
 
@@ -80,7 +85,8 @@ class RewardFileNotFoundError(Exception):
 # what a trial records as its exception (outcome infrastructure or verifier_error:
 # otbuild/traces/outcome.py); anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
-                         RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported)
+                         RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported,
+                         TaskEnvError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -122,6 +128,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
             raise TaskKeyNotSupported(
                 f"task {task.name!r}: task.toml {', '.join(unsupported)} ({HARNESS_UNSUPPORTED[unsupported[0]]}) "
                 "is not run by otbuild's harness; run the task with sandbox: harbor")
+        task_env, agent_env = _task_env(task, config, solution=getattr(engine, "needs_solution", False))
+        verifier_env = {**task_env, **config.verifier.env}
         agent_timeout, verifier_timeout = trial_timeouts(config, settings)
         verifier_timeout = verifier_timeout if settings.verify else 0.0
         # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
@@ -130,9 +138,9 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         with await thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
                                      with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
             # started now, run after the agent
-            verifier = await thread(_park_verifier, box, config.verifier.env) if settings.verify else None
+            verifier = await thread(_park_verifier, box, verifier_env) if settings.verify else None
             try:
-                stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions,
+                stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions, env=agent_env,
                                     seed_key=f"{run_id}:{task_id}:{sample_idx}", keep=verifier, thread=thread)
             except ContextLengthExceededError as e:
                 stop, failure, details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
@@ -143,7 +151,7 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
             elif not settings.verify:
                 details["unverified_reason"] = UNVERIFIED_REASON
             elif not box.disk_exceeded:
-                reward, extra = await _verify(box, verifier_timeout, config.verifier.env, verifier, thread)
+                reward, extra = await _verify(box, verifier_timeout, verifier_env, verifier, thread)
                 details.update(extra)
             if box.disk_exceeded:  # the trial filled its writable space: everything was killed
                 stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
@@ -161,6 +169,18 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
 
 
 VERIFIER = ["bash", "/tests/test.sh"]
+
+
+def _task_env(task: TaskDir, config: TaskConfig, *, solution: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """`[environment].env` (every phase's processes, as Harbor's environment has it) and the
+    agent's: that plus, for the oracle replaying solve.sh, `[solution].env`; host `${VAR}`s
+    resolved. TaskEnvError naming the task, the table and VAR when the host lacks one."""
+    try:
+        task_env = resolve_env(config.environment.env, os.environ, "[environment].env")
+        extra = resolve_env(config.solution_env, os.environ, "[solution].env") if solution else {}
+    except KeyError as e:
+        raise TaskEnvError(f"task {task.name!r}: {e.args[0]}") from None
+    return task_env, {**task_env, **extra}
 
 
 def _park_verifier(box, env: dict[str, str]):
@@ -271,14 +291,14 @@ def request_seed(seed_key: str, turn: int) -> int:
 
 
 async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: float,
-                 messages: list[dict], completions: list[Completion], *, seed_key: str, keep,
-                 thread: TrialThread) -> str:
+                 messages: list[dict], completions: list[Completion], *, env: dict[str, str], seed_key: str,
+                 keep, thread: TrialThread) -> str:
     """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
     a context overflow raises ContextLengthExceededError. `keep`: the parked verifier, which
-    ending the terminal leaves be."""
+    ending the terminal leaves be. `env`: the task's variables in the agent's shell."""
     deadline = time.monotonic() + timeout
     style = protocol.prompt_style(settings.prompt)
-    term = await thread(_open_terminal, box)
+    term = await thread(_open_terminal, box, env)
     try:
         screen = await thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
@@ -320,9 +340,9 @@ async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: f
         await thread(_close_terminal, box, term, keep)
 
 
-def _open_terminal(box) -> Terminal:
+def _open_terminal(box, env: dict[str, str]) -> Terminal:
     try:
-        term = Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env=SHELL_ENV, tty=True))
+        term = Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env={**env, **SHELL_ENV}, tty=True))
     except OSError as e:  # no pty or no fork left on the host
         raise SandboxError(f"could not start the agent's terminal: {e}") from e
     box.adopt(term.proc)  # kill_all ends it with its pid namespace: no /proc scan

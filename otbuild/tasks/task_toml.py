@@ -72,6 +72,7 @@ class EnvironmentConfig:
     memory_mb: int | None = None
     storage_mb: int | None = None
     network: NetworkPolicy = NetworkPolicy()
+    env: dict[str, str] = field(default_factory=dict)  # every phase's processes (as `[verifier].env`'s templates)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class TaskConfig:
     agent: AgentConfig = AgentConfig()
     verifier: VerifierConfig = VerifierConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
+    solution_env: dict[str, str] = field(default_factory=dict)  # `[solution].env`: the reference solution's
     toml: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as written
 
     @property
@@ -117,10 +119,10 @@ def task_config(task: TaskDir) -> TaskConfig:
     return parse_task_toml(task) if TASK_TOML in task.files else TaskConfig()
 
 
-def resolve_env(env: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
-    """`[verifier].env` as Harbor passes it: a value that is exactly `${VAR}` or
-    `${VAR:-default}` takes the host's VAR (else the default); KeyError naming VAR when the
-    host has none and there is no default."""
+def resolve_env(env: dict[str, str], environ: dict[str, str], table: str = "[verifier].env") -> dict[str, str]:
+    """An env table of task.toml (`table`) as Harbor passes it: a value that is exactly `${VAR}`
+    or `${VAR:-default}` takes the host's VAR (else the default); KeyError naming the table and
+    VAR when the host has none and there is no default."""
     out = {}
     for key, value in env.items():
         m = _ENV_TEMPLATE.fullmatch(value)
@@ -131,7 +133,7 @@ def resolve_env(env: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
         elif m[2] is not None:
             out[key] = m[2]
         else:
-            raise KeyError(f"[verifier].env {key}: the host has no {m[1]} and no default is given")
+            raise KeyError(f"{table} {key}: the host has no {m[1]} and no default is given")
     return out
 
 
@@ -154,8 +156,6 @@ HARNESS_UNSUPPORTED = {
     "steps": "a multi-step task ([[steps]])",
     "multi_step_reward_strategy": "a multi-step task's reward strategy",
     "artifacts": "artifacts to collect after the trial",
-    "environment.env": "variables for the task's environment",
-    "solution.env": "variables for the reference solution",
     "verifier.collect": "commands that collect files for the verifier ([[verifier.collect]])",
     "verifier.environment": "a separate verifier environment",
     "verifier.environment_mode": "a separate verifier environment (environment_mode = \"separate\")",
@@ -207,6 +207,12 @@ class _Reader:
         if not isinstance(value, dict):
             self.fail(f"[{key}]", "is not a table")
         return value
+
+    def env(self, t: dict, table: str) -> dict[str, str]:
+        value = t.get("env", {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            self.fail(f"[{table}] env", f"is not a table of strings: {value!r}")
+        return dict(value)
 
     def number(self, t: dict, table: str, key: str, default, *, integer: bool = False, positive: bool = True):
         value = t.get(key)
@@ -289,17 +295,15 @@ class _Reader:
         return h
 
     def config(self, data: dict) -> TaskConfig:
-        tables = {k: self.table(data, k) for k in ("metadata", "agent", "verifier", "environment")}
+        tables = {k: self.table(data, k) for k in ("metadata", "agent", "verifier", "environment", "solution")}
         agent, verifier, env = tables["agent"], tables["verifier"], tables["environment"]
-        venv = verifier.get("env", {})
-        if not isinstance(venv, dict) or not all(isinstance(v, str) for v in venv.values()):
-            self.fail("[verifier] env", f"is not a table of strings: {venv!r}")
         return TaskConfig(
             metadata=tables["metadata"],
             agent=AgentConfig(self.number(agent, "agent", "timeout_sec", None),
                               self.policy(agent, "agent", baseline=False)),
             verifier=VerifierConfig(
-                self.number(verifier, "verifier", "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC), dict(venv),
+                self.number(verifier, "verifier", "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC),
+                self.env(verifier, "verifier"),
                 self.policy(verifier, "verifier", baseline=False)),
             environment=EnvironmentConfig(
                 build_timeout_sec=self.number(env, "environment", "build_timeout_sec", DEFAULT_BUILD_TIMEOUT_SEC),
@@ -307,6 +311,8 @@ class _Reader:
                 cpus=self.number(env, "environment", "cpus", None),
                 memory_mb=self.size_mb(env, "environment", "memory_mb", "memory"),
                 storage_mb=self.size_mb(env, "environment", "storage_mb", "storage"),
-                network=self.policy(env, "environment", baseline=True)),
+                network=self.policy(env, "environment", baseline=True),
+                env=self.env(env, "environment")),
+            solution_env=self.env(tables["solution"], "solution"),
             toml=data,
         )

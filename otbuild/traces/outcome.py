@@ -43,7 +43,7 @@ FAILED = "failed"
 OUTCOMES = (NOT_RUN, INFRASTRUCTURE, VERIFIER_ERROR, TIMED_OUT, TASK_FAILURE, UNVERIFIED, PASSED, FAILED)
 
 NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError", "NetworkPolicyError", "TaskFormatError",
-                  "TaskKeyNotSupported")
+                  "TaskKeyNotSupported", "TaskEnvError")
 VERIFIER_ERRORS = ("VerifierTimeoutError", "VerifierOutputParseError", "RewardFileNotFoundError",
                    "RewardFileEmptyError", "VerifierEnvError")
 TIMEOUT_ERRORS = ("AgentTimeoutError",)
