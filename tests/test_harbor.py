@@ -653,3 +653,79 @@ def test_a_teacher_without_the_verifier_leaves_each_reward_unknown(tmp_path, san
         else:
             assert all(m["verifier_timeout_sec"] == 0 for m in metas)
     assert outcomes == {False: {UNVERIFIED: 2}, True: {"passed": 2}}
+
+
+def two_step_task(strategy: str, min_reward: float | None = None):
+    """A Harbor multi-step task: step `write` makes notes.txt (its own tests and solution);
+    step `append` stages data.txt and setup.sh into the working dir, runs setup.sh, and is
+    judged by the task's shared tests/test.sh, which fails it (`reward` 0) while saying in
+    `kept` whether step one's file, the staged file and setup.sh's output are all there."""
+    from otbuild.tasks.harbor_meta import harbor_record
+    from otbuild.tasks.taskdir import TaskDir
+
+    t = TaskDir(f"two-step-{strategy}")
+    gate = f"min_reward = {min_reward}\n" if min_reward is not None else ""
+    t.add("task.toml", f'multi_step_reward_strategy = "{strategy}"\n[agent]\ntimeout_sec = 60.0\n'
+                       f'[[steps]]\nname = "write"\n{gate}[[steps]]\nname = "append"\n')
+    t.add("steps/write/instruction.md", "Write the line `one` to notes.txt in the working directory.\n")
+    t.add("steps/write/solution/solve.sh", "#!/bin/bash\necho one > notes.txt\n", executable=True)
+    t.add("steps/write/tests/test.sh", "#!/bin/bash\ngrep -qx one notes.txt && echo 1 > /logs/verifier/reward.txt"
+          " || echo 0 > /logs/verifier/reward.txt\n", executable=True)
+    t.add("steps/append/instruction.md", "Append the lines of data.txt to notes.txt.\n")
+    t.add("steps/append/workdir/data.txt", "two\n")
+    t.add("steps/append/workdir/setup.sh", "#!/bin/bash\necho ready > setup.txt\n", executable=True)
+    t.add("steps/append/solution/solve.sh", "#!/bin/bash\ncat data.txt >> notes.txt\n", executable=True)
+    t.add("tests/test.sh", "#!/bin/bash\nkept=0\n[ \"$(cat notes.txt)\" = \"$(printf 'one\\ntwo')\" ] && "
+          "[ -f setup.txt ] && kept=1\necho \"{\\\"reward\\\": 0, \\\"kept\\\": $kept}\" > /logs/verifier/reward.json\n",
+          executable=True)
+    rec = harbor_record(t)
+    assert rec.runnable_locally, rec
+    return rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["mean", "final"])
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor)])
+def test_a_two_step_task_runs_its_steps_in_one_environment(tmp_path, sandbox, strategy):
+    """A `[[steps]]` task on both paths: the steps run in order in one environment (step two
+    sees step one's file, its staged workdir/ files and what its setup.sh made), each on its
+    own instruction, tests and solution; the trial's reward follows multi_step_reward_strategy
+    (mean of each key over the steps: (1 + 0) / 2; final: the last step's 0), and each step's
+    reward and turns are kept in the trace's metadata, its conversation a slice of the trace's."""
+    from otbuild.stages.rollout import run_shard
+
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, [two_step_task(strategy)], source="steps")
+    run_shard(RolloutSettings(engine="oracle", sandbox=sandbox, harbor={"environment": "otbuild"}),
+              [tasks], tmp_path / "rollout", 0)
+    [row] = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
+    assert row["exception"] is None, json.loads(row["metadata"]).get("exception_message")
+    steps = json.loads(row["metadata"])["steps"]
+    assert [(s["name"], s["reward"]) for s in steps] == [("write", 1.0), ("append", 0.0)]
+    assert steps[1]["rewards"] == {"reward": 0, "kept": 1}  # one environment: step one's file, staged files, setup.sh
+    assert row["reward"] == {"mean": 0.5, "final": 0.0}[strategy]
+    conv = row["conversations"]
+    assert [s["first_message"] for s in steps] == [0, steps[1]["first_message"]] and 0 < steps[1]["first_message"]
+    first, second = conv[:steps[1]["first_message"]], conv[steps[1]["first_message"]:]
+    assert "notes.txt in the working directory" in first[0]["content"] and "data.txt" not in first[0]["content"]
+    assert "Append the lines of data.txt" in second[0]["content"]
+    assert [s["n_turns"] for s in steps] == [count_turns(first), count_turns(second)]
+    assert row["n_turns"] == count_turns(conv) == sum(s["n_turns"] for s in steps)
+    assert "echo one > notes.txt" in json.dumps(first) and "cat data.txt >> notes.txt" in json.dumps(second)
+
+
+@pytest.mark.slow
+def test_a_step_below_its_min_reward_ends_the_trial(tmp_path):
+    """`min_reward` on a step: a reward under it ends the trial after that step (Harbor's
+    rule); the steps not run are not in the trace."""
+    import asyncio
+
+    from otbuild.harness.oracle import OracleEngine
+    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.settings.trials import Trials
+
+    task = two_step_task("final", min_reward=2.0).task
+    row = asyncio.run(run_trial(task, task.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"), tmp_path))
+    steps = json.loads(row["metadata"])["steps"]
+    assert [(s["name"], s["reward"]) for s in steps] == [("write", 1.0)] and row["reward"] == 1.0
+    assert "data.txt" not in json.dumps(row["conversations"])

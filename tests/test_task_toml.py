@@ -318,8 +318,8 @@ def test_harbors_own_task_config_agrees():
 
 # -- keys Harbor runs and otbuild's harness refuses ------------------------------------------
 UNSUPPORTED_TOMLS = {  # each a task.toml Harbor 0.26 loads, setting one key the harness does not run
-    "steps": '[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n',
-    "multi_step_reward_strategy": 'multi_step_reward_strategy = "final"\n',
+    "steps.one.artifacts": '[[steps]]\nname = "one"\nartifacts = ["/app/out.txt"]\n[[steps]]\nname = "two"\n',
+    "steps.one.healthcheck": '[[steps]]\nname = "one"\n[steps.healthcheck]\ncommand = "true"\n',
     "artifacts": 'artifacts = ["/app/out.txt"]\n',
     "verifier.collect": '[[verifier.collect]]\ncommand = "cp /app/out.txt /logs/artifacts/"\n',
     "verifier.environment_mode": '[verifier]\nenvironment_mode = "separate"\n',
@@ -359,7 +359,8 @@ def test_harbor_loads_every_task_toml_the_harness_refuses():
     code = ("import json, sys; from harbor.models.task.config import TaskConfig\n"
             "for text in json.load(sys.stdin):\n"
             "    c = TaskConfig.model_validate_toml(text)\n"
-            "    print(bool(c.steps), c.multi_step_reward_strategy is not None, bool(c.artifacts),"
+            "    s = (c.steps or [None])[0]\n"
+            "    print(bool(s and s.artifacts), bool(s and s.healthcheck), bool(c.artifacts),"
             " bool(c.verifier.collect),"
             " getattr(c.verifier.environment_mode, 'value', None) == 'separate')")
     r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", code], input=json.dumps(list(UNSUPPORTED_TOMLS.values())),

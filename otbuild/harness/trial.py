@@ -24,7 +24,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,8 +33,9 @@ from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
 from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
-from otbuild.tasks.task_toml import HARNESS_UNSUPPORTED, TaskConfig, harness_unsupported, resolve_env, task_config
-from otbuild.tasks.taskdir import TaskDir, TaskFormatError
+from otbuild.tasks.task_toml import (FINAL, StepConfig, TaskConfig, harness_unsupported, resolve_env, task_config,
+                                     unsupported_reason)
+from otbuild.tasks.taskdir import WORKDIR, TaskDir, TaskFormatError
 from otbuild.traces.outcome import UNVERIFIED_REASON
 from otbuild.traces.table import assistant_turn, reward_text
 
@@ -77,6 +78,10 @@ class TaskKeyNotSupported(Exception):
     """The task's task.toml sets a key Harbor runs and this harness does not (HARNESS_UNSUPPORTED)."""
 
 
+class StepSetupError(Exception):
+    """A step's workdir/setup.sh failed (Harbor runs it before the step's agent)."""
+
+
 class RewardFileNotFoundError(Exception):
     """The verifier ended without writing a reward: it died before judging (e.g. it could not
     install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
@@ -86,7 +91,7 @@ class RewardFileNotFoundError(Exception):
 # otbuild/traces/outcome.py); anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
                          RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported,
-                         TaskEnvError)
+                         TaskEnvError, StepSetupError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -112,13 +117,32 @@ class TrialThread:
         self._pool.shutdown(wait=False)  # a cancelled trial's call ends on its own
 
 
+@dataclass
+class StepRun:
+    """What one step of a trial gave (a single-step task is one step without a name)."""
+
+    name: str | None = None
+    messages: list[dict] = field(default_factory=list)  # what the model is sent
+    completions: list[Completion] = field(default_factory=list)  # its answers, one per assistant message
+    stop: str | None = None
+    failure: str | None = None  # a task failure that is not a wrong answer
+    rewards: dict | None = None  # the verifier's: {"reward": R} from reward.txt, reward.json's numbers
+    details: dict = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float | None:
+        return None if self.rewards is None else _reward(self.rewards.get("reward", self.rewards))[0]
+
+
 async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
                     *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
+    """One trial. A multi-step task (`[[steps]]`) runs its steps in order in one sandbox, as
+    Harbor does: each step a fresh conversation on the step's instruction, then the step's
+    verifier; a step below its `min_reward` ends the trial; the trial's reward is the steps'
+    by `multi_step_reward_strategy`, each step's kept in the trace's metadata (`steps`)."""
     started, t0 = datetime.now(UTC), time.monotonic()
-    trials = settings.trials
-    messages: list[dict] = []  # what the model is sent
-    completions: list[Completion] = []  # its answers, one per assistant message
-    reward = exception = failure = stop = None
+    runs: list[StepRun] = []
+    reward = exception = None
     details: dict = {}
     agent_timeout = verifier_timeout = 0.0
     thread = TrialThread()
@@ -126,46 +150,126 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         config = task_config(task)  # a task.toml Harbor would refuse is this trial's exception
         if unsupported := harness_unsupported(config):
             raise TaskKeyNotSupported(
-                f"task {task.name!r}: task.toml {', '.join(unsupported)} ({HARNESS_UNSUPPORTED[unsupported[0]]}) "
+                f"task {task.name!r}: task.toml {', '.join(unsupported)} ({unsupported_reason(unsupported[0])}) "
                 "is not run by otbuild's harness; run the task with sandbox: harbor")
-        task_env, agent_env = _task_env(task, config, solution=getattr(engine, "needs_solution", False))
-        verifier_env = {**task_env, **config.verifier.env}
-        agent_timeout, verifier_timeout = trial_timeouts(config, settings)
-        verifier_timeout = verifier_timeout if settings.verify else 0.0
-        # the sandbox's watchdog bounds the whole trial: agent, verifier and a margin
+        solution = getattr(engine, "needs_solution", False)
+        task_env, agent_env = _task_env(task, config, solution=solution)
+        steps = [(step, task.step(step.name)) for step in config.steps] or [(None, task)]
+        timeouts = [trial_timeouts(config, settings, step) for step, _ in steps]
+        agent_timeout = sum(a for a, _ in timeouts)
+        verifier_timeout = sum(v for _, v in timeouts) if settings.verify else 0.0
+        # the sandbox's watchdog bounds the whole trial: agents, verifiers and a margin
         limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
         # in a thread: podman may build the task's image first
-        with await thread(open_sandbox, task, workdir, backend=trials.sandbox, limits=limits,
-                                     with_solution=getattr(engine, "needs_solution", False), cleanup=True) as box:
-            # started now, run after the agent
-            verifier = await thread(_park_verifier, box, verifier_env) if settings.verify else None
-            try:
-                stop = await _agent(box, task, engine, settings, agent_timeout, messages, completions, env=agent_env,
-                                    seed_key=f"{run_id}:{task_id}:{sample_idx}", keep=verifier, thread=thread)
-            except ContextLengthExceededError as e:
-                stop, failure, details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
-            finally:
-                box.kill_all(keep=verifier)  # nothing the agent started survives into the verifier
-            if stop == CONTEXT_EXCEEDED:
-                reward = 0.0  # the model can go no further: a failed task, unverified as in Harbor
-            elif not settings.verify:
-                details["unverified_reason"] = UNVERIFIED_REASON
-            elif not box.disk_exceeded:
-                reward, extra = await _verify(box, verifier_timeout, verifier_env, verifier, thread)
-                details.update(extra)
-            if box.disk_exceeded:  # the trial filled its writable space: everything was killed
-                stop, failure, reward = DISK_EXCEEDED, "DiskLimitExceededError", 0.0
-                details["stop_message"] = (f"the trial reached its disk limit of {box.limits.storage_mb} MB "
-                                           "(task.toml storage_mb, else limits.storage_mb); every process was killed")
+        with await thread(open_sandbox, task, workdir, backend=settings.trials.sandbox,
+                          limits=limits, with_solution=solution, cleanup=True) as box:
+            for (step, view), (a_timeout, v_timeout) in zip(steps, timeouts, strict=True):
+                run = StepRun(step and step.name)
+                runs.append(run)
+                if step is not None:
+                    await thread(box.begin_step, view)
+                    await _step_setup(box, view, step.name, a_timeout, agent_env, thread)
+                verifier_env = {**task_env, **config.verifier.env, **(step.verifier.env if step else {})}
+                seed_key = f"{run_id}:{task_id}:{sample_idx}" + (f":{step.name}" if step else "")
+                await _run_step(box, view, engine, settings, run, a_timeout, v_timeout if settings.verify else 0.0,
+                                agent_env, verifier_env, seed_key, thread)
+                if run.stop in (CONTEXT_EXCEEDED, DISK_EXCEEDED) or (
+                        step and settings.verify and _below(run.rewards, step.min_reward)):
+                    break
+        reward = _trial_reward(runs, config.multi_step_reward_strategy)
+        if not settings.verify:
+            details["unverified_reason"] = UNVERIFIED_REASON
     except INFRASTRUCTURE_ERRORS as e:
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
     finally:
         thread.close()
-    return _trace_row(task, task_id, engine, started, t0, _conversation(messages, completions, settings),
-                      completions, reward, exception, {"stop_reason": stop, "verifier_timeout_sec": verifier_timeout,
-                                                       **details}, stop == TIMEOUT,
-                      agent_timeout, sample_idx, run_id, source, failure=failure)
+    last = runs[-1] if runs else StepRun()
+    if runs and runs[0].name is not None:  # a multi-step task
+        details["steps"] = _step_records(runs, settings)
+    else:
+        details.update(last.details)
+    completions = [c for r in runs for c in r.completions]
+    return _trace_row(task, task_id, engine, started, t0, _conversation_of(runs, settings), completions,
+                      reward, exception, {"stop_reason": last.stop, "verifier_timeout_sec": verifier_timeout,
+                                          **details}, last.stop == TIMEOUT,
+                      agent_timeout, sample_idx, run_id, source, failure=last.failure)
+
+
+async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: StepRun, agent_timeout: float,
+                    verifier_timeout: float, agent_env: dict[str, str], verifier_env: dict[str, str],
+                    seed_key: str, thread: TrialThread) -> None:
+    """The agent on `task`'s instruction, then (with `settings.verify`) its verifier, into `run`."""
+    verifier = await thread(_park_verifier, box, verifier_env) if settings.verify else None  # started now, run after the agent
+    try:
+        run.stop = await _agent(box, task, engine, settings, agent_timeout, run.messages, run.completions,
+                                env=agent_env, seed_key=seed_key, keep=verifier, thread=thread)
+    except ContextLengthExceededError as e:
+        run.stop, run.failure, run.details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
+    finally:
+        box.kill_all(keep=verifier)  # nothing the agent started survives into the verifier
+    if run.stop == CONTEXT_EXCEEDED:
+        run.rewards = {"reward": 0.0}  # the model can go no further: a failed task, unverified as in Harbor
+    elif settings.verify and not box.disk_exceeded:
+        reward, extra = await _verify(box, verifier_timeout, verifier_env, verifier, thread)
+        numbers = {k: float(v) for k, v in extra.get("reward_json", {}).items() if isinstance(v, (int, float))}
+        run.rewards = numbers or (None if reward is None else {"reward": reward})
+        run.details.update(extra)
+    if box.disk_exceeded:  # the trial filled its writable space: everything was killed
+        run.stop, run.failure, run.rewards = DISK_EXCEEDED, "DiskLimitExceededError", {"reward": 0.0}
+        run.details["stop_message"] = (f"the trial reached its disk limit of {box.limits.storage_mb} MB "
+                                       "(task.toml storage_mb, else limits.storage_mb); every process was killed")
+
+
+async def _step_setup(box, step: TaskDir, name: str, timeout: float, env: dict[str, str], thread: TrialThread
+                      ) -> None:
+    """The step's staged workdir/setup.sh, run in the working dir before its agent, as Harbor."""
+    if f"{WORKDIR}/setup.sh" not in step.files:
+        return
+    result = await thread(box.run, ["bash", f"{box.workdir.rstrip('/')}/setup.sh"], timeout=timeout, env=env)
+    if result.exit_code != 0 or result.timed_out:
+        raise StepSetupError(f"task {step.name!r}: step {name!r}: workdir/setup.sh "
+                             f"{'timed out' if result.timed_out else f'exited {result.exit_code}'}; "
+                             f"its output ends: {result.output[-1500:]}")
+
+
+def _below(rewards: dict | None, min_reward: float | dict | None) -> bool:
+    """Whether a step's rewards miss its `min_reward` (a number: the "reward" key; a table:
+    each key), a missing reward or key counting as below, as Harbor."""
+    if min_reward is None:
+        return False
+    thresholds = min_reward if isinstance(min_reward, dict) else {"reward": min_reward}
+    return any((rewards or {}).get(k, float("-inf")) < v for k, v in thresholds.items())
+
+
+def _trial_reward(runs: list[StepRun], strategy: str) -> float | None:
+    """One step's reward; several steps' by Harbor's strategy: `final`, the last step run's;
+    `mean`, each key's mean over the steps with a verdict (a missing key counts 0)."""
+    if len(runs) == 1 or strategy == FINAL:
+        return runs[-1].reward if runs else None
+    judged = [r.rewards for r in runs if r.rewards is not None]
+    if not judged:
+        return None
+    keys = {k for rewards in judged for k in rewards}
+    return StepRun(rewards={k: sum(r.get(k, 0) for r in judged) / len(judged) for k in keys}).reward
+
+
+def _step_records(runs: list[StepRun], settings: TrialSettings) -> list[dict]:
+    """The trace metadata's `steps`: per step its name, reward (and reward.json's values), turns,
+    where its conversation starts in the trace's, and why it stopped."""
+    out, first = [], 0
+    for r in runs:
+        n = len(_conversation(r.messages, r.completions, settings))
+        out.append({"name": r.name, "reward": r.reward, "rewards": r.rewards, "n_turns": len(r.completions),
+                    "first_message": first, "stop_reason": r.stop,
+                    **{k: v for k, v in r.details.items() if k != "reward_json"}})
+        first += n
+    return out
+
+
+def _conversation_of(runs: list[StepRun], settings: TrialSettings) -> list[dict]:
+    """The trace's conversation: each step's in order."""
+    return [m for r in runs for m in _conversation(r.messages, r.completions, settings)]
 
 
 VERIFIER = ["bash", "/tests/test.sh"]
@@ -223,16 +327,20 @@ def effective_timeout(base_sec: float | None, multiplier: float, cap_sec: float)
     return cap_sec if base_sec is None else min(cap_sec, base_sec * multiplier)
 
 
-def trial_timeouts(config: TaskConfig, settings: TrialSettings) -> tuple[float, float]:
+def trial_timeouts(config: TaskConfig, settings: TrialSettings, step: StepConfig | None = None
+                   ) -> tuple[float, float]:
     """The agent's and the verifier's limits, in seconds. As Harbor: the agent has none of the
     task's own unless `[agent] timeout_sec` (or the recipe's agent_timeout_sec) sets one, the
     verifier `[verifier] timeout_sec` (600 s by default), and the recipe's timeout_multiplier
-    scales both; unlike Harbor, both are capped by timeout_cap_sec, so no trial is unbounded."""
+    scales both; unlike Harbor, both are capped by timeout_cap_sec, so no trial is unbounded.
+    A step's agent has the step's `[steps.agent] timeout_sec`, else the task's; its verifier
+    the step's own (600 s unless set)."""
     trials = settings.trials
-    return (effective_timeout(trials.agent_timeout_sec or config.agent.timeout_sec, trials.timeout_multiplier,
-                              trials.timeout_cap_sec),
-            effective_timeout(settings.verifier_timeout_sec or config.verifier.timeout_sec,
-                              trials.timeout_multiplier, trials.timeout_cap_sec))
+    agent = step.agent.timeout_sec if step and step.agent.timeout_sec is not None else config.agent.timeout_sec
+    verifier = (step or config).verifier.timeout_sec
+    return (effective_timeout(trials.agent_timeout_sec or agent, trials.timeout_multiplier, trials.timeout_cap_sec),
+            effective_timeout(settings.verifier_timeout_sec or verifier, trials.timeout_multiplier,
+                              trials.timeout_cap_sec))
 
 
 def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "",

@@ -172,7 +172,7 @@ def materialise(layout: Layout, root: Path) -> None:
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / layout.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
     for path, (data, executable) in sorted(layout.files.items()):
-        _write(root / path.lstrip("/"), data, executable)
+        write_file(root / path.lstrip("/"), data, executable)
 
 
 def write_subtree(task: TaskDir, prefix: str, dest: Path) -> None:
@@ -181,11 +181,11 @@ def write_subtree(task: TaskDir, prefix: str, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for rel, f in sorted(task.files.items()):
         if rel.startswith(prefix + "/"):
-            _write(dest / rel[len(prefix) + 1:], f.data, f.executable)
+            write_file(dest / rel[len(prefix) + 1:], f.data, f.executable)
     stamp_tree(dest)
 
 
-def _write(path: Path, data: bytes, executable: bool) -> None:
+def write_file(path: Path, data: bytes, executable: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     path.chmod(0o755 if executable else 0o644)

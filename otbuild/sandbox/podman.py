@@ -48,7 +48,7 @@ from otbuild.settings.limits import Limits
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config
-from otbuild.tasks.taskdir import DOCKERFILE, TaskDir
+from otbuild.tasks.taskdir import DOCKERFILE, WORKDIR, TaskDir
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +314,21 @@ class PodmanSandbox(Sandbox):
     def _kill_tree(self, proc: subprocess.Popen) -> None:
         self._command_ended(proc)
         super()._kill_tree(proc)
+
+    def begin_step(self, step: TaskDir) -> None:
+        """As `Sandbox.begin_step`, in the container: /solution is a bind mount, so its
+        contents are replaced; the step's workdir/ files are copied in; the agent's network back."""
+        self._check_open()
+        self.task, self._tests_ready = step, False
+        if self._with_solution:
+            for p in (self.root / "solution").iterdir():
+                remove_tree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            write_subtree(step, "solution", self.root / "solution")
+        self._switch_network(self.networks.agent, "agent")
+        with tempfile.TemporaryDirectory(prefix="otbuild-workdir-") as d:
+            write_subtree(step, WORKDIR, Path(d))
+            if any(Path(d).iterdir()):
+                _podman("cp", f"{d}/.", f"{self.container}:{self.workdir}")
 
     def _ensure_tests(self) -> None:
         """tests/ copied to /tests (a fresh copy: the agent may have made its own /tests) and

@@ -18,12 +18,12 @@ from otbuild.sandbox.disk import MB, DiskWatch, mounted_usage, tree_usage, unmou
 from otbuild.sandbox.errors import SandboxError, WallClockExceeded
 from otbuild.sandbox.hostfs import system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
-from otbuild.sandbox.layout import Layout, write_subtree
+from otbuild.sandbox.layout import Layout, write_file, write_subtree
 from otbuild.settings.limits import Limits
 from otbuild.sandbox.output import read_bounded
 from otbuild.sandbox.procs import descendants, end_namespace, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation
-from otbuild.tasks.taskdir import TaskDir
+from otbuild.tasks.taskdir import WORKDIR, TaskDir
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,28 @@ class Sandbox:
             return RunResult(-9, "[the trial's wall clock ran out]\n", True, False, 0.0)
         proc = self._spawn(self._argv(command, with_tests=with_tests, cwd=cwd, env=env))
         return self._wait(proc, start, timeout)
+
+    def begin_step(self, step: TaskDir) -> None:
+        """Move on to the next step of a multi-step task (`TaskDir.step`) in this same sandbox,
+        as Harbor does in one environment: its tests/ and solution/ replace the last step's and
+        its workdir/ files are staged into the working dir; what the last step left stays."""
+        self._check_open()
+        self.task, self._tests_ready = step, False
+        for sub in ("tests", "solution"):
+            if (self.root / sub).exists():
+                remove_tree(self.root / sub)  # no parked command holds them between steps
+        if self._with_solution:
+            write_subtree(step, "solution", self.root / "solution")
+        self._stage(step, self.root / self.workdir.lstrip("/"))
+
+    def _stage(self, step: TaskDir, dest: Path) -> None:
+        """The step's workdir/ files written into `dest`, owned by the trial's uid."""
+        for rel, f in sorted(step.files.items()):
+            if rel.startswith(f"{WORKDIR}/"):
+                path = dest / rel[len(WORKDIR) + 1:]
+                write_file(path, f.data, f.executable)
+                if self._identity.privileged and self.backend != "none":
+                    os.chown(path, self._identity.uid, self._identity.gid)
 
     def park(self, command: list[str], *, with_tests: bool = False, env: dict[str, str] | None = None
              ) -> Parked | None:

@@ -58,18 +58,23 @@ def harbor_record(task: TaskDir, extra_metadata: dict | None = None) -> TaskReco
     name = task.name
     if not is_safe_name(name):
         return Quarantined(name, "bad path", f"task name {name!r} is not a safe relative path")
-    if INSTRUCTION not in task.files:
+    if INSTRUCTION not in task.files and not task.step_names():
         return Quarantined(name, "missing instruction.md")
-    if not task.instruction.strip():
-        return Quarantined(name, "empty instruction")
     if TASK_TOML not in task.files:
         return Quarantined(name, "missing task.toml")
     try:
         config = parse_task_toml(task)
     except TaskFormatError as e:
         return Quarantined(name, "bad task.toml", str(e))
-    if TESTS not in task.files:
-        return Quarantined(name, "missing tests/test.sh")
+    # a multi-step task: each step has its instruction and a test (its own or the task's)
+    for step, view in [(f"steps/{s.name}/", task.step(s.name)) for s in config.steps] or [("", task)]:
+        if INSTRUCTION not in view.files:
+            return Quarantined(name, "missing instruction.md", f"{step}instruction.md")
+        if not view.instruction.strip():
+            return Quarantined(name, "empty instruction", f"{step}instruction.md")
+        if TESTS not in view.files:
+            return Quarantined(name, "missing tests/test.sh", f"neither {step}tests/test.sh nor tests/test.sh"
+                               if step else "")
     meta = task_metadata(config) | (extra_metadata or {})
     return TaskRecord(task, runnable_locally(task, config), meta)
 

@@ -42,14 +42,15 @@ class TaskRecord:
 
     def row(self, source: str) -> dict:
         t = self.task
+        steps = [t.step(n) for n in t.step_names()] or [t]  # a multi-step task's: each step's
         return {
             "path": t.name,
             "task_binary": t.pack(),
             "task_id": t.task_id(),
             "source": source,
             "instruction": t.instruction,
-            "has_solution": SOLUTION in t.files,
-            "has_tests": TESTS in t.files,
+            "has_solution": all(SOLUTION in s.files for s in steps),
+            "has_tests": all(TESTS in s.files for s in steps),
             "runnable_locally": self.runnable_locally,
             "metadata": json.dumps(self.metadata, sort_keys=True, default=str),
         }

@@ -75,6 +75,22 @@ class EnvironmentConfig:
     env: dict[str, str] = field(default_factory=dict)  # every phase's processes (as `[verifier].env`'s templates)
 
 
+MEAN, FINAL = "mean", "final"  # multi_step_reward_strategy
+_STEP_NAME_BAD = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """One `[[steps]]` entry: its agent's and its verifier's settings (as Harbor, a step's
+    verifier has its own timeout, 600 s unless set; its agent the task's unless set) and
+    `min_reward`, below which the remaining steps are not run."""
+
+    name: str
+    agent: AgentConfig = AgentConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    min_reward: float | dict[str, float] | None = None
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     """`task.toml` as Harbor reads it (the fields otbuild uses; the others are kept in `toml`)."""
@@ -84,6 +100,8 @@ class TaskConfig:
     verifier: VerifierConfig = VerifierConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
     solution_env: dict[str, str] = field(default_factory=dict)  # `[solution].env`: the reference solution's
+    steps: tuple[StepConfig, ...] = ()  # a multi-step task's, in order (none: one step, the task itself)
+    multi_step_reward_strategy: str = MEAN  # the trial's reward from its steps': MEAN or FINAL
     toml: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as written
 
     @property
@@ -153,27 +171,44 @@ def task_metadata(config: TaskConfig) -> dict:
 # task.toml keys Harbor runs and otbuild's harness does not (yet): a task that sets one is
 # refused by the harness, naming the key (sandbox: harbor runs it)
 HARNESS_UNSUPPORTED = {
-    "steps": "a multi-step task ([[steps]])",
-    "multi_step_reward_strategy": "a multi-step task's reward strategy",
     "artifacts": "artifacts to collect after the trial",
     "verifier.collect": "commands that collect files for the verifier ([[verifier.collect]])",
     "verifier.environment": "a separate verifier environment",
     "verifier.environment_mode": "a separate verifier environment (environment_mode = \"separate\")",
+}
+# and, in a `[[steps]]` entry, these (refused as `steps.NAME.KEY`)
+STEP_UNSUPPORTED = {
+    "artifacts": "artifacts to collect after the step",
+    "healthcheck": "a healthcheck before the step's agent",
+    "agent.user": "a user of the step's own for its agent",
+    "verifier.user": "a user of the step's own for its verifier",
+    "verifier.environment": "a separate verifier environment for the step",
+    "verifier.environment_mode": "a separate verifier environment for the step",
 }
 
 
 def harness_unsupported(config: TaskConfig) -> list[str]:
     """The keys of HARNESS_UNSUPPORTED that `config`'s task.toml sets (empty tables and
     `environment_mode = "shared"`, Harbor's default, are nothing to refuse)."""
-    found = []
-    for key in HARNESS_UNSUPPORTED:
-        table, _, name = key.rpartition(".")
-        value = (config.toml.get(table) if table else config.toml) or {}
-        value = value.get(name) if isinstance(value, dict) else None
-        if value in (None, {}, [], "shared"):
-            continue
-        found.append(key)
+    found = [key for key in HARNESS_UNSUPPORTED if _set(config.toml, key)]
+    for step in config.toml.get("steps") or []:
+        found += [f"steps.{step['name']}.{key}" for key in STEP_UNSUPPORTED if _set(step, key)]
     return found
+
+
+def unsupported_reason(key: str) -> str:
+    """What a key of `harness_unsupported` is, in words."""
+    top, _, rest = key.partition(".")
+    return STEP_UNSUPPORTED[rest.partition(".")[2]] if top == "steps" else HARNESS_UNSUPPORTED[key]
+
+
+def _set(data: dict, key: str) -> bool:
+    """Whether dotted `key` holds something in `data` (empty tables and `"shared"`, Harbor's
+    default environment mode, hold nothing)."""
+    table, _, name = key.rpartition(".")
+    value = (data.get(table) if table else data) or {}
+    value = value.get(name) if isinstance(value, dict) else None
+    return value not in (None, {}, [], "shared")
 
 
 def runnable_locally(task: TaskDir, config: TaskConfig | None = None) -> bool:
@@ -294,17 +329,54 @@ class _Reader:
             bad()
         return h
 
+    def agent(self, t: dict, table: str) -> AgentConfig:
+        return AgentConfig(self.number(t, table, "timeout_sec", None), self.policy(t, table, baseline=False))
+
+    def verifier(self, t: dict, table: str) -> VerifierConfig:
+        return VerifierConfig(self.number(t, table, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC),
+                              self.env(t, table), self.policy(t, table, baseline=False))
+
+    def steps(self, data: dict) -> tuple[StepConfig, ...]:
+        """`[[steps]]`: each a table with a portable, unique `name` (as Harbor checks it)."""
+        steps = data.get("steps")
+        if steps is None:
+            return ()
+        if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+            self.fail("[[steps]]", "is not an array of tables")
+        out, seen = [], set()
+        for i, step in enumerate(steps):
+            name = step.get("name")
+            if not isinstance(name, str) or not name.strip() or name in (".", "..") or \
+                    name.endswith((".", " ")) or _STEP_NAME_BAD.search(name):
+                self.fail(f"[[steps]] {i + 1} name", f"is not a portable directory name: {name!r}")
+            if name.casefold() in seen:
+                self.fail(f"[[steps]] {i + 1} name", f"repeats an earlier step's: {name!r}")
+            seen.add(name.casefold())
+            where = f"steps.{name}"
+            min_reward = step.get("min_reward")
+            if min_reward is not None and not (
+                    isinstance(min_reward, (int, float)) and not isinstance(min_reward, bool) or
+                    isinstance(min_reward, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                         for v in min_reward.values())):
+                self.fail(f"[{where}] min_reward", f"is not a number or a table of numbers: {min_reward!r}")
+            out.append(StepConfig(name, self.agent(self.table(step, "agent"), f"{where}.agent"),
+                                  self.verifier(self.table(step, "verifier"), f"{where}.verifier"),
+                                  dict(min_reward) if isinstance(min_reward, dict) else min_reward))
+        return tuple(out)
+
+    def strategy(self, data: dict) -> str:
+        value = data.get("multi_step_reward_strategy", MEAN)
+        if value not in (MEAN, FINAL):
+            self.fail("multi_step_reward_strategy", f"must be \"{MEAN}\" or \"{FINAL}\": {value!r}")
+        return value
+
     def config(self, data: dict) -> TaskConfig:
         tables = {k: self.table(data, k) for k in ("metadata", "agent", "verifier", "environment", "solution")}
-        agent, verifier, env = tables["agent"], tables["verifier"], tables["environment"]
+        env = tables["environment"]
         return TaskConfig(
             metadata=tables["metadata"],
-            agent=AgentConfig(self.number(agent, "agent", "timeout_sec", None),
-                              self.policy(agent, "agent", baseline=False)),
-            verifier=VerifierConfig(
-                self.number(verifier, "verifier", "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC),
-                self.env(verifier, "verifier"),
-                self.policy(verifier, "verifier", baseline=False)),
+            agent=self.agent(tables["agent"], "agent"),
+            verifier=self.verifier(tables["verifier"], "verifier"),
             environment=EnvironmentConfig(
                 build_timeout_sec=self.number(env, "environment", "build_timeout_sec", DEFAULT_BUILD_TIMEOUT_SEC),
                 docker_image=self.string(env, "environment", "docker_image"),
@@ -314,5 +386,7 @@ class _Reader:
                 network=self.policy(env, "environment", baseline=True),
                 env=self.env(env, "environment")),
             solution_env=self.env(tables["solution"], "solution"),
+            steps=self.steps(data),
+            multi_step_reward_strategy=self.strategy(data),
             toml=data,
         )

@@ -11,6 +11,7 @@ import hashlib
 import io
 import stat
 import tarfile
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -19,6 +20,8 @@ TASK_TOML = "task.toml"
 DOCKERFILE = "environment/Dockerfile"
 SOLUTION = "solution/solve.sh"
 TESTS = "tests/test.sh"
+STEPS = "steps"  # a multi-step task's steps/<name>/ (instruction.md, tests/, solution/, workdir/)
+WORKDIR = "workdir"  # in a step view: files staged into the agent's working dir before the step
 
 
 class TaskFormatError(ValueError):
@@ -49,7 +52,37 @@ class TaskDir:
 
     @property
     def instruction(self) -> str:
-        return self.text(INSTRUCTION) or ""
+        """instruction.md; a multi-step task's step instructions in order, a blank line apart."""
+        if INSTRUCTION in self.files or not self.step_names():
+            return self.text(INSTRUCTION) or ""
+        return "\n\n".join(self.step(n).instruction for n in self.step_names())
+
+    def step_names(self) -> list[str]:
+        """The names of task.toml's `[[steps]]` in order (none for a single-step task or a
+        task.toml that does not parse: otbuild/tasks/task_toml.py says why)."""
+        try:
+            steps = tomllib.loads(self.text(TASK_TOML) or "").get("steps")
+        except tomllib.TOMLDecodeError:
+            return []
+        if not isinstance(steps, list):
+            return []
+        return [s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)]
+
+    def step(self, name: str) -> TaskDir:
+        """Step `name` of a multi-step task as a task of its own, laid out as Harbor runs it:
+        its instruction.md; its tests/ and solution/ where the step has them, else the task's
+        shared ones; its files to stage under workdir/; everything else (task.toml,
+        environment/) the task's."""
+        own = f"{STEPS}/{name}/"
+        view = TaskDir(self.name, {rel: f for rel, f in self.files.items()
+                                   if not rel.startswith(f"{STEPS}/") and rel != INSTRUCTION})
+        for shared in ("tests", "solution"):
+            if any(rel.startswith(f"{own}{shared}/") for rel in self.files):
+                view.files = {rel: f for rel, f in view.files.items() if not rel.startswith(f"{shared}/")}
+        for rel, f in self.files.items():
+            if rel.startswith(own):
+                view.files[rel[len(own):]] = f
+        return view
 
     # -- disk ---------------------------------------------------------------
     @classmethod
