@@ -667,6 +667,7 @@ def two_step_task(strategy: str, min_reward: float | None = None):
     gate = f"min_reward = {min_reward}\n" if min_reward is not None else ""
     t.add("task.toml", f'multi_step_reward_strategy = "{strategy}"\n[agent]\ntimeout_sec = 60.0\n'
                        f'[[steps]]\nname = "write"\n{gate}[[steps]]\nname = "append"\n')
+    t.add("environment/Dockerfile", "FROM python:3.12-slim\nWORKDIR /app\n")
     t.add("steps/write/instruction.md", "Write the line `one` to notes.txt in the working directory.\n")
     t.add("steps/write/solution/solve.sh", "#!/bin/bash\necho one > notes.txt\n", executable=True)
     t.add("steps/write/tests/test.sh", "#!/bin/bash\ngrep -qx one notes.txt && echo 1 > /logs/verifier/reward.txt"

@@ -97,11 +97,12 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
     task_path = _task_path(config, trial_dir, task_root)
     instruction = _instruction(task_path)
 
-    conversations, n_episodes, trajectories = _conversation(trial_dir)
-    if not conversations and agent_info.get("name") == "oracle" and result.get("agent_execution"):
-        conversations = _oracle_conversation(trial_dir, task_path)
-        n_episodes = 1
-    ensure_task_text(conversations, instruction)  # no empty first user turn where the task is known
+    steps = None
+    if result.get("step_results"):  # a multi-step task: each step's conversation, in order
+        conversations, n_episodes, trajectories, steps = _step_conversations(trial_dir, result, task_path)
+    else:
+        conversations, n_episodes, trajectories = _trial_conversation(trial_dir / "agent", result, task_path)
+        ensure_task_text(conversations, instruction)  # no empty first user turn where the task is known
 
     rewards = (result.get("verifier_result") or {}).get("rewards")
     reward = _reward(rewards, trial_dir)
@@ -127,6 +128,8 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
                     ("environment_setup", "agent_setup", "agent_execution", "verifier")},
         "task_path": str(task_path) if task_path else None,
     }
+    if steps is not None:
+        meta["steps"] = steps
     if (config.get("verifier") or {}).get("disable") and reward is None:
         meta["unverified_reason"] = UNVERIFIED_REASON
     return {
@@ -183,7 +186,7 @@ def job_scores(job_dir: Path) -> list[dict]:
 
 
 # -- conversations ----------------------------------------------------------------------------
-def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
+def _conversation(agent: Path) -> tuple[list[dict], int, list[str]]:
     """The main ATIF trajectory as {role, content} messages, with its episode count and the
     trajectory files it spans. A trajectory continued in other files (terminus-2's
     `linear_history`: `trajectory.cont-N.json`, one per context window) is read to its last
@@ -192,7 +195,6 @@ def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
     counted. This is the row Harbor's own `traces export --episodes last` gives. The files are
     taken in their numbered order rather than by `continued_trajectory_ref`, which Harbor 0.26
     can write one number short (`cont-0` for a window it saved as `cont-1`)."""
-    agent = trial_dir / "agent"
     messages: list[dict] = []
     episodes = 0
     used: list[str] = []
@@ -206,6 +208,40 @@ def _conversation(trial_dir: Path) -> tuple[list[dict], int, list[str]]:
         episodes += sum(1 for st in steps if isinstance(st, dict) and st.get("source") == "agent"
                         and not st.get("is_copied_context"))
     return messages, episodes, used
+
+
+def _trial_conversation(agent: Path, result: dict, task_path: Path | None, step: dict | None = None
+                        ) -> tuple[list[dict], int, list[str]]:
+    """The conversation of a trial's agent dir (`agent/`, or a step's `steps/NAME/agent/`, `step`
+    its step result): its trajectory; the oracle's (which has none) is the solution it ran."""
+    conversation, episodes, used = _conversation(agent)
+    oracle = (result.get("agent_info") or {}).get("name") == "oracle"
+    if not conversation and oracle and (step or result).get("agent_execution"):
+        solutions = [task_path / "steps" / step["step_name"] / "solution"] if task_path and step else []
+        conversation = _oracle_conversation([*solutions, *([task_path / "solution"] if task_path else [])])
+        episodes = 1
+    return conversation, episodes, used
+
+
+def _step_conversations(trial_dir: Path, result: dict, task_path: Path | None
+                        ) -> tuple[list[dict], int, list[str], list[dict]]:
+    """A multi-step trial's conversation (each step's, from `steps/NAME/agent/`, in the order
+    run), its episodes and trajectory files, and the trace metadata's `steps`: per step its
+    name, reward, the verifier's rewards, turns, where its conversation starts and its error."""
+    conversation: list[dict] = []
+    episodes, used, steps = 0, [], []
+    for sr in result["step_results"]:
+        name = sr.get("step_name")
+        messages, n, files = _trial_conversation(trial_dir / "steps" / name / "agent", result, task_path, sr)
+        ensure_task_text(messages, _read(task_path / "steps" / name / "instruction.md") if task_path else None)
+        rewards = (sr.get("verifier_result") or {}).get("rewards")
+        steps.append({"name": name, "reward": _reward(rewards, trial_dir / "-") if rewards else None,
+                      "rewards": rewards, "n_turns": count_turns(messages), "first_message": len(conversation),
+                      "exception_type": (sr.get("exception_info") or {}).get("exception_type")})
+        conversation += messages
+        episodes += n
+        used += [f"steps/{name}/agent/{f}" for f in files]
+    return conversation, episodes, used, steps
 
 
 def _main_trajectories(agent: Path) -> list[Path]:
@@ -246,15 +282,11 @@ def _atif_messages(steps: list) -> tuple[list[dict], int]:
     return out, n_agent
 
 
-def _oracle_conversation(trial_dir: Path, task_path: Path | None) -> list[dict]:
-    """The oracle has no model: its one turn is the reference solution it ran."""
-    script = None
-    if task_path is not None:
-        for name in ("solve.sh", "solve.ps1", "solve.bat", "solve.cmd"):
-            f = task_path / "solution" / name
-            if f.is_file():
-                script = f.read_text(errors="replace")
-                break
+def _oracle_conversation(solutions: list[Path]) -> list[dict]:
+    """The oracle has no model: its one turn is the reference solution it ran (the first of
+    `solutions`, solution dirs, that has a solve script)."""
+    script = next((f.read_text(errors="replace") for d in solutions
+                   for name in ("solve.sh", "solve.ps1", "solve.bat", "solve.cmd") if (f := d / name).is_file()), None)
     content = f"```bash\n{script.rstrip()}\n```" if script else "[oracle: solution/solve.sh]"
     return [{"role": "user", "content": ""}, {"role": "assistant", "content": content}]
 
@@ -305,7 +337,7 @@ def _task_path(config: dict, trial_dir: Path, task_root: Path | None) -> Path | 
                 base = base.parent
             candidates.append(base / p)
     for c in candidates:
-        if (c / "instruction.md").is_file():
+        if (c / "instruction.md").is_file() or (c / "task.toml").is_file():  # a multi-step task has no instruction.md
             return c
     return None
 
