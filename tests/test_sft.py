@@ -674,3 +674,32 @@ def test_copy_objective_is_logged_deterministic_and_trains(tmp_path, tok, traces
     log = _log(tmp_path / "ck")
     assert len(log) == 20 and all("copy_loss" in r for r in log)
     assert log[-1]["copy_loss"] < log[0]["copy_loss"]
+
+
+def test_a_multi_step_trace_trains_each_step_on_the_conversation_it_was_sent(tmp_path, tok):
+    """Each step of a multi-step trial began a conversation of its own (Harbor's terminus-2
+    has no resume), so SFT tokenizes each step as a sequence of its own (its trace's row
+    number kept), never conditioning step two's answers on step one; LLaMA-Factory's export
+    holds one record per step as well. Any other trace stays one sequence."""
+    from otbuild.train.llamafactory import write_handoff
+    from otbuild.settings.train import Sft
+
+    one = [{"role": "user", "content": "make notes"}, {"role": "assistant", "content": "done one"}]
+    two = [{"role": "user", "content": "append data"}, {"role": "assistant", "content": "done two"}]
+    rows = [dict.fromkeys(TRACE_SCHEMA.names) for _ in range(2)]
+    rows[0].update(conversations=one + two, task="steps", trial_name="s", sample_idx=0,
+                   metadata=json.dumps({"steps": [{"name": "a", "first_message": 0},
+                                                  {"name": "b", "first_message": 2}]}))
+    rows[1].update(conversations=one + two, task="plain", trial_name="p", sample_idx=0, metadata="{}")
+    write_traces(tmp_path / "kept.parquet", rows)
+    seqs = _tokenized(tmp_path, tok, tmp_path / "kept.parquet")
+    assert seqs.stats["traces"] == 2 and seqs.stats["sequences"] == 3
+    ids = [seqs.seq(i)[0] for i in range(3)]
+    texts = [tok.decode(x) for x in ids]
+    assert "make notes" in texts[0] and "append data" not in texts[0]
+    assert "append data" in texts[1] and "make notes" not in texts[1]
+    assert "make notes" in texts[2] and "append data" in texts[2]  # one conversation: one sequence
+    out = write_handoff([tmp_path / "kept.parquet"], tmp_path / "lf", Sft(model={"kind": "tiny"}, global_batch_size=8),
+                        "Qwen/Qwen3-8B", 8)
+    records = [r["messages"] for r in json.loads((tmp_path / "lf" / "otbuild_sft.json").read_text())]
+    assert out["rows"] == 3 and records == [one, two, one + two]

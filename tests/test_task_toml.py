@@ -369,3 +369,56 @@ def test_harbor_loads_every_task_toml_the_harness_refuses():
     found = [line.split() for line in r.stdout.splitlines()]
     assert [row.index("True") for row in found] == [0, 1, 2, 3, 4]
     assert [row.count("True") for row in found] == [1] * 5
+
+
+# -- multi-step tasks -----------------------------------------------------------------------
+STEP_TOMLS = [  # multi-step task.tomls Harbor 0.26 loads
+    '[[steps]]\nname = "write"\n[[steps]]\nname = "append"\n',
+    'multi_step_reward_strategy = "final"\n[agent]\ntimeout_sec = 90.0\n[[steps]]\nname = "a"\nmin_reward = 0.5\n'
+    '[steps.agent]\ntimeout_sec = 30.0\n[steps.verifier]\ntimeout_sec = 45.0\n[[steps]]\nname = "b"\n',
+    'multi_step_reward_strategy = "mean"\n[verifier]\ntimeout_sec = 120.0\n[[steps]]\nname = "only one"\n'
+    'min_reward = {reward = 1.0, style = 0.5}\n[steps.verifier.env]\nMODE = "strict"\n',
+]
+
+
+def _our_steps(text: str) -> list:
+    c = config(text)
+    settings = TrialSettings(Trials(timeout_cap_sec=10_000), "terminus2")
+    return [c.multi_step_reward_strategy,
+            [[s.name, s.min_reward, *trial_timeouts(c, settings, s), s.verifier.env] for s in c.steps]]
+
+
+@pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
+def test_otbuild_reads_a_multi_step_task_as_harbor_does():
+    """The same task.tomls through Harbor's TaskConfig and otbuild's: the steps in order, the
+    reward strategy (mean when unset, as Harbor's trial takes it), each step's min_reward, its
+    agent's and verifier's timeouts (Harbor's trial rules: the step's, else the task's agent
+    timeout; the step's verifier its own, 600 s unless set) and its verifier env."""
+    code = ("import json, sys; from harbor.models.task.config import TaskConfig\n"
+            "out = []\n"
+            "for text in json.load(sys.stdin):\n"
+            "    c = TaskConfig.model_validate_toml(text)\n"
+            "    steps = [[s.name, s.min_reward, s.agent.timeout_sec if s.agent.timeout_sec is not None\n"
+            "              else c.agent.timeout_sec, s.verifier.timeout_sec if s.verifier.timeout_sec is not None\n"
+            "              else c.verifier.timeout_sec, s.verifier.env] for s in c.steps]\n"
+            "    out.append([(c.multi_step_reward_strategy or 'mean').__str__().split('.')[-1].lower(), steps])\n"
+            "print(json.dumps(out))")
+    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", code], input=json.dumps(STEP_TOMLS),
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cap = 10_000  # otbuild caps a task without an agent timeout of its own: Harbor leaves it unbounded
+    harbor = [[strategy, [[n, m, cap if a is None else a, v, e] for n, m, a, v, e in steps]]
+              for strategy, steps in json.loads(r.stdout)]
+    assert harbor == [_our_steps(t) for t in STEP_TOMLS]
+
+
+@pytest.mark.parametrize("text, key", [
+    ('[[steps]]\nname = "a/b"\n', "[[steps]] 1 name"),
+    ('[[steps]]\nname = "a"\n[[steps]]\nname = "A"\n', "[[steps]] 2 name"),
+    ('multi_step_reward_strategy = "max"\n[[steps]]\nname = "a"\n', "multi_step_reward_strategy"),
+    ('[[steps]]\nname = "a"\nmin_reward = "high"\n', "[steps.a] min_reward"),
+    ('[[steps]]\nname = "a"\n[steps.agent]\ntimeout_sec = "1m"\n', "[steps.a.agent] timeout_sec"),
+])
+def test_a_step_harbor_would_refuse_names_its_key(text, key):
+    with pytest.raises(TaskFormatError, match=rf"task 't': {__import__('re').escape(key)}"):
+        config(text)

@@ -16,9 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from otbuild.fsio import parquet_batches
 from otbuild.prompts import render
 from otbuild.settings.recipe import PROMPTS
+from otbuild.traces.table import step_conversations
 
 MAX_DURATION = 60.0
 MAX_OUTPUT_BYTES = 10_000
@@ -239,15 +242,26 @@ def _short(text: str) -> str:
 
 
 def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) -> Iterator[list]:
-    """The inputs' conversations, `batch_rows` at a time, in order (compact: rewritten as the
-    compact harness renders them)."""
+    """The inputs' conversations as a model was sent them (`conversations_of`), `batch_rows`
+    traces at a time, in order."""
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        for batch in parquet_batches(path, batch_rows, ["conversations"]):
-            yield conversations_of(batch, prompt)
+        for batch in trace_batches(path, batch_rows):
+            yield [conv for _, conv in conversations_of(batch, prompt)]
 
 
-def conversations_of(batch, prompt: str = PROMPTS[0]) -> list:
-    """A record batch's `conversations` column (its first) as Python lists, rewritten as the
-    compact harness renders them when `prompt` is compact."""
-    convs = batch.column(0).to_pylist()
-    return [compact_conversation(c) if c and prompt == "compact" else c for c in convs]
+def trace_batches(path, batch_rows: int):
+    """A trace parquet's `conversations` and (where the file has it) `metadata`, in batches."""
+    names = pq.ParquetFile(path).schema_arrow.names
+    return parquet_batches(path, batch_rows, [c for c in ("conversations", "metadata") if c in names])
+
+
+def conversations_of(batch, prompt: str = PROMPTS[0]) -> list[tuple[int, list | None]]:
+    """(row, conversation) pairs of a batch of `trace_batches`: one per trace, but one per step
+    of a multi-step trial, each step having begun a conversation of its own
+    (`traces.table.step_conversations`); rewritten as the compact harness renders them when
+    `prompt` is compact."""
+    convs = batch.column("conversations").to_pylist()
+    metas = batch.column("metadata").to_pylist() if "metadata" in batch.schema.names else [None] * len(convs)
+    return [(i, compact_conversation(c) if c and prompt == "compact" else c)
+            for i, (conv, meta) in enumerate(zip(convs, metas, strict=True))
+            for c in (step_conversations(conv, meta) if conv else [conv])]

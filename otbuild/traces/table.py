@@ -7,6 +7,7 @@ same thing whatever produced the trace.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -71,6 +72,21 @@ def reward_text(reward: float) -> str:
     """A reward as a row's `result`, as Harbor's export writes it: Python's str of the float
     ("1.0", "0.0", "0.5")."""
     return str(float(reward))
+
+
+def step_conversations(conversation: list[dict], metadata: str | None) -> list[list[dict]]:
+    """A trace's conversation as the model was sent it: a multi-step trial's steps (its
+    metadata's `steps`, each with its `first_message` in the trace's) each began a conversation
+    of their own, so each is one; any other trace is itself."""
+    try:
+        steps = json.loads(metadata or "{}").get("steps")
+    except (ValueError, AttributeError):
+        return [conversation]
+    starts = sorted({s["first_message"] for s in steps if isinstance(s, dict) and
+                     isinstance(s.get("first_message"), int) and 0 < s["first_message"] < len(conversation)}
+                    ) if isinstance(steps, list) else []
+    bounds = [0, *starts, len(conversation)]
+    return [conversation[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def count_turns(conversations: list[dict]) -> int:

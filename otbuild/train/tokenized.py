@@ -39,10 +39,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path, parquet_batches, write_json
+from otbuild.fsio import atomic_path, write_json
 from otbuild.settings.recipe import PROMPTS
 from otbuild.hashing import file_sha256
-from otbuild.harness.protocol import conversations_of
+from otbuild.harness.protocol import conversations_of, trace_batches
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
@@ -133,7 +133,7 @@ def _tokenized_batches(tokenizer, paths: list[Path], batch_rows: int, n_workers:
     here, or (n_workers > 1) in spawned worker processes (not forked: the trainer's process has
     threads), at most 2 batches per worker in flight."""
     lengths = byte_lengths(tokenizer)
-    batches = (b for p in paths for b in parquet_batches(p, batch_rows, ["conversations"]))
+    batches = (b for p in paths for b in trace_batches(p, batch_rows))
     first = 0
     if n_workers <= 1:
         for b in batches:
@@ -185,14 +185,14 @@ def _tokenize(tokenizer, lengths, batch: pa.RecordBatch, first: int, *, source: 
               cutoff_len: int, truncation: str, train_on_prompt: bool) -> tuple[pa.RecordBatch | None, dict]:
     """One input batch (its `conversations` column; its first trace is row `first` of the
     inputs) -> the record batch of its kept sequences (None: none kept) and its counts."""
-    convs = conversations_of(batch, prompt)
+    pairs = conversations_of(batch, prompt)  # a multi-step trial: one sequence per step
     stats = {**dict.fromkeys(COUNTS, 0), "dropped": dict.fromkeys(DROP_REASONS, 0)}
-    stats["traces"] = len(convs)
-    present = [i for i, c in enumerate(convs) if c]
-    stats["dropped"]["empty_conversation"] += len(convs) - len(present)
+    stats["traces"] = batch.num_rows
+    present = [(i, c) for i, c in pairs if c]
+    stats["dropped"]["empty_conversation"] += sum(1 for _, c in pairs if not c)
     cols: dict[str, list] = {name: [] for name in SCHEMA.names}
-    for i, res in zip(present, tokenize_batch(tokenizer, [convs[i] for i in present], source, lengths),
-                      strict=True):
+    for (i, _), res in zip(present, tokenize_batch(tokenizer, [c for _, c in present], source, lengths),
+                           strict=True):
         if isinstance(res, TemplateMismatch):
             stats["dropped"]["template_mismatch"] += 1
             continue
