@@ -28,6 +28,7 @@ from otbuild.harbor.job import (
     run_harbor_job,
     write_job_config,
 )
+from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import Quarantined, write_tasks
@@ -686,7 +687,9 @@ def two_step_task(strategy: str, min_reward: float | None = None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["mean", "final"])
-@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor)])
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor),
+                                     pytest.param("podman", marks=pytest.mark.skipif(
+                                         backend_problem("podman") is not None, reason="podman unusable here"))])
 def test_a_two_step_task_runs_its_steps_in_one_environment(tmp_path, sandbox, strategy):
     """A `[[steps]]` task on both paths: the steps run in order in one environment (step two
     sees step one's file, its staged workdir/ files and what its setup.sh made), each on its

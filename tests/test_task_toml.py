@@ -310,10 +310,14 @@ def _ours(c: TaskConfig) -> dict:
 
 @pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
 def test_harbors_own_task_config_agrees():
-    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE], input=json.dumps(CONTRACT_TOMLS),
+    """Each task.toml written here and every one in ../shared/data/dev's real task dirs: the
+    fields otbuild reads are what Harbor's TaskConfig reads."""
+    dev = [p.read_text() for p in sorted((REPO.parent / "shared" / "data" / "dev").rglob("task.toml"))]
+    tomls = CONTRACT_TOMLS + dev + STEP_TOMLS
+    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE], input=json.dumps(tomls),
                        capture_output=True, text=True, timeout=120, check=True)
     theirs = json.loads(r.stdout)
-    assert [_ours(config(t)) for t in CONTRACT_TOMLS] == theirs
+    assert [_ours(config(t)) for t in tomls] == theirs
 
 
 # -- keys Harbor runs and otbuild's harness refuses ------------------------------------------
