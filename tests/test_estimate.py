@@ -149,6 +149,13 @@ def test_a_pilot_s_estimate_of_a_3x_variant_holds_when_it_is_built(tmp_path, mon
     assert est["pilots"] == ["pilot"]
     assert est["stages"]["teacher"]["counts"]["trials"]["estimate"] == 144
     assert not any(r["assumed"] for s in est["stages"].values() for r in s["rates"]), "a rate was not measured"
+    # the same teacher without its verifier: the pilot's trials less their verifier's seconds, said in a note
+    (project / "recipes" / "unverified.yaml").write_text(yaml.safe_dump(
+        {**recipe, "teacher": {**recipe["teacher"], "verify": False}}, sort_keys=False))
+    verified, unverified = est["stages"]["teacher"], _estimate(project, "unverified", "--from", "pilot")["stages"]["teacher"]
+    assert any(x.startswith("teacher.verify: false: no verifier runs; the pilot's took") for x in unverified["notes"])
+    assert {r["rate"] for r in unverified["rates"]} >= {"verifier_s_per_trial", "unverified_seconds_per_trial"}
+    assert unverified["job_seconds"]["estimate"] < verified["job_seconds"]["estimate"]
 
     start = time.monotonic()
     snakemake(project, "bigger")

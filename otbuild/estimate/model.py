@@ -254,11 +254,27 @@ class Model:
         e.requests = trials * turns
         e.counts.update(trials=trials, requests=e.requests)
         self._tokens(n, e, e.requests, cfg.max_tokens, model)
-        per = self.rate(e, n, "seconds_per_trial")
+        per = self._seconds_per_trial(n, e, trials)
         over = self._job_rate(e, n, "overhead_s", server)
         shards = cfg.shards
         e.jobs.append(Job(n.stage, shards, over + trials / shards * per / concurrency(cfg), self._grant(n.stage)))
         self._merge(n, e)
+
+    def _seconds_per_trial(self, n, e: StageEstimate, trials: Span) -> Span:
+        """A trial's time in a slot; a teacher with `verify: false` runs no verifier, so a pilot
+        that ran one gives its trials' time without it, and the note says what that saves."""
+        from otbuild.settings.engines import concurrency
+
+        if getattr(n.config, "verify", True) or not self._measured(n, "verifier_s_per_trial"):
+            if getattr(n.config, "verify", True) is False:
+                e.notes.append("teacher.verify: false: no pilot measured a verifier, so its trials' time is "
+                               "taken as the pilot's (or the default) as it stands")
+            return self.rate(e, n, "seconds_per_trial")
+        saved = self.rate(e, n, "verifier_s_per_trial")
+        hours = (trials * saved / concurrency(n.config)).estimate / 3600 * max(self._grant(n.stage).gpus, 1)
+        e.notes.append(f"teacher.verify: false: no verifier runs; the pilot's took {saved.estimate:,.1f} s per "
+                       f"trial, {hours:,.1f} {'GPU' if self._grant(n.stage).gpus else 'job'}-hours saved here")
+        return self.rate(e, n, "unverified_seconds_per_trial")
 
     def _rollout(self, n, e: StageEstimate) -> None:
         cfg = n.config

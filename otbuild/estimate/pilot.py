@@ -156,7 +156,9 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
         return {}
     rows = duck.connect().execute(
         f"SELECT n_turns + CASE WHEN {FAILED_REQUEST} THEN 1 ELSE 0 END, coalesce(n_input_tokens, 0), "
-        f"coalesce(n_output_tokens, 0), coalesce(duration_s, 0) FROM read_parquet({duck.sql_literal(path)}) "
+        f"coalesce(n_output_tokens, 0), coalesce(duration_s, 0), "
+        "coalesce(try_cast(json_extract_string(metadata, '$.verifier_s') AS DOUBLE), 0) "
+        f"FROM read_parquet({duck.sql_literal(path)}) "
         "WHERE NOT coalesce(is_subagent, false)").fetchall()
     if not rows:
         return {}
@@ -170,6 +172,11 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
                                                  values=[r[2] / q for r, q in zip(rows, reqs)], n=k),
            "seconds_per_trial": Measured("seconds_per_trial", "s per concurrent slot", src,
                                          values=[float(r[3]) for r in rows], n=k)}
+    if any(r[4] for r in rows):  # the verifier ran: its share, and a trial without it (teacher.verify: false)
+        out["verifier_s_per_trial"] = Measured("verifier_s_per_trial", "s per trial", src,
+                                               values=[float(r[4]) for r in rows], n=k)
+        out["unverified_seconds_per_trial"] = Measured("unverified_seconds_per_trial", "s per concurrent slot", src,
+                                                       values=[max(float(r[3] - r[4]), 0.0) for r in rows], n=k)
     if work:  # what a shard job spends besides its trials: start-up, a server's load, writing
         busy = sum(r[3] for r in rows) / concurrency(n.config) / len(work)
         out["overhead_s"] = Measured("overhead_s", "s per job", f"{source} ({len(work)} job(s))",

@@ -128,6 +128,9 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
                     ("environment_setup", "agent_setup", "agent_execution", "verifier")},
         "task_path": str(task_path) if task_path else None,
     }
+    verifier = [_duration(r.get("verifier")) for r in result.get("step_results") or [result]]
+    if any(v is not None for v in verifier):  # the verifier's seconds, as otbuild's harness records them
+        meta["verifier_s"] = round(sum(v or 0.0 for v in verifier), 3)
     if steps is not None:
         meta["steps"] = steps
     if (config.get("verifier") or {}).get("disable") and reward is None:

@@ -187,6 +187,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     last = runs[-1] if runs else StepRun()
     if runs and runs[0].name is not None:  # a multi-step task
         details["steps"] = _step_records(runs, settings)
+        if verified := [r.details["verifier_s"] for r in runs if "verifier_s" in r.details]:
+            details["verifier_s"] = round(sum(verified), 3)
     else:
         details.update(last.details)
     completions = [c for r in runs for c in r.completions]
@@ -300,6 +302,7 @@ def _park_verifier(box, env: dict[str, str]):
 async def _verify(box, timeout: float, env: dict[str, str], parked, thread: TrialThread
                   ) -> tuple[float | None, dict]:
     """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
+    started = time.monotonic()
     if parked is not None:
         result = await thread(parked.run, timeout)
     else:
@@ -308,6 +311,7 @@ async def _verify(box, timeout: float, env: dict[str, str], parked, thread: Tria
         except KeyError as e:
             raise VerifierEnvError(e.args[0]) from None
         result = await thread(box.run, VERIFIER, timeout=timeout, with_tests=True, env=env)
+    seconds = {"verifier_s": round(time.monotonic() - started, 3)}  # what teacher.verify: false saves
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:
@@ -317,7 +321,8 @@ async def _verify(box, timeout: float, env: dict[str, str], parked, thread: Tria
     if value is None:
         raise RewardFileNotFoundError(f"the verifier (exit {result.exit_code}) wrote no /logs/verifier/reward.txt "
                                       f"or reward.json; its output ends: {result.output[-1500:]}")
-    return _reward(value)
+    reward, extra = _reward(value)
+    return reward, {**extra, **seconds}
 
 
 def effective_timeout(base_sec: float | None, multiplier: float, cap_sec: float) -> float:

@@ -172,6 +172,7 @@ class Report:
     resolved: dict = field(default_factory=dict)  # what the recipe sets that enters its ids
     estimate: list[dict] = field(default_factory=list)  # otbuild.report.estimate.compare's rows
     estimate_made_at: str | None = None  # when `otbuild plan --estimate` made it
+    estimate_notes: list[tuple[str, str]] = field(default_factory=list)  # (label, note) of its stages
     headline: Any = None  # otbuild.report.headline.Headline, set by otbuild.report.build
 
 
@@ -197,6 +198,8 @@ def load(cfg, root: Path = Path(".")) -> Report:
 
     if saved := load_saved(cfg.recipe, root):  # not an input: shown as volatile (docs/estimate.md)
         rep.estimate, rep.estimate_made_at = compare(saved, arts, rep.costs, root), saved.get("made_at")
+        rep.estimate_notes = [(label, note) for label, st in (saved.get("stages") or {}).items()
+                              for note in dict.fromkeys(st.get("notes") or []) if not note.startswith("built")]
     rank = next((a for a in arts if a.stage == "rank"), None)
     if rank:
         outs = STAGES["rank"].outputs
