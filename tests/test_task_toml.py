@@ -320,6 +320,38 @@ def test_harbors_own_task_config_agrees():
     assert [_ours(config(t)) for t in tomls] == theirs
 
 
+def _written_tomls() -> list[str]:
+    """The distinct task.tomls otbuild's own sources write: its synthetic tasks, and (where
+    ../shared/data/dev is there) SWE-bench and SWE-smith instances, Stack Exchange questions,
+    nl2bash pairs and converted Terminal-Bench 1 tasks."""
+    from otbuild.sources import nl2bash, stackexchange, swe_instances, tb1_dir
+    from otbuild.sources.synthetic import generate
+    from tests.conftest import source
+
+    records = list(generate(12, seed=1))
+    dev = REPO.parent / "shared" / "data" / "dev"
+    if dev.is_dir():
+        records += [*swe_instances.read(source("swe-instances", dev / "swebench_verified" / "instances.jsonl")),
+                    *swe_instances.read(source("swe-instances", dev / "swesmith")),
+                    *stackexchange.read(source("stackexchange", dev / "stackexchange")),
+                    *nl2bash.read(source("nl2bash", dev / "nl2bash" / "nl2bash_pairs.jsonl")),
+                    *(r for d in ("evoeval", "tb_core_original") for r in tb1_dir.read(
+                        source("tb1-dir", dev / "terminal_bench_tasks" / "tb1_format" / d)))]
+    return sorted({t for r in records if (t := getattr(r, "task", None) and r.task.text("task.toml"))})
+
+
+@pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
+def test_harbor_loads_every_task_toml_otbuilds_sources_write():
+    """Harbor's TaskConfig loads each task.toml otbuild writes, and reads the fields otbuild
+    reads from it as otbuild does."""
+    tomls = _written_tomls()
+    assert len(tomls) > 5
+    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE], input=json.dumps(tomls),
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [_ours(config(t)) for t in tomls] == json.loads(r.stdout)
+
+
 # -- keys Harbor runs and otbuild's harness refuses ------------------------------------------
 UNSUPPORTED_TOMLS = {  # each a task.toml Harbor 0.26 loads, setting one key the harness does not run
     "steps.one.artifacts": '[[steps]]\nname = "one"\nartifacts = ["/app/out.txt"]\n[[steps]]\nname = "two"\n',
