@@ -138,6 +138,7 @@ class OpenAIEngine:
         usage = data.get("usage") or {}
         if not usage:
             self.stats["usage_missing"] += 1
+        tokens = (choice.get("logprobs") or {}).get("content")
         return Completion(
             text=message.get("content") or "",
             n_input_tokens=int(usage.get("prompt_tokens") or 0),
@@ -145,6 +146,8 @@ class OpenAIEngine:
             finish_reason=choice.get("finish_reason"),
             usage_reported=bool(usage),
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
+            token_ids=choice.get("token_ids"),
+            logprobs=[float(t["logprob"]) for t in tokens] if isinstance(tokens, list) else None,
         )
 
 
