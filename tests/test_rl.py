@@ -45,6 +45,39 @@ def test_rloo_advantage_hand_worked():
         rloo_advantages([1.0])
 
 
+# -- off-policy -----------------------------------------------------------------------------
+def test_a_stale_sequence_is_corrected_against_the_log_probs_that_sampled_it(tmp_path):
+    """The policy records each sampled token's log-prob under the sampling distribution: for
+    the weights that sampled it, what the update recomputes. A sequence sampled by older weights
+    (stale) takes those recorded log-probs as the ratio's denominator, so the ratio measures the
+    change since sampling and clips it; an on-policy one takes today's weights' (ratio 1)."""
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
+    from otbuild.train.model import load_model, load_tokenizer
+    from otbuild.train.rl import Policy, old_logprobs, token_logprobs
+
+    d = make_tiny_model(tmp_path / "m", arch="qwen3", chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL,
+                        texts=[CORRECT, WRONG])
+    tok, _ = load_tokenizer(d)
+    policy = Policy(load_model(d), tok, temperature=0.7, max_tokens=12, max_context=4096)
+    prompt = policy.prompt_ids([{"role": "user", "content": "Write the word"}])
+    ids, logprobs = policy.sample(prompt, seed=3)
+    [seq] = sequences([Turn(prompt, ids, logprobs)])
+    with torch.no_grad():
+        recomputed = token_logprobs(policy.model, [seq], 0.7, tok.pad_token_id)[0]
+    assert recomputed.tolist() == pytest.approx(logprobs, abs=1e-4)  # the behaviour policy, as recorded
+
+    seq.behaviour = [x - 0.5 for x in logprobs]  # as if sampled by weights the update has moved since
+    with torch.no_grad():
+        assert old_logprobs(policy.model, [seq], 0.7, tok.pad_token_id) == 0.0  # on-policy: today's weights
+        assert torch.equal(seq.old_logp, recomputed)
+        seq.stale = True
+        assert old_logprobs(policy.model, [seq], 0.7, tok.pad_token_id) == pytest.approx(0.5, abs=1e-4)
+    n = len(ids)
+    _, st = ppo_clip_loss(recomputed[None], seq.old_logp[None], torch.ones(1), torch.ones(1, n))
+    assert st["clipped_tokens"] == n  # ratio e^0.5 > 1.2: the drift since sampling is clipped
+
+
 # -- loss -----------------------------------------------------------------------------------
 def test_ppo_clip_loss_hand_worked():
     old = torch.zeros(1, 3)
@@ -284,3 +317,36 @@ def test_rl_update_on_two_ranks_is_the_update_on_one(tmp_path):
         torch.testing.assert_close(two["weights"][k], w, rtol=1e-4, atol=1e-5)  # lr 1e-2
     before = load_model(model).state_dict()
     assert any(not torch.equal(before[k], w) for k, w in one["weights"].items())  # it did update
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_rollouts_run_ahead_of_the_update_up_to_max_staleness(tmp_path):
+    """max_staleness 0 is the synchronous loop, repeatable run to run, its log as before (no
+    staleness keys). With 1, each step after the first trains on trajectories sampled by the
+    weights one update old (their sequences corrected against the log-probs that sampled
+    them), and the same steps are taken; the wall time side by side: bench/rl.py."""
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.tasks.table import TaskRecord, write_tasks
+    from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
+    from otbuild.train.rl import train
+
+    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
+                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"])
+    (sft / "checkpoint.json").write_text("{}")
+    write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
+    settings = {"steps": 3, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
+                "temperature": 1.0, "learning_rate": 1e-2, "sandbox": {"max_episodes": 1}}
+    timing = {"rollout_seconds", "update_seconds", "tokens_per_second"}
+
+    def run(name: str, **extra) -> list[dict]:
+        train(RlSettings(**settings, **extra), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / name)
+        return [{k: v for k, v in json.loads(x).items() if k not in timing}
+                for x in (tmp_path / name / "train_log.jsonl").read_text().splitlines()]
+
+    sync, again, ahead = run("sync"), run("again"), run("ahead", max_staleness=1)
+    assert sync == again and not any("staleness" in r for r in sync)
+    assert [r["step"] for r in ahead] == [1, 2, 3] and all(r["trajectories"] == 2 for r in ahead)
+    assert [(r["weight_versions"], r["staleness"]) for r in ahead] == [([0], 0), ([0], 1), ([1], 1)]
+    assert ahead[0]["off_policy_sequences"] == 0 and all(r["off_policy_sequences"] >= 2 for r in ahead[1:])
+    assert ahead[0]["loss"] == sync[0]["loss"]  # the first step is on-policy either way

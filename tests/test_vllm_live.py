@@ -372,6 +372,19 @@ def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
     logs = sorted(p.relative_to(project / "logs").as_posix() for p in (project / "logs").rglob("*.vllm-serve.log"))
     assert [p.split("/")[0] for p in logs] == ["eval", "rl"], logs
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
+async def _served_turn(policy, server, messages):
+    """One sampled answer of the served policy, as an RL trial records it."""
+    from otbuild.train.rl import ServedPolicyEngine
+
+    client = server.client()
+    try:
+        engine = ServedPolicyEngine(policy, client)
+        await engine.complete(messages)
+    finally:
+        await client.aclose()
+    return engine.turns[0]
+
+
 def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
     """rollout: vllm keeps one server for the run: after an update the served model answers as
     the in-process policy with the new weights does (greedy, token for token), on the same
@@ -380,7 +393,7 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
 
     from otbuild.settings.stages import RlSettings
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.rl import Policy, PolicyServer
+    from otbuild.train.rl import Policy, PolicyServer, sequences, token_logprobs
 
     tok, _ = load_tokenizer(qwen3)
     policy = Policy(load_model(qwen3), tok, temperature=1.0, max_tokens=12, max_context=1024)
@@ -409,6 +422,16 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
         assert server.sync(policy, 0) == "start"
         pid, before = server.server.pid, asyncio.run(served(server))
         assert before == in_process()
+        # a rollout's turn holds the tokens vLLM sampled and their log-probs after temperature: the
+        # behaviour policy's, as the trainer computes them from the same weights (max_staleness)
+        policy.temperature = 0.7
+        turn = asyncio.run(_served_turn(policy, server, messages))
+        seq = sequences([turn])[0]
+        assert len(turn.logprobs) == len(turn.completion_ids) > 0 and turn.prompt_ids == prompt
+        with torch.no_grad():
+            recomputed = token_logprobs(policy.model, [seq], 0.7, tok.pad_token_id)[0]
+        assert recomputed.tolist() == pytest.approx(turn.logprobs, abs=1e-3)
+        policy.temperature = 1.0
         torch.manual_seed(1)
         with torch.no_grad():  # an update that moves every weight, the tied embedding too
             for p in policy.model.parameters():

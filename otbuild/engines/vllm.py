@@ -78,6 +78,7 @@ def vllm_command(llm: LLM, port: int) -> list[str]:
         "--gpu-memory-utilization": s.gpu_memory_utilization,
         "--tool-call-parser": s.tool_call_parser,
         "--reasoning-parser": s.reasoning_parser,
+        "--logprobs-mode": s.logprobs_mode,
         "--seed": llm.seed,
         "--hf-overrides": json.dumps(s.hf_overrides) if s.hf_overrides else None,
     }

@@ -67,6 +67,8 @@ class VLLMOptions(ServerOptions):
     reasoning_parser: str | None = None
     dtype: str | None = Field(default=None, description="e.g. float32, bfloat16; unset: vLLM's choice for the "
                               "checkpoint (`--dtype auto`)")
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] | None = Field(
+        default=None, description="what `logprobs` returns; RL's rollouts ask processed_logprobs (after temperature)")
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the command line as is")
     vllm_executable: str | None = execution_only(
         None, min_length=1, description="None: `vllm` on PATH, else the project's .venv-vllm/bin/vllm (make setup)")

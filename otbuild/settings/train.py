@@ -192,6 +192,10 @@ class Rl(Training):
     kl_coef: float = Field(default=0.0, ge=0, description="k3 estimator against the SFT model; paper: 0")
     std_eps: float = Field(default=1e-6, gt=0)
     ppo_epochs: int = Field(default=1, ge=1)
+    max_staleness: int = Field(
+        default=0, ge=0, description="steps whose rollouts may run ahead of the update, on weights at most this "
+        "many updates old (their ratio taken against the log-probs that sampled them); 0: synchronous. "
+        "rollout: vllm runs at most 1 ahead (its server holds one version)")
     micro_batch_tokens: int = Field(default=16384, ge=64, description="tokens per forward/backward")
     zero_stage: Literal[0, 1, 2] = 2
     rollout: Literal["transformers", "vllm", "auto"] = Field(

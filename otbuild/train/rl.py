@@ -106,6 +106,7 @@ def k3_kl(logp, ref_logp):
 class Turn:
     prompt_ids: list[int]
     completion_ids: list[int]
+    logprobs: list[float] | None = None  # each completion token's log-prob as sampled (the behaviour policy)
 
 
 class Policy:
@@ -122,9 +123,10 @@ class Policy:
         text = self.tok.apply_chat_template(clean(messages), tokenize=False, add_generation_prompt=True)
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def sample(self, prompt_ids: list[int], seed: int | None = None) -> list[int]:
-        """Sampled answer tokens; with `seed` (the harness's per request), the same whichever of
-        the step's concurrent trials asks first (the trainer's own RNG state is left as it was)."""
+    def sample(self, prompt_ids: list[int], seed: int | None = None) -> tuple[list[int], list[float]]:
+        """Sampled answer tokens and their log-probs under the sampling distribution (logits /
+        temperature); with `seed` (the harness's per request), the same whichever of the step's
+        concurrent trials asks first (the trainer's own RNG state is left as it was)."""
         import torch
 
         budget = min(self.max_tokens, self.max_context - len(prompt_ids))
@@ -138,9 +140,12 @@ class Policy:
             out = self.model.generate(
                 x, attention_mask=torch.ones_like(x), do_sample=True, temperature=self.temperature,
                 top_k=0, top_p=1.0, max_new_tokens=budget, eos_token_id=self.tok.eos_token_id,
-                pad_token_id=self.tok.pad_token_id)
+                pad_token_id=self.tok.pad_token_id, output_scores=True, return_dict_in_generate=True)
             self.model.train(was_training)
-        return out[0, len(prompt_ids):].tolist()
+        ids = out.sequences[0, len(prompt_ids):]
+        scores = torch.stack(out.scores[:len(ids)])[:, 0].float()  # the sampling step's logits / temperature
+        logprobs = torch.log_softmax(scores, -1).gather(-1, ids[:, None])[:, 0]
+        return ids.tolist(), logprobs.tolist()
 
     def session(self, server=None):
         return PolicyEngine(self) if server is None else ServedPolicyEngine(self, server)
@@ -163,8 +168,8 @@ class PolicyEngine:
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
             raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
-        ids = await asyncio.to_thread(p.sample, prompt, seed)
-        self.turns.append(Turn(prompt, ids))
+        ids, logprobs = await asyncio.to_thread(p.sample, prompt, seed)
+        self.turns.append(Turn(prompt, ids, logprobs))
         stopped = bool(ids) and ids[-1] == p.tok.eos_token_id
         text = p.tok.decode(ids, skip_special_tokens=True)
         return Completion(text, len(prompt), len(ids), "stop" if stopped else "length")
@@ -174,10 +179,10 @@ class PolicyEngine:
 
 
 class ServedPolicyEngine(PolicyEngine):
-    """One trial's view of the policy served by vLLM (rollout: vllm): the text comes from the
-    server, the token ids from the trainer's tokenizer (the prompt as the chat template renders
-    it, the completion re-tokenised), so the update recomputes every log-prob with the policy
-    itself, as in process."""
+    """One trial's view of the policy served by vLLM (rollout: vllm): the prompt's token ids as
+    the trainer's chat template renders them, the completion's as the server sampled them with
+    their sampling log-probs (vLLM's `return_token_ids` and `logprobs`; the server runs with
+    `logprobs_mode: processed_logprobs`, after temperature, as the trainer computes them)."""
 
     provider = "hosted_vllm"
     seeds_requests = False  # vLLM samples as it batches (docs/reproducibility.md)
@@ -191,12 +196,14 @@ class ServedPolicyEngine(PolicyEngine):
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
             raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
-        c = await self.server.complete(messages, temperature=p.temperature,
+        c = await self.server.complete(messages, temperature=p.temperature, logprobs=True, return_token_ids=True,
                                        max_tokens=min(p.max_tokens, p.max_context - len(prompt)))
-        ids = p.tok(c.text, add_special_tokens=False)["input_ids"]
-        if c.finish_reason == "stop":
-            ids.append(p.tok.eos_token_id)
-        self.turns.append(Turn(prompt, ids))
+        ids, logprobs = c.token_ids, c.logprobs
+        if ids is None or logprobs is None or len(ids) != len(logprobs):  # not vLLM's answer: re-tokenised
+            ids, logprobs = p.tok(c.text, add_special_tokens=False)["input_ids"], None
+            if c.finish_reason == "stop":
+                ids.append(p.tok.eos_token_id)
+        self.turns.append(Turn(prompt, list(ids), logprobs))
         if c.usage_reported:  # the tokens the server counted (its `usage`), for the stage's usage
             return Completion(c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason)
         return Completion(c.text, len(prompt), len(ids), c.finish_reason)
@@ -209,6 +216,8 @@ class TokenSequence:
     advantage: float = 0.0
     old_logp: object = None  # tensor over the sequence's masked positions
     ref_logp: object = None
+    behaviour: list[float] | None = None  # the sampling log-probs of its masked tokens (None: not recorded)
+    stale: bool = False  # sampled by weights older than the update's: the ratio is against `behaviour`
 
 
 @dataclass
@@ -230,9 +239,11 @@ def sequences(turns: list[Turn]) -> list[TokenSequence]:
             extra = t.prompt_ids[len(cur.ids):]
             cur.ids += extra + t.completion_ids
             cur.mask += [False] * len(extra) + [True] * len(t.completion_ids)
+            cur.behaviour = None if cur.behaviour is None or t.logprobs is None else cur.behaviour + t.logprobs
         else:
             out.append(TokenSequence(list(t.prompt_ids) + list(t.completion_ids),
-                                [False] * len(t.prompt_ids) + [True] * len(t.completion_ids)))
+                                     [False] * len(t.prompt_ids) + [True] * len(t.completion_ids),
+                                     behaviour=None if t.logprobs is None else list(t.logprobs)))
     return [s for s in out if any(s.mask)]
 
 
@@ -254,6 +265,22 @@ def token_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id:
     logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature
     lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][sel][:, None])[:, 0]
     return list(torch.split(lp, sel.sum(1).tolist()))
+
+
+def old_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id: int) -> float:
+    """Each sequence's `old_logp`, the PPO ratio's denominator: the log-probs of the weights
+    about to be updated, or, for a stale sequence (sampled by older weights: max_staleness),
+    the log-probs that sampled it (off-policy correction). Returns the largest gap between
+    the two over the stale sequences' tokens."""
+    import torch
+
+    gap = 0.0
+    for s, lp in zip(seqs, token_logprobs(model, seqs, temperature, pad_id), strict=True):
+        s.old_logp = lp
+        if s.stale and s.behaviour is not None and len(s.behaviour) == len(lp):
+            s.old_logp = torch.tensor(s.behaviour, dtype=lp.dtype, device=lp.device)
+            gap = max(gap, float((lp - s.old_logp).abs().max()))
+    return gap
 
 
 def sequence_logprob(model, tokenizer, messages: list[dict], answer: str) -> float:
@@ -326,8 +353,9 @@ class PolicyServer:
 
         self.cfg, self.dir = cfg, workroot / "policy"
         args = dict(cfg.vllm_args)
+        # log-probs after temperature, as the trainer computes them (the behaviour policy's)
         self.llm = LLM(engine="vllm", model=str(self.dir), concurrency=cfg.concurrency,
-                       engine_args={"served_model_name": "policy", **args,
+                       engine_args={"served_model_name": "policy", "logprobs_mode": "processed_logprobs", **args,
                                     "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV}})
         self.base_url: str | None = None
         self.server = None
@@ -443,7 +471,7 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
     n_tokens = int(_all_reduce(counts[:1], dist.ReduceOp.SUM))
     n_micro = int(_all_reduce(counts[1:], dist.ReduceOp.MAX))
     stats = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
-             "active_sequences": len(active), "grad_norm": 0.0}
+             "active_sequences": len(active), "grad_norm": 0.0, "behaviour_gap": 0.0}
     if n_micro == 0 or n_tokens == 0:
         return stats
     real = len(micro)
@@ -451,8 +479,7 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
     kl_coef = cfg.kl_coef
     with torch.no_grad():
         for mb in micro:
-            for s, lp in zip(mb, token_logprobs(model, mb, temperature, pad_id), strict=True):
-                s.old_logp = lp
+            stats["behaviour_gap"] = max(stats["behaviour_gap"], old_logprobs(model, mb, temperature, pad_id))
             if ref_model is not None and kl_coef > 0:
                 for s, lp in zip(mb, token_logprobs(ref_model, mb, temperature, pad_id), strict=True):
                     s.ref_logp = lp
@@ -568,28 +595,25 @@ class RlTrainer(Trainer):
                              max_context=cfg.max_context, name=str(sft_dir))
         self.workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
         self.server = PolicyServer(cfg, self.workroot) if self.rollout == "vllm" else None
+        self.ahead: dict = {}  # step -> the future of its rollouts, started early (max_staleness)
+        self.pool = None
 
     def step(self, step: int) -> dict:
         import torch
         import torch.distributed as dist
 
-        cfg, tasks, rank, world, k = self.cfg, self.tasks, self.rank, self.world, self.cfg.samples_per_task
+        cfg, rank, world, k = self.cfg, self.rank, self.world, self.cfg.samples_per_task
         t0 = time.monotonic()
         torch.manual_seed(cfg.seed * 1_000_003 + step + rank * 7_919)
         random.seed(cfg.seed * 1_000_003 + step + rank * 7_919)
-        indices = global_batch_rows(len(tasks), step, min(cfg.batch_size, len(tasks)), cfg.seed)
-        mine = indices[rank::world]  # whole tasks per rank: a task's k samples share a baseline
-        sync = {}
-        if self.rollout == "vllm":  # this step's rollouts run on the weights after the last update
-            how = self.server.sync(self.policy, step)
-            sync = {"weight_sync": how, "sync_seconds": round(time.monotonic() - t0, 3)}
-            trajs = asyncio.run(served_rollout(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
-                                               run_id=f"{self.outdir.name}-{step}", server=self.server))
-            sync["weight_versions"] = sorted({t.weight_version for t in trajs})
+        mine = self._mine(step)
+        if step in self.ahead:  # started while an earlier update ran, on older weights
+            trajs, sync = self.ahead.pop(step).result()
         else:
-            trajs = asyncio.run(rollout(self.policy, tasks, mine, k, cfg, self.workroot / f"step-{step}",
-                                        run_id=f"{self.outdir.name}-{step}"))
+            trajs, sync = self._rollouts(step, self.policy, step)
         t1 = time.monotonic()
+        self._run_ahead(step)
+        t2 = time.monotonic()
         seqs, groups_zero = [], 0
         for g in range(len(mine)):
             group = trajs[g * k:(g + 1) * k]
@@ -597,12 +621,13 @@ class RlTrainer(Trainer):
             groups_zero += all(a == 0.0 for a in adv)
             for t, a in zip(group, adv, strict=True):
                 for s in sequences(t.turns):
-                    s.advantage = a
+                    s.advantage, s.stale = a, t.weight_version is not None and t.weight_version < step
                     seqs.append(s)
         st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
         parts = [None] * world
         dist.all_gather_object(parts, {
             **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
+            "versions": [t.weight_version for t in trajs], "stale": sum(s.stale for s in seqs),
             "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0,
             **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS}})
         rewards = [r for p in parts for r in p["rewards"]]
@@ -617,14 +642,72 @@ class RlTrainer(Trainer):
                 "zero_advantage_tasks": total["zero"], "errors": total["errors"],
                 "lr": self.engine.get_lr()[0], "rollout_engine": self.server.engine if self.server else "transformers",
                 **sync, "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
-                "update_seconds": round(time.monotonic() - t1, 3),
+                "update_seconds": round(time.monotonic() - t2, 3),
                 "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
-                **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS}}
+                **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS},
+                **(self._staleness(step, parts) if cfg.max_staleness else {})}
+
+    def _mine(self, step: int) -> list[int]:
+        """This rank's tasks of `step`: whole tasks, so a task's k samples share a baseline."""
+        indices = global_batch_rows(len(self.tasks), step, min(self.cfg.batch_size, len(self.tasks)), self.cfg.seed)
+        return indices[self.rank::self.world]
+
+    def _rollouts(self, step: int, policy: Policy, version: int) -> tuple[list[Trajectory], dict]:
+        """`step`'s trials on `policy`, whose weights are those after `version` updates."""
+        cfg, t0 = self.cfg, time.monotonic()
+        work, run_id = self.workroot / f"step-{step}", f"{self.outdir.name}-{step}"
+        if self.rollout != "vllm":
+            trajs = asyncio.run(rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work,
+                                        run_id=run_id))
+            for t in trajs:
+                t.weight_version = version
+            return trajs, {}
+        sync = {}
+        if self.server.version != version or self.server.server is None:  # this step's weights to the server
+            sync = {"weight_sync": self.server.sync(policy, version), "sync_seconds": round(time.monotonic() - t0, 3)}
+        trajs = asyncio.run(served_rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work,
+                                           run_id=run_id, server=self.server))
+        return trajs, {**sync, "weight_versions": sorted({t.weight_version for t in trajs})}
+
+    def _run_ahead(self, step: int) -> None:
+        """With max_staleness, the next steps' rollouts start now, on the weights before this
+        step's update (a copy of the policy; vLLM's server keeps serving them), and run while it
+        trains. The server holds one version: with rollout: vllm, one step runs ahead."""
+        ahead = min(self.cfg.max_staleness, 1 if self.rollout == "vllm" else self.cfg.max_staleness)
+        todo = [j for j in range(step + 1, min(step + 1 + ahead, self.total_steps)) if j not in self.ahead]
+        if not todo:
+            return
+        policy = self.policy
+        if self.rollout == "vllm":
+            if self.server.version != step:  # the weights before the update, served
+                self.server.sync(policy, step)
+        else:  # a copy of the weights before the update, for the rollouts alone
+            snapshot = type(self.model)(self.model.config).to(device=self.model.device, dtype=self.model.dtype)
+            snapshot.load_state_dict(self.model.state_dict())
+            policy = Policy(snapshot.eval(), self.tok, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens,
+                            max_context=self.cfg.max_context, name=self.policy.name)
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="otbuild-rl-ahead")
+        for j in todo:
+            self.ahead[j] = self.pool.submit(self._rollouts, j, policy, step)
+
+    def _staleness(self, step: int, parts: list[dict]) -> dict:
+        """What max_staleness did this step: the weight versions its trajectories came from, how
+        many updates old the oldest was, the sequences corrected off-policy, and the largest gap
+        between a sampled token's log-prob and the same weights' recomputed one."""
+        versions = [v for p in parts for v in p["versions"] if v is not None]
+        return {"weight_versions": sorted(set(versions)), "staleness": step - min(versions, default=step),
+                "off_policy_sequences": sum(p["stale"] for p in parts),
+                "behaviour_gap": round(max(p["behaviour_gap"] for p in parts), 6)}
 
     def note(self, rec: dict) -> str:
         return f"reward {rec['reward_mean']:.3f}, loss {rec['loss']:.4g}"
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
         if self.server is not None:
             self.server.stop()
         shutil.rmtree(self.workroot, ignore_errors=True)
