@@ -158,9 +158,11 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     assert math.log(0.05) < lp0 < math.log(0.95) and lw0 > math.log(0.05), (lp0, lw0)
 
     # the paper's RL temperature: at 1.0 this tiny student samples mostly malformed answers, and
-    # which prompt text it was trained on decides whether 4 steps climb (seen with a new prompt)
+    # which prompt text it was trained on decides whether 4 steps climb (seen with a new prompt).
+    # lr 1e-3 for 32-wide heads: at 2e-3 Adam's first steps (~lr per weight) overshoot 8 of 8
+    # right into malformed answers (a step's reward 0.875 -> 0.125), pass or fail by float rounding
     rl = {"steps": 4, "batch_size": 1, "samples_per_task": 8, "temperature": 0.7, "max_tokens": 96,
-          "max_context": 4096, "learning_rate": 2e-3, "save_steps": 2, "concurrency": 8,
+          "max_context": 4096, "learning_rate": 1e-3, "save_steps": 2, "concurrency": 8,
           "sandbox": {"max_episodes": 1}}
     manifest = rl_train(RlSettings(**rl), [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"],
                         tmp_path / "rl")
@@ -173,6 +175,7 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     print(f"log p(correct) {lp0:.3f} -> {lp1:.3f}, log p(wrong) {lw0:.3f} -> {lw1:.3f}; rewards",
           [r["reward_mean"] for r in log])
     assert lp1 > lp0 + 0.1 and lw1 < lw0, (lp0, lp1, lw0, lw1, log)
+    assert log[-1]["reward_mean"] >= log[0]["reward_mean"], log  # no collapse into malformed answers
 
 
 @needs_sandbox
