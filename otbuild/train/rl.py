@@ -6,9 +6,12 @@ One step:
    Engine (`PolicyEngine`) over the model being trained: it renders the chat, samples in
    process with transformers, and records each turn's exact prompt and completion token ids
    (no re-tokenisation of what the model said).
-2. Reward: the verifier's (an infrastructure error or no reward counts as 0, and is counted).
-   Advantage (per task): A_i = (r_i - mean_{j != i} r_j) / (std_j r_j + eps), std with
-   Bessel's correction; a task whose rewards are all equal contributes zero.
+2. Reward: the verifier's (no reward counts as 0). A trial whose outcome eval leaves out of
+   its scores (infrastructure, not_run: docs/failures.md) is masked: reward 0 in the log,
+   counted as `rollout_infra_masked`, left out of its task's baseline and of the loss.
+   Advantage (per task, over its unmasked samples): A_i = (r_i - mean_{j != i} r_j) /
+   (std_j r_j + eps), std with Bessel's correction; a task whose rewards are all equal, or
+   with fewer than 2 unmasked samples, contributes zero.
 3. Loss: PPO-clip over assistant tokens only (the recorded completions), ratio
    exp(logp - logp_old) clipped to [1 - clip_low, 1 + clip_high], advantage shared by every
    token of a trajectory, token-mean over all assistant tokens of the step; optional k3 KL to
@@ -52,6 +55,7 @@ from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.settings.train import Rl
 from otbuild.settings.stages import RlSettings
+from otbuild.traces.outcome import EXCLUDED_FROM_SCORES, outcome
 from otbuild.train.chat import clean
 from otbuild.train.checkpoint import LOG
 from otbuild.train.data import global_batch_rows
@@ -70,6 +74,14 @@ def rloo_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
     mean = total / k
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (k - 1))
     return [(r - (total - r) / (k - 1)) / (std + eps) for r in rewards]
+
+
+def masked_rloo_advantages(rewards: list[float], masked: list[bool], eps: float = 1e-6) -> list[float | None]:
+    """rloo_advantages over a task's unmasked samples; a masked one gets None (no loss, no
+    baseline). Under 2 unmasked samples there is no baseline: every advantage is 0."""
+    kept = [r for r, m in zip(rewards, masked, strict=True) if not m]
+    adv = iter(rloo_advantages(kept, eps) if len(kept) >= 2 else [0.0] * len(kept))
+    return [None if m else next(adv) for m in masked]
 
 
 def ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
@@ -225,6 +237,7 @@ class Trajectory:
     task_index: int
     reward: float
     error: str | None
+    outcome: str = ""  # otbuild/traces/outcome.py
     turns: list[Turn] = field(default_factory=list)
     usage: dict = field(default_factory=dict)  # the trial's requests, errors and tokens (otbuild/usage.py)
     weight_version: int | None = None  # rollout: vllm: the optimizer step whose weights answered
@@ -433,7 +446,7 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSett
             row = await run_trial(task, task_id, engine, trial_settings, workroot / f"{pos}-{s}", sample_idx=s,
                                   run_id=run_id, source="rl")
         reward = row["reward"] if row["reward"] is not None else 0.0
-        return Trajectory(ti, float(reward), row["exception"], engine.turns, usage.of_trial(row))
+        return Trajectory(ti, float(reward), row["exception"], outcome(row), engine.turns, usage.of_trial(row))
 
     jobs = [one(pos, ti, s) for pos, ti in enumerate(indices) for s in range(k)]
     return list(await asyncio.gather(*jobs))
@@ -615,12 +628,13 @@ class RlTrainer(Trainer):
         self._run_ahead(step)
         t2 = time.monotonic()
         seqs, groups_zero = [], 0
+        masked = [t.outcome in EXCLUDED_FROM_SCORES for t in trajs]
         for g in range(len(mine)):
             group = trajs[g * k:(g + 1) * k]
-            adv = rloo_advantages([t.reward for t in group], cfg.std_eps)
-            groups_zero += all(a == 0.0 for a in adv)
+            adv = masked_rloo_advantages([t.reward for t in group], masked[g * k:(g + 1) * k], cfg.std_eps)
+            groups_zero += all(not a for a in adv)
             for t, a in zip(group, adv, strict=True):
-                for s in sequences(t.turns):
+                for s in sequences(t.turns) if a is not None else []:
                     s.advantage, s.stale = a, t.weight_version is not None and t.weight_version < step
                     seqs.append(s)
         st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
@@ -628,11 +642,11 @@ class RlTrainer(Trainer):
         dist.all_gather_object(parts, {
             **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
             "versions": [t.weight_version for t in trajs], "stale": sum(s.stale for s in seqs),
-            "errors": sum(1 for t in trajs if t.error), "rollout_seconds": t1 - t0,
+            "errors": sum(1 for t in trajs if t.error), "masked": sum(masked), "rollout_seconds": t1 - t0,
             **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS}})
         rewards = [r for p in parts for r in p["rewards"]]
         total = {key: sum(p[key] for p in parts) for key in
-                 ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors")}
+                 ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors", "masked")}
         shutil.rmtree(self.workroot / f"step-{step}", ignore_errors=True)
         return {"step": step + 1, "reward_mean": sum(rewards) / len(rewards),
                 "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
@@ -640,6 +654,7 @@ class RlTrainer(Trainer):
                 "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
                 "trajectories": len(rewards), "sequences": total["sequences"],
                 "zero_advantage_tasks": total["zero"], "errors": total["errors"],
+                "rollout_infra_masked": total["masked"],
                 "lr": self.engine.get_lr()[0], "rollout_engine": self.server.engine if self.server else "transformers",
                 **sync, "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
                 "update_seconds": round(time.monotonic() - t2, 3),
