@@ -36,8 +36,9 @@ def _record(d: Path, names: list[str]) -> dict:
     return {"outputs": [{"path": str(d / n)} for n in names]}
 
 
-def _traces(path: Path, dates: list[str], rewards: list[float]) -> None:
-    pq.write_table(pa.table({"task_id": ["a", "b", "c"], "date": dates, "reward": rewards}), path)
+def _traces(path: Path, dates: list[str], rewards: list[float], metadata: list[dict] | None = None) -> None:
+    meta = [json.dumps(m, sort_keys=True) for m in metadata or [{}] * 3]
+    pq.write_table(pa.table({"task_id": ["a", "b", "c"], "date": dates, "reward": rewards, "metadata": meta}), path)
 
 
 def test_compare_sets_volatile_columns_aside_and_names_the_rest(tmp_path):
@@ -55,6 +56,23 @@ def test_compare_sets_volatile_columns_aside_and_names_the_rest(tmp_path):
     assert o.result == "sampled" and not o.is_finding
     assert sampled("rollout", {"engine": "vllm"}) and not sampled("rollout", {"engine": "oracle"})
     assert cheap("rollout", {"engine": "oracle"}) and cheap("mix", {}) and not cheap("sft", {})
+
+
+def test_compare_sets_volatile_metadata_keys_aside_at_any_depth(tmp_path):
+    """The verifier's seconds (the trial's, each step's) are measurements; the rest of the
+    metadata is not."""
+    built, again = tmp_path / "built", tmp_path / "again"
+    built.mkdir(), again.mkdir()
+
+    def meta(seconds: float, stop: str = "done") -> list[dict]:
+        return [{"verifier_s": seconds, "stop_reason": stop, "steps": [{"name": "a", "verifier_s": seconds}]}] * 3
+    _traces(built / "traces.parquet", ["d"] * 3, [1.0] * 3, meta(0.5))
+    _traces(again / "traces.parquet", ["d"] * 3, [1.0] * 3, meta(0.7))
+    o = compare("trace_filter", _record(built, ["traces.parquet"]), built, again)
+    assert o.result == "identical" and o.notes == ["traces.parquet: set aside metadata (verifier_s, timings)"]
+    _traces(again / "traces.parquet", ["d"] * 3, [1.0] * 3, meta(0.7, stop="timeout"))
+    o = compare("trace_filter", _record(built, ["traces.parquet"]), built, again)
+    assert o.differences == ["traces.parquet: column metadata differs, first at row 0"]
 
 
 def test_compare_json_lines_text_regions_and_files(tmp_path):

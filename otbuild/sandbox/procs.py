@@ -59,18 +59,31 @@ def pids_with_env(entry: bytes, among: Iterable[int] | None = None) -> set[int]:
 
 
 def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[int]:
-    """SIGKILL what `find` returns until it returns nothing (or `timeout`); the survivors."""
+    """SIGKILL what `find` returns until it returns nothing and every process killed has
+    exited (a SIGKILLed process lives on until the kernel has torn it down, and once its
+    parent is gone `find` no longer reaches it), or until `timeout`; the survivors."""
     end = time.monotonic() + timeout
+    killed: set[int] = set()
     while True:
         pids = find() - {os.getpid()}
-        if not pids or time.monotonic() > end:
-            return pids
+        killed = {pid for pid in killed | pids if _running(pid)}
+        if not killed or time.monotonic() > end:
+            return killed
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """`pid` exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def end_namespace(launcher: subprocess.Popen, timeout: float = 10.0) -> bool:

@@ -52,12 +52,15 @@ TRACE_SCHEMA = pa.schema(
 )
 
 
-# Columns that measure a run rather than follow from its inputs: a rebuild from the same inputs
-# gives other values. Declared once, here, for every trace table; `otbuild audit --rebuild` and
-# the two-build test set them aside (docs/reproducibility.md).
+# Columns (and `column.key`: a key of a JSON column's objects, at any depth) that measure a run
+# rather than follow from its inputs: a rebuild from the same inputs gives other values. Declared
+# once, here, for every trace table; `otbuild audit --rebuild` and the two-build test set them
+# aside (docs/reproducibility.md).
 VOLATILE_COLUMNS = {
     "date": "when the trial started: the wall clock",
     "duration_s": "how long the trial took: the machine's speed and load",
+    "metadata.verifier_s": "the verifier's seconds (the trial's and each step's): the machine's speed and load",
+    "metadata.timings": "a Harbor trial's phase durations: the machine's speed and load",
 }
 
 
