@@ -3,7 +3,7 @@
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup harbor-env vllm-env llamafactory-env smoke test test-fast bench
+.PHONY: setup harbor-env vllm-env llamafactory-env skyrl-env smoke test test-fast bench
 
 # torch: an existing install is kept (e.g. a CUDA build on a GPU node); otherwise the pinned
 # CPU-friendly release (on this project's CI machines its wheel is on local disk).
@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 # tasks; chromium: the report's test renders it in a real headless browser
 APT_PACKAGES := bubblewrap python3-pytest chromium
 
-setup:  ## Python package + dev extras (editable), the sandbox's Debian packages, Harbor, vLLM and LLaMA-Factory envs, a local Slurm cluster
+setup:  ## Python package + dev extras (editable), the sandbox's Debian packages, Harbor, vLLM, LLaMA-Factory and SkyRL envs, a local Slurm cluster
 	@command -v bwrap >/dev/null && command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(APT_PACKAGES); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
@@ -21,6 +21,7 @@ setup:  ## Python package + dev extras (editable), the sandbox's Debian packages
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
 	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); its live and contract tests will be skipped"
 	@scripts/llamafactory-env.sh || echo "setup: no LLaMA-Factory environment (.venv-llamafactory); its contract test will be skipped"
+	@scripts/skyrl-env.sh || echo "setup: no SkyRL environment (.venv-skyrl); its contract test will be skipped"
 	@{ scripts/slurm-cluster.sh install && scripts/slurm-cluster.sh start; } || echo "setup: no local Slurm cluster (scripts/slurm-cluster.sh); its test will be skipped"
 
 harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class
@@ -31,6 +32,9 @@ vllm-env:  ## the pinned vLLM (pyproject's `vllm` extra; its CPU build without C
 
 llamafactory-env:  ## the pinned LLaMA-Factory (pyproject's `llamafactory` extra) in .venv-llamafactory, beside a CPU torch, for its contract test
 	scripts/llamafactory-env.sh
+
+skyrl-env:  ## the pinned SkyRL (pyproject's `skyrl` extra; config loader and Harbor dataset code, no GPU packages) in .venv-skyrl, for its contract test
+	scripts/skyrl-env.sh
 
 smoke: setup  ## build the smoke recipe: the whole DAG on the CPU
 	$(PYTHON) -m snakemake smoke

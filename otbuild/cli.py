@@ -473,6 +473,15 @@ def export_tasks_cmd(parquet, dest):
     out.print(f"[green]wrote[/] {n} task dir(s) to {dest}")
 
 
+def _the_stage(plan, stage: str):
+    """The plan's one `stage` node (an export takes a recipe with exactly one)."""
+    nodes = [n for n in plan.nodes if n.stage == stage]
+    if len(nodes) != 1:
+        raise ConfigError(f"{plan.recipe.path}: {f'no {stage} section' if not nodes else f'{len(nodes)} {stage} stages (an ablation)'}: "
+                          "export a recipe with exactly one")
+    return nodes[0]
+
+
 @export.command("llamafactory")
 @click.argument("recipe")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
@@ -488,11 +497,7 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     from otbuild.train.llamafactory import write_handoff
 
     plan = _plan(recipe)
-    sft = [n for n in plan.nodes if n.stage == "sft"]
-    if len(sft) != 1:
-        raise ConfigError(f"{plan.recipe.path}: {'no sft section' if not sft else f'{len(sft)} sft stages (an ablation)'}: "
-                          "export a recipe with exactly one")
-    node = sft[0]
+    node = _the_stage(plan, "sft")
     cfg = node.config
     traces = [i.main_output for i in node.inputs]
     if missing := [str(p) for p in traces if not p.exists()]:
@@ -511,6 +516,35 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
                                                                      "dropped") if stats[k])
     out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}"
               f"{f' ({mended})' if mended else ''}, dataset_info.json and {stats['yaml']}")
+
+
+@export.command("skyrl")
+@click.argument("recipe")
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--nodes", type=click.IntRange(min=1), default=6, show_default=True,
+              help="The allocation SkyRL splits: a third trains, the rest serve (OT-Agent: 6 x 4).")
+@click.option("--model", help="trainer.policy.model.path (default: the recipe's SFT checkpoint dir).")
+@click.option("--python", "python", default="python", show_default=True, help="SkyRL's python in the command.")
+def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
+    """RECIPE's rl stage as SkyRL runs it (`rl.trainer: skyrl`), in DEST: the task set (tasks/),
+    SkyRL's config (skyrl.yaml) and its entry point's command (command.sh, printed)."""
+    from otbuild.train.skyrl import shell_lines, write_handoff
+
+    plan = _plan(recipe)
+    node = _the_stage(plan, "rl")
+    ckpt, tasks = (i.main_output for i in node.inputs)
+    if not tasks.exists():
+        raise ConfigError(f"{plan.recipe.path}: the task table is not built yet ({tasks}): run `otbuild build {recipe}` first")
+    header = (f"SkyRL run of recipe {plan.recipe.name} ({plan.recipe.path}), its rl stage {node.id}\n"
+              f"inputs: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
+    try:
+        h = write_handoff(node.config, tasks, model or str(ckpt.parent.resolve()), dest, gpus_per_node, nodes,
+                          python, header)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    out.print(f"[green]wrote[/] {h['tasks']} task dir(s) to {h['tasks_dir']}, {h['yaml']} and {dest}/command.sh")
+    click.echo(shell_lines(h["command"]))
 
 
 @main.command()

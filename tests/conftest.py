@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -219,6 +220,17 @@ def run_bench(script: str, *args: str, timeout: float) -> str:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     return out
+
+
+def tool_answer(python: Path, script: str, given: dict, out: Path, timeout: float = 600, **env_vars) -> dict:
+    """Run tests/SCRIPT (a contract check) with a pinned tool's `python`: `given` as JSON on
+    stdin, its answer read back from `out`. Without otbuild's PYTHONPATH: the tool's own packages."""
+    env = {**os.environ, **env_vars}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(python), str(REPO / "tests" / script), str(out)], input=json.dumps(given),
+                          capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(out.read_text())
 
 
 def pinned_release(extra: str) -> str:

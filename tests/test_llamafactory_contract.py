@@ -17,8 +17,6 @@ The differences that remain are LLaMA-Factory's, asserted exactly (docs/training
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -30,7 +28,7 @@ from otbuild.train.chat import tokenize_conversation
 from otbuild.train.llamafactory import write_handoff
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
 from otbuild.train.toy import trace_rows
-from tests.conftest import REPO, pinned_release
+from tests.conftest import REPO, pinned_release, tool_answer
 
 LF_PYTHON = REPO / ".venv-llamafactory" / "bin" / "python"
 needs_llamafactory = pytest.mark.skipif(
@@ -95,13 +93,9 @@ def setup(tmp_path_factory):
 def _contract(tmp, model, runs: dict) -> dict:
     given = {"model": str(model), "runs": [{"name": n, "yaml": y, "output_dir": str(tmp / "out" / n)}
                                            for n, y in runs.items()]}
-    out = tmp / f"answer-{len(runs)}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DISABLE_VERSION_CHECK": "1"}
-    env.pop("PYTHONPATH", None)  # LLaMA-Factory's own transformers, not otbuild's
-    proc = subprocess.run([str(LF_PYTHON), str(REPO / "tests" / "llamafactory_contract.py"), str(out)],
-                          input=json.dumps(given), capture_output=True, text=True, timeout=600, check=False, env=env)
-    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
-    return json.loads(out.read_text())
+    # LLaMA-Factory's own transformers, not otbuild's
+    return tool_answer(LF_PYTHON, "llamafactory_contract.py", given, tmp / f"answer-{len(runs)}.json",
+                       HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DISABLE_VERSION_CHECK="1")
 
 
 @pytest.fixture(scope="module")

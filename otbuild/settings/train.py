@@ -175,11 +175,26 @@ class Sft(Training):
         return self
 
 
+class SkyrlOptions(Strict):
+    """`rl.trainer: skyrl` only (otbuild/train/skyrl.py; docs/training.md, "RL through SkyRL")."""
+
+    environment: str = Field(default="docker", description="Harbor environment type of SkyRL's trials "
+                             "(docker, daytona, modal, ...)")
+    max_staleness_steps: int = Field(default=16, ge=0, description="fully async: steps a rollout's policy may "
+                                     "lag the one it trains (OT-Agent: 16)")
+    overrides: dict[str, Any] = Field(default={}, description="more SkyRL config, as dot keys "
+                                      "(trainer.policy.fsdp_config.cpu_offload: true); they win")
+
+
 class Rl(Training):
     """RLOO on the SFT checkpoint: multi-turn rollouts in the terminus-2 harness, verifier reward.
     Every rank (one per GPU) rolls out its share of a step's tasks with its replica of the
     policy; the update is DeepSpeed data parallel (ZeRO 0-2: every rank keeps whole weights)."""
 
+    trainer: Literal["otbuild", "skyrl"] = Field(
+        default="otbuild", description="otbuild: this trainer (one node); skyrl: SkyRL's fully async trainer "
+        "on Ray across the job's nodes (docs/training.md)")
+    skyrl: SkyrlOptions = SkyrlOptions()
     steps: int = Field(ge=1, description="optimizer steps (each: batch_size tasks x samples_per_task)")
     batch_size: int = Field(default=64, ge=1, description="tasks per step")
     samples_per_task: int = Field(default=8, ge=2, description="k: the leave-one-out baseline needs 2+")

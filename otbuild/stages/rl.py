@@ -13,6 +13,11 @@ from otbuild.stages.sft import run_training
 
 
 def run(cfg: RlSettings, inputs: list[Path], outdir: Path) -> dict:
+    if cfg.trainer == "skyrl":
+        from otbuild.train.skyrl import train
+
+        manifest = train(cfg, inputs, outdir)
+        return {k: manifest[k] for k in ("steps", "world_size", "files", "skyrl")}
     stats = run_training("rl", cfg, inputs, outdir)
     # the rollouts' requests and tokens: the policy served by vLLM, or generating in process
     # (rollout: auto is the one its steps name)
