@@ -4,8 +4,8 @@ Each selected artifact is rebuilt by its own stage, with the settings and the in
 provenance record names (the inputs' sha256 checked first), into a scratch dir
 (`.otbuild/rebuild/<stage>/<id>/`; artifacts/ is never written), sharded stages shard by shard
 and then their merge, exactly as the rules run them. Then every file is compared with the
-built one: bytes, except what is declared volatile (measurements of the run: `VOLATILE`), which
-is set aside: parquet columns, top-level keys of JSON and JSON-lines files, marked regions of
+built one: bytes, except what is declared volatile (measurements of the run: the registry's
+`StageDef.volatile`), which is set aside: parquet columns, top-level keys of JSON and JSON-lines files, marked regions of
 the report, whole files (TensorBoard's). The result is written beside the artifact, in
 `.rebuild.json` (hidden: not one of the artifact's files), where the report reads it.
 
@@ -37,9 +37,6 @@ from otbuild.provenance import artifact_files, check, now, read_record
 from otbuild.report.page import VOLATILE_BEGIN, VOLATILE_END
 from otbuild.artifact import REBUILD
 from otbuild.stages import STAGES
-from otbuild.stages.eval import SCORES_VOLATILE
-from otbuild.traces.table import VOLATILE_COLUMNS as TRACE_VOLATILE
-from otbuild.train.checkpoint import LOG, MANIFEST, VOLATILE_LOG_KEYS, VOLATILE_MANIFEST_KEYS
 from otbuild.train.tracking import VOLATILE_FILES
 
 SCRATCH = Path(".otbuild") / "rebuild"
@@ -48,21 +45,13 @@ SCRATCH = Path(".otbuild") / "rebuild"
 SAMPLED_ENGINES = ("openai", "vllm")
 # What an LLM-sampled stage's rebuild must still give again: row counts and these columns.
 KEY_COLUMNS = ("path", "task", "task_id", "source", "sample_idx", "benchmark", "repeat", "trial_name", "run_id")
-TRAIN_FILES = {MANIFEST: tuple(VOLATILE_MANIFEST_KEYS), LOG: tuple(VOLATILE_LOG_KEYS)}
 TEXT_REGIONS = ("*.html", "*.md")  # the report's: volatile regions between VOLATILE_BEGIN and _END
-# stage -> {file name pattern: fields set aside (parquet columns, top-level JSON keys)}
-VOLATILE: dict[str, dict[str, tuple[str, ...]]] = {
-    "rollout": {"traces.parquet": tuple(TRACE_VOLATILE)},
-    "trace_filter": {"*.parquet": tuple(TRACE_VOLATILE)},
-    "eval": {"traces.parquet": tuple(TRACE_VOLATILE), "scores.parquet": tuple(SCORES_VOLATILE)},
-    "sft": TRAIN_FILES,
-    "rl": TRAIN_FILES,
-}
 
 
 def volatile_fields(stage: str, name: str) -> tuple[str, ...]:
-    """The columns or keys of `stage`'s output file `name` that a rebuild sets aside."""
-    return next((f for pattern, f in VOLATILE.get(stage, {}).items() if fnmatch.fnmatch(name, pattern)), ())
+    """The columns or keys of `stage`'s output file `name` that a rebuild sets aside (the
+    registry's `StageDef.volatile`)."""
+    return next((f for pattern, f in STAGES[stage].volatile.items() if fnmatch.fnmatch(name, pattern)), ())
 
 
 def volatile_file(name: str) -> bool:

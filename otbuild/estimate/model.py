@@ -92,7 +92,7 @@ class Model:
         value = self._assume(e, (node.stage, name), fallback or default(node.stage, name), cap, scale)
         for p in self.pilots:
             for their, meas in p.other(node.stage, name):
-                why = (f"it measured {their}, this is {m}" if node.stage not in ("task_filter", "trace_filter")
+                why = (f"it measured {their}, this is {m}" if not STAGES[node.stage].filter
                        else "other rules or another teacher")
                 e.notes.append(f"rates of {meas.source.split(' (')[0]} not taken: {why}")
         return value
@@ -120,7 +120,7 @@ class Model:
             if e.built:
                 self._built(n, e)
             else:
-                getattr(self, f"_{n.stage}", self._table)(n, e)
+                getattr(self, f"_{n.stage}")(n, e)  # every stage has one (checked below the class)
                 e.wall_s = self._wall(e)
             self.stages.append(e)
         return self
@@ -152,6 +152,8 @@ class Model:
         report, the ranking): its job time as a pilot measured it."""
         e.jobs.append(Job(n.stage, 1, self._job_rate(e, n, "job_s"), self._grant(n.stage)))
         self.rows[n.id] = self._in(n)
+
+    _rank = _report = _table
 
     def _measured(self, n, name: str) -> bool:
         return any(p.find(n.stage, match(n), name) for p in self.pilots)
@@ -396,6 +398,12 @@ class Model:
             begin = Span(*(max([getattr(s, k) for s in start] + [0.0]) for k in ("estimate", "low", "high")))
             finish[n.id] = begin + by_id[n.id].wall_s
         return Span(*(max([getattr(s, k) for s in finish.values()] + [0.0]) for k in ("estimate", "low", "high")))
+
+
+# Every stage is estimated by its own method `_STAGE`: a stage without one fails at import, never
+# falls back to a guess.
+if unestimated := [stage for stage in STAGES if not callable(getattr(Model, f"_{stage}", None))]:
+    raise ImportError(f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} (Model._STAGE)")
 
 
 def _known_rows(n, root: Path) -> Span | None:

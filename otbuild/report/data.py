@@ -23,13 +23,7 @@ from otbuild.artifact import PROVENANCE, REBUILD
 from otbuild.stages import STAGES
 
 CANDIDATES = "candidates/"
-# Stages on the way from raw tasks to the trace set, in pipeline order (the funnel's steps).
-FUNNEL = ("source", "augment", "mix", "task_score", "task_filter", "trace_import", "rollout", "trace_filter")
-TASK_STAGES = ("source", "augment", "mix", "task_score", "task_filter")
-# Training logs: sft writes train_log.jsonl (otbuild/train/sft.py); rl its own per-step log.
-TRAIN_LOGS = ("train_log.jsonl", "rl_log.jsonl")
-REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "rewards/mean")
-LOSS_KEYS = ("loss", "policy_loss", "train_loss")
+TRAIN_LOG = "train_log.jsonl"  # a training stage's per-step log (otbuild/train/checkpoint.py: LOG)
 TABLE_COLUMNS = ("loss", "reward_mean", "pass_rate", "lr", "grad_norm")
 PANEL_KEYS = ("lr", "grad_norm", "tokens_per_second")  # drawn small below a training curve
 
@@ -217,19 +211,25 @@ def by_candidate(arts: list[Artifact]) -> list[tuple[str | None, list[Artifact]]
 
 def pipeline(arts: list[Artifact]) -> list[Artifact]:
     """The artifacts on the way from raw tasks to the trace set (not the eval's benchmarks)."""
-    return [a for a in arts if a.stage in FUNNEL and not _is_benchmark(a)]
+    return [a for a in arts if a.stage in funnel() and not _is_benchmark(a)]
+
+
+def funnel() -> list[str]:
+    """The funnel's steps, in pipeline order (the registry's): the stages whose main output is
+    a task or a trace table."""
+    return [name for name, d in STAGES.items() if d.tasks or d.traces]
 
 
 def final_tasks(arts: list[Artifact]) -> Artifact | None:
     """The task set the rollouts start from: the last task stage of the pipeline."""
-    tasks = [a for a in pipeline(arts) if a.stage in TASK_STAGES]
+    tasks = [a for a in pipeline(arts) if STAGES[a.stage].tasks]
     return tasks[-1] if tasks else None
 
 
 def final_traces(arts: list[Artifact]) -> list[Artifact]:
     """The trace set: the trace filter's, else the rollouts and imported traces."""
-    line = pipeline(arts)
-    return [a for a in line if a.stage == "trace_filter"] or [a for a in line if a.stage in ("rollout", "trace_import")]
+    line = [a for a in pipeline(arts) if STAGES[a.stage].traces]
+    return [a for a in line if STAGES[a.stage].filter] or line
 
 
 def _record(d: Path) -> dict | None:
@@ -256,7 +256,7 @@ def _is_benchmark(a: Artifact) -> bool:
 def _group(con, name: str | None, arts: list[Artifact]) -> Group:
     g = Group(name, arts)
     line = pipeline(arts)
-    for stage in FUNNEL:
+    for stage in funnel():
         nodes = [a for a in line if a.stage == stage]
         if not nodes:
             continue
@@ -266,12 +266,13 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         for a in nodes:
             for k, v in (a.reasons if a.rejected is not None else {}).items():
                 reasons[k] = reasons.get(k, 0) + v
-        step_name = nodes[0].local if len(nodes) == 1 else f"{'sources' if stage == 'source' else stage} ({len(nodes)})"
+        group = nodes[0].local.split("/")[0] if "/" in nodes[0].local else stage  # sources/NAME: "sources"
+        step_name = nodes[0].local if len(nodes) == 1 else f"{group} ({len(nodes)})"
         g.funnel.append(Step(step_name, stage, [a.local for a in nodes],
                              None if None in rows else sum(rows), sum(rejected) if rejected else None, reasons))
     g.sources = [_source_info(con, a) for a in line if a.stage == "source"]
-    g.filters = [a for a in line if a.stage in ("task_filter", "trace_filter")]
-    g.teachers = [a for a in line if a.stage in ("rollout", "trace_import")]
+    g.filters = [a for a in line if STAGES[a.stage].filter]
+    g.teachers = [a for a in line if STAGES[a.stage].traces and not STAGES[a.stage].filter]
     mix = next((a for a in line if a.stage == "mix"), None)
     if mix and mix.main_output.exists():
         g.mix = {"label": mix.local, "settings": mix.settings, "sources": _rows(con, (
@@ -282,10 +283,8 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         g.traces = _traces(con, trace_final)
     g.tasks = final_tasks(arts)
     for a in arts:
-        if a.stage == "sft":
-            g.sft = g.sft or _curve(a, LOSS_KEYS)
-        elif a.stage == "rl":
-            g.rl = g.rl or _curve(a, REWARD_KEYS)
+        if a.stage in ("sft", "rl") and getattr(g, a.stage) is None:  # the report's two training sections
+            setattr(g, a.stage, _curve(a, STAGES[a.stage].curve))
     ev = next((a for a in arts if a.stage == "eval"), None)
     if ev and ev.main_output.exists():
         g.eval_label = ev.local
@@ -391,8 +390,8 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
 
 
 def train_log(a: Artifact) -> tuple[Path | None, list[dict]]:
-    """A training dir's log (TRAIN_LOGS) and its lines (JSON objects, one per optimizer step)."""
-    path = next((a.dir / n for n in TRAIN_LOGS if (a.dir / n).exists()), None)
+    """A training dir's log and its lines (JSON objects, one per optimizer step)."""
+    path = a.dir / TRAIN_LOG if (a.dir / TRAIN_LOG).exists() else None
     lines = []
     for raw in path.read_text().splitlines() if path else ():
         try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from otbuild.stages import STAGES
+
 ESTIMATES = Path(".otbuild") / "estimates"
 
 
@@ -32,15 +34,6 @@ def load_saved(recipe: str, root: Path = Path(".")) -> dict | None:
         return json.loads((root / ESTIMATES / f"{recipe}.json").read_text())
     except (OSError, ValueError):
         return None
-
-
-# Stage counts a build's records hold, by the estimate's name for them: (stage, count) -> how to
-# read it from the artifact (its stats, or the rows of its main output).
-ACTUAL_COUNTS = {
-    ("source", "tasks"): "rows", ("mix", "tasks"): "rows", ("task_filter", "tasks_kept"): "rows",
-    ("trace_filter", "traces_kept"): "rows", ("rollout", "trials"): "trials", ("eval", "trials"): "trials",
-    ("sft", "traces"): "data.traces", ("sft", "tokens_to_train_on"): "tokens_seen",
-}
 
 
 def _stat(a, path: str):
@@ -91,7 +84,8 @@ def compare(saved: dict, arts, costs, root: Path = Path(".")) -> list[dict]:
     for label in pending:  # built since the estimate (what was built before cost nothing there)
         s, a = saved["stages"][label], by_label[label]
         for name, est in s["counts"].items():
-            if (path := ACTUAL_COUNTS.get((s["stage"], name))) is not None:
+            # the stage's counts a build's record holds (the registry's StageDef.counts)
+            if (path := STAGES[s["stage"]].counts.get(name) if s["stage"] in STAGES else None) is not None:
                 row(label, name, est, _stat(a, path))
         for k in ("requests", "input_tokens", "output_tokens", "cost"):
             if label in usage and (s[k] or {}).get("high"):

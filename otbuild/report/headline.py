@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass, field
 
 from otbuild.report import costs as costs_mod
-from otbuild.report.data import (LOSS_KEYS, REWARD_KEYS, Artifact, by_candidate, final_tasks, final_traces,
-                                 train_log)
+from otbuild.report.data import Artifact, by_candidate, final_tasks, final_traces, train_log
+from otbuild.stages import LOSS_KEYS, REWARD_KEYS
 
 
 @dataclass

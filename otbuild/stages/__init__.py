@@ -1,7 +1,9 @@
 """The stage registry: each stage says what it writes, its implementation version, where its
-code is, the settings it receives and what kind of job it is. Everything that treats stages
-differently (the Snakemake rules, job sizes, the preflight, the report, costs, rebuilds) asks
-this registry.
+code is, the settings it receives, what kind of job it is, and what the other parts ask of it
+(the report's funnel, the rebuild's volatile fields, the counts an estimate is checked on).
+Everything that treats stages differently (the Snakemake rules, job sizes, the preflight, the
+estimate, the report, costs, rebuilds) asks this registry; tests/test_stage_registry.py fails
+when a stage does not answer one of them.
 
 Bump `version` by hand when a stage's output semantics change: it is part of every id of
 that stage, so old artifacts are left alone and new ones are built beside them. Refactors
@@ -10,7 +12,8 @@ that keep the semantics do not bump it (the audit reports code drift instead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from otbuild.settings import stages as s
-
+from otbuild.traces.table import VOLATILE_COLUMNS as TRACE_VOLATILE
+from otbuild.train.checkpoint import LOG, MANIFEST, VOLATILE_LOG_KEYS, VOLATILE_MANIFEST_KEYS
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,17 @@ class StageDef:
     gpu: bool = False  # may serve a model or train: a GPU job on a cluster (profiles/slurm)
     trials: bool = False  # runs agent trials in a sandbox; its settings are (or hold) the trial settings
     llm: bool = False  # asks an LLM: records `llm_usage` (requests, tokens) in its stats
-    traces: bool = False  # its main output is a trace table
+    tasks: bool = False  # its main output is a task table: a step of the report's funnel
+    traces: bool = False  # its main output is a trace table: a step of the report's funnel
+    filter: bool = False  # keeps some of its input rows and records why it dropped the others
     training: bool = False  # trains a checkpoint
+    curve: tuple[str, ...] = ()  # training: the log keys the report plots, the first one logged
+    # `audit --rebuild`: output file pattern -> its fields (parquet columns, `column.key` of a JSON
+    # column, top-level JSON keys) that measure the run (docs/reproducibility.md)
+    volatile: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the estimate's counts a build's record holds, checked in the report: name -> "rows" (of the
+    # main output) or a dotted path into the record's stats
+    counts: Mapping[str, str] = field(default_factory=dict)
     # outputs flagged for `snakemake --report`, each with its category there (captions:
     # otbuild/report/captions/STAGE.FILE.rst); not part of any id
     reported: tuple[tuple[str, str], ...] = ()
@@ -52,34 +65,47 @@ class StageDef:
 RESULTS, EVALUATION, TRAINING = "Results", "Evaluation", "Training"
 
 TRAINED = ("checkpoint.json", "model.safetensors", "train_log.jsonl")
+TRACES = {"traces.parquet": tuple(TRACE_VOLATILE)}
+TRAIN_FILES = {MANIFEST: tuple(VOLATILE_MANIFEST_KEYS), LOG: tuple(VOLATILE_LOG_KEYS)}
+LOSS_KEYS = ("loss", "policy_loss", "train_loss")
+REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "rewards/mean")
 
+# In pipeline order: the report's funnel shows its task and trace stages in this order.
 STAGES: dict[str, StageDef] = {
     d.name: d
     for d in (
-        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", s.SourceSettings),
-        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", s.MixSettings),
+        StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", s.SourceSettings,
+                 tasks=True, counts={"tasks": "rows"}),
         StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", s.Augment,
-                 sharded=True, gpu=True, llm=True),
+                 sharded=True, gpu=True, llm=True, tasks=True),
+        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", s.MixSettings, tasks=True,
+                 counts={"tasks": "rows"}),
         StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", s.TaskScorer,
-                 sharded=True, llm=True),
-        StageDef("task_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter", s.TaskFilter),
+                 sharded=True, llm=True, tasks=True),
+        StageDef("task_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter", s.TaskFilter,
+                 tasks=True, filter=True, counts={"tasks_kept": "rows"}),
         StageDef("trace_import", 2, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import",
                  s.TraceImportSettings, traces=True),
         StageDef("rollout", 3, ("traces.parquet",), "otbuild.stages.rollout", s.RolloutSettings,
-                 sharded=True, gpu=True, trials=True, llm=True, traces=True),
+                 sharded=True, gpu=True, trials=True, llm=True, traces=True, volatile=TRACES,
+                 counts={"trials": "trials"}),
+        StageDef("trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
+                 s.TraceFilter, traces=True, filter=True, volatile={"*.parquet": tuple(TRACE_VOLATILE)},
+                 counts={"traces_kept": "rows"}),
+        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True, curve=LOSS_KEYS,
+                 volatile=TRAIN_FILES, counts={"traces": "data.traces", "tokens_to_train_on": "tokens_seen"},
+                 reported=(("train_log.jsonl", TRAINING),)),
+        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True,
+                 curve=REWARD_KEYS, volatile=TRAIN_FILES, reported=(("train_log.jsonl", TRAINING),)),
         StageDef("eval", 4, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
-                 s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True,
+                 s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True, counts={"trials": "trials"},
+                 # scores.parquet's `duration` is the trial's duration_s
+                 volatile={**TRACES, "scores.parquet": ("duration",)},
                  reported=(("summary.parquet", EVALUATION),)),
         StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", s.RankSettings,
                  reported=(("ranking.parquet", EVALUATION),)),
-        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True,
-                 reported=(("train_log.jsonl", TRAINING),)),
-        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True,
-                 reported=(("train_log.jsonl", TRAINING),)),
         StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report", s.ReportSettings,
                  reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS))),
-        StageDef("trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
-                 s.TraceFilter, traces=True),
     )
 }
 

@@ -19,11 +19,6 @@ from otbuild.stages.rollout import merge_shards
 from otbuild.traces import outcome
 from otbuild.settings.stages import EvalSettings
 
-# scores.parquet's measurement (the trial's duration_s); traces.parquet's are the trace table's
-# (otbuild.traces.table.VOLATILE_COLUMNS)
-SCORES_VOLATILE = {"duration": "the trial's duration_s: the machine's speed and load"}
-
-
 def run_shard(cfg: EvalSettings, inputs: list[Path], outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
     rollout.run_shard(cfg, [p for p in inputs if p.suffix == ".parquet"], outdir, shard)
