@@ -185,14 +185,30 @@ def test_source_paths_that_cannot_be_read_are_config_errors(recipes, tmp_path):
     assert load_recipe("later", root).recipe.sources["h"].path  # data may arrive before the build
 
 
-def test_sources_no_stage_uses_are_an_error(recipes, tmp_path):
+def _plan_error(root, name) -> str:
+    with pytest.raises(ConfigError) as e:
+        plan_recipe(load_recipe(name, root))
+    return str(e.value)
+
+
+def test_the_pipeline_shape_names_what_is_missing_or_unused(recipes, tmp_path):
+    """From the stages' declared inputs (otbuild/stages/shape.py): the first stage whose input no
+    earlier section brings, data brought that no stage uses, a recipe with nothing to start from."""
     imports = "trace_imports:\n  m: {kind: messages-jsonl, path: chats.jsonl}\ntrace_filter: {}\n"
     root = _write(recipes, "unused", BASE + imports)
-    assert "unused.yaml: sources: no stage uses these tasks" in _error(root, "unused")
+    assert ("unused.yaml: sources: no stage uses these tasks (the recipe ends in traces): add `teacher` or `rl`, "
+            "or remove `sources`") in _plan_error(root, "unused")
     root = _write(recipes, "imports_only", imports)
     assert [n.stage for n in plan_recipe(load_recipe("imports_only", root)).nodes] == ["trace_import", "trace_filter", "report"]
     root = _write(recipes, "nothing", "description: empty\n")
-    assert "nothing to build from" in _error(root, "nothing")
+    assert "nothing.yaml: nothing to build from: add `sources` (tasks) or `trace_imports` (traces)" in \
+        _plan_error(root, "nothing")
+    root = _write(recipes, "no_traces", BASE + "sft: {model: {kind: tiny}}\n")
+    assert ("no_traces.yaml: sft: needs traces: add `trace_imports` or `teacher`") in _plan_error(root, "no_traces")
+    root = _write(recipes, "no_sft", BASE + "rl: {steps: 1}\n")
+    assert "no_sft.yaml: rl: needs checkpoint: add `sft`" in _plan_error(root, "no_sft")
+    root = _write(recipes, "no_tasks", imports + "teacher: {engine: oracle}\n")
+    assert "no_tasks.yaml: teacher: needs tasks: add `sources`" in _plan_error(root, "no_tasks")
 
 
 def test_constrained_decoding_that_would_constrain_nothing_is_an_error(recipes):

@@ -28,7 +28,9 @@ from otbuild.settings.identity import identity
 from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.artifact import PROVENANCE
-from otbuild.stages import STAGES, shard_path
+from otbuild.settings.recipe import PromptStyle
+from otbuild.stages import STAGES, StageDef, shard_path
+from otbuild.stages.shape import gaps, planned, section_key
 
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")
@@ -170,40 +172,86 @@ def report_node(recipe: str, nodes: list[Node], prices: dict | None = None, desc
 
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
-    """The last nodes of one recipe (labels under `prefix`); their inputs hold the rest."""
-    r = loaded.recipe
-    harness = {"prompt": r.harness.prompt}  # what stages that render or run harness turns add
-    ranked = sorted(r.sources.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
-    sources = {name: _source_node(loaded, name, src) for name, src in ranked}
-    if r.augment:  # per source, before the mix: the augmented set takes the source's place
-        for name in r.augment.sources or list(sources):
-            sources[name] = _section_node("augment", f"augment/{name}", r.augment, [sources[name]])
-    tasks: list[Node] = list(sources.values())
-    if r.mix:
-        top = [name for name, _ in ranked[: r.mix.n]]
-        tasks = [_section_node("mix", "mix", r.mix, [sources[n] for n in top], sources=top)]
-    if r.task_filter:
-        if r.task_filter.llm:
-            tasks = [_section_node("task_score", "task_score", r.task_filter.llm, tasks)]
-        held_out = _held_out(loaded, r.task_filter.decontaminate)
-        tasks = [_section_node("task_filter", "task_filter", r.task_filter, [*tasks, *held_out])]
-    traces: list[Node] = []
-    if r.teacher:
-        traces.append(_section_node("rollout", "teacher", r.teacher, tasks, **harness))
-    for name, imp in sorted(r.trace_imports.items()):
-        traces.append(_external_node(loaded, "trace_import", f"trace_imports/{name}", name, imp))
-    finals = traces or tasks
-    if r.trace_filter:
-        finals = [_section_node("trace_filter", "trace_filter", r.trace_filter, traces)]
-    model = None
-    if r.sft:
-        sft = _passed(r.sft)
-        model = finals = [_node("sft", "sft", {**sft, "model": _local_model(loaded, sft["model"]), **harness}, finals)]
-        if r.rl:
-            model = finals = [_section_node("rl", "rl", r.rl, [*model, *tasks], **harness)]
-    if r.eval:
-        finals = [*finals, _eval_node(loaded, r.eval, model[0] if model else None)]
+    """The last nodes of one recipe (labels under `prefix`); their inputs hold the rest. The
+    recipe's stages are wired by the pipeline's shape (otbuild/stages/shape.py): each takes the
+    data of the kinds it consumes as the stages before it left them."""
+    if gap := next(iter(gaps(loaded.recipe)), None):
+        where = f"{loaded.file_for(gap.key)}: {gap.key}: " if gap.key else f"{loaded.path}: "
+        raise ConfigError(where + gap.why)
+    w = _Wiring(loaded)
+    for d, section in planned(loaded.recipe):
+        nodes = PLANNERS.get(d.name, _planned_section)(w, d, section)
+        # a stage that consumes its own kind (a filter, the mix) takes its place; else it adds to it
+        w.data[d.produces] = nodes if d.produces in d.consumes else [*w.data.get(d.produces, []), *nodes]
+        w.last = d.produces
+    finals = w.data[w.last]
+    if ev := loaded.recipe.eval:
+        checkpoint = w.data.get("checkpoint")
+        finals = [*finals, _eval_node(loaded, ev, checkpoint[0] if checkpoint else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+@dataclass
+class _Wiring:
+    """The data of each kind (tasks, traces, checkpoint) as the stages planned so far left it."""
+
+    loaded: LoadedRecipe
+    data: dict[str, list[Node]] = field(default_factory=dict)
+    sources: dict[str, Node] = field(default_factory=dict)  # by name, in rank order (augmented in place)
+    last: str = ""
+
+    def inputs(self, d: StageDef) -> list[Node]:
+        return [n for kind in d.consumes for n in self.data.get(kind, [])]
+
+    def extra(self, d: StageDef) -> dict:
+        """What the plan adds to a stage that renders or runs harness turns: the prompt style."""
+        return {"prompt": self.loaded.recipe.harness.prompt} if issubclass(d.settings, PromptStyle) else {}
+
+
+def _planned_section(w: _Wiring, d: StageDef, section: BaseModel) -> list[Node]:
+    """A stage whose settings are its recipe section, over the data it consumes; labelled by
+    its section (by its own name where that is a subsection: task_filter.llm is task_score)."""
+    key = section_key(d)
+    return [_section_node(d.name, d.name if "." in key else key, section, w.inputs(d), **w.extra(d))]
+
+
+def _plan_sources(w: _Wiring, d: StageDef, sources: dict) -> list[Node]:
+    ranked = sorted(sources.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
+    w.sources = {name: _source_node(w.loaded, name, src) for name, src in ranked}
+    return list(w.sources.values())
+
+
+def _plan_augment(w: _Wiring, d: StageDef, section) -> list[Node]:
+    """Per source, before the mix: the augmented set takes the source's place."""
+    for name in section.sources or list(w.sources):
+        w.sources[name] = _section_node("augment", f"augment/{name}", section, [w.sources[name]])
+    return list(w.sources.values())
+
+
+def _plan_mix(w: _Wiring, d: StageDef, section) -> list[Node]:
+    top = list(w.sources)[: section.n]  # the Top-N sources by rank
+    return [_section_node("mix", "mix", section, [w.sources[n] for n in top], sources=top)]
+
+
+def _plan_task_filter(w: _Wiring, d: StageDef, section) -> list[Node]:
+    held_out = _held_out(w.loaded, section.decontaminate)
+    return [_section_node("task_filter", "task_filter", section, [*w.inputs(d), *held_out])]
+
+
+def _plan_trace_imports(w: _Wiring, d: StageDef, imports: dict) -> list[Node]:
+    return [_external_node(w.loaded, "trace_import", f"trace_imports/{name}", name, imp)
+            for name, imp in sorted(imports.items())]
+
+
+def _plan_sft(w: _Wiring, d: StageDef, section) -> list[Node]:
+    sft = _passed(section)
+    return [_node("sft", "sft", {**sft, "model": _local_model(w.loaded, sft["model"]), **w.extra(d)}, w.inputs(d))]
+
+
+# How the plan makes the nodes of a stage whose recipe section is not simply its settings; the
+# others are _planned_section's.
+PLANNERS = {"source": _plan_sources, "augment": _plan_augment, "mix": _plan_mix, "task_filter": _plan_task_filter,
+            "trace_import": _plan_trace_imports, "sft": _plan_sft}
 
 
 def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:

@@ -359,19 +359,11 @@ def _check_regexes(value, origin: dict, path: Path, loc: tuple) -> None:
 
 
 def _check_inputs(recipe: Recipe, origin: dict, path: Path) -> None:
-    """Each stage has what it works on: tasks, traces, a checkpoint, the task sets it names."""
+    """What the pipeline's shape does not say (the plan checks that: otbuild/stages/shape.py):
+    RL's one task set, the task sets a decontamination names."""
     def fail(key: str, why: str):
         raise ConfigError(f"{_file_for(tuple(key.split('.')), origin, path)}: {key}: {why}")
 
-    if not (recipe.sources or recipe.trace_imports):
-        raise ConfigError(f"{path}: nothing to build from: add `sources` (tasks) or `trace_imports` (traces)")
-    if needing := [k for k in ("mix", "augment", "task_filter", "teacher", "rl") if getattr(recipe, k)]:
-        if not recipe.sources:
-            fail(needing[0], "works on tasks: add `sources`")
-    if (recipe.trace_filter or recipe.sft) and not (recipe.teacher or recipe.trace_imports):
-        fail("trace_filter" if recipe.trace_filter else "sft", "needs traces: add a `teacher` or `trace_imports` section")
-    if recipe.rl and not recipe.sft:
-        fail("rl", "starts from the SFT checkpoint: add an `sft` section")
     if recipe.rl and not (recipe.mix or recipe.task_filter) and len(recipe.sources) > 1:
         fail("rl", "draws its tasks from one task set: add `mix` or `task_filter`")
     if recipe.task_filter and recipe.task_filter.decontaminate:
@@ -421,9 +413,6 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
                           "(no eval.model); here it would constrain nothing: remove it")
     _check_sft_context(recipe, origin, path)
     _check_reward_known(recipe, origin, path)
-    if recipe.sources and recipe.trace_imports and not (recipe.teacher or recipe.rl):
-        raise ConfigError(f"{_file_for(('sources',), origin, path)}: sources: no stage uses these tasks (the "
-                          "traces come from trace_imports): add a `teacher` to roll them out, or remove `sources`")
     _check_one_harness(recipe, origin, path)
     _check_paths(recipe, origin, path)
     unranked = sorted(n for n, s in recipe.sources.items() if s.rank is None)

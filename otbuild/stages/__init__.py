@@ -47,6 +47,12 @@ class StageDef:
     # the estimate's counts a build's record holds, checked in the report: name -> "rows" (of the
     # main output) or a dotted path into the record's stats
     counts: Mapping[str, str] = field(default_factory=dict)
+    # the pipeline's shape (otbuild/stages/shape.py): the recipe section that plans it (a dotted key
+    # for a subsection; "" = the stage's name), the kinds of data it consumes (in the order its
+    # inputs are given) and the kind its main output is
+    section: str = ""
+    consumes: tuple[str, ...] = ()
+    produces: str | None = None
     # outputs flagged for `snakemake --report`, each with its category there (captions:
     # otbuild/report/captions/STAGE.FILE.rst); not part of any id
     reported: tuple[tuple[str, str], ...] = ()
@@ -75,28 +81,32 @@ STAGES: dict[str, StageDef] = {
     d.name: d
     for d in (
         StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", s.SourceSettings,
-                 tasks=True, counts={"tasks": "rows"}),
+                 section="sources", produces="tasks", tasks=True, counts={"tasks": "rows"}),
         StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", s.Augment,
-                 sharded=True, gpu=True, llm=True, tasks=True),
-        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", s.MixSettings, tasks=True,
-                 counts={"tasks": "rows"}),
+                 consumes=("tasks",), produces="tasks", sharded=True, gpu=True, llm=True, tasks=True),
+        StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", s.MixSettings,
+                 consumes=("tasks",), produces="tasks", tasks=True, counts={"tasks": "rows"}),
         StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", s.TaskScorer,
-                 sharded=True, llm=True, tasks=True),
+                 section="task_filter.llm", consumes=("tasks",), produces="tasks", sharded=True, llm=True,
+                 tasks=True),
         StageDef("task_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter", s.TaskFilter,
-                 tasks=True, filter=True, counts={"tasks_kept": "rows"}),
+                 consumes=("tasks",), produces="tasks", tasks=True, filter=True, counts={"tasks_kept": "rows"}),
         StageDef("trace_import", 2, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import",
-                 s.TraceImportSettings, traces=True),
+                 s.TraceImportSettings, section="trace_imports", produces="traces", traces=True),
         StageDef("rollout", 3, ("traces.parquet",), "otbuild.stages.rollout", s.RolloutSettings,
-                 sharded=True, gpu=True, trials=True, llm=True, traces=True, volatile=TRACES,
-                 counts={"trials": "trials"}),
+                 section="teacher", consumes=("tasks",), produces="traces", sharded=True, gpu=True, trials=True,
+                 llm=True, traces=True, volatile=TRACES, counts={"trials": "trials"}),
         StageDef("trace_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.trace_filter",
-                 s.TraceFilter, traces=True, filter=True, volatile={"*.parquet": tuple(TRACE_VOLATILE)},
-                 counts={"traces_kept": "rows"}),
-        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings, gpu=True, training=True, curve=LOSS_KEYS,
+                 s.TraceFilter, consumes=("traces",), produces="traces", traces=True, filter=True,
+                 volatile={"*.parquet": tuple(TRACE_VOLATILE)}, counts={"traces_kept": "rows"}),
+        StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings,
+                 consumes=("traces",), produces="checkpoint", gpu=True, training=True, curve=LOSS_KEYS,
                  volatile=TRAIN_FILES, counts={"traces": "data.traces", "tokens_to_train_on": "tokens_seen"},
                  reported=(("train_log.jsonl", TRAINING),)),
-        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings, gpu=True, trials=True, llm=True, training=True,
-                 curve=REWARD_KEYS, volatile=TRAIN_FILES, reported=(("train_log.jsonl", TRAINING),)),
+        StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings,
+                 consumes=("checkpoint", "tasks"), produces="checkpoint", gpu=True, trials=True, llm=True,
+                 training=True, curve=REWARD_KEYS, volatile=TRAIN_FILES, reported=(("train_log.jsonl", TRAINING),)),
+        # the eval's model: `eval.model`, else the recipe's checkpoint (recipe/load.py checks there is one)
         StageDef("eval", 4, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True, counts={"trials": "trials"},
                  # scores.parquet's `duration` is the trial's duration_s
