@@ -125,13 +125,6 @@ def _ancestors(node: Node) -> list[Node]:
     return list(seen.values())
 
 
-def _size_category(rows: int) -> str:
-    for limit, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
-        if rows < limit:
-            return name
-    return "1M<n<10M"
-
-
 def _licences(nodes: list[Node]) -> list[str]:
     """The licences the artifact's sources record (not the benchmarks'), as the report finds them."""
     from otbuild import duck
@@ -143,7 +136,7 @@ def _licences(nodes: list[Node]) -> list[str]:
 
 
 def _card(m: dict, description: str, licences: list[str]) -> str:
-    from otbuild.report.page import hub_metadata
+    from otbuild.report.page import hub_metadata, size_category
 
     rows = sum(f["rows"] for f in m["files"])
     a = m["artifact"]
@@ -151,7 +144,7 @@ def _card(m: dict, description: str, licences: list[str]) -> str:
         **hub_metadata(licences),
         "configs": [{"config_name": "default", "data_files": [{"split": "train", "path": "data/train-*.parquet"}]}],
         "tags": ["otbuild", "agentic", a["stage"]],
-        "size_categories": [_size_category(rows)],
+        "size_categories": [size_category(rows)],
         "pretty_name": f"{m['recipe']} {a['label']}",
     }
     upstream = "\n".join(f"| {u['label']} | {u['stage']} | `{u['id']}` |" for u in m["upstream"])

@@ -202,6 +202,11 @@ def as_text(value) -> str | None:
     return text if text.strip() else None
 
 
+def first_text(row: dict, keys) -> str | None:
+    """The first of `keys` that holds text (`as_text`): adapters accept several names for a field."""
+    return next((text for k in keys if (text := as_text(row.get(k))) is not None), None)
+
+
 def as_list(value, field: str) -> list:
     """A list field given as a list, a JSON-encoded list or a Python-literal list string."""
     if value is None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
 from otbuild.artifact import PROVENANCE
-from otbuild.stages import STAGES
+from otbuild.stages import STAGES, StageDef
 
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
@@ -19,7 +20,8 @@ SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() 
 
 def read_spec(text: str, stage: str) -> dict:
     """A `--spec` argument: the JSON a plan writes for one of `stage`'s nodes (`otbuild plan`
-    lists them; the Snakemake rules pass them). Anything else is a ConfigError saying what."""
+    lists them; the Snakemake rules pass them). Anything else is a ConfigError saying what
+    (settings that do not fit the stage's model: when the job validates them, `_job`)."""
     hint = "expected the JSON of one of the plan's nodes, as the workflow's rules pass it"
     try:
         spec = json.loads(text)
@@ -34,29 +36,31 @@ def read_spec(text: str, stage: str) -> dict:
                           f"run `otbuild stage {spec['stage']} --spec ...`")
     if not isinstance(spec["inputs"], list) or not all(isinstance(i, dict) and "path" in i for i in spec["inputs"]):
         raise ConfigError(f"--spec: inputs: expected a list of {{id, stage, path}}; {hint}")
+    return spec
+
+
+def _job(spec: dict) -> tuple[StageDef, Any, list[Path], Path]:
+    """What a shard job and a merge or stage job start from: the stage, its typed settings
+    (validated once, here: the schema's defaults filled in), the input paths and the outdir."""
+    stage = STAGES[spec["stage"]]
     try:
-        STAGES[stage].config(spec["settings"])
+        cfg = stage.config(spec["settings"])
     except ValidationError as e:
         where = "; ".join(f"settings.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
         raise ConfigError(f"--spec: {where} (a spec from another otbuild version? plan it again)") from None
-    return spec
+    return stage, cfg, [Path(i["path"]) for i in spec["inputs"]], Path(spec["outdir"])
 
 
 def run_shard(spec: dict, shard: int) -> None:
     """One shard of a sharded stage; the merge (run_spec) records the provenance."""
-    stage = STAGES[spec["stage"]]
-    inputs = [Path(i["path"]) for i in spec["inputs"]]
-    cfg = STAGES[spec["stage"]].config(spec["settings"])
-    importlib.import_module(stage.module).run_shard(cfg, inputs, Path(spec["outdir"]), shard)
+    stage, cfg, inputs, outdir = _job(spec)
+    importlib.import_module(stage.module).run_shard(cfg, inputs, outdir, shard)
 
 
 def run_spec(spec: dict, rule: str | None = None) -> dict:
-    stage = STAGES[spec["stage"]]
-    outdir = Path(spec["outdir"])
+    stage, cfg, inputs, outdir = _job(spec)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / PROVENANCE).unlink(missing_ok=True)  # the record is written last, on success only
     started = now()
-    inputs = [Path(i["path"]) for i in spec["inputs"]]
-    cfg = STAGES[spec["stage"]].config(spec["settings"])  # the stage's typed settings, the schema's defaults
     stats = importlib.import_module(stage.module).run(cfg, inputs, outdir)
     return write_record(spec, rule or stage.name, started, stats or {})

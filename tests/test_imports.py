@@ -117,8 +117,8 @@ def test_no_two_parts_import_each_other():
         f"{a} <-> {b}: {', '.join(why)}" for (a, b), why in found.items())
 
 
-# The house, bottom first: a part imports only parts of its own floor or below. docs/README.md's
-# "Layers" says what each floor is for.
+# The house, bottom first: a part imports only parts of its own floor or below. README.md's
+# "Layout" says what each floor is for; docs/architecture.md how the floors fit together.
 FLOORS = (
     # settings: every model that describes a recipe; foundations that know nothing of otbuild
     ("settings", "artifact", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",

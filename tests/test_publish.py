@@ -15,6 +15,7 @@ from otbuild.cli import main
 from otbuild.plan import plan_recipe
 from otbuild.publish import hub_folder
 from otbuild.recipe.load import load_recipe
+from otbuild.report.page import size_category
 from otbuild.runner import run_spec
 
 RECIPE = """
@@ -82,11 +83,21 @@ def test_the_card_has_the_hub_metadata_and_the_reports_license(project):
     hub_folder(plan, "task_filter", project / "hub", "otbuild/r-tasks")
     data = DatasetCard((project / "hub" / "README.md").read_text()).data  # what the Hub reads
     assert (data.license, data.task_categories, data.language) == ("unknown", ["text-generation"], ["en"])
+    assert data.size_categories == ["1K<n<10K"]  # > 2000 rows
     # a source whose tasks record a licence: the card says it, as the report's card does
     source = {n.label: n for n in plan.nodes}["sources/synth"]
     write_source(source.main_output, "synth", ["one task here", "two tasks here"], license=["mit", "mit"])
     hub_folder(plan, "task_filter", project / "hub2", "otbuild/r-tasks")
     assert DatasetCard((project / "hub2" / "README.md").read_text()).data.license == "mit"
+
+
+def test_size_categories_are_the_hubs_and_a_bound_opens_its_bucket():
+    """One rule for publish's card and the report's: each count gets one of the Hub's names."""
+    cases = {0: "n<1K", 999: "n<1K", 1_000: "1K<n<10K", 9_999: "1K<n<10K", 10_000: "10K<n<100K",
+             100_000: "100K<n<1M", 999_999: "100K<n<1M", 1_000_000: "1M<n<10M", 9_999_999: "1M<n<10M",
+             10_000_000: "10M<n<100M", 99_999_999: "10M<n<100M", 100_000_000: "100M<n<1B",
+             10**9: "1B<n<10B", 10**10: "10B<n<100B", 10**11: "100B<n<1T", 10**12: "n>1T"}
+    assert {n: size_category(n) for n in cases} == cases
 
 
 def test_big_tables_are_sharded_and_nothing_is_written_over(project):

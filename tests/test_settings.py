@@ -3,6 +3,7 @@ model (otbuild/settings/stages.py), its defaults the schema's, whatever path the
 (plan -> spec JSON -> runner -> training worker)."""
 
 import ast
+import importlib
 import json
 import typing
 
@@ -59,7 +60,17 @@ def sections(recipe, stage: str) -> list[BaseModel]:
 
 
 def test_every_stage_declares_its_settings_model():
-    assert all(model is not None for model in SETTINGS.values())
+    """The registry's model of each stage's settings (a model, or a discriminated union of
+    them) is the one its `run` (and, sharded, its `run_shard`) takes as `cfg`."""
+    for name, d in STAGES.items():
+        union = typing.get_origin(d.settings) is typing.Annotated
+        members = typing.get_args(typing.get_args(d.settings)[0]) if union else (d.settings,)
+        assert all(isinstance(m, type) and issubclass(m, BaseModel) for m in members), name
+        module = importlib.import_module(d.module)
+        assert hasattr(module, "run_shard") == d.sharded, name
+        for fn in ("run", "run_shard") if d.sharded else ("run",):
+            cfg = typing.get_type_hints(getattr(module, fn), include_extras=True).get("cfg")
+            assert cfg == d.settings, f"{d.module}.{fn} takes cfg: {cfg}, the registry's {name} settings are {d.settings}"
 
 
 def test_a_recipe_that_sets_nothing_gives_every_stage_the_schema_defaults(tmp_path):

@@ -181,6 +181,8 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
          "id": "d", "problem_statement": "Count the lines of a.txt"},
         {"messages": [{"content": "no role"}], "id": "e"},
         [1],
+        {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}],
+         "instance_id": " ", "id": "f", "problem_statement": " ", "prompt": "Say hi"},  # blank: the next key
     ]  # fmt: skip
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
     items = list(read_traces(trace_import("messages-jsonl", f)))
@@ -188,7 +190,8 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
     good = [i for i in items if not isinstance(i, Quarantined)]
     assert bad == [("b", "missing field"), ("c", "empty first user message"), ("e", "bad messages"),
                    ("m.jsonl:6", "not an object")]  # fmt: skip
-    a, d = good
+    a, d, f_ = good
+    assert f_["task"] == "f" and f_["conversations"][0]["content"] == "Say hi"
     assert (
         a["reward"] == 1.0
         and a["model_provider"] == "org"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from otbuild.settings.stages import ReportSettings
+
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
 CARD = "dataset_card.md"
@@ -23,7 +25,7 @@ CARD = "dataset_card.md"
 RECORD_LINKS_UP = "../../../"
 
 
-def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: ReportSettings, inputs: list[Path], outdir: Path) -> dict:
     """The report stage (otbuild/stages/): the inputs are read through the settings' nodes."""
     return build(cfg, Path(outdir))
 

@@ -118,7 +118,7 @@ def render_card(rep: Report) -> str:
         "pretty_name": f"otbuild {rep.recipe}",
         **hub_metadata(licences),
         "tags": ["otbuild", "agentic", "terminal", "traces" if any(g.traces for g in rep.groups) else "tasks"],
-        "size_categories": [_size_category(rows)],
+        "size_categories": [size_category(rows)],
     }
     best = rep.ranking[0]["candidate"] if rep.ranking else None
     return _md.get_template("dataset_card.md.j2").render(
@@ -134,13 +134,19 @@ def hub_metadata(licences: list[str]) -> dict:
             "task_categories": ["text-generation"], "language": ["en"]}
 
 
+# The Hub's size_categories (dataset-card metadata), by upper bound. Its names leave the bounds
+# open and the Hub sets no rule for a count on one: here a bucket holds its lower bound
+# (10_000_000 rows: "10M<n<100M"), so every count has exactly one name.
+SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+                   (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B"),
+                   (10_000_000_000, "1B<n<10B"), (100_000_000_000, "10B<n<100B"), (1_000_000_000_000, "100B<n<1T"))
+
+
+def size_category(rows: int) -> str:
+    """A dataset card's `size_categories` value for `rows` rows."""
+    return next((name for bound, name in SIZE_CATEGORIES if rows < bound), "n>1T")
+
+
 def _nonnull(settings: dict, skip: tuple[str, ...] = ()) -> dict:
     return {k: v for k, v in settings.items() if v not in (None, False, {}, []) and k not in skip}
 
-
-def _size_category(n: int) -> str:
-    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
-                        (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M")):
-        if n < bound:
-            return name
-    return "n>10M"

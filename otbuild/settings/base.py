@@ -68,6 +68,13 @@ def re2(**kwargs) -> Any:
     return Field(None, json_schema_extra={RE2: True}, **kwargs)
 
 
+class Sharded(Strict):
+    """A stage whose work is split into shard jobs (each resumes where it stopped), then merged."""
+
+    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume "
+                                 "(Slurm fans them out)")
+
+
 def role(info: FieldInfo) -> str | None:
     """A field's marker (EXECUTION_ONLY, EXTERNAL, RESOLVED, PLAN_ONLY), None for an identity field."""
     return field_extra(info).get(ROLE)

@@ -7,6 +7,10 @@ Content ids (otbuild/settings/identity.py): fields made with `execution_only(...
 an id; every other field is, but only when it differs from its default. So a new field must
 come with a default that keeps today's behaviour, and a knob that does not change outputs is
 declared `execution_only`.
+
+A field that several sections have is declared once, in a small base they share (`Ranked`,
+`AtPath`, `HubDataset`; `Sharded` in base.py), with its default, bounds and description. Field
+order follows the bases; ids do not depend on it (canonical JSON sorts keys).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from pydantic import Field, field_validator, model_validator
 from otbuild.settings.engines import LLM, Sampling
 from otbuild.settings.base import (
     MAX_REPEATS,
-    MAX_SHARDS,
     MAX_TASKS,
+    Sharded,
     Strict,
     engine_args,
     execution_only,
@@ -39,11 +43,32 @@ FAMILIES = ("files", "text", "data", "archive", "python")
 RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
 
 
-class SyntheticSource(Strict):
+class Ranked(Strict):
+    """A task source: `mix` takes the Top-N sources by rank."""
+
+    rank: int | None = plan_only(None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
+
+
+class AtPath(Strict):
+    """Read from the files at `path` (a file or a folder)."""
+
+    path: str = external(min_length=1, description="relative to the project root, or absolute")
+
+
+class HubDataset(Strict):
+    """A dataset repository on the Hugging Face Hub (or in its local cache): the revision is
+    resolved to a commit when planned (docs/sources.md)."""
+
+    repo: str = external(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
+    revision: str = external("main", min_length=1, description="a branch, tag or commit")
+    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
+    files: list[str] | None = external(None, min_length=1, description="glob patterns of repo files")
+
+
+class SyntheticSource(Ranked):
     """Procedurally generated terminal tasks (the embedded default source)."""
 
     kind: Literal["synthetic"]
-    rank: int | None = plan_only(None, ge=1, description="position in the Top-N ranking used by `mix` (1 = best)")
     count: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
     families: list[Literal[FAMILIES]] | None = None  # type: ignore[valid-type]
@@ -75,26 +100,22 @@ class SourceSample(Strict):
         return self
 
 
-class TaskFileSource(FileSource):
+class TaskFileSource(FileSource, Ranked):
     """Tasks read from files or a dataset hub, optionally sampled after they are read."""
 
     sample: SourceSample | None = None
 
 
-class PathSource(TaskFileSource):
+class PathSource(TaskFileSource, AtPath):
     """Tasks read from files: Harbor task dirs, an HF task parquet, or Terminal-Bench 1 dirs."""
 
     kind: Literal["harbor-dir", "harbor-parquet", "tb1-dir"]
-    rank: int | None = plan_only(None, ge=1)
-    path: str = external(min_length=1, description="relative to the project root, or absolute")
 
 
-class SweInstancesSource(TaskFileSource):
+class SweInstancesSource(TaskFileSource, AtPath):
     """SWE-bench / SWE-smith instances (JSON or JSONL): otbuild/sources/swe_instances.py."""
 
     kind: Literal["swe-instances"]
-    rank: int | None = plan_only(None, ge=1)
-    path: str = external(min_length=1)
     patch_introduces_bug: bool | Literal["auto"] = Field(
         default="auto",
         description="SWE-smith convention (oracle = reverse patch); auto: by repo/image/id naming",
@@ -104,23 +125,19 @@ class SweInstancesSource(TaskFileSource):
     )
 
 
-class StackExchangeSource(TaskFileSource):
+class StackExchangeSource(TaskFileSource, AtPath):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
-    rank: int | None = plan_only(None, ge=1)
-    path: str = external(min_length=1)
     site: str | None = Field(
         default=None, min_length=1, description="default: the row's site, or the dump's folder"
     )
 
 
-class Nl2BashSource(TaskFileSource):
+class Nl2BashSource(TaskFileSource, AtPath):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
-    rank: int | None = plan_only(None, ge=1)
-    path: str = external(min_length=1)
     verifier: bool = Field(
         default=True, description="add tests where the command is safe and deterministic"
     )
@@ -134,27 +151,20 @@ class TableColumns(Strict):
     metadata: list[str] = []
 
 
-class TableSource(TaskFileSource):
+class TableSource(TaskFileSource, AtPath):
     """Any JSON/JSONL/CSV/parquet table with a column mapping: otbuild/sources/table.py."""
 
     kind: Literal["table"]
-    rank: int | None = plan_only(None, ge=1)
-    path: str = external(min_length=1)
     columns: TableColumns
     image: str = Field(default="python:3.12-slim", min_length=1)
     docker_image: str | None = Field(default=None, min_length=1)
 
 
-class HfDatasetSource(TaskFileSource):
+class HfDatasetSource(TaskFileSource, HubDataset):
     """An HF task parquet dataset (columns path, task_binary) on the Hugging Face Hub or in
     its local cache: the revision is resolved to a commit when planned (docs/sources.md)."""
 
     kind: Literal["hf-dataset"]
-    rank: int | None = plan_only(None, ge=1)
-    repo: str = external(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
-    revision: str = external("main", min_length=1, description="a branch, tag or commit")
-    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
-    files: list[str] | None = external(None, min_length=1, description="glob patterns of repo files")
 
 
 class HarborDatasetSource(TaskFileSource):
@@ -162,7 +172,6 @@ class HarborDatasetSource(TaskFileSource):
     swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
 
     kind: Literal["harbor-dataset"]
-    rank: int | None = plan_only(None, ge=1)
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
     registry: str = external(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
     path: str | None = external(None, min_length=1, description="where Harbor downloaded the tasks: its "
@@ -296,7 +305,7 @@ class Teacher(LLM, ShardedTrials):
         return self
 
 
-class Augment(LLM):
+class Augment(LLM, Sharded):
     """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
     Tezos 997 -> ~21K surface forms)."""
 
@@ -305,16 +314,14 @@ class Augment(LLM):
     k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
     keep_original: bool = True
     seed: int = 0
-    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
-class TaskScorer(LLM):
+class TaskScorer(LLM, Sharded):
     """An LLM score per task, into the `llm_score` column: `askllm` (a 1-100 rating of the
     task's value for training) or `response_length` (a small model answers the task; the
     score is its answer's length in tokens: longer answers mark harder tasks)."""
 
     kind: Literal["askllm", "response_length"]
-    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume")
 
 
 class SweTrajectoryOptions(Strict):
@@ -363,44 +370,36 @@ IMPORT_OPTIONS: dict[str, type[Strict]] = {
 }  # fmt: skip
 
 
-class MiniSweAgentImport(FileSource, MiniSweAgentOptions):
+class MiniSweAgentImport(FileSource, AtPath, MiniSweAgentOptions):
     """mini-swe-agent `.traj.json` files (a file or a folder)."""
 
     kind: Literal["mini-swe-agent"]
-    path: str = external(min_length=1)
 
 
-class SweAgentImport(FileSource, SweAgentOptions):
+class SweAgentImport(FileSource, AtPath, SweAgentOptions):
     """SWE-agent `.traj` files (a file or a folder)."""
 
     kind: Literal["swe-agent"]
-    path: str = external(min_length=1)
 
 
-class MessagesImport(FileSource, MessagesOptions):
+class MessagesImport(FileSource, AtPath, MessagesOptions):
     """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
 
     kind: Literal["messages-jsonl"]
-    path: str = external(min_length=1)
 
 
-class HarborTracesImport(FileSource, HarborTracesOptions):
+class HarborTracesImport(FileSource, AtPath, HarborTracesOptions):
     """Harbor's trace export (`harbor traces export`: what OpenThoughts-Agent publishes its SFT
     sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
 
     kind: Literal["harbor-traces"]
-    path: str = external(min_length=1)
 
 
-class HfTraceImport(FileSource):
+class HfTraceImport(FileSource, HubDataset):
     """Trace files of a dataset on the Hugging Face Hub (or its local cache), read by one of
     the importers above (`format`); the revision is resolved to a commit when planned."""
 
     kind: Literal["hf-dataset"]
-    repo: str = external(pattern=HF_REPO_RE)
-    revision: str = external("main", min_length=1)
-    split: str | None = external(None, pattern=NAME_RE)
-    files: list[str] | None = external(None, min_length=1)
     format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
     # the format's options: None leaves the format's default (IMPORT_OPTIONS)
     episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces (default: its)")

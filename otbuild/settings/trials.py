@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from otbuild.settings.base import MAX_EPISODES, MAX_SHARDS, Strict, execution_only
+from otbuild.settings.base import MAX_EPISODES, Sharded, Strict, execution_only
 from otbuild.settings.limits import BACKENDS, Limits
 
 HARBOR = "harbor"  # trials through Harbor's CLI (teacher and eval only): otbuild/harbor/
@@ -69,12 +69,11 @@ class Trials(Strict):
                                  "before the answer in <think>...</think> (as Harbor exports it)")
 
 
-class ShardedTrials(Trials):
+class ShardedTrials(Trials, Sharded):
     """Trials of a stage of its own (teacher rollouts, eval): in shards that are separate
     Snakemake jobs, run by otbuild's harness or by Harbor's."""
 
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
-    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs (Slurm fans them out)")
     infra_retries: int = execution_only(10, ge=0, le=100, description="reruns of a trial that failed for "
                                         "infrastructure reasons (docs/failures.md), waiting backoff_sec, doubling")
     max_infra_failures: float = execution_only(0.05, ge=0, le=1, description="a shard with more infrastructure "

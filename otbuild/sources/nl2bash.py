@@ -36,6 +36,7 @@ from otbuild.records import (
     Row,
     SourceFormatError,
     as_text,
+    first_text,
     heredoc,
     iter_rows,
     task_name,
@@ -120,7 +121,7 @@ def read(cfg: Nl2BashSource) -> Iterator[TaskRecord | Quarantined]:
     seen, verifier = Dedup(), cfg.verifier
     rows = enumerate(_pairs(Path(cfg.path)))
     while batch := list(itertools.islice(rows, PROBE_BATCH)):
-        safe = {c for _, r in batch if verifier and r.data and (c := _first(r.data, CMD_KEYS))
+        safe = {c for _, r in batch if verifier and r.data and (c := first_text(r.data, CMD_KEYS))
                 and check_command(c.strip()) is None}
         silent = silent_references(sorted(c.strip() for c in safe)) if safe else set()
         for n, row in batch:
@@ -156,17 +157,10 @@ def silent_references(commands: list[str]) -> set[str]:
     return {cmd for i, cmd in enumerate(commands) if printed[str(i)] == "0"}
 
 
-def _first(d: dict, keys) -> str | None:
-    for k in keys:
-        if as_text(d.get(k)) is not None:
-            return as_text(d[k])
-    return None
-
-
 def convert(d: dict, where: str, n: int, verifier: bool, silent: set[str]) -> TaskRecord | Quarantined:
     rid = as_text(d.get("id"))
     name = task_name("nl2bash", rid if rid is not None else n)
-    nl, cmd = _first(d, NL_KEYS), _first(d, CMD_KEYS)
+    nl, cmd = first_text(d, NL_KEYS), first_text(d, CMD_KEYS)
     if nl is None:
         return Quarantined(name, "empty instruction", f"{where}: no natural-language description")
     if cmd is None:

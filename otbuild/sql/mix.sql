@@ -1,17 +1,17 @@
 {% from "_inputs.sql" import union_inputs %}
--- Top-N mix. Inputs arrive in rank order (index 0 = best source). Each source gets
--- `total // n` tasks, the first `total % n` sources one more. Within a source tasks are put
--- in a seeded order (md5, stable across DuckDB versions); a source with c tasks and quota q
--- contributes copies 0..ceil(q/c)-1 of that order and keeps positions < q, so a short source
--- repeats every task floor(q/c) times and a seeded q mod c of them once more (balanced
--- upsampling with replacement; the copy index is recorded per row).
+-- Top-N mix. Inputs arrive in rank order (index 0 = best source), with their quotas (`quotas`,
+-- computed by otbuild/stages/mix.py: `total // n` each, the first `total % n` sources one more).
+-- Within a source tasks are put in a seeded order (md5, stable across DuckDB versions); a
+-- source with c tasks and quota q contributes copies 0..ceil(q/c)-1 of that order and keeps
+-- positions < q, so a short source repeats every task floor(q/c) times and a seeded q mod c of
+-- them once more (balanced upsampling with replacement; the copy index is recorded per row).
 -- The choice is made on narrow columns (mix_pick); the wide rows are read once, at the end.
 CREATE OR REPLACE TEMP VIEW mix_src AS
 {{ union_inputs(inputs, '_src') }};
 
 CREATE OR REPLACE TEMP TABLE mix_quota AS
 SELECT _src, count(*) AS c,
-       {{ total // inputs | length }} + CASE WHEN _src < {{ total % inputs | length }} THEN 1 ELSE 0 END AS q
+       {{ quotas }}[_src + 1] AS q
 FROM mix_src GROUP BY _src;
 
 CREATE OR REPLACE TEMP TABLE mix_pick AS

@@ -5,19 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.settings.stages import MixSettings
 
 
 class MixError(ValueError):
     pass
 
 
-def run(cfg, inputs: list[Path], outdir: Path) -> None:
+def quotas(total: int, n: int) -> list[int]:
+    """Tasks from each of n sources in rank order: total // n each, the first total % n one more."""
+    return [total // n + (i < total % n) for i in range(n)]
+
+
+def run(cfg: MixSettings, inputs: list[Path], outdir: Path) -> None:
     con = duck.connect()
-    duck.run_template(con, "mix.sql", inputs=[str(p) for p in inputs], total=cfg.total, seed=cfg.seed, order=cfg.order)
+    quota = quotas(cfg.total, len(inputs))  # here, not in the SQL: a source without tasks has no row there
+    duck.run_template(con, "mix.sql", inputs=[str(p) for p in inputs], quotas=quota, seed=cfg.seed, order=cfg.order)
     counts = dict(con.execute("SELECT _src, c FROM mix_quota").fetchall())
-    n, total = len(inputs), cfg.total
     for i, (name, path) in enumerate(zip(cfg.sources, inputs)):
-        quota = total // n + (i < total % n)
-        if quota and not counts.get(i):
-            raise MixError(f"mix: source {name!r} ({path}) has no tasks; cannot fill its quota of {quota}")
+        if quota[i] and not counts.get(i):
+            raise MixError(f"mix: source {name!r} ({path}) has no tasks; cannot fill its quota of {quota[i]}")
     duck.copy_to_parquet(con, "SELECT * FROM mix_out", outdir / "tasks.parquet")

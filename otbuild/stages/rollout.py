@@ -43,9 +43,8 @@ from otbuild import duck, usage
 from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
-from otbuild.progress import JobProgress, eta
+from otbuild.progress import JobProgress, duration, eta
 from otbuild.settings.trials import HARBOR
-from otbuild.progress import duration
 from otbuild.stages import shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail

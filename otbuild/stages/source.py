@@ -11,6 +11,7 @@ from pathlib import Path
 
 from otbuild.errors import StageError
 from otbuild.settings.recipe import SourceSample, TaskFileSource
+from otbuild.settings.stages import SourceSettings
 from otbuild.sources import hub_files, read_source, where
 from otbuild.tasks.table import (
     Quarantined,
@@ -21,7 +22,7 @@ from otbuild.tasks.table import (
 )
 
 
-def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: SourceSettings, inputs: list[Path], outdir: Path) -> dict:
     name = cfg.name
     quarantined: list[Quarantined] = []
 

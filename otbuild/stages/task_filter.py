@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.settings.stages import TaskFilter
 from otbuild.tasks.table import BATCH_ROWS
 
 
@@ -26,7 +27,7 @@ def planned_rollouts(score) -> int | None:
     return math.ceil(score.budget / score.keep_rate - 1e-9)
 
 
-def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: TaskFilter, inputs: list[Path], outdir: Path) -> dict:
     """`inputs`: the task tables, then (with `decontaminate`) one per name in its `against`."""
     con = duck.connect()
     if cfg.decontaminate:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from otbuild.settings.stages import TraceImportSettings
 from otbuild.sources import hub_files, where
 from otbuild.tasks.table import Quarantined, check_not_empty, write_quarantine
 from otbuild.traces.imports import PATH_FORMS, read_traces
 from otbuild.traces.table import write_traces
 
 
-def run(cfg, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: TraceImportSettings, inputs: list[Path], outdir: Path) -> dict:
     stats, files = {}, None
     if cfg.kind == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
         found = hub_files(cfg, PATH_FORMS[cfg.format])

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.records import iter_rows
+from otbuild.records import first_text, iter_rows
 from otbuild.settings.recipe import MessagesOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
@@ -64,23 +64,19 @@ def read(path: Path, cfg: MessagesOptions) -> Iterator[dict | Quarantined]:
         yield convert(row.data, row.where, cfg.agent, cfg.model, cfg.model_provider, cfg.run_id, task_ids)
 
 
-def _first(d: dict, keys) -> str | None:
-    return next((str(d[k]) for k in keys if d.get(k) not in (None, "")), None)
-
-
 def convert(
     d: dict, where: str, agent, model, model_provider, run_id, task_ids
 ) -> dict | Quarantined:
     msgs = d.get("messages")
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
-    task = _first(d, TASK_KEYS)
+    task = first_text(d, TASK_KEYS)
     if not isinstance(msgs, list) or not msgs:
         return Quarantined(task or where, "missing field", f"{where}: no messages list")
     if any(not isinstance(m, dict) or not m.get("role") for m in msgs):
         return Quarantined(task or where, "bad messages", f"{where}: a message without a role")
     conv = normalise(msgs)
-    if (err := ensure_task_text(conv, _first(d, TEXT_KEYS))) is not None:
+    if (err := ensure_task_text(conv, first_text(d, TEXT_KEYS))) is not None:
         return Quarantined(
             task or where, err, f"{where}: no task text to put in the first user message"
         )
