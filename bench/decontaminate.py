@@ -188,10 +188,10 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
     t0 = time.perf_counter()
     if impl == "duckdb":
         from otbuild.settings.recipe import TaskFilter
-        from otbuild.stages import task_filter
+        from otbuild.stages import Inputs, task_filter
 
         settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram, "fuzzy": fuzzy})
-        stats = task_filter.run(settings, [data / "train.parquet", data / "bench.parquet"], work)
+        stats = task_filter.run(settings, Inputs.of(tasks=[data / "train.parquet"], held_out=[data / "bench.parquet"]), work)
         rows = pq.read_table(work / "rejected.parquet", columns=["path", "reason"]).to_pydict()
         verdicts = dict(zip(rows["path"], rows["reason"]))
         seen = pq.read_metadata(data / "train.parquet").num_rows

@@ -153,7 +153,8 @@ def _rebuild(node: Node, console: Console) -> Outcome:
     scratch = SCRATCH / node.stage / node.id
     shutil.rmtree(scratch, ignore_errors=True)
     spec = {"stage": node.stage, "id": node.id, "settings": record["settings"], "outdir": str(scratch),
-            "inputs": [{"id": i["id"], "stage": i["stage"], "path": i["path"]} for i in record["inputs"]]}
+            "inputs": [{"id": i["id"], "stage": i["stage"], "path": i["path"], "name": name}  # the node's: same id
+                       for i, name in zip(record["inputs"], node.input_names, strict=True)]}
     shards = record["settings"].get("shards", 1) if STAGES[node.stage].sharded else 0
     console.print(f"[dim]rebuilding {node.label} ({node.stage} {node.id})[/]", highlight=False)
     log = scratch.with_name(f"{node.id}.log")

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
 from otbuild.artifact import PROVENANCE
-from otbuild.stages import STAGES, StageDef
+from otbuild.stages import STAGES, Inputs, StageDef, input_name
 
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
@@ -35,20 +35,22 @@ def read_spec(text: str, stage: str) -> dict:
         raise ConfigError(f"--spec: the spec is of a {spec['stage']!r} node, not a {stage!r} one: "
                           f"run `otbuild stage {spec['stage']} --spec ...`")
     if not isinstance(spec["inputs"], list) or not all(isinstance(i, dict) and "path" in i for i in spec["inputs"]):
-        raise ConfigError(f"--spec: inputs: expected a list of {{id, stage, path}}; {hint}")
+        raise ConfigError(f"--spec: inputs: expected a list of {{id, stage, path, name}}; {hint}")
     return spec
 
 
-def _job(spec: dict) -> tuple[StageDef, Any, list[Path], Path]:
+def _job(spec: dict) -> tuple[StageDef, Any, Inputs, Path]:
     """What a shard job and a merge or stage job start from: the stage, its typed settings
-    (validated once, here: the schema's defaults filled in), the input paths and the outdir."""
+    (validated once, here: the schema's defaults filled in), its inputs by name and the outdir."""
     stage = STAGES[spec["stage"]]
     try:
         cfg = stage.config(spec["settings"])
     except ValidationError as e:
         where = "; ".join(f"settings.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
         raise ConfigError(f"--spec: {where} (a spec from another otbuild version? plan it again)") from None
-    return stage, cfg, [Path(i["path"]) for i in spec["inputs"]], Path(spec["outdir"])
+    inputs = Inputs([i["path"] for i in spec["inputs"]],
+                    [i.get("name") or input_name(i.get("stage", "")) for i in spec["inputs"]])
+    return stage, cfg, inputs, Path(spec["outdir"])
 
 
 def run_shard(spec: dict, shard: int) -> None:

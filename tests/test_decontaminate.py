@@ -17,7 +17,7 @@ from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.settings.recipe import TaskFilter
 from otbuild.sources import read_source
-from otbuild.stages import task_filter
+from otbuild.stages import Inputs, task_filter
 from otbuild.stages import STAGES
 from otbuild.tasks.table import TaskRecord, write_tasks
 from tests.conftest import DATA, make_task
@@ -30,7 +30,7 @@ def _read(kind: str, path: Path) -> list[TaskRecord]:
 def _filter(tmp_path: Path, train: Path, refs: list[Path], **decontaminate) -> tuple[list[dict], list[dict], dict]:
     out = tmp_path / "out"
     out.mkdir()
-    stats = task_filter.run(TaskFilter(dedup=False, decontaminate=decontaminate), [train, *refs], out)
+    stats = task_filter.run(TaskFilter(dedup=False, decontaminate=decontaminate), Inputs.of(tasks=[train], held_out=refs), out)
     kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchall()
     rejected = duckdb.sql(f"SELECT path, reason, rejected_by FROM '{out / 'rejected.parquet'}'").fetchall()
     return kept, rejected, stats
@@ -88,8 +88,8 @@ def test_every_other_step_still_applies_and_rejected_rows_stay_whole(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     settings = TaskFilter(instruction_chars={"min": 10}, decontaminate={"against": ["held"], "ngram": 5})
-    stats = task_filter.run(settings, [write_source(tmp_path / "t.parquet", "t", train),
-                                       write_source(tmp_path / "b.parquet", "held", bench)], out)
+    stats = task_filter.run(settings, Inputs.of(tasks=[write_source(tmp_path / "t.parquet", "t", train)],
+                                                held_out=[write_source(tmp_path / "b.parquet", "held", bench)]), out)
     rejected = duckdb.sql(f"SELECT path, reason, octet_length(task_binary) > 0 FROM '{out / 'rejected.parquet'}'").fetchall()
     assert rejected == [("t-0", "too_short: 5 < 10 chars", True),
                         ("t-1", "contaminated by held: 13 shared 5-grams with task held-0", True),
@@ -209,7 +209,7 @@ def test_the_fuzzy_pass_finds_reworded_tasks_and_counts_per_benchmark_and_rule(t
     out.mkdir()
     refs = [write_source(tmp_path / "h.parquet", "held", held), write_source(tmp_path / "o.parquet", "other", other)]
     stats = task_filter.run(TaskFilter(dedup=False, decontaminate={"against": ["held", "other"], "fuzzy": 0.8}),
-                            [write_source(tmp_path / "t.parquet", "t", train), *refs], out)
+                            Inputs.of(tasks=[write_source(tmp_path / "t.parquet", "t", train)], held_out=refs), out)
     reasons = dict(duckdb.sql(f"SELECT path, reason FROM '{out / 'rejected.parquet'}'").fetchall())
     assert reasons["t-0"].startswith("contaminated by held: fuzzy ratio 0.") and reasons["t-0"].endswith("with task held-0")
     assert reasons["t-1"].startswith("contaminated by held: fuzzy partial_ratio 0.")
@@ -226,7 +226,7 @@ def test_the_fuzzy_pass_finds_reworded_tasks_and_counts_per_benchmark_and_rule(t
     out2 = tmp_path / "out2"
     out2.mkdir()
     stats = task_filter.run(TaskFilter(dedup=False, decontaminate={"against": ["held", "other"]}),
-                            [tmp_path / "t.parquet", *refs], out2)
+                            Inputs.of(tasks=[tmp_path / "t.parquet"], held_out=refs), out2)
     assert stats["contaminated"] == {"held": {"exact": 1, "ngram": 0, "fuzzy": 0}, "other": {"exact": 0, "ngram": 1, "fuzzy": 0}}
 
 

@@ -89,3 +89,22 @@ def test_the_report_checks_a_registered_stage_s_counts_against_its_estimate(tmp_
                                    **dict.fromkeys(("requests", "input_tokens", "output_tokens", "cost"))}}}
     rows = against_estimate(saved, [_artifact(tmp_path, "dedupe", "dedupe", 8)], Costs(), tmp_path)
     assert [(r["label"], r["metric"], r["actual"]) for r in rows] == [("dedupe", "tasks_kept", 8)]
+
+
+def test_the_plan_names_each_input_and_the_job_reads_them_by_name():
+    """The paper recipe's task filter reads its tasks and, to decontaminate, the held-out
+    benchmarks (both task tables): the spec names which is which; the eval's checkpoint is named
+    as such beside its benchmarks."""
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+    from otbuild.runner import _job
+
+    nodes = {n.label: n for n in plan_recipe(load_recipe("otagent_v2_100k", REPO)).nodes}
+    spec = nodes["task_filter"].spec()
+    against = nodes["task_filter"].config.decontaminate.against
+    assert [i["name"] for i in spec["inputs"]] == ["tasks", *["held_out"] * len(against)]
+    _, _, inputs, _ = _job(spec)
+    assert [p.parts[-3] for p in inputs.named("held_out")] == ["source"] * len(against)
+    assert inputs.named("tasks") == [nodes["task_filter"].inputs[0].main_output]
+    names = [i["name"] for i in nodes["eval"].spec()["inputs"]]
+    assert names[-1] == "checkpoint" and set(names[:-1]) == {"tasks"}

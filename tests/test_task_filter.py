@@ -4,7 +4,7 @@ import duckdb
 import pytest
 
 from otbuild.settings.recipe import TaskFilter
-from otbuild.stages import task_filter
+from otbuild.stages import Inputs, task_filter
 from tests.conftest import write_source
 
 TEXTS = [
@@ -23,7 +23,7 @@ def _run(tmp_path, texts=TEXTS, difficulty=None, **settings):
                        **({"difficulty": difficulty} if difficulty else {}))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    task_filter.run(TaskFilter(**settings), [src], out)
+    task_filter.run(TaskFilter(**settings), Inputs.of(tasks=[src]), out)
     kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchdf()
     rejected = duckdb.sql(f"SELECT * FROM '{out / 'rejected.parquet'}'").fetchdf()
     assert len(kept) + len(rejected) == len(texts)  # nothing lost

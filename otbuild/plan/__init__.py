@@ -12,7 +12,7 @@ found there (otbuild/plan/external.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.artifact import PROVENANCE
 from otbuild.settings.recipe import PromptStyle
-from otbuild.stages import STAGES, StageDef, shard_path
+from otbuild.stages import STAGES, StageDef, input_name, shard_path
 from otbuild.stages.shape import gaps, planned, section_key
 
 ARTIFACTS = Path("artifacts")
@@ -58,6 +58,11 @@ class Node:
     inputs: tuple[Node, ...] = ()
     missing: tuple[Missing, ...] = ()  # external data the recipe names that is not there (yet)
     found: dict = field(default_factory=dict)  # what the plan found for the external fields
+    roles: tuple[str, ...] = ()  # each input's name for its stage where not its kind (`Inputs`)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.roles or tuple(input_name(n.stage) for n in self.inputs)
 
     @cached_property
     def identity(self) -> dict:
@@ -106,7 +111,8 @@ class Node:
             "stage": self.stage,
             "id": self.id,
             "settings": self.settings,
-            "inputs": [{"id": n.id, "stage": n.stage, "path": str(n.main_output)} for n in self.inputs],
+            "inputs": [{"id": n.id, "stage": n.stage, "path": str(n.main_output), "name": name}
+                       for n, name in zip(self.inputs, self.input_names, strict=True)],
             "outdir": str(self.dir),
         }
 
@@ -234,8 +240,9 @@ def _plan_mix(w: _Wiring, d: StageDef, section) -> list[Node]:
 
 
 def _plan_task_filter(w: _Wiring, d: StageDef, section) -> list[Node]:
-    held_out = _held_out(w.loaded, section.decontaminate)
-    return [_section_node("task_filter", "task_filter", section, [*w.inputs(d), *held_out])]
+    tasks, held_out = w.inputs(d), _held_out(w.loaded, section.decontaminate)
+    node = _section_node("task_filter", "task_filter", section, [*tasks, *held_out])
+    return [replace(node, roles=("tasks",) * len(tasks) + ("held_out",) * len(held_out))]
 
 
 def _plan_trace_imports(w: _Wiring, d: StageDef, imports: dict) -> list[Node]:
@@ -273,7 +280,7 @@ def _local_model(loaded: LoadedRecipe, spec: dict) -> dict:
 def _relabel(node: Node, prefix: str) -> Node:
     """The same node (same id) under a candidate's label prefix, inputs included."""
     return Node(node.stage, prefix + node.label, node.config, tuple(_relabel(i, prefix) for i in node.inputs),
-                node.missing, node.found)
+                node.missing, node.found, node.roles)
 
 
 def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.settings.stages import ReportSettings
+from otbuild.stages import Inputs
 
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
@@ -25,7 +26,7 @@ CARD = "dataset_card.md"
 RECORD_LINKS_UP = "../../../"
 
 
-def run(cfg: ReportSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: ReportSettings, inputs: Inputs, outdir: Path) -> dict:
     """The report stage (otbuild/stages/): the inputs are read through the settings' nodes."""
     return build(cfg, Path(outdir))
 

@@ -30,7 +30,7 @@ class StageDef:
     name: str
     version: int
     outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
-    module: str  # defines run(cfg, inputs: list[Path], outdir: Path) -> stats dict or None
+    module: str  # defines run(cfg, inputs: Inputs, outdir: Path) -> stats dict or None
     settings: Any  # the model of `cfg` (otbuild/settings/stages.py)
     sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard job, then run() merges
     gpu: bool = False  # may serve a model or train: a GPU job on a cluster (profiles/slurm)
@@ -118,6 +118,34 @@ STAGES: dict[str, StageDef] = {
                  reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS))),
     )
 }
+
+
+class Inputs(list[Path]):
+    """A job's inputs: the main outputs of the nodes it reads, in plan order (what a stage that
+    reads one kind of table iterates), each under the name the plan gives it: the kind it is
+    (tasks, traces, checkpoint), or its role where a stage reads one kind twice (the task
+    filter's `held_out`)."""
+
+    def __init__(self, paths=(), names: tuple[str, ...] | list[str] | None = None):
+        super().__init__(Path(p) for p in paths)
+        self.names = tuple(names) if names is not None else ("",) * len(self)
+        if len(self.names) != len(self):
+            raise ValueError(f"{len(self)} input paths, {len(self.names)} names")
+
+    @classmethod
+    def of(cls, **named: list[Path]) -> Inputs:
+        """Inputs by name, in the order given (tests and callers outside a plan)."""
+        return cls([p for ps in named.values() for p in ps], [n for n, ps in named.items() for _ in ps])
+
+    def named(self, name: str) -> list[Path]:
+        return [p for p, n in zip(self, self.names, strict=True) if n == name]
+
+
+def input_name(stage: str) -> str:
+    """The name an input of `stage` goes by when the plan gives it none: the kind of data it
+    produces (tasks, traces, checkpoint), else the stage's name."""
+    d = STAGES.get(stage)
+    return (d.produces if d else None) or stage
 
 
 def shard_path(outdir: Path, shards: int, shard: int) -> Path:

@@ -13,18 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import duck, usage
-from otbuild.stages import rollout
+from otbuild.stages import Inputs, rollout
 from otbuild.stages.failures import outcome_stats
 from otbuild.stages.rollout import merge_shards
 from otbuild.traces import outcome
 from otbuild.settings.stages import EvalSettings
 
-def run_shard(cfg: EvalSettings, inputs: list[Path], outdir: Path, shard: int) -> None:
+def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
-    rollout.run_shard(cfg, [p for p in inputs if p.suffix == ".parquet"], outdir, shard)
+    rollout.run_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
 
 
-def run(cfg: EvalSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
     duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import MixSettings
+from otbuild.stages import Inputs
 
 
 class MixError(ValueError):
@@ -17,7 +18,7 @@ def quotas(total: int, n: int) -> list[int]:
     return [total // n + (i < total % n) for i in range(n)]
 
 
-def run(cfg: MixSettings, inputs: list[Path], outdir: Path) -> None:
+def run(cfg: MixSettings, inputs: Inputs, outdir: Path) -> None:
     con = duck.connect()
     quota = quotas(cfg.total, len(inputs))  # here, not in the SQL: a source without tasks has no row there
     duck.run_template(con, "mix.sql", inputs=[str(p) for p in inputs], quotas=quota, seed=cfg.seed, order=cfg.order)

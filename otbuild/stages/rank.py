@@ -8,12 +8,13 @@ import pyarrow.parquet as pq
 
 from otbuild import duck
 from otbuild.settings.stages import RankSettings
+from otbuild.stages import Inputs
 
 # summary.parquet's columns: the score compared and its standard error
 METRICS = {"pass_at_1": ("mean", "stderr"), "partial_credit": ("partial_mean", "partial_stderr")}
 
 
-def run(cfg: RankSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: RankSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     metric = cfg.metric
     column, error = METRICS[metric]

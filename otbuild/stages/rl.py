@@ -10,9 +10,10 @@ from pathlib import Path
 from otbuild import usage
 from otbuild.settings.stages import RlSettings
 from otbuild.stages.sft import run_training
+from otbuild.stages import Inputs
 
 
-def run(cfg: RlSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
     if cfg.trainer == "skyrl":
         from otbuild.train.skyrl import train
 

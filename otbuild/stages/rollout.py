@@ -45,7 +45,7 @@ from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, duration, eta
 from otbuild.settings.trials import HARBOR
-from otbuild.stages import shard_path
+from otbuild.stages import Inputs, shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
 from otbuild.settings.stages import RolloutSettings
@@ -76,7 +76,7 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
-def run_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int) -> None:
+def run_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     n = cfg.shards
     trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
@@ -116,7 +116,7 @@ def run_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int
     partial.unlink(missing_ok=True)
 
 
-def run(cfg: RolloutSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge the shards into traces.parquet; the summary reads 5 narrow columns back."""
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()

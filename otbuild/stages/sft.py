@@ -19,9 +19,10 @@ from pathlib import Path
 
 from otbuild.settings.stages import RlSettings, SftSettings
 from otbuild.train.dist import free_port, launch_command
+from otbuild.stages import Inputs
 
 
-def run(cfg: SftSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: SftSettings, inputs: Inputs, outdir: Path) -> dict:
     return run_training("sft", cfg, inputs, outdir)
 
 

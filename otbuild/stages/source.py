@@ -13,6 +13,7 @@ from otbuild.errors import StageError
 from otbuild.settings.recipe import SourceSample, TaskFileSource
 from otbuild.settings.stages import SourceSettings
 from otbuild.sources import hub_files, read_source, where
+from otbuild.stages import Inputs
 from otbuild.tasks.table import (
     Quarantined,
     TaskRecord,
@@ -22,7 +23,7 @@ from otbuild.tasks.table import (
 )
 
 
-def run(cfg: SourceSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: SourceSettings, inputs: Inputs, outdir: Path) -> dict:
     name = cfg.name
     quarantined: list[Quarantined] = []
 

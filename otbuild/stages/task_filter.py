@@ -10,6 +10,7 @@ from pathlib import Path
 from otbuild import duck
 from otbuild.settings.stages import TaskFilter
 from otbuild.tasks.table import BATCH_ROWS
+from otbuild.stages import Inputs
 
 
 def score_expr(column: str) -> str:
@@ -27,12 +28,12 @@ def planned_rollouts(score) -> int | None:
     return math.ceil(score.budget / score.keep_rate - 1e-9)
 
 
-def run(cfg: TaskFilter, inputs: list[Path], outdir: Path) -> dict:
-    """`inputs`: the task tables, then (with `decontaminate`) one per name in its `against`."""
+def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
+    """`inputs`: the task tables (`tasks`) and, with `decontaminate`, one per name in its
+    `against` (`held_out`)."""
     con = duck.connect()
+    inputs, refs = inputs.named("tasks"), inputs.named("held_out")
     if cfg.decontaminate:
-        n = len(cfg.decontaminate.against)
-        inputs, refs = inputs[:-n], inputs[-n:]
         duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs),
                           refs=[str(p) for p in refs], **cfg.decontaminate.model_dump())
         if cfg.decontaminate.fuzzy:

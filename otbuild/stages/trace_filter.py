@@ -10,9 +10,10 @@ from pathlib import Path
 from otbuild import duck
 from otbuild.settings.stages import TraceFilter
 from otbuild.traces import outcome
+from otbuild.stages import Inputs
 
 
-def run(cfg: TraceFilter, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: TraceFilter, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
                       offsets=duck.input_offsets(inputs), outcome=outcome.sql_context(), **cfg.model_dump())

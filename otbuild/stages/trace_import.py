@@ -10,9 +10,10 @@ from otbuild.sources import hub_files, where
 from otbuild.tasks.table import Quarantined, check_not_empty, write_quarantine
 from otbuild.traces.imports import PATH_FORMS, read_traces
 from otbuild.traces.table import write_traces
+from otbuild.stages import Inputs
 
 
-def run(cfg: TraceImportSettings, inputs: list[Path], outdir: Path) -> dict:
+def run(cfg: TraceImportSettings, inputs: Inputs, outdir: Path) -> dict:
     stats, files = {}, None
     if cfg.kind == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
         found = hub_files(cfg, PATH_FORMS[cfg.format])
