@@ -70,6 +70,24 @@ SourceSettings = _named_union(Source)
 TraceImportSettings = _named_union(TraceImport)
 
 
+# Stages whose job settings are their recipe section as it is: one name per stage all the same
+# (STAGESettings), the section's model under it.
+class AugmentSettings(Augment):
+    pass
+
+
+class TaskScoreSettings(TaskScorer):
+    pass
+
+
+class TaskFilterSettings(TaskFilter):
+    pass
+
+
+class TraceFilterSettings(TraceFilter):
+    pass
+
+
 class MixSettings(Mix):
     sources: list[str] = Field(description="the Top-N sources, in input order")
 

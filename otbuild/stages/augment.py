@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
-from otbuild.settings.stages import Augment
+from otbuild.settings.stages import AugmentSettings
 from otbuild.stages import Inputs, llm_requests
 from otbuild.tasks.table import TASK_SCHEMA, Quarantined, TaskRecord, write_quarantine
 from otbuild.tasks.taskdir import INSTRUCTION, TaskDir
@@ -58,11 +58,11 @@ def requests(cfg, inputs: list[Path]):
     return wanted_requests
 
 
-def run_shard(cfg: Augment, inputs: Inputs, outdir: Path, shard: int) -> None:
+def run_shard(cfg: AugmentSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     llm_requests.run_shard("augment", cfg, requests(cfg, inputs), llm_requests.input_rows(inputs) * len(_forms(cfg)), outdir, shard)
 
 
-def run(cfg: Augment, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge: the parents (with keep_original), then each parent's new forms in request order."""
     forms = _forms(cfg)
     n_rows = llm_requests.input_rows(inputs)

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from otbuild import duck
-from otbuild.settings.stages import TaskFilter
+from otbuild.settings.stages import TaskFilterSettings
 from otbuild.tasks.table import BATCH_ROWS
 from otbuild.stages import Inputs
 
@@ -28,7 +28,7 @@ def planned_rollouts(score) -> int | None:
     return math.ceil(score.budget / score.keep_rate - 1e-9)
 
 
-def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: TaskFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     """`inputs`: the task tables (`tasks`) and, with `decontaminate`, one per name in its
     `against` (`held_out`)."""
     con = duck.connect()

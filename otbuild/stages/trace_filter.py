@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import duck
-from otbuild.settings.stages import TraceFilter
+from otbuild.settings.stages import TraceFilterSettings
 from otbuild.traces import outcome
 from otbuild.stages import Inputs
 
 
-def run(cfg: TraceFilter, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: TraceFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
                       offsets=duck.input_offsets(inputs), outcome=outcome.sql_context(), **cfg.model_dump())
