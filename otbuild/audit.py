@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 import otbuild
+from otbuild.artifact import PROVENANCE
 from otbuild.errors import EXIT_FINDINGS, EXIT_OK, ConfigError
 from otbuild.plan import RESULTS, Plan
 from otbuild.provenance import check, read_record
-from otbuild.artifact import PROVENANCE
 from otbuild.stages import STAGES
 
 STYLE = {"ok": "green", "not-built": "yellow"}

@@ -181,11 +181,11 @@ def _estimate(p, pilots: tuple[str, ...], profile: str | None, as_json: bool) ->
     import json
 
     from otbuild.estimate.pilot import calibrate
-    from otbuild.report.estimate import save
-    from otbuild.estimate.run import estimate
     from otbuild.estimate.profile import find_profile
+    from otbuild.estimate.run import estimate
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe, recipe_path
+    from otbuild.report.estimate import save
 
     calibrated = []
     for name in pilots:
@@ -309,8 +309,8 @@ def costs(recipe):
 
 def _print_versus(recipe: str, arts, k) -> None:
     """The last estimate of RECIPE (`plan --estimate`) beside what is built, when one was made."""
-    from otbuild.report.estimate import compare, load_saved
     from otbuild.report.charts import num
+    from otbuild.report.estimate import compare, load_saved
 
     saved = load_saved(recipe)
     rows = compare(saved, arts, k) if saved else []
@@ -477,8 +477,8 @@ def _the_stage(plan, stage: str):
     """The plan's one `stage` node (an export takes a recipe with exactly one)."""
     nodes = [n for n in plan.nodes if n.stage == stage]
     if len(nodes) != 1:
-        raise ConfigError(f"{plan.recipe.path}: {f'no {stage} section' if not nodes else f'{len(nodes)} {stage} stages (an ablation)'}: "
-                          "export a recipe with exactly one")
+        found = f"no {stage} section" if not nodes else f"{len(nodes)} {stage} stages (an ablation)"
+        raise ConfigError(f"{plan.recipe.path}: {found}: export a recipe with exactly one")
     return nodes[0]
 
 
@@ -535,7 +535,8 @@ def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
     node = _the_stage(plan, "rl")
     ckpt, tasks = (i.main_output for i in node.inputs)
     if not tasks.exists():
-        raise ConfigError(f"{plan.recipe.path}: the task table is not built yet ({tasks}): run `otbuild build {recipe}` first")
+        raise ConfigError(f"{plan.recipe.path}: the task table is not built yet ({tasks}): "
+                          f"run `otbuild build {recipe}` first")
     header = (f"SkyRL run of recipe {plan.recipe.name} ({plan.recipe.path}), its rl stage {node.id}\n"
               f"inputs: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
     try:

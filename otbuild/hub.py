@@ -69,7 +69,8 @@ def select(present: list[str], split: str | None, files: list[str] | None, forms
     `files` when given; else the card's `configs:` (the default config's `data_files` for the
     split); else the split's keyword in a sharded `data/SPLIT-NNNNN-of-NNNNN` name, then in a
     directory name, then in a file name (`train.jsonl`, `data/train.parquet`, `my_train-0.parquet`,
-    `train/x.parquet`), all files being `train` when no name holds a split. No split: every record file (of the default config, when the card has one)."""
+    `train/x.parquet`), all files being `train` when no name holds a split. No split: every record
+    file (of the default config, when the card has one)."""
     records = [f for f in present if f.endswith(forms)]
     if files:
         return [f for f in present if any(fnmatch(f, g) for g in files)]
@@ -142,8 +143,9 @@ def where(repo: str, revision: str) -> str:
 
 def resolve(repo: str, revision: str, allow: list[str], pick=None) -> HubFiles:
     """The commit `revision` names and the sha256 of each file matching `allow` (fetched into
-    the HF cache when online), or of those `pick(files, card text)` keeps of them. Raises StageError naming the repo and revision when neither the
-    Hub nor the cache has them, or when no file matches."""
+    the HF cache when online), or of those `pick(files, card text)` keeps of them. Raises
+    StageError naming the repo and revision when neither the Hub nor the cache has them, or when
+    no file matches."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import filter_repo_objects
 

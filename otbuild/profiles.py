@@ -30,8 +30,8 @@ def rule_resources(profile: Path, rule: str, attempt: int = 1) -> dict[str, tupl
         for name, value in section.items() if isinstance(section, dict) else ():
             if isinstance(value, str) and name in ("mem_mb", "runtime", "nodes", "gpu", "tasks_per_node"):
                 try:
-                    value = eval(value, {"attempt": attempt})  # noqa: S307 (the user's own profile)
-                except Exception:  # noqa: BLE001 - a plain string resource (a partition name)
+                    value = eval(value, {"attempt": attempt})
+                except Exception:  # noqa: BLE001, S110 - a plain string resource (a partition name)
                     pass
             out[name] = (value, f"{profile / 'config.yaml'}: {key}.{name}")
     return out

@@ -3,9 +3,10 @@
 Under Snakemake a job's stdout and stderr go to its log file (`logs/<stage>/<id>.log`, a shard's
 `logs/<stage>/<id>/K-of-N.log`), so a rollout's bar or SFT's step lines never reach the console.
 The rules name the log to the job (`OTBUILD_LOG`); a long job (rollout and eval shards, Harbor's
-included; augment and task_score shards; SFT, RL) keeps a small status file, `.otbuild/progress/<log path>.json`: what it does, done/total, an ETA
-and a note (pass rate, loss), rewritten every few seconds and removed when the job ends. The run's
-own process (the Snakefile starts a `Watcher` thread when the run starts) prints one line when it
+included; augment and task_score shards; SFT, RL) keeps a small status file,
+`.otbuild/progress/<log path>.json`: what it does, done/total, an ETA and a note (pass rate,
+loss), rewritten every few seconds and removed when the job ends. The run's own process (the
+Snakefile starts a `Watcher` thread when the run starts) prints one line when it
 first sees a job, naming the log to follow, then one line per job every OTBUILD_PROGRESS_SECONDS
 (30 by default) while it moves. The files live on the project's filesystem, so this works for
 Slurm jobs too. Snakemake's own output is left as it is.
@@ -136,7 +137,7 @@ class Watcher:
         while not self._stop.wait(self.every):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 (the console's view only: never stops the run)
+            except Exception:  # noqa: BLE001, S110 (the console's view only: never stops the run)
                 pass
 
     def tick(self) -> list[str]:

@@ -18,11 +18,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 import otbuild
-from otbuild.artifact import top_files
+from otbuild.artifact import PROVENANCE, top_files
 from otbuild.codehash import code_files, code_sha256
 from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
-from otbuild.artifact import PROVENANCE
 from otbuild.stages import STAGES
 
 KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click", "torch", "transformers",

@@ -50,7 +50,8 @@ def hub_folder(plan: Plan, label: str, dest: Path, repo: str, max_shard_bytes: i
         "files": files,
     }
     write_json(tmp / "manifest.json", manifest)
-    (tmp / "README.md").write_text(_card(manifest, plan.recipe.data.get("description", ""), _licences([*_ancestors(node), node])))
+    licences = _licences([*_ancestors(node), node])
+    (tmp / "README.md").write_text(_card(manifest, plan.recipe.data.get("description", ""), licences))
     tmp.rename(dest)
     return manifest
 
@@ -132,7 +133,8 @@ def _licences(nodes: list[Node]) -> list[str]:
 
     con = duck.connect()
     return sorted({lic for n in nodes if n.stage == "source" and not n.label.startswith("benchmarks/")
-                   for lic, _ in source_licences(con, Artifact(n.label, n.label, n.stage, n.id, n.dir, read_record(n.dir)))})
+                   for lic, _ in source_licences(con, Artifact(n.label, n.label, n.stage, n.id, n.dir,
+                                                               read_record(n.dir)))})
 
 
 def _card(m: dict, description: str, licences: list[str]) -> str:

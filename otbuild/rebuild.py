@@ -5,8 +5,8 @@ provenance record names (the inputs' sha256 checked first), into a scratch dir
 (`.otbuild/rebuild/<stage>/<id>/`; artifacts/ is never written), sharded stages shard by shard
 and then their merge, exactly as the rules run them. Then every file is compared with the
 built one: bytes, except what is declared volatile (measurements of the run: the registry's
-`StageDef.volatile`), which is set aside: parquet columns, top-level keys of JSON and JSON-lines files, marked regions of
-the report, whole files (TensorBoard's). The result is written beside the artifact, in
+`StageDef.volatile`), which is set aside: parquet columns, top-level keys of JSON and JSON-lines
+files, marked regions of the report, whole files (TensorBoard's). The result is written beside the artifact, in
 `.rebuild.json` (hidden: not one of the artifact's files), where the report reads it.
 
 An LLM-sampled stage (an openai or vllm engine) is compared for what a rebuild can give again
@@ -30,12 +30,12 @@ from rich.markup import escape
 from rich.table import Table
 
 import otbuild
+from otbuild.artifact import REBUILD
 from otbuild.errors import EXIT_FINDINGS, EXIT_OK, ConfigError
 from otbuild.fsio import parquet_batches, write_json
 from otbuild.plan import Node, Plan
 from otbuild.provenance import artifact_files, check, now, read_record
 from otbuild.report.page import VOLATILE_BEGIN, VOLATILE_END
-from otbuild.artifact import REBUILD
 from otbuild.stages import STAGES
 from otbuild.train.tracking import VOLATILE_FILES
 

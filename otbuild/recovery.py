@@ -24,8 +24,8 @@ import socket
 import sys
 from pathlib import Path
 
-from otbuild.fsio import write_json
 from otbuild.artifact import PROVENANCE
+from otbuild.fsio import write_json
 
 OWNER = "otbuild-owner.json"
 

@@ -9,11 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
-from otbuild.artifact import PROVENANCE
 from otbuild.stages import STAGES, Inputs, StageDef, input_name
-
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
 

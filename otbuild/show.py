@@ -45,8 +45,8 @@ def only_parquet(folder: Path) -> Path:
         nested = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.parquet"))[:10]
         raise ConfigError(f"{folder}: a folder with no parquet file in it"
                           + (f" (below it: {', '.join(nested)})" if nested else ""))
-    raise ConfigError(f"{folder}: a folder with {len(files)} parquet files: {', '.join(p.name for p in files)}; show one, "
-                      f"e.g. `otbuild show {folder / files[0].name}`")
+    raise ConfigError(f"{folder}: a folder with {len(files)} parquet files: {', '.join(p.name for p in files)}; "
+                      f"show one, e.g. `otbuild show {folder / files[0].name}`")
 
 
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> list[dict]:

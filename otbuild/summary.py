@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.plan import RESULTS, Plan
+from otbuild.progress import duration
 from otbuild.report import HTML
 from otbuild.report import costs as costs_mod
-from otbuild.progress import duration
 from otbuild.report.charts import num
 from otbuild.report.data import artifacts
 from otbuild.report.headline import Headline, Part, headline

@@ -179,12 +179,12 @@ def preflight(plan: Plan) -> list[tuple[str, bool]]:
         found[said] = found.get(said, 0) + 1
     for node in plan.nodes:
         cfg = node.config
-        if isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model:
-            if keys := not_sent(cfg.request_params, cfg.model, node.identity):
-                label = node.label.split("/", 2)[2] if node.label.startswith("candidates/") else node.label
-                message = (f"{label}: {cfg.model} is a reasoning model: {', '.join(keys)} not sent "
-                           "(only its default is accepted; docs/engines.md)")
-                found[(message, False)] = found.get((message, False), 0) + 1
+        if (isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model
+                and (keys := not_sent(cfg.request_params, cfg.model, node.identity))):
+            label = node.label.split("/", 2)[2] if node.label.startswith("candidates/") else node.label
+            message = (f"{label}: {cfg.model} is a reasoning model: {', '.join(keys)} not sent "
+                       "(only its default is accepted; docs/engines.md)")
+            found[(message, False)] = found.get((message, False), 0) + 1
     return [(message + (f" ({n} candidates)" if n > 1 else ""), needed) for (message, needed), n in found.items()]
 
 

@@ -17,8 +17,8 @@ import importlib
 from collections.abc import Callable
 
 from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
-from otbuild.settings.engines import AUTO, LLM, server_fallback
 from otbuild.errors import ConfigError
+from otbuild.settings.engines import AUTO, LLM, server_fallback
 
 Factory = Callable[[LLM], Engine]
 

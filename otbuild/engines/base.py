@@ -17,7 +17,7 @@ class Completion:
     finish_reason: str | None  # "stop", "length", ... as the server said
     usage_reported: bool = True  # False: the server sent no `usage`, the counts are 0
     reasoning: str | None = None  # `reasoning_content`, when a reasoning parser split it off
-    token_ids: list[int] | None = None  # the answer's token ids, where the server returns them (vLLM's return_token_ids)
+    token_ids: list[int] | None = None  # the answer's token ids, where the server returns them (return_token_ids)
     logprobs: list[float] | None = None  # each answer token's log-prob as sampled, where asked for (logprobs: true)
 
 

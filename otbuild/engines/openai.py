@@ -18,8 +18,8 @@ import httpx
 
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
-from otbuild.settings.engines import LLM, concurrency
 from otbuild.errors import ConfigError
+from otbuild.settings.engines import LLM, concurrency
 
 # How OpenAI-compatible servers say a request is over the context window: vLLM and OpenAI
 # ("maximum context length", "context_length_exceeded"), vLLM's "maximum model length",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from otbuild.engines.base import EngineError
 from otbuild.engines.managed import ManagedServerEngine
-from otbuild.engines.process import ServerProcess, free_port
 from otbuild.engines.model_config import check_fits_model
+from otbuild.engines.process import ServerProcess, free_port
 from otbuild.settings.engines import LLM, VLLMOptions
 
 # where `make setup` puts vLLM (scripts/vllm-env.sh): the project's, or this checkout's

@@ -28,7 +28,6 @@ from otbuild.estimate.span import ZERO, Span
 from otbuild.stages import STAGES
 
 
-
 @dataclass
 class Job:
     rule: str
@@ -239,8 +238,9 @@ class Model:
         e.output_tokens = requests * self.rate(e, n, "output_tokens_per_request", cap=max_tokens)
         price = price_of(model, self.prices)
         if price is not None:
-            e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k), "output_tokens": getattr(e.output_tokens, k)},
-                                 price) for k in ("estimate", "low", "high")))
+            e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k),
+                                  "output_tokens": getattr(e.output_tokens, k)}, price)
+                            for k in ("estimate", "low", "high")))
         elif e.input_tokens.high + e.output_tokens.high > 0 and model.startswith("openai:"):  # served: GPU-hours
             e.notes.append(f"no price for {model}: set `prices:` in the recipe")
 

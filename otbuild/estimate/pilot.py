@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otbuild import duck
+from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError
 from otbuild.estimate.rates import Rate, model_key, model_params_b
 from otbuild.estimate.span import Span, mean_span, rate_span
 from otbuild.report.costs import benchmark_files, read_benchmark
-from otbuild.artifact import PROVENANCE
 from otbuild.stages import STAGES
 
 SMALL_PILOT = 30  # items below which a pilot's rate is flagged as saying little
@@ -129,7 +129,8 @@ def _measure(n, record: dict, root: Path, source: str) -> dict[str, Measured]:
         out = _rl(n, stats, source, work)
     elif n.stage == "task_filter":
         total = stats.get("kept", 0) + stats.get("rejected", 0)
-        capped = sum(v for k, v in (stats.get("rejected_by_reason") or {}).items() if k in ("not_sampled", "below_top_k"))
+        capped = sum(v for k, v in (stats.get("rejected_by_reason") or {}).items()
+                     if k in ("not_sampled", "below_top_k"))
         if total:
             out["keep_rate"] = Measured("keep_rate", "kept / in (before sample)", f"{source} ({total} tasks)",
                                         span=rate_span(stats["kept"] + capped, total), n=total)
@@ -204,7 +205,6 @@ def _requests(n, stats: dict, source: str, work: list[float]) -> dict[str, Measu
 
 
 def _sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
-    from otbuild.report.costs import gpus
 
     data = stats.get("data") or {}
     out = {}

@@ -4,7 +4,7 @@ assumed rate moves them, the warnings and the profile's flags."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from otbuild.estimate.check import profile_flags
@@ -32,7 +32,7 @@ class Estimate:
             return v.json() if isinstance(v, Span) else None
 
         return {
-            "recipe": self.recipe, "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "recipe": self.recipe, "made_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "profile": {"name": self.profile.name, "parallel_jobs": self.profile.parallel,
                         "attempts": 1 + self.profile.retries},
             "pilots": [p.name for p in self.pilots],
@@ -91,11 +91,12 @@ def _count_warnings(plan, model: Model) -> list[str]:
             kept, cap = s.counts["traces_kept"], plan_sample(plan)
             if cap and kept.estimate < cap:
                 out.append(f"{s.label}: sample.n asks for {cap:,} traces but about {kept.estimate:,.0f} "
-                           f"({kept.low:,.0f}-{kept.high:,.0f}) will be left at a keep rate of {keep.value.estimate:.2f} "
-                           f"({keep.source}); set task_filter.score.keep_rate to the rate a pilot measures")
+                           f"({kept.low:,.0f}-{kept.high:,.0f}) will be left at a keep rate of "
+                           f"{keep.value.estimate:.2f} ({keep.source}); set task_filter.score.keep_rate to the "
+                           "rate a pilot measures")
             elif keep.assumed:
-                out.append(f"{s.label}: its keep rate is assumed ({keep.value.estimate:.2f}): no pilot measured it with "
-                           "this teacher and these rules; a pilot of this recipe's teacher would")
+                out.append(f"{s.label}: its keep rate is assumed ({keep.value.estimate:.2f}): no pilot measured "
+                           "it with this teacher and these rules; a pilot of this recipe's teacher would")
     return out
 
 

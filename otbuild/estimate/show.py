@@ -66,12 +66,14 @@ def show(est: Estimate, out: Console) -> None:
         for a in est.sensitivity[:SHOWN]:
             lo, hi = a["totals_at_low"], a["totals_at_high"]
             cost = "–" if lo["cost"] is None else f"{lo['cost']:,.2f}–{hi['cost']:,.2f}"
-            sens.add_row(f"{a['stage']}.{a['rate']}", f"{num(a['estimate'])} ({num(a['low'])}–{num(a['high'])}) {a['unit']}",
+            sens.add_row(f"{a['stage']}.{a['rate']}",
+                         f"{num(a['estimate'])} ({num(a['low'])}–{num(a['high'])}) {a['unit']}",
                          f"{lo['gpu_hours']:,.1f}–{hi['gpu_hours']:,.1f}", cost,
                          f"{duration(lo['wall_s'])}–{duration(hi['wall_s'])}", escape(a["source"]))
         out.print(sens)
         if len(est.sensitivity) > SHOWN:
-            out.print(f"[dim]{len(est.sensitivity) - SHOWN} more assumptions move the total less (all of them: --json)[/]")
+            out.print(f"[dim]{len(est.sensitivity) - SHOWN} more assumptions move the total less "
+                      "(all of them: --json)[/]")
     for s in est.stages:
         for note in dict.fromkeys(s.notes):
             if not note.startswith("built"):

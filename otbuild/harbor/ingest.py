@@ -41,7 +41,6 @@ from otbuild.traces.outcome import TIMEOUT_ERRORS, UNVERIFIED_REASON
 from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns, reward_text
 
 
-
 def is_trial_dir(path: Path) -> bool:
     """A trial dir has a result.json naming its trial (a job's result.json does not)."""
     return _is_trial_result(Path(path))
@@ -274,7 +273,8 @@ def _atif_messages(steps: list) -> tuple[list[dict], int]:
             parts += ["<tool_call>\n" + json.dumps(
                 {"name": call.get("function_name"), "arguments": call.get("arguments", {})},
                 ensure_ascii=False) + "\n</tool_call>" for call in step.get("tool_calls") or []]
-            out.append({"role": "assistant", "content": assistant_turn("\n".join(parts), step.get("reasoning_content"))})
+            content = assistant_turn("\n".join(parts), step.get("reasoning_content"))
+            out.append({"role": "assistant", "content": content})
             results = ((step.get("observation") or {}).get("results")) or []
             texts = [_text(r.get("content")) for r in results if isinstance(r, dict)
                      and r.get("content") is not None]

@@ -50,7 +50,7 @@ def _answer_regex() -> str:
     prompt's order, JSON strings, durations as plain numbers, a little whitespace allowed."""
     w = r"[ \n]{0,8}"
     string = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
-    key = lambda name: f'{w}"{name}"{w}:{w}'  # noqa: E731
+    key = lambda name: f'{w}"{name}"{w}:{w}'
     command = rf'{w}\{{{key("keystrokes")}{string}{w},{key("duration")}[0-9]{{1,3}}(?:\.[0-9]{{1,2}})?{w}\}}'
     return (rf'{w}\{{{key("analysis")}{string}{w},{key("plan")}{string}{w},{key("commands")}\['
             rf'(?:{command}(?:{w},{command})*)?{w}\]{w},{key("task_complete")}(?:true|false){w}\}}')

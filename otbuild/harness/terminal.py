@@ -65,7 +65,7 @@ class Terminal:
         else:  # pragma: no cover (util-linux is there wherever the sandbox runs)
             self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
                                          start_new_session=True,
-                                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509 - one ioctl, no locks
         os.close(slave)
         self.fd = master
         self.read_cap = read_cap  # bytes kept per read; the rest is drained and dropped

@@ -31,10 +31,17 @@ from pathlib import Path
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
-from otbuild.tasks.task_toml import (FINAL, StepConfig, TaskConfig, harness_unsupported, resolve_env, task_config,
-                                     unsupported_reason)
+from otbuild.settings.trials import Trials
+from otbuild.tasks.task_toml import (
+    FINAL,
+    StepConfig,
+    TaskConfig,
+    harness_unsupported,
+    resolve_env,
+    task_config,
+    unsupported_reason,
+)
 from otbuild.tasks.taskdir import WORKDIR, TaskDir, TaskFormatError
 from otbuild.traces.outcome import UNVERIFIED_REASON
 from otbuild.traces.table import assistant_turn, reward_text
@@ -202,7 +209,8 @@ async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: St
                     verifier_timeout: float, agent_env: dict[str, str], verifier_env: dict[str, str],
                     seed_key: str, thread: TrialThread) -> None:
     """The agent on `task`'s instruction, then (with `settings.verify`) its verifier, into `run`."""
-    verifier = await thread(_park_verifier, box, verifier_env) if settings.verify else None  # started now, run after the agent
+    # the verifier's sandbox started now, its command run after the agent
+    verifier = await thread(_park_verifier, box, verifier_env) if settings.verify else None
     try:
         run.stop = await _agent(box, task, engine, settings, agent_timeout, run.messages, run.completions,
                                 env=agent_env, seed_key=seed_key, keep=verifier, thread=thread)

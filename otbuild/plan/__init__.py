@@ -19,16 +19,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError, StageError
 from otbuild.hashing import settings_hash
 from otbuild.plan.external import find
 from otbuild.recipe.load import LoadedRecipe
 from otbuild.settings.base import PLAN_ONLY, fields_with
 from otbuild.settings.identity import identity
+from otbuild.settings.recipe import PromptStyle
 from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
-from otbuild.artifact import PROVENANCE
-from otbuild.settings.recipe import PromptStyle
 from otbuild.stages import STAGES, StageDef, input_name, shard_path
 from otbuild.stages.shape import gaps, planned, section_key
 
@@ -267,7 +267,8 @@ def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:
     r = loaded.recipe
     benchmarks = r.eval.benchmarks if r.eval else {}
     return [_source_node(loaded, name, benchmarks[name], group="benchmarks") if name in benchmarks
-            else _source_node(loaded, name, r.sources[name]) for name in (decontaminate.against if decontaminate else [])]
+            else _source_node(loaded, name, r.sources[name])
+            for name in (decontaminate.against if decontaminate else [])]
 
 
 def _local_model(loaded: LoadedRecipe, spec: dict) -> dict:

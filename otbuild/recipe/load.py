@@ -16,9 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from otbuild.engines.model_config import check_fits_model
-from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
 from otbuild.errors import ConfigError
 from otbuild.settings.base import RE2, field_extra
+from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
 from otbuild.settings.recipe import NAME_RE, Eval, Recipe, Teacher
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, harbor_agent, trials_of
@@ -147,7 +147,7 @@ def _expanded_size(node: yaml.Node, sizes: dict, open_: set) -> int:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        doc = yaml.load(path.read_bytes(), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+        doc = yaml.load(path.read_bytes(), Loader=_RecipeLoader)
     except yaml.reader.ReaderError as e:  # bytes that are not UTF-8 (or UTF-16) text
         raise ConfigError(f"{path}: byte {e.position}: not valid YAML (not UTF-8 text: {e.reason})") from None
     except yaml.YAMLError as e:
@@ -395,7 +395,8 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
     if unknown:
         raise ConfigError(f"{_file_for(('augment', 'sources'), origin, path)}: augment.sources: "
-                          f"no source(s) {', '.join(unknown)}" + _suggest(unknown[0], sorted(recipe.sources), "sources"))
+                          f"no source(s) {', '.join(unknown)}"
+                          + _suggest(unknown[0], sorted(recipe.sources), "sources"))
     if (size := math.prod(len(v) for v in recipe.ablate.values())) > recipe.max_candidates:
         axes = " x ".join(str(len(v)) for v in recipe.ablate.values())
         raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: the grid has {axes} = {size} "

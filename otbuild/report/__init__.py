@@ -56,4 +56,5 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     missing = [a.label for a in rep.artifacts if a.record is None]
     return {"groups": len(rep.groups), "sections": sections, "artifacts": len(rep.artifacts),
             "flags": rep.headline.warnings,
-            "artifacts_without_record": missing, "costs": rep.costs.total, "html_bytes": len(html.encode()), "card_bytes": len(card.encode())}
+            "artifacts_without_record": missing, "costs": rep.costs.total, "html_bytes": len(html.encode()),
+            "card_bytes": len(card.encode())}

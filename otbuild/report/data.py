@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from otbuild import duck
-from otbuild.report import costs
 from otbuild.artifact import PROVENANCE, REBUILD
+from otbuild.report import costs
 from otbuild.stages import STAGES
 
 CANDIDATES = "candidates/"
@@ -199,7 +199,8 @@ def load(cfg, root: Path = Path(".")) -> Report:
         outs = STAGES["rank"].outputs
         rep.ranking_label = rank.label
         rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
-        rep.zscores = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) ORDER BY candidate, benchmark")
+        rep.zscores = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) "
+                                 "ORDER BY candidate, benchmark")
     return rep
 
 

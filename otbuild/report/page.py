@@ -13,11 +13,11 @@ import yaml
 from markupsafe import Markup
 
 import otbuild
-from otbuild.report import charts
+from otbuild.artifact import PROVENANCE
 from otbuild.progress import duration
+from otbuild.report import charts
 from otbuild.report.data import Group, Report
 from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
-from otbuild.artifact import PROVENANCE
 
 TEMPLATES = Path(__file__).parent / "templates"
 # What the page and the card show that a rebuild from the same inputs does not give again (the
@@ -97,7 +97,8 @@ def _group_charts(g: Group) -> dict:
     for key, name in (("sft", "SFT"), ("rl", "RL")):
         if cv := getattr(g, key):
             c[key] = charts.line(cv.points, title=f"{name} {cv.metric} per step", xlabel="step", ylabel=cv.metric)
-            c[f"{key}_panels"] = [charts.line(pts, title=f"{name} {k} per step", xlabel="step", ylabel=k, width=360, height=220)
+            c[f"{key}_panels"] = [charts.line(pts, title=f"{name} {k} per step", xlabel="step", ylabel=k,
+                                              width=360, height=220)
                                   for k, pts in cv.panels]
     if g.eval:
         c["eval"] = charts.bars(

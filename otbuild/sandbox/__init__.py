@@ -22,10 +22,10 @@ from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
 from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, stamp_tree, write_subtree
-from otbuild.settings.limits import BACKENDS, Limits
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
+from otbuild.settings.limits import BACKENDS, Limits
 from otbuild.tasks.base_image import host_compatible
 from otbuild.tasks.task_toml import runnable_locally, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError

@@ -14,9 +14,9 @@ The network follows task.toml's policy per phase (`TaskConfig.agent_network`,
 that must stay offline) the container starts on the network and is disconnected from it for the
 offline phase (`podman network disconnect`/`connect` before the verifier's first command). An
 `allowlist` is refused (`NetworkPolicyError`, naming the task and its hosts) rather than widened to
-the whole internet: a podman network cannot limit what its DNS and routes reach. `/logs` is the trial root's `logs/` (the reward is read from the host
-side, as for bwrap), `/solution` is mounted read-only for the oracle only, and `/tests` is
-copied in when the verifier first runs.
+the whole internet: a podman network cannot limit what its DNS and routes reach. `/logs` is the
+trial root's `logs/` (the reward is read from the host side, as for bwrap), `/solution` is
+mounted read-only for the oracle only, and `/tests` is copied in when the verifier first runs.
 
 Every command gets a marker in its environment; when it ends, the processes still carrying
 that marker (what it left in the background) are killed, and `kill_all` kills everything in
@@ -44,9 +44,9 @@ from pathlib import Path
 from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
-from otbuild.settings.limits import Limits
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
+from otbuild.settings.limits import Limits
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config
 from otbuild.tasks.taskdir import DOCKERFILE, WORKDIR, TaskDir
 
@@ -271,7 +271,8 @@ class PodmanSandbox(Sandbox):
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
         mb, fsize = limits.memory_mb, limits.file_size_mb * MB
         try:  # a failed `run` can leave the container created: removed as well
-            _podman("run", "-d", "--init", "--name", self.container, f"--network={self.network}", "--hostname", "sandbox",
+            _podman("run", "-d", "--init", "--name", self.container, f"--network={self.network}",
+                    "--hostname", "sandbox",
                     f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
                     f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
                     "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
@@ -353,7 +354,8 @@ class PodmanSandbox(Sandbox):
             _podman("network", "disconnect", self.network, self.container)
         else:
             _podman("network", "connect", network, self.container)
-        attached = set(json.loads(_podman("inspect", self.container).stdout)[0]["NetworkSettings"].get("Networks") or {})
+        settings = json.loads(_podman("inspect", self.container).stdout)[0]["NetworkSettings"]
+        attached = set(settings.get("Networks") or {})
         if attached != (set() if network == "none" else {network}):
             raise ContainerError(f"container {self.container}: the {phase} phase needs network {network!r}, "
                                  f"but it is attached to {sorted(attached)}")

@@ -19,10 +19,10 @@ from otbuild.sandbox.errors import SandboxError, WallClockExceeded
 from otbuild.sandbox.hostfs import system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, write_file, write_subtree
-from otbuild.settings.limits import Limits
 from otbuild.sandbox.output import read_bounded
 from otbuild.sandbox.procs import descendants, end_namespace, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation
+from otbuild.settings.limits import Limits
 from otbuild.tasks.taskdir import WORKDIR, TaskDir
 
 log = logging.getLogger(__name__)

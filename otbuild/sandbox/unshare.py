@@ -62,7 +62,8 @@ def argv(inv: Invocation) -> list[str]:
         if Path(m.src).is_dir():
             lines.append(f"mkdir -p {dest}")
         else:
-            lines.append(f"[ -e {dest} ] || {{ mkdir -p $(dirname {dest}) && touch {dest}; }}")  # a read-only /etc has it
+            # a read-only /etc has it already
+            lines.append(f"[ -e {dest} ] || {{ mkdir -p $(dirname {dest}) && touch {dest}; }}")
         lines.append(f"mount --rbind {q(m.src)} {dest}")
         if m.kind == "ro":
             lines.append(f"ro {dest}")

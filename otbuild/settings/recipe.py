@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from otbuild.settings.engines import LLM, Sampling
 from otbuild.settings.base import (
     MAX_REPEATS,
     MAX_TASKS,
@@ -31,6 +30,7 @@ from otbuild.settings.base import (
     plan_only,
     re2,
 )
+from otbuild.settings.engines import LLM, Sampling
 from otbuild.settings.train import Rl, Sft
 from otbuild.settings.trials import ShardedTrials
 
@@ -61,7 +61,8 @@ class HubDataset(Strict):
 
     repo: str = external(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
     revision: str = external("main", min_length=1, description="a branch, tag or commit")
-    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them (the card's configs, then its name in file or dir names)")
+    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them "
+                                  "(the card's configs, then its name in file or dir names)")
     files: list[str] | None = external(None, min_length=1, description="glob patterns of repo files")
 
 
@@ -148,7 +149,7 @@ class TableColumns(Strict):
     id: str | None = None
     solution: str | None = None
     tests: str | None = None
-    metadata: list[str] = []
+    metadata: list[str] = Field(default=[])
 
 
 class TableSource(TaskFileSource, AtPath):
@@ -172,7 +173,8 @@ class HarborDatasetSource(TaskFileSource):
     swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
 
     kind: Literal["harbor-dataset"]
-    dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION")
+    dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$",
+                         description="NAME or NAME@VERSION")
     registry: str = external(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
     path: str | None = external(None, min_length=1, description="where Harbor downloaded the tasks: its "
                              "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
@@ -246,7 +248,8 @@ class Decontaminate(Strict):
         "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
         "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"))
     fuzzy_ngram: int = Field(default=5, ge=1, le=64, description="pre-filter: words per n-gram a pair must share")
-    fuzzy_min_shared: int = Field(default=2, ge=1, description="pre-filter: distinct fuzzy_ngram-grams a pair must share")
+    fuzzy_min_shared: int = Field(default=2, ge=1,
+                                  description="pre-filter: distinct fuzzy_ngram-grams a pair must share")
 
     @model_validator(mode="after")
     def _fuzzy_knobs(self):
@@ -437,7 +440,8 @@ class Eval(ShardedTrials, Sampling):
                                                  "harness prompt than its rollouts' (validate refuses it otherwise)")
 
 
-PROMPTS = ("terminus2", "compact")  # the harness's prompt styles (otbuild/harness/protocol.py); the first is the default
+# the harness's prompt styles (otbuild/harness/protocol.py); the first is the default
+PROMPTS = ("terminus2", "compact")
 
 
 class PromptStyle(Strict):
@@ -445,7 +449,8 @@ class PromptStyle(Strict):
     (rollouts, SFT, RL, eval) is given beside its own section."""
 
     prompt: Literal[PROMPTS] = Field(  # type: ignore[valid-type]
-        default=PROMPTS[0], description="terminus2: otbuild's words for terminus-2's protocol; compact: a short system text and compact JSON, for tiny students")
+        default=PROMPTS[0], description="terminus2: otbuild's words for terminus-2's protocol; "
+        "compact: a short system text and compact JSON, for tiny students")
 
 
 class Harness(PromptStyle):

@@ -117,7 +117,8 @@ class EvalSettings(Teacher, PromptStyle):
                 ident["serve_with"] = engine
             return ident
         own = {*ShardedTrials.model_fields, *PromptStyle.model_fields, "repeats"}
-        return {**{k: v for k, v in ident.items() if k in own}, "model": {k: v for k, v in ident.items() if k not in own}}
+        return {**{k: v for k, v in ident.items() if k in own},
+                "model": {k: v for k, v in ident.items() if k not in own}}
 
 
 class SftSettings(Sft, PromptStyle):

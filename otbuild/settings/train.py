@@ -61,7 +61,8 @@ class TinyModel(Strict):
     @model_validator(mode="after")
     def _heads(self):
         if self.head_dim not in VLLM_HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim}: vLLM serves heads of width {', '.join(map(str, VLLM_HEAD_DIMS))} "
+            widths = ", ".join(map(str, VLLM_HEAD_DIMS))
+            raise ValueError(f"head_dim {self.head_dim}: vLLM serves heads of width {widths} "
                              "only (its CPU build refuses the others at the first request)")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads")

@@ -189,8 +189,8 @@ def convert(d: dict, where: str, n: int, verifier: bool, silent: set[str]) -> Ta
     for rel, (text, exe) in FIXTURE.items():
         task.add(f"environment/work/{rel}", text, executable=exe)
     delim, body = heredoc(cmd, "OTBUILD_CMD")
-    task.add(SOLUTION, f"#!/bin/bash\n# Reference command from NL2Bash.\ncat > /app/command.sh <<'{delim}'\n{body}{delim}\n",
-             executable=True)  # fmt: skip
+    script = f"#!/bin/bash\n# Reference command from NL2Bash.\ncat > /app/command.sh <<'{delim}'\n{body}{delim}\n"
+    task.add(SOLUTION, script, executable=True)
     if reason is None:
         for rel, (text, exe) in FIXTURE.items():
             task.add(f"tests/fixture/{rel}", text, executable=exe)

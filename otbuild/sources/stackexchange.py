@@ -33,9 +33,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
-from otbuild.settings.recipe import StackExchangeSource
-from otbuild.sources import PATH_FORMS
-from otbuild.sources._html import html_to_markdown
 from otbuild.records import (
     Dedup,
     SourceFormatError,
@@ -44,6 +41,9 @@ from otbuild.records import (
     record_files,
     task_name,
 )
+from otbuild.settings.recipe import StackExchangeSource
+from otbuild.sources import PATH_FORMS
+from otbuild.sources._html import html_to_markdown
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
 from otbuild.tasks.taskdir import DOCKERFILE, INSTRUCTION, TASK_TOML, TaskDir

@@ -38,9 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from otbuild.sources import PATH_FORMS
-from otbuild.settings.recipe import SweInstancesSource
 from otbuild.records import Dedup, as_list, as_text, heredoc, iter_rows, task_name
+from otbuild.settings.recipe import SweInstancesSource
+from otbuild.sources import PATH_FORMS
 from otbuild.tasks.harbor_meta import dump_toml
 from otbuild.tasks.table import Quarantined, TaskRecord
 from otbuild.tasks.taskdir import DOCKERFILE, INSTRUCTION, SOLUTION, TASK_TOML, TESTS, TaskDir

@@ -59,7 +59,8 @@ def requests(cfg, inputs: list[Path]):
 
 
 def run_shard(cfg: AugmentSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
-    llm_requests.run_shard("augment", cfg, requests(cfg, inputs), llm_requests.input_rows(inputs) * len(_forms(cfg)), outdir, shard)
+    total = llm_requests.input_rows(inputs) * len(_forms(cfg))
+    llm_requests.run_shard("augment", cfg, requests(cfg, inputs), total, outdir, shard)
 
 
 def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:

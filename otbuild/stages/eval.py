@@ -13,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild import duck, usage
+from otbuild.settings.stages import EvalSettings
 from otbuild.stages import Inputs, rollout
 from otbuild.stages.failures import outcome_stats
 from otbuild.stages.rollout import merge_shards
 from otbuild.traces import outcome
-from otbuild.settings.stages import EvalSettings
+
 
 def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""

@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 from otbuild import duck, usage
 from otbuild.engines import EngineError, open_engine
 from otbuild.engines.endpoint import refused
-from otbuild.settings.engines import concurrency
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress
+from otbuild.settings.engines import concurrency
 from otbuild.stages import shard_path
 from otbuild.stages.partials import append, drop_torn_tail, partial_files
 
@@ -151,7 +151,8 @@ def answers(outdir: Path, shards: int, expected: int, batch_rows: int = 1024) ->
     """Every shard's answers in request order (streamed); each request 0..expected-1 exactly once."""
     files = [shard_path(outdir, shards, k) for k in range(shards)]
     con = duck.connect()
-    reader = con.sql(f"SELECT * FROM read_parquet({_list(files)}, union_by_name = true) ORDER BY request").to_arrow_reader(batch_rows)
+    reader = con.sql(f"SELECT * FROM read_parquet({_list(files)}, union_by_name = true) ORDER BY request"
+                     ).to_arrow_reader(batch_rows)
     want = 0
     for batch in reader:
         for row in batch.to_pylist():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from otbuild import usage
 from otbuild.settings.stages import RlSettings
-from otbuild.stages.sft import run_training
 from otbuild.stages import Inputs
+from otbuild.stages.sft import run_training
 
 
 def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:

@@ -44,11 +44,11 @@ from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, duration, eta
+from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import HARBOR
 from otbuild.stages import Inputs, shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
-from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import task_rows
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces import outcome as oc
@@ -229,8 +229,8 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
     alone)."""
     from otbuild.engines import open_engine, resolve_auto
     from otbuild.engines.endpoint import FirstRequest
-    from otbuild.settings.engines import concurrency
     from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
+    from otbuild.settings.engines import concurrency
 
     in_flight = concurrency(cfg)  # as the plan counted them (auto's own)
     cfg = resolve_auto(cfg)  # serve_with: auto is decided here, by what this machine has
@@ -311,7 +311,8 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
     if (backend == "podman" or need_image) and (problem := backend_problem("podman")):
         names = sorted({r["path"] for r in need_image})
         which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
-                 "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image else "the recipe asks for it")
+                 "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image
+                 else "the recipe asks for it")
         raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
 
 

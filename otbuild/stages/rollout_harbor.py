@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild.settings.engines import concurrency
 from otbuild.progress import JobProgress
-from otbuild.settings.trials import harbor_agent
+from otbuild.settings.engines import concurrency
 from otbuild.settings.stages import RolloutSettings
+from otbuild.settings.trials import harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA, task_rows
 
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from otbuild.settings.stages import RlSettings, SftSettings
-from otbuild.train.dist import free_port, launch_command
 from otbuild.stages import Inputs
+from otbuild.train.dist import free_port, launch_command
 
 
 def run(cfg: SftSettings, inputs: Inputs, outdir: Path) -> dict:

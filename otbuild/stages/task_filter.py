@@ -9,8 +9,8 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import TaskFilterSettings
-from otbuild.tasks.table import BATCH_ROWS
 from otbuild.stages import Inputs
+from otbuild.tasks.table import BATCH_ROWS
 
 
 def score_expr(column: str) -> str:
@@ -82,7 +82,8 @@ def add_fuzzy_hits(con, threshold: float, batch_rows: int = 4096) -> None:
     reader = con.sql("SELECT _ord, benchmark, path, words, ref_words FROM dc_fuzzy_pairs").to_arrow_reader(batch_rows)
     for batch in reader:
         b = batch.to_pydict()
-        for ord_, bench, path, words, ref_words in zip(b["_ord"], b["benchmark"], b["path"], b["words"], b["ref_words"]):
+        rows = zip(b["_ord"], b["benchmark"], b["path"], b["words"], b["ref_words"], strict=True)
+        for ord_, bench, path, words, ref_words in rows:
             if (m := fuzzy_match(words, ref_words, threshold)) and (ord_ not in hits or m[1] > hits[ord_][2]):
                 hits[ord_] = (bench, m[0], m[1], path)
     found = pa.table({"_ord": pa.array(list(hits), pa.int64()), "benchmark": [h[0] for h in hits.values()],

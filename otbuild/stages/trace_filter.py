@@ -9,8 +9,8 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import TraceFilterSettings
-from otbuild.traces import outcome
 from otbuild.stages import Inputs
+from otbuild.traces import outcome
 
 
 def run(cfg: TraceFilterSettings, inputs: Inputs, outdir: Path) -> dict:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from otbuild.settings.stages import TraceImportSettings
 from otbuild.sources import hub_files, where
+from otbuild.stages import Inputs
 from otbuild.tasks.table import Quarantined, check_not_empty, write_quarantine
 from otbuild.traces.imports import PATH_FORMS, read_traces
 from otbuild.traces.table import write_traces
-from otbuild.stages import Inputs
 
 
 def run(cfg: TraceImportSettings, inputs: Inputs, outdir: Path) -> dict:

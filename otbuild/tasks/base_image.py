@@ -17,6 +17,7 @@ import functools
 import os
 import re
 import subprocess
+from pathlib import Path
 
 from otbuild.tasks.dockerfile import parse
 from otbuild.tasks.task_toml import task_config
@@ -102,7 +103,7 @@ def host_compatible(task: TaskDir) -> bool:
 
 def _os_release() -> dict[str, str]:
     try:
-        text = open("/etc/os-release").read()
+        text = Path("/etc/os-release").read_text()
     except OSError:
         return {}
     return {k: v.strip().strip('"') for k, _, v in (ln.partition("=") for ln in text.splitlines()) if v}

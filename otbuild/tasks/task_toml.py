@@ -319,7 +319,7 @@ class _Reader:
                 return (ip_network(h, strict=True) if "/" in h else ip_address(h)).compressed
             except ValueError:
                 bad()
-        name = h[2:] if h.startswith("*.") else h
+        name = h.removeprefix("*.")
         try:
             ip_address(name)
             return h if name == h else bad()

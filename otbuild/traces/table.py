@@ -7,6 +7,7 @@ same thing whatever produced the trace.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path, parquet_batches
+from otbuild.fsio import atomic_path
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
@@ -89,7 +90,7 @@ def step_conversations(conversation: list[dict], metadata: str | None) -> list[l
                      isinstance(s.get("first_message"), int) and 0 < s["first_message"] < len(conversation)}
                     ) if isinstance(steps, list) else []
     bounds = [0, *starts, len(conversation)]
-    return [conversation[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [conversation[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def count_turns(conversations: list[dict]) -> int:

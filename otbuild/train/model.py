@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from otbuild.harness.protocol import iter_conversations
 from otbuild.settings.recipe import PROMPTS
 from otbuild.settings.train import ModelSpec
-from otbuild.harness.protocol import iter_conversations
 from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
 
 TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text

@@ -53,8 +53,8 @@ from otbuild import usage
 from otbuild.engines.base import Completion, ContextLengthExceededError
 from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
-from otbuild.settings.train import Rl
 from otbuild.settings.stages import RlSettings
+from otbuild.settings.train import Rl
 from otbuild.traces.outcome import EXCLUDED_FROM_SCORES, outcome
 from otbuild.train.chat import clean
 from otbuild.train.checkpoint import LOG
@@ -656,7 +656,8 @@ class RlTrainer(Trainer):
                 "zero_advantage_tasks": total["zero"], "errors": total["errors"],
                 "rollout_infra_masked": total["masked"],
                 "lr": self.engine.get_lr()[0], "rollout_engine": self.server.engine if self.server else "transformers",
-                **sync, "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
+                **sync,
+                "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
                 "update_seconds": round(time.monotonic() - t2, 3),
                 "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
                 **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS},

@@ -165,8 +165,8 @@ def nested(o: dict[str, Any]) -> dict:
 def notes(rl: Rl, batch: int) -> list[str]:
     """What otbuild's RL does that the handoff does not carry over (skyrl.yaml's header)."""
     out = ["SkyRL's rloo: leave-one-out mean baseline, no per-task std normalisation (otbuild's std_eps unused)",
-           "trials run by Harbor in SkyRL (rl.sandbox's max_episodes, timeout_multiplier and agent_timeout_sec "
-           "carry over; its local sandbox and limits do not)",
+           ("trials run by Harbor in SkyRL (rl.sandbox's max_episodes, timeout_multiplier and agent_timeout_sec "
+            "carry over; its local sandbox and limits do not)"),
            "a failed trial masks its task's group in that step (SkyRL's Harbor generator: reward 0, no loss)"]
     if batch < rl.batch_size:
         out.append(f"train_batch_size {batch}: the task table has fewer tasks than rl.batch_size {rl.batch_size}")

@@ -40,9 +40,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path, write_json
-from otbuild.settings.recipe import PROMPTS
-from otbuild.hashing import file_sha256
 from otbuild.harness.protocol import conversations_of, trace_batches
+from otbuild.hashing import file_sha256
+from otbuild.settings.recipe import PROMPTS
 from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
