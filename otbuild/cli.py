@@ -314,7 +314,7 @@ def _print_versus(recipe: str, arts, k) -> None:
 
     saved = load_saved(recipe)
     rows = compare(saved, arts, k) if saved else []
-    if not rows:
+    if not rows or saved is None:
         return
     table = Table(title=f"estimate ({saved.get('made_at')}) and actual: {recipe}")
     for col in ("artifact", "figure", "estimate", "low", "high", "actual", "error"):

@@ -29,7 +29,10 @@ SQL_NAME = re.compile(r"""["'](\w+\.sql)["']""")  # a template named in a module
 def code_files(stage: str) -> dict[str, str]:
     """sha256 (16 hex digits) of every file of the stage's code, by path (otbuild/...)."""
     stage_def = STAGES[stage]
-    files = set(_closure(_module_file(stage_def.module)))
+    module = _module_file(stage_def.module)
+    if module is None:
+        raise ValueError(f"stage {stage}: its module {stage_def.module} is not in otbuild")
+    files = set(_closure(module))
     files |= {Path(SQL_DIR.name, t) for t in _templates({n for f in files if f.suffix == ".py" for n in _sql_named(f)})}
     for f in [f for f in files if f.suffix == ".py" and _reads_templates(f)]:
         folder = next(d for d in ((PACKAGE / f).parent / "templates", PACKAGE / "templates") if d.is_dir())

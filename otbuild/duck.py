@@ -64,7 +64,8 @@ def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> i
     """Write a query's rows to `dest` (zstd parquet); returns the row count."""
     with atomic_path(dest) as tmp:
         con.execute(f"COPY ({query}) TO {sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
-        return con.execute(f"SELECT count(*) FROM read_parquet({sql_literal(tmp)})").fetchone()[0]
+        (rows,) = con.execute(f"SELECT count(*) FROM read_parquet({sql_literal(tmp)})").fetchall()[0]
+        return rows
 
 
 # Rows of the wide input per batch of stream_split (one parquet row group of each output; with

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,7 +18,7 @@ def profile_config(profile: Path) -> dict:
     return yaml.safe_load((profile / "config.yaml").read_text()) or {}
 
 
-def rule_resources(profile: Path, rule: str, attempt: int = 1) -> dict[str, tuple[object, str]]:
+def rule_resources(profile: Path, rule: str, attempt: int = 1) -> dict[str, tuple[Any, str]]:
     """The resources a profile gives `rule`'s jobs on `attempt`, each with where it is set:
     its `set-resources` entry over `default-resources`; expressions such as "16000 * attempt"
     evaluated."""

@@ -97,7 +97,7 @@ class StepProgress:
         self.start = self.logged = time.monotonic()
 
     def step(self, done: int, note: str) -> None:
-        if self.job is None:
+        if self.job is None or self.log is None:
             return
         self.job.update(done, note)
         now = time.monotonic()

@@ -84,7 +84,8 @@ def _built(plan: Plan, label: str) -> Node:
 def _shards(src: Path, outdir: Path, max_bytes: int) -> list[dict]:
     """Stream `src` into shards of at most ~max_bytes (in memory) each, named as the Hub expects."""
     schema = pq.read_schema(src)
-    parts, writer, size = [], None, 0
+    parts: list[Path] = []
+    writer, size = None, 0
     for batch in parquet_batches(src, 1024):
         if writer is None or size >= max_bytes:
             if writer:

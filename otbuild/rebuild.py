@@ -150,6 +150,8 @@ def _rebuild(node: Node, console: Console) -> Outcome:
     if c.status != "ok":
         return Outcome(node, "not-proven", [f"{c.status}: {c.detail or 'run the build first'}"])
     record = read_record(node.dir)
+    if record is None:  # check() said ok: read again, it is gone
+        return Outcome(node, "not-proven", ["no provenance record: run the build first"])
     scratch = SCRATCH / node.stage / node.id
     shutil.rmtree(scratch, ignore_errors=True)
     spec = {"stage": node.stage, "id": node.id, "settings": record["settings"], "outdir": str(scratch),
@@ -341,7 +343,8 @@ def _rerender_report(plan: Plan, console: Console) -> None:
     scratch = SCRATCH / "report" / f"{report.id}.render"
     shutil.rmtree(scratch, ignore_errors=True)
     ok = _run_stage("report", {**spec, "outdir": str(scratch)}, None, scratch.with_suffix(".log")) == 0
-    if ok and not compare("report", read_record(report.dir), report.dir, scratch).is_finding:
+    if ok and (built := read_record(report.dir)) is not None and not compare("report", built, report.dir,
+                                                                              scratch).is_finding:
         ok = _run_stage("report", spec, None, scratch.with_suffix(".log")) == 0
         shutil.rmtree(scratch, ignore_errors=True)
         if ok:

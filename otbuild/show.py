@@ -50,7 +50,8 @@ def only_parquet(folder: Path) -> Path:
 
 
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> list[dict]:
-    rows, seen = [], 0
+    rows: list[dict] = []
+    seen = 0
     for batch in pf.iter_batches(batch_size=1024):
         if seen + batch.num_rows > start:
             rows += batch.slice(max(0, start - seen), count - len(rows)).to_pylist()

@@ -38,7 +38,7 @@ def of_answers(files: list[Path], model: str) -> dict[str, dict[str, int]]:
     n_in = "n_input_tokens" if "n_input_tokens" in cols else "0"  # shards written before it was kept
     row = con.execute(f"""SELECT count(*), count(error), coalesce(sum({n_in}), 0),
                                  coalesce(sum(n_output_tokens), 0), count(*) FILTER (WHERE NOT usage_reported)
-                          FROM {src}""").fetchone()
+                          FROM {src}""").fetchall()[0]
     return {model: dict(zip((*KEYS, "usage_missing"), map(int, row)))} if row[0] else {}
 
 

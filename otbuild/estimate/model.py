@@ -238,8 +238,8 @@ class Model:
         e.output_tokens = requests * self.rate(e, n, "output_tokens_per_request", cap=max_tokens)
         price = price_of(model, self.prices)
         if price is not None:
-            e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k),
-                                  "output_tokens": getattr(e.output_tokens, k)}, price)
+            e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k),  # priced: never None
+                                  "output_tokens": getattr(e.output_tokens, k)}, price) or 0.0
                             for k in ("estimate", "low", "high")))
         elif e.input_tokens.high + e.output_tokens.high > 0 and model.startswith("openai:"):  # served: GPU-hours
             e.notes.append(f"no price for {model}: set `prices:` in the recipe")
@@ -329,7 +329,7 @@ class Model:
             other = [m for p in self.pilots for _, m in p.other("sft", "gpu_seconds_per_token") if m.per]
             if other:  # a pretrained model trained on GPUs: its rate x the ratio of parameters (6N FLOPs a token)
                 r = other[0].rate()
-                ratio = found[0] / other[0].per
+                ratio = found[0] / (other[0].per or 1.0)  # `per` is set: filtered above
                 e.rates.append(Rate(r.name, r.value * ratio, r.unit, f"{r.source}, a {other[0].per:g}B model: "
                                     f"x {ratio:g} for {found[0]:g}B parameters", False, r.n))
                 return r.value * ratio

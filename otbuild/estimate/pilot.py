@@ -48,8 +48,10 @@ class Measured:
         if self.values is not None:
             vals = [min(v, cap) for v in self.values] if cap is not None else self.values
             span = mean_span(vals)
-        else:
+        elif self.span is not None:
             span = self.span.cap(cap)
+        else:
+            raise ValueError(f"measured {self.name}: neither values nor a span")
         return Rate(self.name, span, self.unit, self.source, assumed=False, n=self.n)
 
 
@@ -91,10 +93,11 @@ def calibrate(plan, root: Path) -> Pilot:
     pilot = Pilot(name, root)
     seen = set()
     for n in plan.nodes:
-        if n.id in seen or records[n.id] is None:
+        record = records[n.id]
+        if n.id in seen or record is None:
             continue
         seen.add(n.id)
-        rates = _measure(n, records[n.id], root, f"pilot {name}: {n.label}")
+        rates = _measure(n, record, root, f"pilot {name}: {n.label}")
         if rates:
             pilot.measured.setdefault((n.stage, match(n)), {}).update(rates)
     return pilot
@@ -109,7 +112,8 @@ def _record(d: Path) -> dict | None:
 
 def _jobs(n, root: Path) -> tuple[list[float], list[float]]:
     """Seconds of the artifact's work jobs (shards, or its one job) and of its merge job."""
-    work, merge = [], []
+    work: list[float] = []
+    merge: list[float] = []
     for p in benchmark_files(n.stage, n.id, root):
         (merge if p.name == "merge.tsv" else work).extend(j["s"] for j in read_benchmark(p))
     return work, merge
@@ -233,7 +237,8 @@ def _sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float
 
 def _step_rates(path: Path) -> list[float]:
     """Seconds per token of each optimizer step (the log's cumulative `time` and `tokens`)."""
-    out, last = [], 0.0
+    out: list[float] = []
+    last = 0.0
     try:
         lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     except (OSError, ValueError):

@@ -67,7 +67,7 @@ def estimate(plan, pilots: list[Pilot], profile: Profile, root: Path = Path(".")
         moves = {}
         for side in ("low", "high"):
             t = totals(Model(plan, pilots, profile, root, force={(stage, name): side}).run())
-            moves[side] = {k: (t[k].estimate if t[k] is not None else None) for k in METRICS}
+            moves[side] = {k: (v.estimate if (v := t[k]) is not None else None) for k in METRICS}
         swing = {k: (moves["high"][k] or 0) - (moves["low"][k] or 0) for k in METRICS}
         est.sensitivity.append({"stage": stage, **rate.json(), "totals_at_low": moves["low"],
                                 "totals_at_high": moves["high"], "swing": swing})

@@ -27,7 +27,9 @@ def _days(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days" if seconds >= 2 * 86400 else duration(seconds)
 
 
-def _t(v: Span) -> str:
+def _t(v: Span | None) -> str:
+    if v is None:
+        return "–"
     return _days(v.estimate) if v.fixed() else f"{_days(v.estimate)}\n[dim]({_days(v.low)}–{_days(v.high)})[/]"
 
 
@@ -90,7 +92,9 @@ def headline(est: Estimate) -> str:
     t = est.total
     rates = [r for s in est.stages for r in s.rates]
 
-    def span(v: Span, f) -> str:
+    def span(v: Span | None, f) -> str:
+        if v is None:
+            return "–"
         return f(v.estimate) if v.fixed() else f"{f(v.estimate)} ({f(v.low)}-{f(v.high)})"
 
     cost = "no API cost priced" if t["cost"] is None else f"API cost {span(t['cost'], lambda x: f'{x:,.2f}')}"

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -187,9 +187,10 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     w = _Wiring(loaded)
     for d, section in planned(loaded.recipe):
         nodes = PLANNERS.get(d.name, _planned_section)(w, d, section)
+        kind = cast(str, d.produces)  # planned() yields the stages that produce data
         # a stage that consumes its own kind (a filter, the mix) takes its place; else it adds to it
-        w.data[d.produces] = nodes if d.produces in d.consumes else [*w.data.get(d.produces, []), *nodes]
-        w.last = d.produces
+        w.data[kind] = nodes if kind in d.consumes else [*w.data.get(kind, []), *nodes]
+        w.last = kind
     finals = w.data[w.last]
     if ev := loaded.recipe.eval:
         checkpoint = w.data.get("checkpoint")
@@ -291,6 +292,8 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
     trials = ev.model_dump(include=set(ShardedTrials.model_fields) | {"concurrency"})  # the eval's, whoever answers
     if ev.model is not None:
         model = ev.model.model_dump()
+    elif checkpoint is None:  # recipe/load.py refuses this: an eval without a model trains none
+        raise ConfigError(f"{loaded.path}: eval.model: required key is missing (the recipe trains no model)")
     else:  # the checkpoint is an input: its id is in this node's id
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
                  "max_tokens": ev.max_tokens, "engine_args": ev.engine_args, "serves_checkpoint": True}

@@ -17,7 +17,7 @@ from otbuild.recipe.load import LoadedRecipe, _merge, validate
 def candidates(loaded: LoadedRecipe) -> list[tuple[str, LoadedRecipe]]:
     """(name, recipe) for every point of the grid, in grid order; each validated in full."""
     grid = loaded.recipe.ablate
-    out = []
+    out: list[tuple[str, LoadedRecipe]] = []
     for values in itertools.product(*grid.values()):
         data = copy.deepcopy(loaded.data)
         data.pop("ablate")

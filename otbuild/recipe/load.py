@@ -8,9 +8,11 @@ import re
 import stat
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -168,7 +170,8 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict, dict]:
     doc = _read_yaml(path)
     parent_name = doc.pop("extends", None)
     if parent_name is None:
-        base, origin = {}, {}
+        base: dict = {}
+        origin: dict = {}
     else:
         if not isinstance(parent_name, str):
             raise ConfigError(f"{path}: extends: expected a recipe name, found {parent_name!r}")
@@ -206,7 +209,7 @@ def _file_for(loc: tuple, origin: dict, default: Path) -> Path:
 
 
 # -- error messages --------------------------------------------------------------------------
-def _format_error(err: dict, origin: dict, path: Path) -> str:
+def _format_error(err: Mapping[str, Any], origin: dict, path: Path) -> str:
     model, loc, union = _walk(Recipe, err["loc"])
     if err["type"] == "union_tag_not_found":  # no `kind`: say which the section's keys point to
         return _describe(err, model, loc, origin, path) + _guess_kind(err.get("input"), union)

@@ -92,8 +92,9 @@ def collect(artifacts, prices: dict[str, Price] | None, root: Path = Path(".")) 
             price = price_of(model, prices or {})
             if price is None and u.get("input_tokens", 0) + u.get("output_tokens", 0) > 0:
                 out.unpriced.append(model)
-            out.usage.append(Usage(a.label, a.stage, model, *(int(u.get(k, 0)) for k in KEYS), cost(u, price),
-                                   served_by(a.stats, model)))
+            requests, errors, input_tokens, output_tokens = (int(u.get(k, 0)) for k in KEYS)
+            out.usage.append(Usage(a.label, a.stage, model, requests, errors, input_tokens, output_tokens,
+                                   cost(u, price), served_by(a.stats, model)))
         if runtime := _runtime(a, root):
             out.runtimes.append(runtime)
     out.unpriced = sorted(set(out.unpriced))

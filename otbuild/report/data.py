@@ -270,7 +270,7 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         group = nodes[0].local.split("/")[0] if "/" in nodes[0].local else stage  # sources/NAME: "sources"
         step_name = nodes[0].local if len(nodes) == 1 else f"{group} ({len(nodes)})"
         g.funnel.append(Step(step_name, stage, [a.local for a in nodes],
-                             None if None in rows else sum(rows), sum(rejected) if rejected else None, reasons))
+                             total_rows(rows), sum(rejected) if rejected else None, reasons))
     g.sources = [_source_info(con, a) for a in line if a.stage == "source"]
     g.filters = [a for a in line if STAGES[a.stage].filter]
     g.teachers = [a for a in line if STAGES[a.stage].traces and not STAGES[a.stage].filter]
@@ -291,6 +291,11 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         g.eval_label = ev.local
         g.eval = _rows(con, f"SELECT * FROM read_parquet({_lit(ev.main_output)}) ORDER BY benchmark, model")
     return g
+
+
+def total_rows(counts: list[int | None]) -> int | None:
+    """The sum of counts, None when one of them is not known."""
+    return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
 
 def _source_info(con, a: Artifact) -> dict:
@@ -379,8 +384,8 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
                      ("supervised_tokens_seen", "supervised_tokens_seen"), ("time", "time (s)")):
         if lines and k in lines[-1]:
             summary[shown] = lines[-1][k]
-    k = max(1, math.ceil(len(lines) / 10))
-    sample = lines[::k] + ([lines[-1]] if (len(lines) - 1) % k else [])
+    every = max(1, math.ceil(len(lines) / 10))
+    sample = lines[::every] + ([lines[-1]] if (len(lines) - 1) % every else [])
     columns = [c for c in TABLE_COLUMNS if c != metric and any(c in r for r in sample)]
     panels = [(k, p) for k in PANEL_KEYS if k != metric and (p := _points(lines, k))]
     try:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from otbuild.report import costs as costs_mod
-from otbuild.report.data import Artifact, by_candidate, final_tasks, final_traces, train_log
+from otbuild.report.data import Artifact, by_candidate, final_tasks, final_traces, total_rows, train_log
 from otbuild.stages import LOSS_KEYS, REWARD_KEYS
 
 
@@ -86,7 +86,7 @@ def _part(name: str | None, arts: list[Artifact]) -> Part:
         p.tasks = (tasks.local, tasks.rows)
     if traces := final_traces(arts):
         rows = [a.rows for a in traces]
-        p.traces = (", ".join(a.local for a in traces), None if None in rows else sum(rows))
+        p.traces = (", ".join(a.local for a in traces), total_rows(rows))
     for a in arts:
         if a.stage in ("sft", "rl") and (flag := training_flag(a)):
             p.flags.append(flag)
