@@ -94,7 +94,7 @@ def test_terminal_keys_and_early_return(tmp_path):
         term.send("sleep 100\n")
         assert "42" not in term.read(0.3)
         term.send("C-c")  # a lone key name sends the key: sleep is interrupted at once
-        assert term.read(5).endswith("# ")  # the prompt is back
+        assert term.read(20).endswith("# ")  # the prompt is back (read returns as soon as it is)
         term.send("echo $((1+2))after\n")
         assert "3after" in term.read(5)
     finally:
