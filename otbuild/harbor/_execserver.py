@@ -22,7 +22,7 @@ import threading
 import time
 
 _out_lock = threading.Lock()
-_procs = {}
+_procs: dict = {}  # request id -> its Popen
 _procs_lock = threading.Lock()
 
 

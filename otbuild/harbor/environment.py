@@ -39,14 +39,14 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
-from otbuild.sandbox import Limits, open_sandbox
-from otbuild.sandbox.layout import LayoutError, plan
+from otbuild.sandbox import Limits, Sandbox, open_sandbox
+from otbuild.sandbox.layout import Layout, LayoutError, plan
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir
 
@@ -79,14 +79,14 @@ class OtbuildEnvironment(BaseEnvironment):
         self._workdir_opt = workdir
         self._memory_mb, self._max_processes = memory_mb, max_processes
         self._wall_seconds, self._keep = wall_seconds, _as_bool(keep)
-        self._box = None
+        self._box: Sandbox | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task | None = None
         self._stderr_tail = b""
         self._task: TaskDir | None = None
-        self._layout = None
+        self._layout: Layout | None = None
         self._problem: EnvironmentDefinitionError | None = None
         super().__init__(*args, **kwargs)
 
@@ -151,6 +151,7 @@ class OtbuildEnvironment(BaseEnvironment):
         if self._problem is not None:
             raise self._problem
         await asyncio.to_thread(self._open)
+        assert self._box is not None  # _open made it
         argv = self._box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
         # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
         # empty it again, so the agent sees nothing there until the verifier uploads them.
@@ -160,9 +161,10 @@ class OtbuildEnvironment(BaseEnvironment):
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=self._box.root,
             limit=1 << 30)
-        first = await asyncio.wait_for(self._proc.stdout.readline(), 60)
+        stdout, stderr = cast(asyncio.StreamReader, self._proc.stdout), cast(asyncio.StreamReader, self._proc.stderr)
+        first = await asyncio.wait_for(stdout.readline(), 60)  # both pipes, as started
         if not first.startswith(b'{"ready"'):
-            err = await self._proc.stderr.read()
+            err = await stderr.read()
             await self.stop(delete=True)
             raise RuntimeError(f"otbuild sandbox did not start for {self.environment_name}: "
                                f"{(first + err).decode(errors='replace')[-2000:]}")
@@ -178,7 +180,7 @@ class OtbuildEnvironment(BaseEnvironment):
         self._box = self._proc = None
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(Exception):
-                proc.stdin.close()  # the server ends when its stdin does
+                cast(asyncio.StreamWriter, proc.stdin).close()  # the server ends when its stdin does (a pipe)
         if box is not None:
             await asyncio.to_thread(box.kill_all)
             await asyncio.to_thread(box.close)
@@ -202,6 +204,7 @@ class OtbuildEnvironment(BaseEnvironment):
             raise RuntimeError(f"otbuild environment {self.environment_name} is not running"
                                + (f": {self._stderr_tail.decode(errors='replace')[-500:]}"
                                   if self._stderr_tail else ""))
+        assert self._box is not None and self._layout is not None  # running: start() opened the box
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -240,13 +243,14 @@ class OtbuildEnvironment(BaseEnvironment):
                          self._wall_seconds)
         workdir = Path(self._workdir_opt) if self._workdir_opt else \
             Path(tempfile.gettempdir()) / "otbuild-harbor"
-        self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
-                                 with_solution=True)
-        _empty(self._box.root / "solution")  # the oracle uploads it; other agents see nothing
+        assert self._task is not None  # _check_definition read it (else start raised its problem)
+        box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
+                                       with_solution=True)
+        _empty(box.root / "solution")  # the oracle uploads it; other agents see nothing
 
     def _send(self, obj: dict, quiet: bool = False) -> None:
         try:
-            self._proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self._proc.stdin.write((json.dumps(obj) + "\n").encode())  # type: ignore[union-attr]  # None: below
         except (AttributeError, ConnectionError, RuntimeError):
             if not quiet:
                 raise RuntimeError(f"otbuild environment {self.environment_name}: the sandbox "
@@ -255,7 +259,7 @@ class OtbuildEnvironment(BaseEnvironment):
     async def _read_replies(self) -> None:
         try:
             while True:
-                line = await self._proc.stdout.readline()
+                line = await self._proc.stdout.readline()  # type: ignore[union-attr]  # set before this task starts
                 if not line:
                     break
                 reply = json.loads(line)
@@ -272,7 +276,7 @@ class OtbuildEnvironment(BaseEnvironment):
     async def _drain_stderr(self) -> None:
         proc = self._proc
         while proc is not None:
-            chunk = await proc.stderr.read(65536)
+            chunk = await cast(asyncio.StreamReader, proc.stderr).read(65536)  # a pipe, as started
             if not chunk:
                 return
             self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
@@ -281,6 +285,7 @@ class OtbuildEnvironment(BaseEnvironment):
         """The host path of sandbox path `path` (inside the trial root, never outside)."""
         if self._box is None:
             raise RuntimeError(f"otbuild environment {self.environment_name} is not running")
+        assert self._layout is not None  # planned before the box was opened
         p = PurePosixPath(path if str(path).startswith("/") else f"{self._layout.workdir}/{path}")
         parts = [x for x in p.parts[1:] if x not in ("", ".")]
         if ".." in parts:
@@ -288,6 +293,7 @@ class OtbuildEnvironment(BaseEnvironment):
         return self._box.root.joinpath(*parts)
 
     def _writable(self, path: str) -> Path:
+        assert self._layout is not None  # _check_definition planned it
         tops = self._layout.tops() | {"tests", "solution"}
         top = PurePosixPath(path).parts[1] if str(path).startswith("/") and path != "/" else \
             PurePosixPath(self._layout.workdir).parts[1]
@@ -298,6 +304,7 @@ class OtbuildEnvironment(BaseEnvironment):
         return self._host(path)
 
     def _copy_in(self, src: Path, dest: Path) -> None:
+        assert self._box is not None  # after _writable, which found it running
         _refuse_symlinks(self._box.root, dest)
         if src.is_dir():
             shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)

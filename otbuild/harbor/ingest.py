@@ -166,7 +166,8 @@ def job_scores(job_dir: Path) -> list[dict]:
     """A flat scores view for evals: one dict per trial, in trial-name order:
     model, benchmark (the dataset/source name), repeat (attempt per task), task, reward,
     exception (class name; AgentTimeoutError included), duration (seconds)."""
-    out, counts = [], {}
+    out: list[dict] = []
+    counts: dict = {}
     for trial in trial_dirs(Path(job_dir)):
         result = _json(trial / "result.json") or {}
         config = result.get("config") or {}

@@ -109,7 +109,7 @@ def _json_object(text: str) -> dict:
     raise ParseError(f"invalid JSON: {error}")
 
 
-def parse_error_reply(error: Exception) -> str:
+def parse_error_reply(error: Exception | str) -> str:
     return f"Your last answer could not be read:\nERROR: {error}\n\nAnswer again with one valid JSON object."
 
 
@@ -164,7 +164,7 @@ class Compact:
         return render("compact_prompt.j2", instruction=instruction.strip(), terminal_state=terminal_state)
 
     @staticmethod
-    def parse_error_reply(error: Exception) -> str:
+    def parse_error_reply(error: Exception | str) -> str:
         return f"Invalid answer: {error}. Reply with one JSON object."
 
     @staticmethod

@@ -161,7 +161,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                 "is not run by otbuild's harness; run the task with sandbox: harbor")
         solution = getattr(engine, "needs_solution", False)
         task_env, agent_env = _task_env(task, config, solution=solution)
-        steps = [(step, task.step(step.name)) for step in config.steps] or [(None, task)]
+        steps: list[tuple[StepConfig | None, TaskDir]] = [(step, task.step(step.name)) for step in config.steps]
+        steps = steps or [(None, task)]
         timeouts = [trial_timeouts(config, settings, step) for step, _ in steps]
         agent_timeout = sum(a for a, _ in timeouts)
         verifier_timeout = sum(v for _, v in timeouts) if settings.verify else 0.0
@@ -171,7 +172,7 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         with await thread(open_sandbox, task, workdir, backend=settings.trials.sandbox,
                           limits=limits, with_solution=solution, cleanup=True) as box:
             for (step, view), (a_timeout, v_timeout) in zip(steps, timeouts, strict=True):
-                run = StepRun(step and step.name)
+                run = StepRun(step.name if step is not None else None)
                 runs.append(run)
                 if step is not None:
                     await thread(box.begin_step, view)

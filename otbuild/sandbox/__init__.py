@@ -149,6 +149,7 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
     scratch = False
     try:
         scratch = mount_scratch(root, limits.storage_mb)
+        assert layout is not None  # planned for every backend but podman
         materialise(layout, root)
         if with_solution:
             write_subtree(task, "solution", root / "solution")

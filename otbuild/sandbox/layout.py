@@ -51,7 +51,8 @@ def file_time() -> int:
 def stamp_tree(top: Path) -> None:
     """Give `top` and everything under it (links not followed) the fixed `file_time`."""
     t = file_time()
-    paths = [os.path.join(d, n) for d, dirs, files in os.walk(top, topdown=False) for n in files + dirs]
+    paths: list[str | Path] = [os.path.join(d, n) for d, dirs, files in os.walk(top, topdown=False)
+                               for n in files + dirs]
     for path in [*paths, top]:
         try:
             os.utime(path, (t, t), follow_symlinks=False)

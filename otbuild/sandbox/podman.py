@@ -40,6 +40,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError
@@ -309,7 +310,8 @@ class PodmanSandbox(Sandbox):
 
     def _command_ended(self, proc: subprocess.Popen) -> None:
         """What the command left running (the processes carrying its marker) is killed."""
-        marker = next(a for a in proc.args if a.startswith(MARKER + "=")).encode()
+        argv = cast(list[str], proc.args)  # _command_argv's list
+        marker = next(a for a in argv if a.startswith(MARKER + "=")).encode()
         kill_until_gone(lambda: pids_with_env(marker, self._namespace_pids() - self._keep))
 
     def _kill_tree(self, proc: subprocess.Popen) -> None:
@@ -410,6 +412,8 @@ def _base_ulimits() -> tuple[str, ...]:
     scripts/podman-setup.sh writes), else this process's hard limits."""
     for conf in (os.environ.get("CONTAINERS_CONF"), "/etc/containers/containers.conf",
                  "/usr/share/containers/containers.conf"):
+        if conf is None:
+            continue
         try:
             listed = tomllib.loads(Path(conf).read_text())["containers"]["default_ulimits"]
         except (TypeError, OSError, KeyError, tomllib.TOMLDecodeError):

@@ -7,6 +7,7 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 MAX_BYTES = 1 << 20
 
@@ -17,7 +18,7 @@ def read_reward(root: Path) -> float | dict[str, float] | None:
     beside the reward, e.g. the synthetic verifiers' partial credit); None when neither
     exists. Raises ValueError for a malformed reward. Symlinks are refused (the sandbox could
     plant one pointing at a host file)."""
-    found = {}
+    found: dict[str, Any] = {}  # file name -> its parsed value (a float or a flat dict)
     for name, parse in (("reward.txt", _float), ("reward.json", _flat_dict)):
         data = _read_no_follow(Path(root), ("logs", "verifier", name))
         if data is not None:

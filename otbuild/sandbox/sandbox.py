@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 from otbuild.sandbox import bwrap, none, unshare
 from otbuild.sandbox.disk import MB, DiskWatch, mounted_usage, tree_usage, unmount_scratch
@@ -191,8 +192,9 @@ class Sandbox:
     def _wait(self, proc: subprocess.Popen, start: float, timeout: float) -> RunResult:
         """run()'s end: `proc`'s output until it ends, the timeout, or the output cap."""
         deadline = min(start + timeout, self.deadline)
+        stdout = cast(IO[bytes], proc.stdout)  # started with stdout=PIPE
         try:
-            data, over, timed_out = read_bounded(proc.stdout.fileno(), self.limits.output_bytes,
+            data, over, timed_out = read_bounded(stdout.fileno(), self.limits.output_bytes,
                                                  deadline)
             if over or timed_out:
                 self._kill_tree(proc)
@@ -203,7 +205,7 @@ class Sandbox:
                 self._kill_tree(proc)
                 proc.wait()
         finally:
-            proc.stdout.close()
+            stdout.close()
             with self._lock:
                 self._procs.discard(proc)
             self._command_ended(proc)
@@ -328,8 +330,9 @@ class Parked:
         if self.with_tests:
             box._ensure_tests()
         try:
-            self.proc.stdin.write(b"go\n")
-            self.proc.stdin.close()
+            stdin = cast(IO[bytes], self.proc.stdin)  # started with stdin=PIPE
+            stdin.write(b"go\n")
+            stdin.close()
         except BrokenPipeError:  # it ended meanwhile: _wait reports how
             pass
         return box._wait(self.proc, start, timeout)
@@ -362,4 +365,7 @@ def remove_tree(path: Path) -> None:
                 pass
         func(p)
 
-    shutil.rmtree(path, **({"onexc": fix} if sys.version_info >= (3, 12) else {"onerror": fix}))
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=fix)
+    else:
+        shutil.rmtree(path, onerror=fix)

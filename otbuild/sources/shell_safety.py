@@ -39,7 +39,8 @@ class Unsafe(Exception):
 def _lex(cmd: str) -> list[tuple[str, str]]:
     """Shell-ish tokens: ("w", word) or ("op", operator). Raises Unsafe for expansions."""
     toks: list[tuple[str, str]] = []
-    i, n, word, in_word = 0, len(cmd), [], False
+    word: list[str] = []
+    i, n, in_word = 0, len(cmd), False
 
     def end_word():
         nonlocal word, in_word

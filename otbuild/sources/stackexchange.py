@@ -32,6 +32,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 from otbuild.records import (
     Dedup,
@@ -76,7 +77,7 @@ def read(cfg: StackExchangeSource) -> Iterator[TaskRecord | Quarantined]:
     """Yield one TaskRecord or Quarantined per question in `cfg.path`. Raises SourceFormatError
     (a ValueError) for a malformed file, naming it and the line/position."""
     seen, site = Dedup(), cfg.site
-    for f in record_files(Path(cfg.path), PATH_FORMS["stackexchange"]):
+    for f in record_files(Path(cfg.path), cast(tuple[str, ...], PATH_FORMS["stackexchange"])):
         items = _posts_xml(f, site) if f.suffix.lower() == ".xml" else _export(f, site)
         for item in items:
             if isinstance(item, TaskRecord) and (

@@ -36,7 +36,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from otbuild.records import Dedup, as_list, as_text, heredoc, iter_rows, task_name
 from otbuild.settings.recipe import SweInstancesSource
@@ -88,7 +88,7 @@ def read(cfg: SweInstancesSource) -> Iterator[TaskRecord | Quarantined]:
     """Yield one TaskRecord or Quarantined per instance of `cfg.path` (a .json/.jsonl file or a
     folder of them, sorted). Raises SourceFormatError (a ValueError) for a malformed file."""
     seen = Dedup()
-    for row in iter_rows(Path(cfg.path), PATH_FORMS["swe-instances"]):
+    for row in iter_rows(Path(cfg.path), cast(tuple[str, ...], PATH_FORMS["swe-instances"])):
         if row.data is None:
             yield Quarantined(row.where, row.reason, row.detail)
             continue
@@ -156,6 +156,7 @@ def convert(
                 "git -c user.name=otbuild -c user.email=otbuild@localhost commit -qm 'Introduce bug' --no-verify\n"
             ),
         )
+        assert patch  # a SWE-smith instance without one is quarantined above
         task.add("environment/bug.patch", patch if patch.endswith("\n") else patch + "\n")
     else:
         env = {"docker_image": image, **env}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 import yaml
 
@@ -88,6 +89,7 @@ def convert(src: TaskDir) -> tuple[TaskDir, dict] | Quarantined:
             return Quarantined(
                 name, f"bad {fname}", doc if isinstance(doc, str) else "not a mapping"
             )
+    spec, compose = cast(dict, spec), cast(dict, compose)  # both mappings, checked just above
     instruction = spec.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         return Quarantined(name, "empty instruction")
@@ -114,8 +116,8 @@ def convert(src: TaskDir) -> tuple[TaskDir, dict] | Quarantined:
         "agent": {"timeout_sec": timeouts["max_agent_timeout_sec"]},
         "environment": ENVIRONMENT,
     }))  # fmt: skip
-    if "Dockerfile" in src.files:
-        task.add(DOCKERFILE, _dockerfile(src.text("Dockerfile"), services))
+    if (dockerfile := src.text("Dockerfile")) is not None:
+        task.add(DOCKERFILE, _dockerfile(dockerfile, services))
     if "solution.sh" in src.files:
         task.add(SOLUTION, src.files["solution.sh"].data, executable=True)
     # Like Harbor: every other file goes to environment/, tests/ and solution.sh too if COPYed.

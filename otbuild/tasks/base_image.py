@@ -95,9 +95,10 @@ def host_compatible(task: TaskDir) -> bool:
     if (meta.get("host_compatible") is True or meta.get("generator") in HOST_GENERATORS
             or meta.get("source") in HOST_SOURCES):
         return True
-    if task.text(DOCKERFILE) is None:
+    text = task.text(DOCKERFILE)
+    if text is None:
         return True
-    images = base_images(task.text(DOCKERFILE))
+    images = base_images(text)
     return bool(images) and any(fnmatch.fnmatchcase(images[-1], p) for p in host_images())
 
 

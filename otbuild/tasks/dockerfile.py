@@ -44,6 +44,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import cast
 
 # Top-level dirs a local sandbox takes from the host (read-only) or makes itself.
 SYSTEM_TOPS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc",
@@ -138,7 +139,7 @@ def _ignorable(line: str) -> bool:
 
 def _instruction(logical: str, line: int, lines: list[str], i: int) -> tuple[Instruction, int]:
     """One logical line as an Instruction, and the index after its here-documents."""
-    keyword, rest = _KEYWORD.match(logical).groups()
+    keyword, rest = cast(re.Match[str], _KEYWORD.match(logical)).groups()  # (\S+) matches: logical lines are non-blank
     keyword = keyword.upper()
     flags: dict[str, str | None] = {}
     while keyword in FLAGGED and (m := _FLAG.match(rest)):

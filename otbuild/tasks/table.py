@@ -113,7 +113,8 @@ def write_quarantine(dest: Path, items: list[Quarantined], source: str) -> int:
 def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",
                                                                 "runnable_locally")) -> dict[int, dict]:
     """The task rows (by position across the inputs) that trials need, streamed."""
-    rows, i = {}, 0
+    rows: dict[int, dict] = {}
+    i = 0
     for path in inputs:
         for batch in parquet_batches(path, 256, list(columns)):
             mine = [k for k in range(batch.num_rows) if i + k in wanted]

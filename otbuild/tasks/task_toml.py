@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_address, ip_network
-from typing import Any
+from typing import Any, NoReturn, cast
 
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import DOCKERFILE, TASK_TOML, TaskDir, TaskFormatError
@@ -137,7 +138,7 @@ def task_config(task: TaskDir) -> TaskConfig:
     return parse_task_toml(task) if TASK_TOML in task.files else TaskConfig()
 
 
-def resolve_env(env: dict[str, str], environ: dict[str, str], table: str = "[verifier].env") -> dict[str, str]:
+def resolve_env(env: dict[str, str], environ: Mapping[str, str], table: str = "[verifier].env") -> dict[str, str]:
     """An env table of task.toml (`table`) as Harbor passes it: a value that is exactly `${VAR}`
     or `${VAR:-default}` takes the host's VAR (else the default); KeyError naming the table and
     VAR when the host has none and there is no default."""
@@ -234,7 +235,7 @@ class _Reader:
     def __init__(self, task: str):
         self.task = task
 
-    def fail(self, key: str, why: str):
+    def fail(self, key: str, why: str) -> NoReturn:
         raise TaskFormatError(f"task {self.task!r}: {key} {why}")
 
     def table(self, data: dict, key: str) -> dict:
@@ -383,7 +384,7 @@ class _Reader:
                 cpus=self.number(env, "environment", "cpus", None),
                 memory_mb=self.size_mb(env, "environment", "memory_mb", "memory"),
                 storage_mb=self.size_mb(env, "environment", "storage_mb", "storage"),
-                network=self.policy(env, "environment", baseline=True),
+                network=cast(NetworkPolicy, self.policy(env, "environment", baseline=True)),  # baseline: never None
                 env=self.env(env, "environment")),
             solution_env=self.env(tables["solution"], "solution"),
             steps=self.steps(data),

@@ -14,6 +14,7 @@ import tarfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import IO, cast
 
 INSTRUCTION = "instruction.md"
 TASK_TOML = "task.toml"
@@ -135,7 +136,7 @@ class TaskDir:
                         raise TaskFormatError(f"task {name!r}: link or device entry {m.name!r}")
                 prefix = _common_prefix(name, [m.name for m in members])
                 for m in members:
-                    fobj = tar.extractfile(m)
+                    fobj = cast(IO[bytes], tar.extractfile(m))  # a regular file member: never None
                     rel = m.name[len(prefix):] if prefix else m.name
                     task.add(rel.removeprefix("./"), fobj.read(), bool(m.mode & stat.S_IXUSR))
         except (tarfile.TarError, OSError, EOFError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+from typing import cast
 
 from otbuild.tasks.taskdir import TaskDir
 
@@ -40,7 +41,7 @@ def tar_create(ctx: Ctx) -> Op:
     else:
         logs = []
     op = Op("tar_create", text + ". Keep the directory itself in place.")
-    op.files = files
+    op.files = cast(dict[str, str | bytes], files)  # text contents: a files map as it is
     op.steps = [f"find {d} -type f", f"tar -czf {name}{exclude} {d}"]
     op.check("expect_tar", name, {p: c for p, c in files.items() if p not in logs}, logs)
     for p, c in files.items():
@@ -78,7 +79,7 @@ def make_manifest(ctx: Ctx) -> Op:
             f"Write a SHA-256 manifest of every file in `/app/{d}/` to `/app/{manifest}`, in the "
             f"format printed by `sha256sum` when run from `/app` (`<hash>  {d}/<name>`, two "
             "spaces), one line per file.")
-    op.files = files
+    op.files = cast(dict[str, str | bytes], files)  # text contents: a files map as it is
     op.steps = [f"ls -l {d}", f"sha256sum {d}/* > {manifest}"]
     op.check("expect_lines", manifest, [f"{_sha(c)}  {p}" for p, c in files.items()], False)
     return op

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from ._common import CITIES, PEOPLE, PRODUCTS, Ctx, Family, Op, heredoc, text_of
 
@@ -22,11 +23,11 @@ class Csv:
     file: str
     col: dict[str, str]
     pos: dict[str, int]
-    rows: list[dict[str, object]]
+    rows: list[dict[str, Any]]  # role -> value: id and amount ints, who and place strs
 
     @property
     def order(self) -> list[str]:
-        return sorted(self.pos, key=self.pos.get)
+        return sorted(self.pos, key=self.pos.__getitem__)
 
     def text(self, rows=None) -> str:
         lines = [",".join(self.col[r] for r in self.order)]
@@ -102,7 +103,7 @@ def csv_sort(ctx: Ctx) -> Op:
 
 def json_filter(ctx: Ctx) -> Op:
     f, out = f"{ctx.name()}.json", f"{ctx.name()}.txt"
-    users = [{"name": n, "age": ctx.rng.randint(18, 70), "active": ctx.rng.random() < 0.6}
+    users: list[dict[str, Any]] = [{"name": n, "age": ctx.rng.randint(18, 70), "active": ctx.rng.random() < 0.6}
              for n in ctx.rng.sample(PEOPLE, ctx.rng.randint(6, 12))]
     users[0]["active"] = True
     age = max(17, min(u["age"] for u in users if u["active"]) - 1 + ctx.rng.randint(0, 5))
@@ -143,7 +144,7 @@ def csv_to_json(ctx: Ctx) -> Op:
 def json_group(ctx: Ctx) -> Op:
     f, out = f"{ctx.name()}.json", f"{ctx.name()}.json"
     products = ctx.rng.sample(PRODUCTS, ctx.rng.randint(3, 5))
-    orders = [{"order": 1000 + k, "product": ctx.rng.choice(products),
+    orders: list[dict[str, Any]] = [{"order": 1000 + k, "product": ctx.rng.choice(products),
                "qty": ctx.rng.randint(1, 20)} for k in range(ctx.rng.randint(6, 14))]
     totals: dict[str, int] = {}
     for o in orders:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._common import EXTS, WORDS, Ctx, Family, Op
 
 
-def _seed_files(ctx: Ctx, d: str, names: list[str]) -> dict[str, str]:
+def _seed_files(ctx: Ctx, d: str, names: list[str]) -> dict[str, str | bytes]:
     """`{d}/{name}: content` with a line or two of random words each."""
     return {f"{d}/{n}": ctx.lines(ctx.rng.randint(1, 3)) for n in names}
 

@@ -4,9 +4,10 @@ task-id lookup, labels, and building a complete TRACE_SCHEMA row."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from otbuild import records as rows
 from otbuild.records import SourceFormatError, iter_rows
@@ -149,7 +150,7 @@ def trace_row(
 ) -> dict:
     """A complete TRACE_SCHEMA row: every column present, typed columns derived."""
     reward, exception = fields.get("reward"), fields.get("exception")
-    row = {c: None for c in COLUMNS}
+    row: dict[str, Any] = {c: None for c in COLUMNS}
     row.update(
         conversations=conversations,
         agent=agent,
@@ -178,7 +179,8 @@ def quarantine(where: str, reason: str, detail: str = "") -> Quarantined:
     return Quarantined(where, reason, detail)
 
 
-def swe_trajectories(path: Path, suffix: str, labels: Path | None, tasks, instances, run_id: str | None):
+def swe_trajectories(path: Path, suffix: str, labels: Path | None, tasks, instances, run_id: str | None
+                     ) -> Iterator[tuple[object, Path, dict[str, dict], dict[str, str], dict[str, Any], str]]:
     """For each SWE trajectory file under `path`: (its JSON, the file, labels, task ids, problem
     statements, run id). Labels give the reward, task ids come from a task parquet, problem
     statements from SWE instances; all are looked up by instance id."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -85,7 +86,7 @@ def convert(d: dict, where: str, *, run_id, model, agent, task_ids) -> dict | Qu
 
 def _conversation(d: dict) -> list[dict] | None:
     """{role, content} messages, text as exported: `conversations`, else the ShareGPT column."""
-    msgs = d.get("conversations")
+    msgs: Any = d.get("conversations")  # a list, or an array (parquet) with tolist
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
     if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and m.get("role") for m in msgs):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from otbuild.records import first_text, iter_rows
 from otbuild.settings.recipe import MessagesOptions
@@ -67,7 +68,7 @@ def read(path: Path, cfg: MessagesOptions) -> Iterator[dict | Quarantined]:
 def convert(
     d: dict, where: str, agent, model, model_provider, run_id, task_ids
 ) -> dict | Quarantined:
-    msgs = d.get("messages")
+    msgs: Any = d.get("messages")  # a list, or an array (parquet) with tolist
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
     task = first_text(d, TASK_KEYS)

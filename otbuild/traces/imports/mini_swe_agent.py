@@ -55,9 +55,9 @@ def convert(
     if any(not isinstance(m, dict) or "role" not in m for m in d["messages"]):
         return Quarantined(name, "bad messages", f"{f}: a message without a role")
     iid = str(d.get("instance_id") or name)
-    info = d.get("info") if isinstance(d.get("info"), dict) else {}
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
-    model_cfg = config.get("model") if isinstance(config.get("model"), dict) else {}
+    info = v if isinstance(v := d.get("info"), dict) else {}
+    config = v if isinstance(v := info.get("config"), dict) else {}
+    model_cfg = v if isinstance(v := config.get("model"), dict) else {}
     model_name = model or model_cfg.get("model_name")
     conv = normalise(d["messages"])
     problem = problems.get(iid)

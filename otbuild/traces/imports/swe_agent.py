@@ -68,8 +68,8 @@ def convert(
     if any(not isinstance(m, dict) or "role" not in m for m in history):
         yield Quarantined(name, "bad messages", f"{f}: a history entry without a role")
         return
-    info = d.get("info") if isinstance(d.get("info"), dict) else {}
-    stats = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
+    info = v if isinstance(v := d.get("info"), dict) else {}
+    stats = v if isinstance(v := info.get("model_stats"), dict) else {}
     status = str(info.get("exit_status") or "")
     model_name = model or _model_from_replay(d)
     calls = stats.get("api_calls") or 0
