@@ -18,6 +18,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from otbuild.settings.base import Strict, engine_args, execution_only
 
@@ -77,15 +78,15 @@ class VLLMOptions(ServerOptions):
 # engine -> the model of its launch options (the keys of an `engine_args` mapping), for each
 # engine that starts a server
 # (`auto` takes vLLM's: those a fallback to transformers cannot use are left out there)
-LAUNCH_OPTIONS: dict[str, type[ServerOptions]] = {"vllm": VLLMOptions, "transformers": TransformersOptions,
-                                                  AUTO: VLLMOptions}
+LAUNCH_OPTIONS: dict[str, type[VLLMOptions | TransformersOptions]] = {
+    "vllm": VLLMOptions, "transformers": TransformersOptions, AUTO: VLLMOptions}
 
 
 class LaunchOptionsError(ValueError):
     """`engine_args` its engine's launch options refuse; `errors` are pydantic's, located
     inside the mapping (the recipe loader names each key)."""
 
-    def __init__(self, options: type[ServerOptions], errors: list[dict]):
+    def __init__(self, options: type[ServerOptions], errors: list[ErrorDetails]):
         self.options, self.errors = options, errors
         super().__init__(_described(errors))
 
@@ -183,5 +184,5 @@ def concurrency(section: LLM) -> int:
     return section.concurrency or CONCURRENCY.get(section.engine, CONCURRENCY["openai"])
 
 
-def _described(errors: list[dict]) -> str:
+def _described(errors: list[ErrorDetails]) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in errors)

@@ -100,7 +100,8 @@ class EvalSettings(Teacher, PromptStyle):
     """The model's engine settings (an engine section, or the checkpoint served by the eval's
     `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
 
-    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # auto: serve_with's, for the checkpoint
+    # auto: serve_with's, for the checkpoint (pydantic narrows a field by redeclaring it: Teacher's, with auto)
+    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # type: ignore[assignment]
     model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
     serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")
 
