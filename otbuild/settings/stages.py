@@ -122,6 +122,10 @@ class EvalSettings(Teacher, PromptStyle):
                 "model": {k: v for k, v in ident.items() if k not in own}}
 
 
+# the sections whose shards run the teacher's trials (otbuild/stages/rollout.py: run_trials_shard)
+TrialRunSettings = RolloutSettings | EvalSettings
+
+
 class SftSettings(Sft, PromptStyle):
     pass
 
