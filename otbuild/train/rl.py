@@ -574,6 +574,7 @@ class RlTrainer(Trainer):
     rollouts, advantages and one update."""
 
     kind = "rl"
+    cfg: RlSettings
     log_every = 0  # a step takes minutes: a line each
 
     def __init__(self, cfg: RlSettings, inputs: list[Path], outdir: Path, log):
