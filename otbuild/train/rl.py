@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from otbuild import usage
 from otbuild.engines.base import Completion, ContextLengthExceededError
@@ -55,6 +56,11 @@ from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.settings.stages import RlSettings
 from otbuild.settings.train import Rl
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from otbuild.engines.process import ServerProcess
 from otbuild.traces.outcome import EXCLUDED_FROM_SCORES, outcome
 from otbuild.train.chat import clean
 from otbuild.train.checkpoint import LOG
@@ -203,7 +209,7 @@ class ServedPolicyEngine(PolicyEngine):
         super().__init__(policy)
         self.server = server
 
-    async def complete(self, messages: list[dict], **_) -> Completion:
+    async def complete(self, messages: list[dict], seed: int | None = None, **_) -> Completion:  # seed: unused
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
@@ -371,7 +377,7 @@ class PolicyServer:
                        engine_args={"served_model_name": "policy", "logprobs_mode": "processed_logprobs", **args,
                                     "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV}})
         self.base_url: str | None = None
-        self.server = None
+        self.server: ServerProcess | None = None
         self.version: int | None = None
         self.release: str | None = None
 
@@ -383,12 +389,13 @@ class PolicyServer:
         save_served_copy(policy, self.dir)
         live = self.server is not None and self.server.exit_code() is None
         if live and self.cfg.weight_sync == "reload":
-            reload_weights(self.base_url.removesuffix("/v1"), str(self.dir))
+            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir))  # set with the server
             how = "reload"
         else:
             self.stop()
-            self.base_url, self.server = VLLMEngine(self.llm)._launch()
-            self.release = server_version(self.base_url.removesuffix("/v1"))
+            base_url, self.server = VLLMEngine(self.llm)._launch()
+            self.base_url = base_url
+            self.release = server_version(base_url.removesuffix("/v1"))
             how = "start"
         self.version = version
         return how
@@ -455,7 +462,8 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSett
 # -- training ---------------------------------------------------------------------------------
 def _micro_batches(seqs: list[TokenSequence], max_tokens: int) -> list[list[TokenSequence]]:
     seqs = sorted(seqs, key=lambda s: len(s.ids))
-    out, cur = [], []
+    out: list[list[TokenSequence]] = []
+    cur: list[TokenSequence] = []
     for s in seqs:
         if cur and len(s.ids) * (len(cur) + 1) > max_tokens:
             out.append(cur)
@@ -610,7 +618,7 @@ class RlTrainer(Trainer):
         self.workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
         self.server = PolicyServer(cfg, self.workroot) if self.rollout == "vllm" else None
         self.ahead: dict = {}  # step -> the future of its rollouts, started early (max_staleness)
-        self.pool = None
+        self.pool: ThreadPoolExecutor | None = None
 
     def step(self, step: int) -> dict:
         import torch
@@ -639,7 +647,7 @@ class RlTrainer(Trainer):
                     s.advantage, s.stale = a, t.weight_version is not None and t.weight_version < step
                     seqs.append(s)
         st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
-        parts = [None] * world
+        parts: list[Any] = [None] * world  # each rank's stats, gathered
         dist.all_gather_object(parts, {
             **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
             "versions": [t.weight_version for t in trajs], "stale": sum(s.stale for s in seqs),
@@ -680,6 +688,7 @@ class RlTrainer(Trainer):
                 t.weight_version = version
             return trajs, {}
         sync = {}
+        assert self.server is not None  # rollout: vllm (made in __init__)
         if self.server.version != version or self.server.server is None:  # this step's weights to the server
             sync = {"weight_sync": self.server.sync(policy, version), "sync_seconds": round(time.monotonic() - t0, 3)}
         trajs = asyncio.run(served_rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work,
@@ -696,6 +705,7 @@ class RlTrainer(Trainer):
             return
         policy = self.policy
         if self.rollout == "vllm":
+            assert self.server is not None  # made in __init__
             if self.server.version != step:  # the weights before the update, served
                 self.server.sync(policy, step)
         else:  # a copy of the weights before the update, for the rollouts alone
