@@ -232,8 +232,8 @@ class TokenSequence:
     ids: list[int]
     mask: list[bool]  # completion tokens
     advantage: float = 0.0
-    old_logp: object = None  # tensor over the sequence's masked positions
-    ref_logp: object = None
+    old_logp: Any = None  # tensor over the sequence's masked positions (torch is imported late)
+    ref_logp: Any = None
     behaviour: list[float] | None = None  # the sampling log-probs of its masked tokens (None: not recorded)
     stale: bool = False  # sampled by weights older than the update's: the ratio is against `behaviour`
 
@@ -491,7 +491,7 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
     counts = torch.tensor([local_tokens, len(micro)], dtype=torch.long, device=engine.device)
     n_tokens = int(_all_reduce(counts[:1], dist.ReduceOp.SUM))
     n_micro = int(_all_reduce(counts[1:], dist.ReduceOp.MAX))
-    stats = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
+    stats: dict[str, Any] = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
              "active_sequences": len(active), "grad_norm": 0.0, "behaviour_gap": 0.0}
     if n_micro == 0 or n_tokens == 0:
         return stats
@@ -643,7 +643,9 @@ class RlTrainer(Trainer):
             adv = masked_rloo_advantages([t.reward for t in group], masked[g * k:(g + 1) * k], cfg.std_eps)
             groups_zero += all(not a for a in adv)
             for t, a in zip(group, adv, strict=True):
-                for s in sequences(t.turns) if a is not None else []:
+                if a is None:  # masked: no sequences
+                    continue
+                for s in sequences(t.turns):
                     s.advantage, s.stale = a, t.weight_version is not None and t.weight_version < step
                     seqs.append(s)
         st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
