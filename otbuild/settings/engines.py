@@ -14,11 +14,10 @@ their defaults, stay out of ids (the keys of `engine_args` too).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import ErrorDetails
 
 from otbuild.settings.base import Strict, engine_args, execution_only
 
@@ -86,7 +85,7 @@ class LaunchOptionsError(ValueError):
     """`engine_args` its engine's launch options refuse; `errors` are pydantic's, located
     inside the mapping (the recipe loader names each key)."""
 
-    def __init__(self, options: type[ServerOptions], errors: list[ErrorDetails]):
+    def __init__(self, options: type[ServerOptions], errors: list[dict]):
         self.options, self.errors = options, errors
         super().__init__(_described(errors))
 
@@ -102,7 +101,7 @@ def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions
     try:
         return options.model_validate(args)
     except ValidationError as e:
-        raise LaunchOptionsError(options, e.errors()) from None
+        raise LaunchOptionsError(options, cast(list[dict], e.errors())) from None  # ErrorDetails: dicts
 
 
 def server_fallback(args: dict) -> dict:
@@ -184,5 +183,5 @@ def concurrency(section: LLM) -> int:
     return section.concurrency or CONCURRENCY.get(section.engine, CONCURRENCY["openai"])
 
 
-def _described(errors: list[ErrorDetails]) -> str:
+def _described(errors: list[dict]) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in errors)
