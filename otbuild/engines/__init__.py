@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
 from otbuild.errors import ConfigError
-from otbuild.settings.engines import AUTO, LLM, server_fallback
+from otbuild.settings.engines import AUTO, LLM, VLLMOptions, server_fallback
 
 Factory = Callable[[LLM], Engine]
+L = TypeVar("L", bound=LLM)  # an LLM section (a stage's settings): resolve_auto gives back its own type
 
 ENGINES: dict[str, str | Factory] = {
     "openai": "otbuild.engines.openai:OpenAIEngine",
@@ -38,13 +40,13 @@ def _resolve(factory: str | Factory) -> Factory:
     if callable(factory):
         return factory
     module, _, attr = factory.partition(":")
-    obj = importlib.import_module(module)
+    obj: Any = importlib.import_module(module)  # then the factory named in it
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def resolve_auto(llm: LLM) -> LLM:
+def resolve_auto(llm: L) -> L:
     """`llm` with engine `auto` made `vllm` where a `vllm` is installed (otbuild.engines.vllm:
     vllm_executable), else `transformers` (with the launch options every server takes); any
     other engine as it is."""
@@ -52,7 +54,7 @@ def resolve_auto(llm: LLM) -> LLM:
         return llm
     from otbuild.engines.vllm import vllm_executable
 
-    if vllm_executable(llm.launch) is not None:
+    if vllm_executable(cast(VLLMOptions, llm.launch)) is not None:  # auto takes vLLM's launch options
         return llm.model_copy(update={"engine": "vllm"})
     return llm.model_copy(update={"engine": "transformers", "engine_args": server_fallback(llm.engine_args)})
 

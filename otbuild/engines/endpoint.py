@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 
-from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
+from otbuild.engines.base import Completion, ContextLengthExceededError, Engine, EngineError
 from otbuild.errors import StageError
 
 # answers that no retry and no other trial will change: the key, the permission, the model
@@ -44,8 +44,9 @@ def refused(e: EngineError) -> bool:
 
 def endpoint_error(e: EngineError, first: bool) -> EndpointError:
     what = "the first request" if first else f"a request (HTTP {e.status}: nothing later can succeed)"
-    hint = {401: " (check the API key: api_key_env)", 403: " (the key may not use this model)",
-            404: " (check `model` and `base_url`)"}.get(e.status, "")
+    hints: dict[int | None, str] = {401: " (check the API key: api_key_env)", 403: " (the key may not use this model)",
+                                    404: " (check `model` and `base_url`)"}
+    hint = hints.get(e.status, "")
     return EndpointError(f"{what} failed, so the run stops{hint}: {e}", status=e.status)
 
 
@@ -53,7 +54,7 @@ class FirstRequest:
     """An engine whose first request goes alone (this module's docstring). Everything but
     `complete` is the engine's own."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._lock = asyncio.Lock()
         self._answered = False

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess
+from otbuild.settings.engines import TransformersOptions
 
 READY_PATTERN = r"^otbuild serve: listening on (http://\S+)$"  # what otbuild.serve prints
 
@@ -62,6 +63,7 @@ class TransformersEngine(ManagedServerEngine):
 
     name = "transformers"
     default_provider = "transformers"
+    options: TransformersOptions
     seeds_requests = True  # the harness seeds each request: the same answers whatever runs concurrently
 
     def _launch(self) -> tuple[str, ServerProcess]:

@@ -11,6 +11,7 @@ ServerGoneError, which stops the stage naming the server's log tail.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import httpx
 
@@ -18,7 +19,7 @@ from otbuild.engines.base import Completion, EngineError
 from otbuild.engines.openai import OpenAIEngine
 from otbuild.engines.process import ServerProcess, install_sigterm_cleanup
 from otbuild.errors import StageError
-from otbuild.settings.engines import LLM, client_settings
+from otbuild.settings.engines import LLM, TransformersOptions, VLLMOptions, client_settings
 
 
 class ServerDiedError(EngineError):
@@ -41,7 +42,8 @@ class ManagedServerEngine:
 
     def __init__(self, settings: LLM):
         self.settings = settings
-        self.options = settings.launch  # VLLMOptions, TransformersOptions
+        # a managed engine's section starts a server: its launch options are never None (subclasses narrow them)
+        self.options = cast("VLLMOptions | TransformersOptions", settings.launch)
         self.client_settings = client_settings(settings)
         self.model = self.client_settings.model
         self.provider = settings.provider or self.default_provider
@@ -75,8 +77,9 @@ class ManagedServerEngine:
                     raise self._gone
                 self.restarts += 1
             install_sigterm_cleanup()  # here: signal handlers need the main thread
-            self.base_url, self._server = await asyncio.to_thread(self._launch)
-            self.version = await asyncio.to_thread(server_version, self.base_url.removesuffix("/v1"))
+            base_url, self._server = await asyncio.to_thread(self._launch)
+            self.base_url = base_url
+            self.version = await asyncio.to_thread(server_version, base_url.removesuffix("/v1"))
             self._client = OpenAIEngine(self.client_settings, base_url=self.base_url, name=self.name,
                                         provider=self.provider, trust_env=False, alive=self._alive)
 
@@ -86,6 +89,7 @@ class ManagedServerEngine:
 
     async def complete(self, messages: list[dict], **kw) -> Completion:
         await self.start()
+        assert self._client is not None  # start() made it
         return await self._client.complete(messages, **kw)
 
     async def _close(self) -> None:

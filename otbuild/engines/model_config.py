@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import cast
 
 from otbuild.errors import ConfigError
-from otbuild.settings.engines import LLM
+from otbuild.settings.engines import LLM, VLLMOptions
 
 # Formats a checkpoint is saved in, as vLLM's `--quantization` and model names spell them.
 FORMATS = ("awq", "gptq", "fp8")
@@ -110,5 +111,5 @@ def check_fits_model(llm: LLM) -> None:
     """A vLLM engine's options against its model's own config:
     what vLLM would refuse after loading the weights is a ConfigError up front."""
     if llm.engine == "vllm":
-        o = llm.launch
+        o = cast(VLLMOptions, llm.launch)
         check_vllm_model(llm.model, o.quantization, o.max_model_len, o.hf_overrides)

@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import cast
 
 from otbuild.engines.base import EngineError
 from otbuild.engines.managed import ManagedServerEngine
@@ -66,7 +67,7 @@ def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0) -> None
 
 def vllm_command(llm: LLM, port: int) -> list[str]:
     """The `vllm serve` command line for this engine section (options left unset are not passed)."""
-    s = llm.launch
+    s = cast(VLLMOptions, llm.launch)  # a vllm section's
     cmd = [vllm_executable(s) or "vllm", "serve", llm.model, "--host", s.host, "--port", str(port),
            "--tensor-parallel-size", str(s.tensor_parallel_size),
            "--data-parallel-size", str(s.data_parallel_size)]
@@ -91,6 +92,7 @@ def vllm_command(llm: LLM, port: int) -> list[str]:
 class VLLMEngine(ManagedServerEngine):
     name = "vllm"
     default_provider = "hosted_vllm"
+    options: VLLMOptions
 
     def __init__(self, settings: LLM):
         check_fits_model(settings)

@@ -14,7 +14,7 @@ their defaults, stay out of ids (the keys of `engine_args` too).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -77,8 +77,8 @@ class VLLMOptions(ServerOptions):
 # engine -> the model of its launch options (the keys of an `engine_args` mapping), for each
 # engine that starts a server
 # (`auto` takes vLLM's: those a fallback to transformers cannot use are left out there)
-LAUNCH_OPTIONS: dict[str, type[ServerOptions]] = {"vllm": VLLMOptions, "transformers": TransformersOptions,
-                                                  AUTO: VLLMOptions}
+LAUNCH_OPTIONS: dict[str, type[VLLMOptions | TransformersOptions]] = {
+    "vllm": VLLMOptions, "transformers": TransformersOptions, AUTO: VLLMOptions}
 
 
 class LaunchOptionsError(ValueError):
@@ -101,7 +101,7 @@ def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions
     try:
         return options.model_validate(args)
     except ValidationError as e:
-        raise LaunchOptionsError(options, e.errors()) from None
+        raise LaunchOptionsError(options, cast(list[dict], e.errors())) from None  # ErrorDetails: dicts
 
 
 def server_fallback(args: dict) -> dict:

@@ -294,8 +294,9 @@ class TraceFilter(Strict):
 class Teacher(LLM, ShardedTrials):
     """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh)."""
 
-    engine: Literal["oracle", "openai", "vllm", "transformers"]
-    model: str | None = Field(default=None, description="not needed for the oracle")
+    # pydantic narrows a field by redeclaring it: LLM's engine and model, with the oracle (which needs no model)
+    engine: Literal["oracle", "openai", "vllm", "transformers"]  # type: ignore[assignment]
+    model: str | None = Field(default=None, description="not needed for the oracle")  # type: ignore[assignment]
     samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
     verify: bool = Field(default=True, description="run each task's verifier after the agent; false skips it "
                          "(OpenThoughts-Agent's trace generation, `verifier.disable`): the reward is unknown "

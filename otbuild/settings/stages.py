@@ -100,7 +100,8 @@ class EvalSettings(Teacher, PromptStyle):
     """The model's engine settings (an engine section, or the checkpoint served by the eval's
     `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
 
-    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # auto: serve_with's, for the checkpoint
+    # auto: serve_with's, for the checkpoint (pydantic narrows a field by redeclaring it: Teacher's, with auto)
+    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # type: ignore[assignment]
     model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
     serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")
 
@@ -119,6 +120,10 @@ class EvalSettings(Teacher, PromptStyle):
         own = {*ShardedTrials.model_fields, *PromptStyle.model_fields, "repeats"}
         return {**{k: v for k, v in ident.items() if k in own},
                 "model": {k: v for k, v in ident.items() if k not in own}}
+
+
+# the sections whose shards run the teacher's trials (otbuild/stages/rollout.py: run_trials_shard)
+TrialRunSettings = RolloutSettings | EvalSettings
 
 
 class SftSettings(Sft, PromptStyle):

@@ -23,7 +23,7 @@ from otbuild.settings.base import Strict, engine_args, execution_only
 from otbuild.settings.trials import PolicyTrials
 
 ChatTemplate = Literal["auto", "qwen3", "qwen3_thinking"]
-CHAT_TEMPLATE = Field(
+CHAT_TEMPLATE: ChatTemplate = Field(
     default="auto", description="qwen3_thinking: every assistant turn keeps its <think> reasoning (the "
     "paper's 32B); qwen3: reasoning removed before training (its 8B); auto: the model's own template "
     "when it has one (it must render assistant turns verbatim: Qwen3's own strips earlier reasoning), "

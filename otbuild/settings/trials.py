@@ -33,7 +33,13 @@ def _limits_section() -> type[Strict]:
     return create_model("SandboxLimits", __base__=Strict, __doc__="Per-trial limits of the sandbox.", **spec)
 
 
-SandboxLimits = _limits_section()
+if typing.TYPE_CHECKING:
+    class SandboxLimits(Strict):
+        """What the checker sees of the model built from `Limits` at import: its fields are Limits'."""
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    SandboxLimits = _limits_section()
 
 
 class HarborBackend(Strict):
@@ -60,7 +66,7 @@ class Trials(Strict):
 
     sandbox: Literal[(*BACKENDS, HARBOR)] = Field(  # type: ignore[valid-type]
         default="bwrap", description="a local sandbox (docs/sandbox.md), or harbor: Harbor's CLI runs the trials")
-    limits: SandboxLimits = SandboxLimits()  # type: ignore[valid-type]
+    limits: SandboxLimits = SandboxLimits()
     max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES, description="agent turns per trial")
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)

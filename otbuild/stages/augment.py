@@ -99,6 +99,7 @@ def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:
                 meta = {**json.loads(parent["metadata"] or "{}"), "augmentation": kind,
                         "parent_task_id": parent["task_id"]}
                 if kind == "combine":
+                    assert partner_ids is not None and partners is not None  # read for combine (above)
                     meta["partner_task_id"] = partner_ids[partners[i]].as_py()
                 row = TaskRecord(task, parent["runnable_locally"], meta).row(parent["source"])
                 emit({**row, "parent_task_id": parent["task_id"], "augmentation": kind})

@@ -11,6 +11,7 @@ fails (otbuild/stages/failures.py), under it the trial is left out of the mean a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from otbuild import duck, usage
 from otbuild.settings.stages import EvalSettings
@@ -22,7 +23,7 @@ from otbuild.traces import outcome
 
 def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
-    rollout.run_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
+    rollout.run_trials_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
 
 
 def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
@@ -33,8 +34,9 @@ def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions, n_excluded FROM ev_summary").fetchall()
-    trials = con.execute("SELECT count(*) FILTER (NOT coalesce(is_subagent, false)) FROM read_parquet("
-                         f"{duck.sql_literal(outdir / 'traces.parquet')})").fetchone()[0]
+    trials = cast(tuple, con.execute(  # an aggregate: one row
+        "SELECT count(*) FILTER (NOT coalesce(is_subagent, false)) FROM read_parquet("
+        f"{duck.sql_literal(outdir / 'traces.parquet')})").fetchone())[0]
     return {"trials": trials, "shards": shards, **outcome_stats(con, outdir / "traces.parquet"),
             "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x}
                            for b, m, s, e, x in summary},

@@ -34,7 +34,7 @@ class FailureCount:
         self.n_trials, self.shard = n_trials, shard
         self.allowed = math.floor(max_fraction * n_trials + 1e-9)
         self.by_type: Counter = Counter()
-        self.messages: dict[str, str] = {}
+        self.messages: dict[str | None, str] = {}  # None: an error that names none
 
     @property
     def failures(self) -> int:
@@ -81,7 +81,7 @@ def retry_delay(cfg, attempt: int) -> float:
     return backoff_delay(attempt, cfg.backoff_sec, cfg.backoff_max_sec)
 
 
-def with_attempts(row: dict, attempts: int, retried: list[str]) -> dict:
+def with_attempts(row: dict, attempts: int, retried: list[str | None]) -> dict:
     """`row` with, in its metadata, how many attempts the trial took and what the failed ones
     raised (only for a retried trial: a first attempt's row is unchanged)."""
     if attempts <= 1:

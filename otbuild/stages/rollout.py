@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,7 @@ from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, duration, eta
-from otbuild.settings.stages import RolloutSettings
+from otbuild.settings.stages import RolloutSettings, TrialRunSettings
 from otbuild.settings.trials import HARBOR
 from otbuild.stages import Inputs, shard_path
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
@@ -77,6 +78,11 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
 
 
 def run_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
+    run_trials_shard(cfg, inputs, outdir, shard)
+
+
+def run_trials_shard(cfg: TrialRunSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
+    """One shard's trials, for the teacher's rollouts and for eval (otbuild/stages/eval.py)."""
     n = cfg.shards
     trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
@@ -121,13 +127,13 @@ def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
     outcomes = outcome_stats(con, outdir / "traces.parquet")
-    trials, subagents, passed, exceptions, timed_out = con.execute(
+    trials, subagents, passed, exceptions, timed_out = cast(tuple, con.execute(  # aggregates: one row
         "SELECT count(*) FILTER (NOT sub), count(*) FILTER (sub), count(*) FILTER (NOT sub AND reward >= 1.0),"
         " count(*) FILTER (NOT sub AND coalesce(exception, '') <> ''),"
         " count(*) FILTER (NOT sub AND coalesce(timed_out, false))"
         " FROM (SELECT coalesce(is_subagent, false) AS sub, reward, exception, timed_out"
         f" FROM read_parquet({duck.sql_literal(outdir / 'traces.parquet')}))"
-    ).fetchone()
+    ).fetchone())
     return {"trials": trials, "subagent_traces": subagents, "shards": shards, "passed": passed,
             "exceptions": exceptions, "timed_out": timed_out, **outcomes,
             "llm_usage": usage.of_traces(outdir / "traces.parquet"),
@@ -220,7 +226,7 @@ def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
         os.fsync(out.fileno())
 
 
-async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial], partial: Path, *,
+async def _run_trials(cfg: TrialRunSettings, inputs: list[Path], todo: list[Trial], partial: Path, *,
                       run_id: str, total: int, already: int, failures: FailureCount) -> None:
     """Run `todo`, appending each trial's record to `partial` once it has its outcome: a trial
     that failed for infrastructure reasons is first rerun (infra_retries, with backoff), and
@@ -267,7 +273,7 @@ async def _run_trials(cfg: RolloutSettings, inputs: list[Path], todo: list[Trial
                     return trace
 
             async def one(t: Trial) -> None:
-                retried: list[str] = []
+                retried: list[str | None] = []
                 for n in range(cfg.infra_retries + 1):
                     if n:
                         await asyncio.sleep(retry_delay(cfg, n))

@@ -11,22 +11,23 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
-from otbuild.settings.stages import RolloutSettings
+from otbuild.settings.stages import TrialRunSettings
 from otbuild.settings.trials import harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA, task_rows
 
 
-def run_harbor_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+def run_harbor_shard(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
-async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
     from otbuild.tasks.export import export_names
@@ -53,8 +54,11 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
 
             engine = await open_engine(cfg)  # vllm, transformers: the server starts here
             await probe(engine)  # a wrong key, an unknown model: EndpointError before any trial
-            if cfg.engine in ("vllm", "transformers"):
-                model, base_url = engine.model, engine.base_url
+            if cfg.engine in ("vllm", "transformers"):  # a server otbuild started: its model and address
+                from otbuild.engines.managed import ManagedServerEngine
+
+                server = cast(ManagedServerEngine, engine)
+                model, base_url = server.model, server.base_url
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -97,7 +101,8 @@ def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[
             subagents[key].append(r)
         else:
             main[key] = r
-    out, subs, seen = [], [], defaultdict(int)
+    out, subs = [], []
+    seen: defaultdict[str, int] = defaultdict(int)
     for name, cols in zip(names, ids):
         key = (name, seen[name])
         seen[name] += 1
@@ -106,7 +111,7 @@ def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[
     return out + subs
 
 
-def harbor_options(cfg: RolloutSettings) -> dict:
+def harbor_options(cfg: TrialRunSettings) -> dict:
     """The trial settings as `run_harbor_job` options: the agent, its timeout and the cap
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens, and for a server otbuild

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 from otbuild.settings.stages import RlSettings, SftSettings
 from otbuild.stages import Inputs
@@ -42,10 +43,13 @@ def run_training(kind: str, cfg: SftSettings | RlSettings, inputs: list[Path], o
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
         if kind == "sft":
-            from otbuild.train.sft import train
+            from otbuild.train.sft import train as train_sft
+
+            manifest = train_sft(cast(SftSettings, cfg), inputs, outdir)
         else:
-            from otbuild.train.rl import train
-        manifest = train(cfg, inputs, outdir)
+            from otbuild.train.rl import train as train_rl
+
+            manifest = train_rl(cast(RlSettings, cfg), inputs, outdir)
     else:
         print("launching:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)

@@ -38,7 +38,7 @@ def bringers(kind: str) -> list[str]:
     return [section_key(d) for d in STAGES.values() if d.produces == kind and kind not in d.consumes]
 
 
-def users(kind: str) -> list[str]:
+def users(kind: str | None) -> list[str]:
     """The sections that turn data of `kind` into something else."""
     return [section_key(d) for d in STAGES.values() if kind in d.consumes and d.produces != kind]
 
@@ -59,8 +59,8 @@ def gaps(recipe: Any) -> list[Gap]:
                              if d.produces and not d.consumes)
         return [Gap("", f"nothing to build from: add {starts}")]
     out: list[Gap] = []
-    origin: dict[str, str] = {}  # kind -> the section that brought it in
-    unused: dict[str, str] = {}  # kind -> its origin, while no later stage has used it
+    origin: dict[str | None, str] = {}  # kind -> the section that brought it in
+    unused: dict[str | None, str] = {}  # kind -> its origin, while no later stage has used it
     for d, _ in stages:
         for kind in d.consumes:
             if kind not in origin:

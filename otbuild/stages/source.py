@@ -8,6 +8,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 from otbuild.errors import StageError
 from otbuild.settings.recipe import SourceSample, TaskFileSource
@@ -69,7 +70,8 @@ def sample_tasks(src: Path, dest: Path, sample: SourceSample) -> dict:
     con = duck.connect()
     duck.run_template(con, "source_sample.sql", tasks=str(src), n=n, seed=seed, stratify=stratify, pattern=pattern,
                       columns=STRATIFY_COLUMNS)
-    if stratify and con.execute("SELECT count(*) > 0 AND bool_and(stratum = '') FROM sample_keys").fetchone()[0]:
+    all_blank = "SELECT count(*) > 0 AND bool_and(stratum = '') FROM sample_keys"  # an aggregate: one row
+    if stratify and cast(tuple, con.execute(all_blank).fetchone())[0]:
         what = f"{stratify} matching {pattern!r}" if pattern else stratify
         raise StageError(f"sample.stratify: no task has a value for {what} "
                          f"({'a column' if stratify in STRATIFY_COLUMNS else 'a metadata key'}); "

@@ -32,16 +32,16 @@ def run(cfg: TaskFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     """`inputs`: the task tables (`tasks`) and, with `decontaminate`, one per name in its
     `against` (`held_out`)."""
     con = duck.connect()
-    inputs, refs = inputs.named("tasks"), inputs.named("held_out")
+    tasks, refs = inputs.named("tasks"), inputs.named("held_out")
     if cfg.decontaminate:
-        duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs),
+        duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in tasks], offsets=duck.input_offsets(tasks),
                           refs=[str(p) for p in refs], **cfg.decontaminate.model_dump())
         if cfg.decontaminate.fuzzy:
             add_fuzzy_hits(con, cfg.decontaminate.fuzzy)
     budget = planned_rollouts(cfg.score)
     t = cfg.model_dump()  # the template's view
     duck.run_template(
-        con, "task_filter.sql", inputs=[str(p) for p in inputs], offsets=duck.input_offsets(inputs), dedup=cfg.dedup,
+        con, "task_filter.sql", inputs=[str(p) for p in tasks], offsets=duck.input_offsets(tasks), dedup=cfg.dedup,
         decontaminate=t["decontaminate"], chars=t["instruction_chars"], include_regex=cfg.include_regex,
         exclude_regex=cfg.exclude_regex, score=t["score"], sample=t["sample"],
         score_expr=score_expr(cfg.score.column) if cfg.score else None, rollouts=budget,
@@ -52,7 +52,7 @@ def run(cfg: TaskFilterSettings, inputs: Inputs, outdir: Path) -> dict:
             raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
                              "every task gets at least one, so the budget must be at least the task count")
     extra = ("score", "weight", "n_rollouts") if budget else ("score",) if cfg.score else ()
-    stats = duck.stream_split(con, "task_decided", inputs, outdir, rejected_by="task_filter", kept_columns=extra,
+    stats = duck.stream_split(con, "task_decided", tasks, outdir, rejected_by="task_filter", kept_columns=extra,
                               batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
     check_not_emptied(stats)
     if cfg.decontaminate:

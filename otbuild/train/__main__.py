@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,11 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     model = SftSettings if a.command == "sft" else RlSettings  # the stage's model: the schema's defaults
     cfg = model.model_validate(json.loads(raw))
     a.outdir.mkdir(parents=True, exist_ok=True)
+    def log(s: str) -> None:
+        print(s, flush=True)
+
     if a.command == "sft":
-        from otbuild.train.sft import train
+        from otbuild.train.sft import train as train_sft
+
+        train_sft(cast(SftSettings, cfg), a.inputs, a.outdir, log=log)
     else:
-        from otbuild.train.rl import train
-    train(cfg, a.inputs, a.outdir, log=lambda s: print(s, flush=True))
+        from otbuild.train.rl import train as train_rl
+
+        train_rl(cast(RlSettings, cfg), a.inputs, a.outdir, log=log)
     return 0
 
 

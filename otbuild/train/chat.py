@@ -21,6 +21,7 @@ template's role headers) carries no loss.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +174,9 @@ def tokenize_batch(tokenizer, conversations, source: str = "model",
     are summed from their ids, so the tokenizer need not track offsets (its faster call); a
     text whose tokens do not add up to its bytes (a normalizer changed it) is encoded again
     with offsets."""
-    out, texts, at = [], [], []
+    out: list[Any] = []  # each conversation's spans, then its (ids, mask); or its TemplateMismatch
+    texts: list[str] = []
+    at: list[int] = []
     for conv in conversations:
         conv = for_template(conv, source)
         text = render(tokenizer, conv)

@@ -159,7 +159,7 @@ def collate(rows: list[Row], pad_id: int) -> dict:
         ids[i, :n] = torch.from_numpy(r.input_ids.astype(np.int64))
         mask[i, :n] = torch.from_numpy(r.mask)
         attn[i, :n] = 1
-        if packed:
+        if pos is not None:  # packed
             p = r.position_ids if r.position_ids is not None else np.arange(n)
             pos[i, :n] = torch.from_numpy(p)
             pos[i, n:] = torch.arange(width - n)

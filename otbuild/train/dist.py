@@ -16,10 +16,12 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 from otbuild.errors import ConfigError
-from otbuild.settings.train import Launch, Training
+from otbuild.settings.train import Launch, Rl, Sft
 
 
 class BatchSizeError(ConfigError):
@@ -108,7 +110,7 @@ def launch_command(cfg: Launch, env: dict, argv: list[str] | None = None) -> lis
     return argv
 
 
-def slurm_gpus_per_node(env: dict) -> int | None:
+def slurm_gpus_per_node(env: Mapping[str, str]) -> int | None:
     for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
         v = env.get(key)
         if v:
@@ -150,7 +152,7 @@ def init_distributed(on_gpu: bool, timeout: timedelta | None = None):
     import deepspeed
     import deepspeed.comm.torch
 
-    ds_torch_comm = sys.modules["deepspeed.comm.torch"]
+    ds_torch_comm: Any = sys.modules["deepspeed.comm.torch"]  # patched below (DeepSpeed's, untyped)
     if not on_gpu and os.environ.get("OTBUILD_DS_SHM") != "1":
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce (~90 s, a C++
         # toolchain) on first use; gloo does the same job, so otbuild skips the build.
@@ -164,13 +166,13 @@ def init_distributed(on_gpu: bool, timeout: timedelta | None = None):
     return deepspeed
 
 
-def uses_client_optimizer(cfg: Training, on_gpu: bool) -> bool:
+def uses_client_optimizer(cfg: Sft | Rl, on_gpu: bool) -> bool:
     """`optimizer: torch`, or `auto` on the CPU: a torch AdamW instead of DeepSpeed's (whose CPU
     build is a ~90 s JIT compile)."""
     return cfg.optimizer == "torch" or (cfg.optimizer == "auto" and not on_gpu)
 
 
-def client_adamw(params, cfg: Training):
+def client_adamw(params, cfg: Sft | Rl):
     """The client optimizer: torch AdamW with the recipe's learning rate, betas, eps and decay."""
     import torch
 
@@ -178,7 +180,7 @@ def client_adamw(params, cfg: Training):
                              weight_decay=cfg.weight_decay)
 
 
-def ds_config(cfg: Training, *, global_batch: int, per_device: int, world_size: int, on_gpu: bool,
+def ds_config(cfg: Sft | Rl, *, global_batch: int, per_device: int, world_size: int, on_gpu: bool,
               client_optimizer: bool) -> dict:
     """DeepSpeed's config: `global_batch` sequences per optimizer step, `per_device` per micro
     batch, the rest (ZeRO stage, precision, clipping, AdamW) from the section."""

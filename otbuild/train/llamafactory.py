@@ -13,6 +13,7 @@ tests/test_llamafactory_contract.py loads the folder with LLaMA-Factory's own co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -44,7 +45,7 @@ def deepspeed_config(stage: int) -> dict | None:
 # `attn: fa2`): options of the export, each needing its package (liger-kernel, flash-attn) on the
 # lab's cluster. They change speed, not the objective. Its third, `optim: adamw_torch_fused`,
 # is what `sft.optimizer: auto` exports (below).
-SPEED = {"liger-kernel": {"enable_liger_kernel": True}, "flash-attn": {"flash_attn": "fa2"}}
+SPEED: dict[str, dict[str, Any]] = {"liger-kernel": {"enable_liger_kernel": True}, "flash-attn": {"flash_attn": "fa2"}}
 # sft.optimizer -> transformers' `optim`: otbuild's auto and deepspeed are a fused AdamW on GPU
 # (DeepSpeed's), torch is torch's AdamW
 OPTIMIZERS = {"auto": "adamw_torch_fused", "deepspeed": "adamw_torch_fused", "torch": "adamw_torch"}

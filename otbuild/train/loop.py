@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from otbuild.artifact import top_files
 from otbuild.fsio import write_json
@@ -26,6 +27,9 @@ from otbuild.train.checkpoint import CHECKPOINTS, LOG, MANIFEST, save_checkpoint
 from otbuild.train.dist import placement
 from otbuild.train.tracking import Tracker
 
+if TYPE_CHECKING:
+    from otbuild.settings.stages import RlSettings, SftSettings
+
 
 class Trainer:
     """What a trainer plugs into `run`. Set by the subclass: `kind` ("sft", "rl": the log's
@@ -33,8 +37,8 @@ class Trainer:
     DeepSpeed engine), `total_steps`."""
 
     kind: str
-    cfg: object
-    engine: object
+    cfg: SftSettings | RlSettings  # each subclass its own
+    engine: Any  # DeepSpeed's engine (untyped)
     total_steps: int
     save_limit = 1  # resumable checkpoints kept
     keep_checkpoints = False  # keep checkpoints/ after the final save
@@ -58,7 +62,7 @@ class Trainer:
     def close(self) -> None:
         """After the steps, also when one failed."""
 
-    def weights(self) -> tuple[object, object, dict | None]:
+    def weights(self) -> tuple[Any, Any, dict | None]:
         """On every rank (a ZeRO-3 state is gathered): (model, tokenizer, state dict to save or
         None for the model's own)."""
         raise NotImplementedError

@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from otbuild import usage
 from otbuild.engines.base import Completion, ContextLengthExceededError
@@ -55,6 +56,11 @@ from otbuild.errors import ConfigError
 from otbuild.fsio import write_json
 from otbuild.settings.stages import RlSettings
 from otbuild.settings.train import Rl
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from otbuild.engines.process import ServerProcess
 from otbuild.traces.outcome import EXCLUDED_FROM_SCORES, outcome
 from otbuild.train.chat import clean
 from otbuild.train.checkpoint import LOG
@@ -203,7 +209,7 @@ class ServedPolicyEngine(PolicyEngine):
         super().__init__(policy)
         self.server = server
 
-    async def complete(self, messages: list[dict], **_) -> Completion:
+    async def complete(self, messages: list[dict], seed: int | None = None, **_) -> Completion:  # seed: unused
         p = self.policy
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
@@ -226,8 +232,8 @@ class TokenSequence:
     ids: list[int]
     mask: list[bool]  # completion tokens
     advantage: float = 0.0
-    old_logp: object = None  # tensor over the sequence's masked positions
-    ref_logp: object = None
+    old_logp: Any = None  # tensor over the sequence's masked positions (torch is imported late)
+    ref_logp: Any = None
     behaviour: list[float] | None = None  # the sampling log-probs of its masked tokens (None: not recorded)
     stale: bool = False  # sampled by weights older than the update's: the ratio is against `behaviour`
 
@@ -371,7 +377,7 @@ class PolicyServer:
                        engine_args={"served_model_name": "policy", "logprobs_mode": "processed_logprobs", **args,
                                     "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV}})
         self.base_url: str | None = None
-        self.server = None
+        self.server: ServerProcess | None = None
         self.version: int | None = None
         self.release: str | None = None
 
@@ -383,12 +389,13 @@ class PolicyServer:
         save_served_copy(policy, self.dir)
         live = self.server is not None and self.server.exit_code() is None
         if live and self.cfg.weight_sync == "reload":
-            reload_weights(self.base_url.removesuffix("/v1"), str(self.dir))
+            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir))  # set with the server
             how = "reload"
         else:
             self.stop()
-            self.base_url, self.server = VLLMEngine(self.llm)._launch()
-            self.release = server_version(self.base_url.removesuffix("/v1"))
+            base_url, self.server = VLLMEngine(self.llm)._launch()
+            self.base_url = base_url
+            self.release = server_version(base_url.removesuffix("/v1"))
             how = "start"
         self.version = version
         return how
@@ -455,7 +462,8 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSett
 # -- training ---------------------------------------------------------------------------------
 def _micro_batches(seqs: list[TokenSequence], max_tokens: int) -> list[list[TokenSequence]]:
     seqs = sorted(seqs, key=lambda s: len(s.ids))
-    out, cur = [], []
+    out: list[list[TokenSequence]] = []
+    cur: list[TokenSequence] = []
     for s in seqs:
         if cur and len(s.ids) * (len(cur) + 1) > max_tokens:
             out.append(cur)
@@ -483,7 +491,7 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
     counts = torch.tensor([local_tokens, len(micro)], dtype=torch.long, device=engine.device)
     n_tokens = int(_all_reduce(counts[:1], dist.ReduceOp.SUM))
     n_micro = int(_all_reduce(counts[1:], dist.ReduceOp.MAX))
-    stats = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
+    stats: dict[str, Any] = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
              "active_sequences": len(active), "grad_norm": 0.0, "behaviour_gap": 0.0}
     if n_micro == 0 or n_tokens == 0:
         return stats
@@ -574,6 +582,7 @@ class RlTrainer(Trainer):
     rollouts, advantages and one update."""
 
     kind = "rl"
+    cfg: RlSettings
     log_every = 0  # a step takes minutes: a line each
 
     def __init__(self, cfg: RlSettings, inputs: list[Path], outdir: Path, log):
@@ -609,7 +618,7 @@ class RlTrainer(Trainer):
         self.workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
         self.server = PolicyServer(cfg, self.workroot) if self.rollout == "vllm" else None
         self.ahead: dict = {}  # step -> the future of its rollouts, started early (max_staleness)
-        self.pool = None
+        self.pool: ThreadPoolExecutor | None = None
 
     def step(self, step: int) -> dict:
         import torch
@@ -634,11 +643,13 @@ class RlTrainer(Trainer):
             adv = masked_rloo_advantages([t.reward for t in group], masked[g * k:(g + 1) * k], cfg.std_eps)
             groups_zero += all(not a for a in adv)
             for t, a in zip(group, adv, strict=True):
-                for s in sequences(t.turns) if a is not None else []:
+                if a is None:  # masked: no sequences
+                    continue
+                for s in sequences(t.turns):
                     s.advantage, s.stale = a, t.weight_version is not None and t.weight_version < step
                     seqs.append(s)
         st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
-        parts = [None] * world
+        parts: list[Any] = [None] * world  # each rank's stats, gathered
         dist.all_gather_object(parts, {
             **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
             "versions": [t.weight_version for t in trajs], "stale": sum(s.stale for s in seqs),
@@ -679,6 +690,7 @@ class RlTrainer(Trainer):
                 t.weight_version = version
             return trajs, {}
         sync = {}
+        assert self.server is not None  # rollout: vllm (made in __init__)
         if self.server.version != version or self.server.server is None:  # this step's weights to the server
             sync = {"weight_sync": self.server.sync(policy, version), "sync_seconds": round(time.monotonic() - t0, 3)}
         trajs = asyncio.run(served_rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work,
@@ -695,6 +707,7 @@ class RlTrainer(Trainer):
             return
         policy = self.policy
         if self.rollout == "vllm":
+            assert self.server is not None  # made in __init__
             if self.server.version != step:  # the weights before the update, served
                 self.server.sync(policy, step)
         else:  # a copy of the weights before the update, for the rollouts alone

@@ -123,6 +123,7 @@ class SftTrainer(Trainer):
     DeepSpeed, and a step over one global batch."""
 
     kind = "sft"
+    cfg: SftSettings
 
     def __init__(self, cfg: SftSettings, inputs: list[Path], outdir: Path, log):
         import torch

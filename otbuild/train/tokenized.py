@@ -34,6 +34,7 @@ import os
 import pickle
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -186,7 +187,7 @@ def _tokenize(tokenizer, lengths, batch: pa.RecordBatch, first: int, *, source: 
     """One input batch (its `conversations` column; its first trace is row `first` of the
     inputs) -> the record batch of its kept sequences (None: none kept) and its counts."""
     pairs = conversations_of(batch, prompt)  # a multi-step trial: one sequence per step
-    stats = {**dict.fromkeys(COUNTS, 0), "dropped": dict.fromkeys(DROP_REASONS, 0)}
+    stats: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "dropped": dict.fromkeys(DROP_REASONS, 0)}
     stats["traces"] = batch.num_rows
     present = [(i, c) for i, c in pairs if c]
     stats["dropped"]["empty_conversation"] += sum(1 for _, c in pairs if not c)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
@@ -35,7 +36,7 @@ def trace_rows(n: int, seed: int = 0, full_prompt: bool = True) -> list[dict]:
     for i, rec in enumerate(generate(n, seed)):
         conv = conversation(rec.task.instruction, split_commands(rec.task.text(SOLUTION) or ""),
                             full_prompt)
-        row = {k: None for k in TRACE_SCHEMA.names}
+        row: dict[str, Any] = {k: None for k in TRACE_SCHEMA.names}
         row.update(conversations=conv, task=rec.task.name, task_id=rec.task.task_id(), reward=1.0,
                    n_turns=sum(m["role"] == "assistant" for m in conv), sample_idx=0,
                    trial_name=f"toy-{i}", source="toy", timed_out=False, is_subagent=False)

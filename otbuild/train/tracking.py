@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from otbuild.errors import ConfigError
 from otbuild.settings.train import Tracking, WandbTracking
@@ -85,7 +86,7 @@ class Tracker:
 
     def close(self) -> dict:
         """Flush and close; what the manifest records (event files, the wandb run)."""
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         if self.writer is not None:
             self.writer.close()
             out["tensorboard"] = {"files": self.event_files(),
