@@ -39,12 +39,14 @@ skyrl-env:  ## the pinned SkyRL (pyproject's `skyrl` extra; config loader and Ha
 smoke: setup  ## build the smoke recipe: the whole DAG on the CPU
 	$(PYTHON) -m snakemake smoke
 
-test: setup  ## the linter over otbuild/, then the full suite, end-to-end (slow) checks included: what CI runs
+test: setup  ## ruff and mypy over otbuild/, then the full suite, end-to-end (slow) checks included: what CI runs
 	$(PYTHON) -m ruff check otbuild
+	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest
 
-test-fast: setup  ## the linter, then the suite without the slow end-to-end checks
+test-fast: setup  ## ruff and mypy, then the suite without the slow end-to-end checks
 	$(PYTHON) -m ruff check otbuild
+	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -m "not slow"
 
 # every script in bench/ but tracegen.py (the trace generator scale.py uses); each runs in the

@@ -18,8 +18,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from otbuild.engines import request_policy
 
@@ -45,10 +47,11 @@ class ChatModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         self.device = device
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
         if not self.tokenizer.chat_template:
             raise ValueError(f"{model_dir}: the tokenizer has no chat template")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)  # transformers' types: no help
+        self.model = model.to(device).eval()
         self.max_len = getattr(self.model.config, "max_position_embeddings", None)
         eos = self.model.generation_config.eos_token_id
         if eos is None:
@@ -61,7 +64,7 @@ class ChatModel:
 
     def chat(self, messages: list[dict], *, max_tokens: int | None = None,
              temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-             stop: list[str] = (), regex: str | None = None) -> dict:
+             stop: Sequence[str] = (), regex: str | None = None) -> dict:
         from transformers import GenerationConfig
 
         torch = self.torch
@@ -147,6 +150,7 @@ class ChatServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}"
 
 

@@ -23,7 +23,9 @@ def find(config: Any, resolve) -> tuple[Any, dict, list[tuple[str | None, str, b
         return _hub(config)
     if config.kind == "harbor-dataset":
         return _harbor(config, resolve)
-    update, found, missing = {}, {}, []
+    update: dict[str, str] = {}
+    found: dict = {}
+    missing: list[tuple[str | None, str, bool]] = []
     for key in sorted(fields_with(type(config), EXTERNAL)):
         if (value := getattr(config, key)) is None:
             continue
