@@ -309,6 +309,8 @@ def pandas_task_filter(settings: dict, inputs: list[Path], outdir: Path) -> None
 
 def child(impl: str, data_dir: Path, work: Path) -> None:
     manifest = json.loads((data_dir / "manifest.json").read_text())
+    from otbuild.stages import Inputs
+
     mix_settings, inputs, tf_settings = pipeline_settings(manifest)
     inputs = [Path(p) for p in inputs]
     if impl == "duckdb":
@@ -327,7 +329,7 @@ def child(impl: str, data_dir: Path, work: Path) -> None:
     t0 = time.perf_counter()
     run_mix(mix_settings, inputs, work / "mix")
     t1 = time.perf_counter()
-    run_tf(tf_settings, [work / "mix" / "tasks.parquet"], work / "task_filter")
+    run_tf(tf_settings, Inputs.of(tasks=[work / "mix" / "tasks.parquet"]), work / "task_filter")
     t2 = time.perf_counter()
     res = {"mix_s": t1 - t0, "filter_s": t2 - t1, "done_at": time.time()}  # the floors below are not the run
     if impl == "duckdb":  # each stage's floor: a bare DuckDB copy of that stage's input

@@ -26,6 +26,7 @@ import regex
 from otbuild.engines import LLM, EngineError, make_engine, open_engine
 from otbuild.engines.vllm import vllm_executable
 from otbuild.settings.engines import VLLMOptions
+from otbuild.stages import Inputs
 from tests.conftest import REPO
 
 VLLM = vllm_executable(VLLMOptions())
@@ -214,7 +215,8 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
                        samples_per_task=1, max_tokens=128, max_episodes=3, temperature=0.7,
                        engine_args={"dtype": "float32"},
                        extra_body={"structured_outputs": {"regex": protocol.ANSWER_REGEX}})
-    inputs = [synthetic_tasks(tmp_path / "tasks.parquet", 3, seed=999), ckpt / "checkpoint.json"]
+    inputs = Inputs.of(tasks=[synthetic_tasks(tmp_path / "tasks.parquet", 3, seed=999)],
+                       checkpoint=[ckpt / "checkpoint.json"])
     out = tmp_path / "eval"
     eval_stage.run_shard(cfg, inputs, out, 0)
     stats = eval_stage.run(cfg, inputs, out)
