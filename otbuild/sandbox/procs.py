@@ -14,20 +14,25 @@ def scan() -> dict[int, tuple[int, list[str]]]:
     """pid -> (ppid, argv) of every live host process we can see (zombies left out)."""
     out = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or (ppid := _live_parent(int(entry.name))) is None:
             continue
         try:
-            with open(f"{entry.path}/stat", "rb") as f:
-                stat = f.read()
             with open(f"{entry.path}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        state, ppid = stat.rsplit(b")", 1)[1].split()[:2]
-        if state in (b"Z", b"X"):
-            continue
-        out[int(entry.name)] = (int(ppid), [a.decode(errors="replace") for a in args if a])
+        out[int(entry.name)] = (ppid, [a.decode(errors="replace") for a in args if a])
     return out
+
+
+def _live_parent(pid: int) -> int | None:
+    """The parent of `pid` while it runs; None once it has exited (a zombie) or is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if state in (b"Z", b"X") else int(ppid)
 
 
 def descendants(tops: Iterable[int], table: dict[int, tuple[int, list[str]]]) -> set[int]:
@@ -66,7 +71,7 @@ def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[
     killed: set[int] = set()
     while True:
         pids = find() - {os.getpid()}
-        killed = {pid for pid in killed | pids if _running(pid)}
+        killed = {pid for pid in killed | pids if _live_parent(pid) is not None}
         if not killed or time.monotonic() > end:
             return killed
         for pid in pids:
@@ -75,15 +80,6 @@ def kill_until_gone(find: Callable[[], set[int]], timeout: float = 10.0) -> set[
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
-
-
-def _running(pid: int) -> bool:
-    """`pid` exists and has not exited (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def end_namespace(launcher: subprocess.Popen, timeout: float = 10.0) -> bool:
