@@ -83,8 +83,16 @@ def test_oracle_steps_keep_multiline_commands_whole():
 
 # -- terminal -------------------------------------------------------------------------------
 def test_terminal_keys_and_early_return(tmp_path):
+    """C-c interrupts the agent's command even when otbuild itself ignores SIGINT (started
+    under nohup, or in the background of a script): the terminal starts with it at its default."""
+    import signal
+
     env = [f"{k}={v}" for k, v in SHELL_ENV.items()]
-    term = Terminal(["env", "-i", "PATH=/usr/bin:/bin", *env, "bash", "--noprofile", "--norc", "-i"])
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by every child from here
+    try:
+        term = Terminal(["env", "-i", "PATH=/usr/bin:/bin", *env, "bash", "--noprofile", "--norc", "-i"])
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         term.read(2)
         t = time.monotonic()

@@ -9,6 +9,7 @@ invisible OSC sequence so a read can end as soon as a command has finished.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import pty
 import re
@@ -22,6 +23,18 @@ import time
 
 READY = b"\x1b]777;otbuild-ready\x07"
 SETSID = shutil.which("setsid")  # util-linux: `setsid --ctty` makes the pty the controlling terminal
+
+
+@functools.cache
+def default_signals() -> list[str]:
+    """A prefix that starts a command with SIGINT and SIGQUIT at their defaults (coreutils
+    `env --default-signal`): a process ignoring them (started under nohup, or in the background
+    of a script) passes the ignoring on to its children, and the agent's C-c would do nothing."""
+    env = shutil.which("env")
+    if env is None:
+        return []
+    probe = subprocess.run([env, "--default-signal=INT,QUIT", "true"], capture_output=True, check=False)
+    return [env, "--default-signal=INT,QUIT"] if probe.returncode == 0 else []
 SHELL_ENV = {
     "PS1": r"\u@sandbox:\w# \[\e]777;otbuild-ready\a\]",  # the marker ends every prompt
     "TERM": "dumb",
@@ -60,10 +73,11 @@ class Terminal:
         # `setsid --ctty` does it after the exec: a preexec_fn would fork all of this process
         # (~15 ms for a big one) where Popen otherwise uses vfork.
         if SETSID:
-            self.proc = subprocess.Popen([SETSID, "--ctty", *argv], stdin=slave, stdout=slave,
+            self.proc = subprocess.Popen([*default_signals(), SETSID, "--ctty", *argv], stdin=slave, stdout=slave,
                                          stderr=slave, close_fds=True)
         else:  # pragma: no cover (util-linux is there wherever the sandbox runs)
-            self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+            self.proc = subprocess.Popen([*default_signals(), *argv], stdin=slave, stdout=slave, stderr=slave,
+                                         close_fds=True,
                                          start_new_session=True,
                                          preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509 - one ioctl, no locks
         os.close(slave)
