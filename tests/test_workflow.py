@@ -114,7 +114,12 @@ teacher: {engine: oracle, shards: 2, concurrency: 1}
 
 
 def _start(project, *args):
-    return subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=project, start_new_session=True,
+    """Snakemake in the background as a user starts it in a terminal: SIGINT at its default,
+    whatever this test run was started with (default_signals)."""
+    from otbuild.harness.terminal import default_signals
+
+    return subprocess.Popen([*default_signals(), sys.executable, "-m", "snakemake", *args], cwd=project,
+                            start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
