@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
-from otbuild.stages import STAGES, Inputs, StageDef, input_name
+from otbuild.stages import STAGES, Inputs, Run, RunShard, StageDef, input_name
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
 
@@ -55,7 +55,8 @@ def _job(spec: dict) -> tuple[StageDef, Any, Inputs, Path]:
 def run_shard(spec: dict, shard: int) -> None:
     """One shard of a sharded stage; the merge (run_spec) records the provenance."""
     stage, cfg, inputs, outdir = _job(spec)
-    importlib.import_module(stage.module).run_shard(cfg, inputs, outdir, shard)
+    run: RunShard[Any] = importlib.import_module(stage.module).run_shard
+    run(cfg, inputs, outdir, shard)
 
 
 def run_spec(spec: dict, rule: str | None = None) -> dict:
@@ -63,5 +64,6 @@ def run_spec(spec: dict, rule: str | None = None) -> dict:
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / PROVENANCE).unlink(missing_ok=True)  # the record is written last, on success only
     started = now()
-    stats = importlib.import_module(stage.module).run(cfg, inputs, outdir)
+    run: Run[Any] = importlib.import_module(stage.module).run
+    stats = run(cfg, inputs, outdir)
     return write_record(spec, rule or stage.name, started, stats or {})

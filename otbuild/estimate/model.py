@@ -119,7 +119,7 @@ class Model:
             if e.built:
                 self._built(n, e)
             else:
-                getattr(self, f"_{n.stage}")(n, e)  # every stage has one (checked below the class)
+                getattr(self, f"_{STAGES[n.stage].estimate or n.stage}")(n, e)  # checked below the class
                 e.wall_s = self._wall(e)
             self.stages.append(e)
         return self
@@ -400,10 +400,11 @@ class Model:
         return Span(*(max([getattr(s, k) for s in finish.values()] + [0.0]) for k in ("estimate", "low", "high")))
 
 
-# Every stage is estimated by its own method `_STAGE`: a stage without one fails at import, never
-# falls back to a guess.
-if unestimated := [stage for stage in STAGES if not callable(getattr(Model, f"_{stage}", None))]:
-    raise ImportError(f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} (Model._STAGE)")
+# Every stage is estimated by a method of its own (`_STAGE`) or the one it names (`StageDef.estimate`):
+# a stage without one fails at import, never falls back to a guess.
+if unestimated := [n for n, d in STAGES.items() if not callable(getattr(Model, f"_{d.estimate or n}", None))]:
+    raise ImportError(f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} "
+                      "(Model._STAGE, or StageDef.estimate naming one)")
 
 
 def _known_rows(n, root: Path) -> Span | None:

@@ -12,6 +12,7 @@ found there (otbuild/plan/external.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -186,7 +187,7 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         raise ConfigError(where + gap.why)
     w = _Wiring(loaded)
     for d, section in planned(loaded.recipe):
-        nodes = PLANNERS.get(d.name, _planned_section)(w, d, section)
+        nodes = PLANNERS[d.plan](w, d, section)
         kind = cast(str, d.produces)  # planned() yields the stages that produce data
         # a stage that consumes its own kind (a filter, the mix) takes its place; else it adds to it
         w.data[kind] = nodes if kind in d.consumes else [*w.data.get(kind, []), *nodes]
@@ -204,7 +205,8 @@ class _Wiring:
 
     loaded: LoadedRecipe
     data: dict[str, list[Node]] = field(default_factory=dict)
-    sources: dict[str, Node] = field(default_factory=dict)  # by name, in rank order (augmented in place)
+    # kind -> its nodes by name, of a section of named entries (sources): augmented in place
+    named: dict[str, dict[str, Node]] = field(default_factory=dict)
     last: str = ""
 
     def inputs(self, d: StageDef) -> list[Node]:
@@ -222,44 +224,52 @@ def _planned_section(w: _Wiring, d: StageDef, section: BaseModel) -> list[Node]:
     return [_section_node(d.name, d.name if "." in key else key, section, w.inputs(d), **w.extra(d))]
 
 
-def _plan_sources(w: _Wiring, d: StageDef, sources: dict) -> list[Node]:
-    ranked = sorted(sources.items(), key=lambda kv: (kv[1].rank or 0, kv[0]))
-    w.sources = {name: _source_node(w.loaded, name, src) for name, src in ranked}
-    return list(w.sources.values())
+def _plan_named(w: _Wiring, d: StageDef, entries: dict) -> list[Node]:
+    """A section of named entries (sources, trace_imports), each reading data outside the
+    project: one node each, labelled SECTION/NAME, in rank order (then by name)."""
+    ranked = sorted(entries.items(), key=lambda kv: (getattr(kv[1], "rank", None) or 0, kv[0]))
+    nodes = {name: _external_node(w.loaded, d.name, f"{section_key(d)}/{name}", name, e) for name, e in ranked}
+    w.named[cast(str, d.produces)] = nodes
+    return list(nodes.values())
 
 
-def _plan_augment(w: _Wiring, d: StageDef, section) -> list[Node]:
-    """Per source, before the mix: the augmented set takes the source's place."""
-    for name in section.sources or list(w.sources):
-        w.sources[name] = _section_node("augment", f"augment/{name}", section, [w.sources[name]])
-    return list(w.sources.values())
+def _plan_per_source(w: _Wiring, d: StageDef, section) -> list[Node]:
+    """Per source (`section.sources`, else all), before the mix: the new set takes its place."""
+    sources = w.named[cast(str, d.produces)]
+    for name in section.sources or list(sources):
+        sources[name] = _section_node(d.name, f"{section_key(d)}/{name}", section, [sources[name]])
+    return list(sources.values())
 
 
-def _plan_mix(w: _Wiring, d: StageDef, section) -> list[Node]:
-    top = list(w.sources)[: section.n]  # the Top-N sources by rank
-    return [_section_node("mix", "mix", section, [w.sources[n] for n in top], sources=top)]
+def _plan_top_n(w: _Wiring, d: StageDef, section) -> list[Node]:
+    """The Top-N sources by rank (`section.n`), their names in the settings."""
+    sources = w.named[cast(str, d.produces)]
+    top = list(sources)[: section.n]
+    return [_section_node(d.name, section_key(d), section, [sources[n] for n in top], sources=top)]
 
 
-def _plan_task_filter(w: _Wiring, d: StageDef, section) -> list[Node]:
+def _plan_decontaminating(w: _Wiring, d: StageDef, section) -> list[Node]:
+    """Its task input, then the held-out sets it decontaminates against (input name `held_out`)."""
     tasks, held_out = w.inputs(d), _held_out(w.loaded, section.decontaminate)
-    node = _section_node("task_filter", "task_filter", section, [*tasks, *held_out])
+    node = _section_node(d.name, section_key(d), section, [*tasks, *held_out])
     return [replace(node, roles=("tasks",) * len(tasks) + ("held_out",) * len(held_out))]
 
 
-def _plan_trace_imports(w: _Wiring, d: StageDef, imports: dict) -> list[Node]:
-    return [_external_node(w.loaded, "trace_import", f"trace_imports/{name}", name, imp)
-            for name, imp in sorted(imports.items())]
+def _plan_training(w: _Wiring, d: StageDef, section) -> list[Node]:
+    """A training section: its base model found in the project, else kept as a Hub id."""
+    settings = _passed(section)
+    model = _local_model(w.loaded, settings["model"])
+    return [_node(d.name, section_key(d), {**settings, "model": model, **w.extra(d)}, w.inputs(d))]
 
 
-def _plan_sft(w: _Wiring, d: StageDef, section) -> list[Node]:
-    sft = _passed(section)
-    return [_node("sft", "sft", {**sft, "model": _local_model(w.loaded, sft["model"]), **w.extra(d)}, w.inputs(d))]
-
-
-# How the plan makes the nodes of a stage whose recipe section is not simply its settings; the
-# others are _planned_section's.
-PLANNERS = {"source": _plan_sources, "augment": _plan_augment, "mix": _plan_mix, "task_filter": _plan_task_filter,
-            "trace_import": _plan_trace_imports, "sft": _plan_sft}
+# How the plan makes a stage's nodes, by the stage's `StageDef.plan` ("" = its settings are its
+# recipe section, over the data it consumes)
+PLANNERS: dict[str, Callable[[_Wiring, StageDef, Any], list[Node]]] = {
+    "": _planned_section, "named": _plan_named, "per_source": _plan_per_source, "top_n": _plan_top_n,
+    "decontaminating": _plan_decontaminating, "training": _plan_training}
+if unplanned := [n for n, d in STAGES.items() if d.plan not in PLANNERS]:
+    raise ImportError(f"otbuild.plan: stage(s) {', '.join(unplanned)} name no planner (StageDef.plan: one of "
+                      f"{', '.join(map(repr, PLANNERS))})")
 
 
 def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:

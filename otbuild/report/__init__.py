@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.settings.stages import ReportSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
@@ -26,6 +26,7 @@ CARD = "dataset_card.md"
 RECORD_LINKS_UP = "../../../"
 
 
+@stage_run
 def run(cfg: ReportSettings, inputs: Inputs, outdir: Path) -> dict:
     """The report stage (otbuild/stages/): the inputs are read through the settings' nodes."""
     return build(cfg, Path(outdir))

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -30,7 +31,7 @@ class StageDef:
     name: str
     version: int
     outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
-    module: str  # defines run(cfg, inputs: Inputs, outdir: Path) -> stats dict or None
+    module: str  # defines `run` (a `Run`) and, sharded, `run_shard` (a `RunShard`)
     settings: Any  # the model of `cfg` (otbuild/settings/stages.py)
     sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard job, then run() merges
     gpu: bool = False  # may serve a model or train: a GPU job on a cluster (profiles/slurm)
@@ -51,11 +52,18 @@ class StageDef:
     # for a subsection; "" = the stage's name), the kinds of data it consumes (in the order its
     # inputs are given) and the kind its main output is
     section: str = ""
+    plan: str = ""  # how the plan makes its nodes (otbuild/plan/, PLANNERS): "" = from its section alone
     consumes: tuple[str, ...] = ()
     produces: str | None = None
     # outputs flagged for `snakemake --report`, each with its category there (captions:
     # otbuild/report/captions/STAGE.FILE.rst); not part of any id
     reported: tuple[tuple[str, str], ...] = ()
+    # the estimate's method for it (otbuild/estimate/model.py, `Model._NAME`): "" = the stage's
+    # own name; a stage added outside otbuild names a generic one (`table`: rows in, rows out)
+    estimate: str = ""
+    # a stage added outside otbuild (the `otbuild.stages` entry points): the stage it follows in
+    # pipeline order
+    after: str = ""
 
     @cached_property
     def _adapter(self) -> TypeAdapter:
@@ -81,19 +89,20 @@ STAGES: dict[str, StageDef] = {
     d.name: d
     for d in (
         StageDef("source", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.source", s.SourceSettings,
-                 section="sources", produces="tasks", tasks=True, counts={"tasks": "rows"}),
+                 section="sources", plan="named", produces="tasks", tasks=True, counts={"tasks": "rows"}),
         StageDef("augment", 2, ("tasks.parquet", "quarantine.parquet"), "otbuild.stages.augment", s.AugmentSettings,
-                 consumes=("tasks",), produces="tasks", sharded=True, gpu=True, llm=True, tasks=True),
+                 plan="per_source", consumes=("tasks",), produces="tasks", sharded=True, gpu=True, llm=True,
+                 tasks=True),
         StageDef("mix", 1, ("tasks.parquet",), "otbuild.stages.mix", s.MixSettings,
-                 consumes=("tasks",), produces="tasks", tasks=True, counts={"tasks": "rows"}),
+                 plan="top_n", consumes=("tasks",), produces="tasks", tasks=True, counts={"tasks": "rows"}),
         StageDef("task_score", 1, ("tasks.parquet",), "otbuild.stages.task_score", s.TaskScoreSettings,
                  section="task_filter.llm", consumes=("tasks",), produces="tasks", sharded=True, llm=True,
                  tasks=True),
         StageDef("task_filter", 2, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter",
-                 s.TaskFilterSettings, consumes=("tasks",), produces="tasks", tasks=True, filter=True,
-                 counts={"tasks_kept": "rows"}),
+                 s.TaskFilterSettings, plan="decontaminating", consumes=("tasks",), produces="tasks", tasks=True,
+                 filter=True, counts={"tasks_kept": "rows"}),
         StageDef("trace_import", 2, ("traces.parquet", "quarantine.parquet"), "otbuild.stages.trace_import",
-                 s.TraceImportSettings, section="trace_imports", produces="traces", traces=True),
+                 s.TraceImportSettings, section="trace_imports", plan="named", produces="traces", traces=True),
         StageDef("rollout", 3, ("traces.parquet",), "otbuild.stages.rollout", s.RolloutSettings,
                  section="teacher", consumes=("tasks",), produces="traces", sharded=True, gpu=True, trials=True,
                  llm=True, traces=True, volatile=TRACES, counts={"trials": "trials"}),
@@ -101,7 +110,7 @@ STAGES: dict[str, StageDef] = {
                  s.TraceFilterSettings, consumes=("traces",), produces="traces", traces=True, filter=True,
                  volatile={"*.parquet": tuple(TRACE_VOLATILE)}, counts={"traces_kept": "rows"}),
         StageDef("sft", 3, TRAINED, "otbuild.stages.sft", s.SftSettings,
-                 consumes=("traces",), produces="checkpoint", gpu=True, training=True, curve=LOSS_KEYS,
+                 plan="training", consumes=("traces",), produces="checkpoint", gpu=True, training=True, curve=LOSS_KEYS,
                  volatile=TRAIN_FILES, counts={"traces": "data.traces", "tokens_to_train_on": "tokens_seen"},
                  reported=(("train_log.jsonl", TRAINING),)),
         StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings,
@@ -119,6 +128,27 @@ STAGES: dict[str, StageDef] = {
                  reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS))),
     )
 }
+
+
+ENTRY_POINTS = "otbuild.stages"  # the group of a package's stages (docs/architecture.md)
+
+
+def _with_added(stages: dict[str, StageDef]) -> dict[str, StageDef]:
+    """The built-in stages and those installed packages add (entry points in ENTRY_POINTS, each a
+    StageDef), each placed after the stage it names."""
+    out = dict(stages)
+    for ep in entry_points(group=ENTRY_POINTS):
+        d = ep.load()
+        if not isinstance(d, StageDef) or d.name in out or d.after not in out:
+            raise ImportError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINTS}): expected a StageDef with a "
+                              f"new name that follows a known stage (`after`: one of {', '.join(out)})")
+        names = list(out)
+        names.insert(names.index(d.after) + 1, d.name)
+        out = {n: out.get(n, d) for n in names}
+    return out
+
+
+STAGES = _with_added(STAGES)
 
 
 class Inputs(list[Path]):
@@ -152,3 +182,33 @@ def input_name(stage: str) -> str:
 def shard_path(outdir: Path, shards: int, shard: int) -> Path:
     """Where shard K of N of a sharded stage writes its rows (the merge job reads them all)."""
     return Path(outdir) / "shards" / f"{shard}-of-{shards}.parquet"
+
+
+Cfg_contra = TypeVar("Cfg_contra", contravariant=True)
+
+
+class Run(Protocol[Cfg_contra]):
+    """A stage's `run`: its typed settings, its inputs by name and its artifact dir -> the stats
+    its provenance records (or None)."""
+
+    def __call__(self, cfg: Cfg_contra, inputs: Inputs, outdir: Path, /) -> dict | None: ...
+
+
+class RunShard(Protocol[Cfg_contra]):
+    """A sharded stage's `run_shard`: shard K's rows into `shard_path(outdir, N, K)`."""
+
+    def __call__(self, cfg: Cfg_contra, inputs: Inputs, outdir: Path, shard: int, /) -> None: ...
+
+
+
+def stage_run(fn: Run[Cfg_contra]) -> Run[Cfg_contra]:
+    """Marks a stage's `run`; the type checker verifies it is one (tests/test_settings.py checks
+    that every stage's is marked)."""
+    fn.stage_entry = "run"  # type: ignore[attr-defined]  # a marker the registry test reads
+    return fn
+
+
+def stage_run_shard(fn: RunShard[Cfg_contra]) -> RunShard[Cfg_contra]:
+    """Marks a sharded stage's `run_shard`, verified as `stage_run`'s."""
+    fn.stage_entry = "run_shard"  # type: ignore[attr-defined]
+    return fn

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
 from otbuild.settings.stages import AugmentSettings
-from otbuild.stages import Inputs, llm_requests
+from otbuild.stages import Inputs, llm_requests, stage_run, stage_run_shard
 from otbuild.tasks.table import TASK_SCHEMA, Quarantined, TaskRecord, write_quarantine
 from otbuild.tasks.taskdir import INSTRUCTION, TaskDir
 
@@ -58,11 +58,13 @@ def requests(cfg, inputs: list[Path]):
     return wanted_requests
 
 
+@stage_run_shard
 def run_shard(cfg: AugmentSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     total = llm_requests.input_rows(inputs) * len(_forms(cfg))
     llm_requests.run_shard("augment", cfg, requests(cfg, inputs), total, outdir, shard)
 
 
+@stage_run
 def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge: the parents (with keep_original), then each parent's new forms in request order."""
     forms = _forms(cfg)

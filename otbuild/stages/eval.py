@@ -15,17 +15,19 @@ from typing import cast
 
 from otbuild import duck, usage
 from otbuild.settings.stages import EvalSettings
-from otbuild.stages import Inputs, rollout
+from otbuild.stages import Inputs, rollout, stage_run, stage_run_shard
 from otbuild.stages.failures import outcome_stats
 from otbuild.stages.rollout import merge_shards
 from otbuild.traces import outcome
 
 
+@stage_run_shard
 def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
     rollout.run_trials_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
 
 
+@stage_run
 def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import MixSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 
 
 class MixError(ValueError):
@@ -18,6 +18,7 @@ def quotas(total: int, n: int) -> list[int]:
     return [total // n + (i < total % n) for i in range(n)]
 
 
+@stage_run
 def run(cfg: MixSettings, inputs: Inputs, outdir: Path) -> None:
     con = duck.connect()
     quota = quotas(cfg.total, len(inputs))  # here, not in the SQL: a source without tasks has no row there

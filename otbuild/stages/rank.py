@@ -8,12 +8,13 @@ import pyarrow.parquet as pq
 
 from otbuild import duck
 from otbuild.settings.stages import RankSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 
 # summary.parquet's columns: the score compared and its standard error
 METRICS = {"pass_at_1": ("mean", "stderr"), "partial_credit": ("partial_mean", "partial_stderr")}
 
 
+@stage_run
 def run(cfg: RankSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     metric = cfg.metric

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from otbuild import usage
 from otbuild.settings.stages import RlSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 from otbuild.stages.sft import run_training
 
 
+@stage_run
 def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
     if cfg.trainer == "skyrl":
         from otbuild.train.skyrl import train

@@ -47,7 +47,7 @@ from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, duration, eta
 from otbuild.settings.stages import RolloutSettings, TrialRunSettings
 from otbuild.settings.trials import HARBOR
-from otbuild.stages import Inputs, shard_path
+from otbuild.stages import Inputs, shard_path, stage_run, stage_run_shard
 from otbuild.stages.failures import FailureCount, outcome_stats, retry_delay, with_attempts
 from otbuild.stages.partials import append, drop_torn_tail
 from otbuild.tasks.table import task_rows
@@ -77,6 +77,7 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
+@stage_run_shard
 def run_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     run_trials_shard(cfg, inputs, outdir, shard)
 
@@ -122,6 +123,7 @@ def run_trials_shard(cfg: TrialRunSettings, inputs: Inputs, outdir: Path, shard:
     partial.unlink(missing_ok=True)
 
 
+@stage_run
 def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge the shards into traces.parquet; the summary reads 5 narrow columns back."""
     shards = merge_shards(cfg.shards, outdir)

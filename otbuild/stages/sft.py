@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import cast
 
 from otbuild.settings.stages import RlSettings, SftSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 from otbuild.train.dist import free_port, launch_command
 
 
+@stage_run
 def run(cfg: SftSettings, inputs: Inputs, outdir: Path) -> dict:
     return run_training("sft", cfg, inputs, outdir)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import TaskFilterSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 from otbuild.tasks.table import BATCH_ROWS
 
 
@@ -28,6 +28,7 @@ def planned_rollouts(score) -> int | None:
     return math.ceil(score.budget / score.keep_rate - 1e-9)
 
 
+@stage_run
 def run(cfg: TaskFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     """`inputs`: the task tables (`tasks`) and, with `decontaminate`, one per name in its
     `against` (`held_out`)."""

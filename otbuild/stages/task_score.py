@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
 from otbuild.settings.stages import TaskScoreSettings
-from otbuild.stages import Inputs, llm_requests
+from otbuild.stages import Inputs, llm_requests, stage_run, stage_run_shard
 
 TEMPLATES = {"askllm": "askllm.j2", "response_length": "response_length.j2"}
 
@@ -43,10 +43,12 @@ def requests(cfg, inputs: list[Path]):
     return wanted_requests
 
 
+@stage_run_shard
 def run_shard(cfg: TaskScoreSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     llm_requests.run_shard("task_score", cfg, requests(cfg, inputs), llm_requests.input_rows(inputs), outdir, shard)
 
 
+@stage_run
 def run(cfg: TaskScoreSettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge: the input rows, streamed, with each one's answer as `llm_score`, `llm_response`."""
     total = llm_requests.input_rows(inputs)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import TraceFilterSettings
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 from otbuild.traces import outcome
 
 
+@stage_run
 def run(cfg: TraceFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from otbuild.settings.stages import TraceImportSettings
 from otbuild.sources import hub_files, where
-from otbuild.stages import Inputs
+from otbuild.stages import Inputs, stage_run
 from otbuild.tasks.table import Quarantined, check_not_empty, write_quarantine
 from otbuild.traces.imports import PATH_FORMS, read_traces
 from otbuild.traces.table import write_traces
 
 
+@stage_run
 def run(cfg: TraceImportSettings, inputs: Inputs, outdir: Path) -> dict:
     stats, files = {}, None
     if cfg.kind == "hf-dataset":  # files of a Hub dataset, each read by the importer of its format
