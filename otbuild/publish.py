@@ -23,6 +23,7 @@ from otbuild.errors import ConfigError
 from otbuild.fsio import parquet_batches, write_json
 from otbuild.plan import Node, Plan
 from otbuild.provenance import read_record
+from otbuild.stages import STAGES
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 MAX_SHARD_BYTES = 500 * 2**20  # in-memory bytes per shard (the Hub's advice: files under ~500 MB)
@@ -133,7 +134,7 @@ def _licences(nodes: list[Node]) -> list[str]:
     from otbuild.report.data import Artifact, source_licences
 
     con = duck.connect()
-    return sorted({lic for n in nodes if n.stage == "source" and not n.label.startswith("benchmarks/")
+    return sorted({lic for n in nodes if STAGES[n.stage].brings == "tasks" and not n.label.startswith("benchmarks/")
                    for lic, _ in source_licences(con, Artifact(n.label, n.label, n.stage, n.id, n.dir,
                                                                read_record(n.dir)))})
 

@@ -24,7 +24,7 @@ def base_image_counts(plan) -> tuple[Counter, list[str]]:
     counts: Counter = Counter()
     unread: dict[str, str] = {}  # id -> key (a node an ablation's candidates share: once)
     for node in plan.nodes:
-        if node.stage != "source" or not backends & {"podman", "auto"}:
+        if STAGES[node.stage].brings != "tasks" or not backends & {"podman", "auto"}:
             continue
         if node.missing:
             unread.setdefault(node.id, ", ".join(m.key for m in node.missing))

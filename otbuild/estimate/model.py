@@ -136,7 +136,7 @@ class Model:
         stats = rec.get("stats") or {}
         if STAGES[n.stage].trials and STAGES[n.stage].sharded and stats.get("trials") is not None:
             e.counts["trials"] = Span.of(stats["trials"])
-        if n.stage == "task_filter" and stats.get("rollouts_planned"):
+        if stats.get("rollouts_planned"):  # a task filter that sizes the rollouts
             self.rollouts[n.id] = Span.of(stats["rollouts_planned"])
         e.notes.append("built: reused, costs nothing")
 
@@ -294,7 +294,7 @@ class Model:
         tasks = self._in(n, ("source",))
         e.counts["benchmark_tasks"] = tasks
         self._trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
-        self.rows[n.id] = Span.of(len([i for i in n.inputs if i.stage == "source"]))
+        self.rows[n.id] = Span.of(len([i for i in n.inputs if STAGES[i.stage].brings == "tasks"]))
 
     def _trace_filter(self, n, e: StageEstimate) -> None:
         traces = self._in(n)

@@ -73,9 +73,9 @@ def match(node) -> str:
     """What a target node must share with a pilot's to take its rates."""
     if STAGES[node.stage].llm or STAGES[node.stage].training:  # a model does the work
         return model_key(node)
-    if node.stage in ("task_filter", "trace_filter"):
+    if STAGES[node.stage].filter:
         rules = {k: v for k, v in node.identity.items() if k not in ("sample", "score", "llm")}
-        upstream = [model_key(i) for i in node.inputs if i.stage == "rollout"]
+        upstream = [model_key(i) for i in node.inputs if STAGES[i.stage].traces and STAGES[i.stage].llm]
         return json.dumps({"rules": rules, "teacher": upstream}, sort_keys=True, default=str)
     return ""
 
@@ -86,7 +86,7 @@ def calibrate(plan, root: Path) -> Pilot:
     name = plan.recipe.name
     records = {n.id: _record(root / n.dir) for n in plan.nodes}
     missing = [f"{n.label} ({n.dir / PROVENANCE})" for n in plan.nodes
-               if records[n.id] is None and n.stage != "report"]
+               if records[n.id] is None and n is not plan.nodes[-1]]  # the last: its report
     if missing:
         raise ConfigError(f"--from {name} ({plan.recipe.path}): the pilot is not built; missing in {root}: "
                           f"{', '.join(dict.fromkeys(missing))}. Build it first (`otbuild build {name}`)")
@@ -123,33 +123,54 @@ def _measure(n, record: dict, root: Path, source: str) -> dict[str, Measured]:
     stats = record.get("stats") or {}
     work, merge = _jobs(n, root)
     out: dict[str, Measured] = {}
-    if STAGES[n.stage].trials and STAGES[n.stage].sharded:
+    d = STAGES[n.stage]
+    if d.trials and d.sharded:
         out = _trials(n, root, source, work)
-    elif STAGES[n.stage].llm and STAGES[n.stage].sharded:
+    elif d.llm and d.sharded:
         out = _requests(n, stats, source, work)
-    elif n.stage == "sft":
-        out = _sft(n, record, stats, root, source, work)
-    elif n.stage == "rl":
-        out = _rl(n, stats, source, work)
-    elif n.stage == "task_filter":
+    elif own := getattr(_Measure, n.stage, None):
+        out = own(n, record, stats, root, source, work)
+    if work:  # what a stage estimated by its jobs (Model._table) takes
+        out["job_s"] = Measured("job_s", "s per job", f"{source} ({len(work)} job(s))", values=work)
+    if merge:
+        out["merge_s"] = Measured("merge_s", "s per merge job", f"{source} (merge)", values=merge)
+    return out
+
+
+class _Measure:
+    """The rates a stage's own record gives, by stage (those with trials or LLM requests are
+    measured by what they ran)."""
+
+    @staticmethod
+    def sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
+        return _sft(n, record, stats, root, source, work)
+
+    @staticmethod
+    def rl(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
+        return _rl(n, stats, source, work)
+
+    @staticmethod
+    def task_filter(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
+        out = {}
         total = stats.get("kept", 0) + stats.get("rejected", 0)
         capped = sum(v for k, v in (stats.get("rejected_by_reason") or {}).items()
                      if k in ("not_sampled", "below_top_k"))
         if total:
             out["keep_rate"] = Measured("keep_rate", "kept / in (before sample)", f"{source} ({total} tasks)",
                                         span=rate_span(stats["kept"] + capped, total), n=total)
-    elif n.stage == "trace_filter":  # of the distinct traces: duplicates follow from the teacher (model.py)
+        return out
+
+    @staticmethod
+    def trace_filter(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
+        """Of the distinct traces: duplicates follow from the teacher (model.py)."""
+        out = {}
         reasons = stats.get("rejected_by_reason") or {}
         total = stats.get("kept", 0) + stats.get("rejected", 0) - reasons.get("duplicate", 0)
         if total > 0:
             kept = stats.get("kept", 0) + reasons.get("not_sampled", 0)
             out["keep_rate"] = Measured("keep_rate", "kept / distinct in", f"{source} ({total} traces)",
                                         span=rate_span(kept, total), n=total)
-    if n.stage not in ("rollout", "eval", "sft") and work:
-        out["job_s"] = Measured("job_s", "s per job", f"{source} ({len(work)} job(s))", values=work)
-    if merge:
-        out["merge_s"] = Measured("merge_s", "s per merge job", f"{source} (merge)", values=merge)
-    return out
+        return out
 
 
 def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured]:

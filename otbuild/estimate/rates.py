@@ -65,8 +65,6 @@ DEFAULTS: dict[tuple[str, str], Default] = {
     ("server", "overhead_s"): _d(900, 300, 1_800, "s per job", "loading a large model into vLLM"),
     ("model", "params_b"): _d(8, 4, 32, "B params", "the size is not in the model's name"),
 }
-TRIAL_STAGES = {"rollout": "trials", "eval": "trials", "rl": "trials", "augment": "requests",
-                "task_score": "requests"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,8 @@ class Rate:
 
 
 def default(stage: str, name: str) -> Rate:
-    d = DEFAULTS.get((stage, name)) or DEFAULTS[(TRIAL_STAGES.get(stage, stage), name)]
+    kind = "trials" if STAGES[stage].trials else "requests" if STAGES[stage].llm else stage  # else its own
+    d = DEFAULTS.get((stage, name)) or DEFAULTS[(kind, name)]
     return Rate(name, d.value, d.unit, d.source, assumed=True)
 
 
@@ -109,18 +108,15 @@ def model_key(node) -> str:
     s = node.settings
     if STAGES[node.stage].training:
         return f"train:{_spec_key(_base_model(node))}"
-    if node.stage == "eval" and not any(i.stage == "source" for i in node.inputs[-1:]):
+    if any(STAGES[i.stage].training for i in node.inputs[-1:]):  # an eval of a checkpoint
         return f"eval:{s.get('engine')}:{_spec_key(_base_model(node.inputs[-1]))}"
     return f"{s.get('engine')}:{s.get('model') or s.get('engine')}"
 
 
 def _base_model(node) -> dict | None:
-    while node.stage not in ("sft",):
-        trained = [i for i in node.inputs if STAGES[i.stage].training]
-        if not trained:
-            return None
-        node = trained[0]
-    return node.settings.get("model")
+    while trained := [i for i in node.inputs if STAGES[i.stage].training]:
+        node = trained[0]  # back to the first training run: its base model
+    return node.settings.get("model") if STAGES[node.stage].training else None
 
 
 def _spec_key(spec: dict | None) -> str:

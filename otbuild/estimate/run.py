@@ -12,6 +12,7 @@ from otbuild.estimate.model import Model, StageEstimate
 from otbuild.estimate.pilot import SMALL_PILOT, Pilot
 from otbuild.estimate.profile import Profile
 from otbuild.estimate.span import ZERO, Span
+from otbuild.stages import STAGES
 
 METRICS = ("gpu_hours", "cost", "wall_s")
 
@@ -87,7 +88,7 @@ def _count_warnings(plan, model: Model) -> list[str]:
     out = []
     for s in model.stages:
         keep = next((r for r in s.rates if r.name == "keep_rate"), None)
-        if s.stage == "trace_filter" and not s.built and keep is not None:
+        if STAGES[s.stage].traces and STAGES[s.stage].filter and not s.built and keep is not None:
             kept, cap = s.counts["traces_kept"], plan_sample(plan)
             if cap and kept.estimate < cap:
                 out.append(f"{s.label}: sample.n asks for {cap:,} traces but about {kept.estimate:,.0f} "

@@ -271,7 +271,7 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         step_name = nodes[0].local if len(nodes) == 1 else f"{group} ({len(nodes)})"
         g.funnel.append(Step(step_name, stage, [a.local for a in nodes],
                              total_rows(rows), sum(rejected) if rejected else None, reasons))
-    g.sources = [_source_info(con, a) for a in line if a.stage == "source"]
+    g.sources = [_source_info(con, a) for a in line if STAGES[a.stage].brings == "tasks"]
     g.filters = [a for a in line if STAGES[a.stage].filter]
     g.teachers = [a for a in line if STAGES[a.stage].traces and not STAGES[a.stage].filter]
     mix = next((a for a in line if a.stage == "mix"), None)
@@ -284,7 +284,7 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         g.traces = _traces(con, trace_final)
     g.tasks = final_tasks(arts)
     for a in arts:
-        if a.stage in ("sft", "rl") and getattr(g, a.stage) is None:  # the report's two training sections
+        if STAGES[a.stage].training and getattr(g, a.stage) is None:  # the report's training sections
             setattr(g, a.stage, _curve(a, STAGES[a.stage].curve))
     ev = next((a for a in arts if a.stage == "eval"), None)
     if ev and ev.main_output.exists():

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from otbuild.report import costs as costs_mod
 from otbuild.report.data import Artifact, by_candidate, final_tasks, final_traces, total_rows, train_log
-from otbuild.stages import LOSS_KEYS, REWARD_KEYS
+from otbuild.stages import LOSS_KEYS, REWARD_KEYS, STAGES
 
 
 @dataclass
@@ -88,7 +88,7 @@ def _part(name: str | None, arts: list[Artifact]) -> Part:
         rows = [a.rows for a in traces]
         p.traces = (", ".join(a.local for a in traces), total_rows(rows))
     for a in arts:
-        if a.stage in ("sft", "rl") and (flag := training_flag(a)):
+        if STAGES[a.stage].training and (flag := training_flag(a)):
             p.flags.append(flag)
     ev = next((a for a in arts if a.stage == "eval"), None)
     if ev and ev.main_output.exists():
@@ -130,7 +130,7 @@ def training_flag(a: Artifact) -> Flag | None:
     _, lines = train_log(a)
     if not lines:
         return None
-    if a.stage == "rl":
+    if STAGES[a.stage].trials:  # trained on its own trials' rewards (RL)
         if not all(r.get(k) == 0 for r in lines for k in ("loss", "grad_norm")):
             return None
         key = next((k for k in REWARD_KEYS if any(k in r for r in lines)), None)

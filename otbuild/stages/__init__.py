@@ -65,6 +65,11 @@ class StageDef:
     # pipeline order
     after: str = ""
 
+    @property
+    def brings(self) -> str | None:
+        """The kind of data it brings into the pipeline from outside (sources: tasks), if any."""
+        return self.produces if self.produces and self.produces not in self.consumes and not self.consumes else None
+
     @cached_property
     def _adapter(self) -> TypeAdapter:
         return TypeAdapter(self.settings)
