@@ -61,7 +61,8 @@ def sections(recipe, stage: str) -> list[BaseModel]:
 
 def test_every_stage_declares_its_settings_model():
     """The registry's model of each stage's settings (a model, or a discriminated union of
-    them) is the one its `run` (and, sharded, its `run_shard`) takes as `cfg`."""
+    them) is the one its `run` (and, sharded, its `run_shard`) takes as `cfg`; each is marked
+    @stage_run (@stage_run_shard), so the type checker verifies the rest of its signature."""
     for name, d in STAGES.items():
         union = typing.get_origin(d.settings) is typing.Annotated
         members = typing.get_args(typing.get_args(d.settings)[0]) if union else (d.settings,)
@@ -69,6 +70,7 @@ def test_every_stage_declares_its_settings_model():
         module = importlib.import_module(d.module)
         assert hasattr(module, "run_shard") == d.sharded, name
         for fn in ("run", "run_shard") if d.sharded else ("run",):
+            assert getattr(getattr(module, fn), "stage_entry", None) == fn, f"{d.module}.{fn}: not marked @stage_{fn}"
             cfg = typing.get_type_hints(getattr(module, fn), include_extras=True).get("cfg")
             assert cfg == d.settings, f"{d.module}.{fn} takes cfg: {cfg}, the registry's {name} settings are {d.settings}"
 

@@ -4,8 +4,11 @@ any other file naming it; a stage the estimate cannot answer for fails at import
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -108,3 +111,89 @@ def test_the_plan_names_each_input_and_the_job_reads_them_by_name():
     assert inputs.named("tasks") == [nodes["task_filter"].inputs[0].main_output]
     names = [i["name"] for i in nodes["eval"].spec()["inputs"]]
     assert names[-1] == "checkpoint" and set(names[:-1]) == {"tasks"}
+
+
+# Where code outside a stage's own module still names a stage, and why a trait or hook does not
+# answer there: (file, stage) -> (how many, why). A new switch on a stage's name fails below.
+NAMED = {
+    ("otbuild/estimate/rates.py", "sft"): (2, "the estimate's default rates of SFT (tokens per trace, GPU-s)"),
+    ("otbuild/estimate/rates.py", "rl"): (1, "the estimate's default rate of RL (GPU-s per trial)"),
+    ("otbuild/estimate/rates.py", "task_filter"): (1, "the task filter's default keep rate"),
+    ("otbuild/estimate/rates.py", "trace_filter"): (1, "the trace filter's default keep rate"),
+    ("otbuild/estimate/rates.py", "source"): (1, "a source's default task count"),
+    ("otbuild/plan/__init__.py", "eval"): (1, "the plan's fixed tail: each candidate's eval feeds the ranking"),
+    ("otbuild/report/data.py", "rank"): (3, "the ranking: the report's table of an ablation's candidates"),
+    ("otbuild/report/data.py", "mix"): (1, "the report's mix section: tasks per source"),
+    ("otbuild/report/data.py", "eval"): (1, "the report's eval section: scores per benchmark"),
+    ("otbuild/report/headline.py", "eval"): (1, "the headline's eval scores"),
+    ("otbuild/summary.py", "rank"): (1, "the build summary's winner"),
+    ("otbuild/report/page.py", "mix"): (1, "the report's sections (charts), named as their stages"),
+    ("otbuild/report/page.py", "sft"): (2, "the report's sections (charts), named as their stages"),
+    ("otbuild/report/page.py", "rl"): (2, "the report's sections (charts), named as their stages"),
+    ("otbuild/report/page.py", "eval"): (1, "the report's sections (charts), named as their stages"),
+    ("otbuild/report/__init__.py", "mix"): (1, "the report's sections in its stats"),
+    ("otbuild/report/__init__.py", "sft"): (1, "the report's sections in its stats"),
+    ("otbuild/report/__init__.py", "rl"): (1, "the report's sections in its stats"),
+    ("otbuild/report/__init__.py", "eval"): (1, "the report's sections in its stats"),
+    ("otbuild/rebuild.py", "report"): (3, "audit --rebuild renders the report again (it is not re-run as a stage)"),
+    ("otbuild/cli.py", "report"): (1, "`otbuild plan` lists the report's inputs as 'every artifact above'"),
+    ("otbuild/cli.py", "sft"): (1, "`otbuild export llamafactory`: the handoff of the SFT stage"),
+    ("otbuild/cli.py", "rl"): (1, "`otbuild export skyrl`: the handoff of the RL stage"),
+    ("otbuild/train/__main__.py", "sft"): (1, "the trainer's own commands (python -m otbuild.train sft|rl)"),
+    ("otbuild/train/__main__.py", "rl"): (1, "the trainer's own commands (python -m otbuild.train sft|rl)"),
+}
+
+
+def stage_switches(root: Path) -> Counter:
+    """(file, stage) -> how often code outside otbuild/stages/ switches on a stage's name: a
+    literal compared with something named *stage*, a key of STAGES (or of anything *stage*), an
+    argument of a *stage* function, or one of two or more stage names in a tuple, list, set or
+    dict's keys (a table by stage)."""
+    names, out = set(STAGES), Counter()
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "stages":
+            continue
+        src = path.read_text()
+        tree = ast.parse(src)
+
+        def text(n: ast.AST) -> str:
+            return (ast.get_source_segment(src, n) or "").lower()  # noqa: B023
+
+        def lits(n: ast.AST) -> list[ast.Constant]:
+            return [c for c in ast.walk(n) if isinstance(c, ast.Constant) and c.value in names]
+
+        found: dict[int, ast.Constant] = {}
+        for n in ast.walk(tree):
+            hits: list[ast.Constant] = []
+            if isinstance(n, ast.Compare) and any("stage" in text(x) for x in (n.left, *n.comparators)):
+                hits = [c for x in (n.left, *n.comparators) for c in lits(x)]
+            elif isinstance(n, ast.Subscript) and "stage" in text(n.value):
+                hits = lits(n.slice)
+            elif isinstance(n, ast.Call) and "stage" in text(n.func):
+                hits = [a for a in (*n.args, *(k.value for k in n.keywords)) if a in lits(a)]
+            elif isinstance(n, ast.Tuple | ast.List | ast.Set | ast.Dict):
+                elts = n.keys if isinstance(n, ast.Dict) else n.elts
+                firsts = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in elts]
+                table = [e for e in firsts if isinstance(e, ast.Constant) and e.value in names]
+                hits = table if len(table) >= 2 else []
+            found.update((id(c), c) for c in hits)
+        out.update((path.relative_to(root.parent).as_posix(), c.value) for c in found.values())
+    return out
+
+
+def test_code_outside_the_stages_names_a_stage_only_where_no_trait_answers():
+    found = stage_switches(REPO / "otbuild")
+    allowed = Counter({k: n for k, (n, _) in NAMED.items()})
+    new = {k: n - allowed[k] for k, n in found.items() if n > allowed[k]}
+    assert not new, f"code switches on a stage's name where a trait or hook should answer: {new}"
+    assert sum(found.values()) < 40
+    stale = {k for k in NAMED if found[k] < NAMED[k][0]}
+    assert not stale, f"NAMED lists more than there is (lower it): {stale}"
+
+
+def test_the_switch_finder_sees_each_form(tmp_path):
+    pkg = tmp_path / "otbuild"
+    pkg.mkdir()
+    (pkg / "x.py").write_text('if n.stage == "mix": pass\nSTAGES["sft"]\nrun_stage("rl")\n'
+                              'RATES = {("eval", "k"): 1, ("rank", "k"): 2}\nrow = {"source": 1}\n')
+    assert stage_switches(pkg) == Counter({("otbuild/x.py", s): 1 for s in ("mix", "sft", "rl", "eval", "rank")})
