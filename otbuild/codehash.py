@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import json
 import re
 from functools import cache
@@ -27,8 +28,14 @@ SQL_NAME = re.compile(r"""["'](\w+\.sql)["']""")  # a template named in a module
 
 
 def code_files(stage: str) -> dict[str, str]:
-    """sha256 (16 hex digits) of every file of the stage's code, by path (otbuild/...)."""
+    """sha256 (16 hex digits) of every file of the stage's code, by path (otbuild/...; a stage
+    added by a package: its module's file, by its path)."""
     stage_def = STAGES[stage]
+    if stage_def.module.split(".")[0] != "otbuild":  # a stage a package adds: its own file
+        spec = importlib.util.find_spec(stage_def.module)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"stage {stage}: its module {stage_def.module} cannot be found")
+        return {spec.origin: hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:16]}
     module = _module_file(stage_def.module)
     if module is None:
         raise ValueError(f"stage {stage}: its module {stage_def.module} is not in otbuild")

@@ -84,7 +84,8 @@ class Rate:
 
 
 def default(stage: str, name: str) -> Rate:
-    kind = "trials" if STAGES[stage].trials else "requests" if STAGES[stage].llm else stage  # else its own
+    st = STAGES.get(stage)  # or a group of rates of its own: job, server, model
+    kind = "trials" if st and st.trials else "requests" if st and st.llm else stage
     d = DEFAULTS.get((stage, name)) or DEFAULTS[(kind, name)]
     return Rate(name, d.value, d.unit, d.source, assumed=True)
 

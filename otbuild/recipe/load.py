@@ -24,6 +24,7 @@ from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
 from otbuild.settings.recipe import NAME_RE, AtPath, Eval, Recipe, Teacher
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, ShardedTrials, harbor_agent, trials_of
+from otbuild.stages import STAGES
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
     """The schema, then the checks across keys; errors name the file that set each key."""
     try:
         _check_finite(data, origin, path, ())
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(_with_added(data, origin, path))
         _check_regexes(recipe, origin, path, ())
         _check_semantics(recipe, origin, path)
     except ValidationError as e:
@@ -77,6 +78,24 @@ def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
     except ConfigError as e:
         raise ConfigError(context + str(e)) from None
     return recipe
+
+
+def _with_added(data: dict, origin: dict, path: Path) -> dict:
+    """The document with the sections of stages added by installed packages (a StageDef outside
+    otbuild's own, no field of Recipe) moved under `added`, each validated by its stage's model."""
+    if isinstance(data, dict) and "added" in data:
+        raise ConfigError(f"{_file_for(('added',), origin, path)}: added: not a recipe key: an added stage's "
+                          "section is written at the top level, under the stage's name")
+    keys = {d.section or d.name: d for d in STAGES.values()} if isinstance(data, dict) else {}
+    sections = {k: v for k, v in data.items() if k in keys and k not in Recipe.model_fields}
+    added = {}
+    for key, value in sections.items():
+        try:
+            added[key] = keys[key].settings.model_validate(value or {})
+        except ValidationError as e:
+            raise ConfigError("\n".join(_format_error({**err, "loc": (key, *err["loc"])}, origin, path)
+                                        for err in e.errors())) from None
+    return {**{k: v for k, v in data.items() if k not in sections}, **({"added": added} if added else {})}
 
 
 def _check_finite(value, origin: dict, path: Path, loc: tuple) -> None:

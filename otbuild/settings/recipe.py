@@ -492,4 +492,7 @@ class Recipe(Strict):
     # MODEL (or ENGINE:MODEL) -> price per million tokens: only the report uses them (its id
     # follows them; no other artifact's does)
     prices: dict[Annotated[str, Field(min_length=1)], Price] = Field(default_factory=dict)
+    # the sections of stages that installed packages add (otbuild.stages entry points), each
+    # validated by its stage's settings model; the loader moves them here from the top level
+    added: dict[str, Any] = Field(default_factory=dict)
 

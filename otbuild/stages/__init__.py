@@ -153,8 +153,6 @@ def _with_added(stages: dict[str, StageDef]) -> dict[str, StageDef]:
     return out
 
 
-STAGES = _with_added(STAGES)
-
 
 class Inputs(list[Path]):
     """A job's inputs: the main outputs of the nodes it reads, in plan order (what a stage that
@@ -217,3 +215,7 @@ def stage_run_shard(fn: RunShard[Cfg_contra]) -> RunShard[Cfg_contra]:
     """Marks a sharded stage's `run_shard`, verified as `stage_run`'s."""
     fn.stage_entry = "run_shard"  # type: ignore[attr-defined]
     return fn
+
+
+# last: an added stage's module imports what is above
+STAGES = _with_added(STAGES)

@@ -18,7 +18,10 @@ def section_key(d: StageDef) -> str:
 
 
 def section_of(recipe: Any, key: str) -> Any:
-    """The recipe's section at dotted `key`; None when it is not set (or an empty mapping)."""
+    """The recipe's section at dotted `key` (an added stage's: under `added`); None when it is
+    not set (or an empty mapping)."""
+    if key in getattr(recipe, "added", {}):
+        return recipe.added[key]
     value = recipe
     for part in key.split("."):
         value = getattr(value, part, None)
