@@ -72,7 +72,8 @@ def test_stage_versions_the_docs_state_are_the_registry_s():
     stated = []
     for path in DOCS:
         text = path.read_text()
-        stated += [(path.name, *m) for m in re.findall(r'StageDef\(\s*"(\w+)",\s*(\d+)', text)]
+        stated += [(path.name, *m) for m in re.findall(r'StageDef\(\s*"(\w+)",\s*(\d+)', text)
+                   if m[0] in STAGES]  # not the example of adding one
         stated += [(path.name, *m) for m in re.findall(r"`(\w+)`[^.`\n]{0,30}\bversion (\d+)", text)
                    if m[0] in STAGES]
     assert stated

@@ -19,12 +19,12 @@ from pydantic import BaseModel, ValidationError
 
 from otbuild.engines.model_config import check_fits_model
 from otbuild.errors import ConfigError
+from otbuild.settings.added import added_sections
 from otbuild.settings.base import RE2, field_extra
 from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
 from otbuild.settings.recipe import NAME_RE, AtPath, Eval, Recipe, Teacher
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, ShardedTrials, harbor_agent, trials_of
-from otbuild.stages import STAGES
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,12 @@ def _with_added(data: dict, origin: dict, path: Path) -> dict:
     if isinstance(data, dict) and "added" in data:
         raise ConfigError(f"{_file_for(('added',), origin, path)}: added: not a recipe key: an added stage's "
                           "section is written at the top level, under the stage's name")
-    keys = {d.section or d.name: d for d in STAGES.values()} if isinstance(data, dict) else {}
+    keys = added_sections() if isinstance(data, dict) else {}
     sections = {k: v for k, v in data.items() if k in keys and k not in Recipe.model_fields}
     added = {}
     for key, value in sections.items():
         try:
-            added[key] = keys[key].settings.model_validate(value or {})
+            added[key] = keys[key].model_validate(value or {})
         except ValidationError as e:
             raise ConfigError("\n".join(_format_error({**err, "loc": (key, *err["loc"])}, origin, path)
                                         for err in e.errors())) from None

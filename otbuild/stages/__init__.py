@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
 from otbuild.settings import stages as s
+from otbuild.settings.added import ENTRY_POINTS, added_stages
 from otbuild.traces.table import VOLATILE_COLUMNS as TRACE_VOLATILE
 from otbuild.train.checkpoint import LOG, MANIFEST, VOLATILE_LOG_KEYS, VOLATILE_MANIFEST_KEYS
 
@@ -135,18 +135,14 @@ STAGES: dict[str, StageDef] = {
 }
 
 
-ENTRY_POINTS = "otbuild.stages"  # the group of a package's stages (docs/architecture.md)
-
-
 def _with_added(stages: dict[str, StageDef]) -> dict[str, StageDef]:
     """The built-in stages and those installed packages add (entry points in ENTRY_POINTS, each a
     StageDef), each placed after the stage it names."""
     out = dict(stages)
-    for ep in entry_points(group=ENTRY_POINTS):
-        d = ep.load()
+    for d in added_stages():
         if not isinstance(d, StageDef) or d.name in out or d.after not in out:
-            raise ImportError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINTS}): expected a StageDef with a "
-                              f"new name that follows a known stage (`after`: one of {', '.join(out)})")
+            raise ImportError(f"an entry point of {ENTRY_POINTS} names {d!r}: expected a StageDef with a new name "
+                              f"that follows a known stage (`after`: one of {', '.join(out)})")
         names = list(out)
         names.insert(names.index(d.after) + 1, d.name)
         out = {n: out.get(n, d) for n in names}
