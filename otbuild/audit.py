@@ -45,6 +45,7 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
             record.get("finished_at", "")[:16].replace("T", " "), version, code, detail,
         )
     console.print(table)
+    findings += _audit_search(plan, console)
     if other_versions:
         console.print(f"[yellow]note: built by otbuild {', '.join(sorted(other_versions))}; this is "
                       f"{otbuild.__version__}[/] (ids hold the stage versions: what matches is reused)")
@@ -56,6 +57,34 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
         return EXIT_FINDINGS
     console.print(f"[green]all {len(plan.nodes)} artifact(s) match their provenance records[/]")
     return EXIT_OK
+
+
+def _audit_search(plan: Plan, console: Console) -> int:
+    """Each decision of a search derived again from its ranking and its candidates' evals, as
+    built: a decision that does not follow from them is a finding."""
+    from otbuild.stages import Inputs
+    from otbuild.stages.decide import derive
+
+    decided = [s for s in plan.search if s.decision is not None]
+    if not decided:
+        return 0
+    table = Table(title=f"search decisions: {plan.recipe.name}")
+    for col in ("stage", "winner", "decided", "proven", "detail"):
+        table.add_column(col, no_wrap=col != "detail")
+    findings = 0
+    for s in decided:
+        node, was = s.decide, s.decision or {}
+        again = derive(node.config, Inputs([i.main_output for i in node.inputs], node.input_names))
+        same = all(again[k] == was[k] for k in ("winner", "decided", "values"))
+        findings += not same
+        detail = was["reason"] if same else (f"recorded {was['winner']} ({was['reason']}), "
+                                             f"the artifacts give {again['winner']} ({again['reason']})")
+        table.add_row(str(s.step), was["winner"], "yes" if was["decided"] else "no (default kept)",
+                      "[green]yes[/]" if same else "[red]no[/]", detail)
+    console.print(table)
+    if len(decided) < len(plan.recipe.recipe.search):
+        console.print(f"[yellow]search: {len(plan.recipe.recipe.search) - len(decided)} stage(s) not decided yet[/]")
+    return findings
 
 
 def _published_ids(plan: Plan) -> dict[str, str]:

@@ -152,6 +152,10 @@ def plan(recipe, estimate, pilots, profile, as_json):
         raise ConfigError("--from, --profile and --json go with --estimate")
     p = _plan(recipe)
     if estimate:
+        if p.search:  # every stage, as if each undecided one kept its default
+            from otbuild.plan import plan_recipe
+
+            p = plan_recipe(p.recipe, assume_defaults=True)
         _estimate(p, pilots, profile, as_json)
         return
     table = Table(title=f"plan: {p.recipe.name}", caption="each artifact is artifacts/STAGE/ID; its inputs by name")
@@ -161,10 +165,11 @@ def plan(recipe, estimate, pilots, profile, as_json):
     table.add_column("inputs", overflow="fold", ratio=1)
     candidate = None
     for n in p.nodes:
-        prefix = "/".join(n.label.split("/")[:2]) + "/" if n.label.startswith("candidates/") else ""
-        if prefix and prefix != candidate:  # an ablation: a heading per candidate, labels within it
+        prefix = _candidate_prefix(n.label)
+        if prefix and prefix != candidate:  # an ablation or search: a heading per candidate, labels within it
             candidate = prefix
-            table.add_row(f"[bold]candidate {escape(prefix.split('/')[1])}[/]", "", "", "")
+            *step, name = prefix.strip("/").split("/")[1:]
+            table.add_row(f"[bold]{'stage ' + step[0] + ' ' if step else ''}candidate {escape(name)}[/]", "", "", "")
         status = check(n.dir, n.stage).status
         style = {"ok": "green", "not-built": "yellow"}.get(status, "red")
         shown = {"ok": "built", "not-built": "pending"}.get(status, status)
@@ -174,6 +179,19 @@ def plan(recipe, estimate, pilots, profile, as_json):
         inputs = "every artifact above" if n.stage == "report" else _input_labels(n, prefix)
         table.add_row(name, n.id, f"[{style}]{shown}[/]", escape(inputs))
     out.print(table)
+    if p.recipe.recipe.search:
+        from otbuild.search import search_lines
+
+        for line in search_lines(p):
+            out.print(escape(line), highlight=False)
+
+
+def _candidate_prefix(label: str) -> str:
+    """The label's candidate part: candidates/NAME/ (an ablation), search/STEP/NAME/ (a search)."""
+    parts = label.split("/")
+    if parts[0] == "candidates":
+        return "/".join(parts[:2]) + "/"
+    return "/".join(parts[:3]) + "/" if parts[0] == "search" and len(parts) > 3 else ""
 
 
 def _estimate(p, pilots: tuple[str, ...], profile: str | None, as_json: bool) -> None:
@@ -209,8 +227,8 @@ def _input_labels(node, prefix: str) -> str:
     labels: dict[str, int] = {}
     for i in node.inputs:
         label = i.label.removeprefix(prefix)
-        if label.startswith("candidates/"):
-            label = f"{label.split('/', 2)[2]} of each candidate"
+        if cand := _candidate_prefix(label):
+            label = f"{label.removeprefix(cand)} of each candidate"
         labels[label] = labels.get(label, 0) + 1
     return ", ".join(f"{label} ({n})" if n > 1 else label for label, n in labels.items())
 

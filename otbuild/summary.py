@@ -39,7 +39,12 @@ def summary(plan: Plan, root: Path = Path("."), wall: float | None = None) -> st
     lines = [f"otbuild: {name} is built{took}.",
              f"  results      {RESULTS / name}/  (manifest.json names every artifact, its id and rows)",
              f"  report       {RESULTS / name / 'report' / HTML}"]
-    if head.best:
+    if plan.search:
+        from otbuild.search import WINNER, search_lines
+
+        lines += [f"  {line}" for line in search_lines(plan)]
+        lines.append(f"  winner       {RESULTS / name / WINNER}  (a plain recipe: build it by itself)")
+    elif head.best:
         lines.append(f"  best         {head.best} (by mean cross-benchmark z-score)")
     for p in head.parts:
         lines += _part_lines(p, indent="  " if p.name is None else "    ")

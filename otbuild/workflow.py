@@ -19,6 +19,7 @@ from otbuild.hashing import canonical_json
 from otbuild.plan import RESULTS, Node, Plan, plan_recipe
 from otbuild.provenance import read_record
 from otbuild.recipe.load import LoadedRecipe, load_recipe
+from otbuild.search import write_search
 
 OTBUILD = f"{shlex.quote(sys.executable)} -m otbuild"
 # The workflow a project's Snakefile includes (its rules/ beside it), or `otbuild build` runs.
@@ -67,10 +68,11 @@ class Workflow:
             sys.exit(EXIT_USAGE)
         return fail
 
-    def target(self, name: str, dryrun: Callable[[], bool]) -> Callable:
+    def target(self, name: str, dryrun: Callable[[], bool], decided: Callable[[str], object]) -> Callable:
         """The input function of recipe NAME's target: every artifact of its plan. Asked for, it
         first prints validate's warnings; a path the recipe names that does not exist ends the
-        run (exit 2) before any job or lock, naming the file and key (a dry run only warns)."""
+        run (exit 2) before any job or lock, naming the file and key (a dry run only warns).
+        A search's are its files once every stage is decided (`settled_files`)."""
         def inputs(wildcards):
             plan = self.plans[name]
             if name not in self.checked:
@@ -84,12 +86,28 @@ class Workflow:
                     print(f"otbuild: target {name!r} cannot be built without it: fix the path or bring the data "
                           f"(`otbuild validate {name}` lists what is missing); nothing was run", file=sys.stderr)
                     sys.exit(EXIT_USAGE)
-            return self.artifact_files(name)
+            return self.settled_files(name, decided)
         return inputs
+
+    def settled_files(self, name: str, decided: Callable[[str], object]) -> list[str]:
+        """Recipe NAME's artifact files. A search is planned again each time (its decisions so far
+        on disk); while a stage is pending, `decided(ID)` (the decide checkpoint) raises until that
+        decision is built, and Snakemake asks again: nothing past a pending stage (the report, the
+        manifest) is built before the search has got there."""
+        plan = self.replan(name) if self.plans[name].search else self.plans[name]
+        if (step := plan.pending) is not None:
+            decided(step.decide.id)
+        return self.artifact_files(name)
 
     def artifact_files(self, name: str) -> list[str]:
         """Every output file and record of recipe NAME's artifacts."""
         return [str(p) for n in self.plans[name].nodes for p in (*n.outputs, n.provenance)]
+
+    def replan(self, name: str) -> Plan:
+        """Recipe NAME planned again (a search: as far as its decisions are built), its nodes known."""
+        plan = self.plans[name] = plan_recipe(self.plans[name].recipe)
+        self.nodes.update({(n.stage, n.id): n for n in plan.nodes})
+        return plan
 
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]
@@ -193,7 +211,9 @@ def write_results(plan: Plan, log: str | Path | None = None) -> Path:
     which leaves an unchanged manifest as it is)."""
     write_manifest(plan)
     out = write_view(plan)
-    _say(log, f"{out}/: {len(plan.nodes)} links by label, recipe.resolved.yaml, manifest.json")
+    searched = [p.name for p in write_search(plan, out)] if plan.search else []
+    _say(log, f"{out}/: {len(plan.nodes)} links by label, recipe.resolved.yaml, manifest.json"
+         + "".join(f", {f}" for f in searched))
     return out
 
 

@@ -132,7 +132,7 @@ FLOORS = (
     ("stages",),
     # the build: plan, records, reports, and the commands over them
     ("plan", "codehash", "recovery", "report", "profiles", "recipe_images"),
-    ("provenance", "summary", "estimate"),
+    ("provenance", "summary", "estimate", "search"),
     ("audit", "publish", "rebuild", "runner", "workflow"),
     ("cli", "__main__"),
 )

@@ -121,7 +121,6 @@ NAMED = {
     ("otbuild/estimate/rates.py", "task_filter"): (1, "the task filter's default keep rate"),
     ("otbuild/estimate/rates.py", "trace_filter"): (1, "the trace filter's default keep rate"),
     ("otbuild/estimate/rates.py", "source"): (1, "a source's default task count"),
-    ("otbuild/plan/__init__.py", "eval"): (1, "the plan's fixed tail: each candidate's eval feeds the ranking"),
     ("otbuild/report/data.py", "rank"): (3, "the ranking: the report's table of an ablation's candidates"),
     ("otbuild/report/data.py", "mix"): (1, "the report's mix section: tasks per source"),
     ("otbuild/report/data.py", "eval"): (1, "the report's eval section: scores per benchmark"),

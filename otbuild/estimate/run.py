@@ -27,6 +27,9 @@ class Estimate:
     sensitivity: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+    # a search: each stage's grid in full, nothing shared between stages (the totals: as if every
+    # stage's default won, so that a candidate equal to the last winner is shared)
+    worst: dict[str, Span | None] | None = None
 
     def json(self) -> dict:
         def span(v):
@@ -47,6 +50,7 @@ class Estimate:
                           "runtime_s": j.grant.runtime_s, "attempts": j.grant.attempts} for j in s.jobs],
                 "rates": [r.json() for r in s.rates], "notes": s.notes} for s in self.stages},
             "total": {k: span(v) for k, v in self.total.items()},
+            **({"worst": {k: span(v) for k, v in self.worst.items()}} if self.worst else {}),
             "assumptions": self.sensitivity, "warnings": self.warnings, "profile_flags": self.flags,
         }
 
@@ -77,7 +81,23 @@ def estimate(plan, pilots: list[Pilot], profile: Profile, root: Path = Path(".")
                     f"a pilot of at least {SMALL_PILOT} says more" for source, names in base.small.items()]
     est.warnings += _count_warnings(plan, base)
     est.flags = profile_flags(base.stages)
+    if plan.search:
+        est.worst = _worst(plan, pilots, profile, root)
     return est
+
+
+def _worst(plan, pilots: list[Pilot], profile: Profile, root: Path) -> dict[str, Span | None]:
+    """A search's upper bound: the sum of each stage's estimate by itself (its candidates, their
+    inputs, its ranking and decision), so nothing is shared between stages."""
+    from otbuild.plan import Plan, topological
+
+    parts = [totals(Model(Plan(plan.recipe, topological([s.decide])), pilots, profile, root).run())
+             for s in plan.search]
+    out: dict[str, Span | None] = {}
+    for k in parts[0]:
+        values = [p[k] for p in parts if p[k] is not None]
+        out[k] = sum(values, ZERO) if values else None
+    return out
 
 
 def _share(swing: float | None, total: Span | None) -> float:

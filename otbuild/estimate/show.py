@@ -50,6 +50,10 @@ def show(est: Estimate, out: Console) -> None:
     t = est.total
     table.add_row("[bold]total[/]", "", _n(t["requests"]), f"{_n(t['input_tokens'])}\n{_n(t['output_tokens'])}",
                   _n(t["cost"], money=True), _n(t["gpu_hours"]), _t(t["wall_s"]), style="bold")
+    if worst := est.worst:
+        table.add_row("[bold]worst case[/] (search: no stage's default wins)", "", _n(worst["requests"]),
+                      f"{_n(worst['input_tokens'])}\n{_n(worst['output_tokens'])}", _n(worst["cost"], money=True),
+                      _n(worst["gpu_hours"]), _t(worst["wall_s"]))
     out.print(table)
 
     rates = Table(title="rates used (per stage) and where each came from")

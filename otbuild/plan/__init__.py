@@ -122,6 +122,12 @@ class Node:
 class Plan:
     recipe: LoadedRecipe
     nodes: list[Node] = field(default_factory=list)  # topological order
+    search: list[SearchStep] = field(default_factory=list)  # a search's stages planned so far
+
+    @property
+    def pending(self) -> SearchStep | None:
+        """A search's stage whose decision is not built yet: what the plan waits for."""
+        return next((s for s in self.search if s.decision is None), None)
 
     @property
     def missing(self) -> list[Missing]:
@@ -136,20 +142,72 @@ class Plan:
         return [n for n in self.nodes if n.id not in used]
 
 
-def plan_recipe(loaded: LoadedRecipe) -> Plan:
-    """The recipe's DAG; an ablation grid's candidates share nodes by id and feed a ranking."""
+def plan_recipe(loaded: LoadedRecipe, assume_defaults: bool = False) -> Plan:
+    """The recipe's DAG; an ablation grid's candidates share nodes by id and feed a ranking; a
+    search's stages are planned as far as their decisions are built (`assume_defaults`: every
+    stage, an undecided one as if its default won: what `plan --estimate` estimates)."""
+    if loaded.recipe.search:
+        return _plan_search(loaded, assume_defaults)
     if not loaded.recipe.ablate:
-        return _with_report(loaded, _topo(_finals(loaded)))
+        return _with_report(loaded, topological(_finals(loaded)))
     from otbuild.recipe.ablate import candidates
 
+    finals, rank = _ranked(loaded, candidates(loaded), "candidates/", "ranking")
+    return _with_report(loaded, topological([*finals, rank]))
+
+
+def _ranked(loaded: LoadedRecipe, cands: list[tuple[str, LoadedRecipe]], prefix: str,
+            label: str) -> tuple[list[Node], Node]:
+    """Each candidate's nodes (labels under PREFIX/NAME/) and the ranking of their evals."""
     evals, finals = [], []
-    for name, cand in candidates(loaded):
-        nodes = _finals(cand, prefix=f"candidates/{name}/")
-        evals.append(next(n for n in nodes if n.stage == "eval"))
+    for name, cand in cands:
+        nodes = _finals(cand, prefix=f"{prefix}{name}/")
+        evals.append(nodes[-1])  # a recipe with an eval ends in it
         finals += nodes
     metric = {"metric": loaded.recipe.eval.rank_by} if loaded.recipe.eval else {}
-    finals.append(_node("rank", "ranking", {"candidates": [e.label.split("/")[1] for e in evals], **metric}, evals))
-    return _with_report(loaded, _topo(finals))
+    return finals, _node("rank", label, {"candidates": [name for name, _ in cands], **metric}, evals)
+
+
+@dataclass(frozen=True)
+class SearchStep:
+    """One stage of a search as planned: its candidates, ranking and decision node, and the
+    decision once that is built (None: pending; the stages after it are not planned yet)."""
+
+    step: int
+    grid: dict
+    candidates: list[str]
+    default: str
+    decide: Node
+    decision: dict | None
+
+
+def _plan_search(loaded: LoadedRecipe, assume_defaults: bool = False) -> Plan:
+    """Each stage's candidates, with the winning values of the stages before it set, built and
+    ranked as an ablation is, then decided (stages/decide.py); planned up to the first stage
+    whose decision is not built yet: its checkpoint replans the rest (otbuild/workflow.py)."""
+    from otbuild.recipe.ablate import search_stage
+    from otbuild.stages.decide import read_decision
+
+    finals: list[Node] = []
+    steps: list[SearchStep] = []
+    fixed: dict = {}
+    rules = loaded.recipe.decision.model_dump()
+    for step in range(1, len(loaded.recipe.search) + 1):
+        cands, default = search_stage(loaded, step, fixed)
+        nodes, rank = _ranked(loaded, [(n, c) for n, _, c in cands], f"search/{step}/", f"search/{step}/ranking")
+        config = {**rules, "step": step, "default": default, "metric": rank.config.metric,
+                  "candidates": [{"name": n, "values": v} for n, v, _ in cands]}
+        decide = _node("decide", f"search/{step}/decision", config, [rank, *rank.inputs])
+        finals += [*nodes, decide]
+        decision = read_decision(loaded.root / decide.dir)
+        steps.append(SearchStep(step, loaded.recipe.search[step - 1], [n for n, _, _ in cands], default, decide,
+                                decision))
+        if decision is None and not assume_defaults:
+            break
+        fixed |= decision["values"] if decision else dict(next(v for n, v, _ in cands if n == default))
+    plan = _with_report(loaded, topological(finals))
+    plan.search = steps
+    return plan
 
 
 def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
@@ -355,7 +413,7 @@ def _missing(loaded: LoadedRecipe, label: str, key: str | None, what: str, neede
     return Missing(loaded.file_for(dotted), dotted, what, needed)
 
 
-def _topo(finals: list[Node]) -> list[Node]:
+def topological(finals: list[Node]) -> list[Node]:
     """Inputs before their users. A node shared under several labels (an ablation's common
     prefix) is listed under each: same id, one artifact."""
     out: dict[tuple[str, str], Node] = {}

@@ -9,30 +9,61 @@ import copy
 import itertools
 import json
 from dataclasses import replace
+from typing import Any
 
 from otbuild.errors import ConfigError
 from otbuild.recipe.load import LoadedRecipe, _merge, validate
 
 
 def candidates(loaded: LoadedRecipe) -> list[tuple[str, LoadedRecipe]]:
-    """(name, recipe) for every point of the grid, in grid order; each validated in full."""
-    grid = loaded.recipe.ablate
-    out: list[tuple[str, LoadedRecipe]] = []
+    """(name, recipe) for every point of the `ablate` grid, in grid order; each validated in full."""
+    data = copy.deepcopy(loaded.data)
+    data.pop("ablate")
+    return [(name, cand) for name, _, cand in grid_candidates(loaded, data, loaded.recipe.ablate, "ablate")]
+
+
+def search_stage(loaded: LoadedRecipe, step: int, fixed: dict) -> tuple[list[tuple[str, dict, LoadedRecipe]], str]:
+    """Stage `step` (from 1) of the recipe's search: (name, values, recipe) of each candidate,
+    with the earlier stages' winning values (`fixed`) set, and the default candidate's name: the
+    recipe's own value of each key where the grid has it, else the grid's first value."""
+    data = copy.deepcopy(loaded.data)
+    data.pop("search")
+    data.pop("decision", None)
+    for key, value in fixed.items():
+        set_value(data, key, value, loaded)
+    grid = loaded.recipe.search[step - 1]
+    out = grid_candidates(loaded, data, grid, f"search stage {step}")
+    default = {key: own if (own := _get(data, key)) in values else values[0] for key, values in grid.items()}
+    return out, next(name for name, values, _ in out if values == default)
+
+
+def grid_candidates(loaded: LoadedRecipe, data: dict, grid: dict, what: str) -> list[tuple[str, dict, LoadedRecipe]]:
+    """(name, values, recipe) for every point of `grid` over the document `data`, in grid order."""
+    out: list[tuple[str, dict, LoadedRecipe]] = []
     for values in itertools.product(*grid.values()):
-        data = copy.deepcopy(loaded.data)
-        data.pop("ablate")
+        cand = copy.deepcopy(data)
         for key, value in zip(grid, values):
-            _set(data, key, value, loaded)
+            set_value(cand, key, value, loaded)
         name = ",".join(f"{k}={_show(v)}" for k, v in zip(grid, values))
-        if any(name == n for n, _ in out):
-            raise ConfigError(f"{loaded.path}: ablate: two candidates are both named [{name}] "
+        if any(name == n for n, _, _ in out):
+            raise ConfigError(f"{loaded.path}: {what}: two candidates are both named [{name}] "
                               "(a mapping is named by its first setting: make those differ)")
-        recipe = validate(data, {}, loaded.path, context=f"ablate candidate [{name}]: ")
-        out.append((name, replace(loaded, data=data, recipe=recipe)))
+        recipe = validate(cand, {}, loaded.path, context=f"{what} candidate [{name}]: ")
+        out.append((name, dict(zip(grid, values)), replace(loaded, data=cand, recipe=recipe)))
     return out
 
 
-def _set(data: dict, dotted: str, value, loaded: LoadedRecipe) -> None:
+def _get(data: dict, dotted: str):
+    """The document's value at `dotted` (None where it is not set)."""
+    node: Any = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def set_value(data: dict, dotted: str, value, loaded: LoadedRecipe) -> None:
     *parents, last = dotted.split(".")
     node = data
     for i, key in enumerate(parents):

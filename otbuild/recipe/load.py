@@ -424,6 +424,7 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
         raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: the grid has {axes} = {size} "
                           f"candidates, expected at most max_candidates ({recipe.max_candidates}): shrink "
                           "the grid, or raise `max_candidates` if you mean it")
+    _check_search(recipe, origin, path)
     if recipe.ablate and not recipe.eval:
         raise ConfigError(f"{_file_for(('ablate',), origin, path)}: ablate: candidates are ranked by their "
                           "eval scores: add an `eval` section")
@@ -447,6 +448,30 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
         raise ConfigError(
             f"{file}: mix.n: found {recipe.mix.n}, expected at most the number of sources ({len(recipe.sources)})"
         )
+
+
+def _check_search(recipe: Recipe, origin: dict, path: Path) -> None:
+    """A search is its own grid of grids: not beside `ablate`, ranked by an eval, each stage a
+    grid of keys no other stage searches, within max_candidates."""
+    if not recipe.search:
+        return
+    where = _file_for(("search",), origin, path)
+    if recipe.ablate:
+        raise ConfigError(f"{where}: search: a recipe has `ablate` or `search`, not both (a one-stage search is "
+                          "an ablation): remove one")
+    if not recipe.eval:
+        raise ConfigError(f"{where}: search: each stage's candidates are ranked by their eval scores: add an "
+                          "`eval` section")
+    seen: dict[str, int] = {}
+    for step, grid in enumerate(recipe.search, 1):
+        if (size := math.prod(len(v) for v in grid.values())) > recipe.max_candidates:
+            raise ConfigError(f"{where}: search[{step - 1}]: the grid has {size} candidates, expected at most "
+                              f"max_candidates ({recipe.max_candidates})")
+        for key in grid:
+            if key in seen:
+                raise ConfigError(f"{where}: search[{step - 1}].{key}: stage {seen[key]} already searches it "
+                                  "(a stage's winner is fixed for the stages after it): search it once")
+            seen[key] = step
 
 
 def harness_prompt(section: Teacher | Eval | Rl, recipe: Recipe) -> str:

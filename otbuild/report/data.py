@@ -23,6 +23,7 @@ from otbuild.report import costs
 from otbuild.stages import STAGES
 
 CANDIDATES = "candidates/"
+SEARCH = "search/"  # a search's candidates: search/STEP/NAME/...; its rankings and decisions: search/STEP/...
 TRAIN_LOG = "train_log.jsonl"  # a training stage's per-step log (otbuild/train/checkpoint.py: LOG)
 TABLE_COLUMNS = ("loss", "reward_mean", "pass_rate", "lr", "grad_norm")
 PANEL_KEYS = ("lr", "grad_norm", "tokens_per_second")  # drawn small below a training curve
@@ -162,6 +163,7 @@ class Report:
     ranking: list[dict] = field(default_factory=list)
     zscores: list[dict] = field(default_factory=list)
     ranking_label: str | None = None
+    search: list[dict] = field(default_factory=list)  # a search's decisions, stage by stage (stages/decide.py)
     costs: costs.Costs = field(default_factory=costs.Costs)
     resolved: dict = field(default_factory=dict)  # what the recipe sets that enters its ids
     estimate: list[dict] = field(default_factory=list)  # otbuild.report.estimate.compare's rows
@@ -178,6 +180,9 @@ def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
         local, name = n.label, None
         if local.startswith(CANDIDATES):
             name, _, local = local[len(CANDIDATES):].partition("/")
+        elif local.startswith(SEARCH) and local.count("/") > 2:
+            step, name, local = local[len(SEARCH):].split("/", 2)
+            name = f"stage {step}: {name}"
         arts.append(Artifact(n.label, local, n.stage, n.id, d, _record(d), name))
     return arts
 
@@ -194,8 +199,10 @@ def load(cfg, root: Path = Path(".")) -> Report:
         rep.estimate, rep.estimate_made_at = compare(saved, arts, rep.costs, root), saved.get("made_at")
         rep.estimate_notes = [(label, note) for label, st in (saved.get("stages") or {}).items()
                               for note in dict.fromkeys(st.get("notes") or []) if not note.startswith("built")]
+    rep.search = [{"label": a.label, **json.loads((a.dir / a.main_output.name).read_text())}
+                  for a in arts if STAGES[a.stage].checkpoint and a.record is not None]
     rank = next((a for a in arts if a.stage == "rank"), None)
-    if rank:
+    if rank and not rep.search:  # a search's rankings are in its decisions
         outs = STAGES["rank"].outputs
         rep.ranking_label = rank.label
         rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
@@ -205,8 +212,9 @@ def load(cfg, root: Path = Path(".")) -> Report:
 
 
 def by_candidate(arts: list[Artifact]) -> list[tuple[str | None, list[Artifact]]]:
-    """The artifacts of each candidate of an ablation (None: a plain recipe's), in plan order."""
-    names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank"))
+    """The artifacts of each candidate of an ablation or a search (None: a plain recipe's), in
+    plan order."""
+    names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank" and not STAGES[a.stage].checkpoint))
     return [(name, [a for a in arts if a.candidate == name]) for name in names]
 
 

@@ -57,6 +57,10 @@ def render_html(rep: Report, up: str | None = None) -> str:
     if rep.ranking:
         ranking = charts.bars([(r["candidate"], r["mean_z"] or 0.0) for r in rep.ranking],
                               title="mean z-score per candidate")
+    search = [charts.bars([(("chosen: " if c["name"] == d["winner"] else "") + c["name"], c["score"] or 0.0)
+                           for c in d["candidates"]], errors=[c["stderr"] for c in d["candidates"]],
+                          title=f"stage {d['step']}: {d['metric']} per candidate (mean ± standard error)")
+              for d in rep.search]
     head = rep.headline
     flags: dict[tuple, list[str]] = {}
     for name, f in head.flags:
@@ -69,7 +73,8 @@ def render_html(rep: Report, up: str | None = None) -> str:
 
     resolved = yaml.safe_dump(rep.resolved, sort_keys=True, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
-        rep=rep, groups=groups, ranking_chart=ranking, css=Markup((TEMPLATES / "report.css").read_text()),
+        rep=rep, groups=groups, ranking_chart=ranking, search_charts=search,
+        css=Markup((TEMPLATES / "report.css").read_text()),
         version=otbuild.__version__, anchor=_anchor, amount=amount, duration=duration, head=head,
         flags=flags, benchmarks=benchmarks, record=record, resolved=resolved)
 

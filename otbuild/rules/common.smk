@@ -90,4 +90,4 @@ def report_recipe(wc):
 def manifest_inputs(wc):
     """What results/RECIPE/manifest.json is made from: every artifact file and record of the
     recipe (the target rule refreshes the recipe file's sha256 in it on every build)."""
-    return WF.artifact_files(wc.recipe)
+    return WF.settled_files(wc.recipe, lambda id: checkpoints.decide.get(id=id))

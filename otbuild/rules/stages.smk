@@ -5,9 +5,10 @@
 # size the jobs by these names (profiles/slurm: GPU partitions for the stages that serve a model
 # or train). A training stage's checkpoint files are declared one by one (not as a directory),
 # so Snakemake's clean-up of a failed job leaves checkpoints/ in place and the rerun resumes.
+# A search's decision is a checkpoint of its own (rules/search.smk).
 from otbuild.stages import STAGES
 
-for _stage in (s.name for s in STAGES.values() if s.name != "report"):
+for _stage in (s.name for s in STAGES.values() if s.name != "report" and not s.checkpoint):
     if STAGES[_stage].sharded:
 
         rule:

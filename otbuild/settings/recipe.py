@@ -469,6 +469,22 @@ class Price(Strict):
     output_per_mtok: float = Field(default=0.0, ge=0, description="price of 1M output (completion) tokens")
 
 
+SettingPath = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")]
+# setting path -> the values to try (a mapping merges into a section, as `extends` merges)
+Grid = dict[SettingPath, Annotated[list[Any], Field(min_length=1)]]
+
+
+class Decision(Strict):
+    """How each stage of a search picks its winner (docs/search.md)."""
+
+    min_trials: int = Field(default=150, ge=0, description="scored eval trials the top two candidates each need "
+                            "(OpenThoughts-Agent's eval guide: 150); fewer: the stage is undecided")
+    margin_se: float = Field(default=2.0, ge=0, description="the leader's score must exceed the runner-up's by "
+                             "more than this many standard errors of their difference; else undecided")
+    strict: bool = Field(default=False, description="an undecided stage stops the search (else it keeps the "
+                         "default: the recipe's own value where the grid has it, else the grid's first)")
+
+
 class Recipe(Strict):
     description: str = ""
     sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(default_factory=dict)
@@ -485,8 +501,11 @@ class Recipe(Strict):
     # setting path -> values, e.g. {"mix.n": [1, 2, 4]} (a mapping merges into a section, e.g.
     # {"teacher": [{model: A}, {model: B, engine_args: {...}}]}): the grid's candidates share every
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
-    ablate: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")],
-                 Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
+    ablate: Grid = Field(default_factory=dict)
+    # a stage-wise search: grids searched in order, each stage's winner fixed for the next
+    # (docs/search.md); each stage is built and ranked as `ablate` is
+    search: list[Annotated[Grid, Field(min_length=1)]] = Field(default_factory=list)
+    decision: Decision = Decision()
     # the grid's size is checked before any candidate is made (each is validated and planned)
     max_candidates: int = execution_only(1000, ge=1, le=MAX_TASKS, description="a guard on the grid's size")
     # MODEL (or ENGINE:MODEL) -> price per million tokens: only the report uses them (its id

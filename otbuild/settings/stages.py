@@ -22,6 +22,7 @@ from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
     Augment,
+    Decision,
     Eval,
     Mix,
     Price,
@@ -136,6 +137,21 @@ class RlSettings(Rl, PromptStyle):
 
 class RankSettings(Strict):
     candidates: list[str] = Field(min_length=1)
+    metric: RankBy = "pass_at_1"
+
+
+class SearchCandidate(Strict):
+    name: str
+    values: dict[str, Any]  # setting path -> this candidate's value
+
+
+class DecideSettings(Decision):
+    """One stage of a search: the recipe's decision rules, its candidates (in the order of its
+    eval inputs) and the one kept when the stage is undecided."""
+
+    step: int = Field(ge=1)  # the search stage, from 1
+    candidates: list[SearchCandidate] = Field(min_length=1)
+    default: str
     metric: RankBy = "pass_at_1"
 
 

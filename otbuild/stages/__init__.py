@@ -41,6 +41,7 @@ class StageDef:
     traces: bool = False  # its main output is a trace table: a step of the report's funnel
     filter: bool = False  # keeps some of its input rows and records why it dropped the others
     training: bool = False  # trains a checkpoint
+    checkpoint: bool = False  # what it writes decides what the plan builds next (a Snakemake checkpoint)
     curve: tuple[str, ...] = ()  # training: the log keys the report plots, the first one logged
     # `audit --rebuild`: output file pattern -> its fields (parquet columns, `column.key` of a JSON
     # column, top-level JSON keys) that measure the run (docs/reproducibility.md)
@@ -129,6 +130,9 @@ STAGES: dict[str, StageDef] = {
                  reported=(("summary.parquet", EVALUATION),)),
         StageDef("rank", 2, ("ranking.parquet", "zscores.parquet"), "otbuild.stages.rank", s.RankSettings,
                  reported=(("ranking.parquet", EVALUATION),)),
+        # a search's stage winner, from its ranking and its candidates' evals (docs/search.md)
+        StageDef("decide", 1, ("decision.json",), "otbuild.stages.decide", s.DecideSettings, checkpoint=True,
+                 estimate="table"),
         StageDef("report", 2, ("report.html", "dataset_card.md"), "otbuild.report", s.ReportSettings,
                  reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS))),
     )
