@@ -95,7 +95,7 @@ def _worst(plan, pilots: list[Pilot], profile: Profile, root: Path) -> dict[str,
              for s in plan.search]
     out: dict[str, Span | None] = {}
     for k in parts[0]:
-        values = [p[k] for p in parts if p[k] is not None]
+        values = [v for p in parts if (v := p[k]) is not None]
         out[k] = sum(values, ZERO) if values else None
     return out
 
