@@ -34,11 +34,12 @@ rl: {steps: 1}
 eval:
   benchmarks:
     b: {kind: synthetic, count: 1}
-ablate: {mix.total: [2, 3]}
+search:
+  - {mix.total: [2, 3]}
 """
 # What the plan sets itself, not from the section: fields it reads itself (`plan_only`: a
 # source's rank, augment's `sources`, task_filter's `llm`) or resolves (`external`: files);
-# eval's model is the checkpoint it serves; the ablated setting (a rank stage needs candidates).
+# eval's model is the checkpoint it serves; the searched setting (a rank stage needs candidates).
 NOT_PASSED = {"eval": {"model"}, "mix": {"total"}}
 SETTINGS = {name: d.settings for name, d in STAGES.items()}
 
@@ -56,7 +57,7 @@ def sections(recipe, stage: str) -> list[BaseModel]:
             "augment": [recipe.augment], "task_score": [recipe.task_filter.llm], "task_filter": [recipe.task_filter],
             "trace_import": [recipe.trace_imports["chats"]], "rollout": [recipe.teacher],
             "trace_filter": [recipe.trace_filter], "sft": [recipe.sft], "rl": [recipe.rl], "eval": [recipe.eval],
-            }.get(stage, [])
+            "decide": [recipe.decision]}.get(stage, [])
 
 
 def test_every_stage_declares_its_settings_model():
