@@ -261,7 +261,7 @@ def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
                                          "engine_args: {quantization: awq}}\ntrace_filter: {}\n"
                                          "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n")
     root = _write(recipes, "grid", "extends: parent\nablate:\n  teacher.model: [QuantTrio/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n")
-    with pytest.raises(ConfigError, match=r"candidate \[teacher.model=zai-org/GLM-4.6-FP8\].*teacher: .*saved as FP8"):
+    with pytest.raises(ConfigError, match=r"candidate \[teacher.model=zai-org--GLM-4.6-FP8\].*teacher: .*saved as FP8"):
         plan_recipe(load_recipe("grid", root))
 
 

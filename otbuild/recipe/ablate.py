@@ -76,7 +76,8 @@ def set_value(data: dict, dotted: str, value, loaded: LoadedRecipe) -> None:
 
 
 def _show(value) -> str:
-    """A value in a candidate's name; a mapping is named by its first setting."""
+    """A value in a candidate's name; a mapping is named by its first setting. A name is one
+    part of a label (a path under results/): `/` becomes `--`, as in `org--model`."""
     if isinstance(value, dict) and value:
         return _show(next(iter(value.values())))
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return (value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))).replace("/", "--")
