@@ -7,7 +7,9 @@ traces earns credit on held-out tasks where its untrained base earns none (stage
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,6 +25,12 @@ from otbuild.stages.decide import read_decision, run
 from tests.conftest import REPO, job_counts, otbuild, snakemake
 
 RECIPE = "thesis_search"
+
+
+def finished(log: str) -> Counter:
+    """The jobs a run finished, per rule (the job stats it starts with hold only what it knew
+    before a checkpoint grew the DAG)."""
+    return Counter(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log))
 
 
 def _summaries(tmp_path, scores: dict[str, tuple[float | None, float | None, int]]):
@@ -125,7 +133,7 @@ def test_the_plan_shows_decided_and_pending_stages_and_a_dry_run_stops_at_the_de
 @pytest.mark.slow
 def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an_edit_changes(project):
     _project(project)
-    ran, _ = snakemake(project, RECIPE)
+    ran = finished(snakemake(project, RECIPE)[1])
     out = project / "results" / RECIPE
     # stage 1, the thesis: the trained student earns credit where its untrained base earns none
     base = pq.read_table(out / "search/1/sft.max_steps=0/eval/summary.parquet").to_pylist()[0]
@@ -158,7 +166,14 @@ def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an
     # an edit of stage 2 rebuilds stage 2 onward only: one new eval, its ranking and decision
     text = (project / "recipes" / f"{RECIPE}.yaml").read_text()
     (project / "recipes" / f"{RECIPE}.yaml").write_text(text.replace("[0.3, 0.31]", "[0.3, 0.32]"))
-    again, _ = snakemake(project, RECIPE)
+    again = finished(snakemake(project, RECIPE)[1])
     assert again["eval"] == 1 and again["rank"] == 1 and again["decide"] == 1, again
     assert not {"sft", "rollout", "source", "trace_filter"} & set(again)
     assert read_decision(project / plan_recipe(load_recipe(RECIPE, project)).search[0].decide.dir)["decided"]
+    # an edit of stage 1 that keeps its winner: its new candidate, ranking and decision, nothing after
+    text = (project / "recipes" / f"{RECIPE}.yaml").read_text()
+    (project / "recipes" / f"{RECIPE}.yaml").write_text(text.replace("[0, 1500]", "[0, 1500, 1]"))
+    again = finished(snakemake(project, RECIPE)[1])
+    assert again["sft"] == 1 and again["eval"] == 1 and again["rank"] == 1 and again["decide"] == 1, again
+    taken = json.loads((out / "search.json").read_text())
+    assert [s["winner"] for s in taken["stages"]] == ["sft.max_steps=1500", "eval.temperature=0.3"]
