@@ -12,7 +12,7 @@ import yaml
 
 from otbuild.fsio import atomic_path
 from otbuild.plan import Plan, SearchStep
-from otbuild.recipe.ablate import set_value
+from otbuild.recipe.ablate import points, set_value
 
 SEARCH_JSON, WINNER = "search.json", "winner.yaml"
 
@@ -75,6 +75,7 @@ def search_lines(plan: Plan) -> list[str]:
     """The search's stages as the console and `otbuild plan` show them, the unplanned ones too."""
     total = len(plan.recipe.recipe.search)
     lines = [stage_line(s, total) for s in plan.search]
-    lines += [f"search stage {k} of {total} ({', '.join(grid)}): pending: planned once stage {k - 1} is decided"
+    lines += [f"search stage {k} of {total} ({', '.join(grid)}): pending: builds {', '.join(points(grid))} with "
+              f"the winners so far, once stage {k - 1} is decided"
               for k, grid in enumerate(plan.recipe.recipe.search[len(plan.search):], len(plan.search) + 1)]
     return lines

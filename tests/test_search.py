@@ -121,7 +121,8 @@ def test_the_plan_shows_decided_and_pending_stages_and_a_dry_run_stops_at_the_de
     assert len(set(ev.values())) == 3
     shown = otbuild(project, "plan", RECIPE).stdout
     assert "search stage 1 of 2 (sft.max_steps; 2 candidates): pending: builds sft.max_steps=0, " in shown
-    assert "search stage 2 of 2 (eval.temperature): pending: planned once stage 1 is decided" in shown
+    assert ("search stage 2 of 2 (eval.temperature): pending: builds eval.temperature=0.3, eval.temperature=0.31 "
+            "with the winners so far, once stage 1 is decided") in shown
     estimate = otbuild(project, "plan", RECIPE, "--estimate")
     assert estimate.returncode == 0 and "worst case" in estimate.stdout, estimate.stdout + estimate.stderr
     _, log = snakemake(project, "-n", RECIPE)

@@ -44,13 +44,23 @@ def grid_candidates(loaded: LoadedRecipe, data: dict, grid: dict, what: str) -> 
         cand = copy.deepcopy(data)
         for key, value in zip(grid, values):
             set_value(cand, key, value, loaded)
-        name = ",".join(f"{k}={_show(v)}" for k, v in zip(grid, values))
+        name = point_name(grid, values)
         if any(name == n for n, _, _ in out):
             raise ConfigError(f"{loaded.path}: {what}: two candidates are both named [{name}] "
                               "(a mapping is named by its first setting: make those differ)")
         recipe = validate(cand, {}, loaded.path, context=f"{what} candidate [{name}]: ")
         out.append((name, dict(zip(grid, values)), replace(loaded, data=cand, recipe=recipe)))
     return out
+
+
+def point_name(keys, values) -> str:
+    """A grid point's name: `key=value,...` (a candidate's label part)."""
+    return ",".join(f"{k}={_show(v)}" for k, v in zip(keys, values))
+
+
+def points(grid: dict) -> list[str]:
+    """The names of a grid's points, in grid order."""
+    return [point_name(grid, values) for values in itertools.product(*grid.values())]
 
 
 def _get(data: dict, dotted: str):
