@@ -90,11 +90,13 @@ class Workflow:
         return inputs
 
     def settled_files(self, name: str, decided: Callable[[str], object]) -> list[str]:
-        """Recipe NAME's artifact files. A search is planned again each time (its decisions so far
-        on disk); while a stage is pending, `decided(ID)` (the decide checkpoint) raises until that
+        """Recipe NAME's artifact files. A search is planned again once its pending decision is
+        built; while a stage is pending, `decided(ID)` (the decide checkpoint) raises until that
         decision is built, and Snakemake asks again: nothing past a pending stage (the report, the
         manifest) is built before the search has got there."""
-        plan = self.replan(name) if self.plans[name].search else self.plans[name]
+        plan = self.plans[name]
+        if (step := plan.pending) is not None and read_record(step.decide.dir) is not None:
+            plan = self.replan(name)  # its pending decision is built now: plan what follows it
         if (step := plan.pending) is not None:
             decided(step.decide.id)
         return self.artifact_files(name)
