@@ -117,8 +117,8 @@ def test_no_two_parts_import_each_other():
         f"{a} <-> {b}: {', '.join(why)}" for (a, b), why in found.items())
 
 
-# The house, bottom first: a part imports only parts of its own floor or below. README.md's
-# "Layout" says what each floor is for; docs/architecture.md how the floors fit together.
+# The house, bottom first: a part imports only parts of its own floor or below.
+# docs/architecture.md says how the floors fit together, and its "Layout" what each floor is for.
 FLOORS = (
     # settings: every model that describes a recipe; foundations that know nothing of otbuild
     ("settings", "artifact", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",
@@ -135,6 +135,8 @@ FLOORS = (
     ("provenance", "summary", "estimate", "search"),
     ("audit", "publish", "rebuild", "runner", "workflow"),
     ("cli", "__main__"),
+    # the generated docs, from the settings models, the commands and the stage registry
+    ("docgen",),
 )
 
 
