@@ -1,6 +1,7 @@
-"""What README.md and docs/ show, run: every YAML block is a valid recipe, and every command of
-the README's quick start and CLI reference works on the smoke build (dry-run forms where a GPU
-or a cluster would be needed). A command added to the README without a case here fails."""
+"""What README.md and docs/ show, run: every YAML block is a valid recipe, and every command the
+docs show works on the smoke build (dry-run forms where a GPU or a cluster would be needed): the
+shell blocks of README.md and docs/usage.md, any doc's command table, and every command of the
+generated CLI reference (docs/cli.md). A command added to any of them without a case here fails."""
 
 from __future__ import annotations
 
@@ -94,18 +95,26 @@ def test_the_smoke_settings_the_docs_show_are_the_smoke_recipe_s():
     assert block == {"sft": smoke["sft"], "rl": smoke["rl"]}
 
 
-# -- the README's commands -----------------------------------------------------------------
+# -- the documented commands -----------------------------------------------------------------
+
+RUN_DOCS = [REPO / "README.md", REPO / "docs" / "usage.md"]  # their shell blocks run on the smoke build
+CLI_DOC = REPO / "docs" / "cli.md"  # generated from click (tests/test_docgen.py keeps it current)
 
 
-def readme_commands() -> list[str]:
-    """The `otbuild`/`snakemake` lines of the quick start's shell blocks and the first column
-    of the CLI table, as written."""
-    text = (REPO / "README.md").read_text()
-    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    shown = [line.split("#", 1)[0].strip() for m in FENCE.finditer(quick) if m.group(1) == "sh"
-             for line in m.group(2).splitlines()]
-    table = re.findall(r"^\| `(otbuild [^`]+)` \|", text, re.M)
-    return [c for c in shown if c.startswith(("otbuild ", "snakemake "))] + table
+def documented_commands() -> set[str]:
+    """The `otbuild`/`snakemake` lines of RUN_DOCS' shell blocks and the first column of any
+    doc's command table, as written."""
+    shown = [line.split("#", 1)[0].strip() for path in RUN_DOCS for _, block in fenced(path, "sh")
+             for line in block.splitlines()]
+    tables = [c for path in DOCS for c in re.findall(r"^\| `((?:otbuild|snakemake) [^`]+)` \|", path.read_text(), re.M)]
+    return {c for c in shown if c.startswith(("otbuild ", "snakemake "))} | set(tables)
+
+
+def cli_commands() -> list[str]:
+    """The commands docs/cli.md documents, without their placeholders: `otbuild export tasks`,
+    `otbuild stage` (for `otbuild stage NAME`), ..."""
+    headings = re.findall(r"^## `(otbuild[^`]*)`", CLI_DOC.read_text(), re.M)
+    return [" ".join(w for w in h.split() if not w.isupper()) for h in headings]
 
 
 KEPT = "results/smoke/trace_filter/kept.parquet"
@@ -115,9 +124,12 @@ TASKS = "results/smoke/task_filter/kept.parquet"
 CASES = {
     "snakemake smoke": [["snakemake", "smoke"]],
     "snakemake --profile slurm otagent_v2_100k -n": [["snakemake", "--profile", "slurm", "otagent_v2_100k", "-n"]],
+    "snakemake --profile slurm otagent_v2_100k": [["snakemake", "--profile", "slurm", "otagent_v2_100k", "-n"]],
     "otbuild plan smoke": [["otbuild", "plan", "smoke"]],
     "otbuild audit --verify smoke": [["otbuild", "audit", "--verify", "smoke"]],
     f"otbuild show {KEPT} --row 0": [["otbuild", "show", KEPT, "--row", "0"]],
+    f"otbuild audit {KEPT}": [["otbuild", "audit", KEPT]],
+    "otbuild init lab": [["otbuild", "init", "{tmp}/new_lab"]],
     "otbuild validate RECIPE... [--profile P]": [["otbuild", "validate", "smoke", "recipes/smoke.yaml"],
                                                  ["otbuild", "validate", "smoke", "--profile", "slurm"]],
     "otbuild plan RECIPE": [["otbuild", "plan", "recipes/smoke.yaml"]],
@@ -145,15 +157,29 @@ CASES = {
     "otbuild costs RECIPE": [["otbuild", "costs", "smoke"]],
     "otbuild export llamafactory RECIPE DIR [--gpus N] [--model M] [--name D]": [
         ["otbuild", "export", "llamafactory", "smoke", "{tmp}/lf", "--gpus", "1", "--model", "Qwen/Qwen3-8B"]],
+    "otbuild export skyrl RECIPE DIR [--nodes N] [--gpus-per-node G] [--model M] [--python PY]": [
+        ["otbuild", "export", "skyrl", "smoke", "{tmp}/skyrl", "--nodes", "1", "--gpus-per-node", "2"]],
     "otbuild publish RECIPE ARTIFACT --repo ORG/NAME [--out D] [--dry-run] [--private]": [
         ["otbuild", "publish", "smoke", "trace_filter", "--repo", "lab/smoke-traces", "--out", "{tmp}/pub", "--dry-run"]],
 }
 
 
-def test_every_readme_command_has_a_case():
-    documented = readme_commands()
+def test_every_documented_command_has_a_case():
+    documented = documented_commands()
     assert len(documented) >= 10, documented
-    assert sorted(documented) == sorted(CASES), "README commands changed: update CASES to run them"
+    assert not documented - set(CASES), f"commands the docs show without a case: add them to CASES: " \
+        f"{sorted(documented - set(CASES))}"
+    assert not set(CASES) - documented, f"cases of commands no doc shows: {sorted(set(CASES) - documented)}"
+
+
+def test_every_command_of_the_cli_reference_is_run():
+    """Each command of docs/cli.md, so each click command, is run by a case: a new command fails
+    here until one runs it."""
+    run = [" ".join(argv) + " " for argvs in CASES.values() for argv in argvs]
+    commands = cli_commands()
+    assert "otbuild export tasks" in commands and "otbuild stage" in commands, commands
+    not_run = [c for c in commands if not any(r.startswith(c + " ") for r in run)]
+    assert not not_run, f"commands of {CLI_DOC.name} no case runs: add them to CASES: {not_run}"
 
 
 def _argv(cmd: list[str], fill: dict) -> list[str]:
@@ -200,7 +226,7 @@ def _saved_image(tmp: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_readme_commands_run_on_the_smoke_build(smoke_build, tmp_path):
+def test_documented_commands_run_on_the_smoke_build(smoke_build, tmp_path):
     from tests.test_harbor import _trial
 
     project, _ = smoke_build
