@@ -3,26 +3,39 @@
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup harbor-env vllm-env llamafactory-env skyrl-env smoke test test-fast bench
+.PHONY: setup-smoke setup podman slurm harbor-env vllm-env llamafactory-env skyrl-env smoke test test-fast bench
 
 # torch: an existing install is kept (e.g. a CUDA build on a GPU node); otherwise the pinned
 # CPU-friendly release (on this project's CI machines its wheel is on local disk).
 TORCH ?= torch==2.13.0
+# Set-up by need: `make smoke` installs what the smoke build uses and nothing else; `make test`
+# (through `make setup`) adds what the test suite meets. Each step is skipped when already done.
 # bubblewrap: the local sandbox; python3-pytest: offline verifiers of converted Terminal-Bench
 # tasks; chromium: the report's test renders it in a real headless browser
-APT_PACKAGES := bubblewrap python3-pytest chromium
+SMOKE_APT := bubblewrap
+TEST_APT := python3-pytest chromium
 
-setup:  ## Python package + dev extras (editable), the sandbox's Debian packages, Harbor, vLLM, LLaMA-Factory and SkyRL envs, a local Slurm cluster
-	@command -v bwrap >/dev/null && command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
-		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(APT_PACKAGES); }
+setup-smoke:  ## what the smoke build uses: bubblewrap, torch, the package with its `train` extra, vLLM's CPU build (~6 min fresh)
+	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(SMOKE_APT); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[train]'
+	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); the smoke serves its student with otbuild serve, the live vLLM tests are skipped"
+
+setup: setup-smoke  ## everything the tests meet: dev extras, podman and base images, Harbor, LLaMA-Factory and SkyRL envs, a local Slurm cluster (~12 min fresh)
+	@command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
+		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(TEST_APT); }
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[dev]'
-	@scripts/podman-setup.sh  # podman for `sandbox: podman|auto`: packages, config, base images
+	@scripts/podman-setup.sh
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
-	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); its live and contract tests will be skipped"
 	@scripts/llamafactory-env.sh || echo "setup: no LLaMA-Factory environment (.venv-llamafactory); its contract test will be skipped"
 	@scripts/skyrl-env.sh || echo "setup: no SkyRL environment (.venv-skyrl); its contract test will be skipped"
-	@{ scripts/slurm-cluster.sh install && scripts/slurm-cluster.sh start; } || echo "setup: no local Slurm cluster (scripts/slurm-cluster.sh); its test will be skipped"
+	@$(MAKE) -s slurm || echo "setup: no local Slurm cluster (scripts/slurm-cluster.sh); its test will be skipped"
+
+podman:  ## podman for `sandbox: podman|auto`: packages, configuration, the base images bootstrapped from the archives
+	scripts/podman-setup.sh
+
+slurm:  ## a single-host Slurm cluster for the tests (munge, slurmdbd, slurmctld, 4 fake GPU nodes), started
+	scripts/slurm-cluster.sh install && scripts/slurm-cluster.sh start
 
 harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class
 	scripts/harbor-env.sh
@@ -36,7 +49,7 @@ llamafactory-env:  ## the pinned LLaMA-Factory (pyproject's `llamafactory` extra
 skyrl-env:  ## the pinned SkyRL (pyproject's `skyrl` extra; config loader and Harbor dataset code, no GPU packages) in .venv-skyrl, for its contract test
 	scripts/skyrl-env.sh
 
-smoke: setup  ## build the smoke recipe: the whole DAG on the CPU
+smoke: setup-smoke  ## build the smoke recipe: the whole DAG on the CPU
 	$(PYTHON) -m snakemake smoke
 
 test: setup  ## ruff and mypy over otbuild/, then the full suite, end-to-end (slow) checks included: what CI runs

@@ -9,7 +9,7 @@
   update), after an untimed warm-up run.
 
     python bench/rl.py [--part all|sync|staleness] [--steps 3] [--tasks 2] [--samples 2]
-                       [--max-tokens 16] [--out DIR]
+                       [--max-tokens 16] [--out DIR] [--eager]
 
 Every run trains the same tiny Qwen3 student (random weights, the smoke student's shape) with
 otbuild's RLOO trainer (otbuild/train/rl.py) on the same synthetic tasks, through the harness
@@ -55,7 +55,8 @@ def run_mode(mode: str, checkpoint: Path, tasks: Path, args, work: Path) -> list
     cfg = RlSettings(steps=args.steps, batch_size=args.tasks, samples_per_task=args.samples, max_tokens=args.max_tokens,
                      max_context=4096, learning_rate=1e-3, temperature=1.0, rollout="vllm", weight_sync=mode,
                      prompt="compact", sandbox={"max_episodes": 2},
-                     vllm_args={"dtype": "float32", "max_model_len": 4096, "log_path": str(work / f"vllm-{mode}.log")})
+                     vllm_args={"dtype": "float32", "max_model_len": 4096, "enforce_eager": args.eager,
+                                "log_path": str(work / f"vllm-{mode}.log")})
     out = work / f"rl-{mode}"
     rl.train(cfg, [checkpoint, tasks], out)
     return [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
@@ -129,6 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=2, help="samples per task (>= 2)")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", type=out_dir, help="where the runs go (default: a temporary dir)")
+    p.add_argument("--eager", action="store_true", help="serve uncompiled (vLLM's --enforce-eager): a start in "
+                   "seconds; what the tests' tiny runs take")
     args = p.parse_args(argv)
     if args.steps < 2 or args.samples < 2 or args.tasks < 1:
         p.error("--steps and --samples must be >= 2, --tasks >= 1")

@@ -1,7 +1,7 @@
 """otbuild's rollouts against vLLM's own ceiling, on one `vllm serve`.
 
     python bench/vllm.py [--concurrency 1,8,32] [--trials 2] [--max-tokens 32] [--episodes 3]
-                         [--model DIR] [--out DIR]
+                         [--model DIR] [--out DIR] [--eager]
 
 The server is the one a recipe's `engine: vllm` starts (otbuild/engines/vllm.py: the pinned
 release from .venv-vllm, its CPU build on a machine without CUDA), on --model (default: a random
@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     p.add_argument("--episodes", type=int, default=3, help="requests per trial")
     p.add_argument("--model", type=Path, help="a model dir to serve (default: a random tiny Qwen3)")
     p.add_argument("--out", type=out_dir, help="where the results go (default: a temporary dir)")
+    p.add_argument("--eager", action="store_true", help="serve uncompiled (vLLM's --enforce-eager): a start in "
+                   "seconds; what the tests' tiny runs take")
     args = p.parse_args(argv)
     try:
         levels = [int(x) for x in args.concurrency.split(",")]
@@ -126,7 +128,8 @@ def main(argv=None) -> int:
     # prompts share nothing; with it on, the two loads would not be the same work
     engine = VLLMEngine(LLM(engine="vllm", model=str(model), engine_args={
         "dtype": "float32", "max_model_len": 4096, "served_model_name": SERVED_AS,
-        "log_path": str(work / "vllm-serve.log"), "extra_args": ["--no-enable-prefix-caching"]}))
+        "log_path": str(work / "vllm-serve.log"), "enforce_eager": args.eager,
+        "extra_args": ["--no-enable-prefix-caching"]}))
     base_url, server = engine._launch()
     root = base_url.removesuffix("/v1")
     rows = []

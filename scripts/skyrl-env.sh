@@ -5,7 +5,8 @@
 # loader (SkyRLTrainConfig, validate_cfg) and trainer modules import; no vLLM, flash-attn or CUDA.
 # SkyRL's Harbor integration (examples/train_integrations/harbor: the entry point, its config
 # class and HarborTaskDataset) is not in the PyPI release: it is copied from SkyRL's git tag
-# skyrl-vVERSION into .venv-skyrl/skyrl-src/ (SKYRL_GIT: a clone, mirror or URL of SkyRL's repo).
+# skyrl-vVERSION into .venv-skyrl/skyrl-src/, from SKYRL_GIT (a clone, mirror or URL of SkyRL's repo)
+# when set, else the bundle of that folder in ../shared/data/skyrl/ (offline) when there, else GitHub.
 # tests/test_skyrl_contract.py runs that code on what otbuild writes; no GPU needed.
 # A few minutes the first time, nothing after (scripts/pinned-env.sh: the cache, the link).
 # Env: SKYRL_PYTHON (a python3 >= 3.11), SKYRL_VENV, SKYRL_GIT, TORCH, TORCH_INDEX.
@@ -26,7 +27,10 @@ src=.venv-skyrl/skyrl-src
 harbor=examples/train_integrations/harbor
 version=$(.venv-skyrl/bin/python -c "from importlib.metadata import version; print(version('skyrl'))")
 if [ ! -f "$src/$harbor/dataset.py" ] || [ "$(cat "$src/TAG" 2>/dev/null)" != "skyrl-v$version" ]; then
-    repo="${SKYRL_GIT:-https://github.com/NovaSky-AI/SkyRL}"
+    bundle="../shared/data/skyrl/skyrl-v$version-harbor.bundle"
+    if [ -n "${SKYRL_GIT:-}" ]; then repo=$SKYRL_GIT
+    elif [ -f "$bundle" ]; then repo=$(realpath "$bundle")
+    else repo=https://github.com/NovaSky-AI/SkyRL; fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     # only that folder is checked out (a blobless clone fetches nothing else)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.skipif(vllm_executable(VLLMOptions()) is None, reason="no vLLM here: make vllm-env (scripts/vllm-env.sh)")
 def test_bench_rl_tiny(tmp_path):
     out = run_bench("rl.py", "--part", "sync", "--steps", "2", "--tasks", "1", "--samples", "2", "--max-tokens", "8",
-                    "--out", str(tmp_path), timeout=900)
+                    "--eager", "--out", str(tmp_path), timeout=900)
     rows = re.findall(r"^\s+(restart|reload)\s+(\d)\s+(start|reload)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
     assert [(m, s, how) for m, s, how, *_ in rows] == [
         ("restart", "1", "start"), ("restart", "2", "start"), ("reload", "1", "start"), ("reload", "2", "reload")], out

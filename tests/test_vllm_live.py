@@ -31,6 +31,8 @@ from tests.conftest import REPO
 
 VLLM = vllm_executable(VLLMOptions())
 RECORDER = REPO / "tests" / "vllm_recorder.py"  # the real vllm behind a proxy that keeps its bytes
+# the tiny models as trained (float32), uncompiled: a server starts in seconds, not a minute
+SERVED = {"dtype": "float32", "enforce_eager": True}
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(VLLM is None, reason="no vLLM here: make vllm-env (scripts/vllm-env.sh)")]
 
@@ -95,7 +97,7 @@ def test_the_trained_student_serves_on_vllm_with_the_prompt_it_was_trained_on(sm
 
     async def check() -> int:
         async with make_engine(LLM(engine="vllm", model=str(ckpt), temperature=0, max_tokens=24,
-                                   engine_args={"dtype": "float32"})) as engine:
+                                   engine_args=SERVED)) as engine:
             root = engine.base_url.removesuffix("/v1")
             async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
 
@@ -174,7 +176,7 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
         engine="vllm", model=str(qwen3), temperature=1.0, seed=11, max_tokens=40, max_episodes=12, concurrency=2,
         sandbox="bwrap", keep_reasoning=keep_reasoning,
         extra_body={"logit_bias": {str(end_think): 4.0}},  # a random model closes its think block now and then
-        engine_args={"reasoning_parser": "qwen3", "dtype": "float32", "max_model_len": 2000,
+        engine_args={"reasoning_parser": "qwen3", **SERVED, "max_model_len": 2000,
                      "vllm_executable": str(RECORDER),  # seeded requests: no chunked prefill on the CPU build
                      "extra_args": ["--max-num-batched-tokens", "8192"]})
     out = tmp_path / "rollout"
@@ -213,7 +215,7 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
     ckpt = (project / "results" / "smoke" / "rl").resolve()
     cfg = EvalSettings(engine="vllm", model=str(ckpt), model_label=f"vllm:{ckpt}", serves_checkpoint=True,
                        samples_per_task=1, max_tokens=128, max_episodes=3, temperature=0.7,
-                       engine_args={"dtype": "float32"},
+                       engine_args=SERVED,
                        extra_body={"structured_outputs": {"regex": protocol.ANSWER_REGEX}})
     inputs = Inputs.of(tasks=[synthetic_tasks(tmp_path / "tasks.parquet", 3, seed=999)],
                        checkpoint=[ckpt / "checkpoint.json"])
@@ -246,7 +248,7 @@ def test_a_server_killed_mid_shard_is_restarted_and_its_trials_run_again(tmp_pat
     log = tmp_path / "vllm.log"
     settings = RolloutSettings(engine="vllm", model=str(qwen3), temperature=0.7, seed=1, max_tokens=160,
                                max_episodes=3, concurrency=1, sandbox="bwrap", prompt="compact", backoff_sec=0.2,
-                               engine_args={"dtype": "float32", "max_model_len": 2048, "log_path": str(log)})
+                               engine_args={**SERVED, "max_model_len": 2048, "log_path": str(log)})
     out = tmp_path / "rollout"
     partial = out / "shards" / "0-of-1.partial.jsonl"
     failed: list[BaseException] = []
@@ -319,7 +321,7 @@ def test_a_model_vllm_cannot_serve_fails_the_shard_naming_the_servers_log(tmp_pa
 
     narrow = tiny_qwen3(tmp_path / "narrow", head_dim=16)
     settings = RolloutSettings(engine="vllm", model=str(narrow), max_tokens=8, max_episodes=2, sandbox="bwrap",
-                               engine_args={"dtype": "float32", "max_model_len": 2048})
+                               engine_args={**SERVED, "max_model_len": 2048})
     started = time.monotonic()
     with pytest.raises(StageError, match=r"(?s)the first request failed.*exited with code.*head_dim"):
         run_shard(settings, [synthetic_tasks(tmp_path / "tasks.parquet", 2)], tmp_path / "rollout", 0)
@@ -327,7 +329,7 @@ def test_a_model_vllm_cannot_serve_fails_the_shard_naming_the_servers_log(tmp_pa
     with pytest.raises(EngineError, match=r"(?s)exited with code \d+ before it was ready.*last lines:\n.+"):
         (tmp_path / "not-a-model").mkdir()
         asyncio.run(open_engine(LLM(engine="vllm", model=str(tmp_path / "not-a-model"),
-                                    engine_args={"env": {"HF_HUB_OFFLINE": "1"}})))
+                                    engine_args={"env": {"HF_HUB_OFFLINE": "1"}, "enforce_eager": True})))
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(tmp_path) in p[1]]
 
 
@@ -338,7 +340,7 @@ def test_no_vllm_outlives_a_job_killed_with_its_process_group(tmp_path, qwen3):
     script = ("import asyncio\n"
               "from otbuild.engines import LLM, open_engine\n"
               "async def main():\n"
-              f"    e = await open_engine(LLM(engine='vllm', model={str(qwen3)!r}, engine_args={{'max_model_len': 512}}))\n"
+              f"    e = await open_engine(LLM(engine='vllm', model={str(qwen3)!r}, engine_args={{'max_model_len': 512, 'enforce_eager': True}}))\n"
               "    print(e._server.proc.pid, e._server.tmpdir, flush=True)\n"
               "    await asyncio.sleep(600)\n"
               "asyncio.run(main())\n")
@@ -418,7 +420,7 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
             await client.aclose()
         return [int(t["token"].removeprefix("token_id:")) for t in r.json()["choices"][0]["logprobs"]["content"]]
 
-    cfg = RlSettings(steps=2, rollout="vllm", vllm_args={"dtype": "float32", "max_model_len": 1024})
+    cfg = RlSettings(steps=2, rollout="vllm", vllm_args={**SERVED, "max_model_len": 1024})
     server = PolicyServer(cfg, tmp_path)
     try:
         assert server.sync(policy, 0) == "start"

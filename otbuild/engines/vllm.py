@@ -84,8 +84,8 @@ def vllm_command(llm: LLM, port: int) -> list[str]:
         "--hf-overrides": json.dumps(s.hf_overrides) if s.hf_overrides else None,
     }
     cmd += [x for flag, v in options.items() if v is not None for x in (flag, str(v))]
-    if s.enable_auto_tool_choice:
-        cmd.append("--enable-auto-tool-choice")
+    cmd += [flag for flag, on in (("--enable-auto-tool-choice", s.enable_auto_tool_choice),
+                                  ("--enforce-eager", s.enforce_eager)) if on]
     return cmd + [str(a) for a in s.extra_args]
 
 

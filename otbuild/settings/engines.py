@@ -63,6 +63,9 @@ class VLLMOptions(ServerOptions):
         default=None, description="e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}")
     gpu_memory_utilization: float | None = execution_only(None, gt=0, le=1)
     enable_auto_tool_choice: bool = False
+    enforce_eager: bool = execution_only(
+        False, description="no torch.compile and no CUDA graphs: a start in seconds instead of a minute, "
+        "slower decoding; for tiny models and vLLM's CPU build")
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     dtype: str | None = Field(default=None, description="e.g. float32, bfloat16; unset: vLLM's choice for the "
