@@ -53,6 +53,16 @@ def test_yaml_blocks_are_valid_recipes(path, line, body, tmp_path):
     assert plan.nodes
 
 
+def test_the_docs_index_names_every_page_and_every_link_is_there():
+    """docs/README.md links each page of docs/; every relative link of the docs names a file
+    that exists."""
+    index = (REPO / "docs" / "README.md").read_text()
+    assert not [p.name for p in DOCS[1:] if p.name != "README.md" and f"]({p.name})" not in index]
+    broken = [f"{p.relative_to(REPO)}: {target}" for p in DOCS for target in re.findall(r"\]\(([^)\s]+)\)", p.read_text())
+              if not target.startswith(("http", "#")) and not (p.parent / target.split("#")[0]).exists()]
+    assert not broken, broken
+
+
 # Every YAML file the repository ships (recipes, profiles, the project template `otbuild init`
 # copies), found here rather than listed, so that a new one is checked too.
 SHIPPED_YAML = sorted(p for d in ("recipes", "profiles", "otbuild", "scripts", "bench", "slurm")
