@@ -31,7 +31,7 @@ from pathlib import Path
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
+from otbuild.sandbox import Limits, SandboxError, TaskSetupError, open_sandbox, read_reward
 from otbuild.settings.trials import Trials
 from otbuild.tasks.task_toml import (
     FINAL,
@@ -94,11 +94,11 @@ class RewardFileNotFoundError(Exception):
     install its test runner offline), so the trial has no verdict (Harbor's name for it)."""
 
 
-# what a trial records as its exception (outcome infrastructure or verifier_error:
-# otbuild/traces/outcome.py); anything else raised is a bug
+# what a trial records as its exception (outcome infrastructure, verifier_error, or, for
+# TaskSetupError, task_failure: otbuild/traces/outcome.py); anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
                          RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported,
-                         TaskEnvError, StepSetupError)
+                         TaskEnvError, StepSetupError, TaskSetupError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
