@@ -190,23 +190,36 @@ while True:  # app/sub is the folder, then the link to the host, then the folder
 """
 
 
-def test_safefs_writes_never_land_outside_while_a_folder_is_swapped_for_a_link(tmp_path, host):
-    """Another process swaps app/sub between a folder and a link to the host all along."""
-    root = tmp_path / "root"
+def write_into_sub(root: Path, i: int, out: Path) -> None:
+    safefs.write_file(root, f"app/sub/f{i % 5}", b"x")
+
+
+def copy_sub_out(root: Path, i: int, out: Path) -> None:
+    safefs.copy_out(root, "app", out / str(i % 5))
+
+
+@pytest.mark.parametrize("action", [write_into_sub, copy_sub_out])
+def test_safefs_never_goes_through_a_folder_swapped_for_a_link_meanwhile(tmp_path, host, action):
+    """Another process swaps app/sub between a folder and a link to the host all along: no
+    write lands on the host, no host file is copied out."""
+    root, out = tmp_path / "root", tmp_path / "out"
     (root / "app" / "sub").mkdir(parents=True)
+    (root / "app" / "sub" / "mine").write_text("trial\n")
     racer = subprocess.Popen([sys.executable, "-c", SWAPPER, str(root / "app"), str(host)])
     refused = 0
     try:
-        for i in range(3000):
+        for i in range(1500):
             try:
-                safefs.write_file(root, f"app/sub/f{i % 5}", b"x")
+                action(root, i, out)
             except (safefs.UnsafePathError, FileNotFoundError):
                 refused += 1
     finally:
         racer.kill()
         racer.wait()
     assert untouched(host)
-    assert refused  # the race was on
+    copied = [p.read_text() for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert "host\n" not in copied
+    assert refused or copied  # the race was on
 
 
 # -- podman (attack 3) -------------------------------------------------------------------------
@@ -276,3 +289,58 @@ def test_a_hostile_task_ends_its_own_trial_and_the_shard_finishes(tmp_path):
     meta = json.loads(bad["metadata"])
     assert "attempts" not in meta and "sub" in meta["exception_message"]  # not retried
     assert [s["name"] for s in meta["steps"]] == ["one", "two"] and meta["steps"][0]["reward"] == 1.0
+
+
+# -- Harbor's environment -----------------------------------------------------------------------
+HARBOR_PYTHON = Path(__file__).resolve().parents[1] / ".venv-harbor" / "bin" / "python"
+HARBOR_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+from harbor.models.task.config import EnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+from otbuild.harbor.environment import OtbuildEnvironment
+
+task, host, out = map(Path, sys.argv[1:4])
+
+async def main():
+    env = OtbuildEnvironment(environment_dir=task / "environment", environment_name="t", session_id="t__1__env",
+                             trial_paths=TrialPaths(trial_dir=out / "trial"), task_env_config=EnvironmentConfig(),
+                             workdir=str(out / "work"))
+    await env.start(force_build=False)
+    try:
+        await env.exec(f"echo mine > /logs/agent/real.txt; ln -s {host} /logs/agent/dir; "
+                       f"ln -s {host}/file /logs/agent/file; ln -s {host} /app/up; ln -s {host}/file /app/f")
+        await env.download_dir("/logs/agent", out / "agent")
+        for target in ("/app/up/new.txt", "/app/f"):
+            try:
+                await env.upload_file(out / "upload.txt", target)
+            except OSError as e:
+                print("refused", target, type(e).__name__)
+        print("app:", (await env.exec("cat /app/f")).stdout.strip())
+        try:
+            await env.download_file("/logs/agent/file", out / "file")
+        except OSError as e:
+            print("refused /logs/agent/file", type(e).__name__)
+    finally:
+        await env.stop(delete=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not HARBOR_PYTHON.is_file(), reason="no .venv-harbor (make harbor-env)")
+@pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
+def test_harbors_environment_copies_in_and_out_through_no_link_the_agent_made(tmp_path, host):
+    task = tmp_path / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+    (task / "instruction.md").write_text("x\n")
+    (tmp_path / "upload.txt").write_text("uploaded\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([str(HARBOR_PYTHON), "-c", HARBOR_SCRIPT, str(task), str(host), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused /app/up/new.txt UnsafePathError" in r.stdout and "app: uploaded" in r.stdout, r.stdout
+    assert "refused /logs/agent/file UnsafePathError" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == ["real.txt"]
+    assert untouched(host)

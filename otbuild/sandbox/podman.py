@@ -294,6 +294,11 @@ class PodmanSandbox(Sandbox):
             raise
         self._start_clock()
 
+    @property
+    def owner(self) -> safefs.Owner:
+        """The host's user: /logs and /solution are the container root's."""
+        return None
+
     def _disk_used(self) -> int:
         """What the trial wrote: the container's writable layer and /logs."""
         return tree_usage(self._upper, self.root / "logs")

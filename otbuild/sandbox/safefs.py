@@ -283,36 +283,44 @@ def _open_to_remove(d: int, name: str) -> int:
 
 def copy_out(root: Path, rel: str, dest: Path) -> None:
     """Copy the file or folder `root/rel` to the host path `dest` (otbuild's): regular files and
-    folders only; links and special files below `rel` are left behind, a link at `rel` refused."""
+    folders only; links and special files below `rel` are left behind, a link at `rel` refused.
+    Folder by folder from the root each time: no descriptor chain or recursion as deep as the
+    trial nests its folders."""
     folders, name = _split(rel)
     with opened_dir(root, "/".join(folders)) as d:
         st = _lstat(d, name)
         if st is None:
             raise FileNotFoundError(errno.ENOENT, f"{rel}: no such file or folder in the trial")
-        if stat.S_ISDIR(st.st_mode):
-            with opened_dir(root, rel) as fd:
-                Path(dest).mkdir(parents=True, exist_ok=True)
-                _copy_folder(fd, Path(dest))
-        else:
+        if not stat.S_ISDIR(st.st_mode):
             with _opened_file(d, name, rel) as fd:
                 _copy_fd(fd, Path(dest))
-
-
-def _copy_folder(fd: int, dest: Path) -> None:
-    for entry in os.scandir(fd):
+            return
+    todo = [PurePosixPath()]
+    while todo:
+        sub = todo.pop()
         try:
-            if entry.is_dir(follow_symlinks=False):
-                sub = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
-                try:
-                    (dest / entry.name).mkdir(exist_ok=True)
-                    _copy_folder(sub, dest / entry.name)
-                finally:
-                    os.close(sub)
-            elif entry.is_file(follow_symlinks=False):
+            with opened_dir(root, PurePosixPath(rel, sub)) as fd:
+                Path(dest, sub).mkdir(parents=True, exist_ok=True)
+                todo += [sub / name for name in _copy_files(fd, Path(dest, sub))]
+        except UnsafePathError:
+            if not sub.parts:
+                raise
+            # swapped for a link meanwhile: left behind
+
+
+def _copy_files(fd: int, dest: Path) -> list[str]:
+    """The regular files of folder `fd` copied into `dest`; the names of its folders."""
+    folders = []
+    for entry in os.scandir(fd):
+        if entry.is_dir(follow_symlinks=False):
+            folders.append(entry.name)
+        elif entry.is_file(follow_symlinks=False):
+            try:
                 with _opened_file(fd, entry.name, entry.name) as f:
                     _copy_fd(f, dest / entry.name)
-        except UnsafePathError:  # swapped for a link or a pipe meanwhile: left behind
-            continue
+            except UnsafePathError:  # swapped for a link or a pipe meanwhile: left behind
+                continue
+    return folders
 
 
 def _copy_fd(fd: int, dest: Path) -> None:

@@ -148,11 +148,11 @@ class Sandbox:
                 safefs.remove(self.root, sub)  # no parked command holds them between steps
             if self._with_solution:
                 write_subtree(step, "solution", self.root, "solution")
-            reset_verifier(self.root, self._owner)
+            reset_verifier(self.root, self.owner)
             self._stage(step)
 
     @property
-    def _owner(self) -> safefs.Owner:
+    def owner(self) -> safefs.Owner:
         """Who the trial's own files belong to: its uid (as root), else the host's user."""
         if self._identity.privileged and self.backend != "none":
             return self._identity.uid, self._identity.gid
@@ -163,7 +163,7 @@ class Sandbox:
         for rel, f in sorted(step.files.items()):
             if rel.startswith(f"{WORKDIR}/"):
                 safefs.write_file(self.root, f"{self.workdir}/{rel[len(WORKDIR) + 1:]}", f.data,
-                                  mode=file_mode(f.executable), owner=self._owner)
+                                  mode=file_mode(f.executable), owner=self.owner)
 
     def park(self, command: list[str], *, with_tests: bool = False, env: dict[str, str] | None = None
              ) -> Parked | None:
@@ -313,7 +313,7 @@ class Sandbox:
         if self._tests_ready:
             return
         with task_setup(self.task.name, "putting its tests in place"):
-            reset_verifier(self.root, self._owner)
+            reset_verifier(self.root, self.owner)
             safefs.clear(self.root, "tests")
             write_subtree(self.task, "tests", self.root, "tests")
         self._tests_ready = True
