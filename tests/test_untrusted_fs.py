@@ -268,7 +268,8 @@ def test_podman_resets_the_verifier_folder_without_following_a_link(tmp_path, po
 @pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 def test_a_hostile_task_ends_its_own_trial_and_the_shard_finishes(tmp_path):
     """Step one leaves a file where step two stages a folder: that trial's row says why
-    (TaskSetupError, a task failure, not retried); the good task's trace is there."""
+    (TaskSetupError, a task failure with reward 0, not retried; step one's turns kept); the
+    good task's trace is there."""
     from otbuild.settings.stages import RolloutSettings
     from otbuild.stages.rollout import run_shard
     from otbuild.tasks.harbor_meta import harbor_record
@@ -285,10 +286,33 @@ def test_a_hostile_task_ends_its_own_trial_and_the_shard_finishes(tmp_path):
     rows = {r["task"]: r for r in pq.read_table(tmp_path / "out" / "shards" / "0-of-1.parquet").to_pylist()}
     assert rows[good.task.name]["reward"] == 1.0 and rows[good.task.name]["exception"] is None
     bad = rows["hostile"]
-    assert bad["exception"] == bad["result"] == "TaskSetupError" and oc.outcome(bad) == oc.TASK_FAILURE
+    assert bad["result"] == "TaskSetupError" and bad["exception"] is None and oc.outcome(bad) == oc.TASK_FAILURE
     meta = json.loads(bad["metadata"])
-    assert "attempts" not in meta and "sub" in meta["exception_message"]  # not retried
-    assert [s["name"] for s in meta["steps"]] == ["one", "two"] and meta["steps"][0]["reward"] == 1.0
+    assert "attempts" not in meta  # not retried
+    one, two = meta["steps"]
+    assert (one["name"], one["reward"], two["name"], two["reward"]) == ("one", 1.0, "two", 0.0)
+    assert two["stop_reason"] == "task_setup_failed" and "app/sub" in two["stop_message"]
+    assert bad["n_turns"] > 0  # step one's conversation is the trace's
+
+
+@pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
+def test_a_task_whose_own_files_collide_fails_its_trial_as_a_task_failure(tmp_path):
+    """A layout that puts a file where it puts a folder: TaskSetupError, reward 0, no retry."""
+    import asyncio
+
+    from otbuild.harness.oracle import OracleEngine
+    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.settings.trials import Trials
+
+    task = TaskDir("collide")
+    task.add("instruction.md", "x")
+    task.add("environment/Dockerfile", "FROM ubuntu:24.04\nWORKDIR /app\nCOPY a /app/x\nCOPY b /app/x/y\n")
+    task.add("environment/a", "file")
+    task.add("environment/b", "file below it")
+    task.add("tests/test.sh", TEST_SH, executable=True)
+    row = asyncio.run(run_trial(task, task.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"), tmp_path))
+    assert (row["result"], row["exception"], row["reward"]) == ("TaskSetupError", None, 0.0)
+    assert "app/x" in json.loads(row["metadata"])["stop_message"]
 
 
 # -- Harbor's environment -----------------------------------------------------------------------
