@@ -264,28 +264,6 @@ def test_podman_resets_the_verifier_folder_without_following_a_link(tmp_path, po
     assert untouched(host)
 
 
-@needs_podman
-def test_nothing_the_agent_started_reaches_the_verifier_under_podman(tmp_path):
-    """A detached writer the agent leaves in the container is gone before the verifier runs,
-    and the tests are not there while the agent works (as on bwrap: tests/test_harness.py)."""
-    import asyncio
-
-    from otbuild.harness.trial import TrialSettings, run_trial
-    from otbuild.settings.trials import Trials
-    from tests.test_harness import ScriptedEngine, _task_with_test, answer
-
-    task = _task_with_test("a=$(wc -c < /app/beat); sleep 0.5; b=$(wc -c < /app/beat)\n"
-                           '[ "$a" = "$b" ] && echo 1 > /logs/verifier/reward.txt\n')
-    writer = ("(setsid nohup bash -c 'while :; do echo x >> /app/beat; echo 0.5 > /logs/verifier/reward.txt;"
-              " sleep 0.02; done' >/dev/null 2>&1 &)\n")
-    engine = ScriptedEngine([answer(writer, "sleep 0.2; ls /tests; echo listed=$?\n", duration=3),
-                             answer(complete=True), answer(complete=True)])
-    row = asyncio.run(run_trial(task, task.task_id(), engine, TrialSettings(Trials(sandbox="podman"), "terminus2"),
-                                tmp_path))
-    assert "listed=2" in engine.seen[1][-1]["content"]
-    assert row["exception"] is None and row["reward"] == 1.0, row["metadata"]
-
-
 # -- one task's failure is that trial's (attack 4) ----------------------------------------------
 @pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 def test_a_hostile_task_ends_its_own_trial_and_the_shard_finishes(tmp_path):
