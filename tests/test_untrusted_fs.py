@@ -124,6 +124,16 @@ def test_tests_are_never_written_through_a_link_in_a_tests_folder_the_image_left
     assert untouched(host)
 
 
+def test_step_two_of_a_task_whose_image_makes_tests_writable_sees_none_of_step_ones(tmp_path):
+    task = two_step_task(dockerfile="FROM ubuntu:24.04\nWORKDIR /app\nCOPY notes /tests/\n")
+    task.add("environment/notes/readme", "image file\n")
+    with open_sandbox(task.step("one"), tmp_path / "trials", backend="bwrap", limits=FAST) as box:
+        assert box.run("bash /tests/test.sh", timeout=10, with_tests=True).exit_code == 0
+        box.begin_step(task.step("two"))
+        r = box.run("ls -A /tests /logs/verifier", timeout=10)
+        assert r.exit_code == 0 and r.output.split() == ["/logs/verifier:", "/tests:"], r.output
+
+
 @pytest.mark.parametrize("backend", LOCAL)
 def test_the_verifier_folder_is_reset_without_following_a_link_the_agent_left(tmp_path, host, backend):
     task = next(iter(generate(1, seed=0, families=["files"]))).task

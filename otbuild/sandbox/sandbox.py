@@ -144,8 +144,8 @@ class Sandbox:
         self._check_open()
         self.task, self._tests_ready = step, False
         with task_setup(step.name, "staging the next step"):
-            for sub in ("tests", "solution"):
-                safefs.remove(self.root, sub)  # no parked command holds them between steps
+            for sub in ("tests", "solution"):  # emptied, not removed: a /tests the image made is bound
+                safefs.clear(self.root, sub)
             if self._with_solution:
                 write_subtree(step, "solution", self.root, "solution")
             reset_verifier(self.root, self.owner)
