@@ -43,6 +43,7 @@ ROWS = [
     (row("AgentTimeoutError", timed_out=True, reward=0.0), oc.TIMED_OUT),  # Harbor
     # otbuild's harness: a task failure names itself in `result` only
     (row("DiskLimitExceededError", reward=0.0), oc.TASK_FAILURE),
+    (row("TaskSetupError", reward=0.0), oc.TASK_FAILURE),  # an earlier step left a file in the way
     (row("ContextLengthExceededError", reward=0.0), oc.TASK_FAILURE),
     (row("ContextLengthExceededError", "ContextLengthExceededError", reward=None), oc.TASK_FAILURE),  # Harbor
     (row("RewardFileNotFoundError", "RewardFileNotFoundError", reward=None), oc.VERIFIER_ERROR),

@@ -235,17 +235,19 @@ def test_agent_timeout_ends_the_trial_and_the_verifier_still_runs(tmp_path):
 
 
 @needs_sandbox
-def test_nothing_the_agent_started_reaches_the_verifier_and_the_agent_never_sees_tests(tmp_path):
-    """The verifier's sandbox is started with the trial (parked) and runs after the agent's
-    processes are gone: a detached writer the agent leaves behind does not survive into it, and
-    the tests are not there while the agent works."""
+@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("podman", marks=pytest.mark.skipif(
+    backend_problem("podman") is not None, reason="podman unusable here"))])
+def test_nothing_the_agent_started_reaches_the_verifier_and_the_agent_never_sees_tests(tmp_path, sandbox):
+    """The verifier's sandbox is started with the trial (parked; under podman, a command in the
+    same container) and runs after the agent's processes are gone: a detached writer the agent
+    leaves behind does not survive into it, and the tests are not there while the agent works."""
     task = _task_with_test("a=$(wc -c < /app/beat); sleep 0.5; b=$(wc -c < /app/beat)\n"
                            '[ "$a" = "$b" ] && echo 1 > /logs/verifier/reward.txt\n')
     writer = ("(setsid nohup bash -c 'while :; do echo x >> /app/beat; echo 0.5 > /logs/verifier/reward.txt;"
               " sleep 0.02; done' >/dev/null 2>&1 &)\n")
     engine = ScriptedEngine([answer(writer, "sleep 0.2; ls /tests; echo listed=$?\n", duration=3),
                              answer(complete=True), answer(complete=True)])
-    trace = _trial(task, engine, tmp_path)
+    trace = _trial(task, engine, tmp_path, sandbox=sandbox)
     assert "listed=2" in engine.seen[1][-1]["content"]  # no /tests while the agent works
     assert trace["exception"] is None and trace["reward"] == 1.0, trace["metadata"]
 

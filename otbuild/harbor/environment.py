@@ -33,10 +33,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-import logging
 import os
-import shutil
-import stat
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -45,7 +42,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
-from otbuild.sandbox import Limits, Sandbox, open_sandbox
+from otbuild.sandbox import Limits, Sandbox, open_sandbox, safefs
 from otbuild.sandbox.layout import Layout, LayoutError, plan
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir
@@ -155,7 +152,7 @@ class OtbuildEnvironment(BaseEnvironment):
         argv = self._box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
         # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
         # empty it again, so the agent sees nothing there until the verifier uploads them.
-        _empty(self._box.root / "tests")
+        safefs.clear(self._box.root, "tests")
         self._proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
@@ -172,8 +169,9 @@ class OtbuildEnvironment(BaseEnvironment):
         asyncio.create_task(self._drain_stderr())
         # Harbor's log dirs, as a container image with them mounted would have them.
         for d in ("logs/agent", "logs/verifier", "logs/artifacts"):
-            self._host(f"/{d}").mkdir(parents=True, exist_ok=True)
-            self._own(self._host(f"/{d}"))
+            with safefs.opened_dir(self._box.root, d, create=True, owner=self._box.owner) as fd:
+                if self._box.owner is not None:
+                    os.fchown(fd, *self._box.owner)
 
     async def stop(self, delete: bool):
         box, proc = self._box, self._proc
@@ -185,7 +183,8 @@ class OtbuildEnvironment(BaseEnvironment):
             await asyncio.to_thread(box.kill_all)
             await asyncio.to_thread(box.close)
             if delete and not self._keep:
-                await asyncio.to_thread(shutil.rmtree, box.root, True)
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(safefs.remove_path, box.root)
         if proc is not None:
             try:
                 await asyncio.wait_for(proc.wait(), 10)
@@ -224,18 +223,16 @@ class OtbuildEnvironment(BaseEnvironment):
                           return_code=reply["rc"])
 
     async def upload_file(self, source_path: Path | str, target_path: str):
-        dest = self._writable(target_path)
-        await asyncio.to_thread(self._copy_in, Path(source_path), dest)
+        await self._upload(Path(source_path), target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str):
-        dest = self._writable(target_dir)
-        await asyncio.to_thread(self._copy_in, Path(source_dir), dest)
+        await self._upload(Path(source_dir), target_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str):
-        await asyncio.to_thread(_copy_out_file, self._host(source_path), Path(target_path))
+        await asyncio.to_thread(safefs.copy_out, self._root(), self._rel(source_path), Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str):
-        await asyncio.to_thread(_copy_out_dir, self._host(source_dir), Path(target_dir))
+        await asyncio.to_thread(safefs.copy_out, self._root(), self._rel(source_dir), Path(target_dir))
 
     # -- internals ----------------------------------------------------------------------
     def _open(self) -> None:
@@ -246,7 +243,7 @@ class OtbuildEnvironment(BaseEnvironment):
         assert self._task is not None  # _check_definition read it (else start raised its problem)
         box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
                                        with_solution=True)
-        _empty(box.root / "solution")  # the oracle uploads it; other agents see nothing
+        safefs.clear(box.root, "solution")  # the oracle uploads it; other agents see nothing
 
     def _send(self, obj: dict, quiet: bool = False) -> None:
         try:
@@ -281,48 +278,30 @@ class OtbuildEnvironment(BaseEnvironment):
                 return
             self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
 
-    def _host(self, path: str) -> Path:
-        """The host path of sandbox path `path` (inside the trial root, never outside)."""
+    def _root(self) -> Path:
         if self._box is None:
             raise RuntimeError(f"otbuild environment {self.environment_name} is not running")
+        return self._box.root
+
+    def _rel(self, path: str) -> str:
+        """Sandbox path `path` relative to the trial root (inside it, never outside)."""
         assert self._layout is not None  # planned before the box was opened
         p = PurePosixPath(path if str(path).startswith("/") else f"{self._layout.workdir}/{path}")
-        parts = [x for x in p.parts[1:] if x not in ("", ".")]
-        if ".." in parts:
-            raise ValueError(f"path {path!r}: '..' is not allowed")
-        return self._box.root.joinpath(*parts)
+        return "/".join(safefs.parts(p))
 
-    def _writable(self, path: str) -> Path:
+    async def _upload(self, src: Path, target: str) -> None:
+        """Harbor's file or folder copied in (through no link the trial made: `safefs`), as the
+        trial's uid's, under the sandbox's own dirs only."""
         assert self._layout is not None  # _check_definition planned it
         tops = self._layout.tops() | {"tests", "solution"}
-        top = PurePosixPath(path).parts[1] if str(path).startswith("/") and path != "/" else \
-            PurePosixPath(self._layout.workdir).parts[1]
-        if top not in tops:
+        rel = self._rel(target)
+        if not rel or rel.split("/")[0] not in tops:
             raise RuntimeError(
-                f"otbuild environment: cannot place files at {path}: the sandbox's own dirs are "
+                f"otbuild environment: cannot place files at {target}: the sandbox's own dirs are "
                 f"/{', /'.join(sorted(tops))} (the rest of / is the host's, read-only)")
-        return self._host(path)
-
-    def _copy_in(self, src: Path, dest: Path) -> None:
-        assert self._box is not None  # after _writable, which found it running
-        _refuse_symlinks(self._box.root, dest)
-        if src.is_dir():
-            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
-        else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest)
-        self._own(dest)
-
-    def _own(self, path: Path) -> None:
-        """Files the host (root) writes belong to the trial's uid, as the agent's own would."""
-        if os.geteuid() != 0 or self._box is None or self._box.uid == 0:
-            return
-        uid = self._box.uid
-        os.chown(path, uid, uid, follow_symlinks=False)
-        if path.is_dir() and not path.is_symlink():
-            for dirpath, dirnames, filenames in os.walk(path):
-                for n in dirnames + filenames:
-                    os.chown(os.path.join(dirpath, n), uid, uid, follow_symlinks=False)
+        root = self._root()
+        owner = self._box.owner if self._box is not None else None
+        await asyncio.to_thread(safefs.copy_in, src, root, rel, owner=owner)
 
 
 def _as_bool(v: Any) -> bool:
@@ -341,56 +320,3 @@ def _limits(cfg, memory_mb, max_processes, wall_seconds) -> Limits:
     return Limits(memory_mb=mem, max_processes=int(max_processes or 512),
                   cpu_seconds=24 * 3600,
                   wall_seconds=float(wall_seconds) if wall_seconds is not None else 24 * 3600.0)
-
-
-def _empty(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        for child in path.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-
-
-def _refuse_symlinks(root: Path, dest: Path) -> None:
-    """No component of `dest` below the trial root may be a symlink (the agent could plant
-    one pointing at a host path)."""
-    p = root
-    for part in dest.relative_to(root).parts:
-        p = p / part
-        if p.is_symlink():
-            raise RuntimeError(f"refusing to write through the symlink {p.relative_to(root)}")
-
-
-def _copy_out_file(src: Path, dest: Path) -> None:
-    """Copy a regular file out of the sandbox without following symlinks."""
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RuntimeError(f"{src.name}: not a regular file")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.dup(fd), "rb") as f, open(dest, "wb") as out:
-            shutil.copyfileobj(f, out)
-    finally:
-        os.close(fd)
-
-
-def _copy_out_dir(src: Path, dest: Path) -> None:
-    if src.is_symlink() or not src.is_dir():
-        raise FileNotFoundError(f"no such directory in the sandbox: {src.name}")
-    dest.mkdir(parents=True, exist_ok=True)
-    for dirpath, dirnames, filenames in os.walk(src):
-        base = Path(dirpath)
-        rel = base.relative_to(src)
-        dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
-        for d in dirnames:
-            (dest / rel / d).mkdir(parents=True, exist_ok=True)
-        for n in filenames:
-            f = base / n
-            if f.is_symlink() or not f.is_file():
-                continue  # symlinks and special files stay behind
-            try:
-                _copy_out_file(f, dest / rel / n)
-            except OSError as e:
-                logging.getLogger(__name__).warning("download %s: %s", f, e)
-

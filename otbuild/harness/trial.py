@@ -2,7 +2,8 @@
 task's verifier. Returns a trace row (otbuild/traces/table.py).
 
 Task failures (wrong answer, agent timeout, a conversation the model's context window no
-longer holds, the trial's disk limit) and errors (the sandbox would not start or cannot give
+longer holds, the trial's disk limit, task files that cannot be put in place because of what
+an earlier step left: TaskSetupError) and errors (the sandbox would not start or cannot give
 the task the network it asks for, the task's task.toml is not one Harbor accepts, the engine
 failed after its retries, the verifier timed out or wrote a malformed reward) are kept apart:
 the latter set `exception` to the error's class name, which is also the row's `result`; a task
@@ -31,7 +32,7 @@ from pathlib import Path
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError
 from otbuild.harness import protocol
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.sandbox import Limits, SandboxError, open_sandbox, read_reward
+from otbuild.sandbox import Limits, SandboxError, TaskSetupError, open_sandbox, read_reward
 from otbuild.settings.trials import Trials
 from otbuild.tasks.task_toml import (
     FINAL,
@@ -106,6 +107,7 @@ OUT_OF_EPISODES = "max_episodes"
 SHELL_EXITED = "shell_exited"
 CONTEXT_EXCEEDED = "context_length_exceeded"  # the next request would not fit the model
 DISK_EXCEEDED = "disk_limit_exceeded"  # the trial wrote storage_mb: a failed task, unverified
+SETUP_FAILED = "task_setup_failed"  # the task's files could not be put in place (TaskSetupError)
 
 
 class TrialThread:
@@ -174,19 +176,25 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
             for (step, view), (a_timeout, v_timeout) in zip(steps, timeouts, strict=True):
                 run = StepRun(step.name if step is not None else None)
                 runs.append(run)
-                if step is not None:
-                    await thread(box.begin_step, view)
-                    await _step_setup(box, view, step.name, a_timeout, agent_env, thread)
-                verifier_env = {**task_env, **config.verifier.env, **(step.verifier.env if step else {})}
-                seed_key = f"{run_id}:{task_id}:{sample_idx}" + (f":{step.name}" if step else "")
-                await _run_step(box, view, engine, settings, run, a_timeout, v_timeout if settings.verify else 0.0,
-                                agent_env, verifier_env, seed_key, thread)
-                if run.stop in (CONTEXT_EXCEEDED, DISK_EXCEEDED) or (
+                try:
+                    if step is not None:
+                        await thread(box.begin_step, view)
+                        await _step_setup(box, view, step.name, a_timeout, agent_env, thread)
+                    verifier_env = {**task_env, **config.verifier.env, **(step.verifier.env if step else {})}
+                    seed_key = f"{run_id}:{task_id}:{sample_idx}" + (f":{step.name}" if step else "")
+                    await _run_step(box, view, engine, settings, run, a_timeout,
+                                    v_timeout if settings.verify else 0.0, agent_env, verifier_env, seed_key, thread)
+                except TaskSetupError as e:
+                    _setup_failed(run, e)
+                if run.stop in (CONTEXT_EXCEEDED, DISK_EXCEEDED, SETUP_FAILED) or (
                         step and settings.verify and _below(run.rewards, step.min_reward)):
                     break
         reward = _trial_reward(runs, config.multi_step_reward_strategy)
         if not settings.verify:
             details["unverified_reason"] = UNVERIFIED_REASON
+    except TaskSetupError as e:  # its files cannot be laid out in a fresh trial root
+        runs.append(_setup_failed(StepRun(), e))
+        reward = 0.0
     except INFRASTRUCTURE_ERRORS as e:
         exception = type(e).__name__
         details["exception_message"] = str(e)[:2000]
@@ -230,6 +238,14 @@ async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: St
         run.stop, run.failure, run.rewards = DISK_EXCEEDED, "DiskLimitExceededError", {"reward": 0.0}
         run.details["stop_message"] = (f"the trial reached its disk limit of {box.limits.storage_mb} MB "
                                        "(task.toml storage_mb, else limits.storage_mb); every process was killed")
+
+
+def _setup_failed(run: StepRun, error: TaskSetupError) -> StepRun:
+    """`run` ended because the task's files could not be put in place (what an earlier step left
+    is in their way, or its layout is): a task failure of this trial, reward 0, never retried."""
+    run.stop, run.failure, run.rewards = SETUP_FAILED, type(error).__name__, {"reward": 0.0}
+    run.details["stop_message"] = str(error)[:2000]
+    return run
 
 
 async def _step_setup(box, step: TaskDir, name: str, timeout: float, env: dict[str, str], thread: TrialThread

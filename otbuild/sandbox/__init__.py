@@ -16,23 +16,23 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from otbuild.sandbox import bwrap, podman, unshare
+from otbuild.sandbox import bwrap, podman, safefs, unshare
 from otbuild.sandbox.disk import mount_scratch, unmount_scratch
-from otbuild.sandbox.errors import SandboxError
+from otbuild.sandbox.errors import SandboxError, TaskSetupError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
 from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, stamp_tree, write_subtree
 from otbuild.sandbox.output import head_tail
 from otbuild.sandbox.reward import read_reward
-from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid, remove_tree
+from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid
 from otbuild.settings.limits import BACKENDS, Limits
 from otbuild.tasks.base_image import host_compatible
 from otbuild.tasks.task_toml import runnable_locally, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
 __all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
-           "TaskNotRunnableLocally", "backend_for", "backend_problem", "head_tail", "needs_image", "open_sandbox",
-           "read_reward", "resolve_backend"]
+           "TaskNotRunnableLocally", "TaskSetupError", "backend_for", "backend_problem", "head_tail", "needs_image",
+           "open_sandbox", "read_reward", "resolve_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,16 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
     The root holds the environment files where the Dockerfile puts them, private /tmp,
     $HOME (/root) and /logs; `solution/` only `with_solution` (the oracle); tests/ are copied
     in only when a command asks `with_tests`. `cleanup` removes the root at close. Raises
-    SandboxError (LayoutError, SandboxUnavailable, ...) when the trial cannot be set up.
+    SandboxError (LayoutError, SandboxUnavailable, ...) when the trial cannot be set up;
+    TaskSetupError when the task's own files are in each other's way.
     """
     backend = resolve_backend(backend_for(task, backend))
     layout = None if backend == "podman" else plan(task)  # podman builds the image instead
     limits = task_limits(task, backend, limits)
     try:
         return _materialised(task, Path(workdir).resolve(), backend, limits, layout, with_solution, cleanup)
+    except safefs.UnsafePathError as e:  # its layout puts a file where a folder goes, or the reverse
+        raise TaskSetupError(f"task {task.name!r}: its files cannot be laid out: {e}") from e
     except OSError as e:  # a full disk, a workdir we may not write, ...
         raise SandboxError(f"task {task.name!r}: could not set up its trial under {workdir}: {e}") from e
 
@@ -143,7 +146,7 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
         try:
             return podman.open_podman(task, root, limits, with_solution=with_solution, cleanup=cleanup)
         except BaseException:
-            remove_tree(root)
+            safefs.remove_path(root)
             raise
     identity = acquire() if backend != "none" else Identity(os.getuid(), os.getgid(), False)
     scratch = False
@@ -152,7 +155,7 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
         assert layout is not None  # planned for every backend but podman
         materialise(layout, root)
         if with_solution:
-            write_subtree(task, "solution", root / "solution")
+            write_subtree(task, "solution", root, "solution")
         uid = inside_uid(backend, identity)
         write_etc(root, uid, identity.gid if uid else 0)
         os.chmod(root, 0o755)
@@ -165,7 +168,7 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
         identity.release()
         if scratch:
             unmount_scratch(root)
-        remove_tree(root)
+        safefs.remove_path(root)
         raise
 
 

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from otbuild.sandbox import safefs
 from otbuild.sandbox.errors import SandboxError
 from otbuild.tasks.dockerfile import (
     Instruction,
@@ -50,14 +51,7 @@ def file_time() -> int:
 
 def stamp_tree(top: Path) -> None:
     """Give `top` and everything under it (links not followed) the fixed `file_time`."""
-    t = file_time()
-    paths: list[str | Path] = [os.path.join(d, n) for d, dirs, files in os.walk(top, topdown=False)
-                               for n in files + dirs]
-    for path in [*paths, top]:
-        try:
-            os.utime(path, (t, t), follow_symlinks=False)
-        except PermissionError:  # not the trial's (a scratch disk's lost+found)
-            pass
+    safefs.stamp(top, "", file_time())
 
 
 class LayoutError(SandboxError, ValueError):
@@ -169,24 +163,20 @@ def _strip_dir(rel: str, src: str) -> str:
 def materialise(layout: Layout, root: Path) -> None:
     """Write the environment files and the base dirs into the trial root (the caller stamps the
     finished root: `stamp_tree`)."""
-    for d in BASE_DIRS:
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / layout.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    for d in [*BASE_DIRS, layout.workdir]:
+        with safefs.opened_dir(root, d, create=True):
+            pass
     for path, (data, executable) in sorted(layout.files.items()):
-        write_file(root / path.lstrip("/"), data, executable)
+        safefs.write_file(root, path, data, mode=file_mode(executable))
 
 
-def write_subtree(task: TaskDir, prefix: str, dest: Path) -> None:
-    """Copy the task's `prefix/` files (tests/, solution/, a podman build context) to `dest`,
-    at the fixed time."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel, f in sorted(task.files.items()):
-        if rel.startswith(prefix + "/"):
-            write_file(dest / rel[len(prefix) + 1:], f.data, f.executable)
-    stamp_tree(dest)
+def write_subtree(task: TaskDir, prefix: str, root: Path, rel: str = "", owner: safefs.Owner = None) -> None:
+    """Copy the task's `prefix/` files (tests/, solution/, a podman build context) to `root/rel`
+    (`safefs.write_tree`: through no link the trial left), at the fixed time."""
+    files = [(name[len(prefix) + 1:], f.data, f.executable) for name, f in sorted(task.files.items())
+             if name.startswith(prefix + "/")]
+    safefs.write_tree(root, rel, files, owner=owner, mtime=file_time())
 
 
-def write_file(path: Path, data: bytes, executable: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    path.chmod(0o755 if executable else 0o644)
+def file_mode(executable: bool) -> int:
+    return 0o755 if executable else 0o644

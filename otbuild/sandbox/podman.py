@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from otbuild.sandbox import safefs
 from otbuild.sandbox.disk import MB, storage_opt, tree_usage
-from otbuild.sandbox.errors import SandboxError
+from otbuild.sandbox.errors import SandboxError, TaskSetupError, task_setup
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
-from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
+from otbuild.sandbox.sandbox import Sandbox, reset_verifier
 from otbuild.settings.limits import Limits
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config
 from otbuild.tasks.taskdir import DOCKERFILE, WORKDIR, TaskDir
@@ -265,10 +266,11 @@ class PodmanSandbox(Sandbox):
         self.networks = networks
         self.network = networks.started_on  # the container's network now
         for d in ("agent", "verifier"):
-            (root / "logs" / d).mkdir(parents=True, exist_ok=True)
+            with safefs.opened_dir(root, f"logs/{d}", create=True):
+                pass
         mounts = ["-v", f"{root / 'logs'}:/logs"]
         if with_solution:
-            write_subtree(task, "solution", root / "solution")
+            write_subtree(task, "solution", root, "solution")
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
         mb, fsize = limits.memory_mb, limits.file_size_mb * MB
         try:  # a failed `run` can leave the container created: removed as well
@@ -291,6 +293,11 @@ class PodmanSandbox(Sandbox):
             self._remove()
             raise
         self._start_clock()
+
+    @property
+    def owner(self) -> safefs.Owner:
+        """The host's user: /logs and /solution are the container root's."""
+        return None
 
     def _disk_used(self) -> int:
         """What the trial wrote: the container's writable layer and /logs."""
@@ -319,32 +326,42 @@ class PodmanSandbox(Sandbox):
         super()._kill_tree(proc)
 
     def begin_step(self, step: TaskDir) -> None:
-        """As `Sandbox.begin_step`, in the container: /solution is a bind mount, so its
-        contents are replaced; the step's workdir/ files are copied in; the agent's network back."""
+        """As `Sandbox.begin_step`, in the container: the last step's /tests and verifier logs go
+        (its tests stay in a container, unlike a bwrap trial's), /solution (a bind mount) gets
+        the step's, its workdir/ files are copied in; the agent's network back."""
         self._check_open()
         self.task, self._tests_ready = step, False
-        if self._with_solution:
-            for p in (self.root / "solution").iterdir():
-                remove_tree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-            write_subtree(step, "solution", self.root / "solution")
+        with task_setup(step.name, "staging the next step"):
+            if self._with_solution:
+                safefs.clear(self.root, "solution")
+                write_subtree(step, "solution", self.root, "solution")
+            reset_verifier(self.root)
+        self._exec_as_root("/bin/rm", "-rf", "/tests")
         self._switch_network(self.networks.agent, "agent")
         with tempfile.TemporaryDirectory(prefix="otbuild-workdir-") as d:
             write_subtree(step, WORKDIR, Path(d))
             if any(Path(d).iterdir()):
-                _podman("cp", f"{d}/.", f"{self.container}:{self.workdir}")
+                try:  # podman resolves links in the container's own root, never the host's
+                    _podman("cp", f"{d}/.", f"{self.container}:{self.workdir}")
+                except ContainerError as e:  # what the last step left is in the way
+                    raise TaskSetupError(f"task {step.name!r}: staging the next step: {e}") from e
 
     def _ensure_tests(self) -> None:
         """tests/ copied to /tests (a fresh copy: the agent may have made its own /tests) and
         an empty logs/verifier, once, for the verifier."""
         if self._tests_ready:
             return
-        reset_verifier(self.root)
+        with task_setup(self.task.name, "putting its tests in place"):
+            reset_verifier(self.root)
         self._switch_network(self.networks.verifier, "verifier")
         with tempfile.TemporaryDirectory(prefix="otbuild-tests-") as d:
-            write_subtree(self.task, "tests", Path(d) / "tests")
-            _podman("exec", "--user", "0", self.container, "/bin/rm", "-rf", "/tests")
+            write_subtree(self.task, "tests", Path(d), "tests")
+            self._exec_as_root("/bin/rm", "-rf", "/tests")
             _podman("cp", f"{d}/tests", f"{self.container}:/tests")
         self._tests_ready = True
+
+    def _exec_as_root(self, *command: str) -> None:
+        _podman("exec", "--user", "0", self.container, *command)
 
     def _switch_network(self, network: str, phase: str) -> None:
         """Connect the container to `network`, or disconnect it from its network (`none`),
@@ -388,7 +405,7 @@ class PodmanSandbox(Sandbox):
         self.kill_all()
         self._remove()
         if self._cleanup:
-            remove_tree(self.root)
+            safefs.remove_path(self.root)
 
     def _namespace_pids(self) -> set[int]:
         found = set()

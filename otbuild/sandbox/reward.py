@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
+
+from otbuild.sandbox import safefs
 
 MAX_BYTES = 1 << 20
 
@@ -53,23 +53,7 @@ def _flat_dict(text: str, name: str) -> dict[str, float]:
 
 
 def _read_no_follow(root: Path, parts: tuple[str, ...]) -> bytes | None:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fds = []
     try:
-        fd = os.open(root, flags | os.O_DIRECTORY)
-        fds.append(fd)
-        for part in parts[:-1]:
-            fd = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
-            fds.append(fd)
-        fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
-        fds.append(fd)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{'/'.join(parts)} is not a regular file")
-        return os.read(fd, MAX_BYTES)
-    except FileNotFoundError:
-        return None
-    except OSError as e:  # ELOOP / ENOTDIR: a symlink where a dir or file should be
+        return safefs.read_file(root, "/".join(parts), MAX_BYTES)
+    except OSError as e:  # a link where a folder or the file should be, a pipe, ...
         raise ValueError(f"{'/'.join(parts)}: {e.strerror}") from None
-    finally:
-        for fd in fds:
-            os.close(fd)

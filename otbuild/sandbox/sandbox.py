@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import stat
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
-from otbuild.sandbox import bwrap, none, unshare
+from otbuild.sandbox import bwrap, none, safefs, unshare
 from otbuild.sandbox.disk import MB, DiskWatch, mounted_usage, tree_usage, unmount_scratch
-from otbuild.sandbox.errors import SandboxError, WallClockExceeded
+from otbuild.sandbox.errors import SandboxError, WallClockExceeded, task_setup
 from otbuild.sandbox.hostfs import system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
-from otbuild.sandbox.layout import Layout, write_file, write_subtree
+from otbuild.sandbox.layout import Layout, file_mode, write_subtree
 from otbuild.sandbox.output import read_bounded
 from otbuild.sandbox.procs import descendants, end_namespace, kill_until_gone, pids_with_env, scan
 from otbuild.sandbox.spec import Invocation
@@ -141,25 +138,32 @@ class Sandbox:
 
     def begin_step(self, step: TaskDir) -> None:
         """Move on to the next step of a multi-step task (`TaskDir.step`) in this same sandbox,
-        as Harbor does in one environment: its tests/ and solution/ replace the last step's and
-        its workdir/ files are staged into the working dir; what the last step left stays."""
+        as Harbor does in one environment: its tests/ and solution/ replace the last step's,
+        the last verifier's logs go, and its workdir/ files are staged into the working dir;
+        what the last step left stays. TaskSetupError when what it left is in the way."""
         self._check_open()
         self.task, self._tests_ready = step, False
-        for sub in ("tests", "solution"):
-            if (self.root / sub).exists():
-                remove_tree(self.root / sub)  # no parked command holds them between steps
-        if self._with_solution:
-            write_subtree(step, "solution", self.root / "solution")
-        self._stage(step, self.root / self.workdir.lstrip("/"))
+        with task_setup(step.name, "staging the next step"):
+            for sub in ("tests", "solution"):  # emptied, not removed: a /tests the image made is bound
+                safefs.clear(self.root, sub)
+            if self._with_solution:
+                write_subtree(step, "solution", self.root, "solution")
+            reset_verifier(self.root, self.owner)
+            self._stage(step)
 
-    def _stage(self, step: TaskDir, dest: Path) -> None:
-        """The step's workdir/ files written into `dest`, owned by the trial's uid."""
+    @property
+    def owner(self) -> safefs.Owner:
+        """Who the trial's own files belong to: its uid (as root), else the host's user."""
+        if self._identity.privileged and self.backend != "none":
+            return self._identity.uid, self._identity.gid
+        return None
+
+    def _stage(self, step: TaskDir) -> None:
+        """The step's workdir/ files written into the working dir, owned by the trial's uid."""
         for rel, f in sorted(step.files.items()):
             if rel.startswith(f"{WORKDIR}/"):
-                path = dest / rel[len(WORKDIR) + 1:]
-                write_file(path, f.data, f.executable)
-                if self._identity.privileged and self.backend != "none":
-                    os.chown(path, self._identity.uid, self._identity.gid)
+                safefs.write_file(self.root, f"{self.workdir}/{rel[len(WORKDIR) + 1:]}", f.data,
+                                  mode=file_mode(f.executable), owner=self.owner)
 
     def park(self, command: list[str], *, with_tests: bool = False, env: dict[str, str] | None = None
              ) -> Parked | None:
@@ -173,7 +177,8 @@ class Sandbox:
             return None
         self._check_open()
         if with_tests:
-            (self.root / "tests").mkdir(exist_ok=True)  # bound now, filled at run
+            with safefs.opened_dir(self.root, "tests", create=True):  # bound now, filled at run
+                pass
         held = ["/bin/sh", "-c", 'read -r _ && exec "$@"', "parked", *command]
         proc = self._spawn(self._command_argv(held, with_tests=with_tests, cwd=None, env=env, tty=False),
                            stdin=subprocess.PIPE)
@@ -286,7 +291,7 @@ class Sandbox:
         if self._scratch:
             unmount_scratch(self.root, keep_files=not self._cleanup)
         if self._cleanup:
-            remove_tree(self.root)
+            safefs.remove_path(self.root)
 
     def __enter__(self) -> Sandbox:  # noqa: PYI034
         return self
@@ -302,14 +307,15 @@ class Sandbox:
         kill_until_gone(lambda: descendants([proc.pid], scan()) if proc.poll() is None else set())
 
     def _ensure_tests(self) -> None:
-        """Copy tests/ in (the agent never saw them) and reset logs/verifier, so nothing the
-        agent left there counts as a reward."""
+        """A fresh tests/ (only the task's: nothing the agent left in a /tests its image made
+        writable) and an empty logs/verifier, so nothing the agent left there counts as a reward.
+        tests/ stays the same folder: a parked verifier has it bound."""
         if self._tests_ready:
             return
-        verifier = reset_verifier(self.root)
-        write_subtree(self.task, "tests", self.root / "tests")
-        if self._identity.privileged and self.backend != "none":
-            os.chown(verifier, self._identity.uid, self._identity.gid)
+        with task_setup(self.task.name, "putting its tests in place"):
+            reset_verifier(self.root, self.owner)
+            safefs.clear(self.root, "tests")
+            write_subtree(self.task, "tests", self.root, "tests")
         self._tests_ready = True
 
 
@@ -338,34 +344,12 @@ class Parked:
         return box._wait(self.proc, start, timeout)
 
 
-def reset_verifier(root: Path) -> Path:
-    """An empty `logs/verifier` (whatever the agent put there, a symlink included, is gone)."""
-    verifier = root / "logs" / "verifier"
-    if verifier.is_symlink() or verifier.is_file():
-        verifier.unlink()
-    elif verifier.exists():
-        remove_tree(verifier)
-    verifier.mkdir(parents=True)
-    return verifier
+def reset_verifier(root: Path, owner: safefs.Owner = None) -> None:
+    """An empty `logs/verifier` of `owner`: whatever the agent put there, a link in its place
+    included, is gone (never followed)."""
+    safefs.clear(root, "logs/verifier", owner=owner)
 
 
 def inside_uid(backend: str, identity: Identity) -> int:
     """The uid commands have inside the sandbox (0 for unshare in a user namespace)."""
     return 0 if backend == "unshare" and not identity.privileged else identity.uid
-
-
-def remove_tree(path: Path) -> None:
-    """rmtree that also removes what the sandbox made unreadable (chmod 000 dirs)."""
-    def fix(func, p, _exc):
-        parent = os.path.dirname(p)
-        for q in (parent, p):
-            try:
-                os.chmod(q, stat.S_IRWXU, follow_symlinks=False)
-            except (OSError, NotImplementedError):
-                pass
-        func(p)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=fix)
-    else:
-        shutil.rmtree(path, onerror=fix)

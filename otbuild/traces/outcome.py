@@ -19,7 +19,9 @@ alike:
                     a variable its [verifier].env names is not set, ...)
     timed_out       the agent ran out of time (timed_out, AgentTimeoutError)
     task_failure    the agent's own end without a verdict: its context window, its disk limit,
-                    its output length (ContextLengthExceededError, DiskLimitExceededError, ...)
+                    its output length (ContextLengthExceededError, DiskLimitExceededError, ...);
+                    or the task's files could not be put in place in its trial (TaskSetupError:
+                    a link or a file an earlier step left where the next stages its own)
     unverified      no error and no reward (imported traces without a label; teacher.verify: false)
     passed / failed the verifier's reward, >= 1 or below
 
@@ -47,7 +49,8 @@ NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError", "Netwo
 VERIFIER_ERRORS = ("VerifierTimeoutError", "VerifierOutputParseError", "RewardFileNotFoundError",
                    "RewardFileEmptyError", "VerifierEnvError")
 TIMEOUT_ERRORS = ("AgentTimeoutError",)
-TASK_FAILURE_ERRORS = ("ContextLengthExceededError", "DiskLimitExceededError", "OutputLengthExceededError")
+TASK_FAILURE_ERRORS = ("ContextLengthExceededError", "DiskLimitExceededError", "OutputLengthExceededError",
+                       "TaskSetupError")
 KNOWN_ERRORS = NOT_RUN_ERRORS + VERIFIER_ERRORS + TIMEOUT_ERRORS + TASK_FAILURE_ERRORS
 
 # eval: these have no score (left out of the mean, counted as n_excluded); task failures and
