@@ -144,6 +144,20 @@ def _settings(**trials) -> TrialSettings:
     return TrialSettings(Trials(**trials), "terminus2")
 
 
+def test_host_variables_a_task_asks_for_are_refused_unless_the_recipe_allows_them():
+    """Issue 44 (2): every env table's `${VAR}` (defaults too) is checked against the recipe's host_env."""
+    from otbuild.tasks.task_toml import refused_host_env
+
+    c = config('[environment.env]\nA = "${HF_TOKEN}"\nB = "literal"\n[solution.env]\nC = "${REGION:-eu}"\n'
+               '[verifier.env]\nD = "${JUDGE_KEY}"\n[[steps]]\nname = "one"\n[steps.verifier.env]\nE = "${AWS_KEY}"\n')
+    assert refused_host_env(c, ()) == ["[environment].env A: HF_TOKEN", "[solution].env C: REGION",
+                                       "[verifier].env D: JUDGE_KEY", "[steps.one.verifier].env E: AWS_KEY"]
+    assert refused_host_env(c, ("HF_TOKEN", "REGION", "JUDGE_KEY", "AWS_KEY")) == []
+    assert Trials().host_env == () and Trials(host_env=["JUDGE_KEY"]).host_env == ("JUDGE_KEY",)
+    with pytest.raises(ValueError):
+        Trials(host_env=["not a name"])
+
+
 def test_timeouts_follow_harbor_with_the_recipe_cap():
     none_set, both = config(""), config("[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 120\n")
     # no agent limit of the task's own: the cap; the verifier: Harbor's 600 s
