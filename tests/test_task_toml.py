@@ -178,14 +178,42 @@ def test_memory_and_storage_of_the_task():
     recipe = Limits(memory_mb=4096, storage_mb=10240)
     small = task("[environment]\nmemory_mb = 1024\nstorage_mb = 2048\n")
     big = task("[environment]\nmemory_mb = 16384\n")
-    # podman: the task's memory is the container's memory limit (Docker's under Harbor)
+    # podman: the task's memory is the container's memory limit (Docker's under Harbor), up to the recipe's
     assert (task_limits(small, "podman", recipe).memory_mb, task_limits(big, "podman", recipe).memory_mb) == (
-        1024, 16384)
-    # bwrap: an address-space rlimit, which the task may raise but not lower
+        1024, 4096)
+    # bwrap: an address-space rlimit, which the task does not lower (runtimes map more than they use)
     assert (task_limits(small, "bwrap", recipe).memory_mb, task_limits(big, "bwrap", recipe).memory_mb) == (
-        4096, 16384)
+        4096, 4096)
     assert task_limits(small, "bwrap", recipe).storage_mb == 2048
     assert task_limits(task(None), "podman", recipe) == recipe
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "podman"])
+def test_a_task_never_raises_the_recipes_limits_unless_the_recipe_lets_it(backend):
+    """Issue 44 (5): `storage_mb = 100000000` would be a tmpfs that size as root; the recipe's
+    limits are ceilings a task may only lower, unless `limits.tasks_may_raise`."""
+    recipe = Limits(memory_mb=4096, storage_mb=10240)
+    greedy = task("[environment]\nmemory_mb = 100000000\nstorage_mb = 100000000\ncpus = 4096\n")
+    got = task_limits(greedy, backend, recipe)
+    assert (got.memory_mb, got.storage_mb) == (4096, 10240)
+    raised = task_limits(greedy, backend, Limits(memory_mb=4096, storage_mb=10240, tasks_may_raise=True))
+    assert (raised.memory_mb, raised.storage_mb) == (100000000, 100000000)
+    assert "tasks_may_raise" in Trials.model_fields["limits"].annotation.model_fields
+
+
+def test_a_task_gets_no_more_cpus_or_build_time_than_the_recipe(monkeypatch, tmp_path):
+    """Issue 44 (5): a task's cpus are capped at the recipe's limits.cpus (default: the host's),
+    its build_timeout_sec at otbuild's own build limit."""
+    from otbuild.sandbox import podman
+
+    seen = {}
+    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(podman, "PodmanSandbox", lambda *a, cpus, **k: seen.update(cpus=cpus))
+    greedy = task("[environment]\ncpus = 4096\nbuild_timeout_sec = 1e9\n")
+    podman.open_podman(greedy, tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
+    assert seen == {"cpus": 2.0, "timeout": podman.BUILD_TIMEOUT_SEC}
+    podman.open_podman(task("[environment]\ncpus = 1\n"), tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
+    assert seen["cpus"] == 1.0  # lowering is the task's to do
 
 
 def test_podman_networks_per_phase(monkeypatch):

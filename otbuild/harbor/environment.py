@@ -239,7 +239,7 @@ class OtbuildEnvironment(BaseEnvironment):
 
     # -- internals ----------------------------------------------------------------------
     def _open(self) -> None:
-        limits = _limits(self.task_env_config, self._memory_mb, self._max_processes,
+        limits = _limits(self._memory_mb, self._max_processes,
                          self._wall_seconds)
         workdir = Path(self._workdir_opt) if self._workdir_opt else \
             Path(tempfile.gettempdir()) / "otbuild-harbor"
@@ -334,10 +334,11 @@ def _as_bool(v: Any) -> bool:
         raise ValueError(f"expected a boolean, got {v!r}") from None
 
 
-def _limits(cfg, memory_mb, max_processes, wall_seconds) -> Limits:
-    """Per-process memory from the task (at least 2 GiB: RLIMIT_AS counts virtual memory,
-    which runtimes reserve generously), and a wall clock Harbor's timeouts fit under."""
-    mem = int(memory_mb) if memory_mb is not None else max(2048, 2 * int(cfg.memory_mb or 0))
+def _limits(memory_mb, max_processes, wall_seconds) -> Limits:
+    """Per-process memory (RLIMIT_AS) of `memory_mb` (the environment's kwarg), else otbuild's
+    default: a ceiling the task's own memory_mb never raises (otbuild.sandbox.task_limits); and
+    a wall clock Harbor's timeouts fit under."""
+    mem = int(memory_mb) if memory_mb is not None else Limits().memory_mb
     return Limits(memory_mb=mem, max_processes=int(max_processes or 512),
                   cpu_seconds=24 * 3600,
                   wall_seconds=float(wall_seconds) if wall_seconds is not None else 24 * 3600.0)

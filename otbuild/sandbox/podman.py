@@ -440,13 +440,15 @@ def _keeper(init: int, timeout: float = 10.0) -> set[int]:
 
 def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
                 cleanup: bool) -> PodmanSandbox:
-    """Build (or reuse) the task's image and start its trial container in `root`.
+    """Build (or reuse) the task's image and start its trial container in `root`: the task's cpus
+    up to the recipe's `limits.cpus`, its build time up to BUILD_TIMEOUT_SEC.
     NetworkPolicyError, before anything is built, for a network policy podman cannot enforce."""
     config = task_config(task)
     networks = trial_networks(task.name, config, limits.network)
     env = config.environment
-    image = ensure_image(task, env.docker_image, limits.pull, env.build_timeout_sec)
-    cpus = min(float(env.cpus or 1), os.cpu_count() or 1)
+    image = ensure_image(task, env.docker_image, limits.pull, min(env.build_timeout_sec, BUILD_TIMEOUT_SEC))
+    host = float(os.cpu_count() or 1)
+    cpus = min(float(env.cpus or 1), host if limits.tasks_may_raise else min(limits.cpus or host, host))
     return PodmanSandbox(task, root, image, limits, cpus=cpus, networks=networks, with_solution=with_solution,
                          cleanup=cleanup)
 
