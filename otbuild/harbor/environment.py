@@ -47,6 +47,7 @@ from harbor.models.task.config import NetworkMode
 
 from otbuild.sandbox import Limits, Sandbox, open_sandbox
 from otbuild.sandbox.layout import Layout, LayoutError, plan
+from otbuild.sandbox.rundir import private_dir
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir
 
@@ -242,7 +243,7 @@ class OtbuildEnvironment(BaseEnvironment):
         limits = _limits(self._memory_mb, self._max_processes,
                          self._wall_seconds)
         workdir = Path(self._workdir_opt) if self._workdir_opt else \
-            Path(tempfile.gettempdir()) / "otbuild-harbor"
+            private_dir(Path(tempfile.gettempdir()) / f"otbuild-harbor-{os.geteuid()}")
         assert self._task is not None  # _check_definition read it (else start raised its problem)
         box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
                                        with_solution=True)

@@ -46,6 +46,7 @@ from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
+from otbuild.sandbox.rundir import open_lock, private_dir, runtime_dir
 from otbuild.sandbox.sandbox import Sandbox, remove_tree, reset_verifier
 from otbuild.settings.limits import Limits
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_REPO = "localhost/otbuild-env"
 BUILD_TIMEOUT_SEC = 3600
-LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
+LOCK_DIR: Path | None = None  # None: runtime_dir()/podman-builds
 MARKER = "OTBUILD_EXEC"
 LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
              "scripts/podman-setup.sh builds ubuntu, debian and python:3.12-slim ones)")
@@ -139,11 +140,13 @@ def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "mi
     tag = f"{IMAGE_REPO}:{environment_hash(task)[:24]}"
     if image_exists(tag):
         return tag
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_DIR / f"{tag.rsplit(':', 1)[1]}.lock", "w") as lock:
+    lock = open_lock(private_dir(LOCK_DIR or runtime_dir() / "podman-builds") / f"{tag.rsplit(':', 1)[1]}.lock")
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not image_exists(tag):
             _build(task, tag, pull, timeout)
+    finally:
+        os.close(lock)
     return tag
 
 
