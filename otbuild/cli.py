@@ -483,12 +483,14 @@ def export():
 def export_tasks_cmd(parquet, dest):
     """Write every task of PARQUET as a Harbor task dir under DEST/<path>/."""
     from otbuild.tasks.export import export_tasks
+    from otbuild.traces.redact import Redactor, describe
 
+    redactor = Redactor()
     try:
-        n = export_tasks(parquet, dest)
+        n = export_tasks(parquet, dest, redactor)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    out.print(f"[green]wrote[/] {n} task dir(s) to {dest}")
+    out.print(f"[green]wrote[/] {n} task dir(s) to {dest} ({describe(redactor.found())})")
 
 
 def _the_stage(plan, stage: str):
@@ -512,6 +514,7 @@ def _the_stage(plan, stage: str):
 def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     """RECIPE's SFT traces and settings for LLaMA-Factory, in DEST: the sharegpt data,
     dataset_info.json, ds_zN_config.json and train_NAME.yaml (run it from DEST)."""
+    from otbuild.traces.redact import describe
     from otbuild.train.llamafactory import write_handoff
 
     plan = _plan(recipe)
@@ -533,7 +536,8 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     mended = ", ".join(f"{k.replace('_', ' ')}: {stats[k]}" for k in ("merged_turns", "trailing_turns_dropped",
                                                                      "dropped") if stats[k])
     out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}"
-              f"{f' ({mended})' if mended else ''}, dataset_info.json and {stats['yaml']}")
+              f"{f' ({mended})' if mended else ''}, dataset_info.json and {stats['yaml']}; "
+              f"{describe(stats['redacted'])}")
 
 
 @export.command("skyrl")
@@ -547,6 +551,7 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
 def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
     """RECIPE's rl stage as SkyRL runs it (`rl.trainer: skyrl`), in DEST: the task set (tasks/),
     SkyRL's config (skyrl.yaml) and its entry point's command (command.sh, printed)."""
+    from otbuild.traces.redact import describe
     from otbuild.train.skyrl import shell_lines, write_handoff
 
     plan = _plan(recipe)
@@ -562,7 +567,8 @@ def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
                           python, header)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    out.print(f"[green]wrote[/] {h['tasks']} task dir(s) to {h['tasks_dir']}, {h['yaml']} and {dest}/command.sh")
+    out.print(f"[green]wrote[/] {h['tasks']} task dir(s) to {h['tasks_dir']} ({describe(h['redacted'])}), "
+              f"{h['yaml']} and {dest}/command.sh")
     click.echo(shell_lines(h["command"]))
 
 
@@ -579,6 +585,7 @@ def publish(recipe, artifact, repo, dest, dry_run, private):
     parquet shards, a dataset card, the resolved recipe and a manifest of ids and sha256s; then
     upload it with the token huggingface_hub finds (HF_TOKEN or a saved login)."""
     from otbuild.publish import hub_folder, upload
+    from otbuild.traces.redact import describe
 
     token = None
     if not dry_run:
@@ -591,7 +598,8 @@ def publish(recipe, artifact, repo, dest, dry_run, private):
     folder = dest or Path("publish") / plan.recipe.name / artifact.replace("/", "__")
     manifest = hub_folder(plan, artifact, folder, repo)
     rows = sum(f["rows"] for f in manifest["files"])
-    out.print(f"[green]wrote[/] {folder}: {rows} rows in {len(manifest['files'])} file(s), README.md, manifest.json")
+    out.print(f"[green]wrote[/] {folder}: {rows} rows in {len(manifest['files'])} file(s), README.md, manifest.json; "
+              f"{describe(manifest['redacted'])}")
     if not dry_run:
         out.print(f"[green]uploaded[/] {upload(folder, repo, token, private)}")
 

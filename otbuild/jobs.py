@@ -29,6 +29,11 @@ def duckdb_memory() -> str:
 
 def spill_dir() -> Path:
     """Where DuckDB spills: OTBUILD_DUCKDB_TEMP, else the job's scratch ($SLURM_TMPDIR, then
-    $TMPDIR, as tempfile finds it), in a folder otbuild-duckdb."""
-    base = os.environ.get("OTBUILD_DUCKDB_TEMP") or os.environ.get("SLURM_TMPDIR") or tempfile.gettempdir()
-    return Path(base) / "otbuild-duckdb"
+    $TMPDIR, as tempfile finds it), in a folder otbuild-duckdb; in the shared temp dir, this
+    user's own otbuild-duckdb-UID (never one someone else made: it holds the tables' rows)."""
+    base = os.environ.get("OTBUILD_DUCKDB_TEMP") or os.environ.get("SLURM_TMPDIR")
+    if base:
+        return Path(base) / "otbuild-duckdb"
+    from otbuild.sandbox.rundir import private_dir
+
+    return private_dir(Path(tempfile.gettempdir()) / f"otbuild-duckdb-{os.geteuid()}")

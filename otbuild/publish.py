@@ -4,7 +4,10 @@ The folder holds `data/train-NNNNN-of-MMMMM.parquet` (the artifact's table, stre
 shards of bounded size), `README.md` (a dataset card whose YAML header tells the Hub and
 `datasets.load_dataset(folder)` where the data is, and gives `license` as the report works it out
 from the sources, `task_categories` and `language`), `recipe.resolved.yaml` and `manifest.json`
-(the recipe's sha256, the artifact's id and every upstream id, each shard's rows and sha256).
+(the recipe's sha256, the artifact's id and every upstream id, each shard's rows and sha256,
+what was redacted). Every string of the table is redacted on the way (otbuild/traces/redact.py:
+keys and tokens an agent echoed or a task carried), counted per pattern in the manifest and the
+card.
 It appears by rename only when complete; `upload` sends it with `HfApi`.
 """
 
@@ -24,6 +27,7 @@ from otbuild.fsio import parquet_batches, write_json
 from otbuild.plan import Node, Plan
 from otbuild.provenance import read_record
 from otbuild.stages import STAGES
+from otbuild.traces.redact import PATTERNS, Redactor, describe
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 MAX_SHARD_BYTES = 500 * 2**20  # in-memory bytes per shard (the Hub's advice: files under ~500 MB)
@@ -39,7 +43,8 @@ def hub_folder(plan: Plan, label: str, dest: Path, repo: str, max_shard_bytes: i
     tmp = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "data").mkdir(parents=True)
-    files = _shards(node.main_output, tmp / "data", max_shard_bytes)
+    redactor = Redactor()
+    files = _shards(node.main_output, tmp / "data", max_shard_bytes, redactor)
     with open(tmp / "recipe.resolved.yaml", "w") as f:
         yaml.safe_dump(plan.recipe.data, f, sort_keys=False)
     manifest = {
@@ -49,6 +54,7 @@ def hub_folder(plan: Plan, label: str, dest: Path, repo: str, max_shard_bytes: i
                      "sha256": _recorded_sha256(node)},
         "upstream": [{"label": n.label, "stage": n.stage, "id": n.id} for n in _ancestors(node)],
         "files": files,
+        "redacted": redactor.found(),
     }
     write_json(tmp / "manifest.json", manifest)
     licences = _licences([*_ancestors(node), node])
@@ -82,8 +88,8 @@ def _built(plan: Plan, label: str) -> Node:
     return node
 
 
-def _shards(src: Path, outdir: Path, max_bytes: int) -> list[dict]:
-    """Stream `src` into shards of at most ~max_bytes (in memory) each, named as the Hub expects."""
+def _shards(src: Path, outdir: Path, max_bytes: int, redactor: Redactor) -> list[dict]:
+    """Stream `src`, redacted, into shards of at most ~max_bytes (in memory) each, named as the Hub expects."""
     schema = pq.read_schema(src)
     parts: list[Path] = []
     writer, size = None, 0
@@ -93,7 +99,7 @@ def _shards(src: Path, outdir: Path, max_bytes: int) -> list[dict]:
                 writer.close()
             parts.append(outdir / f"part-{len(parts)}.parquet")
             writer, size = pq.ParquetWriter(parts[-1], schema, compression="zstd"), 0
-        writer.write_batch(batch)
+        writer.write_batch(redactor.batch(batch))
         size += batch.nbytes
     if writer is None:  # an empty table is still one (empty) shard with its schema
         parts.append(outdir / "part-0.parquet")
@@ -164,6 +170,9 @@ The `{a['label']}` artifact ({a['stage']} stage, id `{a['id']}`) of the otbuild 
 `recipe.resolved.yaml` is the recipe as built; `manifest.json` names every file with its rows and
 sha256 and every upstream artifact with its id. Rebuild it with `otbuild build {m['recipe']}`;
 equal ids mean equal inputs, settings and stage versions.
+
+Secrets were redacted before publishing (each match of {', '.join(PATTERNS)} replaced by
+`[REDACTED:NAME]`): {describe(m['redacted'])}.
 
 | upstream artifact | stage | id |
 |---|---|---|

@@ -448,6 +448,19 @@ def test_harbor_jobs_record_raw_content_and_name_the_key_variable(tmp_path):
     assert "OPENAI_API_KEY" not in harbor_env({"LAB_LLM_KEY": "k"}, api_key_env="LAB_LLM_KEY")
 
 
+def test_harbor_gets_only_the_environment_the_recipe_names():
+    """Issue 44 (2): Harbor fills a task's `${VAR}` from its own environment, so it gets none of
+    otbuild's secrets: only paths and locale (HARBOR_BASE_ENV), the recipe's host_env and the key
+    variable it names."""
+    from otbuild.harbor.job import harbor_env
+
+    host = {"PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C", "HF_TOKEN": "hf_x", "AWS_SECRET_ACCESS_KEY": "a",
+            "LAB_LLM_KEY": "k", "DAYTONA_API_KEY": "d", "OPENAI_API_KEY": "sk-host"}
+    env = harbor_env(host, api_key_env="LAB_LLM_KEY", host_env=["DAYTONA_API_KEY"])
+    assert set(env) == {"PATH", "HOME", "LC_ALL", "LAB_LLM_KEY", "DAYTONA_API_KEY", "LITELLM_LOCAL_MODEL_COST_MAP"}
+    assert harbor_env(host)["OPENAI_API_KEY"] == "otbuild-local"  # never the host's own key unnamed
+
+
 def test_a_linear_history_trial_is_its_last_context_window(tmp_path):
     """terminus-2 with linear_history writes one file per context window; the row is the last
     one (what the model saw when it answered last: the handed-over context, then its turns),

@@ -310,6 +310,9 @@ def test_a_verifier_that_dies_before_writing_a_reward_is_an_infrastructure_excep
     assert "wrote no /logs/verifier/reward.txt" in json.loads(trace["metadata"])["exception_message"]
 
 
+JUDGE_VARS = ("OTB_TEST_JUDGE_KEY", "OTB_TEST_JUDGE_URL")
+
+
 @needs_sandbox
 def test_the_verifier_gets_its_task_toml_env(tmp_path, monkeypatch):
     """[verifier].env reaches the verifier's process (host ${VAR}s resolved, as Harbor does), never
@@ -324,16 +327,19 @@ def test_the_verifier_gets_its_task_toml_env(tmp_path, monkeypatch):
     monkeypatch.setenv("OTB_TEST_JUDGE_KEY", "k-123")
     monkeypatch.delenv("OTB_TEST_JUDGE_URL", raising=False)
     engine = ScriptedEngine([answer('echo "agent sees [$JUDGE_MODE]"\n'), answer(complete=True), answer(complete=True)])
-    trace = _trial(task, engine, tmp_path / "a", timeout_multiplier=2)
+    trace = _trial(task, engine, tmp_path / "a", timeout_multiplier=2, host_env=JUDGE_VARS)
     assert trace["reward"] == 1.0 and trace["result"] == "1.0"
     assert "agent sees []" in engine.seen[1][-1]["content"]
     meta = json.loads(trace["metadata"])
     assert meta["verifier_timeout_sec"] == 1200 and meta["agent_timeout_sec"] == 7200  # no agent limit: the cap
 
     monkeypatch.delenv("OTB_TEST_JUDGE_KEY")  # the host lacks what the verifier needs: no verdict
-    trace = _trial(task, ScriptedEngine([]), tmp_path / "b")
+    trace = _trial(task, ScriptedEngine([]), tmp_path / "b", host_env=JUDGE_VARS)
     assert trace["exception"] == trace["result"] == "VerifierEnvError" and trace["reward"] is None
     assert "OTB_TEST_JUDGE_KEY" in json.loads(trace["metadata"])["exception_message"]
+
+
+REGION_VARS = ("OTB_TEST_REGION", "OTB_TEST_MODE")
 
 
 @needs_sandbox
@@ -353,17 +359,36 @@ def test_environment_env_reaches_every_phase_and_solution_env_the_oracle(tmp_pat
              "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n", executable=True)
     monkeypatch.setenv("OTB_TEST_REGION", "eu")
     monkeypatch.delenv("OTB_TEST_MODE", raising=False)
-    trace = _trial(task, OracleEngine(), tmp_path / "oracle")
+    trace = _trial(task, OracleEngine(), tmp_path / "oracle", host_env=REGION_VARS)
     assert trace["reward"] == 1.0, trace["metadata"]
     engine = ScriptedEngine([answer('echo "agent sees [$REGION/$MODE/$SEED]"\n'), answer(complete=True),
                              answer(complete=True)])
-    trace = _trial(task, engine, tmp_path / "model")
+    trace = _trial(task, engine, tmp_path / "model", host_env=REGION_VARS)
     assert "agent sees [eu/fast/]" in engine.seen[1][-1]["content"] and trace["reward"] == 0.0
 
     monkeypatch.delenv("OTB_TEST_REGION")
-    trace = _trial(task, OracleEngine(), tmp_path / "missing")
+    trace = _trial(task, OracleEngine(), tmp_path / "missing", host_env=REGION_VARS)
     assert trace["exception"] == "TaskEnvError" and outcome(trace) == NOT_RUN
     assert "[environment].env REGION: the host has no OTB_TEST_REGION" in json.loads(trace["metadata"])["exception_message"]
+
+
+@pytest.mark.parametrize("table", ["environment", "verifier", "solution"])
+def test_a_task_asking_for_a_host_secret_the_recipe_does_not_allow_is_not_run(tmp_path, monkeypatch, table):
+    """Issue 44 (2): `${HF_TOKEN}` in any env table of task.toml reads nothing of the host unless the
+    recipe's host_env names it; the trial is not run (before any sandbox), naming the table and
+    the variable, even when the template has a default."""
+    from otbuild.harness.oracle import OracleEngine
+    from otbuild.traces.outcome import NOT_RUN, outcome
+
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "s3cr3t" * 6)
+    task = TaskDir("wants-a-secret")
+    task.add("instruction.md", "Print $T.")
+    task.add("task.toml", f'[{table}.env]\nT = "${{HF_TOKEN:-none}}"\n')
+    task.add("solution/solve.sh", "#!/bin/bash\necho $T\n", executable=True)
+    trace = _trial(task, OracleEngine(), tmp_path)
+    assert trace["exception"] == "HostEnvNotAllowed" and outcome(trace) == NOT_RUN and trace["conversations"] == []
+    assert f"[{table}].env T: HF_TOKEN" in json.loads(trace["metadata"])["exception_message"]
+    assert "s3cr3t" not in json.dumps(trace)
 
 
 def test_a_task_toml_harbor_would_refuse_is_the_trials_exception(tmp_path):

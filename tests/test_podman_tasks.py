@@ -43,6 +43,8 @@ from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import OT_AGENT_DOCKERFILE, otbuild, snakemake
 
+# OT-Agent's Dockerfiles `apt-get install`: their builds may fetch only where a recipe says so
+FETCHING = Limits(build_network="public")
 needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
                                   reason=f"podman unusable here: {backend_problem('podman')}")
 
@@ -137,7 +139,7 @@ def test_image_is_cached_by_environment_content(tmp_path):
     assert environment_hash(a) == environment_hash(b)  # same environment/: one image
     a.add("environment/app/extra.txt", "x")
     assert environment_hash(a) != environment_hash(b)
-    with open_sandbox(a, tmp_path, backend="podman") as box:
+    with open_sandbox(a, tmp_path, backend="podman", limits=FETCHING) as box:
         assert image_exists(f"{IMAGE_REPO}:{environment_hash(a)[:24]}")
         assert box.workdir == "/app" and box.run("cat extra.txt", timeout=10).output == "x"
 
@@ -146,7 +148,7 @@ def test_image_is_cached_by_environment_content(tmp_path):
 def test_a_failed_build_names_the_task_and_leaves_nothing(tmp_path):
     broken = ot_agent_task("broken", 1, "FROM no-such-base:1\nWORKDIR /app\n")
     with pytest.raises(ImageBuildError, match=r"task 'broken': podman build failed .*base image is missing"):
-        open_sandbox(broken, tmp_path, backend="podman")
+        open_sandbox(broken, tmp_path, backend="podman", limits=FETCHING)
     assert not any(tmp_path.iterdir())  # no trial root left behind
 
 
@@ -161,6 +163,7 @@ task_filter: {dedup: true}
 teacher:
   engine: oracle
   sandbox: auto
+  build_network: public  # OT-Agent's Dockerfiles apt-get install
   shards: 2
   concurrency: 2
   max_episodes: 20
@@ -209,7 +212,7 @@ def own_network(monkeypatch):
     """A podman network of the test's own with an HTTP server in it (never an outside
     address); trials that may use the network join it. Yields the server's URL."""
     net, server = f"otbuild-test-{secrets.token_hex(4)}", f"otbuild-test-srv-{secrets.token_hex(4)}"
-    image = ensure_image(ot_agent_task("server", 1))
+    image = ensure_image(ot_agent_task("server", 1), network="public")
     subprocess.run(["podman", "network", "create", net], check=True, capture_output=True)
     try:
         subprocess.run(["podman", "run", "-d", "--name", server, "--network", net, "--entrypoint", "python3",
@@ -230,7 +233,7 @@ def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
              f".urlopen('{own_network}', timeout=2).status); break\n    except OSError as e:\n        err = e; "
              "time.sleep(0.25)\nelse:\n    raise SystemExit(str(err))\"")
 
-    def reaches(task, limits=Limits()):
+    def reaches(task, limits=FETCHING):
         with open_sandbox(task, tmp_path, backend="podman", limits=limits, cleanup=True) as box:
             r = box.run(probe, timeout=30)
             return r.exit_code == 0 and r.output.strip() == "200"
@@ -241,7 +244,7 @@ def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
     assert reaches(_with_environment(ot_agent_task("net-on", 1), "allow_internet = true\n"))
     assert not reaches(_with_environment(ot_agent_task("net-off", 1), "allow_internet = false\n"))
     assert not reaches(_with_environment(ot_agent_task("net-mode", 1), 'network_mode = "no-network"\n'))
-    assert not reaches(harbor_default, Limits(network="none"))  # the recipe forces it off
+    assert not reaches(harbor_default, Limits(network="none", build_network="public"))  # the recipe forces it off
 
 
 @needs_podman
@@ -252,7 +255,7 @@ def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp
              f"'{own_network}', timeout=3).status)\nexcept OSError as e:\n    print('offline', e)\"")
 
     def phases(task):
-        with open_sandbox(task, tmp_path, backend="podman", cleanup=True) as box:
+        with open_sandbox(task, tmp_path, backend="podman", limits=FETCHING, cleanup=True) as box:
             agent = box.run(probe, timeout=30).output.strip()
             box.kill_all()
             return agent, box.run(probe, timeout=30, with_tests=True).output.strip()
@@ -266,7 +269,7 @@ def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp
     allow = _with_environment(ot_agent_task("net-allowlist", 1), 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n')
     before = _trial_containers()
     with pytest.raises(podman.NetworkPolicyError, match=r"task 'net-allowlist': its agent may reach only pypi.org"):
-        open_sandbox(allow, tmp_path, backend="podman", cleanup=True)
+        open_sandbox(allow, tmp_path, backend="podman", limits=FETCHING, cleanup=True)
     assert _trial_containers() == before  # nothing was started
 
 
@@ -279,7 +282,7 @@ def _trial_containers() -> set[str]:
 SLOW_RECIPE = """
 sources:
   swesmith: {kind: harbor-parquet, rank: 1, path: data/swesmith.parquet}
-teacher: {engine: oracle, sandbox: podman, concurrency: 2, max_episodes: 20}
+teacher: {engine: oracle, sandbox: podman, build_network: public, concurrency: 2, max_episodes: 20}
 trace_filter: {min_turns: 1}
 """
 
@@ -340,10 +343,10 @@ def test_images_load_imports_saved_tarballs_for_offline_clusters(tmp_path, proje
     try:
         assert not image_exists(ref)
         with pytest.raises(ImageBuildError, match="base image is missing.*otbuild images load DIR"):
-            open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never"))
+            open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never", build_network="public"))
         r = otbuild(project, "images", "load", str(archives))
         assert r.returncode == 0 and ref in r.stdout and image_exists(ref)
-        with open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never")) as box:
+        with open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never", build_network="public")) as box:
             assert box.run("cat /etc/debian_version", timeout=30).output.startswith("12")
         (archives / "junk.tar").write_text("not an image")
         r = otbuild(project, "images", "load", str(archives))
@@ -374,7 +377,7 @@ def test_validate_images_lists_each_base_image_and_whether_it_is_here(project):
 @needs_podman
 def test_a_podman_trial_is_stopped_at_its_disk_cap_wherever_it_writes(tmp_path):
     task = ot_agent_task("disk-hog", 1)
-    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(storage_mb=32), cleanup=True) as box:
+    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(storage_mb=32, build_network="public"), cleanup=True) as box:
         assert box.run("head -c 4000000 /dev/zero > /usr/local/small", timeout=30).exit_code == 0
         assert not box.disk_exceeded
         r = box.run("for i in $(seq 1 200); do head -c 1048576 /dev/zero > /usr/local/f$i; sleep 0.02; done",
@@ -388,7 +391,7 @@ def test_otbuild_s_own_tasks_run_in_the_python_image_set_up_provides(tmp_path):
     bootstraps offline: a synthetic task builds and its oracle passes under podman (no registry)."""
     task = next(generate(1, 0)).task
     assert task.text("environment/Dockerfile").startswith("FROM python:3.12-slim\n")
-    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(pull="never"), with_solution=True,
+    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(pull="never", build_network="public"), with_solution=True,
                       cleanup=True) as box:
         assert box.run("python --version && python3 -c 'import json, sqlite3'", timeout=30).output.startswith("Python 3.")
         assert box.run("bash /solution/solve.sh", timeout=60).exit_code == 0

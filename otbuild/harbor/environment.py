@@ -44,6 +44,7 @@ from harbor.models.task.config import NetworkMode
 
 from otbuild.sandbox import Limits, Sandbox, open_sandbox, safefs
 from otbuild.sandbox.layout import Layout, LayoutError, plan
+from otbuild.sandbox.rundir import private_dir
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir
 
@@ -236,10 +237,10 @@ class OtbuildEnvironment(BaseEnvironment):
 
     # -- internals ----------------------------------------------------------------------
     def _open(self) -> None:
-        limits = _limits(self.task_env_config, self._memory_mb, self._max_processes,
+        limits = _limits(self._memory_mb, self._max_processes,
                          self._wall_seconds)
         workdir = Path(self._workdir_opt) if self._workdir_opt else \
-            Path(tempfile.gettempdir()) / "otbuild-harbor"
+            private_dir(Path(tempfile.gettempdir()) / f"otbuild-harbor-{os.geteuid()}")
         assert self._task is not None  # _check_definition read it (else start raised its problem)
         box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
                                        with_solution=True)
@@ -313,10 +314,11 @@ def _as_bool(v: Any) -> bool:
         raise ValueError(f"expected a boolean, got {v!r}") from None
 
 
-def _limits(cfg, memory_mb, max_processes, wall_seconds) -> Limits:
-    """Per-process memory from the task (at least 2 GiB: RLIMIT_AS counts virtual memory,
-    which runtimes reserve generously), and a wall clock Harbor's timeouts fit under."""
-    mem = int(memory_mb) if memory_mb is not None else max(2048, 2 * int(cfg.memory_mb or 0))
+def _limits(memory_mb, max_processes, wall_seconds) -> Limits:
+    """Per-process memory (RLIMIT_AS) of `memory_mb` (the environment's kwarg), else otbuild's
+    default: a ceiling the task's own memory_mb never raises (otbuild.sandbox.task_limits); and
+    a wall clock Harbor's timeouts fit under."""
+    mem = int(memory_mb) if memory_mb is not None else Limits().memory_mb
     return Limits(memory_mb=mem, max_processes=int(max_processes or 512),
                   cpu_seconds=24 * 3600,
                   wall_seconds=float(wall_seconds) if wall_seconds is not None else 24 * 3600.0)

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 from otbuild.traces.outcome import KNOWN_ERRORS
@@ -138,11 +139,24 @@ def harbor_command(config_path: Path, *, harbor: str | Path | None = None,
     return [str(exe), "run", "-c", str(config_path), "-y"]
 
 
-def harbor_env(base: dict | None = None, api_key_env: str | None = None) -> dict:
-    """The environment harbor runs with: litellm offline-friendly; the key Harbor's agent
-    reads from `api_key_env` (the job config names it), else a placeholder key for
-    OpenAI-compatible servers that need none. A named variable that is unset is an error."""
-    env = dict(os.environ if base is None else base)
+# what Harbor's process gets of otbuild's environment without the recipe naming it: how to find
+# programs, files, the locale and the container engine; never a credential. Harbor fills a task's
+# `${VAR}` from its own environment, so whatever else it got, any task could ask for.
+HARBOR_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+                   "XDG_RUNTIME_DIR", "PYTHONPATH", "VIRTUAL_ENV", "DOCKER_HOST", "CONTAINER_HOST",
+                   "CONTAINERS_CONF", "SOURCE_DATE_EPOCH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+HARBOR_BASE_PREFIXES = ("LC_", "OTBUILD_")
+
+
+def harbor_env(base: dict | None = None, api_key_env: str | None = None, host_env: Collection[str] = ()) -> dict:
+    """The environment harbor runs with: of `base` (this process's environment), HARBOR_BASE_ENV,
+    the recipe's `host_env` names and `api_key_env`, nothing else (a task's `${HF_TOKEN}` finds no
+    HF_TOKEN there); litellm offline-friendly; the key Harbor's agent reads from `api_key_env`
+    (the job config names it), else a placeholder key for OpenAI-compatible servers that need
+    none. A named key variable that is unset is an error."""
+    base = dict(os.environ if base is None else base)
+    named = {*HARBOR_BASE_ENV, *host_env, *([api_key_env] if api_key_env else [])}
+    env = {k: v for k, v in base.items() if k in named or k.startswith(HARBOR_BASE_PREFIXES)}
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if api_key_env is None:
         env.setdefault("OPENAI_API_KEY", "otbuild-local")
@@ -172,7 +186,7 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                    agent_timeout_sec: float | None = None, max_timeout_sec: float | None = None,
                    harbor: str | Path | None = None, max_retries: int = 0,
                    api_key_env: str | None = None, timeout_sec: float | None = None,
-                   log: Path | None = None, verify: bool = True) -> Path:
+                   log: Path | None = None, verify: bool = True, host_env: Collection[str] = ()) -> Path:
     """Run one Harbor job over `tasks` (a task parquet, or a dir of Harbor task dirs) and
     return its job dir (`workdir/jobs/<job_name>/`); ingest it with `read_job`. An existing
     job dir of that name is replaced. Raises HarborNotInstalled, or RuntimeError when
@@ -190,7 +204,7 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
                      timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec,
                      max_timeout_sec=max_timeout_sec, max_retries=max_retries, api_key_env=api_key_env,
                      verify=verify)
-    env = harbor_env(api_key_env=api_key_env)
+    env = harbor_env(api_key_env=api_key_env, host_env=host_env)
     path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
     log = Path(log or workdir / f"{job_name}.harbor.log")
     command = harbor_command(path, harbor=exe)

@@ -39,6 +39,7 @@ from otbuild.tasks.task_toml import (
     StepConfig,
     TaskConfig,
     harness_unsupported,
+    refused_host_env,
     resolve_env,
     task_config,
     unsupported_reason,
@@ -62,7 +63,12 @@ class TrialSettings:
 
     @property
     def limits(self) -> Limits:
-        return Limits(**self.trials.limits.model_dump())
+        return Limits(**self.trials.limits.model_dump(), build_network=self.trials.build_network)
+
+    @property
+    def host_environ(self) -> dict[str, str]:
+        """What a task's `${VAR}` may read of this process's environment: the recipe's `host_env`."""
+        return {name: os.environ[name] for name in self.trials.host_env if name in os.environ}
 
 
 class VerifierTimeoutError(Exception):
@@ -82,6 +88,11 @@ class TaskEnvError(Exception):
     host does not set (no default): the same every time, so the trial is not run."""
 
 
+class HostEnvNotAllowed(Exception):
+    """The task's task.toml asks for a host variable (`${VAR}`) the recipe's `host_env` does not
+    name: a task never reads a host secret the recipe did not hand it, so the trial is not run."""
+
+
 class TaskKeyNotSupported(Exception):
     """The task's task.toml sets a key Harbor runs and this harness does not (HARNESS_UNSUPPORTED)."""
 
@@ -99,7 +110,7 @@ class RewardFileNotFoundError(Exception):
 # otbuild/traces/outcome.py); anything else raised is a bug
 INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
                          RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported,
-                         TaskEnvError, StepSetupError)
+                         TaskEnvError, HostEnvNotAllowed, StepSetupError)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -161,8 +172,13 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
             raise TaskKeyNotSupported(
                 f"task {task.name!r}: task.toml {', '.join(unsupported)} ({unsupported_reason(unsupported[0])}) "
                 "is not run by otbuild's harness; run the task with sandbox: harbor")
+        if refused := refused_host_env(config, settings.trials.host_env):
+            raise HostEnvNotAllowed(
+                f"task {task.name!r}: task.toml asks for host variables the recipe does not allow "
+                f"({'; '.join(refused)}); name them in the recipe's host_env to hand them to tasks")
+        environ = settings.host_environ
         solution = getattr(engine, "needs_solution", False)
-        task_env, agent_env = _task_env(task, config, solution=solution)
+        task_env, agent_env = _task_env(task, config, environ, solution=solution)
         steps: list[tuple[StepConfig | None, TaskDir]] = [(step, task.step(step.name)) for step in config.steps]
         steps = steps or [(None, task)]
         timeouts = [trial_timeouts(config, settings, step) for step, _ in steps]
@@ -219,7 +235,8 @@ async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: St
                     seed_key: str, thread: TrialThread) -> None:
     """The agent on `task`'s instruction, then (with `settings.verify`) its verifier, into `run`."""
     # the verifier's sandbox started now, its command run after the agent
-    verifier = await thread(_park_verifier, box, verifier_env) if settings.verify else None
+    environ = settings.host_environ
+    verifier = await thread(_park_verifier, box, verifier_env, environ) if settings.verify else None
     try:
         run.stop = await _agent(box, task, engine, settings, agent_timeout, run.messages, run.completions,
                                 env=agent_env, seed_key=seed_key, keep=verifier, thread=thread)
@@ -230,7 +247,7 @@ async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: St
     if run.stop == CONTEXT_EXCEEDED:
         run.rewards = {"reward": 0.0}  # the model can go no further: a failed task, unverified as in Harbor
     elif settings.verify and not box.disk_exceeded:
-        reward, extra = await _verify(box, verifier_timeout, verifier_env, verifier, thread)
+        reward, extra = await _verify(box, verifier_timeout, verifier_env, environ, verifier, thread)
         numbers = {k: float(v) for k, v in extra.get("reward_json", {}).items() if isinstance(v, (int, float))}
         run.rewards = numbers or (None if reward is None else {"reward": reward})
         run.details.update(extra)
@@ -302,29 +319,31 @@ def _conversation_of(runs: list[StepRun], settings: TrialSettings) -> list[dict]
 VERIFIER = ["bash", "/tests/test.sh"]
 
 
-def _task_env(task: TaskDir, config: TaskConfig, *, solution: bool) -> tuple[dict[str, str], dict[str, str]]:
+def _task_env(task: TaskDir, config: TaskConfig, environ: dict[str, str], *, solution: bool
+              ) -> tuple[dict[str, str], dict[str, str]]:
     """`[environment].env` (every phase's processes, as Harbor's environment has it) and the
     agent's: that plus, for the oracle replaying solve.sh, `[solution].env`; host `${VAR}`s
-    resolved. TaskEnvError naming the task, the table and VAR when the host lacks one."""
+    resolved from `environ` (the recipe's host_env). TaskEnvError naming the task, the table and
+    VAR when the host lacks one."""
     try:
-        task_env = resolve_env(config.environment.env, os.environ, "[environment].env")
-        extra = resolve_env(config.solution_env, os.environ, "[solution].env") if solution else {}
+        task_env = resolve_env(config.environment.env, environ, "[environment].env")
+        extra = resolve_env(config.solution_env, environ, "[solution].env") if solution else {}
     except KeyError as e:
         raise TaskEnvError(f"task {task.name!r}: {e.args[0]}") from None
     return task_env, {**task_env, **extra}
 
 
-def _park_verifier(box, env: dict[str, str]):
+def _park_verifier(box, env: dict[str, str], environ: dict[str, str]):
     """The verifier's sandbox, started now and held until `_verify` (Sandbox.park); None where
     the backend holds none or the task's verifier env cannot be resolved (`_verify` says why)."""
     try:
-        env = resolve_env(env, os.environ)
+        env = resolve_env(env, environ)
     except KeyError:
         return None
     return box.park(VERIFIER, with_tests=True, env=env)
 
 
-async def _verify(box, timeout: float, env: dict[str, str], parked, thread: TrialThread
+async def _verify(box, timeout: float, env: dict[str, str], environ: dict[str, str], parked, thread: TrialThread
                   ) -> tuple[float | None, dict]:
     """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
     started = time.monotonic()
@@ -332,7 +351,7 @@ async def _verify(box, timeout: float, env: dict[str, str], parked, thread: Tria
         result = await thread(parked.run, timeout)
     else:
         try:
-            env = resolve_env(env, os.environ)
+            env = resolve_env(env, environ)
         except KeyError as e:
             raise VerifierEnvError(e.args[0]) from None
         result = await thread(box.run, VERIFIER, timeout=timeout, with_tests=True, env=env)

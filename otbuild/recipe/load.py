@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from otbuild.engines.model_config import check_fits_model
 from otbuild.errors import ConfigError
+from otbuild.recipe.credentials import REMEDY, credentials
 from otbuild.settings.added import added_sections
 from otbuild.settings.base import RE2, field_extra
 from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
@@ -70,6 +71,7 @@ def validate(data: dict, origin: dict, path: Path, context: str = "") -> Recipe:
     """The schema, then the checks across keys; errors name the file that set each key."""
     try:
         _check_finite(data, origin, path, ())
+        _check_credentials(data, origin, path)
         recipe = Recipe.model_validate(_with_added(data, origin, path))
         _check_regexes(recipe, origin, path, ())
         _check_semantics(recipe, origin, path)
@@ -106,6 +108,14 @@ def _check_finite(value, origin: dict, path: Path, loc: tuple) -> None:
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         _check_finite(item, origin, path, (*loc, key))
+
+
+def _check_credentials(data, origin: dict, path: Path) -> None:
+    """A credential written in the recipe is a config error naming its key (recipe/credentials.py)."""
+    found = [f"{_file_for(loc, origin, path)}: {'.'.join(map(str, loc))}: {why}"
+             for loc, why in credentials(data)]
+    if found:
+        raise ConfigError("\n".join(found) + f"\n{REMEDY}")
 
 
 # -- extends + deep merge, remembering which file set each key ------------------------------

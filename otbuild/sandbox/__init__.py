@@ -121,20 +121,25 @@ def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
 
 
 def task_limits(task: TaskDir, backend: str, limits: Limits) -> Limits:
-    """The recipe's limits with the task's own `[environment]` where it sets them (Harbor's
-    fields): `storage_mb` replaces the trial's writable space; `memory_mb` is podman's memory
-    limit (a cgroup's, as Docker's under Harbor), while bwrap's is a per-process address-space
-    rlimit, which a task's memory_mb may raise but not lower (address space is not resident
-    memory: a 1 GB task's runtimes may map more). A task.toml that cannot be read keeps the
-    recipe's limits (the trial reports the task's problem elsewhere)."""
+    """The recipe's limits, lowered where the task's own `[environment]` (Harbor's fields) asks
+    for less: the recipe's are ceilings, which a task's ask raises only under `tasks_may_raise`.
+    `storage_mb` is the trial's writable space; `memory_mb` podman's memory limit (a cgroup's, as
+    Docker's under Harbor), while bwrap's is a per-process address-space rlimit, which a task's
+    memory_mb does not lower (address space is not resident memory: a 1 GB task's runtimes may
+    map more). A task.toml that cannot be read keeps the recipe's limits (the trial reports the
+    task's problem elsewhere)."""
     try:
         env = task_config(task).environment
     except TaskFormatError:
         return limits
-    memory = limits.memory_mb
-    if env.memory_mb:
-        memory = env.memory_mb if backend == "podman" else max(memory, env.memory_mb)
-    return replace(limits, storage_mb=env.storage_mb or limits.storage_mb, memory_mb=max(memory, 64))
+
+    def asked(value: int | None, ceiling: int, *, may_lower: bool = True) -> int:
+        if not value or (value < ceiling and not may_lower):
+            return ceiling
+        return value if limits.tasks_may_raise else min(value, ceiling)
+
+    memory = asked(env.memory_mb, limits.memory_mb, may_lower=backend == "podman")
+    return replace(limits, storage_mb=asked(env.storage_mb, limits.storage_mb), memory_mb=max(memory, 64))
 
 
 def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout | None,

@@ -14,6 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from otbuild.sandbox.rundir import private_dir, runtime_dir
+
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # /etc entries programs need. passwd, group, hosts and hostname are generated per trial.
 ETC_ALLOW = (
@@ -69,14 +71,14 @@ def etc_view() -> Path | None:
     bind is ~0.3 ms of mount work at every command's start). Made once per state of the host's
     entries (named by a hash of their names, sizes and times) under the temp dir and shared by
     the processes that see the same; a change to the host's /etc during a run is seen by the
-    next process. None when it cannot be made (each entry is bound then)."""
+    next process. None when it cannot be made (each entry is bound then). It lies in this user's
+    runtime_dir() (otbuild/sandbox/rundir.py): never in a folder someone else made."""
     entries = [Path("/etc") / name for name in ETC_ALLOW if (Path("/etc") / name).exists()]
     try:
-        home = Path(tempfile.gettempdir()) / f"otbuild-etc-{os.geteuid()}"
+        home = private_dir(runtime_dir() / "etc")
         view = home / _etc_state(entries)
         if view.is_dir():
             return view
-        home.mkdir(mode=0o755, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=home))
         for src in entries:
             _copy_entry(src, staging / src.name)

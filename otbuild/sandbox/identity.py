@@ -1,7 +1,8 @@
 """Who the sandboxed processes are on the host.
 
-Run as root, each trial gets its own unprivileged host uid (allocated with a lock file, so
-concurrent trials on one machine never share one): processes drop to it inside the sandbox,
+Run as root, each trial gets its own unprivileged host uid (allocated with a lock file in
+/run/otbuild/sandbox-uids, so concurrent trials on one machine never share one; a lock folder
+or file otbuild did not make is refused: otbuild/sandbox/rundir.py): processes drop to it inside the sandbox,
 so RLIMIT_NPROC counts only the trial's processes (root is exempt from it), host files keep
 their permissions, and every process of the trial can be found by uid. Run as a normal user,
 the sandbox keeps that user's uid inside a user namespace (RLIMIT_NPROC then counts per
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otbuild.sandbox.errors import SandboxError
+from otbuild.sandbox.rundir import host_dir, open_lock, private_dir
 
 CLEAN = b"clean"  # a lock file's content when its last trial left no process behind
 UID_BASE = 2_000_000
 UID_RANGE = 100_000
-LOCK_DIR = Path("/tmp/otbuild-sandbox-uids")
+LOCK_DIR: Path | None = None  # None: host_dir()/sandbox-uids
 
 
 @dataclass
@@ -54,14 +56,14 @@ def acquire() -> Identity:
     """A fresh trial uid when root (held until `release`), else the current user."""
     if os.geteuid() != 0:
         return Identity(os.getuid(), os.getgid(), privileged=False)
-    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    locks = private_dir(LOCK_DIR or host_dir() / "sandbox-uids")
     start = random.randrange(UID_RANGE)
     for i in range(UID_RANGE):
         uid = UID_BASE + (start + i) % UID_RANGE
         try:  # a uid never handed out before needs no check for leftover processes
-            fd, fresh = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600), True
+            fd, fresh = open_lock(locks / str(uid), exclusive=True), True
         except FileExistsError:
-            fd, fresh = os.open(LOCK_DIR / str(uid), os.O_RDWR), False
+            fd, fresh = open_lock(locks / str(uid)), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

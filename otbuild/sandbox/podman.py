@@ -1,7 +1,8 @@
 """The podman backend: a trial in a long-lived container of the task's own image.
 
-The image is built from the task's `environment/Dockerfile` (build context `environment/`,
-`--pull` as `Limits.pull` says; offline, base images come from `scripts/podman-setup.sh` or
+The image is built from the task's `environment/Dockerfile` (build context `environment/`; its
+RUN lines offline unless `Limits.build_network` is public, the recipe's `build_network`; `--pull`
+as `Limits.pull` says; offline, base images come from `scripts/podman-setup.sh` or
 `otbuild images load`) and cached under a tag made of the content hash of `environment/`, so
 equal environments share one image and a rebuild is free; the build (or pull) is bounded by the
 task's `[environment] build_timeout_sec` (Harbor's default: 600 s). A trial is one container
@@ -47,6 +48,7 @@ from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError, TaskSetupError, task_setup
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
+from otbuild.sandbox.rundir import open_lock, private_dir, runtime_dir
 from otbuild.sandbox.sandbox import Sandbox, reset_verifier
 from otbuild.settings.limits import Limits
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_REPO = "localhost/otbuild-env"
 BUILD_TIMEOUT_SEC = 3600
-LOCK_DIR = Path(tempfile.gettempdir()) / "otbuild-podman-builds"
+LOCK_DIR: Path | None = None  # None: runtime_dir()/podman-builds
 MARKER = "OTBUILD_EXEC"
 LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
              "scripts/podman-setup.sh builds ubuntu, debian and python:3.12-slim ones)")
@@ -125,11 +127,12 @@ def image_exists(ref: str) -> bool:
 
 
 def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "missing",
-                 timeout: float = BUILD_TIMEOUT_SEC) -> str:
+                 timeout: float = BUILD_TIMEOUT_SEC, network: str = "none") -> str:
     """The image a trial of `task` runs in, built when missing (one build per environment
     hash at a time, across processes). `pull` (never | missing | always) is podman's policy for
     base images and a prebuilt `docker_image`; `timeout` bounds the build or the pull (the
-    task's build_timeout_sec)."""
+    task's build_timeout_sec); `network` (none | public) is what the Dockerfile's RUN lines
+    may reach (the recipe's `build_network`)."""
     if DOCKERFILE not in task.files:
         if docker_image and (image_exists(docker_image) if pull == "never" else _pull(docker_image, pull, timeout)):
             return docker_image
@@ -140,11 +143,13 @@ def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "mi
     tag = f"{IMAGE_REPO}:{environment_hash(task)[:24]}"
     if image_exists(tag):
         return tag
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_DIR / f"{tag.rsplit(':', 1)[1]}.lock", "w") as lock:
+    lock = open_lock(private_dir(LOCK_DIR or runtime_dir() / "podman-builds") / f"{tag.rsplit(':', 1)[1]}.lock")
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not image_exists(tag):
-            _build(task, tag, pull, timeout)
+            _build(task, tag, pull, timeout, network)
+    finally:
+        os.close(lock)
     return tag
 
 
@@ -157,11 +162,12 @@ def _pull(ref: str, pull: str, timeout: float) -> bool:
         raise ImageBuildError(f"podman pull {ref} ran past {timeout:g}s (the task's build_timeout_sec)") from None
 
 
-def _build(task: TaskDir, tag: str, pull: str, timeout: float) -> None:
+def _build(task: TaskDir, tag: str, pull: str, timeout: float, network: str) -> None:
     with tempfile.TemporaryDirectory(prefix="otbuild-build-") as ctx:
         write_subtree(task, "environment", Path(ctx))
         try:
             r = subprocess.run(["podman", "build", f"--pull={pull}", "--layers", "--quiet", "-t", tag,
+                                *(["--network=none"] if network == "none" else []),
                                 "--build-arg", f"{BUILD_OWNER_ARG}={owner()}",
                                 "-f", str(Path(ctx) / "Dockerfile"), ctx],
                                capture_output=True, text=True, timeout=timeout, check=False)
@@ -172,6 +178,8 @@ def _build(task: TaskDir, tag: str, pull: str, timeout: float) -> None:
         missing = ("image not known" in r.stderr or "pull policy" in r.stderr
                    or "initializing source" in r.stderr or "short-name" in r.stderr)
         hint = f"; a base image is missing{LOAD_HINT}" if missing else ""
+        if network == "none":
+            hint += "; its RUN lines had no network (a recipe lets them fetch with build_network: public)"
         raise ImageBuildError(f"task {task.name!r}: podman build failed (exit {r.returncode}){hint}:\n"
                               f"{_tail(r.stdout + r.stderr, 3000)}")
     log.info("built %s for task %s", tag, task.name)
@@ -457,13 +465,16 @@ def _keeper(init: int, timeout: float = 10.0) -> set[int]:
 
 def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
                 cleanup: bool) -> PodmanSandbox:
-    """Build (or reuse) the task's image and start its trial container in `root`.
+    """Build (or reuse) the task's image and start its trial container in `root`: the task's cpus
+    up to the recipe's `limits.cpus`, its build time up to BUILD_TIMEOUT_SEC.
     NetworkPolicyError, before anything is built, for a network policy podman cannot enforce."""
     config = task_config(task)
     networks = trial_networks(task.name, config, limits.network)
     env = config.environment
-    image = ensure_image(task, env.docker_image, limits.pull, env.build_timeout_sec)
-    cpus = min(float(env.cpus or 1), os.cpu_count() or 1)
+    image = ensure_image(task, env.docker_image, limits.pull, min(env.build_timeout_sec, BUILD_TIMEOUT_SEC),
+                         limits.build_network)
+    host = float(os.cpu_count() or 1)
+    cpus = min(float(env.cpus or 1), host if limits.tasks_may_raise else min(limits.cpus or host, host))
     return PodmanSandbox(task, root, image, limits, cpus=cpus, networks=networks, with_solution=with_solution,
                          cleanup=cleanup)
 

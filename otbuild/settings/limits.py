@@ -27,8 +27,11 @@ class Limits:
     `cpu_seconds`, `memory_mb` (address space), `file_size_mb` are per process (rlimits);
     `max_processes` counts the trial's processes (RLIMIT_NPROC of the trial's own uid or user
     namespace); `wall_seconds` bounds the whole trial (every process is killed when it runs
-    out; the harness sets it from the trial's timeouts, a recipe does not); `output_bytes` caps
-    what the host reads from one command or terminal.
+    out; the harness sets it from the trial's timeouts, a recipe does not); `build_network`
+    is what a podman image build's RUN lines may reach; `output_bytes` caps
+    what the host reads from one command or terminal. They are ceilings: a task's own
+    `[environment]` may lower them, never raise them unless `tasks_may_raise`
+    (otbuild/sandbox/__init__.py: task_limits).
     """
 
     cpu_seconds: int = _setting(600, ge=1)
@@ -44,8 +47,14 @@ class Limits:
     pull: Literal["never", "missing", "always"] = _setting(
         "missing", "podman: fetch a task's base image from its registry when not present locally",
         execution_only=True)
+    build_network: Literal["none", "public"] = "none"  # the recipe's trials' `build_network` (settings/trials.py)
     storage_mb: int = _setting(10240, "a trial's writable space, for tasks whose task.toml sets no storage_mb; "
                                "reaching it ends the trial as a task failure (otbuild/sandbox/disk.py)", ge=16)
+
+    cpus: float | None = _setting(None, "podman: the most CPUs a trial gets (a task's [environment] cpus, "
+                                  "default 1, may ask for fewer); default: the host's", gt=0)
+    tasks_may_raise: bool = _setting(False, "a task's [environment] memory_mb, storage_mb and cpus may ask for more "
+                                     "than these limits (by default they are ceilings a task may only lower)")
 
     def prlimit(self) -> list[str]:
         """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to

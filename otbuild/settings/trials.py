@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import typing
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, StringConstraints, create_model, model_validator
 
 from otbuild.settings.base import MAX_EPISODES, Sharded, Strict, execution_only
 from otbuild.settings.limits import BACKENDS, Limits
@@ -73,6 +73,14 @@ class Trials(Strict):
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
     keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the traces, "
                                  "before the answer in <think>...</think> (as Harbor exports it)")
+    build_network: Literal["none", "public"] = execution_only(
+        "none", description="podman: whether a task image's RUN lines may reach the network while it is built "
+        "(they are the task's own commands, run on the host's podman; OT-Agent's Dockerfiles `apt-get install`: "
+        "public); base images are pulled as limits.pull says either way")
+    host_env: tuple[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ...] = Field(
+        default=(), description="host environment variables a task.toml's `${VAR}` may read (none by default: "
+        "a task naming any other fails as HostEnvNotAllowed); with sandbox: harbor, the only ones Harbor gets "
+        "beside its own (docs/security-secrets.md)")
 
 
 class ShardedTrials(Trials, Sharded):

@@ -66,8 +66,8 @@ async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: i
             job = await asyncio.to_thread(
                 run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
                 base_url=base_url, n_attempts=n, n_concurrent=concurrency(cfg),
-                job_name=f"attempts-{n}", api_key_env=cfg.api_key_env, max_retries=cfg.infra_retries,
-                log=work / f"attempts-{n}.log", **options)
+                job_name=f"attempts-{n}", api_key_env=cfg.api_key_env, host_env=cfg.host_env,
+                max_retries=cfg.infra_retries, log=work / f"attempts-{n}.log", **options)
             job_rows += read_job(job, subagents=True)
     finally:
         watching.cancel()

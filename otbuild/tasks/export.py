@@ -6,6 +6,7 @@ from pathlib import Path
 
 from otbuild.tasks.harbor_meta import is_safe_name, iter_task_rows
 from otbuild.tasks.taskdir import TaskDir
+from otbuild.traces.redact import Redactor
 
 
 def export_names(parquet: Path) -> list[str]:
@@ -28,11 +29,12 @@ def export_names(parquet: Path) -> list[str]:
     return names
 
 
-def export_tasks(parquet: Path, dest: Path) -> int:
+def export_tasks(parquet: Path, dest: Path, redactor: Redactor | None = None) -> int:
     """Unpack every row of `parquet` (a file or folder of them) to `dest/<name>/` (names:
-    `export_names`); return the count. Raises ValueError, before writing anything, on an
-    unsafe `path` or an existing non-empty task dir; a corrupt task_binary raises
-    TaskFormatError (a ValueError)."""
+    `export_names`); return the count. `redactor`: each task's text files redacted (a handoff
+    out of otbuild; a task dir Harbor runs here is left as it is). Raises ValueError, before
+    writing anything, on an unsafe `path` or an existing non-empty task dir; a corrupt
+    task_binary raises TaskFormatError (a ValueError)."""
     dest = Path(dest)
     names = export_names(parquet)
     for name in names:
@@ -40,5 +42,6 @@ def export_tasks(parquet: Path, dest: Path) -> int:
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise ValueError(f"refusing to overwrite existing task dir {target}")
     for name, row in zip(names, iter_task_rows(parquet)):
-        TaskDir.unpack(name, row["task_binary"] or b"").write(dest / name)
+        task = TaskDir.unpack(name, row["task_binary"] or b"")
+        (redactor.task(task) if redactor else task).write(dest / name)
     return len(names)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_address, ip_network
 from typing import Any, NoReturn, cast
@@ -154,6 +154,17 @@ def resolve_env(env: dict[str, str], environ: Mapping[str, str], table: str = "[
         else:
             raise KeyError(f"{table} {key}: the host has no {m[1]} and no default is given")
     return out
+
+
+def refused_host_env(config: TaskConfig, allowed: Collection[str]) -> list[str]:
+    """`TABLE KEY: VAR` for each `${VAR}` of the task's env tables (`[environment]`, `[solution]`,
+    `[verifier]`, each step's `[verifier]`) whose VAR is not in `allowed` (the recipe's
+    `host_env`): a task names a host variable only the recipe may hand it, defaults or not."""
+    tables = [("[environment].env", config.environment.env), ("[solution].env", config.solution_env),
+              ("[verifier].env", config.verifier.env)]
+    tables += [(f"[steps.{s.name}.verifier].env", s.verifier.env) for s in config.steps]
+    return [f"{table} {key}: {m[1]}" for table, env in tables for key, value in env.items()
+            if (m := _ENV_TEMPLATE.fullmatch(value)) and m[1] not in allowed]
 
 
 def task_metadata(config: TaskConfig) -> dict:

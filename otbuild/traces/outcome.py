@@ -10,7 +10,8 @@ alike:
     not_run         the task needs what the sandbox refuses to give it (TaskNotRunnableLocally:
                     its container image; EnvironmentDefinitionError: otbuild's Harbor
                     environment refused its Dockerfile; NetworkPolicyError: an allowlist) or
-                    its task.toml is one Harbor refuses (TaskFormatError); never attempted,
+                    its task.toml is one Harbor refuses (TaskFormatError) or asks for a host
+                    variable the recipe does not allow (HostEnvNotAllowed); never attempted,
                     never retried
     infrastructure  any other error not named below: the endpoint (EngineError, Harbor's
                     InternalServerError, AuthenticationError, ...), the sandbox (SandboxError),
@@ -45,7 +46,7 @@ FAILED = "failed"
 OUTCOMES = (NOT_RUN, INFRASTRUCTURE, VERIFIER_ERROR, TIMED_OUT, TASK_FAILURE, UNVERIFIED, PASSED, FAILED)
 
 NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError", "NetworkPolicyError", "TaskFormatError",
-                  "TaskKeyNotSupported", "TaskEnvError")
+                  "TaskKeyNotSupported", "TaskEnvError", "HostEnvNotAllowed")
 VERIFIER_ERRORS = ("VerifierTimeoutError", "VerifierOutputParseError", "RewardFileNotFoundError",
                    "RewardFileEmptyError", "VerifierEnvError")
 TIMEOUT_ERRORS = ("AgentTimeoutError",)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from otbuild.fsio import atomic_path, write_json
 from otbuild.settings.recipe import PROMPTS
+from otbuild.traces.redact import Redactor
 from otbuild.train.chat import for_template
 
 ROLE_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
@@ -58,6 +59,7 @@ def export_llamafactory(inputs: list[Path], outdir: Path, name: str = "otbuild_s
     source = export_template(chat_template)
     stats = {"rows": 0, "merged_turns": 0, "trailing_turns_dropped": 0, "dropped": 0,
              "turns_without_reasoning": 0}
+    redactor = Redactor()
     with atomic_path(outdir / f"{name}.json") as tmp, open(tmp, "w") as out:
         out.write("[")
         for conv in iter_conversations(inputs, prompt=prompt):
@@ -68,13 +70,14 @@ def export_llamafactory(inputs: list[Path], outdir: Path, name: str = "otbuild_s
             if source == "qwen3_thinking":
                 stats["turns_without_reasoning"] += sum(m["role"] == "assistant" and "</think>" not in m["content"]
                                                         for m in msgs)
+            msgs = [{**m, "content": redactor.text(m["content"])} for m in msgs]
             out.write((", " if stats["rows"] else "") + json.dumps({"messages": msgs}, ensure_ascii=False))
             stats["rows"] += 1
         out.write("]")
     info = {name: {"file_name": f"{name}.json", "formatting": "sharegpt", "columns": {"messages": "messages"},
                    "tags": ROLE_TAGS}}
     write_json(outdir / "dataset_info.json", info)
-    return {**stats, "file": str(outdir / f"{name}.json")}
+    return {**stats, "file": str(outdir / f"{name}.json"), "redacted": redactor.found()}
 
 
 def alternating(msgs: list[dict], stats: dict) -> list[dict] | None:

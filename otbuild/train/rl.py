@@ -364,18 +364,23 @@ class PolicyServer:
     copy, then reloaded in place while generation is paused (`weight_sync: reload`, vLLM's
     collective RPC: otbuild/engines/vllm.py), or served by a new server (`restart`, and
     whenever the server is gone). Trials ask it through `client()`; `version` is the optimizer
-    step whose weights it serves."""
+    step whose weights it serves. The server takes requests with this run's own key only
+    (`VLLM_API_KEY`, in its environment, never on its command line): vLLM guards its /v1 routes
+    with it, not its development endpoints (docs/security-secrets.md)."""
 
     def __init__(self, cfg: RlSettings, workroot: Path):
+        import secrets
+
         from otbuild.engines import LLM
         from otbuild.engines.vllm import WEIGHT_SYNC_ENV
 
+        self.key = secrets.token_urlsafe(32)
         self.cfg, self.dir = cfg, workroot / "policy"
         args = dict(cfg.vllm_args)
         # log-probs after temperature, as the trainer computes them (the behaviour policy's)
         self.llm = LLM(engine="vllm", model=str(self.dir), concurrency=cfg.concurrency,
                        engine_args={"served_model_name": "policy", "logprobs_mode": "processed_logprobs", **args,
-                                    "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV}})
+                                    "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV, "VLLM_API_KEY": self.key}})
         self.base_url: str | None = None
         self.server: ServerProcess | None = None
         self.version: int | None = None
@@ -389,7 +394,7 @@ class PolicyServer:
         save_served_copy(policy, self.dir)
         live = self.server is not None and self.server.exit_code() is None
         if live and self.cfg.weight_sync == "reload":
-            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir))  # set with the server
+            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir), key=self.key)
             how = "reload"
         else:
             self.stop()
@@ -412,8 +417,8 @@ class PolicyServer:
             if (why := server.gone()) is not None:
                 raise ServerDiedError(why)
 
-        return OpenAIEngine(client_settings(self.llm), base_url=self.base_url, name="vllm", provider="hosted_vllm",
-                            trust_env=False, alive=alive)
+        return OpenAIEngine(client_settings(self.llm), base_url=self.base_url, api_key=self.key, name="vllm",
+                            provider="hosted_vllm", trust_env=False, alive=alive)
 
     @property
     def engine(self) -> str:

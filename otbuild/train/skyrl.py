@@ -30,6 +30,7 @@ from otbuild.fsio import atomic_path, write_json
 from otbuild.hashing import file_sha256
 from otbuild.settings.train import Rl
 from otbuild.tasks.export import export_tasks
+from otbuild.traces.redact import Redactor
 from otbuild.train.checkpoint import MANIFEST
 
 # SkyRL's Harbor entry point (fully async trainer), a module of its source tree's examples/
@@ -180,7 +181,8 @@ def write_handoff(rl: Rl, tasks: Path, model: str, workdir: Path, gpus_per_node:
     tasks_dir = workdir / "tasks"
     if tasks_dir.exists():
         shutil.rmtree(tasks_dir)
-    n = export_tasks(Path(tasks), tasks_dir)
+    redactor = Redactor()
+    n = export_tasks(Path(tasks), tasks_dir, redactor)
     if not n:
         raise ValueError(f"{tasks}: the task table is empty")
     o = overrides(rl, model=model, tasks_dir=tasks_dir, n_tasks=n, workdir=workdir,
@@ -197,7 +199,7 @@ def write_handoff(rl: Rl, tasks: Path, model: str, workdir: Path, gpus_per_node:
         tmp.write_text(script)
     os.chmod(workdir / "command.sh", 0o755)
     return {"tasks": n, "tasks_dir": str(tasks_dir), "overrides": o, "args": args, "command": command,
-            "yaml": str(workdir / "skyrl.yaml")}
+            "yaml": str(workdir / "skyrl.yaml"), "redacted": redactor.found()}
 
 
 def missing(python: str, src: Path) -> list[str]:

@@ -1,0 +1,130 @@
+"""Secrets taken out of what otbuild hands over (`otbuild publish` and the `otbuild export`
+handoffs): a trace may hold a key an agent echoed, a task's text one its author left in.
+
+Each of PATTERNS (PEM private keys, JWTs, AWS access key ids, `sk-...` API keys, Hugging Face
+`hf_...` and GitHub `gh[pousr]_...` tokens) is replaced by `[REDACTED:NAME]`; a `Redactor` counts
+the replacements per pattern. Tables are redacted batch by batch (Arrow's RE2 kernels over every
+string, nested ones in lists and structs included; a `task_binary` column's task files
+unpacked, redacted and packed again), so memory stays one batch whatever the table's size.
+The patterns are written in the syntax RE2 and Python's `re` share.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pyarrow is imported where a table is redacted (the recipe loader imports the patterns)
+    import pyarrow as pa
+
+PATTERNS: dict[str, str] = {
+    "private_key": r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----",
+    "jwt": r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}",
+    "aws_access_key": r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    "api_key_sk": r"\bsk-[A-Za-z0-9_-]{20,}",
+    "hf_token": r"\bhf_[A-Za-z0-9]{30,}",
+    "github_token": r"\bgh[pousr]_[A-Za-z0-9]{36,}",
+}
+COMPILED = {name: re.compile(pattern) for name, pattern in PATTERNS.items()}
+TASK_BINARY = "task_binary"
+
+
+def mark(name: str) -> str:
+    return f"[REDACTED:{name}]"
+
+
+def secret_kind(text: str) -> str | None:
+    """The first pattern `text` holds, None when it holds none."""
+    return next((name for name, rx in COMPILED.items() if rx.search(text)), None)
+
+
+def describe(found: dict[str, int]) -> str:
+    """A Redactor's `found()` in words, for a command's report."""
+    return (f"redacted {sum(found.values())} secret(s): " + ", ".join(f"{k} {n}" for k, n in found.items())
+            if found else "no secrets found to redact")
+
+
+class Redactor:
+    """Replaces what PATTERNS match; `counts` per pattern (every pattern present, 0 or more)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter({name: 0 for name in PATTERNS})
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def found(self) -> dict[str, int]:
+        """The patterns that matched, with their counts."""
+        return {name: n for name, n in self.counts.items() if n}
+
+    def text(self, text: str) -> str:
+        for name, rx in COMPILED.items():
+            text, n = rx.subn(mark(name), text)
+            self.counts[name] += n
+        return text
+
+    def batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """`batch` with every string redacted (and each task_binary's task files)."""
+        import pyarrow as pa
+
+        columns = [self._task_binaries(col) if name == TASK_BINARY else self._array(col)
+                   for name, col in zip(batch.schema.names, batch.columns)]
+        return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+    def task(self, task):
+        """A TaskDir with each of its text files redacted (binary files as they are)."""
+        from otbuild.tasks.taskdir import TaskDir
+
+        out = TaskDir(task.name)
+        for rel, f in task.files.items():
+            data = f.data
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+            else:
+                if (clean := self.text(text)) != text:
+                    data = clean.encode("utf-8")
+            out.add(rel, data, f.executable)
+        return out
+
+    # -- arrays ---------------------------------------------------------------------------
+    def _array(self, arr: pa.Array) -> pa.Array:
+        import pyarrow as pa
+
+        t = arr.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return self._strings(arr)
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            cls = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
+            return cls.from_arrays(arr.offsets, self._array(arr.values), type=t, mask=arr.is_null())
+        if pa.types.is_struct(t):
+            fields = [self._array(child) for child in arr.flatten()]
+            return pa.StructArray.from_arrays(fields, fields=list(t), mask=arr.is_null())
+        return arr
+
+    def _strings(self, arr: pa.Array) -> pa.Array:
+        import pyarrow.compute as pc
+
+        for name, pattern in PATTERNS.items():
+            n = pc.sum(pc.count_substring_regex(arr, pattern)).as_py() or 0
+            if n:
+                self.counts[name] += n
+                arr = pc.replace_substring_regex(arr, pattern, mark(name))
+        return arr
+
+    def _task_binaries(self, arr: pa.Array) -> pa.Array:
+        import pyarrow as pa
+
+        from otbuild.tasks.taskdir import TaskDir
+
+        out = []
+        for blob in arr.to_pylist():
+            if blob:
+                before = self.total
+                task = self.task(TaskDir.unpack("task", blob))
+                blob = task.pack() if self.total != before else blob
+            out.append(blob)
+        return pa.array(out, type=arr.type)
