@@ -148,7 +148,7 @@ def test_names_of_variables_and_ordinary_flags_are_not_credentials(project):
 
 def test_the_rl_server_takes_this_runs_key_only(tmp_path):
     """vLLM guards its /v1 routes with VLLM_API_KEY (its dev-mode weight endpoints it does not:
-    docs/security-secrets.md); each run makes its own, in the server's environment (not its
+    docs/security.md); each run makes its own, in the server's environment (not its
     command line), and its clients send it."""
     from otbuild.settings.stages import RlSettings
     from otbuild.train.rl import PolicyServer

@@ -80,7 +80,7 @@ class Trials(Strict):
     host_env: tuple[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ...] = Field(
         default=(), description="host environment variables a task.toml's `${VAR}` may read (none by default: "
         "a task naming any other fails as HostEnvNotAllowed); with sandbox: harbor, the only ones Harbor gets "
-        "beside its own (docs/security-secrets.md)")
+        "beside its own (docs/security.md)")
 
 
 class ShardedTrials(Trials, Sharded):

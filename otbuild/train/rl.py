@@ -366,7 +366,7 @@ class PolicyServer:
     whenever the server is gone). Trials ask it through `client()`; `version` is the optimizer
     step whose weights it serves. The server takes requests with this run's own key only
     (`VLLM_API_KEY`, in its environment, never on its command line): vLLM guards its /v1 routes
-    with it, not its development endpoints (docs/security-secrets.md)."""
+    with it, not its development endpoints (docs/security.md)."""
 
     def __init__(self, cfg: RlSettings, workroot: Path):
         import secrets
