@@ -241,3 +241,33 @@ def pinned_release(extra: str) -> str:
     reqs = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
     (pin,) = [r for r in reqs if r.startswith(f"{extra}==")]
     return pin.removeprefix(f"{extra}==")
+
+
+# --- where CI's time goes ------------------------------------------------------------------
+# CI has 40 minutes for set-up and the suite on 2 cores. After every run the suite prints each
+# test file's seconds (its tests' setup, call and teardown: a shared fixture is charged to the
+# first test that asks for it) beside its budget in tests/data/time_budget.json, and names the
+# files over budget: a slow change shows where it lands. A report, never a failure (timings
+# are noisy); set a new file's budget, or raise one, with the reason in the commit.
+TIME_BUDGET = Path(__file__).with_name("data") / "time_budget.json"
+_file_seconds: Counter = Counter()
+
+
+def pytest_runtest_logreport(report) -> None:
+    _file_seconds[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _file_seconds:
+        return
+    budget = json.loads(TIME_BUDGET.read_text())
+    allowed = {path: budget["seconds"].get(path, budget["default"]) for path in _file_seconds}
+    over = [path for path, secs in _file_seconds.items() if secs > allowed[path]]
+    tr = terminalreporter
+    tr.section("time per test file, against tests/data/time_budget.json")
+    for path, secs in _file_seconds.most_common():
+        if secs >= 10 or path in over:
+            tr.write_line(f"{secs:8.1f} s  {allowed[path]:>6} s  {path}{'  OVER' if path in over else ''}")
+    tr.write_line(f"{sum(_file_seconds.values()):8.1f} s  {sum(allowed.values()):>6} s  in all")
+    if over:
+        tr.write_line(f"over budget: {', '.join(sorted(over))}")
