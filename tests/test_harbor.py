@@ -7,6 +7,7 @@ tests are skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -746,3 +747,49 @@ def test_a_step_below_its_min_reward_ends_the_trial(tmp_path):
     steps = json.loads(row["metadata"])["steps"]
     assert [(s["name"], s["reward"]) for s in steps] == [("write", 1.0)] and row["reward"] == 1.0
     assert "data.txt" not in json.dumps(row["conversations"])
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_nothing_the_agent_left_running_reaches_harbors_verifier(tmp_path):
+    """Harbor's otbuild environment: the oracle's solve.sh leaves two daemons (`nohup ... &`,
+    `setsid`) that keep writing 1 to /logs/verifier/reward.txt, and plants a file there; the
+    verifier writes 0 and waits. Every agent process is gone before the verifier runs and its
+    log folder is fresh: the reward is 0, the planted file is not in the trial's verifier logs,
+    and no process of the trial survives the job."""
+    import uuid
+
+    from otbuild.sandbox.procs import scan
+
+    mark = f"otb-daemon-{uuid.uuid4().hex[:12]}"
+    task = tmp_path / "tasks" / "daemon"
+    for d in ("environment", "solution", "tests"):
+        (task / d).mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+    (task / "instruction.md").write_text("Make the reward 1.\n")
+    (task / "task.toml").write_text("[agent]\ntimeout_sec = 60.0\n[verifier]\ntimeout_sec = 60.0\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\n"
+        f"printf 'while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done\\n' > /tmp/{mark}.sh\n"
+        f"nohup bash /tmp/{mark}.sh >/dev/null 2>&1 </dev/null &\n"
+        f"setsid bash /tmp/{mark}.sh >/dev/null 2>&1 </dev/null &\n"
+        "echo planted > /logs/verifier/planted.txt\n"
+        "sleep 0.3\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nls /logs/verifier\necho 0 > /logs/verifier/reward.txt\nsleep 1\n")
+    for f in (task / "solution" / "solve.sh", task / "tests" / "test.sh"):
+        f.chmod(0o755)
+    try:
+        job = run_harbor_job(tmp_path / "tasks", tmp_path, agent="oracle", job_name="daemon", timeout_sec=300)
+        [row] = ingest.read_job(job)
+        assert row["exception"] is None, json.loads(row["metadata"]).get("exception_message")
+        assert row["reward"] == 0.0, row["result"]
+        [trial] = ingest.trial_dirs(job)
+        assert not (trial / "verifier" / "planted.txt").exists()
+        assert (trial / "verifier" / "reward.txt").read_text().strip() == "0"
+    finally:
+        left = {pid for pid, (_, args) in scan().items() if any(mark in a for a in args)}
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    assert not left, f"processes of the trial survived: {left}"
