@@ -793,3 +793,62 @@ def test_nothing_the_agent_left_running_reaches_harbors_verifier(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
     assert not left, f"processes of the trial survived: {left}"
+
+
+def _asks_for(name: str, table: str, value: str):
+    """A synthetic task whose task.toml `[table].env` asks for `value` (a `${VAR}` template)."""
+    from otbuild.tasks.harbor_meta import harbor_record
+
+    [rec] = list(generate(1, seed=5))
+    task = rec.task
+    task.name = name
+    task.add("task.toml", f'[{table}.env]\nT = "{value}"\n')
+    return harbor_record(task)
+
+
+@pytest.mark.parametrize("table", ["environment", "verifier", "solution"])
+def test_under_harbor_a_task_asking_for_a_host_secret_the_recipe_does_not_allow_is_not_run(
+        tmp_path, monkeypatch, table):
+    """sandbox: harbor: a task.toml `${HF_TOKEN}` the recipe's host_env does not name is never
+    handed to Harbor (which would fill it from its own environment, or fail the trial with its
+    own error): its row is `HostEnvNotAllowed`, outcome not_run, as under otbuild's harness; no
+    Harbor job runs for a shard of such tasks alone."""
+    from otbuild.stages.rollout import run_shard
+    from otbuild.traces.outcome import NOT_RUN, outcome
+
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "s3cr3t" * 6)
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, [_asks_for("wants-a-secret", table, "${HF_TOKEN:-none}")], source="synth")
+    run_shard(RolloutSettings(engine="oracle", sandbox="harbor", samples_per_task=2, host_env=("OTHER",)),
+              [tasks], tmp_path / "rollout", 0)
+    rows = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
+    assert len(rows) == 2 and [r["sample_idx"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["exception"] == r["result"] == "HostEnvNotAllowed" and outcome(r) == NOT_RUN, r
+        assert r["conversations"] == [] and r["reward"] is None and r["task"] == "wants-a-secret"
+        assert f"[{table}].env T: HF_TOKEN" in json.loads(r["metadata"])["exception_message"]
+        assert "s3cr3t" not in json.dumps(r)
+    assert not list((tmp_path / "rollout").rglob("jobs"))  # nothing was handed to Harbor
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_under_harbor_only_the_tasks_asking_for_no_disallowed_variable_run(tmp_path):
+    """A shard of a task without a default (`${OTB_NOT_SET}`: Harbor would fail its trial), one the
+    recipe allows (`${OTB_ALLOWED:-x}`) and a plain one: the first is not run, the others run
+    in Harbor's job, each row in the shard's trial order."""
+    from otbuild.stages.rollout import run_shard
+
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, [_asks_for("refused", "verifier", "${OTB_NOT_SET}"),
+                        _asks_for("allowed", "verifier", "${OTB_ALLOWED:-x}"),
+                        *generate(1, seed=6)], source="synth")
+    run_shard(RolloutSettings(engine="oracle", sandbox="harbor", host_env=("OTB_ALLOWED",),
+                              harbor={"environment": "otbuild"}), [tasks], tmp_path / "rollout", 0)
+    rows = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
+    assert [r["exception"] for r in rows] == ["HostEnvNotAllowed", None, None]
+    assert [r["reward"] for r in rows] == [None, 1.0, 1.0]
+    assert rows[0]["task"] == "refused" and rows[1]["task"] == "allowed"
+    assert "OTB_NOT_SET" in json.loads(rows[0]["metadata"])["exception_message"]
+    trials = [p.parent.name for p in (tmp_path / "rollout").rglob("jobs/*/*/result.json")]
+    assert len(trials) == 2 and not any(t.startswith("refused") for t in trials)
