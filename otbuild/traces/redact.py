@@ -29,8 +29,9 @@ PATTERNS: dict[str, str] = {
     "github_token": r"\bgh[pousr]_[A-Za-z0-9]{36,}",
 }
 COMPILED = {name: re.compile(pattern) for name, pattern in PATTERNS.items()}
-# any pattern, looked for in a task binary's tar stream, where each file's bytes lie in one
-# piece: a task without a match there has none in any of its files (neither unpacked nor redacted)
+# any pattern: one pass over a batch's strings before each pattern's; and over a task binary's
+# tar stream, where each file's bytes lie in one piece: a task without a match there has none in
+# any of its files (neither unpacked nor redacted)
 ANY_PATTERN = "|".join(f"(?:{p})" for p in PATTERNS.values())
 TASK_BINARY = "task_binary"
 
@@ -126,6 +127,8 @@ class Redactor:
     def _strings(self, arr: pa.Array, replace: bool = True) -> pa.Array:
         import pyarrow.compute as pc
 
+        if not pc.any(pc.match_substring_regex(arr, ANY_PATTERN)).as_py():  # one pass, most batches
+            return arr
         for name, pattern in PATTERNS.items():
             n = pc.sum(pc.count_substring_regex(arr, pattern)).as_py() or 0
             if n:
