@@ -7,6 +7,7 @@ tests are skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -746,3 +747,108 @@ def test_a_step_below_its_min_reward_ends_the_trial(tmp_path):
     steps = json.loads(row["metadata"])["steps"]
     assert [(s["name"], s["reward"]) for s in steps] == [("write", 1.0)] and row["reward"] == 1.0
     assert "data.txt" not in json.dumps(row["conversations"])
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_nothing_the_agent_left_running_reaches_harbors_verifier(tmp_path):
+    """Harbor's otbuild environment: the oracle's solve.sh leaves two daemons (`nohup ... &`,
+    `setsid`) that keep writing 1 to /logs/verifier/reward.txt, and plants a file there; the
+    verifier writes 0 and waits. Every agent process is gone before the verifier runs and its
+    log folder is fresh: the reward is 0, the planted file is not in the trial's verifier logs,
+    and no process of the trial survives the job."""
+    import uuid
+
+    from otbuild.sandbox.procs import scan
+
+    mark = f"otb-daemon-{uuid.uuid4().hex[:12]}"
+    task = tmp_path / "tasks" / "daemon"
+    for d in ("environment", "solution", "tests"):
+        (task / d).mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+    (task / "instruction.md").write_text("Make the reward 1.\n")
+    (task / "task.toml").write_text("[agent]\ntimeout_sec = 60.0\n[verifier]\ntimeout_sec = 60.0\n")
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\n"
+        f"printf 'while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done\\n' > /tmp/{mark}.sh\n"
+        f"nohup bash /tmp/{mark}.sh >/dev/null 2>&1 </dev/null &\n"
+        f"setsid bash /tmp/{mark}.sh >/dev/null 2>&1 </dev/null &\n"
+        "echo planted > /logs/verifier/planted.txt\n"
+        "sleep 0.3\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nls /logs/verifier\necho 0 > /logs/verifier/reward.txt\nsleep 1\n")
+    for f in (task / "solution" / "solve.sh", task / "tests" / "test.sh"):
+        f.chmod(0o755)
+    try:
+        job = run_harbor_job(tmp_path / "tasks", tmp_path, agent="oracle", job_name="daemon", timeout_sec=300)
+        [row] = ingest.read_job(job)
+        assert row["exception"] is None, json.loads(row["metadata"]).get("exception_message")
+        assert row["reward"] == 0.0, row["result"]
+        [trial] = ingest.trial_dirs(job)
+        assert not (trial / "verifier" / "planted.txt").exists()
+        assert (trial / "verifier" / "reward.txt").read_text().strip() == "0"
+    finally:
+        left = {pid for pid, (_, args) in scan().items() if any(mark in a for a in args)}
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    assert not left, f"processes of the trial survived: {left}"
+
+
+def _asks_for(name: str, table: str, value: str):
+    """A synthetic task whose task.toml `[table].env` asks for `value` (a `${VAR}` template)."""
+    from otbuild.tasks.harbor_meta import harbor_record
+
+    [rec] = list(generate(1, seed=5))
+    task = rec.task
+    task.name = name
+    task.add("task.toml", f'[{table}.env]\nT = "{value}"\n')
+    return harbor_record(task)
+
+
+@pytest.mark.parametrize("table", ["environment", "verifier", "solution"])
+def test_under_harbor_a_task_asking_for_a_host_secret_the_recipe_does_not_allow_is_not_run(
+        tmp_path, monkeypatch, table):
+    """sandbox: harbor: a task.toml `${HF_TOKEN}` the recipe's host_env does not name is never
+    handed to Harbor (which would fill it from its own environment, or fail the trial with its
+    own error): its row is `HostEnvNotAllowed`, outcome not_run, as under otbuild's harness; no
+    Harbor job runs for a shard of such tasks alone."""
+    from otbuild.stages.rollout import run_shard
+    from otbuild.traces.outcome import NOT_RUN, outcome
+
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "s3cr3t" * 6)
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, [_asks_for("wants-a-secret", table, "${HF_TOKEN:-none}")], source="synth")
+    run_shard(RolloutSettings(engine="oracle", sandbox="harbor", samples_per_task=2, host_env=("OTHER",)),
+              [tasks], tmp_path / "rollout", 0)
+    rows = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
+    assert len(rows) == 2 and [r["sample_idx"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["exception"] == r["result"] == "HostEnvNotAllowed" and outcome(r) == NOT_RUN, r
+        assert r["conversations"] == [] and r["reward"] is None and r["task"] == "wants-a-secret"
+        assert f"[{table}].env T: HF_TOKEN" in json.loads(r["metadata"])["exception_message"]
+        assert "s3cr3t" not in json.dumps(r)
+    assert not list((tmp_path / "rollout").rglob("jobs"))  # nothing was handed to Harbor
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_under_harbor_only_the_tasks_asking_for_no_disallowed_variable_run(tmp_path):
+    """A shard of a task without a default (`${OTB_NOT_SET}`: Harbor would fail its trial), one the
+    recipe allows (`${OTB_ALLOWED:-x}`) and a plain one: the first is not run, the others run
+    in Harbor's job, each row in the shard's trial order."""
+    from otbuild.stages.rollout import run_shard
+
+    tasks = tmp_path / "tasks.parquet"
+    write_tasks(tasks, [_asks_for("refused", "verifier", "${OTB_NOT_SET}"),
+                        _asks_for("allowed", "verifier", "${OTB_ALLOWED:-x}"),
+                        *generate(1, seed=6)], source="synth")
+    run_shard(RolloutSettings(engine="oracle", sandbox="harbor", host_env=("OTB_ALLOWED",),
+                              harbor={"environment": "otbuild"}), [tasks], tmp_path / "rollout", 0)
+    rows = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
+    assert [r["exception"] for r in rows] == ["HostEnvNotAllowed", None, None]
+    assert [r["reward"] for r in rows] == [None, 1.0, 1.0]
+    assert rows[0]["task"] == "refused" and rows[1]["task"] == "allowed"
+    assert "OTB_NOT_SET" in json.loads(rows[0]["metadata"])["exception_message"]
+    trials = [p.parent.name for p in (tmp_path / "rollout").rglob("jobs/*/*/result.json")]
+    assert len(trials) == 2 and not any(t.startswith("refused") for t in trials)

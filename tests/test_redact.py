@@ -58,6 +58,41 @@ def test_a_trace_batch_is_redacted_in_nested_conversations_and_metadata():
     assert out.column("conversations")[1].as_py() is None and out.column("reward").to_pylist() == [1.0, None, 0.0]
 
 
+def test_a_scan_counts_what_redaction_would_take_out_and_changes_nothing(tmp_path):
+    """`redact.scan` (the report's Secrets table): per pattern, the counts `Redactor.batch` gives
+    for the same table, read batch by batch (a slice's own nested values only), the file untouched."""
+    from otbuild.traces.redact import scan
+
+    table = pa.table({
+        "conversations": [[{"role": "assistant", "content": f"{HF} {GH}"}], None,
+                          [{"role": "user", "content": SK}, {"role": "assistant", "content": HF}]],
+        "metadata": [json.dumps({"reward_json": {AWS: 1.0}}), "{}", None],
+    })
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    before = path.read_bytes()
+    r = Redactor()
+    for batch in table.to_batches():
+        r.batch(batch)
+    assert scan(path) == {**dict.fromkeys(SECRETS, 0), **r.found()}
+    assert r.found() == {"hf_token": 2, "github_token": 1, "api_key_sk": 1, "aws_access_key": 1}
+    assert scan(path, batch_rows=1) == scan(path) and path.read_bytes() == before
+    counted = Redactor()
+    counted.count(table.to_batches()[0].slice(2, 1))  # the last row alone
+    assert counted.found() == {"api_key_sk": 1, "hf_token": 1}
+    # every pattern in a task's files (task_binary): none passes the look into its tar stream
+    leaky, clean = TaskDir("leaky"), TaskDir("clean")
+    leaky.add("tests/secrets.txt", "\n".join(SECRETS.values()))
+    leaky.add("logo.bin", b"\xff\xfe" + HF.encode())  # not text: left as it is, not counted
+    clean.add("instruction.md", "Nothing to see.")
+    pq.write_table(pa.table({"task_binary": [clean.pack(), leaky.pack(), None]}), path)
+    assert scan(path) == dict.fromkeys(SECRETS, 1)
+    from otbuild.traces.redact import _may_hold_secrets
+
+    assert _may_hold_secrets([clean.pack(), leaky.pack(), None, b"not gzip"], chunk_bytes=1) == [
+        False, True, False, True]
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     (tmp_path / "recipes").mkdir()

@@ -684,3 +684,46 @@ def _run_in_process(project, name: str, recipe: str) -> list:
         run_spec(n.spec())
     return nodes
 
+
+
+def test_the_report_shows_what_publishing_would_redact_per_table(tmp_path, monkeypatch):
+    """A task set with a key in its instruction and tests/test.sh (task_binary) and a trace set
+    in which the agent echoed a token: the report's Secrets table counts, per table and per
+    pattern, what `otbuild publish` would redact from it (the same counts as publish's
+    manifest); a clean table says "none found"; the stage's stats total them."""
+    from click.testing import CliRunner
+
+    from otbuild.cli import main
+    from otbuild.tasks.table import TaskRecord, write_tasks
+    from tests.test_redact import HF, _leaky_task
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+    def report(name: str, recipe: str) -> tuple[dict, dict]:
+        shutil.rmtree(tmp_path / "recipes", ignore_errors=True)
+        stats = build(report_settings(name, _run_in_process(tmp_path, name, recipe)), tmp_path / "out" / name)
+        return table(parse((tmp_path / "out" / name / "report.html").read_text()), "recipe-secrets"), stats
+
+    def chats(*answers: str) -> None:
+        (tmp_path / "chats.jsonl").write_text("".join(json.dumps({"messages": [
+            {"role": "user", "content": "print the token"}, {"role": "assistant", "content": a}]}) + "\n"
+            for a in answers))
+
+    (tmp_path / "data").mkdir()
+    write_tasks(tmp_path / "data" / "t.parquet", [TaskRecord(_leaky_task(), True)], source="t")
+    secrets, stats = report("t", "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\n"
+                                 "task_filter: {}\n")
+    # the instruction column, and instruction.md and tests/test.sh in task_binary
+    assert secrets["task_filter"] == ["1", "api_key_sk: 2 github_token: 1"]
+    assert stats["secrets_found"] == {"api_key_sk": 2, "github_token": 1}
+    res = CliRunner().invoke(main, ["publish", "t", "task_filter", "--repo", "o/t", "--dry-run", "--out", "hub"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "hub" / "manifest.json").read_text())["redacted"] == stats["secrets_found"]
+    traces = "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\ntrace_filter: {min_turns: 1}\n"
+    chats(f"echo {HF}", "done")
+    secrets, stats = report("c", traces)
+    assert secrets["trace_filter"] == ["2", "hf_token: 1"] and stats["secrets_found"] == {"hf_token": 1}
+    chats("done")
+    secrets, stats = report("d", traces)
+    assert secrets["trace_filter"] == ["1", "none found"] and stats["secrets_found"] == {}

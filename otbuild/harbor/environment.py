@@ -8,7 +8,10 @@ Each Harbor environment is one otbuild sandbox (`otbuild.sandbox.open_sandbox`):
 files where its Dockerfile's COPY/WORKDIR lines put them, the host's /usr read-only as the
 "image". One long-lived command server (`_execserver.py`) runs inside it, so processes a
 command leaves behind (terminus-2's tmux server, a service the task starts) live on between
-`exec` calls as they would in a container, until `stop()`.
+`exec` calls as they would in a container, until the verifier: when Harbor uploads a verifier's
+tests, every process of the trial is killed with the server (its pid namespace, daemons that
+left their session by `setsid` or `nohup` included), `/logs/verifier` and `/tests` are emptied
+without following a link the agent put there, and a new server runs the verifier's commands.
 
 What it cannot honour, it refuses before starting (an `EnvironmentDefinitionError` naming the
 task and why): a Dockerfile a local sandbox cannot run without building its image (the one
@@ -21,7 +24,9 @@ Differences from Docker, by design: every command runs as the trial's one user (
 ignored; root is not available), the network is always off (a task asking for internet gets
 none; a warning says so), files can be uploaded under the task's own top-level dirs, /tmp,
 /root, /logs, /tests and /solution only. /tests and /solution are read-only inside and empty
-until Harbor uploads them (the verifier, the oracle), so an agent never sees either.
+until Harbor uploads them (the verifier, the oracle), so an agent never sees either. A service
+the agent started is not running when the verifier runs (a task whose tests reach it fails here
+and passes under Docker), as under otbuild's own harness.
 
 Only the standard library, Harbor and `otbuild.sandbox` are imported: `pip install --no-deps
 -e .` into Harbor's environment is enough (scripts/harbor-env.sh).
@@ -45,6 +50,7 @@ from harbor.models.task.config import NetworkMode
 from otbuild.sandbox import Limits, Sandbox, open_sandbox, safefs
 from otbuild.sandbox.layout import Layout, LayoutError, plan
 from otbuild.sandbox.rundir import private_dir
+from otbuild.sandbox.sandbox import reset_verifier
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir
 
@@ -86,6 +92,7 @@ class OtbuildEnvironment(BaseEnvironment):
         self._task: TaskDir | None = None
         self._layout: Layout | None = None
         self._problem: EnvironmentDefinitionError | None = None
+        self._agent_ran = False  # a command ran since the last fresh server (_fresh_for_verifier)
         super().__init__(*args, **kwargs)
 
     # -- Harbor's interface -------------------------------------------------------------
@@ -149,54 +156,24 @@ class OtbuildEnvironment(BaseEnvironment):
         if self._problem is not None:
             raise self._problem
         await asyncio.to_thread(self._open)
-        assert self._box is not None  # _open made it
-        argv = self._box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
-        # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
-        # empty it again, so the agent sees nothing there until the verifier uploads them.
-        safefs.clear(self._box.root, "tests")
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=self._box.root,
-            limit=1 << 30)
-        stdout, stderr = cast(asyncio.StreamReader, self._proc.stdout), cast(asyncio.StreamReader, self._proc.stderr)
-        first = await asyncio.wait_for(stdout.readline(), 60)  # both pipes, as started
-        if not first.startswith(b'{"ready"'):
-            err = await stderr.read()
-            await self.stop(delete=True)
-            raise RuntimeError(f"otbuild sandbox did not start for {self.environment_name}: "
-                               f"{(first + err).decode(errors='replace')[-2000:]}")
-        self._reader = asyncio.create_task(self._read_replies())
-        asyncio.create_task(self._drain_stderr())
+        box = self._box
+        assert box is not None  # _open made it
+        await self._start_server()
         # Harbor's log dirs, as a container image with them mounted would have them.
         for d in ("logs/agent", "logs/verifier", "logs/artifacts"):
-            with safefs.opened_dir(self._box.root, d, create=True, owner=self._box.owner) as fd:
-                if self._box.owner is not None:
-                    os.fchown(fd, *self._box.owner)
+            with safefs.opened_dir(box.root, d, create=True, owner=box.owner) as fd:
+                if box.owner is not None:
+                    os.fchown(fd, *box.owner)
 
     async def stop(self, delete: bool):
-        box, proc = self._box, self._proc
-        self._box = self._proc = None
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(Exception):
-                cast(asyncio.StreamWriter, proc.stdin).close()  # the server ends when its stdin does (a pipe)
+        box = self._box
+        self._box = None
+        await self._stop_server(box)
         if box is not None:
-            await asyncio.to_thread(box.kill_all)
             await asyncio.to_thread(box.close)
             if delete and not self._keep:
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(safefs.remove_path, box.root)
-        if proc is not None:
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-        if self._reader is not None:
-            self._reader.cancel()
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(RuntimeError("otbuild environment stopped"))
-        self._pending.clear()
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
@@ -205,6 +182,7 @@ class OtbuildEnvironment(BaseEnvironment):
                                + (f": {self._stderr_tail.decode(errors='replace')[-500:]}"
                                   if self._stderr_tail else ""))
         assert self._box is not None and self._layout is not None  # running: start() opened the box
+        self._agent_ran = True  # until the verifier's tests arrive, a command may be the agent's
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -236,6 +214,72 @@ class OtbuildEnvironment(BaseEnvironment):
         await asyncio.to_thread(safefs.copy_out, self._root(), self._rel(source_dir), Path(target_dir))
 
     # -- internals ----------------------------------------------------------------------
+    async def _start_server(self) -> None:
+        """The command server, in a new sandbox process (its own pid namespace)."""
+        box = self._box
+        assert box is not None  # _open made it
+        argv = box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
+        # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
+        # empty it again, so the agent sees nothing there until the verifier uploads them.
+        safefs.clear(box.root, "tests")
+        self._stderr_tail = b""
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=box.root,
+            limit=1 << 30)
+        stdout, stderr = cast(asyncio.StreamReader, self._proc.stdout), cast(asyncio.StreamReader, self._proc.stderr)
+        first = await asyncio.wait_for(stdout.readline(), 60)  # both pipes, as started
+        if not first.startswith(b'{"ready"'):
+            err = await stderr.read()
+            await self.stop(delete=True)
+            raise RuntimeError(f"otbuild sandbox did not start for {self.environment_name}: "
+                               f"{(first + err).decode(errors='replace')[-2000:]}")
+        self._reader = asyncio.create_task(self._read_replies())
+        asyncio.create_task(self._drain_stderr())
+
+    async def _stop_server(self, box: Sandbox | None) -> None:
+        """End the command server and every process of the trial (`kill_all`: its pid
+        namespace, what left it by `setsid` or `nohup` included)."""
+        proc, reader = self._proc, self._reader
+        self._proc = self._reader = None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(Exception):
+                cast(asyncio.StreamWriter, proc.stdin).close()  # the server ends when its stdin does (a pipe)
+        if box is not None:
+            await asyncio.to_thread(box.kill_all)
+        if proc is not None:
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader  # its own end fails what it left pending, never the next server's
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(RuntimeError("otbuild environment stopped"))
+        self._pending.clear()
+
+    async def _fresh_for_verifier(self) -> None:
+        """Harbor's verifier begins (its tests are uploaded after a command ran): every process
+        the agent left (a `nohup ... &` daemon, a `setsid` child, a tmux server) is killed with
+        the server, `logs/verifier/` and `tests/` are emptied without following a link the agent
+        put there (`safefs`), and a new server runs the verifier's commands. As otbuild's own
+        harness does: nothing of the agent's rewrites the reward after the verifier writes it."""
+        box = self._box
+        if box is None:
+            raise RuntimeError(f"otbuild environment {self.environment_name} is not running")
+        await self._stop_server(box)
+
+        def reset() -> None:
+            reset_verifier(box.root, box.owner)
+            safefs.clear(box.root, "tests")
+        await asyncio.to_thread(reset)
+        await self._start_server()
+        self._agent_ran = False
+
     def _open(self) -> None:
         limits = _limits(self._memory_mb, self._max_processes,
                          self._wall_seconds)
@@ -300,6 +344,8 @@ class OtbuildEnvironment(BaseEnvironment):
             raise RuntimeError(
                 f"otbuild environment: cannot place files at {target}: the sandbox's own dirs are "
                 f"/{', /'.join(sorted(tops))} (the rest of / is the host's, read-only)")
+        if rel.split("/")[0] == "tests" and self._agent_ran:  # the verifier's tests: its phase begins
+            await self._fresh_for_verifier()
         root = self._root()
         owner = self._box.owner if self._box is not None else None
         await asyncio.to_thread(safefs.copy_in, src, root, rel, owner=owner)

@@ -39,7 +39,7 @@ from otbuild.tasks.task_toml import (
     StepConfig,
     TaskConfig,
     harness_unsupported,
-    refused_host_env,
+    host_env_refusal,
     resolve_env,
     task_config,
     unsupported_reason,
@@ -172,10 +172,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
             raise TaskKeyNotSupported(
                 f"task {task.name!r}: task.toml {', '.join(unsupported)} ({unsupported_reason(unsupported[0])}) "
                 "is not run by otbuild's harness; run the task with sandbox: harbor")
-        if refused := refused_host_env(config, settings.trials.host_env):
-            raise HostEnvNotAllowed(
-                f"task {task.name!r}: task.toml asks for host variables the recipe does not allow "
-                f"({'; '.join(refused)}); name them in the recipe's host_env to hand them to tasks")
+        if refusal := host_env_refusal(task.name, config, settings.trials.host_env):
+            raise HostEnvNotAllowed(refusal)
         environ = settings.host_environ
         solution = getattr(engine, "needs_solution", False)
         task_env, agent_env = _task_env(task, config, environ, solution=solution)

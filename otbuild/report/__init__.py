@@ -55,7 +55,12 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
         "ranking": bool(rep.ranking),
     }
     missing = [a.label for a in rep.artifacts if a.record is None]
+    found: dict[str, int] = {}  # per pattern, over the tables scanned (each once)
+    for counts in {s["path"]: s["found"] for g in rep.groups for s in g.secrets}.values():
+        for k, n in counts.items():
+            found[k] = found.get(k, 0) + n
     return {"groups": len(rep.groups), "sections": sections, "artifacts": len(rep.artifacts),
             "flags": rep.headline.warnings,
-            "artifacts_without_record": missing, "costs": rep.costs.total, "html_bytes": len(html.encode()),
+            "artifacts_without_record": missing, "secrets_found": found,
+            "costs": rep.costs.total, "html_bytes": len(html.encode()),
             "card_bytes": len(card.encode())}

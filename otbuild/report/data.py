@@ -148,6 +148,7 @@ class Group:
     rl: Curve | None = None
     eval: list[dict] = field(default_factory=list)
     eval_label: str | None = None
+    secrets: list[dict] = field(default_factory=list)  # per final table: label, path, rows, found (redaction)
 
     @property
     def title(self) -> str:
@@ -190,7 +191,8 @@ def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
 def load(cfg, root: Path = Path(".")) -> Report:
     arts = artifacts(cfg.nodes, root)
     con = duck.connect()
-    groups = [_group(con, name, members) for name, members in by_candidate(arts)]
+    scans: dict[Path, dict[str, int]] = {}  # a table candidates share is scanned once
+    groups = [_group(con, name, members, scans) for name, members in by_candidate(arts)]
     rep = Report(cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root),
                  resolved=cfg.resolved)
     from otbuild.report.estimate import compare, load_saved
@@ -262,7 +264,7 @@ def _is_benchmark(a: Artifact) -> bool:
     return a.local.startswith("benchmarks/")
 
 
-def _group(con, name: str | None, arts: list[Artifact]) -> Group:
+def _group(con, name: str | None, arts: list[Artifact], scans: dict[Path, dict[str, int]] | None = None) -> Group:
     g = Group(name, arts)
     line = pipeline(arts)
     for stage in funnel():
@@ -291,6 +293,7 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
     if trace_final := final_traces(arts):
         g.traces = _traces(con, trace_final)
     g.tasks = final_tasks(arts)
+    g.secrets = secrets([*([g.tasks] if g.tasks else []), *trace_final], {} if scans is None else scans)
     for a in arts:
         if STAGES[a.stage].training and getattr(g, a.stage) is None:  # the report's training sections
             setattr(g, a.stage, _curve(a, STAGES[a.stage].curve))
@@ -299,6 +302,24 @@ def _group(con, name: str | None, arts: list[Artifact]) -> Group:
         g.eval_label = ev.local
         g.eval = _rows(con, f"SELECT * FROM read_parquet({_lit(ev.main_output)}) ORDER BY benchmark, model")
     return g
+
+
+def secrets(tables: list[Artifact], scans: dict[Path, dict[str, int]]) -> list[dict]:
+    """For each built table (the final task set, the trace set: what `otbuild publish` and the
+    exports hand over), what redaction would take out of it, per pattern found: a lab sees a
+    leak before it publishes. Scanned batch by batch (otbuild/traces/redact.py: `scan`)."""
+    from otbuild.traces.redact import scan
+
+    out = []
+    for a in tables:
+        path = a.main_output
+        if not path.exists():
+            continue
+        if path not in scans:
+            scans[path] = scan(path)
+        out.append({"label": a.local, "path": str(path), "rows": a.rows,
+                    "found": {k: n for k, n in scans[path].items() if n}})
+    return out
 
 
 def total_rows(counts: list[int | None]) -> int | None:

@@ -9,7 +9,10 @@ decides whether they train; eval scores count trials only."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
+from collections.abc import Collection, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -21,6 +24,10 @@ from otbuild.settings.engines import concurrency
 from otbuild.settings.stages import TrialRunSettings
 from otbuild.settings.trials import harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA, task_rows
+from otbuild.tasks.task_toml import host_env_refusal, task_config
+from otbuild.tasks.taskdir import TaskDir
+
+HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/trial.py's exception (outcome not_run)
 
 
 def run_harbor_shard(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
@@ -33,9 +40,13 @@ async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: i
     from otbuild.tasks.export import export_names
 
     rows = task_rows(inputs, {t.row for t in trials}, columns=TASK_SCHEMA.names)
+    # Harbor fills a task.toml's `${VAR}` from its own environment: a task asking for one the
+    # recipe's host_env does not name is not handed to it (as otbuild's harness refuses it)
+    refused = {r: why for r, row in rows.items() if (why := host_env_refused(row, cfg.host_env))}
     per_task: dict[int, int] = defaultdict(int)
     for t in trials:
-        per_task[t.row] += 1
+        if t.row not in refused:
+            per_task[t.row] += 1
     by_attempts: dict[int, list[int]] = defaultdict(list)
     for row, n in per_task.items():
         by_attempts[n].append(row)
@@ -48,7 +59,7 @@ async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: i
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
-        if cfg.engine != "oracle":  # Harbor's agent talks to the endpoint; it is asked once first
+        if cfg.engine != "oracle" and by_attempts:  # Harbor's agent talks to the endpoint; it is asked once first
             from otbuild.engines import open_engine
             from otbuild.engines.endpoint import probe
 
@@ -76,7 +87,32 @@ async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: i
     ids = [{"task": rows[t.row]["path"], "task_id": rows[t.row]["task_id"], "source": rows[t.row]["source"],
             "sample_idx": t.sample_idx, "run_id": outdir.name,
             "teacher": f"{cfg.engine}:{cfg.model or 'oracle'}"} for t in trials]
-    return shard_rows([names[t.row] for t in trials], ids, job_rows)
+    not_run = {i: not_run_row(rows[t.row]["path"], HOST_ENV_NOT_ALLOWED, refused[t.row], options["agent"], cfg.model)
+               for i, t in enumerate(trials) if t.row in refused}
+    return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+
+
+def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:
+    """HostEnvNotAllowed's message for a task row whose task.toml asks for a host variable
+    `allowed` does not name (otbuild's harness's check); None otherwise, and for a task.toml
+    that does not parse (Harbor's own error is that trial's)."""
+    try:
+        task = TaskDir.unpack(row["path"], row["task_binary"])
+        config = task_config(task)
+    except ValueError:  # TaskFormatError and the like: Harbor says why
+        return None
+    return host_env_refusal(task.name, config, allowed)
+
+
+def not_run_row(task: str, exception: str, message: str, agent: str, model: str | None) -> dict:
+    """A trace row for a trial never handed to Harbor (its outcome `not_run`), as otbuild's
+    harness writes one: no conversation, the error's name, its message in the metadata."""
+    return {"conversations": [], "agent": agent, "model": model, "model_provider": "openai" if model else None,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"), "task": task, "episode": "episode-0",
+            "run_id": "", "trial_name": task, "result": exception, "task_id": task, "source": "",
+            "teacher": agent, "sample_idx": 0, "n_turns": 0, "reward": None, "timed_out": False,
+            "exception": exception, "is_subagent": False, "n_input_tokens": 0, "n_output_tokens": 0,
+            "duration_s": 0.0, "metadata": json.dumps({"exception_message": message[:2000]}, sort_keys=True)}
 
 
 async def _show_progress(work: Path, total: int, every: float = 2.0) -> None:
@@ -90,10 +126,13 @@ async def _show_progress(work: Path, total: int, every: float = 2.0) -> None:
         progress.finish()
 
 
-def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[dict]:
+def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict],
+               not_run: Mapping[int, dict] | None = None) -> list[dict]:
     """One row per trial (its task dir `names[i]`, its columns `ids[i]`) from the Harbor jobs'
-    rows: the j-th trial of a task takes the task's j-th attempt. Subagent rows follow all
-    the trials, so that merged shards keep the trials in order."""
+    rows: the j-th trial of a task takes the task's j-th attempt; a trial never handed to
+    Harbor takes its row in `not_run` (by position). Subagent rows follow all the trials, so
+    that merged shards keep the trials in order."""
+    not_run = not_run or {}
     main, subagents = {}, defaultdict(list)
     for r in job_rows:
         key = (r["task"], r["sample_idx"])
@@ -103,7 +142,11 @@ def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict]) -> list[
             main[key] = r
     out, subs = [], []
     seen: defaultdict[str, int] = defaultdict(int)
-    for name, cols in zip(names, ids):
+    for i, (name, cols) in enumerate(zip(names, ids)):
+        if i in not_run:
+            trial = f"{cols['task']}__{cols['sample_idx']}__{cols['run_id'][:8]}"  # as the harness names it
+            out.append({**not_run[i], **cols, "trial_name": trial})
+            continue
         key = (name, seen[name])
         seen[name] += 1
         out.append({**main[key], **cols})

@@ -167,6 +167,15 @@ def refused_host_env(config: TaskConfig, allowed: Collection[str]) -> list[str]:
             if (m := _ENV_TEMPLATE.fullmatch(value)) and m[1] not in allowed]
 
 
+def host_env_refusal(task_name: str, config: TaskConfig, allowed: Collection[str]) -> str | None:
+    """Why the task is not run (`HostEnvNotAllowed`'s message), where its task.toml asks for a host
+    variable `allowed` (the recipe's `host_env`) does not name; None when it asks for none other."""
+    if refused := refused_host_env(config, allowed):
+        return (f"task {task_name!r}: task.toml asks for host variables the recipe does not allow "
+                f"({'; '.join(refused)}); name them in the recipe's host_env to hand them to tasks")
+    return None
+
+
 def task_metadata(config: TaskConfig) -> dict:
     """The `[metadata]` table plus agent/verifier timeouts and docker_image where task.toml
     sets them (as written)."""

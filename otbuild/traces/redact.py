@@ -11,8 +11,10 @@ The patterns are written in the syntax RE2 and Python's `re` share.
 
 from __future__ import annotations
 
+import gzip
 import re
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pyarrow is imported where a table is redacted (the recipe loader imports the patterns)
@@ -27,6 +29,10 @@ PATTERNS: dict[str, str] = {
     "github_token": r"\bgh[pousr]_[A-Za-z0-9]{36,}",
 }
 COMPILED = {name: re.compile(pattern) for name, pattern in PATTERNS.items()}
+# any pattern: one pass over a batch's strings before each pattern's; and over a task binary's
+# tar stream, where each file's bytes lie in one piece: a task without a match there has none in
+# any of its files (neither unpacked nor redacted)
+ANY_PATTERN = "|".join(f"(?:{p})" for p in PATTERNS.values())
 TASK_BINARY = "task_binary"
 
 
@@ -73,6 +79,14 @@ class Redactor:
                    for name, col in zip(batch.schema.names, batch.columns)]
         return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
+    def count(self, batch: pa.RecordBatch) -> None:
+        """Count what `batch` would have redacted (as `batch` counts it), changing nothing."""
+        for name, col in zip(batch.schema.names, batch.columns):
+            if name == TASK_BINARY:
+                self._task_binaries(col, replace=False)
+            else:
+                self._array(col, replace=False)
+
     def task(self, task):
         """A TaskDir with each of its text files redacted (binary files as they are)."""
         from otbuild.tasks.taskdir import TaskDir
@@ -91,12 +105,17 @@ class Redactor:
         return out
 
     # -- arrays ---------------------------------------------------------------------------
-    def _array(self, arr: pa.Array) -> pa.Array:
+    def _array(self, arr: pa.Array, replace: bool = True) -> pa.Array:
         import pyarrow as pa
 
         t = arr.type
         if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return self._strings(arr)
+            return self._strings(arr, replace)
+        if not replace and (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t)):
+            children = arr.flatten() if pa.types.is_struct(t) else [arr.flatten()]  # the slice's own values
+            for child in children:
+                self._array(child, replace=False)
+            return arr
         if pa.types.is_list(t) or pa.types.is_large_list(t):
             cls = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
             return cls.from_arrays(arr.offsets, self._array(arr.values), type=t, mask=arr.is_null())
@@ -105,26 +124,71 @@ class Redactor:
             return pa.StructArray.from_arrays(fields, fields=list(t), mask=arr.is_null())
         return arr
 
-    def _strings(self, arr: pa.Array) -> pa.Array:
+    def _strings(self, arr: pa.Array, replace: bool = True) -> pa.Array:
         import pyarrow.compute as pc
 
+        if not pc.any(pc.match_substring_regex(arr, ANY_PATTERN)).as_py():  # one pass, most batches
+            return arr
         for name, pattern in PATTERNS.items():
             n = pc.sum(pc.count_substring_regex(arr, pattern)).as_py() or 0
             if n:
                 self.counts[name] += n
-                arr = pc.replace_substring_regex(arr, pattern, mark(name))
+                if replace:
+                    arr = pc.replace_substring_regex(arr, pattern, mark(name))
         return arr
 
-    def _task_binaries(self, arr: pa.Array) -> pa.Array:
+    def _task_binaries(self, arr: pa.Array, replace: bool = True) -> pa.Array:
         import pyarrow as pa
 
         from otbuild.tasks.taskdir import TaskDir
 
         out = []
-        for blob in arr.to_pylist():
-            if blob:
+        blobs = arr.to_pylist()
+        for blob, maybe in zip(blobs, _may_hold_secrets(blobs), strict=True):
+            if blob and maybe:
                 before = self.total
                 task = self.task(TaskDir.unpack("task", blob))
-                blob = task.pack() if self.total != before else blob
+                blob = task.pack() if replace and self.total != before else blob
             out.append(blob)
-        return pa.array(out, type=arr.type)
+        return pa.array(out, type=arr.type) if replace else arr
+
+
+def _may_hold_secrets(blobs: list[bytes | None], chunk_bytes: int = 64 << 20) -> list[bool]:
+    """For each task binary, whether its (gzip) tar stream matches any pattern (Arrow's RE2
+    kernel, on at most `chunk_bytes` of unpacked streams at a time): False only when none of
+    its files can; a blob of another compression, or one that does not decompress, is looked
+    into file by file (True)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out: list[bool] = []
+    raw: list[bytes | None] = []  # None: look into it file by file
+
+    def match() -> None:
+        found = pc.match_substring_regex(pa.array(raw, pa.binary()), ANY_PATTERN).to_pylist()
+        out.extend(r is None or bool(f) for r, f in zip(raw, found))
+        raw.clear()
+
+    size = 0
+    for blob in blobs:
+        try:
+            raw.append(b"" if not blob else gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else None)
+        except (OSError, EOFError):  # unpacking it says what is wrong
+            raw.append(None)
+        size += len(raw[-1] or b"")
+        if size >= chunk_bytes:
+            match()
+            size = 0
+    match()
+    return out
+
+
+def scan(path: Path, batch_rows: int = 1024) -> dict[str, int]:
+    """What publishing the table at `path` would redact, per pattern (every pattern, 0 or
+    more): read batch by batch, through the same kernels as `Redactor.batch`, nothing written."""
+    from otbuild.fsio import parquet_batches
+
+    redactor = Redactor()
+    for batch in parquet_batches(path, batch_rows):
+        redactor.count(batch)
+    return dict(redactor.counts)
