@@ -483,7 +483,7 @@ def export():
 def export_tasks_cmd(parquet, dest):
     """Write every task of PARQUET as a Harbor task dir under DEST/<path>/."""
     from otbuild.tasks.export import export_tasks
-    from otbuild.traces.redact import Redactor, describe
+    from otbuild.tasks.redact import Redactor, describe
 
     redactor = Redactor()
     try:
@@ -514,7 +514,7 @@ def _the_stage(plan, stage: str):
 def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     """RECIPE's SFT traces and settings for LLaMA-Factory, in DEST: the sharegpt data,
     dataset_info.json, ds_zN_config.json and train_NAME.yaml (run it from DEST)."""
-    from otbuild.traces.redact import describe
+    from otbuild.tasks.redact import describe
     from otbuild.train.llamafactory import write_handoff
 
     plan = _plan(recipe)
@@ -551,7 +551,7 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
 def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
     """RECIPE's rl stage as SkyRL runs it (`rl.trainer: skyrl`), in DEST: the task set (tasks/),
     SkyRL's config (skyrl.yaml) and its entry point's command (command.sh, printed)."""
-    from otbuild.traces.redact import describe
+    from otbuild.tasks.redact import describe
     from otbuild.train.skyrl import shell_lines, write_handoff
 
     plan = _plan(recipe)
@@ -585,7 +585,7 @@ def publish(recipe, artifact, repo, dest, dry_run, private):
     parquet shards, a dataset card, the resolved recipe and a manifest of ids and sha256s; then
     upload it with the token huggingface_hub finds (HF_TOKEN or a saved login)."""
     from otbuild.publish import hub_folder, upload
-    from otbuild.traces.redact import describe
+    from otbuild.tasks.redact import describe
 
     token = None
     if not dry_run:

@@ -34,6 +34,6 @@ def spill_dir() -> Path:
     base = os.environ.get("OTBUILD_DUCKDB_TEMP") or os.environ.get("SLURM_TMPDIR")
     if base:
         return Path(base) / "otbuild-duckdb"
-    from otbuild.sandbox.rundir import private_dir
+    from otbuild.rundir import private_dir
 
     return private_dir(Path(tempfile.gettempdir()) / f"otbuild-duckdb-{os.geteuid()}")

@@ -5,7 +5,7 @@ shards of bounded size), `README.md` (a dataset card whose YAML header tells the
 `datasets.load_dataset(folder)` where the data is, and gives `license` as the report works it out
 from the sources, `task_categories` and `language`), `recipe.resolved.yaml` and `manifest.json`
 (the recipe's sha256, the artifact's id and every upstream id, each shard's rows and sha256,
-what was redacted). Every string of the table is redacted on the way (otbuild/traces/redact.py:
+what was redacted). Every string of the table is redacted on the way (otbuild/tasks/redact.py:
 keys and tokens an agent echoed or a task carried), counted per pattern in the manifest and the
 card.
 It appears by rename only when complete; `upload` sends it with `HfApi`.
@@ -27,7 +27,7 @@ from otbuild.fsio import parquet_batches, write_json
 from otbuild.plan import Node, Plan
 from otbuild.provenance import read_record
 from otbuild.stages import STAGES
-from otbuild.traces.redact import PATTERNS, Redactor, describe
+from otbuild.tasks.redact import PATTERNS, Redactor, describe
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 MAX_SHARD_BYTES = 500 * 2**20  # in-memory bytes per shard (the Hub's advice: files under ~500 MB)

@@ -122,7 +122,7 @@ def test_no_two_parts_import_each_other():
 FLOORS = (
     # settings: every model that describes a recipe; foundations that know nothing of otbuild
     ("settings", "artifact", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",
-     "installation", "scaffold", "otbuild"),
+     "installation", "scaffold", "rundir", "otbuild"),
     # parts with one job each, built on settings
     ("tasks", "engines", "duck", "hub", "serve", "show"),
     ("sandbox", "traces", "usage"),

@@ -1,5 +1,5 @@
 """Issue 44 (2, 8): secrets never leave in the data. What otbuild hands over (publish, the
-export handoffs) is redacted (otbuild/traces/redact.py); a recipe that writes a credential is
+export handoffs) is redacted (otbuild/tasks/redact.py); a recipe that writes a credential is
 refused when it loads (otbuild/recipe/credentials.py); the RL server takes this run's key only."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from otbuild.errors import ConfigError
 from otbuild.recipe.load import load_recipe
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from otbuild.traces.redact import Redactor
+from otbuild.tasks.redact import Redactor
 
 # made-up secrets of each shape (none is a real credential)
 HF = "hf_" + "Ab3" * 12
@@ -61,7 +61,7 @@ def test_a_trace_batch_is_redacted_in_nested_conversations_and_metadata():
 def test_a_scan_counts_what_redaction_would_take_out_and_changes_nothing(tmp_path):
     """`redact.scan` (the report's Secrets table): per pattern, the counts `Redactor.batch` gives
     for the same table, read batch by batch (a slice's own nested values only), the file untouched."""
-    from otbuild.traces.redact import scan
+    from otbuild.tasks.redact import scan
 
     table = pa.table({
         "conversations": [[{"role": "assistant", "content": f"{HF} {GH}"}], None,
@@ -87,7 +87,7 @@ def test_a_scan_counts_what_redaction_would_take_out_and_changes_nothing(tmp_pat
     clean.add("instruction.md", "Nothing to see.")
     pq.write_table(pa.table({"task_binary": [clean.pack(), leaky.pack(), None]}), path)
     assert scan(path) == dict.fromkeys(SECRETS, 1)
-    from otbuild.traces.redact import _may_hold_secrets
+    from otbuild.tasks.redact import _may_hold_secrets
 
     assert _may_hold_secrets([clean.pack(), leaky.pack(), None, b"not gzip"], chunk_bytes=1) == [
         False, True, False, True]

@@ -1,5 +1,5 @@
 """Issue 44 (6): on a shared host, otbuild run as root trusts no folder or lock file at a fixed
-/tmp name that someone else made (otbuild/sandbox/rundir.py): not the trial uids' locks, not the
+/tmp name that someone else made (otbuild/rundir.py): not the trial uids' locks, not the
 image builds' locks, not the /etc every trial sees."""
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def test_trial_uid_locks_in_someone_elses_folder_are_refused(monkeypatch, tmp_pa
     """A lock folder another user made, holding a link where the next uid's lock goes: the old
     code opened it through the link (and truncated root's file)."""
     from otbuild.sandbox import identity
-    from otbuild.sandbox.errors import SandboxError
+    from otbuild.rundir import UntrustedPath
 
     uids = planted(tmp_path / "uids")
     (uids / str(identity.UID_BASE)).symlink_to(victim)
     monkeypatch.setattr(identity, "LOCK_DIR", uids)
     monkeypatch.setattr(identity, "UID_RANGE", 1)
-    with pytest.raises(SandboxError, match=f"{uids}: belongs to uid {OTHER_UID}"):
+    with pytest.raises(UntrustedPath, match=f"{uids}: belongs to uid {OTHER_UID}"):
         identity.acquire().release()
     assert victim.read_text() == "root's file\n"
 
@@ -64,7 +64,7 @@ def test_a_link_among_our_own_trial_uid_locks_is_not_followed(monkeypatch, tmp_p
 @as_root
 def test_image_build_locks_in_someone_elses_folder_are_refused(monkeypatch, tmp_path, victim):
     from otbuild.sandbox import podman
-    from otbuild.sandbox.errors import SandboxError
+    from otbuild.rundir import UntrustedPath
 
     task = TaskDir("t")
     task.add("environment/Dockerfile", "FROM ubuntu:24.04\nRUN true\n")
@@ -73,7 +73,7 @@ def test_image_build_locks_in_someone_elses_folder_are_refused(monkeypatch, tmp_
     monkeypatch.setattr(podman, "LOCK_DIR", locks)
     monkeypatch.setattr(podman, "image_exists", lambda ref: False)
     monkeypatch.setattr(podman, "_build", lambda *a: None)
-    with pytest.raises(SandboxError, match=f"{locks}: belongs to uid {OTHER_UID}"):
+    with pytest.raises(UntrustedPath, match=f"{locks}: belongs to uid {OTHER_UID}"):
         podman.ensure_image(task)
     assert victim.read_text() == "root's file\n"
 
@@ -109,7 +109,7 @@ def test_the_etc_every_trial_sees_is_never_one_someone_else_made(monkeypatch, tm
 def test_a_planted_runtime_dir_is_an_error_naming_it(monkeypatch, tmp_path):
     """No private XDG_RUNTIME_DIR: $TMPDIR/otbuild-UID, made 0700, or refused when someone made
     it first (a link, another owner, writable by others)."""
-    from otbuild.sandbox.rundir import UntrustedPath, runtime_dir
+    from otbuild.rundir import UntrustedPath, runtime_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)

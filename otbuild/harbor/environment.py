@@ -47,9 +47,9 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
+from otbuild.rundir import private_dir
 from otbuild.sandbox import Limits, Sandbox, open_sandbox, safefs
 from otbuild.sandbox.layout import Layout, LayoutError, plan
-from otbuild.sandbox.rundir import private_dir
 from otbuild.sandbox.sandbox import reset_verifier
 from otbuild.tasks.dockerfile import local_problems
 from otbuild.tasks.taskdir import TaskDir

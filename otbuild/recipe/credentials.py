@@ -2,7 +2,7 @@
 (`recipe.resolved.yaml`) and its values reach provenance records and command lines, so it may
 name the environment variable that holds a key (`api_key_env`), never the key.
 
-Refused, naming the key: a value that looks like a secret (otbuild/traces/redact.py's
+Refused, naming the key: a value that looks like a secret (otbuild/tasks/redact.py's
 PATTERNS), a URL with `user:password@`, a literal value of a secret-named variable in an `env`
 mapping (`HF_TOKEN: ...`), and a secret-named flag in an argument list (`--api-key ...`).
 """
@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from otbuild.traces.redact import secret_kind
+from otbuild.tasks.redact import secret_kind
 
 _SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd|credentials?)"
 SECRET_NAME = re.compile(rf"(?:^|[-_]){_SECRET_WORD}(?:$|[-_])", re.IGNORECASE)  # HF_TOKEN, not TOKENIZERS_...

@@ -307,8 +307,8 @@ def _group(con, name: str | None, arts: list[Artifact], scans: dict[Path, dict[s
 def secrets(tables: list[Artifact], scans: dict[Path, dict[str, int]]) -> list[dict]:
     """For each built table (the final task set, the trace set: what `otbuild publish` and the
     exports hand over), what redaction would take out of it, per pattern found: a lab sees a
-    leak before it publishes. Scanned batch by batch (otbuild/traces/redact.py: `scan`)."""
-    from otbuild.traces.redact import scan
+    leak before it publishes. Scanned batch by batch (otbuild/tasks/redact.py: `scan`)."""
+    from otbuild.tasks.redact import scan
 
     out = []
     for a in tables:

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from otbuild.sandbox.rundir import private_dir, runtime_dir
+from otbuild.rundir import private_dir, runtime_dir
 
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # /etc entries programs need. passwd, group, hosts and hostname are generated per trial.
@@ -72,7 +72,7 @@ def etc_view() -> Path | None:
     entries (named by a hash of their names, sizes and times) under the temp dir and shared by
     the processes that see the same; a change to the host's /etc during a run is seen by the
     next process. None when it cannot be made (each entry is bound then). It lies in this user's
-    runtime_dir() (otbuild/sandbox/rundir.py): never in a folder someone else made."""
+    runtime_dir() (otbuild/rundir.py): never in a folder someone else made."""
     entries = [Path("/etc") / name for name in ETC_ALLOW if (Path("/etc") / name).exists()]
     try:
         home = private_dir(runtime_dir() / "etc")

@@ -2,7 +2,7 @@
 
 Run as root, each trial gets its own unprivileged host uid (allocated with a lock file in
 /run/otbuild/sandbox-uids, so concurrent trials on one machine never share one; a lock folder
-or file otbuild did not make is refused: otbuild/sandbox/rundir.py): processes drop to it inside the sandbox,
+or file otbuild did not make is refused: otbuild/rundir.py): processes drop to it inside the sandbox,
 so RLIMIT_NPROC counts only the trial's processes (root is exempt from it), host files keep
 their permissions, and every process of the trial can be found by uid. Run as a normal user,
 the sandbox keeps that user's uid inside a user namespace (RLIMIT_NPROC then counts per
@@ -17,8 +17,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otbuild.rundir import host_dir, open_lock, private_dir
 from otbuild.sandbox.errors import SandboxError
-from otbuild.sandbox.rundir import host_dir, open_lock, private_dir
 
 CLEAN = b"clean"  # a lock file's content when its last trial left no process behind
 UID_BASE = 2_000_000

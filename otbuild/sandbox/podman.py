@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from otbuild.rundir import open_lock, private_dir, runtime_dir
 from otbuild.sandbox import safefs
 from otbuild.sandbox.disk import MB, storage_opt, tree_usage
 from otbuild.sandbox.errors import SandboxError, TaskSetupError, task_setup
 from otbuild.sandbox.layout import write_subtree
 from otbuild.sandbox.procs import kill_until_gone, owner, owner_is_gone, pids_with_env, scan
-from otbuild.sandbox.rundir import open_lock, private_dir, runtime_dir
 from otbuild.sandbox.sandbox import Sandbox, reset_verifier
 from otbuild.settings.limits import Limits
 from otbuild.tasks.task_toml import PUBLIC, NetworkPolicy, TaskConfig, task_config

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.tasks.harbor_meta import is_safe_name, iter_task_rows
+from otbuild.tasks.redact import Redactor
 from otbuild.tasks.taskdir import TaskDir
-from otbuild.traces.redact import Redactor
 
 
 def export_names(parquet: Path) -> list[str]:

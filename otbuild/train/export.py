@@ -28,7 +28,7 @@ from pathlib import Path
 
 from otbuild.fsio import atomic_path, write_json
 from otbuild.settings.recipe import PROMPTS
-from otbuild.traces.redact import Redactor
+from otbuild.tasks.redact import Redactor
 from otbuild.train.chat import for_template
 
 ROLE_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",

@@ -30,7 +30,7 @@ from otbuild.fsio import atomic_path, write_json
 from otbuild.hashing import file_sha256
 from otbuild.settings.train import Rl
 from otbuild.tasks.export import export_tasks
-from otbuild.traces.redact import Redactor
+from otbuild.tasks.redact import Redactor
 from otbuild.train.checkpoint import MANIFEST
 
 # SkyRL's Harbor entry point (fully async trainer), a module of its source tree's examples/

@@ -20,13 +20,12 @@ import stat
 import tempfile
 from pathlib import Path
 
-from otbuild.sandbox.errors import SandboxError
-
 RUN = Path("/run")  # root's: only root may create in it
 
 
-class UntrustedPath(SandboxError):
-    """A folder otbuild would keep state in exists and is not one otbuild made; names it and why."""
+class UntrustedPath(RuntimeError):
+    """A folder otbuild would keep state in exists and is not one otbuild made; names it and why.
+    Not a trial's failure: every trial of the host would meet it, so the job stops, naming it."""
 
 
 def private_dir(path: Path, mode: int = 0o700) -> Path:
