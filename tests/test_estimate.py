@@ -138,8 +138,12 @@ def test_a_pilot_s_estimate_of_a_3x_variant_holds_when_it_is_built(tmp_path, mon
     project = make_project(tmp_path)
     recipe = yaml.safe_load((REPO / "recipes" / "smoke.yaml").read_text())
     del recipe["rl"]  # the eval serves the SFT checkpoint
+    # a short SFT of 24 tasks' traces and no untrained base: the estimate is tested, not the student
+    recipe["sft"] |= {"max_steps": None, "epochs": 2, "global_batch_size": 8}
+    recipe["eval"]["base"], recipe["task_filter"]["sample"] = False, {"n": 24, "seed": 0}
+    recipe["eval"]["benchmarks"]["heldout"]["count"] = 6
     (project / "recipes" / "pilot.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    recipe["sources"]["synth_files"]["count"], recipe["sources"]["synth_text"]["count"] = 90, 48
+    recipe["sources"]["synth_files"]["count"], recipe["sources"]["synth_more"]["count"] = 90, 48
     recipe["mix"]["total"], recipe["task_filter"]["sample"]["n"] = 120, 72
     recipe["teacher"]["samples_per_task"] = 2
     recipe["eval"]["benchmarks"]["heldout"]["count"], recipe["eval"]["repeats"] = 12, 2

@@ -171,7 +171,8 @@ def fake_training(project: Path, stage: str, steps: int, flat: bool = False, lab
     return {"label": label or stage, "stage": stage, "id": d.name, "dir": str(d.relative_to(project)), "log": lines}
 
 
-def fake_eval_of_zeros(project: Path, mean: float = 0.0, stderr: float = 0.0, label: str = "eval") -> dict:
+def fake_eval_of_zeros(project: Path, mean: float | None = 0.0, stderr: float | None = 0.0,
+                       label: str = "eval") -> dict:
     """An eval dir whose every trial scored 0 (the summary.parquet of otbuild/sql/eval_summary.sql);
     or the eval `label` of this mean ± stderr."""
     import pyarrow as pa
@@ -412,10 +413,10 @@ def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_ba
     sft = fake_training(tmp_path, "sft", 4)
     lines, warnings, _ = said(sft, fake_training(tmp_path, "rl", 3, flat=True), fake_eval_of_zeros(tmp_path))
     assert lines == ["  pass@1       heldout 0 ± 0 (3 repeats x 6 tasks)"]
-    assert warnings == ["rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every "
-                        "step: no rollout passed, so every advantage is 0): the policy did not change.",
-                        "eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier): "
-                        "this score says nothing about the model."]
+    assert warnings == [("rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every "
+                         "step: no rollout passed, so every advantage is 0): the policy did not change."),
+                        ("eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier): "
+                         "this score says nothing about the model.")]
 
     rl, base_sft = fake_training(tmp_path, "rl", 3), fake_training(tmp_path, "sft", 0, label="base/sft")
     base = fake_eval_of_zeros(tmp_path, label="base/eval")  # the untrained base scores 0: no flag for it
@@ -431,9 +432,13 @@ def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_ba
 
     _, warnings, html = said(sft, rl, base_sft, fake_eval_of_zeros(tmp_path, 0.3, 0.1, label="base/eval"),
                              fake_eval_of_zeros(tmp_path, 0.25, 0.05))
-    assert warnings == ["eval: heldout: the student (0.25 ± 0.05) does not score above its untrained base "
-                        "(0.3 ± 0.1): training did not help on it."]
+    assert warnings == [("eval: heldout: the student (0.25 ± 0.05) does not score above its untrained base "
+                         "(0.3 ± 0.1): training did not help on it.")]
     assert html.count('<p class="flag">') == 2  # at the top and in the eval section
+    _, warnings, _ = said(sft, rl, base_sft, fake_eval_of_zeros(tmp_path, None, None, label="base/eval"),
+                          fake_eval_of_zeros(tmp_path, 0.25, 0.05))
+    assert warnings == [("base/eval: heldout: no trial was scored: all 18 were left out as infrastructure failures "
+                         "or not run (the eval's log says why).")]
 
 
 @pytest.mark.slow

@@ -103,6 +103,8 @@ def _part(name: str | None, arts: list[Artifact]) -> Part:
         for s in p.scores:
             s.base = by_benchmark.get(s.benchmark)
         p.flags += [Flag("eval", ev.local, text) for s in p.scores if (text := score_flag(s))]
+        if base:  # its scores of 0 are expected; a base that was never scored is not
+            p.flags += [Flag("eval", base.local, text) for s in by_benchmark.values() if (text := unscored_flag(s))]
     return p
 
 
@@ -119,18 +121,24 @@ def eval_scores(ev: Artifact) -> list[Score]:
     return out
 
 
-def score_flag(s: Score) -> str | None:
+def unscored_flag(s: Score) -> str | None:
     trials = s.repeats * s.tasks
     if s.mean is None or (trials and s.excluded >= trials):
         return (f"{s.benchmark}: no trial was scored: all {trials} were left out as infrastructure "
                 "failures or not run (the eval's log says why).")
+    return None
+
+
+def score_flag(s: Score) -> str | None:
+    if text := unscored_flag(s):
+        return text
     if s.mean == 0:
         why = (f"{s.failed} of them failed (verifier errors, task failures)" if s.failed
                else "none passed its verifier")
         return (f"{s.benchmark}: every trial scored 0 ({s.repeats} repeats x {s.tasks} tasks; {why}): "
                 "this score says nothing about the model.")
     b = s.base
-    if b is not None and b.mean is not None and s.mean <= b.mean:
+    if b is not None and b.mean is not None and s.mean is not None and s.mean <= b.mean:
         return (f"{s.benchmark}: the student ({num(s.mean)} ± {num(s.stderr)}) does not score above its "
                 f"untrained base ({num(b.mean)} ± {num(b.stderr)}): training did not help on it.")
     return None
