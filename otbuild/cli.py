@@ -494,8 +494,11 @@ def export_tasks_cmd(parquet, dest):
 
 
 def _the_stage(plan, stage: str):
-    """The plan's one `stage` node (an export takes a recipe with exactly one)."""
-    nodes = [n for n in plan.nodes if n.stage == stage]
+    """The plan's one `stage` node (an export takes a recipe with exactly one; `eval.base`'s
+    untrained base is not the recipe's training)."""
+    from otbuild.plan import BASE
+
+    nodes = [n for n in plan.nodes if n.stage == stage and not n.label.startswith(BASE)]
     if len(nodes) != 1:
         found = f"no {stage} section" if not nodes else f"{len(nodes)} {stage} stages (an ablation)"
         raise ConfigError(f"{plan.recipe.path}: {found}: export a recipe with exactly one")

@@ -1,7 +1,8 @@
 """What a build made, said when it ends: the Snakefile's success handler prints it for every
 recipe target of the run (`snakemake NAME`, `otbuild build NAME`). Where the results and the
 report are, and the report's headline (otbuild/report/headline.py: tasks kept, traces kept,
-pass@1 ± standard error per benchmark, tokens and cost, job time), with its warnings."""
+pass@1 ± standard error per benchmark, with `eval.base` the student's beside its untrained base's,
+tokens and cost, job time), with its warnings."""
 
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ def _part_lines(p: Part, indent: str) -> list[str]:
         out.append(f"{indent}traces kept  {num(p.traces[1])} ({p.traces[0]})")
     for s in p.scores:
         extra = "".join((f", {s.failed} failed" if s.failed else "", f", {s.excluded} left out" if s.excluded else ""))
-        out.append(f"{indent}pass@1       {s.benchmark} {num(s.mean)} ± {num(s.stderr)} "
-                   f"({s.repeats} repeats x {s.tasks} tasks{extra})")
+        score = f"{num(s.mean)} ± {num(s.stderr)}"
+        if s.base:  # eval.base: the same model and tokenizer after 0 training steps, the same eval
+            score = f"student {score} vs base {num(s.base.mean)} ± {num(s.base.stderr)}"
+        out.append(f"{indent}pass@1       {s.benchmark} {score} ({s.repeats} repeats x {s.tasks} tasks{extra})")
     return out

@@ -151,7 +151,7 @@ CASES = {
     "otbuild report RECIPE [--profile P]": [["otbuild", "report", "smoke"]],
     "otbuild audit RECIPE [--verify]": [["otbuild", "audit", "smoke"]],
     "otbuild audit --rebuild RECIPE [ARTIFACT...] [--all] [--keep]": [
-        ["otbuild", "audit", "--rebuild", "smoke", "sources/synth_text", "mix"]],
+        ["otbuild", "audit", "--rebuild", "smoke", "sources/synth_more", "mix"]],
     "otbuild audit PATH [--verify]": [["otbuild", "audit", KEPT], ["otbuild", "audit", "--verify", "results/smoke/sft"]],
     "otbuild show PARQUET [--columns a,b] [--limit N] [--row N]": [
         ["otbuild", "show", TASKS, "--columns", "task_id,source", "--limit", "3"], ["otbuild", "show", TASKS, "--row", "0"]],

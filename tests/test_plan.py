@@ -201,3 +201,43 @@ def test_a_recipe_that_cannot_be_planned_leaves_the_others_planned(tmp_path, mon
     assert "binary.yaml: byte 14: not valid YAML (not UTF-8 text" in wf.broken["binary"]
     assert "bug.yaml: cannot be planned (ZeroDivisionError: division by zero; a bug in otbuild)" in wf.broken["bug"]
     assert "warning: recipes/typo.yaml is not valid, so target 'typo' cannot be built" in capsys.readouterr().err
+
+
+def test_eval_base_plans_the_untrained_base_beside_the_student(tmp_path):
+    """`eval.base`: the student's SFT node with max_steps 0 (same inputs: the same traces, so the
+    same tokenizer) and an eval of it with the student's eval settings, each its own artifact;
+    the student's nodes keep their ids, an ablation ranks the students, and a candidate whose
+    student trains 0 steps is its own base (one node)."""
+    from tests.conftest import REPO
+
+    (tmp_path / "recipes").mkdir()
+    smoke = (REPO / "recipes" / "smoke.yaml").read_text()
+    assert "  base: true " in smoke
+    (tmp_path / "recipes" / "smoke.yaml").write_text(smoke)
+    (tmp_path / "recipes" / "without.yaml").write_text("extends: smoke\neval: {base: false}\n")
+    plan = plan_recipe(load_recipe("smoke", tmp_path))
+    node = {n.label: n for n in plan.nodes}
+    without = {n.label: n.id for n in plan_recipe(load_recipe("without", tmp_path)).nodes if n.stage != "report"}
+    assert {label: node[label].id for label in without} == without  # the student's ids do not move
+    assert set(node) - set(without) == {"base/sft", "base/eval", "report"}
+    base, sft = node["base/sft"], node["sft"]
+    assert base.inputs == sft.inputs and base.config.max_steps == 0 and sft.config.max_steps == 1500
+    assert base.config.model_dump(exclude={"max_steps"}) == sft.config.model_dump(exclude={"max_steps"})
+    ev, base_ev = node["eval"].config.model_dump(), node["base/eval"].config.model_dump()
+    assert base_ev.pop("model") == str(base.dir) and ev.pop("model") == str(node["rl"].dir)
+    assert base_ev.pop("model_label") == f"auto:{base.dir}" and ev.pop("model_label") == f"auto:{node['rl'].dir}"
+    assert base_ev == ev  # the same eval settings, decoding constraint included
+    assert [i.label for i in node["base/eval"].inputs] == ["benchmarks/heldout", "base/sft"]
+
+    (tmp_path / "recipes" / "thesis_smoke.yaml").write_text((REPO / "recipes" / "thesis_smoke.yaml").read_text())
+    (tmp_path / "recipes" / "thesis.yaml").write_text("extends: thesis_smoke\neval: {base: true}\n")
+    nodes = plan_recipe(load_recipe("thesis", tmp_path)).nodes
+    by = {n.label: n for n in nodes}
+    assert by["candidates/sft.max_steps=1500/base/sft"].id == by["candidates/sft.max_steps=0/sft"].id
+    rank = next(n for n in nodes if n.stage == "rank")
+    assert [i.label for i in rank.inputs] == ["candidates/sft.max_steps=0/eval", "candidates/sft.max_steps=1500/eval"]
+
+    (tmp_path / "recipes" / "named.yaml").write_text("extends: smoke\nharness: {constrained_decoding: false}\n"
+                                                     "eval: {model: {engine: oracle}}\n")
+    with pytest.raises(ConfigError, match=r"eval.base: compares the recipe's own checkpoint with its untrained base"):
+        load_recipe("named", tmp_path)

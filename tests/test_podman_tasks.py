@@ -470,15 +470,16 @@ def test_a_killed_image_build_leaves_no_working_container_or_intermediate_image(
 def test_the_smoke_recipe_builds_with_its_teacher_in_podman(project):
     """Issue 39's done: the smoke recipe with `teacher.sandbox: podman` builds on the project's
     own set-up (no registry: its tasks' python:3.12-slim is bootstrapped by make setup), each
-    teacher trial in its task's own image; SFT trains on those traces (RL and eval, which run
-    in bwrap as before, are left out here to keep the check short)."""
+    teacher trial in its task's own image; SFT trains on those traces (24 of the smoke's tasks,
+    100 steps; RL and eval, which run in bwrap as before, are left out to keep the check short)."""
     import shutil
 
     from tests.conftest import REPO
 
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     (project / "recipes" / "smoke_podman.yaml").write_text(
-        "extends: smoke\nteacher: {sandbox: podman, limits: {pull: never}}\nrl: null\neval: null\n")
+        "extends: smoke\nteacher: {sandbox: podman, limits: {pull: never}}\ntask_filter: {sample: {n: 24, seed: 0}}\n"
+        "sft: {max_steps: 100}\nrl: null\neval: null\nharness: {constrained_decoding: false}\n")
     snakemake(project, "smoke_podman", "--cores", "2")
     results = project / "results" / "smoke_podman"
     traces = pq.read_table(results / "teacher" / "traces.parquet").to_pylist()

@@ -137,10 +137,13 @@ def assert_self_contained(html: str) -> None:
     assert set(re.findall(r"https?://[^\s\"'<>]+", html)) <= {"http://www.w3.org/2000/svg"}
 
 
-def fake_training(project: Path, stage: str, steps: int, flat: bool = False) -> dict:
+def fake_training(project: Path, stage: str, steps: int, flat: bool = False, label: str | None = None) -> dict:
     """A checkpoint dir as otbuild/train writes it: train_log.jsonl + checkpoint.json + record.
-    `flat`: an RL run without a learning signal (reward, loss and grad norm 0 at every step)."""
+    `flat`: an RL run without a learning signal (reward, loss and grad norm 0 at every step).
+    `label`: another node than the stage's own (its id from the label)."""
     d = project / "artifacts" / stage / ("5f" * 8 if stage == "sft" else "7d" * 8 if flat else "6e" * 8)
+    if label:
+        d = d.with_name(label.encode().hex()[:16])
     d.mkdir(parents=True, exist_ok=True)
     lines = []
     for s in range(1, steps + 1):
@@ -165,22 +168,24 @@ def fake_training(project: Path, stage: str, steps: int, flat: bool = False) -> 
             "requests": 8 * steps, "errors": 0, "input_tokens": 900 * steps, "output_tokens": 60 * steps}}}
             if stage == "rl" else {})},
         "outputs": [{"path": str(d.relative_to(project) / "checkpoint.json"), "sha256": "0", "bytes": 1}]}))
-    return {"label": stage, "stage": stage, "id": d.name, "dir": str(d.relative_to(project)), "log": lines}
+    return {"label": label or stage, "stage": stage, "id": d.name, "dir": str(d.relative_to(project)), "log": lines}
 
 
-def fake_eval_of_zeros(project: Path) -> dict:
-    """An eval dir whose every trial scored 0 (the summary.parquet of otbuild/sql/eval_summary.sql)."""
+def fake_eval_of_zeros(project: Path, mean: float | None = 0.0, stderr: float | None = 0.0,
+                       label: str = "eval") -> dict:
+    """An eval dir whose every trial scored 0 (the summary.parquet of otbuild/sql/eval_summary.sql);
+    or the eval `label` of this mean ± stderr."""
     import pyarrow as pa
 
-    d = project / "artifacts" / "eval" / ("0e" * 8)
+    d = project / "artifacts" / "eval" / ("0e" * 8 if label == "eval" else label.encode().hex()[:16])
     d.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist([{
-        "model": "transformers:artifacts/rl/" + "7d" * 8, "benchmark": "heldout", "mean": 0.0, "stderr": 0.0,
-        "partial_mean": 0.0, "partial_stderr": 0.0, "repeats": 3, "n_tasks": 6, "n_exceptions": 0,
+        "model": "transformers:artifacts/rl/" + "7d" * 8, "benchmark": "heldout", "mean": mean, "stderr": stderr,
+        "partial_mean": mean, "partial_stderr": stderr, "repeats": 3, "n_tasks": 6, "n_exceptions": 0,
         "n_task_failures": 0, "n_timed_out": 0, "n_excluded": 0}]), d / "summary.parquet")
     (d / "provenance.json").write_text(json.dumps({"stage": "eval", "id": d.name, "settings": {}, "inputs": [],
                                                    "stats": {}, "outputs": []}))
-    return {"label": "eval", "stage": "eval", "id": d.name, "dir": str(d.relative_to(project))}
+    return {"label": label, "stage": "eval", "id": d.name, "dir": str(d.relative_to(project))}
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
@@ -380,6 +385,60 @@ def test_degenerate_results_are_flagged(built):
     section = lambda name: re.sub(r"<[^>]+>", "", html.split(f'id="recipe-{name}"')[1].split("<h3")[0])
     assert rl in section("rl") and ev in section("eval") and "Degenerate" not in section("sft")
     assert p.rows["recipe-rl"]  # the curve and its tables are shown as always
+
+
+def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_base(tmp_path):
+    """Without a build: an RL run with no learning signal and an eval that scored 0 everywhere
+    are flagged; with `eval.base` the student's pass@1 is said beside its untrained base's (the
+    build's summary, the page's headline, the eval section), flagged where it is not above it."""
+    from otbuild.report.costs import collect
+    from otbuild.report.data import artifacts
+    from otbuild.report.headline import headline
+    from otbuild.summary import _part_lines
+
+    def said(*made: dict) -> tuple[list[str], list[str], str]:
+        """(summary lines, warnings, page) of a recipe whose artifacts are `made`."""
+        cfg = STAGES["report"].config({"recipe": "r", "nodes": [{k: v for k, v in m.items() if k != "log"}
+                                                               for m in made]})
+        cwd = Path.cwd()
+        os.chdir(tmp_path)
+        try:
+            arts = artifacts(cfg.nodes)
+            head = headline("r", arts, collect(arts, None))
+            build(cfg, tmp_path / "report")
+        finally:
+            os.chdir(cwd)
+        return _part_lines(head.parts[0], "  "), head.warnings, (tmp_path / "report" / "report.html").read_text()
+
+    sft = fake_training(tmp_path, "sft", 4)
+    lines, warnings, _ = said(sft, fake_training(tmp_path, "rl", 3, flat=True), fake_eval_of_zeros(tmp_path))
+    assert lines == ["  pass@1       heldout 0 ± 0 (3 repeats x 6 tasks)"]
+    assert warnings == [("rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every "
+                         "step: no rollout passed, so every advantage is 0): the policy did not change."),
+                        ("eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier): "
+                         "this score says nothing about the model.")]
+
+    rl, base_sft = fake_training(tmp_path, "rl", 3), fake_training(tmp_path, "sft", 0, label="base/sft")
+    base = fake_eval_of_zeros(tmp_path, label="base/eval")  # the untrained base scores 0: no flag for it
+    lines, warnings, html = said(base_sft, base, sft, rl, fake_eval_of_zeros(tmp_path, 0.25, 0.05))
+    assert lines == ["  pass@1       heldout student 0.25 ± 0.05 vs base 0 ± 0 (3 repeats x 6 tasks)"]
+    assert warnings == [] and 'class="flag"' not in html
+    assert "student <b>0.25</b> ± 0.05 vs base <b>0</b> ± 0<br>" in html  # the headline's cell
+    p = parse(html)
+    assert [r[:3] for r in p.rows["recipe-eval"][1:]] == [["heldout", "transformers:artifacts/rl/" + "7d" * 8, "0.25"],
+                                                         ["heldout (untrained base)", "transformers:artifacts/rl/"
+                                                          + "7d" * 8, "0"]]
+    assert table(p, "recipe-sft")["steps"] == ["4"]  # the student's curve, not its base's (0 steps)
+
+    _, warnings, html = said(sft, rl, base_sft, fake_eval_of_zeros(tmp_path, 0.3, 0.1, label="base/eval"),
+                             fake_eval_of_zeros(tmp_path, 0.25, 0.05))
+    assert warnings == [("eval: heldout: the student (0.25 ± 0.05) does not score above its untrained base "
+                         "(0.3 ± 0.1): training did not help on it.")]
+    assert html.count('<p class="flag">') == 2  # at the top and in the eval section
+    _, warnings, _ = said(sft, rl, base_sft, fake_eval_of_zeros(tmp_path, None, None, label="base/eval"),
+                          fake_eval_of_zeros(tmp_path, 0.25, 0.05))
+    assert warnings == [("base/eval: heldout: no trial was scored: all 18 were left out as infrastructure failures "
+                         "or not run (the eval's log says why).")]
 
 
 @pytest.mark.slow

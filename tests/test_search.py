@@ -1,8 +1,8 @@
 """A stage-wise search (docs/search.md): each stage's candidates built and ranked, the winner
 decided by the recipe's rules and fixed for the next stage, all in one `snakemake` call.
 
-The slow test is also the paper's thesis in miniature: on a CPU a tiny student trained on oracle
-traces earns credit on held-out tasks where its untrained base earns none (stage 1)."""
+The slow test builds the search beside the session's smoke build (a copy of its project): its
+stage 1 is the smoke's student against the smoke's untrained base, whose artifacts it shares."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_no_complete_candidate_is_never_a_winner(tmp_path):
 
 
 def _project(project, text: str | None = None):
-    shutil.copy(REPO / "recipes" / "thesis_smoke.yaml", project / "recipes")
+    shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     if text is None:
         shutil.copy(REPO / "recipes" / f"{RECIPE}.yaml", project / "recipes")
     else:
@@ -117,11 +117,11 @@ def test_the_plan_shows_decided_and_pending_stages_and_a_dry_run_stops_at_the_de
     assert plan.pending.default == "sft.max_steps=1500"  # the recipe's own value
     full = plan_recipe(loaded, assume_defaults=True)  # as if each default won: stage 2 planned too
     ev = {n.label: n.id for n in full.nodes if n.stage == "eval"}
-    assert ev["search/2/eval.temperature=0.3/eval"] == ev["search/1/sft.max_steps=1500/eval"]  # shared
+    assert ev["search/2/eval.temperature=0.5/eval"] == ev["search/1/sft.max_steps=1500/eval"]  # shared
     assert len(set(ev.values())) == 3
     shown = otbuild(project, "plan", RECIPE).stdout
     assert "search stage 1 of 2 (sft.max_steps; 2 candidates): pending: builds sft.max_steps=0, " in shown
-    assert ("search stage 2 of 2 (eval.temperature): pending: builds eval.temperature=0.3, eval.temperature=0.31 "
+    assert ("search stage 2 of 2 (eval.temperature): pending: builds eval.temperature=0.5, eval.temperature=0.51 "
             "with the winners so far, once stage 1 is decided") in shown
     estimate = otbuild(project, "plan", RECIPE, "--estimate")
     assert estimate.returncode == 0 and "worst case" in estimate.stdout, estimate.stdout + estimate.stderr
@@ -132,14 +132,16 @@ def test_the_plan_shows_decided_and_pending_stages_and_a_dry_run_stops_at_the_de
 
 
 @pytest.mark.slow
-def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an_edit_changes(project):
+def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an_edit_changes(smoke_build, tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(smoke_build[0], project, symlinks=True)  # the session's build stays as it is
     _project(project)
     ran = finished(snakemake(project, RECIPE)[1])
     out = project / "results" / RECIPE
     # stage 1, the thesis: the trained student earns credit where its untrained base earns none
     base = pq.read_table(out / "search/1/sft.max_steps=0/eval/summary.parquet").to_pylist()[0]
     student = pq.read_table(out / "search/1/sft.max_steps=1500/eval/summary.parquet").to_pylist()[0]
-    assert base["repeats"] == student["repeats"] == 2 and base["n_tasks"] == 10
+    assert base["repeats"] == student["repeats"] == 3 and base["n_tasks"] == 12
     assert base["mean"] == 0.0 and base["partial_mean"] == 0.0  # random weights do nothing useful
     assert student["mean"] > 0 and student["partial_mean"] > 0.05 and student["partial_stderr"] is not None
     traces = pq.read_table(out / "search/1/sft.max_steps=1500/eval/traces.parquet").to_pylist()
@@ -148,25 +150,30 @@ def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an
     # the path taken: stage 1 decided for the trained student, stage 2 undecided (the default kept)
     taken = json.loads((out / "search.json").read_text())
     assert taken["done"] and [(s["winner"], s["decided"]) for s in taken["stages"]] == [
-        ("sft.max_steps=1500", True), ("eval.temperature=0.3", False)]
+        ("sft.max_steps=1500", True), ("eval.temperature=0.5", False)]
     assert "not more than decision.margin_se (3)" in taken["stages"][1]["reason"]
     # stage 2's candidates carry stage 1's winner; the one equal to it is its artifacts
     plan = plan_recipe(load_recipe(RECIPE, project))
     ids = {n.label: n.id for n in plan.nodes}
-    assert ids["search/2/eval.temperature=0.31/sft"] == ids["search/1/sft.max_steps=1500/sft"]
-    assert ids["search/2/eval.temperature=0.3/eval"] == ids["search/1/sft.max_steps=1500/eval"]
-    assert ran["sft"] == 2 and ran["eval_merge"] == 3 and ran["decide"] == 2  # 4 candidates, 3 evals
+    assert ids["search/2/eval.temperature=0.51/sft"] == ids["search/1/sft.max_steps=1500/sft"]
+    assert ids["search/2/eval.temperature=0.5/eval"] == ids["search/1/sft.max_steps=1500/eval"]
+    # the smoke's artifacts are the search's: its SFT, and its base's eval is stage 1's 0-step candidate
+    smoke = {n.label: n.id for n in plan_recipe(load_recipe("smoke", project)).nodes}
+    assert (ids["search/1/sft.max_steps=1500/sft"], ids["search/1/sft.max_steps=0/eval"]) == (
+        smoke["sft"], smoke["base/eval"])
+    assert not {"sft", "rollout", "source", "trace_filter"} & set(ran)
+    assert ran["eval_merge"] == 2 and ran["rank"] == 2 and ran["decide"] == 2, ran  # 4 candidates, 3 evals, 1 built
     # the winner as a plain recipe: the final candidate's artifacts, every one built
     winner = plan_recipe(load_recipe(out / "winner.yaml", project))
     assert {n.id for n in winner.nodes if n.stage != "report"} == {
-        n.id for n in plan.nodes if n.label.startswith("search/2/eval.temperature=0.3/")}
+        n.id for n in plan.nodes if n.label.startswith("search/2/eval.temperature=0.5/")}
     html = (out / "report" / "report.html").read_text()
     assert 'id="search"' in html and "UNDECIDED: default kept" in html and "(chosen)" in html
     audit = otbuild(project, "audit", RECIPE)
     assert audit.returncode == 0 and "search decisions" in audit.stdout, audit.stdout + audit.stderr
     # an edit of stage 2 rebuilds stage 2 onward only: one new eval, its ranking and decision
     text = (project / "recipes" / f"{RECIPE}.yaml").read_text()
-    (project / "recipes" / f"{RECIPE}.yaml").write_text(text.replace("[0.3, 0.31]", "[0.3, 0.32]"))
+    (project / "recipes" / f"{RECIPE}.yaml").write_text(text.replace("[0.5, 0.51]", "[0.5, 0.52]"))
     again = finished(snakemake(project, RECIPE)[1])
     assert again["eval"] == 1 and again["rank"] == 1 and again["decide"] == 1, again
     assert not {"sft", "rollout", "source", "trace_filter"} & set(again)
@@ -177,4 +184,4 @@ def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an
     again = finished(snakemake(project, RECIPE)[1])
     assert again["sft"] == 1 and again["eval"] == 1 and again["rank"] == 1 and again["decide"] == 1, again
     taken = json.loads((out / "search.json").read_text())
-    assert [s["winner"] for s in taken["stages"]] == ["sft.max_steps=1500", "eval.temperature=0.3"]
+    assert [s["winner"] for s in taken["stages"]] == ["sft.max_steps=1500", "eval.temperature=0.5"]

@@ -205,8 +205,8 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
 
 def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_path, smoke_build):
     """`serve_with: vllm` under `constrained_decoding`: vLLM's structured outputs keep every
-    answer of the trained student inside the harness's JSON frame (which its answers leave
-    without it: the smoke's own eval); the scores name vLLM."""
+    answer of the trained student inside the harness's JSON frame (as in the smoke's own evals,
+    which set it: the student's and its untrained base's); the scores name vLLM."""
     from otbuild.harness import protocol
     from otbuild.settings.stages import EvalSettings
     from otbuild.stages import eval as eval_stage
@@ -229,9 +229,10 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
         return regex.fullmatch(protocol.ANSWER_REGEX, answer, partial=True)
 
     assert answers and all(framed(a) for a in answers), answers
-    free = [m["content"] for r in pq.read_table(project / "results" / "smoke" / "eval" / "traces.parquet").to_pylist()
-            for m in r["conversations"] if m["role"] == "assistant"]  # the same student on vLLM, unconstrained
-    assert not all(framed(a) for a in free)
+    for label in ("eval", "base/eval"):  # the smoke's evals, on vLLM under the recipe's constrained_decoding
+        rows = pq.read_table(project / "results" / "smoke" / label / "traces.parquet").to_pylist()
+        built = [m["content"] for r in rows for m in r["conversations"] if m["role"] == "assistant"]
+        assert built and all(framed(a) for a in built), label
 
 
 # --- the real server's failures ----------------------------------------------------------------
@@ -361,20 +362,22 @@ def test_no_vllm_outlives_a_job_killed_with_its_process_group(tmp_path, qwen3):
 
 
 def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
-    """`serve_with: auto` and `rl.rollout: auto` where vLLM is installed: the smoke's eval and
-    both RL steps ran on vLLM, whose release the provenance and the report name; each server's
-    log lies beside its job's; no vLLM process outlived the build."""
+    """`serve_with: auto` and `rl.rollout: auto` where vLLM is installed: the smoke's evals (the
+    student's and its untrained base's) and both RL steps ran on vLLM, whose release the
+    provenance and the report name; each server's log lies beside its job's; no vLLM process
+    outlived the build."""
     project, _ = smoke_build
     results = project / "results" / "smoke"
-    ev = json.loads((results / "eval" / "provenance.json").read_text())["stats"]
     rl = json.loads((results / "rl" / "provenance.json").read_text())["stats"]
-    assert list(ev["engines"].values()) == ["0.32.0"] and next(iter(ev["engines"])).startswith("vllm:")
+    for label in ("eval", "base/eval"):
+        ev = json.loads((results / label / "provenance.json").read_text())["stats"]
+        assert list(ev["engines"].values()) == ["0.32.0"] and next(iter(ev["engines"])).startswith("vllm:"), label
     assert rl["rollout_engines"] == ["vllm 0.32.0"] and list(rl["llm_usage"]) == ["vllm:policy"]
     steps = [json.loads(line) for line in (results / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [s["rollout_engine"] for s in steps if "rollout_engine" in s] == ["vllm 0.32.0"] * 2
     assert "vllm 0.32.0" in (results / "report" / "report.html").read_text()
     logs = sorted(p.relative_to(project / "logs").as_posix() for p in (project / "logs").rglob("*.vllm-serve.log"))
-    assert [p.split("/")[0] for p in logs] == ["eval", "rl"], logs
+    assert [p.split("/")[0] for p in logs] == ["eval", "eval", "rl"], logs  # the student's, its base's; RL
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
 async def _served_turn(policy, server, messages):
     """One sampled answer of the served policy, as an RL trial records it."""

@@ -288,22 +288,26 @@ def test_snakemake_warns_when_another_installation_s_otbuild_would_run(project, 
 def test_smoke_recipe_builds(smoke_build):
     project, ran = smoke_build
     assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
-                   "trace_filter": 1, "sft": 1, "rl": 1, "eval": 1, "eval_merge": 1, "report": 1,
-                   "results_manifest": 1, "smoke": 1}
+                   "trace_filter": 1, "sft": 2, "rl": 1, "eval": 2, "eval_merge": 2, "report": 1,
+                   "results_manifest": 1, "smoke": 1}  # sft and eval: the student's and its untrained base's
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
     traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()
-    assert len(traces) == 24 and all(t["reward"] == 1.0 for t in traces)  # the oracle solves them all
+    assert len(traces) == 110 and all(t["reward"] == 1.0 for t in traces)  # the oracle solves them all
     assert all(t["n_turns"] >= 5 and t["conversations"][0]["role"] == "user" for t in traces)
     res = otbuild(project, "show", "results/smoke/trace_filter/kept.parquet", "--row", "0")
-    assert res.returncode == 0 and "New Terminal Output" in res.stdout
+    assert res.returncode == 0 and "Output:" in res.stdout and "agent@sandbox:/app#" in res.stdout  # compact replies
     # the student: trained, RLOO-tuned, evaluated on held-out tasks (n = 3), reported
     sft_log = (project / "results" / "smoke" / "sft" / "train_log.jsonl").read_text().splitlines()
     assert sft_log and all("loss" in json.loads(line) for line in sft_log)
     rl_log = [json.loads(line) for line in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert len(rl_log) == 2 and all("reward_mean" in r for r in rl_log)
     summary = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()
-    assert [(s["benchmark"], s["repeats"], s["n_tasks"], s["n_exceptions"]) for s in summary] == [("heldout", 3, 6, 0)]
+    assert [(s["benchmark"], s["repeats"], s["n_tasks"], s["n_exceptions"]) for s in summary] == [("heldout", 3, 12, 0)]
+    base = pq.read_table(project / "results" / "smoke" / "base" / "eval" / "summary.parquet").to_pylist()
+    assert [(s["benchmark"], s["repeats"], s["n_tasks"]) for s in base] == [("heldout", 3, 12)]
+    assert summary[0]["mean"] > base[0]["mean"]  # the thesis: the student passes tasks its base does not
+    assert json.loads((project / "results" / "smoke" / "base" / "sft" / "checkpoint.json").read_text())["steps"] == 0
     heldout = {r["task_id"] for r in pq.read_table(project / "results" / "smoke" / "eval" / "scores.parquet").to_pylist()}
     trained = {t["task_id"] for t in traces}
     assert heldout and not heldout & trained  # held-out tasks never enter training
@@ -359,31 +363,34 @@ def test_snakemake_lint_says_nothing_but_the_answered_software_advice(project):
 
 def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
     """Issue 26.4 on `snakemake smoke`: long jobs' progress on the console, naming the log to
-    follow; at the end where the results and report are, the headline numbers and the warnings
-    (the smoke's RL has no learning signal and its student scores 0: both are said)."""
+    follow; at the end where the results and report are and the headline numbers: the student's
+    pass@1 beside its untrained base's (issue 45: above it), and no warning (its RL steps have
+    advantages, its eval scores; tests/test_report.py builds the cases where they fire)."""
     project, _ = smoke_build
     log = (project / SMOKE_LOG).read_text()
     plan = plan_recipe(load_recipe("smoke", project))
     node = {n.label: n for n in plan.nodes}
     for shard in (0, 1):  # the rollout shards: named by label, with done/total and the log
-        assert re.search(rf"otbuild: teacher, shard {shard + 1} of 2: trials \d+/12 \(\d+%\).*; follow it: "
+        assert re.search(rf"otbuild: teacher, shard {shard + 1} of 2: trials \d+/55 \(\d+%\).*; follow it: "
                          rf"tail -f logs/rollout/{node['teacher'].id}/{shard}-of-2.log", log), shard
-    assert re.search(rf"otbuild: sft: SFT steps \d/6 \(\d+%\).*; follow it: tail -f logs/sft/{node['sft'].id}.log", log)
-    assert re.search(r"otbuild: sft: SFT steps [1-6]/6 \(\d+%\), loss [\d.]+", log)
+    assert re.search(rf"otbuild: sft: SFT steps \d+/1,500 \(\d+%\).*; follow it: tail -f logs/sft/{node['sft'].id}.log",
+                     log)
+    assert re.search(r"otbuild: sft: SFT steps [\d,]+/1,500 \(\d+%\), loss [\d.]+", log)
     said = log[log.index("otbuild: smoke is built in "):]
     report = json.loads((project / "results" / "smoke" / "report" / "provenance.json").read_text())["stats"]["costs"]
-    score = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()[0]
+    score, base = (pq.read_table(project / "results" / "smoke" / label / "summary.parquet").to_pylist()[0]
+                   for label in ("eval", "base/eval"))
     for line in ("  results      results/smoke/  (manifest.json", "  report       results/smoke/report/report.html",
-                 "  tasks kept   24 (task_filter)", "  traces kept  24 (trace_filter)",
-                 f"  pass@1       heldout {num(score['mean'])} ± {num(score['stderr'])} (3 repeats x 6 tasks",
+                 "  tasks kept   110 (task_filter)", "  traces kept  110 (trace_filter)",
+                 (f"  pass@1       heldout student {num(score['mean'])} ± {num(score['stderr'])} "
+                  f"vs base {num(base['mean'])} ± {num(base['stderr'])} (3 repeats x 12 tasks"),
                  f"  tokens       {report['input_tokens']:,} in, {report['output_tokens']:,} out "
                  f"({report['requests']:,} requests); cost – (no prices: set `prices:` in the recipe)",
                  "  job time     "):
         assert line in said, (line, said)
+    assert score["mean"] > base["mean"] and "warning:" not in said, said
     rl = [json.loads(x) for x in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
-    flat = all(r["loss"] == 0 and r["grad_norm"] == 0 for r in rl)  # the tiny student never passes: so far always
-    assert flat == ("  warning: rl: No learning signal: loss and grad norm are 0 at all 2 steps" in said)
-    assert (score["mean"] == 0) == ("  warning: eval: heldout: every trial scored 0 (3 repeats x 6 tasks" in said)
+    assert any(r["loss"] != 0 and r["grad_norm"] > 0 for r in rl), rl  # a learning signal
     assert not list((project / ".otbuild" / "progress").glob("*.json"))  # every job cleaned up
 
 

@@ -35,6 +35,7 @@ from otbuild.stages.shape import gaps, planned, section_key
 
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")
+BASE = "base/"  # `eval.base`: the labels of the untrained base's checkpoint and eval (base/sft, base/eval)
 
 
 @dataclass(frozen=True)
@@ -249,12 +250,21 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         kind = cast(str, d.produces)  # planned() yields the stages that produce data
         # a stage that consumes its own kind (a filter, the mix) takes its place; else it adds to it
         w.data[kind] = nodes if kind in d.consumes else [*w.data.get(kind, []), *nodes]
+        w.stages[d.name] = nodes
         w.last = kind
     finals = w.data[w.last]
     if ev := loaded.recipe.eval:
         checkpoint = w.data.get("checkpoint")
+        if ev.base and ev.model is None:  # the untrained base first: a recipe's eval is its last node
+            finals = [*finals, _eval_node(loaded, ev, _base_node(w.stages["sft"][0]), label=BASE + "eval")]
         finals = [*finals, _eval_node(loaded, ev, checkpoint[0] if checkpoint else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
+
+
+def _base_node(sft: Node) -> Node:
+    """`eval.base`: the student's SFT node with 0 steps: the same model, tokenizer (trained on the
+    same traces) and settings, saved untrained. Where the student trains 0 steps, they are one node."""
+    return _node("sft", BASE + sft.label, {**sft.settings, "max_steps": 0}, sft.inputs)
 
 
 @dataclass
@@ -265,6 +275,7 @@ class _Wiring:
     data: dict[str, list[Node]] = field(default_factory=dict)
     # kind -> its nodes by name, of a section of named entries (sources): augmented in place
     named: dict[str, dict[str, Node]] = field(default_factory=dict)
+    stages: dict[str, list[Node]] = field(default_factory=dict)  # stage -> the nodes it planned
     last: str = ""
 
     def inputs(self, d: StageDef) -> list[Node]:
@@ -353,7 +364,7 @@ def _relabel(node: Node, prefix: str) -> Node:
                 node.missing, node.found, node.roles)
 
 
-def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
+def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None, label: str = "eval") -> Node:
     """Eval trials run like rollouts: the model's engine settings plus the eval's trial settings.
     Without an explicit model, the recipe's last checkpoint is served (transformers or vllm)."""
     benchmarks = [_source_node(loaded, name, src, group="benchmarks") for name, src in sorted(ev.benchmarks.items())]
@@ -370,9 +381,9 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None) -> Node:
 
             model["extra_body"] = {"structured_outputs": {"regex": ANSWER_REGEX}}
         benchmarks.append(checkpoint)
-    label = f"{model['engine']}:{model.get('model') or model['engine']}"
-    return _node("eval", "eval", {**model, **trials, "samples_per_task": ev.repeats, "model_label": label,
-                                  "prompt": loaded.recipe.harness.prompt}, benchmarks)
+    served = f"{model['engine']}:{model.get('model') or model['engine']}"
+    return _node("eval", label, {**model, **trials, "samples_per_task": ev.repeats, "model_label": served,
+                                 "prompt": loaded.recipe.harness.prompt}, benchmarks)
 
 
 def _node(stage: str, label: str, settings: dict, inputs=()) -> Node:

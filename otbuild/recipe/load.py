@@ -441,6 +441,9 @@ def _check_semantics(recipe: Recipe, origin: dict, path: Path) -> None:
     if recipe.eval and recipe.eval.model is None and not recipe.sft:
         raise ConfigError(f"{_file_for(('eval',), origin, path)}: eval.model: required key is missing "
                           "(the recipe trains no model: name an engine, e.g. {engine: oracle} for the ceiling)")
+    if recipe.eval and recipe.eval.base and recipe.eval.model is not None:
+        raise ConfigError(f"{_file_for(('eval', 'base'), origin, path)}: eval.base: compares the recipe's own "
+                          "checkpoint with its untrained base; eval.model names another model: remove one")
     if recipe.harness.constrained_decoding and not (recipe.eval and recipe.eval.model is None):
         raise ConfigError(f"{_file_for(('harness', 'constrained_decoding'), origin, path)}: "
                           "harness.constrained_decoding: applies to the eval of the recipe's own checkpoint "

@@ -19,6 +19,7 @@ from typing import Any
 
 from otbuild import duck
 from otbuild.artifact import PROVENANCE, REBUILD
+from otbuild.plan import BASE
 from otbuild.report import costs
 from otbuild.stages import STAGES
 
@@ -146,9 +147,10 @@ class Group:
     tasks: Artifact | None = None  # the final task set (what the card describes without traces)
     sft: Curve | None = None
     rl: Curve | None = None
-    eval: list[dict] = field(default_factory=list)
+    eval: list[dict] = field(default_factory=list)  # the student's summary rows, then the base's
     eval_label: str | None = None
     secrets: list[dict] = field(default_factory=list)  # per final table: label, path, rows, found (redaction)
+    base_label: str | None = None  # `eval.base`: the untrained base's eval (its rows' `base` is true)
 
     @property
     def title(self) -> str:
@@ -295,12 +297,14 @@ def _group(con, name: str | None, arts: list[Artifact], scans: dict[Path, dict[s
     g.tasks = final_tasks(arts)
     g.secrets = secrets([*([g.tasks] if g.tasks else []), *trace_final], {} if scans is None else scans)
     for a in arts:
-        if STAGES[a.stage].training and getattr(g, a.stage) is None:  # the report's training sections
+        if STAGES[a.stage].training and getattr(g, a.stage) is None and not is_base(a):  # the training sections
             setattr(g, a.stage, _curve(a, STAGES[a.stage].curve))
-    ev = next((a for a in arts if a.stage == "eval"), None)
-    if ev and ev.main_output.exists():
-        g.eval_label = ev.local
-        g.eval = _rows(con, f"SELECT * FROM read_parquet({_lit(ev.main_output)}) ORDER BY benchmark, model")
+    for ev in evals(arts):
+        if ev.main_output.exists():
+            base = is_base(ev)
+            sql = f"SELECT * FROM read_parquet({_lit(ev.main_output)}) ORDER BY benchmark, model"
+            g.eval += [{**r, "base": base} for r in _rows(con, sql)]
+            setattr(g, "base_label" if base else "eval_label", ev.local)
     return g
 
 
@@ -320,6 +324,16 @@ def secrets(tables: list[Artifact], scans: dict[Path, dict[str, int]]) -> list[d
         out.append({"label": a.local, "path": str(path), "rows": a.rows,
                     "found": {k: n for k, n in scans[path].items() if n}})
     return out
+
+
+def is_base(a: Artifact) -> bool:
+    """An artifact of `eval.base`'s untrained base (base/sft, base/eval), not the student's."""
+    return a.local.startswith(BASE)
+
+
+def evals(arts: list[Artifact]) -> list[Artifact]:
+    """The student's eval, then the untrained base's (`eval.base`), of those that are planned."""
+    return sorted((a for a in arts if a.stage == "eval"), key=is_base)
 
 
 def total_rows(counts: list[int | None]) -> int | None:

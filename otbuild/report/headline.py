@@ -7,8 +7,10 @@ block (page.py) and the summary a build prints when it ends (otbuild/summary.py)
 - traces kept: rows of the trace set (the trace filter's, else the rollouts' and imports')
 - pass@1 ± standard error per benchmark, with repeats, tasks and failed trials
 - tokens and cost (otbuild/report/costs.py), job time and GPU-hours (the jobs' benchmarks)
+- with `eval.base`, the untrained base's pass@1 beside the student's on each benchmark
 - flags: results that carry no signal, e.g. an RL run whose loss and grad norm are 0 at every
-  step, or a benchmark on which every trial failed or scored 0.
+  step, a benchmark on which every trial failed or scored 0, or a student that does not score
+  above its untrained base.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import math
 from dataclasses import dataclass, field
 
 from otbuild.report import costs as costs_mod
-from otbuild.report.data import Artifact, by_candidate, final_tasks, final_traces, total_rows, train_log
+from otbuild.report.charts import num
+from otbuild.report.data import Artifact, by_candidate, evals, final_tasks, final_traces, is_base, total_rows, train_log
 from otbuild.stages import LOSS_KEYS, REWARD_KEYS, STAGES
 
 
@@ -33,6 +36,7 @@ class Score:
     tasks: int
     failed: int  # trials that scored 0 for a failure (verifier errors, task failures)
     excluded: int  # trials left out of the mean (infrastructure failures, tasks not run)
+    base: Score | None = None  # `eval.base`: the untrained base's score on the same benchmark
 
 
 @dataclass
@@ -90,11 +94,17 @@ def _part(name: str | None, arts: list[Artifact]) -> Part:
     for a in arts:
         if STAGES[a.stage].training and (flag := training_flag(a)):
             p.flags.append(flag)
-    ev = next((a for a in arts if a.stage == "eval"), None)
+    ev = next((a for a in evals(arts) if not is_base(a)), None)
     if ev and ev.main_output.exists():
         p.eval_label = ev.local
         p.scores = eval_scores(ev)
+        base = next((a for a in evals(arts) if is_base(a) and a.main_output.exists()), None)
+        by_benchmark = {s.benchmark: s for s in eval_scores(base)} if base else {}
+        for s in p.scores:
+            s.base = by_benchmark.get(s.benchmark)
         p.flags += [Flag("eval", ev.local, text) for s in p.scores if (text := score_flag(s))]
+        if base:  # its scores of 0 are expected; a base that was never scored is not
+            p.flags += [Flag("eval", base.local, text) for s in by_benchmark.values() if (text := unscored_flag(s))]
     return p
 
 
@@ -111,16 +121,26 @@ def eval_scores(ev: Artifact) -> list[Score]:
     return out
 
 
-def score_flag(s: Score) -> str | None:
+def unscored_flag(s: Score) -> str | None:
     trials = s.repeats * s.tasks
     if s.mean is None or (trials and s.excluded >= trials):
         return (f"{s.benchmark}: no trial was scored: all {trials} were left out as infrastructure "
                 "failures or not run (the eval's log says why).")
+    return None
+
+
+def score_flag(s: Score) -> str | None:
+    if text := unscored_flag(s):
+        return text
     if s.mean == 0:
         why = (f"{s.failed} of them failed (verifier errors, task failures)" if s.failed
                else "none passed its verifier")
         return (f"{s.benchmark}: every trial scored 0 ({s.repeats} repeats x {s.tasks} tasks; {why}): "
                 "this score says nothing about the model.")
+    b = s.base
+    if b is not None and b.mean is not None and s.mean is not None and s.mean <= b.mean:
+        return (f"{s.benchmark}: the student ({num(s.mean)} ± {num(s.stderr)}) does not score above its "
+                f"untrained base ({num(b.mean)} ± {num(b.stderr)}): training did not help on it.")
     return None
 
 

@@ -113,7 +113,10 @@ def _group_charts(g: Group) -> dict:
 
 
 def _bench_label(row: dict, rows: list[dict]) -> str:
-    models = {r["model"] for r in rows}
+    """A benchmark's name, with the model where several answered; the untrained base's (`eval.base`) as such."""
+    if row.get("base"):
+        return f"{row['benchmark']} (untrained base)"
+    models = {r["model"] for r in rows if not r.get("base")}
     return row["benchmark"] if len(models) <= 1 else f"{row['benchmark']} ({row['model']})"
 
 

@@ -437,6 +437,10 @@ class Eval(ShardedTrials, Sampling):
     engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
     rank_by: RankBy = Field(
         default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
+    base: bool = Field(
+        default=False, description="also evaluate the untrained base (the sft section with max_steps 0: same "
+        "model, tokenizer and traces) with these settings, labelled base/sft and base/eval; the headline says "
+        "`student X ± s vs base Y ± s`")
     allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "
                                                  "harness prompt than its rollouts' (validate refuses it otherwise)")
 
