@@ -191,6 +191,15 @@ if os.environ.get("FAKE_VLLM_FAIL"):
     sys.exit(1)
 def opt(name):
     return args[args.index(name) + 1]
+if "--uds" in args:  # vLLM on a unix socket: otbuild serve's handler there
+    import socketserver
+    from otbuild.serve import ChatModel, Handler
+    class UnixHandler(Handler):
+        def address_string(self):
+            return "unix"
+    server = socketserver.ThreadingUnixStreamServer(opt("--uds"), UnixHandler)
+    server.model, server.served_model_name = ChatModel(args[1], "cpu"), opt("--served-model-name")
+    server.serve_forever()
 os.execv(sys.executable, [sys.executable, "-m", "otbuild.serve", args[1], "--device", "cpu",
          "--host", opt("--host"), "--port", opt("--port"),
          "--served-model-name", opt("--served-model-name")])

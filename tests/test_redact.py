@@ -185,6 +185,7 @@ def test_the_rl_server_takes_this_runs_key_only(tmp_path):
     """vLLM guards its /v1 routes with VLLM_API_KEY (its dev-mode weight endpoints it does not:
     docs/security.md); each run makes its own, in the server's environment (not its
     command line), and its clients send it."""
+    from otbuild.engines.process import ServerProcess
     from otbuild.settings.stages import RlSettings
     from otbuild.train.rl import PolicyServer
 
@@ -193,5 +194,7 @@ def test_the_rl_server_takes_this_runs_key_only(tmp_path):
     key = a.llm.launch.env["VLLM_API_KEY"]
     assert len(key) >= 32 and key != b.llm.launch.env["VLLM_API_KEY"]
     assert a.llm.launch.env["VLLM_SERVER_DEV_MODE"] == "1"
-    a.base_url = "http://127.0.0.1:1/v1"
-    assert a.client()._headers == {"Authorization": f"Bearer {key}"}
+    a.base_url = "http://localhost/v1"
+    a.server = ServerProcess(["vllm"], name="vllm", log_path=tmp_path / "log", uds=str(tmp_path / "api.sock"))
+    client = a.client()  # over the server's socket (tests/test_vllm_live.py runs it)
+    assert client._headers == {"Authorization": f"Bearer {key}"} and client._uds == a.server.uds

@@ -273,8 +273,8 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
 def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     """rollout: vllm, weight_sync: restart: each step's policy is saved, `vllm serve` is started
     on it (here the `vllm` on PATH is otbuild serve underneath, which takes no weights while it
-    runs: the live reload is tests/test_vllm_live.py's), the trials run against it over HTTP,
-    and the update trains on the recorded turns."""
+    runs: the live reload is tests/test_vllm_live.py's), the trials run against it over HTTP on
+    its unix socket, and the update trains on the recorded turns."""
     import psutil
 
     import otbuild.train.rl as R
@@ -294,6 +294,7 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     launches = [json.loads(x) for x in fake_vllm_bin.read_text().splitlines()]
     assert len(launches) == 2  # one server per step, on that step's weights
     assert all(a[0] == "serve" and a[1].endswith("/policy") and "--tensor-parallel-size" in a for a in launches)
+    assert all("--uds" in a and "--port" not in a for a in launches)  # a private socket, no TCP port
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
     assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update

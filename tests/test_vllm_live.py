@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -454,3 +455,65 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
         restart.stop()
     finally:
         server.stop()
+
+
+def test_no_one_else_reaches_the_rl_servers_weight_endpoints(tmp_path, qwen3):
+    """vLLM's development endpoints (/collective_rpc runs a method in the server, /pause and a
+    reload swap the weights being trained) take no API key, so no TCP port of the RL policy
+    server answers HTTP (its engine core keeps torch.distributed's gloo listeners, which speak
+    none): it is on a unix socket in a folder that is otbuild's user's and 0700, which another
+    uid cannot connect to; otbuild's own clients reload the weights and sample over it."""
+    import stat
+    from concurrent.futures import ThreadPoolExecutor
+
+    from otbuild.settings.stages import RlSettings
+    from otbuild.train.model import load_model, load_tokenizer
+    from otbuild.train.rl import Policy, PolicyServer
+
+    tok, _ = load_tokenizer(qwen3)
+    policy = Policy(load_model(qwen3), tok, temperature=1.0, max_tokens=8, max_context=1024)
+    server = PolicyServer(RlSettings(steps=2, rollout="vllm", vllm_args={**SERVED, "max_model_len": 1024}), tmp_path)
+    try:
+        server.sync(policy, 0)
+        ports = _tcp_listeners(group_members(os.getpgid(server.server.pid)))
+        with ThreadPoolExecutor(max(len(ports), 1)) as pool:
+            http = [p for p, yes in zip(ports, pool.map(_answers_http, ports), strict=True) if yes]
+        assert not http, f"HTTP answered on TCP port(s) {http} of the server's"
+        sock = Path(server.server.uds)
+        folder = sock.parent.lstat()
+        assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_ISDIR(folder.st_mode)
+        assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.geteuid()
+        if os.geteuid() == 0:  # another user of the node connects to it (then POSTs to /collective_rpc)
+            connect = f"import socket; socket.socket(socket.AF_UNIX).connect({str(sock)!r})"
+            other = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                    "/usr/bin/python3", "-c", connect], capture_output=True, text=True, check=False)
+            assert other.returncode == 1 and "PermissionError" in other.stderr, other
+        assert server.sync(policy, 1) == "reload"
+        turn = asyncio.run(_served_turn(policy, server, [{"role": "user", "content": "count the files in /app"}]))
+        assert turn.completion_ids and len(turn.logprobs) == len(turn.completion_ids)
+    finally:
+        server.stop()
+    assert not sock.parent.exists()
+
+
+def _tcp_listeners(pids: list[int]) -> list[int]:
+    """The TCP ports processes `pids` listen on (their sockets' inodes in /proc/net/tcp{,6})."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                inodes.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
+            except OSError:
+                pass
+    return [int(f[1].rsplit(":", 1)[1], 16) for table in ("tcp", "tcp6")
+            for f in (line.split() for line in Path("/proc/net", table).read_text().splitlines()[1:])
+            if f[3] == "0A" and f[9] in inodes]  # 0A: LISTEN
+
+
+def _answers_http(port: int) -> bool:
+    try:
+        with socket.create_connection(("localhost", port), timeout=3.0) as c:
+            c.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            return c.recv(5) == b"HTTP/"
+    except OSError:  # a timeout, or closed without an answer
+        return False

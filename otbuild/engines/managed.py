@@ -17,7 +17,7 @@ import httpx
 
 from otbuild.engines.base import Completion, EngineError
 from otbuild.engines.openai import OpenAIEngine
-from otbuild.engines.process import ServerProcess, install_sigterm_cleanup
+from otbuild.engines.process import ServerProcess, install_sigterm_cleanup, server_http
 from otbuild.errors import StageError
 from otbuild.settings.engines import LLM, TransformersOptions, VLLMOptions, client_settings
 
@@ -113,9 +113,11 @@ class ManagedServerEngine:
         await self.aclose()
 
 
-def server_version(root: str) -> str | None:
+def server_version(root: str, uds: str | None = None) -> str | None:
+    """The engine's release as the server at `root` (on its unix socket `uds`, if any) says it."""
     try:
-        r = httpx.get(f"{root}/version", timeout=10.0, trust_env=False)
+        with server_http(uds, timeout=10.0) as http:
+            r = http.get(f"{root}/version")
         return str(r.json()["version"]) if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None

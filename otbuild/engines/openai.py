@@ -29,7 +29,8 @@ CONTEXT_OVERFLOW = re.compile(r"context[ _]length|maximum model length|prompt is
 
 
 class OpenAIEngine:
-    """Chat completions against `base_url`. One engine per event loop."""
+    """Chat completions against `base_url` (over the unix socket `uds` when given). One engine
+    per event loop."""
 
     name = "openai"
 
@@ -43,6 +44,7 @@ class OpenAIEngine:
         provider: str = "openai",
         trust_env: bool = True,
         alive: Callable[[], None] | None = None,
+        uds: str | None = None,
     ):
         self.settings = settings
         self.base_url = (base_url or settings.base_url or "").rstrip("/")
@@ -61,6 +63,7 @@ class OpenAIEngine:
         self._sem = asyncio.Semaphore(concurrency(settings))
         self._trust_env = trust_env
         self._alive = alive or (lambda: None)  # raises when the server behind base_url is gone
+        self._uds = uds  # a local server's unix socket: base_url's host is only the Host header
         self._client: httpx.AsyncClient | None = None
         self.stats: Counter = Counter()  # requests, retries, errors, usage_missing
 
@@ -78,11 +81,13 @@ class OpenAIEngine:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             n, t = concurrency(self.settings), self.settings.request_timeout_sec
+            limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(t, connect=min(t, 30.0)),
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                limits=limits,
                 headers=self._headers,
                 trust_env=self._trust_env,
+                transport=httpx.AsyncHTTPTransport(uds=self._uds, limits=limits) if self._uds else None,
             )
         return self._client
 
@@ -126,7 +131,7 @@ class OpenAIEngine:
         )
 
     def _who(self) -> str:
-        return f"engine {self.name} ({self.model} at {self.base_url})"
+        return f"engine {self.name} ({self.model} at {self.base_url}{f' on {self._uds}' if self._uds else ''})"
 
     def _parse(self, r: httpx.Response) -> Completion:
         try:

@@ -1,7 +1,8 @@
 """A model server in a child process: started in its own process group, awaited until healthy,
 and stopped with all its children: on close, on failure, at exit, on SIGTERM, and when the
 process that started it dies by any means (kill -9 included: otbuild/engines/guard.py leads the
-server's group). Each server gets a temporary dir of its own (TMPDIR), removed with it."""
+server's group). Each server gets a temporary dir of its own (TMPDIR), removed with it; one that
+listens on a unix socket has it there (`uds`), out of other users' reach."""
 
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ GUARD = Path(__file__).with_name("guard.py")
 class ServerProcess:
     """`argv` run with stdout+stderr to `log_path`, under the guard (its process group ends with
     the process that started it). No `log_path`: beside the job's own log (`OTBUILD_LOG`, e.g.
-    logs/eval/ID/0-of-2.vllm-serve.log), else a temporary file."""
+    logs/eval/ID/0-of-2.vllm-serve.log), else a temporary file. `uds`: the unix socket the server
+    listens on (its command line names it), in a folder of its own that only this user may enter
+    (`private_socket()`), which is then its temporary dir; None: it listens on a TCP port."""
 
     def __init__(self, argv: list[str], *, name: str, log_path: str | Path | None = None,
-                 env: dict | None = None):
-        self.argv, self.name, self.env = argv, name, env
+                 env: dict | None = None, uds: str | None = None):
+        self.argv, self.name, self.env, self.uds = argv, name, env, uds
         slug = name.replace(" ", "-")
         if log_path is None and (job_log := os.environ.get(LOG_ENV)):
             log_path = Path(job_log).with_suffix(f".{slug}.log")
@@ -44,14 +47,14 @@ class ServerProcess:
             os.close(fd)
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
-        self.tmpdir: str | None = None
+        self.tmpdir: str | None = os.path.dirname(uds) if uds else None
 
     def start(self) -> ServerProcess:
         install_sigterm_cleanup()
         if shutil.which(self.argv[0], path=(self.env or os.environ).get("PATH")) is None:
             raise EngineError(f"{self.name}: cannot run {self.argv[0]!r}: no such executable")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmpdir = tempfile.mkdtemp(prefix=f"otbuild-{self.name.replace(' ', '-')}-")
+        self.tmpdir = self.tmpdir or tempfile.mkdtemp(prefix=f"otbuild-{self.name.replace(' ', '-')}-")
         env = {**(os.environ if self.env is None else self.env), "TMPDIR": self.tmpdir}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -108,7 +111,7 @@ class ServerProcess:
     def wait_healthy(self, url: str, deadline: float) -> None:
         """Poll `url` until it answers 200; a dead process or the deadline is an EngineError."""
         pause = 0.1
-        with httpx.Client(timeout=5.0, trust_env=False) as http:
+        with server_http(self.uds, timeout=5.0) as http:
             while True:
                 self._check_alive()
                 try:
@@ -144,6 +147,19 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def private_socket(name: str) -> str:
+    """A unix socket's path in a new folder only this user may enter (`mkdtemp`: made exclusively,
+    mode 0700): a server listening there is reached by no other user of the node, as a TCP port
+    on 127.0.0.1 is by all of them. The folder becomes the server's temporary dir (`uds`)."""
+    return os.path.join(tempfile.mkdtemp(prefix=f"otbuild-{name}-"), "api.sock")
+
+
+def server_http(uds: str | None = None, **kw) -> httpx.Client:
+    """An HTTP client for a server otbuild started, never through the environment's proxies: over
+    its unix socket `uds` when it has one (the URL's host is then only the Host header)."""
+    return httpx.Client(trust_env=False, transport=httpx.HTTPTransport(uds=uds) if uds else None, **kw)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

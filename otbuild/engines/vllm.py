@@ -1,6 +1,7 @@
 """The `vllm` engine: `vllm serve MODEL` on this node (through its CLI only: vLLM brings its
 own torch; the tested release is pyproject's `vllm` extra, its CUDA build on a GPU node and its
-CPU build elsewhere: scripts/vllm-env.sh), on a free port, and the openai engine pointed at it.
+CPU build elsewhere: scripts/vllm-env.sh), on a free port (RL's policy server: on a private unix
+socket), and the openai engine pointed at it.
 tests/test_vllm_contract.py checks these command lines and the request bodies against that
 release's own parser and request models; tests/test_vllm_live.py runs them on the real server."""
 
@@ -16,7 +17,7 @@ from typing import cast
 from otbuild.engines.base import EngineError
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.model_config import check_fits_model
-from otbuild.engines.process import ServerProcess, free_port
+from otbuild.engines.process import ServerProcess, free_port, private_socket, server_http
 from otbuild.settings.engines import LLM, VLLMOptions
 
 # where `make setup` puts vLLM (scripts/vllm-env.sh): the project's, or this checkout's
@@ -40,18 +41,18 @@ def vllm_executable(s: VLLMOptions) -> str | None:
 WEIGHT_SYNC_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
-def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0, key: str | None = None) -> None:
+def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0, key: str | None = None,
+                   uds: str | None = None) -> None:
     """Move the weights saved in `weights_dir` (safetensors, the served model's architecture)
-    into the live server at `root` (its URL without /v1, started with WEIGHT_SYNC_ENV):
+    into the live server at `root` (its URL without /v1, on its unix socket `uds` if it has one,
+    started with WEIGHT_SYNC_ENV):
     generation is paused across the reload (requests wait, none is dropped), the workers load
     the files in place (`reload_weights` through vLLM's collective RPC: a reload from disk, as
     no weight-transfer engine runs on a CPU), the prefix cache (the old weights' KV) is reset,
     and generation resumes. `key`: the server's API key (vLLM 0.32 guards only its /v1 routes
     with it; sent anyway, for a release that guards more)."""
-    import httpx
-
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.Client(timeout=timeout, trust_env=False, headers=headers) as http:
+    with server_http(uds, timeout=timeout, headers=headers) as http:
 
         def post(path: str, body: dict | None = None) -> None:
             r = http.post(root + path, json=body) if body else http.post(root + path)
@@ -67,10 +68,12 @@ def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0, key: st
             post("/resume")
 
 
-def vllm_command(llm: LLM, port: int) -> list[str]:
-    """The `vllm serve` command line for this engine section (options left unset are not passed)."""
+def vllm_command(llm: LLM, port: int | None, uds: str | None = None) -> list[str]:
+    """The `vllm serve` command line for this engine section (options left unset are not passed):
+    on `port` of its `host`, or on the unix socket `uds` (vLLM then ignores host and port)."""
     s = cast(VLLMOptions, llm.launch)  # a vllm section's
-    cmd = [vllm_executable(s) or "vllm", "serve", llm.model, "--host", s.host, "--port", str(port),
+    address = ["--uds", uds] if uds else ["--host", s.host, "--port", str(port)]
+    cmd = [vllm_executable(s) or "vllm", "serve", llm.model, *address,
            "--tensor-parallel-size", str(s.tensor_parallel_size),
            "--data-parallel-size", str(s.data_parallel_size)]
     options = {
@@ -100,20 +103,24 @@ class VLLMEngine(ManagedServerEngine):
         check_fits_model(settings)
         super().__init__(settings)
 
-    def _launch(self) -> tuple[str, ServerProcess]:
+    def _launch(self, private: bool = False) -> tuple[str, ServerProcess]:
+        """`private`: on a unix socket only this user may reach (`private_socket`), not a TCP port:
+        for the RL policy server, whose development endpoints take no API key (docs/security.md)."""
         s = self.options
         if vllm_executable(s) is None:
             raise EngineError("vllm: no `vllm` executable: not on PATH, and no .venv-vllm here or in otbuild's "
                               "checkout; install it with `make vllm-env` (scripts/vllm-env.sh) or name one in "
                               "engine_args.vllm_executable")
         client_host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
-        port = s.port or free_port(client_host)
+        uds = private_socket("vllm-serve") if private else None
+        port = None if uds else s.port or free_port(client_host)
         server = ServerProcess(
-            vllm_command(self.settings, port), name="vllm serve", log_path=s.log_path,
-            env={**os.environ, **{k: str(v) for k, v in s.env.items()}},
-        ).start()
-        root = f"http://{client_host}:{port}"
+            vllm_command(self.settings, port, uds), name="vllm serve", log_path=s.log_path,
+            env={**os.environ, **{k: str(v) for k, v in s.env.items()}}, uds=uds,
+        )
+        root = "http://localhost" if uds else f"http://{client_host}:{port}"
         try:
+            server.start()
             server.wait_healthy(f"{root}/health", time.monotonic() + s.startup_timeout_sec)
         except BaseException:
             server.stop()

@@ -364,9 +364,11 @@ class PolicyServer:
     copy, then reloaded in place while generation is paused (`weight_sync: reload`, vLLM's
     collective RPC: otbuild/engines/vllm.py), or served by a new server (`restart`, and
     whenever the server is gone). Trials ask it through `client()`; `version` is the optimizer
-    step whose weights it serves. The server takes requests with this run's own key only
-    (`VLLM_API_KEY`, in its environment, never on its command line): vLLM guards its /v1 routes
-    with it, not its development endpoints (docs/security.md)."""
+    step whose weights it serves. It listens on no TCP port, as its development endpoints
+    (/collective_rpc, /pause) take no API key: on a unix socket in a folder only this user may
+    enter (`server.uds`), which its clients here talk over. It takes requests with this run's own
+    key only, too (`VLLM_API_KEY`, in its environment, never on its command line), which vLLM
+    checks on its /v1 routes alone (docs/security.md)."""
 
     def __init__(self, cfg: RlSettings, workroot: Path):
         import secrets
@@ -392,15 +394,14 @@ class PolicyServer:
         from otbuild.engines.vllm import VLLMEngine, reload_weights
 
         save_served_copy(policy, self.dir)
-        live = self.server is not None and self.server.exit_code() is None
-        if live and self.cfg.weight_sync == "reload":
-            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir), key=self.key)
+        if self.server is not None and self.server.exit_code() is None and self.cfg.weight_sync == "reload":
+            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir), key=self.key,
+                           uds=self.server.uds)
             how = "reload"
         else:
             self.stop()
-            base_url, self.server = VLLMEngine(self.llm)._launch()
-            self.base_url = base_url
-            self.release = server_version(base_url.removesuffix("/v1"))
+            self.base_url, self.server = VLLMEngine(self.llm)._launch(private=True)
+            self.release = server_version(self.base_url.removesuffix("/v1"), self.server.uds)
             how = "start"
         self.version = version
         return how
@@ -411,14 +412,14 @@ class PolicyServer:
         from otbuild.engines.openai import OpenAIEngine
         from otbuild.settings.engines import client_settings
 
-        server = self.server
+        server = cast("ServerProcess", self.server)
 
         def alive() -> None:
             if (why := server.gone()) is not None:
                 raise ServerDiedError(why)
 
         return OpenAIEngine(client_settings(self.llm), base_url=self.base_url, api_key=self.key, name="vllm",
-                            provider="hosted_vllm", trust_env=False, alive=alive)
+                            provider="hosted_vllm", trust_env=False, alive=alive, uds=server.uds)
 
     @property
     def engine(self) -> str:
