@@ -124,7 +124,6 @@ NAMED = {
     ("otbuild/report/data.py", "rank"): (3, "the ranking: the report's table of an ablation's candidates"),
     ("otbuild/report/data.py", "mix"): (1, "the report's mix section: tasks per source"),
     ("otbuild/report/data.py", "eval"): (1, "the report's eval section: scores per benchmark"),
-    ("otbuild/report/headline.py", "eval"): (1, "the headline's eval scores"),
     ("otbuild/summary.py", "rank"): (1, "the build summary's winner"),
     ("otbuild/report/page.py", "mix"): (1, "the report's sections (charts), named as their stages"),
     ("otbuild/report/page.py", "sft"): (2, "the report's sections (charts), named as their stages"),

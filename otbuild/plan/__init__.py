@@ -250,13 +250,14 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
         kind = cast(str, d.produces)  # planned() yields the stages that produce data
         # a stage that consumes its own kind (a filter, the mix) takes its place; else it adds to it
         w.data[kind] = nodes if kind in d.consumes else [*w.data.get(kind, []), *nodes]
-        w.stages[d.name] = nodes
+        if d.training and kind not in d.consumes and w.trained is None:
+            w.trained = nodes[0]
         w.last = kind
     finals = w.data[w.last]
     if ev := loaded.recipe.eval:
         checkpoint = w.data.get("checkpoint")
         if ev.base and ev.model is None:  # the untrained base first: a recipe's eval is its last node
-            finals = [*finals, _eval_node(loaded, ev, _base_node(w.stages["sft"][0]), label=BASE + "eval")]
+            finals = [*finals, _eval_node(loaded, ev, _base_node(cast(Node, w.trained)), label=BASE + "eval")]
         finals = [*finals, _eval_node(loaded, ev, checkpoint[0] if checkpoint else None)]
     return [_relabel(n, prefix) for n in finals] if prefix else finals
 
@@ -264,7 +265,7 @@ def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
 def _base_node(sft: Node) -> Node:
     """`eval.base`: the student's SFT node with 0 steps: the same model, tokenizer (trained on the
     same traces) and settings, saved untrained. Where the student trains 0 steps, they are one node."""
-    return _node("sft", BASE + sft.label, {**sft.settings, "max_steps": 0}, sft.inputs)
+    return _node(sft.stage, BASE + sft.label, {**sft.settings, "max_steps": 0}, sft.inputs)
 
 
 @dataclass
@@ -275,7 +276,7 @@ class _Wiring:
     data: dict[str, list[Node]] = field(default_factory=dict)
     # kind -> its nodes by name, of a section of named entries (sources): augmented in place
     named: dict[str, dict[str, Node]] = field(default_factory=dict)
-    stages: dict[str, list[Node]] = field(default_factory=dict)  # stage -> the nodes it planned
+    trained: Node | None = None  # the first checkpoint trained from data (SFT): `eval.base` trains it 0 steps
     last: str = ""
 
     def inputs(self, d: StageDef) -> list[Node]:
