@@ -151,7 +151,11 @@ def test_validate_refuses_a_rollout_that_overcommits_its_job(tmp_path, monkeypat
     assert CliRunner().invoke(main, ["validate", "--profile", "slurm", "otagent_v2_100k"]).exit_code == 0
     # an eval that leaves concurrency unset runs its engine's default (transformers: 2) at once
     (profile / "config.yaml").write_text("set-resources:\n  eval:\n    mem_mb: 6000\n")
-    res = CliRunner().invoke(main, ["validate", "--profile", str(profile), "smoke"])
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "smoke.yaml").write_text(Path("recipes/smoke.yaml").read_text())
+    (recipes / "unset.yaml").write_text("extends: smoke\neval: {concurrency: null, serve_with: transformers, engine_args: null}\n")
+    res = CliRunner().invoke(main, ["validate", "--profile", str(profile), str(recipes / "unset.yaml")])
     assert res.exit_code == 2 and "eval: concurrency 2 x limits.memory_mb 4096 = 8192 MB" in res.output, res.output
 
 
