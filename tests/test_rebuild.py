@@ -1,7 +1,7 @@
 """Reproducible rebuilds: fixed file times in trials, the comparison `otbuild audit --rebuild`
-makes (volatile columns set aside, differences named), two builds of smoke from separate
-projects giving the same bytes, and the audit passing on a fresh build and failing after a
-deliberate change to a stage's output."""
+makes (volatile columns set aside, differences named), two builds of the smoke (its student
+trained briefly) from separate projects giving the same bytes, and the audit passing on a
+fresh build and failing after a deliberate change to a stage's output."""
 
 from __future__ import annotations
 
@@ -103,30 +103,39 @@ def test_rebuild_options_are_usage_errors_without_rebuild(tmp_path):
 
 
 # -- end to end: two builds, and the audit ------------------------------------------------------
+# the smoke recipe with its student trained briefly: every stage of the smoke, in a third of its time
+SHORT = ("extends: smoke\ntask_filter: {sample: {n: 24, seed: 0}}\nsft: {max_steps: 100}\n"
+         "eval: {base: false, benchmarks: {heldout: {count: 6}}}\n")
+
+
 @pytest.fixture(scope="module")
-def second_smoke(tmp_path_factory) -> Path:
-    """The smoke recipe built again in a project of its own (another clone, as a new user does)."""
-    project = make_project(tmp_path_factory.mktemp("smoke2"))
-    shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
-    snakemake(project, "smoke")
-    return project
+def two_builds(tmp_path_factory) -> tuple[Path, Path]:
+    """`short` built twice, each in a project of its own (two clones, as two users build it)."""
+    projects = []
+    for name in ("first", "second"):
+        project = make_project(tmp_path_factory.mktemp(name))
+        shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
+        (project / "recipes" / "short.yaml").write_text(SHORT)
+        snakemake(project, "short")
+        projects.append(project)
+    return projects[0], projects[1]
 
 
 @pytest.mark.slow
-def test_two_builds_give_the_same_bytes(smoke_build, second_smoke):
+def test_two_builds_give_the_same_bytes(two_builds):
     """Byte for byte but for the declared volatile parts, except what a model server sampled:
     where vLLM is installed the smoke serves its student on it (`auto`), which promises no
     determinism; the eval is then compared as sampled (its rows and key columns), and the RL
     run whose rollouts it served and the report that counts their tokens are left out."""
     from otbuild.rebuild import sampled
 
-    first, _ = smoke_build
+    first, second = two_builds
     dirs = sorted(p.relative_to(first) for p in (first / "artifacts").glob("*/*"))
-    assert dirs == sorted(p.relative_to(second_smoke) for p in (second_smoke / "artifacts").glob("*/*"))
+    assert dirs == sorted(p.relative_to(second) for p in (second / "artifacts").glob("*/*"))
     records = {d: read_record(first / d) for d in dirs}
     served_rl = any(r["stage"] == "rl" and r.get("stats", {}).get("rollout_engines", ["transformers"])[0] != "transformers"
                     for r in records.values())
-    outcomes = {str(d): compare(r["stage"], r, first / d, second_smoke / d, sampled(r["stage"], r["settings"], r.get("stats")))
+    outcomes = {str(d): compare(r["stage"], r, first / d, second / d, sampled(r["stage"], r["settings"], r.get("stats")))
                 for d, r in records.items() if not (served_rl and r["stage"] in ("rl", "report"))}
     assert {d: o.differences for d, o in outcomes.items() if o.result not in ("identical", "sampled")} == {}
     assert len(outcomes) >= len(dirs) - 2
@@ -136,17 +145,18 @@ def test_two_builds_give_the_same_bytes(smoke_build, second_smoke):
 
 
 @pytest.mark.slow
-def test_audit_rebuild_passes_then_names_a_changed_output(second_smoke):
-    res = otbuild(second_smoke, "audit", "--rebuild", "smoke")
+def test_audit_rebuild_passes_then_names_a_changed_output(two_builds):
+    second = two_builds[1]
+    res = otbuild(second, "audit", "--rebuild", "short")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "all 8 rebuilt artifact(s) match" in res.stdout
-    assert not any((second_smoke / ".otbuild" / "rebuild").glob("*/*/*"))  # matched: removed
-    mix = next((second_smoke / "artifacts" / "mix").iterdir())
+    assert not any((second / ".otbuild" / "rebuild").glob("*/*/*"))  # matched: removed
+    mix = next((second / "artifacts" / "mix").iterdir())
     assert json.loads((mix / ".rebuild.json").read_text())["result"] == "identical"
-    report = next((second_smoke / "artifacts" / "report").iterdir())
+    report = next((second / "artifacts" / "report").iterdir())
     for name in ("report.html", "dataset_card.md"):
         assert "rebuilt at (UTC)" in (report / name).read_text()
-    assert otbuild(second_smoke, "audit", "--verify", "smoke").returncode == 0  # the records still hold
+    assert otbuild(second, "audit", "--verify", "short").returncode == 0  # the records still hold
     # a stage that made other bytes than its rebuild: one task's instruction changed, its record
     # updated (so the lineage audit still passes), as a nondeterministic stage would leave it
     tasks = mix / "tasks.parquet"
@@ -158,7 +168,7 @@ def test_audit_rebuild_passes_then_names_a_changed_output(second_smoke):
     record = read_record(mix)
     record["outputs"][0].update(sha256=file_sha256(tasks, cached=False), bytes=os.path.getsize(tasks))
     (mix / "provenance.json").write_text(json.dumps(record))
-    res = otbuild(second_smoke, "audit", "--rebuild", "smoke", "mix")
+    res = otbuild(second, "audit", "--rebuild", "short", "mix")
     assert res.returncode == 1, res.stdout + res.stderr
     assert "tasks.parquet: column instruction differs, first at row 3" in res.stdout
-    assert any((second_smoke / ".otbuild" / "rebuild" / "mix").iterdir())  # kept for a look
+    assert any((second / ".otbuild" / "rebuild" / "mix").iterdir())  # kept for a look

@@ -215,7 +215,7 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
     project, _ = smoke_build
     ckpt = (project / "results" / "smoke" / "rl").resolve()
     cfg = EvalSettings(engine="vllm", model=str(ckpt), model_label=f"vllm:{ckpt}", serves_checkpoint=True,
-                       samples_per_task=1, max_tokens=128, max_episodes=3, temperature=0.7,
+                       samples_per_task=1, max_tokens=128, max_episodes=3, temperature=0.7, agent_timeout_sec=10,
                        engine_args=SERVED,
                        extra_body={"structured_outputs": {"regex": protocol.ANSWER_REGEX}})
     inputs = Inputs.of(tasks=[synthetic_tasks(tmp_path / "tasks.parquet", 3, seed=999)],
