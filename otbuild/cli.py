@@ -421,7 +421,8 @@ def clean(containers):
     """Remove what killed builds left behind."""
     if not containers:
         raise click.UsageError("say what to clean: --containers")
-    from otbuild.sandbox.podman import remove_leaked_builds, remove_leaked_containers
+    from otbuild.sandbox.podman.container import remove_leaked_containers
+    from otbuild.sandbox.podman.images import remove_leaked_builds
 
     out.print(f"removed {remove_leaked_containers()} trial container(s) of builds that are no longer running")
     out.print(f"removed {remove_leaked_builds()} image-build working container(s) of builds that are no longer "
@@ -438,7 +439,8 @@ def images():
 def images_load(folder):
     """Import every image tarball in FOLDER (`podman save` / `docker save`: docker-archive or
     OCI) into podman's storage: base images for clusters that reach no registry."""
-    from otbuild.sandbox.podman import ContainerError, load_images
+    from otbuild.sandbox.podman.cli import ContainerError
+    from otbuild.sandbox.podman.images import load_images
 
     try:
         loaded = load_images(folder)

@@ -43,7 +43,7 @@ def trial_backends(plan) -> set[str]:
 def image_presence(images) -> dict[str, bool | None]:
     """Image -> present in podman's storage; None for all when podman cannot run here."""
     from otbuild.sandbox import backend_problem
-    from otbuild.sandbox.podman import image_exists
+    from otbuild.sandbox.podman.images import image_exists
 
     if backend_problem("podman") is not None:
         return dict.fromkeys(images)

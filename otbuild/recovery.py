@@ -130,7 +130,8 @@ def remove_dead_trial_containers() -> None:
     if "--nolock" in sys.argv:
         return  # a job of a live run
     from otbuild.sandbox.disk import remove_leaked_scratch
-    from otbuild.sandbox.podman import remove_leaked_builds, remove_leaked_containers
+    from otbuild.sandbox.podman.container import remove_leaked_containers
+    from otbuild.sandbox.podman.images import remove_leaked_builds
 
     removed = remove_leaked_containers()
     if removed:

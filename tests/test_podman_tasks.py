@@ -16,7 +16,6 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild import sandbox
 from otbuild.sandbox import (
     Limits,
     TaskNotRunnableLocally,
@@ -24,17 +23,19 @@ from otbuild.sandbox import (
     backend_problem,
     needs_image,
     open_sandbox,
-    podman,
 )
-from otbuild.sandbox.podman import (
+from otbuild.sandbox.podman import cli as podman_cli
+from otbuild.sandbox.podman import container, images
+from otbuild.sandbox.podman.container import OWNER_LABEL
+from otbuild.sandbox.podman.images import (
     IMAGE_REPO,
-    OWNER_LABEL,
     ImageBuildError,
     ensure_image,
     environment_hash,
     image_exists,
 )
-from otbuild.sandbox.procs import owner_is_gone
+from otbuild.sandbox.podman.network import NetworkPolicyError
+from otbuild.sandbox.procs import owner, owner_is_gone
 from otbuild.sandbox.reward import read_reward
 from otbuild.sources.synthetic import generate
 from otbuild.stages.rollout import check_podman
@@ -86,7 +87,7 @@ NO_RUN = f"FROM {host_images()[0]}\nWORKDIR /app\nCOPY app/ /app/\n"
 
 
 def test_auto_sends_a_task_whose_base_image_the_host_is_not_to_podman(monkeypatch):
-    monkeypatch.setattr(sandbox.podman, "available", lambda: None)
+    monkeypatch.setattr(podman_cli, "available", lambda: None)
     monkeypatch.delenv("OTBUILD_HOST_IMAGES", raising=False)
     backend_problem.cache_clear()
     host_images.cache_clear()
@@ -119,7 +120,7 @@ def test_base_images_are_the_dockerfiles_external_froms():
 def test_auto_picks_the_backend_per_task_and_names_a_task_it_cannot_run(monkeypatch):
     assert backend_for(ot_agent_task("local", 1, NO_RUN), "auto") == "bwrap"
     assert backend_for(ot_agent_task("img", 1), "bwrap") == "bwrap"  # other backends as asked
-    monkeypatch.setattr(sandbox.podman, "available", lambda: "podman is not installed")
+    monkeypatch.setattr(podman_cli, "available", lambda: "podman is not installed")
     backend_problem.cache_clear()
     try:
         with pytest.raises(TaskNotRunnableLocally, match="task 'needs-image'.*podman is not installed"):
@@ -268,7 +269,7 @@ def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp
 
     allow = _with_environment(ot_agent_task("net-allowlist", 1), 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n')
     before = _trial_containers()
-    with pytest.raises(podman.NetworkPolicyError, match=r"task 'net-allowlist': its agent may reach only pypi.org"):
+    with pytest.raises(NetworkPolicyError, match=r"task 'net-allowlist': its agent may reach only pypi.org"):
         open_sandbox(allow, tmp_path, backend="podman", limits=FETCHING, cleanup=True)
     assert _trial_containers() == before  # nothing was started
 
@@ -325,10 +326,10 @@ def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project)
 
 def test_clean_containers_removes_only_those_of_dead_builds(monkeypatch):
     removed = []
-    monkeypatch.setattr(podman, "_podman", lambda *a, **k: removed.append(a) or subprocess.CompletedProcess(
-        a, 0, stdout=f"aaa {podman.owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"))
-    monkeypatch.setattr(podman.shutil, "which", lambda _: "/usr/bin/podman")
-    assert podman.leaked_containers() == ["bbb"]  # a live owner's and another host's stay
+    monkeypatch.setattr(container, "_podman", lambda *a, **k: removed.append(a) or subprocess.CompletedProcess(
+        a, 0, stdout=f"aaa {owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"))
+    monkeypatch.setattr(container.shutil, "which", lambda _: "/usr/bin/podman")
+    assert container.leaked_containers() == ["bbb"]  # a live owner's and another host's stay
 
 
 @needs_podman
@@ -432,7 +433,7 @@ def _kill_mid_image_build(project) -> dict[str, str]:
     left = dict(_storage_containers().items() - before.items())
     assert left, "no working container was left"
     deadline = time.monotonic() + 60  # a SIGKILLed job takes a moment to be gone
-    while set(podman.leaked_build_containers()) < set(left) and time.monotonic() < deadline:
+    while set(images.leaked_build_containers()) < set(left) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -462,7 +463,7 @@ def test_a_killed_image_build_leaves_no_working_container_or_intermediate_image(
     res = otbuild(project, "clean", "--containers")
     assert res.returncode == 0 and f"removed {len(left)} image-build working container(s)" in res.stdout, res.stdout
     assert not left.keys() & _storage_containers().keys()
-    assert podman.leaked_build_containers() == {}
+    assert images.leaked_build_containers() == {}
 
 
 @pytest.mark.slow

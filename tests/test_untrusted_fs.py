@@ -236,7 +236,7 @@ def test_safefs_never_goes_through_a_folder_swapped_for_a_link_meanwhile(tmp_pat
 @pytest.fixture(scope="module")
 def podman_steps() -> TaskDir:
     """A two-step task whose image is built once for this module."""
-    from otbuild.sandbox.podman import ensure_image
+    from otbuild.sandbox.podman.images import ensure_image
 
     task = two_step_task("podman-steps", second={"notes.txt": "step two\n", "sub/data.txt": "x\n"})
     ensure_image(task)

@@ -16,13 +16,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from otbuild.sandbox import bwrap, podman, safefs, unshare
+from otbuild.sandbox import bwrap, safefs, unshare
 from otbuild.sandbox.disk import mount_scratch, unmount_scratch
 from otbuild.sandbox.errors import SandboxError, TaskSetupError
 from otbuild.sandbox.hostfs import write_etc
 from otbuild.sandbox.identity import Identity, acquire
 from otbuild.sandbox.layout import Layout, LayoutError, materialise, plan, stamp_tree, write_subtree
 from otbuild.sandbox.output import head_tail
+from otbuild.sandbox.podman import cli as podman_cli
+from otbuild.sandbox.podman.container import open_podman
 from otbuild.sandbox.reward import read_reward
 from otbuild.sandbox.sandbox import RunResult, Sandbox, inside_uid
 from otbuild.settings.limits import BACKENDS, Limits
@@ -50,7 +52,7 @@ def backend_problem(backend: str) -> str | None:
     """None when `backend` works here, else why not (checked once per process)."""
     if backend == "none":
         return None
-    return {"bwrap": bwrap, "unshare": unshare, "podman": podman}[backend].available()
+    return {"bwrap": bwrap, "unshare": unshare, "podman": podman_cli}[backend].available()
 
 
 def backend_for(task: TaskDir, backend: str) -> str:
@@ -149,7 +151,7 @@ def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, la
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
     if backend == "podman":
         try:
-            return podman.open_podman(task, root, limits, with_solution=with_solution, cleanup=cleanup)
+            return open_podman(task, root, limits, with_solution=with_solution, cleanup=cleanup)
         except BaseException:
             safefs.remove_path(root)
             raise

@@ -249,7 +249,7 @@ async def _run_trials(cfg: TrialRunSettings, inputs: list[Path], todo: list[Tria
         need_image = [r for r in rows.values() if _needs_image(r, cfg.sandbox)]
         check_podman(cfg.sandbox, need_image)
         if cfg.sandbox == "podman" or need_image:  # restarted right after a kill -9: what it left
-            from otbuild.sandbox.podman import remove_leaked_containers
+            from otbuild.sandbox.podman.container import remove_leaked_containers
 
             if removed := remove_leaked_containers():
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
