@@ -12,7 +12,7 @@
                        [--max-tokens 16] [--out DIR] [--eager]
 
 Every run trains the same tiny Qwen3 student (random weights, the smoke student's shape) with
-otbuild's RLOO trainer (otbuild/train/rl.py) on the same synthetic tasks, through the harness
+otbuild's RLOO trainer (otbuild/train/rl/) on the same synthetic tasks, through the harness
 and bwrap sandboxes; `sync` with the real vLLM (.venv-vllm: its CPU build here), left out
 (saying so) where it is not installed. Printed per mode and step: how the weights got to the
 server (start / reload), seconds to sync them, to roll out and to update; the mean sync of the
@@ -50,7 +50,7 @@ def student(dest: Path) -> Path:
 
 def run_mode(mode: str, checkpoint: Path, tasks: Path, args, work: Path) -> list[dict]:
     from otbuild.settings.stages import RlSettings
-    from otbuild.train import rl
+    from otbuild.train.rl.trainer import train
 
     cfg = RlSettings(steps=args.steps, batch_size=args.tasks, samples_per_task=args.samples, max_tokens=args.max_tokens,
                      max_context=4096, learning_rate=1e-3, temperature=1.0, rollout="vllm", weight_sync=mode,
@@ -58,7 +58,7 @@ def run_mode(mode: str, checkpoint: Path, tasks: Path, args, work: Path) -> list
                      vllm_args={"dtype": "float32", "max_model_len": 4096, "enforce_eager": args.eager,
                                 "log_path": str(work / f"vllm-{mode}.log")})
     out = work / f"rl-{mode}"
-    rl.train(cfg, [checkpoint, tasks], out)
+    train(cfg, [checkpoint, tasks], out)
     return [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
 
 
@@ -84,14 +84,14 @@ def run_staleness(staleness: int, checkpoint: Path, tasks: Path, args, work: Pat
     import time
 
     from otbuild.settings.stages import RlSettings
-    from otbuild.train import rl
+    from otbuild.train.rl.trainer import train
 
     cfg = RlSettings(steps=args.steps, batch_size=args.tasks, samples_per_task=args.samples, max_tokens=args.max_tokens,
                      max_context=4096, learning_rate=1e-3, temperature=1.0, prompt="compact",
                      sandbox={"max_episodes": 2}, max_staleness=staleness)
     out = work / f"rl-staleness-{staleness}{name}"
     start = time.monotonic()
-    rl.train(cfg, [checkpoint, tasks], out)
+    train(cfg, [checkpoint, tasks], out)
     return time.monotonic() - start, [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
 
 

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 from otbuild.settings.train import Rl
 from otbuild.train.dist import init_distributed
-from otbuild.train.rl import TokenSequence, make_engine, update
+from otbuild.train.rl.loss import TokenSequence, update
+from otbuild.train.rl.trainer import make_engine
 
 
 def main(model_dir: str, out: str) -> None:

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from otbuild.cli import main
 from otbuild.errors import ConfigError
 from otbuild.recipe.load import load_recipe
+from otbuild.tasks.redact import Redactor
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from otbuild.tasks.redact import Redactor
 
 # made-up secrets of each shape (none is a real credential)
 HF = "hf_" + "Ab3" * 12
@@ -156,7 +156,7 @@ def test_the_llamafactory_export_redacts_the_conversations(tmp_path):
 
 @pytest.mark.parametrize("section, key", [
     ("teacher: {engine: vllm, model: m, engine_args: {env: {HF_TOKEN: abc123}}}", "teacher.engine_args.env.HF_TOKEN"),
-    (f"teacher: {{engine: vllm, model: m, engine_args: {{extra_args: ['--api-key', 'abc']}}}}",
+    ("teacher: {engine: vllm, model: m, engine_args: {extra_args: ['--api-key', 'abc']}}",
      "teacher.engine_args.extra_args.0"),
     ("teacher: {engine: openai, model: m, base_url: 'https://lab:hunter2@llm.example/v1'}", "teacher.base_url"),
     (f"teacher: {{engine: openai, model: m, base_url: 'https://llm.example/v1', api_key_env: {SK}}}",
@@ -187,7 +187,7 @@ def test_the_rl_server_takes_this_runs_key_only(tmp_path):
     command line), and its clients send it."""
     from otbuild.engines.process import ServerProcess
     from otbuild.settings.stages import RlSettings
-    from otbuild.train.rl import PolicyServer
+    from otbuild.train.rl.server import PolicyServer
 
     cfg = RlSettings(steps=1, rollout="vllm")
     a, b = PolicyServer(cfg, tmp_path / "a"), PolicyServer(cfg, tmp_path / "b")

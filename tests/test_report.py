@@ -4,7 +4,7 @@ artifacts' own; rendered in headless Chromium; flagged for `snakemake --report`.
 The slow tests build a real project (synthetic sources, oracle teacher, trace filter, eval with
 the oracle, an ablation of two candidates) with the real snakemake CLI once per module. SFT and
 RL are not in the DAG yet: their artifact dirs are written here by hand in the format of
-otbuild/train/sft.py and otbuild/train/rl.py (train_log.jsonl, one line per optimizer step).
+otbuild/train/sft.py and otbuild/train/rl/ (train_log.jsonl, one line per optimizer step).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def fake_training(project: Path, stage: str, steps: int, flat: bool = False, lab
                           "lr": 4e-5 * min(1, s / 3), "grad_norm": 1.0 / s, "tokens": 900, "supervised_tokens": 300,
                           "tokens_seen": 900 * s, "supervised_tokens_seen": 300 * s, "time": 0.5 * s,
                           "tokens_per_second": 1800.0 + s})
-        else:  # otbuild/train/rl.py's keys
+        else:  # otbuild/train/rl/'s keys
             lines.append({"step": s, "reward_mean": round(0.2 + 0.6 * s / steps, 6), "pass_rate": 0.5,
                           "loss": -0.01 * s, "grad_norm": 0.3, "kl": 0.0, "lr": 5e-6})
     (d / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -15,7 +15,7 @@ import torch
 
 from otbuild.sandbox import backend_problem
 from otbuild.settings.stages import RlSettings, SftSettings
-from otbuild.train.rl import (
+from otbuild.train.rl.loss import (
     TokenSequence,
     Turn,
     k3_kl,
@@ -66,7 +66,8 @@ def test_a_stale_sequence_is_corrected_against_the_log_probs_that_sampled_it(tmp
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.rl import Policy, old_logprobs, token_logprobs
+    from otbuild.train.rl.loss import old_logprobs, token_logprobs
+    from otbuild.train.rl.policy import Policy
 
     d = make_tiny_model(tmp_path / "m", arch="qwen3", chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL,
                         texts=[CORRECT, WRONG])
@@ -171,8 +172,8 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.rl import sequence_logprob
-    from otbuild.train.rl import train as rl_train
+    from otbuild.train.rl.policy import sequence_logprob
+    from otbuild.train.rl.trainer import train as rl_train
     from otbuild.train.sft import train as sft_train
 
     task = _toy_task()
@@ -225,7 +226,7 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
 
 @needs_sandbox
 def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
-    import otbuild.train.rl as R
+    import otbuild.train.rl.trainer as R
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
@@ -277,7 +278,7 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     its unix socket, and the update trains on the recorded turns."""
     import psutil
 
-    import otbuild.train.rl as R
+    import otbuild.train.rl.trainer as R
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
@@ -312,7 +313,7 @@ def test_an_infrastructure_failure_is_masked_in_the_step(tmp_path, monkeypatch):
     """A rollout that ended in an infrastructure error (docs/failures.md) is reward 0 in the
     log and counted there, but no sequence of it reaches the loss and its 0 is not in the
     task's baseline; a task failure (the agent's own end) stays a 0 in the baseline."""
-    import otbuild.train.rl as R
+    import otbuild.train.rl.trainer as R
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
@@ -408,7 +409,7 @@ def test_rollouts_run_ahead_of_the_update_up_to_max_staleness(tmp_path):
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
-    from otbuild.train.rl import train
+    from otbuild.train.rl.trainer import train
 
     sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
                           special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"])

@@ -382,7 +382,7 @@ def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
 async def _served_turn(policy, server, messages):
     """One sampled answer of the served policy, as an RL trial records it."""
-    from otbuild.train.rl import ServedPolicyEngine
+    from otbuild.train.rl.policy import ServedPolicyEngine
 
     client = server.client()
     try:
@@ -401,7 +401,9 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
 
     from otbuild.settings.stages import RlSettings
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.rl import Policy, PolicyServer, sequences, token_logprobs
+    from otbuild.train.rl.loss import sequences, token_logprobs
+    from otbuild.train.rl.policy import Policy
+    from otbuild.train.rl.server import PolicyServer
 
     tok, _ = load_tokenizer(qwen3)
     policy = Policy(load_model(qwen3), tok, temperature=1.0, max_tokens=12, max_context=1024)
@@ -468,7 +470,8 @@ def test_no_one_else_reaches_the_rl_servers_weight_endpoints(tmp_path, qwen3):
 
     from otbuild.settings.stages import RlSettings
     from otbuild.train.model import load_model, load_tokenizer
-    from otbuild.train.rl import Policy, PolicyServer
+    from otbuild.train.rl.policy import Policy
+    from otbuild.train.rl.server import PolicyServer
 
     tok, _ = load_tokenizer(qwen3)
     policy = Policy(load_model(qwen3), tok, temperature=1.0, max_tokens=8, max_context=1024)

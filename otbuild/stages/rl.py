@@ -1,5 +1,5 @@
 """RL stage (RLOO): inputs [an SFT checkpoint's checkpoint.json, a task parquet] -> the
-checkpoint dir (otbuild/train/rl.py). Outputs: checkpoint.json (manifest, written last: feeds
+checkpoint dir (otbuild/train/rl/). Outputs: checkpoint.json (manifest, written last: feeds
 downstream), model.safetensors, train_log.jsonl (reward and loss per step), config.json,
 tokenizer files. A killed run resumes from outdir/checkpoints/."""
 

@@ -48,7 +48,7 @@ def run_training(kind: str, cfg: SftSettings | RlSettings, inputs: list[Path], o
 
             manifest = train_sft(cast(SftSettings, cfg), inputs, outdir)
         else:
-            from otbuild.train.rl import train as train_rl
+            from otbuild.train.rl.trainer import train as train_rl
 
             manifest = train_rl(cast(RlSettings, cfg), inputs, outdir)
     else:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         train_sft(cast(SftSettings, cfg), a.inputs, a.outdir, log=log)
     else:
-        from otbuild.train.rl import train as train_rl
+        from otbuild.train.rl.trainer import train as train_rl
 
         train_rl(cast(RlSettings, cfg), a.inputs, a.outdir, log=log)
     return 0
