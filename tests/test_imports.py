@@ -134,7 +134,7 @@ FLOORS = (
     ("plan", "codehash", "recovery", "report", "profiles", "recipe_images"),
     ("provenance", "summary", "estimate", "search"),
     ("audit", "publish", "rebuild", "runner", "workflow"),
-    ("cli", "__main__"),
+    ("cli", "__main__", "views"),
     # the generated docs, from the settings models, the commands and the stage registry
     ("docgen",),
 )

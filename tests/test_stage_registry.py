@@ -134,7 +134,7 @@ NAMED = {
     ("otbuild/report/__init__.py", "rl"): (1, "the report's sections in its stats"),
     ("otbuild/report/__init__.py", "eval"): (1, "the report's sections in its stats"),
     ("otbuild/rebuild.py", "report"): (3, "audit --rebuild renders the report again (it is not re-run as a stage)"),
-    ("otbuild/cli.py", "report"): (1, "`otbuild plan` lists the report's inputs as 'every artifact above'"),
+    ("otbuild/views.py", "report"): (1, "`otbuild plan` lists the report's inputs as 'every artifact above'"),
     ("otbuild/cli.py", "sft"): (1, "`otbuild export llamafactory`: the handoff of the SFT stage"),
     ("otbuild/cli.py", "rl"): (1, "`otbuild export skyrl`: the handoff of the RL stage"),
     ("otbuild/train/__main__.py", "sft"): (1, "the trainer's own commands (python -m otbuild.train sft|rl)"),
