@@ -188,7 +188,8 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
     t0 = time.perf_counter()
     if impl == "duckdb":
         from otbuild.settings.recipe import TaskFilter
-        from otbuild.stages import Inputs, task_filter
+        from otbuild.stages import task_filter
+        from otbuild.stagekit import Inputs
 
         settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram, "fuzzy": fuzzy})
         stats = task_filter.run(settings, Inputs.of(tasks=[data / "train.parquet"], held_out=[data / "bench.parquet"]), work)

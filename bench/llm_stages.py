@@ -38,8 +38,8 @@ def generate(out: Path, rows: int, shards: int, binary_bytes: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from otbuild.stages import shard_path
-    from otbuild.stages.llm_requests import ANSWER_SCHEMA
+    from otbuild.stagekit import shard_path
+    from otbuild.stagekit.llm_requests import ANSWER_SCHEMA
     from otbuild.tasks.table import TASK_SCHEMA
 
     rng = random.Random(0)
@@ -77,7 +77,7 @@ def merge_whole(src: Path, art: Path, shards: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from otbuild.stages import shard_path
+    from otbuild.stagekit import shard_path
     from otbuild.stages.task_score import score
 
     table = pq.read_table(src)

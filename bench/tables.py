@@ -309,7 +309,7 @@ def pandas_task_filter(settings: dict, inputs: list[Path], outdir: Path) -> None
 
 def child(impl: str, data_dir: Path, work: Path) -> None:
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    from otbuild.stages import Inputs
+    from otbuild.stagekit import Inputs
 
     mix_settings, inputs, tf_settings = pipeline_settings(manifest)
     inputs = [Path(p) for p in inputs]

@@ -62,7 +62,7 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
 def _audit_search(plan: Plan, console: Console) -> int:
     """Each decision of a search derived again from its ranking and its candidates' evals, as
     built: a decision that does not follow from them is a finding."""
-    from otbuild.stages import Inputs
+    from otbuild.stagekit import Inputs
     from otbuild.stages.decide import derive
 
     decided = [s for s in plan.search if s.decision is not None]

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError
 from otbuild.provenance import now, write_record
-from otbuild.stages import STAGES, Inputs, Run, RunShard, StageDef, input_name
+from otbuild.stagekit import Inputs, Run, RunShard
+from otbuild.stages import STAGES, StageDef, input_name
 
 SPEC_KEYS = ("stage", "id", "settings", "inputs", "outdir")  # what Node.spec() writes
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.base import Strict
-from otbuild.stages import Inputs, StageDef, stage_run
+from otbuild.stages import StageDef
+from otbuild.stagekit import Inputs, stage_run
 from otbuild.traces.table import VOLATILE_COLUMNS
 
 

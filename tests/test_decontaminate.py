@@ -17,7 +17,8 @@ from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from otbuild.settings.recipe import TaskFilter
 from otbuild.sources import read_source
-from otbuild.stages import Inputs, task_filter
+from otbuild.stages import task_filter
+from otbuild.stagekit import Inputs
 from otbuild.stages import STAGES
 from otbuild.tasks.table import TaskRecord, write_tasks
 from tests.conftest import DATA, make_task

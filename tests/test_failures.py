@@ -14,7 +14,7 @@ from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.stages import eval as eval_stage
 from otbuild.stages import rollout
-from otbuild.stages.failures import InfraFailuresExceeded
+from otbuild.stagekit.failures import InfraFailuresExceeded
 from otbuild.settings.stages import EvalSettings, RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.traces import outcome as oc
@@ -262,7 +262,7 @@ def test_harbor_shards_are_counted_the_same_way(tmp_path, monkeypatch):
     """Rows from Harbor's job dirs (after Harbor's own retries): its InternalServerError past
     max_infra_failures fails the shard; EnvironmentDefinitionError (a task refused) is not run,
     not an infrastructure failure."""
-    from otbuild.stages import rollout_harbor
+    from otbuild.stagekit import harbor_trials as rollout_harbor
 
     tasks = _tasks(tmp_path, 4)
     rows = [row("1", reward=1.0, task=f"t{i}") for i in range(4)]

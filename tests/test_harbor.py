@@ -134,7 +134,7 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
     name terminus-2-summarization-*); Harbor rollouts keep them as is_subagent rows."""
     from otbuild.settings.recipe import TraceFilter
     from otbuild.stages import trace_filter
-    from otbuild.stages.rollout_harbor import shard_rows
+    from otbuild.stagekit.harbor_trials import shard_rows
     from otbuild.traces.table import write_traces
 
     steps = [{"source": "user", "message": "task"}] + [
@@ -164,7 +164,7 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
 
 def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
     """Timeout cap, episodes, temperature and max_tokens reach Harbor's job config."""
-    from otbuild.stages.rollout_harbor import harbor_options
+    from otbuild.stagekit.harbor_trials import harbor_options
 
     teacher = RolloutSettings(engine="vllm", model="m", temperature=0.3, max_tokens=1234, max_episodes=7,
                               timeout_multiplier=4, timeout_cap_sec=600, sandbox="harbor")
@@ -585,7 +585,7 @@ def test_the_paper_teachers_harbor_jobs_are_openthoughts_agents_trace_configs(tm
     for summarizing; Harbor's own models accept the job config and the agent's options."""
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
-    from otbuild.stages.rollout_harbor import harbor_options
+    from otbuild.stagekit.harbor_trials import harbor_options
     from tests.conftest import REPO
 
     [node] = [n for n in plan_recipe(load_recipe(recipe, REPO)).nodes if n.stage == "rollout"]
@@ -640,7 +640,7 @@ def test_a_teacher_without_the_verifier_leaves_each_reward_unknown(tmp_path, san
     `unverified`, the reason in its metadata), never a 0 or a 1; the same tasks verified pass."""
     import duckdb
 
-    from otbuild.stages.failures import outcome_stats
+    from otbuild.stagekit.failures import outcome_stats
     from otbuild.stages.rollout import run_shard
     from otbuild.traces.outcome import UNVERIFIED, UNVERIFIED_REASON
 

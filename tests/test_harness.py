@@ -21,7 +21,8 @@ from otbuild.harness.trial import TrialSettings, run_trial
 from otbuild.settings.trials import Trials
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
-from otbuild.stages.rollout import plan_trials, run_shard
+from otbuild.stages.rollout import run_shard
+from otbuild.stagekit.trials import plan_trials
 from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import TaskDir

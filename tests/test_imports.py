@@ -75,11 +75,11 @@ def test_the_graph_reads_lazy_relative_and_from_imports():
     graph = module_graph()
     assert len(graph) > 100 and all(m in graph for deps in graph.values() for m in deps)
     assert "otbuild.stages" in graph["otbuild.runner"]  # `from otbuild.stages import STAGES`: a name
-    assert "otbuild.stages.rollout_harbor" in graph["otbuild.stages.rollout"]  # inside run_shard
+    assert "otbuild.stagekit.harbor_trials" in graph["otbuild.stagekit.trials"]  # inside run_trials_shard
     synthetic = graph["otbuild.sources.synthetic"]  # `from . import archive`, `from ._common import ...`
     assert {"otbuild.sources.synthetic.archive", "otbuild.sources.synthetic._common"} <= synthetic
     # an edge only to the module named, not to the packages on its way
-    assert "otbuild.stages" not in graph["otbuild.stages.rollout_harbor"]
+    assert "otbuild.stagekit" not in graph["otbuild.stagekit.harbor_trials"]
 
 
 def test_no_import_circles():
@@ -128,7 +128,8 @@ FLOORS = (
     ("sandbox", "traces", "usage"),
     ("harness", "harbor", "sources"),
     ("recipe", "train", "ingest"),
-    # the stages compose the parts
+    # what the stages are built from (their jobs' contract, trials and requests in shards), then the stages
+    ("stagekit",),
     ("stages",),
     # the build: plan, records, reports, and the commands over them
     ("plan", "codehash", "recovery", "report", "profiles", "recipe_images"),

@@ -14,7 +14,7 @@ import pytest
 
 from otbuild.settings.recipe import Augment, TaskScorer
 from otbuild.stages import augment, task_score
-from otbuild.stages.llm_requests import RefusedRequest
+from otbuild.stagekit.llm_requests import RefusedRequest
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import REPO, chat_answer, write_source
 

@@ -38,7 +38,7 @@ from otbuild.sandbox.podman.network import NetworkPolicyError
 from otbuild.sandbox.procs import owner, owner_is_gone
 from otbuild.sandbox.reward import read_reward
 from otbuild.sources.synthetic import generate
-from otbuild.stages.rollout import check_podman
+from otbuild.stagekit.trials import check_podman
 from otbuild.tasks.base_image import base_images, host_images
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir

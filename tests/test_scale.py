@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.settings.recipe import TraceFilter
-from otbuild.stages import rollout, shard_path, trace_filter, trace_import
+from otbuild.stages import rollout, trace_filter, trace_import
+from otbuild.stagekit import shard_path
 from otbuild.settings.stages import RolloutSettings
 from otbuild.stages import STAGES
 from otbuild.train.export import export_llamafactory

@@ -4,7 +4,8 @@ import duckdb
 import pytest
 
 from otbuild.settings.recipe import TaskFilter
-from otbuild.stages import Inputs, task_filter
+from otbuild.stages import task_filter
+from otbuild.stagekit import Inputs
 from tests.conftest import write_source
 
 TEXTS = [

@@ -27,7 +27,7 @@ import regex
 from otbuild.engines import LLM, EngineError, make_engine, open_engine
 from otbuild.engines.vllm import vllm_executable
 from otbuild.settings.engines import VLLMOptions
-from otbuild.stages import Inputs
+from otbuild.stagekit import Inputs
 from tests.conftest import REPO
 
 VLLM = vllm_executable(VLLMOptions())

@@ -9,7 +9,7 @@ once naming the API's answer instead of recording thousands of failed trials.
   with EndpointError; a 5xx after the retries is that trial's failure, and the next request
   goes alone in turn. Later, a 401, 403 or 404 (a key revoked, a model unloaded mid-run)
   still stops the run; other errors are the trial's (an infrastructure failure, retried and
-  counted: otbuild/stages/failures.py).
+  counted: otbuild/stagekit/failures.py).
 - `probe(engine)` / `check_endpoint(llm)`: one small request before a run whose requests are
   not made by otbuild (Harbor's agents), with the same verdict.
 """

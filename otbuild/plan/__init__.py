@@ -30,7 +30,8 @@ from otbuild.settings.identity import identity
 from otbuild.settings.recipe import PromptStyle
 from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
-from otbuild.stages import STAGES, StageDef, input_name, shard_path
+from otbuild.stagekit import shard_path
+from otbuild.stages import STAGES, StageDef, input_name
 from otbuild.stages.shape import gaps, planned, section_key
 
 ARTIFACTS = Path("artifacts")

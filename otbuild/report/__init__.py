@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.settings.stages import ReportSettings
-from otbuild.stages import Inputs, stage_run
+from otbuild.stagekit import Inputs, stage_run
 
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"

@@ -123,7 +123,7 @@ class EvalSettings(Teacher, PromptStyle):
                 "model": {k: v for k, v in ident.items() if k not in own}}
 
 
-# the sections whose shards run the teacher's trials (otbuild/stages/rollout.py: run_trials_shard)
+# the sections whose shards run the teacher's trials (otbuild/stagekit/trials.py: run_trials_shard)
 TrialRunSettings = RolloutSettings | EvalSettings
 
 

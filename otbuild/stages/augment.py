@@ -7,7 +7,7 @@ verifier (so the partner's part is not checked: use it for sources judged by an 
 Reasoning is never part of a new instruction: text up to a closing `</think>` (a model
 served without a reasoning parser) is cut off, and an answer still holding `<think>` is
 quarantined. Answers that are empty or fail after the engine's retries are quarantined with
-the reason. Requests run in `shards` jobs that resume (otbuild/stages/llm_requests.py); the
+the reason. Requests run in `shards` jobs that resume (otbuild/stagekit/llm_requests.py); the
 merge streams the parents and the answers.
 """
 
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
 from otbuild.settings.stages import AugmentSettings
-from otbuild.stages import Inputs, llm_requests, stage_run, stage_run_shard
+from otbuild.stagekit import Inputs, llm_requests, stage_run, stage_run_shard
 from otbuild.tasks.table import TASK_SCHEMA, Quarantined, TaskRecord, write_quarantine
 from otbuild.tasks.taskdir import INSTRUCTION, TaskDir
 

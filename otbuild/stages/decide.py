@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 from otbuild.errors import StageError
 from otbuild.fsio import atomic_path
 from otbuild.settings.stages import DecideSettings
-from otbuild.stages import Inputs, stage_run
-from otbuild.stages.rank import METRICS
+from otbuild.stagekit import Inputs, stage_run
+from otbuild.stagekit.metrics import METRICS
 
 DECISION = "decision.json"
 

@@ -4,7 +4,7 @@ Trials run in shards exactly like teacher rollouts (same harness, sandbox and re
 merge job writes traces.parquet, scores.parquet (one row per benchmark, repeat and task) and
 summary.parquet (mean pass@1 over repeats with its standard error, exceptions apart).
 An infrastructure failure is never scored 0: past the recipe's `max_infra_failures` the shard
-fails (otbuild/stages/failures.py), under it the trial is left out of the mean and counted
+fails (otbuild/stagekit/failures.py), under it the trial is left out of the mean and counted
 (`n_excluded`), as docs/failures.md says.
 """
 
@@ -15,16 +15,16 @@ from typing import cast
 
 from otbuild import duck, usage
 from otbuild.settings.stages import EvalSettings
-from otbuild.stages import Inputs, rollout, stage_run, stage_run_shard
-from otbuild.stages.failures import outcome_stats
-from otbuild.stages.rollout import merge_shards
+from otbuild.stagekit import Inputs, stage_run, stage_run_shard
+from otbuild.stagekit.failures import outcome_stats
+from otbuild.stagekit.trials import merge_shards, run_trials_shard
 from otbuild.traces import outcome
 
 
 @stage_run_shard
 def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
-    rollout.run_trials_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
+    run_trials_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
 
 
 @stage_run

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import MixSettings
-from otbuild.stages import Inputs, stage_run
+from otbuild.stagekit import Inputs, stage_run
 
 
 class MixError(ValueError):

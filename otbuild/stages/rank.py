@@ -8,10 +8,8 @@ import pyarrow.parquet as pq
 
 from otbuild import duck
 from otbuild.settings.stages import RankSettings
-from otbuild.stages import Inputs, stage_run
-
-# summary.parquet's columns: the score compared and its standard error
-METRICS = {"pass_at_1": ("mean", "stderr"), "partial_credit": ("partial_mean", "partial_stderr")}
+from otbuild.stagekit import Inputs, stage_run
+from otbuild.stagekit.metrics import METRICS
 
 
 @stage_run

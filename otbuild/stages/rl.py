@@ -9,8 +9,8 @@ from pathlib import Path
 
 from otbuild import usage
 from otbuild.settings.stages import RlSettings
-from otbuild.stages import Inputs, stage_run
-from otbuild.stages.sft import run_training
+from otbuild.stagekit import Inputs, stage_run
+from otbuild.stagekit.training import run_training
 
 
 @stage_run
@@ -20,7 +20,12 @@ def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
 
         manifest = train(cfg, inputs, outdir)
         return {k: manifest[k] for k in ("steps", "world_size", "files", "skyrl")}
-    stats = run_training("rl", cfg, inputs, outdir)
+    def here() -> dict:
+        from otbuild.train.rl.trainer import train
+
+        return train(cfg, inputs, outdir)
+
+    stats = run_training("rl", cfg, inputs, outdir, here)
     # the rollouts' requests and tokens: the policy served by vLLM, or generating in process
     # (rollout: auto is the one its steps name)
     log = Path(outdir) / "train_log.jsonl"

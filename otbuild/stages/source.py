@@ -14,7 +14,7 @@ from otbuild.errors import StageError
 from otbuild.settings.recipe import SourceSample, TaskFileSource
 from otbuild.settings.stages import SourceSettings
 from otbuild.sources import hub_files, read_source, where
-from otbuild.stages import Inputs, stage_run
+from otbuild.stagekit import Inputs, stage_run
 from otbuild.tasks.table import (
     Quarantined,
     TaskRecord,

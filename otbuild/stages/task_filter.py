@@ -9,7 +9,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import TaskFilterSettings
-from otbuild.stages import Inputs, stage_run
+from otbuild.stagekit import Inputs, stage_run
 from otbuild.tasks.table import BATCH_ROWS
 
 

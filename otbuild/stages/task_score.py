@@ -6,7 +6,7 @@
   in tokens (the server's count, else whitespace-separated words). The paper found it the
   best task filter signal (+~3pp) and uses it as upsampling weights at scale.
 The model's answer is kept in `llm_response` (first 2,000 characters) for audits. One request
-per task, in `shards` jobs that resume (otbuild/stages/llm_requests.py). A run that scores
+per task, in `shards` jobs that resume (otbuild/stagekit/llm_requests.py). A run that scores
 no task at all fails, naming why (every answer an error, or none holding a rating).
 """
 
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
 from otbuild.settings.stages import TaskScoreSettings
-from otbuild.stages import Inputs, llm_requests, stage_run, stage_run_shard
+from otbuild.stagekit import Inputs, llm_requests, stage_run, stage_run_shard
 
 TEMPLATES = {"askllm": "askllm.j2", "response_length": "response_length.j2"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from otbuild import duck
 from otbuild.settings.stages import TraceFilterSettings
-from otbuild.stages import Inputs, stage_run
+from otbuild.stagekit import Inputs, stage_run
 from otbuild.traces import outcome
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from otbuild.settings.stages import TraceImportSettings
 from otbuild.sources import hub_files, where
-from otbuild.stages import Inputs, stage_run
+from otbuild.stagekit import Inputs, stage_run
 from otbuild.tasks.table import Quarantined, check_not_empty, write_quarantine
 from otbuild.traces.imports import PATH_FORMS, read_traces
 from otbuild.traces.table import write_traces

@@ -33,8 +33,8 @@ from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
-from otbuild.stages import shard_path
-from otbuild.stages.partials import append, drop_torn_tail, partial_files
+from otbuild.stagekit import shard_path
+from otbuild.stagekit.partials import append, drop_torn_tail, partial_files
 
 # (request number, messages, body overrides such as a seed)
 Request = tuple[int, list[dict], dict]
