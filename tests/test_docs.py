@@ -73,10 +73,10 @@ SHIPPED_YAML = sorted(p for d in ("recipes", "profiles", "otbuild", "scripts", "
 def test_shipped_yaml_files_have_no_duplicate_keys(path):
     """YAML keeps the last of two equal keys silently (issue 26.6: profiles/default set
     `benchmark-extended` twice); the recipes' loader refuses them, for every shipped file."""
-    from otbuild.recipe.load import _RecipeLoader
+    from otbuild.recipe.read import RecipeLoader
 
     assert len(SHIPPED_YAML) >= 10
-    yaml.load(path.read_bytes(), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+    yaml.load(path.read_bytes(), Loader=RecipeLoader)  # noqa: S506 (a SafeLoader)
 
 
 def test_stage_versions_the_docs_state_are_the_registry_s():

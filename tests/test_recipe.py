@@ -367,7 +367,7 @@ def test_eval_on_another_harness_prompt_than_the_rollouts_is_refused(recipes):
 
 
 def test_paper_recipes_use_one_harness_end_to_end():
-    from otbuild.recipe.load import harness_prompt
+    from otbuild.recipe.checks import harness_prompt
 
     for name in ("otagent_v2_100k", "otagent_v2_10k"):
         r = load_recipe(name, REPO).recipe

@@ -373,7 +373,7 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None, label: str = "
     trials = ev.model_dump(include=set(ShardedTrials.model_fields) | {"concurrency"})  # the eval's, whoever answers
     if ev.model is not None:
         model = ev.model.model_dump()
-    elif checkpoint is None:  # recipe/load.py refuses this: an eval without a model trains none
+    elif checkpoint is None:  # recipe/checks.py refuses this: an eval without a model trains none
         raise ConfigError(f"{loaded.path}: eval.model: required key is missing (the recipe trains no model)")
     else:  # the checkpoint is an input: its id is in this node's id
         model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,

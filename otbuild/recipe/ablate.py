@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from otbuild.errors import ConfigError
-from otbuild.recipe.load import LoadedRecipe, _merge, validate
+from otbuild.recipe.load import LoadedRecipe, validate
+from otbuild.recipe.read import merge
 
 
 def candidates(loaded: LoadedRecipe) -> list[tuple[str, LoadedRecipe]]:
@@ -81,7 +82,7 @@ def set_value(data: dict, dotted: str, value, loaded: LoadedRecipe) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"{loaded.path}: ablate.{dotted}: {'.'.join(parents[: i + 1])} is not a mapping")
     if isinstance(value, dict) and isinstance(node.get(last), dict):  # merged as `extends` merges
-        value = _merge(node[last], value, {}, loaded.path, ())
+        value = merge(node[last], value, {}, loaded.path, ())
     node[last] = value
 
 

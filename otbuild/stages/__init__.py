@@ -121,7 +121,7 @@ STAGES: dict[str, StageDef] = {
         StageDef("rl", 4, TRAINED, "otbuild.stages.rl", s.RlSettings,
                  consumes=("checkpoint", "tasks"), produces="checkpoint", gpu=True, trials=True, llm=True,
                  training=True, curve=REWARD_KEYS, volatile=TRAIN_FILES, reported=(("train_log.jsonl", TRAINING),)),
-        # the eval's model: `eval.model`, else the recipe's checkpoint (recipe/load.py checks there is one)
+        # the eval's model: `eval.model`, else the recipe's checkpoint (recipe/checks.py checks there is one)
         StageDef("eval", 4, ("summary.parquet", "scores.parquet", "traces.parquet"), "otbuild.stages.eval",
                  s.EvalSettings, sharded=True, gpu=True, trials=True, llm=True, counts={"trials": "trials"},
                  # scores.parquet's `duration` is the trial's duration_s

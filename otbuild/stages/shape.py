@@ -1,8 +1,8 @@
 """The pipeline's shape, from the registry's declarations (`StageDef.section`, `consumes`,
 `produces`): which stages a recipe plans (its sections that are set, in pipeline order) and what
-each consumes. The plan (otbuild/plan/) walks it to wire each stage's inputs; the recipe check
-(otbuild/recipe/load.py) reports from it an input no earlier section brings, and data brought
-that no stage uses."""
+each consumes. The plan (otbuild/plan/) walks it to wire each stage's inputs, and reports from
+it, naming the key's file, an input no earlier section brings and data brought that no stage
+uses (the checks across sections, otbuild/recipe/checks.py, leave these to it)."""
 
 from __future__ import annotations
 
