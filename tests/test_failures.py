@@ -262,11 +262,11 @@ def test_harbor_shards_are_counted_the_same_way(tmp_path, monkeypatch):
     """Rows from Harbor's job dirs (after Harbor's own retries): its InternalServerError past
     max_infra_failures fails the shard; EnvironmentDefinitionError (a task refused) is not run,
     not an infrastructure failure."""
-    from otbuild.stagekit import harbor_trials as rollout_harbor
+    from otbuild.stagekit import harbor_trials
 
     tasks = _tasks(tmp_path, 4)
     rows = [row("1", reward=1.0, task=f"t{i}") for i in range(4)]
-    monkeypatch.setattr(rollout_harbor, "run_harbor_shard", lambda *a: rows)
+    monkeypatch.setattr(harbor_trials, "run_harbor_shard", lambda *a: rows)
     cfg = RolloutSettings(engine="oracle", sandbox="harbor", max_infra_failures=0.25)
     rows[0] = row("EnvironmentDefinitionError", "EnvironmentDefinitionError", reward=None)
     rows[1] = row("InternalServerError", "InternalServerError", reward=None,
