@@ -2,6 +2,10 @@
 # (set up, run the tests). Both work on a fresh Debian machine with Python >= 3.11.
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# the suite on both of CI's cores, a file (or every reader of the session's smoke build) per worker at a time,
+# longest first (tests/conftest.py); WORKERS=1 runs it in one process
+WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: setup-smoke setup podman slurm harbor-env vllm-env llamafactory-env skyrl-env smoke test test-fast bench
 
@@ -58,12 +62,12 @@ smoke: setup-smoke  ## build the smoke recipe: the whole DAG on the CPU
 test: setup  ## ruff and mypy over otbuild/, then the full suite, end-to-end (slow) checks included: what CI runs
 	$(PYTHON) -m ruff check otbuild
 	$(PYTHON) -m mypy
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest $(PYTEST_PARALLEL)
 
 test-fast: setup  ## ruff and mypy, then the suite without the slow end-to-end checks
 	$(PYTHON) -m ruff check otbuild
 	$(PYTHON) -m mypy
-	$(PYTHON) -m pytest -m "not slow"
+	$(PYTHON) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 # every script in bench/ but tracegen.py (the trace generator scale.py uses); each runs in the
 # test suite at a small size (tests/test_bench_*.py)

@@ -262,8 +262,31 @@ TIME_BUDGET = Path(__file__).with_name("data") / "time_budget.json"
 _file_seconds: Counter = Counter()
 
 
+# CI runs the suite on both cores (`make test`: pytest-xdist, `-n 2 --dist loadgroup`). A file is
+# one unit of work (its module fixtures built once); every file that reads the session's smoke
+# build is one unit together, so one worker builds it and its readers never run beside each
+# other (some run snakemake in its project). Units go out longest first, by their budget.
+SMOKE_GROUP = "smoke_build"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test's group
+def pytest_collection_modifyitems(config, items) -> None:
+    if config.getoption("dist", "no") == "no":
+        return
+    files = {item.nodeid.split("::")[0] for item in items}
+    readers = {item.nodeid.split("::")[0] for item in items if "smoke_build" in getattr(item, "fixturenames", ())}
+    group = {f: SMOKE_GROUP if f in readers else f for f in files}
+    budget = json.loads(TIME_BUDGET.read_text())
+    seconds: Counter = Counter()
+    for f in files:
+        seconds[group[f]] += budget["seconds"].get(f, budget["default"])
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group[item.nodeid.split("::")[0]]))
+    items.sort(key=lambda item: (-seconds[group[item.nodeid.split("::")[0]]], group[item.nodeid.split("::")[0]]))
+
+
 def pytest_runtest_logreport(report) -> None:
-    _file_seconds[report.nodeid.split("::")[0]] += report.duration
+    _file_seconds[report.nodeid.split("::")[0].split("@")[0]] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
