@@ -59,13 +59,15 @@ skyrl-env:  ## the pinned SkyRL (pyproject's `skyrl` extra; config loader and Ha
 smoke: setup-smoke  ## build the smoke recipe: the whole DAG on the CPU
 	$(PYTHON) -m snakemake smoke
 
-test: setup  ## ruff and mypy over otbuild/, then the full suite, end-to-end (slow) checks included: what CI runs
+test: setup  ## ruff (lint over otbuild/, format over all the code) and mypy, then the full suite, end-to-end (slow) checks included: what CI runs
 	$(PYTHON) -m ruff check otbuild
+	$(PYTHON) -m ruff format --check otbuild tests bench scripts
 	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest $(PYTEST_PARALLEL)
 
-test-fast: setup  ## ruff and mypy, then the suite without the slow end-to-end checks
+test-fast: setup  ## ruff (lint and format) and mypy, then the suite without the slow end-to-end checks
 	$(PYTHON) -m ruff check otbuild
+	$(PYTHON) -m ruff format --check otbuild tests bench scripts
 	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 

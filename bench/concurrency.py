@@ -51,8 +51,14 @@ def answer(body: dict, turns: int) -> tuple[int, dict]:
     k = sum(1 for m in body["messages"] if m["role"] == "assistant") + 1
     steps = turns - 2
     commands = [{"keystrokes": f"echo {k} >> /app/out.txt\n", "duration": 5}] if k <= steps else []
-    text = json.dumps({"analysis": f"step {k} of {turns}", "plan": "append the next number" if commands
-                       else "done", "commands": commands, "task_complete": k > steps})
+    text = json.dumps(
+        {
+            "analysis": f"step {k} of {turns}",
+            "plan": "append the next number" if commands else "done",
+            "commands": commands,
+            "task_complete": k > steps,
+        }
+    )
     return 200, chat_answer(text)
 
 
@@ -83,8 +89,9 @@ def child(args) -> None:
     work = args.work / "trials"
 
     async def run() -> list[dict]:
-        engine = OpenAIEngine(LLM(engine="openai", model="stand-in", base_url=args.base_url,
-                                  concurrency=c, max_retries=0))
+        engine = OpenAIEngine(
+            LLM(engine="openai", model="stand-in", base_url=args.base_url, concurrency=c, max_retries=0)
+        )
         # one request first, untimed: the client's one-off set-up (httpx, its TLS context: ~0.25 s),
         # which a rollout pays once per job, not per trial
         await engine.complete([{"role": "user", "content": "warm-up"}])
@@ -96,8 +103,14 @@ def child(args) -> None:
                 trace = await run_trial(task, task.task_id(), engine, settings, work / str(i))
                 t1 = time.perf_counter()
             await asyncio.to_thread(shutil.rmtree, work / str(i), True)
-            return {"start": t0, "end": t1, "reward": trace["reward"], "n_turns": trace["n_turns"],
-                    "exception": trace["exception"], "result": trace["result"]}
+            return {
+                "start": t0,
+                "end": t1,
+                "reward": trace["reward"],
+                "n_turns": trace["n_turns"],
+                "exception": trace["exception"],
+                "result": trace["result"],
+            }
 
         try:
             return await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
@@ -119,8 +132,20 @@ def run_level(c: int, args, base_url: str) -> dict:
     work = args.out / f"c{c}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(c), "--base-url", base_url,
-           "--work", str(work), "--turns", str(args.turns), "--rounds", str(args.rounds)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        str(c),
+        "--base-url",
+        base_url,
+        "--work",
+        str(work),
+        "--turns",
+        str(args.turns),
+        "--rounds",
+        str(args.rounds),
+    ]
     proc = subprocess.run(cmd, check=False)
     if proc.returncode != 0:
         raise ChildFailed(f"concurrency {c}: child exited {proc.returncode}")
@@ -134,27 +159,63 @@ def summarise(c: int, rows: list[dict], args) -> dict:
     floor = args.turns * args.latency  # a trial's model time
     rate, ideal = len(rows) / wall, c / floor
     latency = statistics.median(r["end"] - r["start"] for r in rows)
-    return {"concurrency": c, "trials": len(rows), "wall_s": wall, "trials_per_s": rate, "ideal": ideal,
-            "efficiency": rate / ideal, "latency_s": latency, "overhead_ms": (latency - floor) * 1000,
-            "failed": [r for r in rows if r["reward"] != 1 or r["n_turns"] != args.turns]}
+    return {
+        "concurrency": c,
+        "trials": len(rows),
+        "wall_s": wall,
+        "trials_per_s": rate,
+        "ideal": ideal,
+        "efficiency": rate / ideal,
+        "latency_s": latency,
+        "overhead_ms": (latency - floor) * 1000,
+        "failed": [r for r in rows if r["reward"] != 1 or r["n_turns"] != args.turns],
+    }
 
 
 def report(levels: list[dict], args) -> bool:
     from sandbox import print_table  # bench/sandbox.py's table
 
-    body = [[str(s["concurrency"]), str(s["trials"]), f"{s['wall_s']:.2f}", f"{s['trials_per_s']:.2f}",
-             f"{s['ideal']:.2f}", f"{s['efficiency']:.1%}", f"{s['latency_s']:.3f}", f"{s['overhead_ms']:.0f}",
-             "PASS" if s["efficiency"] >= args.target else "FAIL"] for s in levels]
-    print_table(f"otbuild trials/s against concurrency (model latency {args.latency:g} s, {args.turns} "
-                f"requests per trial, {args.rounds} rounds)",
-                ["concurrency", "trials", "wall s", "trials/s", "ideal trials/s", "efficiency",
-                 "latency median s", "overhead ms", f">= {args.target:.0%}"], body, left=0)
-    print(f"ideal trials/s = concurrency / (turns x latency) = concurrency / {args.turns * args.latency:g} s; "
-          "efficiency = trials/s / ideal; overhead = median trial latency - turns x latency")
+    body = [
+        [
+            str(s["concurrency"]),
+            str(s["trials"]),
+            f"{s['wall_s']:.2f}",
+            f"{s['trials_per_s']:.2f}",
+            f"{s['ideal']:.2f}",
+            f"{s['efficiency']:.1%}",
+            f"{s['latency_s']:.3f}",
+            f"{s['overhead_ms']:.0f}",
+            "PASS" if s["efficiency"] >= args.target else "FAIL",
+        ]
+        for s in levels
+    ]
+    print_table(
+        f"otbuild trials/s against concurrency (model latency {args.latency:g} s, {args.turns} "
+        f"requests per trial, {args.rounds} rounds)",
+        [
+            "concurrency",
+            "trials",
+            "wall s",
+            "trials/s",
+            "ideal trials/s",
+            "efficiency",
+            "latency median s",
+            "overhead ms",
+            f">= {args.target:.0%}",
+        ],
+        body,
+        left=0,
+    )
+    print(
+        f"ideal trials/s = concurrency / (turns x latency) = concurrency / {args.turns * args.latency:g} s; "
+        "efficiency = trials/s / ideal; overhead = median trial latency - turns x latency"
+    )
     worst = min(levels, key=lambda s: s["efficiency"])
     ok = worst["efficiency"] >= args.target
-    print(f"{'PASS' if ok else 'FAIL'}: efficiency >= {args.target:.0%} at every concurrency up to "
-          f"{max(s['concurrency'] for s in levels)} (lowest {worst['efficiency']:.1%} at {worst['concurrency']})")
+    print(
+        f"{'PASS' if ok else 'FAIL'}: efficiency >= {args.target:.0%} at every concurrency up to "
+        f"{max(s['concurrency'] for s in levels)} (lowest {worst['efficiency']:.1%} at {worst['concurrency']})"
+    )
     return ok
 
 
@@ -184,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         for c in [int(x) for x in args.concurrency.split(",") if x]:
             s = run_level(c, args, server.base_url)
             levels.append(s)
-            print(f"c={c}: {s['trials']} trials in {s['wall_s']:.2f} s, {s['trials_per_s']:.2f} trials/s, "
-                  f"efficiency {s['efficiency']:.1%}", flush=True)
+            print(
+                f"c={c}: {s['trials']} trials in {s['wall_s']:.2f} s, {s['trials_per_s']:.2f} trials/s, "
+                f"efficiency {s['efficiency']:.1%}",
+                flush=True,
+            )
     except ChildFailed as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ def words(text: str | None) -> list[str]:
 
 def grams(w: list[str], n: int) -> set[tuple[str, ...]]:
     """Word n-grams; a text shorter than n words is one gram of all its words."""
-    return {tuple(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))}
+    return {tuple(w[i : i + n]) for i in range(max(len(w) - n + 1, 1))}
 
 
 def _verdict(key_reasons):
@@ -73,8 +73,13 @@ def _fuzzy_found(w, candidates, fuzzy: float):
     return found
 
 
-def reference(train: list[str], benchmarks: list[tuple[str, list[tuple[str, str]]]], n: int,
-              min_shared: int = 1, fuzzy: float | None = None) -> dict[int, str]:
+def reference(
+    train: list[str],
+    benchmarks: list[tuple[str, list[tuple[str, str]]]],
+    n: int,
+    min_shared: int = 1,
+    fuzzy: float | None = None,
+) -> dict[int, str]:
     """Every training row against every benchmark task: row index -> reason, for the rows an
     equal normalised text or >= min_shared shared n-grams contaminate, or (with `fuzzy`, the
     rows neither catches) a fuzzy score >= fuzzy with any benchmark task, as OpenThoughts-Agent
@@ -91,7 +96,12 @@ def reference(train: list[str], benchmarks: list[tuple[str, list[tuple[str, str]
             if rw == w:
                 found.append(((0, 0, b, path), f"contaminated by {bench}: same instruction as task {path}"))
             elif len(shared := mine & rgrams) >= min_shared:
-                found.append(((1, -len(shared), b, path), f"contaminated by {bench}: {len(shared)} shared {n}-grams with task {path}"))
+                found.append(
+                    (
+                        (1, -len(shared), b, path),
+                        f"contaminated by {bench}: {len(shared)} shared {n}-grams with task {path}",
+                    )
+                )
         if not found and fuzzy:
             found = _fuzzy_found(w, [r[:4] for r in refs], fuzzy)
         if found:
@@ -99,8 +109,15 @@ def reference(train: list[str], benchmarks: list[tuple[str, list[tuple[str, str]
     return out
 
 
-def indexed(train, benchmarks, n: int, min_shared: int = 1, fuzzy: float | None = None, fuzzy_ngram: int = 5,
-            fuzzy_min_shared: int = 2):
+def indexed(
+    train,
+    benchmarks,
+    n: int,
+    min_shared: int = 1,
+    fuzzy: float | None = None,
+    fuzzy_ngram: int = 5,
+    fuzzy_min_shared: int = 2,
+):
     """The same rule through a dict from n-gram to benchmark tasks, the fuzzy pass on the pairs
     sharing >= fuzzy_min_shared fuzzy_ngram-grams (the stage's pre-filter); yields (row, reason)."""
     from collections import Counter
@@ -119,12 +136,19 @@ def indexed(train, benchmarks, n: int, min_shared: int = 1, fuzzy: float | None 
         if not (w := words(text)):
             continue
         shared, exact = Counter(t for g in grams(w, n) for t in index.get(g, ())), texts.get(tuple(w), [])
-        found = [((0, 0, b, path), f"contaminated by {bench}: same instruction as task {path}") for b, bench, path in exact]
-        found += [((1, -k, b, path), f"contaminated by {bench}: {k} shared {n}-grams with task {path}")
-                  for (b, bench, path), k in shared.items() if k >= min_shared and (b, bench, path) not in exact]
+        found = [
+            ((0, 0, b, path), f"contaminated by {bench}: same instruction as task {path}") for b, bench, path in exact
+        ]
+        found += [
+            ((1, -k, b, path), f"contaminated by {bench}: {k} shared {n}-grams with task {path}")
+            for (b, bench, path), k in shared.items()
+            if k >= min_shared and (b, bench, path) not in exact
+        ]
         if not found and fuzzy:
             cands = Counter(t for g in grams(w, fuzzy_ngram) for t in findex.get(g, ()))
-            found = _fuzzy_found(w, [(*t, ref_words[t]) for t, k in sorted(cands.items()) if k >= fuzzy_min_shared], fuzzy)
+            found = _fuzzy_found(
+                w, [(*t, ref_words[t]) for t, k in sorted(cands.items()) if k >= fuzzy_min_shared], fuzzy
+            )
         if found:
             yield i, _verdict(found)
 
@@ -149,9 +173,23 @@ def generate(data: Path, rows: int, bench_tasks: int, seed: int = 0) -> None:
         return " ".join(rng.choices(vocab, k=rng.randint(lo, hi)))
 
     def table(name, texts):
-        return pa.Table.from_pylist([{"path": f"{name}-{i}", "task_binary": b"", "task_id": f"{name}-{i}", "source": name,
-                                      "instruction": t, "has_solution": False, "has_tests": False,
-                                      "runnable_locally": True, "metadata": "{}"} for i, t in enumerate(texts)], TASK_SCHEMA)
+        return pa.Table.from_pylist(
+            [
+                {
+                    "path": f"{name}-{i}",
+                    "task_binary": b"",
+                    "task_id": f"{name}-{i}",
+                    "source": name,
+                    "instruction": t,
+                    "has_solution": False,
+                    "has_tests": False,
+                    "runnable_locally": True,
+                    "metadata": "{}",
+                }
+                for i, t in enumerate(texts)
+            ],
+            TASK_SCHEMA,
+        )
 
     bench, planted = [text(200, 800) + "." for _ in range(bench_tasks)], {}
     pq.write_table(table(BENCH, bench), data / "bench.parquet")
@@ -165,16 +203,19 @@ def generate(data: Path, rows: int, bench_tasks: int, seed: int = 0) -> None:
                 elif roll < 0.012:
                     src = rng.choice(bench).split()
                     k = rng.randint(0, len(src) - 40)
-                    t += " " + " ".join(src[k:k + rng.randint(20, 40)])
+                    t += " " + " ".join(src[k : k + rng.randint(20, 40)])
                     planted[f"train-{i}"] = "quote"
                 elif roll < 0.015:  # a reworded span: every 6th word replaced, so no 13-gram survives
                     src = rng.choice(bench).split()
                     k = rng.randint(0, len(src) - 150)
-                    t = " ".join(rng.choice(vocab) if j % 6 == 5 else w for j, w in enumerate(src[k:k + rng.randint(50, 150)]))
+                    t = " ".join(
+                        rng.choice(vocab) if j % 6 == 5 else w for j, w in enumerate(src[k : k + rng.randint(50, 150)])
+                    )
                     planted[f"train-{i}"] = "reworded"
                 batch.append(t)
-            writer.write_table(table("train", batch).set_column(0, "path", pa.array(
-                [f"train-{start + i}" for i in range(len(batch))])))
+            writer.write_table(
+                table("train", batch).set_column(0, "path", pa.array([f"train-{start + i}" for i in range(len(batch))]))
+            )
     (data / "planted.json").write_text(json.dumps(planted))
     stamp.write_text(json.dumps(want))
 
@@ -184,7 +225,9 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
     """One implementation; `rows_cap` bounds the pairwise one (its time is extrapolated)."""
     import pyarrow.parquet as pq
 
-    bench = [(BENCH, list(zip(*pq.read_table(data / "bench.parquet", columns=["path", "instruction"]).to_pydict().values())))]
+    bench = [
+        (BENCH, list(zip(*pq.read_table(data / "bench.parquet", columns=["path", "instruction"]).to_pydict().values())))
+    ]
     t0 = time.perf_counter()
     if impl == "duckdb":
         from otbuild.settings.recipe import TaskFilter
@@ -192,7 +235,9 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
         from otbuild.stagekit import Inputs
 
         settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram, "fuzzy": fuzzy})
-        stats = task_filter.run(settings, Inputs.of(tasks=[data / "train.parquet"], held_out=[data / "bench.parquet"]), work)
+        stats = task_filter.run(
+            settings, Inputs.of(tasks=[data / "train.parquet"], held_out=[data / "bench.parquet"]), work
+        )
         rows = pq.read_table(work / "rejected.parquet", columns=["path", "reason"]).to_pydict()
         verdicts = dict(zip(rows["path"], rows["reason"]))
         seen = pq.read_metadata(data / "train.parquet").num_rows
@@ -204,8 +249,11 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
             b = batch.to_pydict()
             if impl == "python-pairwise":
                 b = {k: v[: rows_cap - seen] for k, v in b.items()}
-            found = reference(b["instruction"], bench, ngram, fuzzy=fuzzy) if impl == "python-pairwise" else dict(
-                indexed(b["instruction"], bench, ngram, fuzzy=fuzzy))
+            found = (
+                reference(b["instruction"], bench, ngram, fuzzy=fuzzy)
+                if impl == "python-pairwise"
+                else dict(indexed(b["instruction"], bench, ngram, fuzzy=fuzzy))
+            )
             verdicts.update({b["path"][i]: r for i, r in found.items()})
             seen += len(b["path"])
             if impl == "python-pairwise" and seen >= rows_cap:
@@ -215,8 +263,22 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
 
 def run_child(impl: str, data: Path, work: Path, args, fuzzy: float | None, rows_cap: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, __file__, "--child", impl, "--data-dir", str(data), "--work", str(work),
-           "--ngram", str(args.ngram), "--pairwise-rows", str(rows_cap), "--fuzzy", str(fuzzy or 0)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        impl,
+        "--data-dir",
+        str(data),
+        "--work",
+        str(work),
+        "--ngram",
+        str(args.ngram),
+        "--pairwise-rows",
+        str(rows_cap),
+        "--fuzzy",
+        str(fuzzy or 0),
+    ]
     proc = subprocess.Popen(cmd)
     _, status, usage = os.wait4(proc.pid, 0)  # rusage of this child alone
     if os.waitstatus_to_exitcode(status) != 0:
@@ -229,14 +291,19 @@ IMPLS = ("duckdb", "python-index", "python-pairwise")
 
 def main() -> int:
     from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=50_000)
     p.add_argument("--benchmark-tasks", type=int, default=500)
     p.add_argument("--ngram", type=int, default=13)
     p.add_argument("--pairwise-rows", type=int, default=200, help="rows the pairwise version sees (extrapolated)")
     p.add_argument("--fuzzy", type=float, default=0.8, help="the fuzzy pass's threshold (0: leave the fuzzy runs out)")
-    p.add_argument("--fuzzy-pairwise-rows", type=int, default=1,
-                   help="rows the pairwise fuzzy version (every pair scored, as OpenThoughts-Agent does) sees")
+    p.add_argument(
+        "--fuzzy-pairwise-rows",
+        type=int,
+        default=1,
+        help="rows the pairwise fuzzy version (every pair scored, as OpenThoughts-Agent does) sees",
+    )
     p.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-bench-decontaminate")
     p.add_argument("--child"), p.add_argument("--data-dir", type=Path), p.add_argument("--work", type=Path)
     args = p.parse_args()
@@ -246,10 +313,13 @@ def main() -> int:
     data = args.out / "data"
     generate(data, args.rows, args.benchmark_tasks)
     planted = json.loads((data / "planted.json").read_text())
-    runs = [("", None, args.pairwise_rows)] + ([(f"+fuzzy {args.fuzzy}", args.fuzzy, args.fuzzy_pairwise_rows)]
-                                              if args.fuzzy else [])
-    print(f"decontaminate: {args.rows:,} training rows x {args.benchmark_tasks} benchmark tasks, {args.ngram}-grams; "
-          f"{os.cpu_count()} CPUs, OTBUILD_DUCKDB_MEMORY={os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB (default)')}")
+    runs = [("", None, args.pairwise_rows)] + (
+        [(f"+fuzzy {args.fuzzy}", args.fuzzy, args.fuzzy_pairwise_rows)] if args.fuzzy else []
+    )
+    print(
+        f"decontaminate: {args.rows:,} training rows x {args.benchmark_tasks} benchmark tasks, {args.ngram}-grams; "
+        f"{os.cpu_count()} CPUs, OTBUILD_DUCKDB_MEMORY={os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB (default)')}"
+    )
     print(f"{'implementation':<28}{'rows':>9}{'seconds':>12}{'rows/s':>11}{'peak RSS MB':>13}  speed vs python-index")
     agree, summary = True, []
     for label, fuzzy, cap in runs:
@@ -259,16 +329,22 @@ def main() -> int:
         for impl, r in results.items():
             full = r["s"] * args.rows / r["rows"]  # the pairwise version's time for every row, extrapolated
             note = f"{base['s'] / full:.2f}x" + (" (extrapolated)" if r["rows"] < args.rows else "")
-            print(f"{impl + label:<28}{r['rows']:>9,}{full:>12.1f}{args.rows / full:>11,.0f}{r['rss_mb']:>13,.0f}  {note}")
+            print(
+                f"{impl + label:<28}{r['rows']:>9,}{full:>12.1f}{args.rows / full:>11,.0f}{r['rss_mb']:>13,.0f}  {note}"
+            )
         duck, sample = results["duckdb"]["verdicts"], results["python-pairwise"]["verdicts"]
         seen = {f"train-{i}" for i in range(results["python-pairwise"]["rows"])}
         same = duck == base["verdicts"] and {k: v for k, v in duck.items() if k in seen} == sample
         agree &= same
-        kinds = {k: (sum(1 for p in planted.values() if p == k), sum(1 for p, v in planted.items() if v == k and p in duck))
-                 for k in ("copy", "quote", "reworded")}
-        summary.append(f"{(label or 'n-grams').strip('+')}: contaminated rows {len(duck):,} ({len(duck) / args.rows:.2%}); "
-                       f"planted found: {', '.join(f'{k} {f}/{n}' for k, (n, f) in kinds.items())}; "
-                       f"outputs: {'MATCH' if same else 'DIFFER'}")
+        kinds = {
+            k: (sum(1 for p in planted.values() if p == k), sum(1 for p, v in planted.items() if v == k and p in duck))
+            for k in ("copy", "quote", "reworded")
+        }
+        summary.append(
+            f"{(label or 'n-grams').strip('+')}: contaminated rows {len(duck):,} ({len(duck) / args.rows:.2%}); "
+            f"planted found: {', '.join(f'{k} {f}/{n}' for k, (n, f) in kinds.items())}; "
+            f"outputs: {'MATCH' if same else 'DIFFER'}"
+        )
     print("\n".join(summary))
     return 0 if agree else 1
 

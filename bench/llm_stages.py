@@ -47,20 +47,43 @@ def generate(out: Path, rows: int, shards: int, binary_bytes: int) -> Path:
     with pq.ParquetWriter(src, TASK_SCHEMA) as w:
         for start in range(0, rows, 5000):
             n = min(5000, rows - start)
-            w.write_table(pa.Table.from_pylist([
-                {"path": f"t{i}", "task_binary": rng.randbytes(binary_bytes), "task_id": f"{i:012x}",
-                 "source": "s", "instruction": f"Task {i}: " + "do the thing " * rng.randint(5, 80),
-                 "has_solution": True, "has_tests": True, "runnable_locally": True, "metadata": "{}"}
-                for i in range(start, start + n)], TASK_SCHEMA))
+            w.write_table(
+                pa.Table.from_pylist(
+                    [
+                        {
+                            "path": f"t{i}",
+                            "task_binary": rng.randbytes(binary_bytes),
+                            "task_id": f"{i:012x}",
+                            "source": "s",
+                            "instruction": f"Task {i}: " + "do the thing " * rng.randint(5, 80),
+                            "has_solution": True,
+                            "has_tests": True,
+                            "runnable_locally": True,
+                            "metadata": "{}",
+                        }
+                        for i in range(start, start + n)
+                    ],
+                    TASK_SCHEMA,
+                )
+            )
     for k in range(shards):
         mine = range(k, rows, shards)
         dest = shard_path(out / "art", shards, k)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pydict({
-            "request": list(mine), "text": [f"Rating: {1 + i % 100}. " + "because " * 40 for i in mine],
-            "error": [None] * len(mine), "n_output_tokens": [50] * len(mine), "usage_reported": [True] * len(mine),
-            "n_input_tokens": [200] * len(mine),
-        }, ANSWER_SCHEMA), dest)
+        pq.write_table(
+            pa.Table.from_pydict(
+                {
+                    "request": list(mine),
+                    "text": [f"Rating: {1 + i % 100}. " + "because " * 40 for i in mine],
+                    "error": [None] * len(mine),
+                    "n_output_tokens": [50] * len(mine),
+                    "usage_reported": [True] * len(mine),
+                    "n_input_tokens": [200] * len(mine),
+                },
+                ANSWER_SCHEMA,
+            ),
+            dest,
+        )
     return src
 
 
@@ -68,8 +91,11 @@ def merge_stream(src: Path, art: Path, shards: int) -> None:
     from otbuild.settings.recipe import TaskScorer
     from otbuild.stages import task_score
 
-    task_score.run(TaskScorer(kind="askllm", shards=shards, engine="openai", model="m",
-                              base_url="http://127.0.0.1:1/v1"), [src], art)
+    task_score.run(
+        TaskScorer(kind="askllm", shards=shards, engine="openai", model="m", base_url="http://127.0.0.1:1/v1"),
+        [src],
+        art,
+    )
 
 
 def merge_whole(src: Path, art: Path, shards: int) -> None:
@@ -81,12 +107,17 @@ def merge_whole(src: Path, art: Path, shards: int) -> None:
     from otbuild.stages.task_score import score
 
     table = pq.read_table(src)
-    answers = sorted((a for k in range(shards) for a in pq.read_table(shard_path(art, shards, k)).to_pylist()),
-                     key=lambda a: a["request"])
+    answers = sorted(
+        (a for k in range(shards) for a in pq.read_table(shard_path(art, shards, k)).to_pylist()),
+        key=lambda a: a["request"],
+    )
     rows = table.to_pylist()  # the whole table as Python objects, as before
     scores = [score("askllm", a) for a in answers]
-    out = pa.Table.from_pylist(rows, table.schema).append_column("llm_score", pa.array(scores, pa.float64())) \
+    out = (
+        pa.Table.from_pylist(rows, table.schema)
+        .append_column("llm_score", pa.array(scores, pa.float64()))
         .append_column("llm_response", pa.array([a["text"][:2000] for a in answers], pa.string()))
+    )
     pq.write_table(out, art / "tasks.parquet", compression="zstd")
 
 
@@ -102,6 +133,7 @@ def child(way: str, src: Path, art: Path, shards: int) -> tuple[float, float]:
 
 def main() -> int:
     from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--shards", type=int, default=8)

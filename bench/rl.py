@@ -41,9 +41,19 @@ def student(dest: Path) -> Path:
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
-    make_tiny_model(dest, arch="qwen3", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=4096,
-                    chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL)
+    make_tiny_model(
+        dest,
+        arch="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+    )
     (dest / "checkpoint.json").write_text("{}")
     return dest / "checkpoint.json"
 
@@ -52,11 +62,25 @@ def run_mode(mode: str, checkpoint: Path, tasks: Path, args, work: Path) -> list
     from otbuild.settings.stages import RlSettings
     from otbuild.train.rl.trainer import train
 
-    cfg = RlSettings(steps=args.steps, batch_size=args.tasks, samples_per_task=args.samples, max_tokens=args.max_tokens,
-                     max_context=4096, learning_rate=1e-3, temperature=1.0, rollout="vllm", weight_sync=mode,
-                     prompt="compact", sandbox={"max_episodes": 2},
-                     vllm_args={"dtype": "float32", "max_model_len": 4096, "enforce_eager": args.eager,
-                                "log_path": str(work / f"vllm-{mode}.log")})
+    cfg = RlSettings(
+        steps=args.steps,
+        batch_size=args.tasks,
+        samples_per_task=args.samples,
+        max_tokens=args.max_tokens,
+        max_context=4096,
+        learning_rate=1e-3,
+        temperature=1.0,
+        rollout="vllm",
+        weight_sync=mode,
+        prompt="compact",
+        sandbox={"max_episodes": 2},
+        vllm_args={
+            "dtype": "float32",
+            "max_model_len": 4096,
+            "enforce_eager": args.eager,
+            "log_path": str(work / f"vllm-{mode}.log"),
+        },
+    )
     out = work / f"rl-{mode}"
     train(cfg, [checkpoint, tasks], out)
     return [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
@@ -78,17 +102,27 @@ def coin_tasks(dest: Path, n: int) -> Path:
     return dest
 
 
-def run_staleness(staleness: int, checkpoint: Path, tasks: Path, args, work: Path, name: str = ""
-                  ) -> tuple[float, list[dict]]:
+def run_staleness(
+    staleness: int, checkpoint: Path, tasks: Path, args, work: Path, name: str = ""
+) -> tuple[float, list[dict]]:
     """The run's wall time and log with rollouts in process and `max_staleness`."""
     import time
 
     from otbuild.settings.stages import RlSettings
     from otbuild.train.rl.trainer import train
 
-    cfg = RlSettings(steps=args.steps, batch_size=args.tasks, samples_per_task=args.samples, max_tokens=args.max_tokens,
-                     max_context=4096, learning_rate=1e-3, temperature=1.0, prompt="compact",
-                     sandbox={"max_episodes": 2}, max_staleness=staleness)
+    cfg = RlSettings(
+        steps=args.steps,
+        batch_size=args.tasks,
+        samples_per_task=args.samples,
+        max_tokens=args.max_tokens,
+        max_context=4096,
+        learning_rate=1e-3,
+        temperature=1.0,
+        prompt="compact",
+        sandbox={"max_episodes": 2},
+        max_staleness=staleness,
+    )
     out = work / f"rl-staleness-{staleness}{name}"
     start = time.monotonic()
     train(cfg, [checkpoint, tasks], out)
@@ -99,25 +133,40 @@ def print_sync(logs: dict) -> None:
     print("  ".join(f"{h:>11}" for h in ("weight_sync", "step", "how", "sync", "rollout", "update")))
     for mode in MODES:
         for r in logs[mode]:
-            cells = (mode, r["step"], r["weight_sync"], f"{r['sync_seconds']:.2f}", f"{r['rollout_seconds']:.2f}",
-                     f"{r['update_seconds']:.2f}")
+            cells = (
+                mode,
+                r["step"],
+                r["weight_sync"],
+                f"{r['sync_seconds']:.2f}",
+                f"{r['rollout_seconds']:.2f}",
+                f"{r['update_seconds']:.2f}",
+            )
             print("  ".join(f"{x:>11}" for x in cells))
     later = {m: [r["sync_seconds"] for r in logs[m][1:]] for m in MODES}
     mean = {m: sum(v) / len(v) for m, v in later.items()}
-    print(f"sync after the first step: restart {mean['restart']:.2f} s, reload {mean['reload']:.3f} s "
-          f"({mean['restart'] / max(mean['reload'], 1e-9):.0f}x faster in place)")
+    print(
+        f"sync after the first step: restart {mean['restart']:.2f} s, reload {mean['reload']:.3f} s "
+        f"({mean['restart'] / max(mean['reload'], 1e-9):.0f}x faster in place)"
+    )
 
 
 def print_staleness(runs: dict) -> None:
     print("  ".join(f"{h:>13}" for h in ("max_staleness", "step", "versions", "rollout", "update")))
     for staleness, (_, log) in runs.items():
         for r in log:
-            cells = (staleness, r["step"], ",".join(map(str, r.get("weight_versions", ["-"]))),
-                     f"{r['rollout_seconds']:.2f}", f"{r['update_seconds']:.2f}")
+            cells = (
+                staleness,
+                r["step"],
+                ",".join(map(str, r.get("weight_versions", ["-"]))),
+                f"{r['rollout_seconds']:.2f}",
+                f"{r['update_seconds']:.2f}",
+            )
             print("  ".join(f"{x:>13}" for x in cells))
     wall = {k: w for k, (w, _) in runs.items()}
-    print(f"wall time: max_staleness 0 {wall[0]:.1f} s, max_staleness 1 {wall[1]:.1f} s "
-          f"(x{wall[1] / wall[0]:.2f} of the synchronous loop)")
+    print(
+        f"wall time: max_staleness 0 {wall[0]:.1f} s, max_staleness 1 {wall[1]:.1f} s "
+        f"(x{wall[1] / wall[0]:.2f} of the synchronous loop)"
+    )
 
 
 def main(argv=None) -> int:
@@ -130,8 +179,11 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=2, help="samples per task (>= 2)")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", type=out_dir, help="where the runs go (default: a temporary dir)")
-    p.add_argument("--eager", action="store_true", help="serve uncompiled (vLLM's --enforce-eager): a start in "
-                   "seconds; what the tests' tiny runs take")
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="serve uncompiled (vLLM's --enforce-eager): a start in seconds; what the tests' tiny runs take",
+    )
     args = p.parse_args(argv)
     if args.steps < 2 or args.samples < 2 or args.tasks < 1:
         p.error("--steps and --samples must be >= 2, --tasks >= 1")

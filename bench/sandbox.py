@@ -55,8 +55,10 @@ TARGET_RATIO = 0.25  # otbuild per trial / Harbor per trial (issue 28.3; 0.5 bef
 # Harbor 0.26 earlier on this kind of machine, with a bubblewrap environment class
 HARBOR_REFERENCE = "Harbor 0.26 earlier (bubblewrap env class): ~8 s start-up, ~125 ms/trial at c=1, ~75 ms at c=4"
 
-TASK_TOML = ('version = "1.0"\n\n[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n'
-             "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n")
+TASK_TOML = (
+    'version = "1.0"\n\n[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n'
+    "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n"
+)
 DOCKERFILE = "FROM ubuntu:24.04\nWORKDIR /app\n"
 
 
@@ -76,10 +78,13 @@ def make_task(index: int, steps: int = 1):
     task.add("task.toml", TASK_TOML)
     task.add("environment/Dockerfile", DOCKERFILE)
     task.add("solution/solve.sh", "#!/bin/bash\n" + solve, executable=True)
-    task.add("tests/test.sh",
-             "#!/bin/bash\nmkdir -p /logs/verifier\n"
-             f'if [ "$(cat /app/out.txt 2>/dev/null)" = "{want}" ]; then echo 1 > /logs/verifier/reward.txt\n'
-             "else echo 0 > /logs/verifier/reward.txt; fi\n", executable=True)
+    task.add(
+        "tests/test.sh",
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        f'if [ "$(cat /app/out.txt 2>/dev/null)" = "{want}" ]; then echo 1 > /logs/verifier/reward.txt\n'
+        "else echo 0 > /logs/verifier/reward.txt; fi\n",
+        executable=True,
+    )
     return task
 
 
@@ -119,9 +124,15 @@ async def run_batch(tasks, engine, concurrency: int, work: Path, backend: str) -
             trace = await run_trial(task, task.task_id(), engine, settings, work / str(i))
             await asyncio.to_thread(shutil.rmtree, work / str(i), True)
             t1 = time.perf_counter()
-        return {"task": task.name, "start": t0, "end": t1, "reward": trace["reward"],
-                "exception": trace["exception"], "n_turns": trace["n_turns"],
-                "message": json.loads(trace["metadata"]).get("exception_message")}
+        return {
+            "task": task.name,
+            "start": t0,
+            "end": t1,
+            "reward": trace["reward"],
+            "exception": trace["exception"],
+            "n_turns": trace["n_turns"],
+            "message": json.loads(trace["metadata"]).get("exception_message"),
+        }
 
     return await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
 
@@ -135,8 +146,10 @@ def child_otbuild(args) -> None:
     engine = TimedEngine(OracleEngine())
     tasks = [make_task(i) for i in range(args.trials)]
     work = args.work / "trials"
-    out = {"t_imports": t_imports, "trials": asyncio.run(
-        run_batch(tasks, engine, args.concurrency, work, args.backend))}
+    out = {
+        "t_imports": t_imports,
+        "trials": asyncio.run(run_batch(tasks, engine, args.concurrency, work, args.backend)),
+    }
     out["turns_1"] = _turn_gaps(engine.calls)
     if args.steps:  # per-turn latency: a task of many trivial commands, a few times
         engine = TimedEngine(OracleEngine())
@@ -180,6 +193,7 @@ def child_profile(args) -> None:
                 return fn(*a, **kw)
             finally:
                 spent[name].append(time.perf_counter() - t0)
+
         return wrapper
 
     # sandbox start (open_sandbox and its parts)
@@ -199,9 +213,13 @@ def child_profile(args) -> None:
     def read(self, seconds, until_ready=True):
         n = reads[id(self)]
         reads[id(self)] += 1
-        name = ("terminal: first prompt (bwrap + bash -i start, settle)" if n == 0 else
-                "terminal: command turn read (until prompt)" if until_ready else
-                "terminal: no-command turn read (what is there, no wait)")
+        name = (
+            "terminal: first prompt (bwrap + bash -i start, settle)"
+            if n == 0
+            else "terminal: command turn read (until prompt)"
+            if until_ready
+            else "terminal: no-command turn read (what is there, no wait)"
+        )
         return timed(name, orig_read)(self, seconds, until_ready)
 
     Terminal.read = read
@@ -216,13 +234,11 @@ def child_profile(args) -> None:
     # the sandbox's commands and teardown
     sbs.Sandbox.argv = timed("sandbox.argv (build bwrap argv; verifier copies tests/)", sbs.Sandbox.argv)
     sbs.Sandbox.park = timed("verifier: box.park (start its sandbox, held)", sbs.Sandbox.park)
-    sbs.Parked.run = timed("verifier: parked.run(test.sh) (copy tests, run, its namespace gone)",
-                           sbs.Parked.run)
+    sbs.Parked.run = timed("verifier: parked.run(test.sh) (copy tests, run, its namespace gone)", sbs.Parked.run)
     orig_kill_all = sbs.Sandbox.kill_all
 
     def kill_all(self, keep=None):
-        return timed("kill_all (each; 2 per trial: the terminal's namespace, then a check)",
-                     orig_kill_all)(self, keep)
+        return timed("kill_all (each; 2 per trial: the terminal's namespace, then a check)", orig_kill_all)(self, keep)
 
     sbs.Sandbox.kill_all = kill_all
     sbs.end_namespace = timed("  end_namespace (kill a launcher's pid-1, wait: no /proc scan)", sbs.end_namespace)
@@ -243,6 +259,7 @@ def child_profile(args) -> None:
         orig_sleep(s)
 
     from otbuild.sandbox import procs
+
     procs.time = type("T", (), {"monotonic": staticmethod(time.monotonic), "sleep": staticmethod(sleep)})
 
     engine = OracleEngine()
@@ -277,21 +294,32 @@ def child_profile(args) -> None:
     rows = asyncio.run(run_batch(tasks[1:], engine, 1, args.work / "trials", args.backend))
     wall = time.perf_counter() - t0
     shutil.rmtree = orig_rmtree
-    (args.work / "result.json").write_text(json.dumps(
-        {"spent": spent, "counts": counts, "wall": wall, "trials": rows}))
+    (args.work / "result.json").write_text(json.dumps({"spent": spent, "counts": counts, "wall": wall, "trials": rows}))
 
 
 # --------------------------------------------------------------------------------------------
 # parent: launching children
 
 
-def run_otbuild(kind: str, trials: int, concurrency: int, work: Path, backend: str,
-                steps: int = 0) -> dict:
+def run_otbuild(kind: str, trials: int, concurrency: int, work: Path, backend: str, steps: int = 0) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--trials", str(trials),
-           "--concurrency", str(concurrency), "--work", str(work), "--backend", backend,
-           "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        kind,
+        "--trials",
+        str(trials),
+        "--concurrency",
+        str(concurrency),
+        "--work",
+        str(work),
+        "--backend",
+        backend,
+        "--steps",
+        str(steps),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, check=False)
     wall = time.perf_counter() - t0
@@ -326,20 +354,29 @@ def run_harbor(tasks_dir: Path, concurrency: int, work: Path) -> dict:
     name = f"bench-c{concurrency}"
     jobs = work / "jobs"
     shutil.rmtree(jobs / name, ignore_errors=True)
-    cfg = job_config(tasks_dir, jobs, name, agent="oracle", environment="otbuild",
-                     n_concurrent=concurrency,
-                     environment_kwargs={"workdir": str(work / "roots")})
+    cfg = job_config(
+        tasks_dir,
+        jobs,
+        name,
+        agent="oracle",
+        environment="otbuild",
+        n_concurrent=concurrency,
+        environment_kwargs={"workdir": str(work / "roots")},
+    )
     assert cfg["environment"]["import_path"] == OTBUILD_IMPORT_PATH
     path = write_job_config(work / f"{name}.json", cfg)
     log = work / f"{name}.log"
     t_wall, t0 = time.time(), time.perf_counter()
     with open(log, "wb") as f:
-        proc = subprocess.run(harbor_command(path), stdout=f, stderr=subprocess.STDOUT, cwd=work,
-                              env=harbor_env(), check=False)
+        proc = subprocess.run(
+            harbor_command(path), stdout=f, stderr=subprocess.STDOUT, cwd=work, env=harbor_env(), check=False
+        )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise ChildFailed(f"harbor run (concurrency {concurrency}) exited {proc.returncode}; "
-                          f"log {log}:\n{log.read_text(errors='replace')[-2000:]}")
+        raise ChildFailed(
+            f"harbor run (concurrency {concurrency}) exited {proc.returncode}; "
+            f"log {log}:\n{log.read_text(errors='replace')[-2000:]}"
+        )
     rows = []
     for res in sorted((jobs / name).glob("*/result.json")):
         r = json.loads(res.read_text())
@@ -348,9 +385,16 @@ def run_harbor(tasks_dir: Path, concurrency: int, work: Path) -> dict:
         # harbor's timestamps are UTC ("...Z"); map them onto perf_counter via the launch
         start = _ts(r["started_at"]) - t_wall + t0
         end = _ts(r["finished_at"]) - t_wall + t0
-        rows.append({"task": r.get("task_name"), "start": start, "end": end,
-                     "reward": rewards.get("reward"), "exception": exc.get("exception_type"),
-                     "message": exc.get("exception_message")})
+        rows.append(
+            {
+                "task": r.get("task_name"),
+                "start": start,
+                "end": end,
+                "reward": rewards.get("reward"),
+                "exception": exc.get("exception_type"),
+                "message": exc.get("exception_message"),
+            }
+        )
     return {"launch": t0, "process_wall": wall, "trials": rows}
 
 
@@ -369,12 +413,15 @@ def summarise(system: str, concurrency: int, res: dict) -> dict:
     n = len(rows)
     per_trial = (ends[-1] - ends[0]) / (n - 1) if n > 1 else lat[0]
     return {
-        "system": system, "concurrency": concurrency, "trials": n,
+        "system": system,
+        "concurrency": concurrency,
+        "trials": n,
         "startup_s": ends[0] - res["launch"],
         "imports_s": res["t_imports"] - res["launch"] if "t_imports" in res else None,
         "per_trial_s": per_trial,
         "trials_per_s": 1 / per_trial if per_trial > 0 else float("inf"),
-        "lat_median_s": statistics.median(lat), "lat_p90_s": _pct(lat, 0.9),
+        "lat_median_s": statistics.median(lat),
+        "lat_p90_s": _pct(lat, 0.9),
         "process_wall_s": res["process_wall"],
         "failed": [r for r in rows if r["reward"] != 1],
     }
@@ -410,33 +457,61 @@ def print_table(title: str, header: list[str], body: list[list[str]], left: int 
 
 def report(summaries: list[dict], turns: dict, profile: dict | None, args) -> None:
     by = {(s["system"], s["concurrency"]): s for s in summaries}
-    header = ["system", "concurrency", "trials", "start-up s (to 1st trial)", "per trial ms",
-              "trials/s", "latency median ms", "latency p90 ms", "process wall s",
-              "per trial vs harbor"]
+    header = [
+        "system",
+        "concurrency",
+        "trials",
+        "start-up s (to 1st trial)",
+        "per trial ms",
+        "trials/s",
+        "latency median ms",
+        "latency p90 ms",
+        "process wall s",
+        "per trial vs harbor",
+    ]
     body = []
     for s in summaries:
         h = by.get(("harbor", s["concurrency"]))
         ratio = f"{s['per_trial_s'] / h['per_trial_s']:.2f}x" if s["system"] == "otbuild" and h else ""
-        body.append([s["system"], str(s["concurrency"]), str(s["trials"]), f"{s['startup_s']:.3f}",
-                     _ms(s["per_trial_s"]), f"{s['trials_per_s']:.1f}", _ms(s["lat_median_s"]),
-                     _ms(s["lat_p90_s"]), f"{s['process_wall_s']:.2f}", ratio])
-    print(f"machine: {os.cpu_count()} CPUs, uid {os.geteuid()}, backend {args.backend}, python "
-          f"{sys.version.split()[0]}; task: one command (echo ok > /app/out.txt) + a verifier")
-    print("per trial = (last trial finished - first finished) / (trials - 1); latency = one "
-          "trial's own start to finish; start-up = process launch to first trial finished")
-    print_table("otbuild trial loop (run_trial + oracle) vs Harbor (oracle + OtbuildEnvironment)",
-                header, body)
+        body.append(
+            [
+                s["system"],
+                str(s["concurrency"]),
+                str(s["trials"]),
+                f"{s['startup_s']:.3f}",
+                _ms(s["per_trial_s"]),
+                f"{s['trials_per_s']:.1f}",
+                _ms(s["lat_median_s"]),
+                _ms(s["lat_p90_s"]),
+                f"{s['process_wall_s']:.2f}",
+                ratio,
+            ]
+        )
+    print(
+        f"machine: {os.cpu_count()} CPUs, uid {os.geteuid()}, backend {args.backend}, python "
+        f"{sys.version.split()[0]}; task: one command (echo ok > /app/out.txt) + a verifier"
+    )
+    print(
+        "per trial = (last trial finished - first finished) / (trials - 1); latency = one "
+        "trial's own start to finish; start-up = process launch to first trial finished"
+    )
+    print_table("otbuild trial loop (run_trial + oracle) vs Harbor (oracle + OtbuildEnvironment)", header, body)
     c1 = by.get(("otbuild", 1))
     if turns:
         cmd, conf = turns.get("command") or [], turns.get("confirm") or []
+
         def cell(xs, q):
             return f"{(statistics.median(xs) if q == 0.5 else _pct(sorted(xs), q)) * 1000:.2f}" if xs else ""
 
-        tb = [["command turn (send + read until prompt + harness)", str(len(cmd)), cell(cmd, 0.5), cell(cmd, 0.9)],
-              ["task_complete turn without commands (no wait)", str(len(conf)), cell(conf, 0.5),
-               cell(conf, 0.9)]]
-        print_table(f"otbuild per-turn latency (oracle, {args.steps}-command task, concurrency 1)",
-                    ["turn", "n", "median ms", "p90 ms"], tb)
+        tb = [
+            ["command turn (send + read until prompt + harness)", str(len(cmd)), cell(cmd, 0.5), cell(cmd, 0.9)],
+            ["task_complete turn without commands (no wait)", str(len(conf)), cell(conf, 0.5), cell(conf, 0.9)],
+        ]
+        print_table(
+            f"otbuild per-turn latency (oracle, {args.steps}-command task, concurrency 1)",
+            ["turn", "n", "median ms", "p90 ms"],
+            tb,
+        )
     if profile:
         n = len(profile["trials"])
         pb = []
@@ -444,34 +519,48 @@ def report(summaries: list[dict], turns: dict, profile: dict | None, args) -> No
             pb.append([name, str(len(xs)), f"{sum(xs) / n * 1000:.1f}", f"{statistics.median(xs) * 1000:.2f}"])
         for name, k in profile["counts"].items():
             pb.append([name, str(k), "", f"{k / n:.1f} per trial"])
-        print_table(f"otbuild phase profile ({n} trials, concurrency 1, wall {profile['wall'] / n * 1000:.0f} "
-                    "ms/trial with wrappers)", ["phase", "calls", "ms per trial", "median ms per call"], pb)
+        print_table(
+            f"otbuild phase profile ({n} trials, concurrency 1, wall {profile['wall'] / n * 1000:.0f} "
+            "ms/trial with wrappers)",
+            ["phase", "calls", "ms per trial", "median ms per call"],
+            pb,
+        )
     print(HARBOR_REFERENCE)
     if c1:
         ok = c1["startup_s"] < TARGET_STARTUP_S
-        print(f"{'PASS' if ok else 'FAIL'}: otbuild start-up {c1['startup_s']:.3f} s "
-              f"(imports {c1['imports_s']:.3f} s) (target < {TARGET_STARTUP_S:g} s)")
-        print(f"otbuild trial overhead at concurrency 1: median {_ms(c1['lat_median_s'])} ms, "
-              f"p90 {_ms(c1['lat_p90_s'])} ms over {c1['trials']} trials")
+        print(
+            f"{'PASS' if ok else 'FAIL'}: otbuild start-up {c1['startup_s']:.3f} s "
+            f"(imports {c1['imports_s']:.3f} s) (target < {TARGET_STARTUP_S:g} s)"
+        )
+        print(
+            f"otbuild trial overhead at concurrency 1: median {_ms(c1['lat_median_s'])} ms, "
+            f"p90 {_ms(c1['lat_p90_s'])} ms over {c1['trials']} trials"
+        )
     for s in summaries:
         h = by.get(("harbor", s["concurrency"]))
         if s["system"] != "otbuild" or not h:
             continue
         r = s["per_trial_s"] / h["per_trial_s"]
-        print(f"{'PASS' if r <= TARGET_RATIO else 'FAIL'}: concurrency {s['concurrency']}: otbuild "
-              f"{_ms(s['per_trial_s'])} ms/trial vs harbor {_ms(h['per_trial_s'])} ms/trial = {r:.2f}x "
-              f"(target <= {TARGET_RATIO:g}x)")
+        print(
+            f"{'PASS' if r <= TARGET_RATIO else 'FAIL'}: concurrency {s['concurrency']}: otbuild "
+            f"{_ms(s['per_trial_s'])} ms/trial vs harbor {_ms(h['per_trial_s'])} ms/trial = {r:.2f}x "
+            f"(target <= {TARGET_RATIO:g}x)"
+        )
     if not any(s["system"] == "harbor" for s in summaries):
         print("harbor: not run (--no-harbor or no .venv-harbor); no per-trial comparison")
 
 
 def _progress(s: dict) -> None:
-    print(f"{s['system']} c={s['concurrency']}: start-up {s['startup_s']:.3f} s, {_ms(s['per_trial_s'])} "
-          f"ms/trial, median latency {_ms(s['lat_median_s'])} ms", flush=True)
+    print(
+        f"{s['system']} c={s['concurrency']}: start-up {s['startup_s']:.3f} s, {_ms(s['per_trial_s'])} "
+        f"ms/trial, median latency {_ms(s['lat_median_s'])} ms",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=40, help="copies of the one-command task per run")
     ap.add_argument("--concurrency", default="1,2,4,8", help="otbuild concurrency levels")
@@ -502,8 +591,14 @@ def main(argv: list[str] | None = None) -> int:
         # otbuild and harbor alternate, level by level, so both see the same machine load
         for c in sorted(set(levels) | (set(harbor_levels) if use_harbor else set())):
             if c in levels:
-                res = run_otbuild("otbuild", args.trials, c, out / f"otbuild-c{c}", args.backend,
-                                  steps=args.steps if c == levels[0] else 0)
+                res = run_otbuild(
+                    "otbuild",
+                    args.trials,
+                    c,
+                    out / f"otbuild-c{c}",
+                    args.backend,
+                    steps=args.steps if c == levels[0] else 0,
+                )
                 s = summarise("otbuild", c, res)
                 summaries.append(s)
                 if "turns_k" in res:
@@ -525,8 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     report(summaries, turns, profile, args)
     failed = [(s["system"], s["concurrency"], r) for s in summaries for r in s["failed"]]
     for system, c, r in failed[:10]:
-        print(f"FAILED TRIAL: {system} c={c} {r['task']}: reward {r['reward']}, exception "
-              f"{r['exception']}: {(r.get('message') or '')[:300]}")
+        print(
+            f"FAILED TRIAL: {system} c={c} {r['task']}: reward {r['reward']}, exception "
+            f"{r['exception']}: {(r.get('message') or '')[:300]}"
+        )
     print(f"trials: {'ALL PASSED (reward 1)' if not failed else f'{len(failed)} FAILED'}")
     return 1 if failed else 0
 

@@ -67,7 +67,11 @@ def prepare_sft(kept: Path, tokenizer_dir: Path, workers: str = "auto") -> dict:
         return {"rows": stats["sequences"], "tokens": stats["tokens"], "workers": 1}
     w = int(workers) if workers.isdigit() else workers
     stats = build_tokenized_set([kept], tokenizer_dir, "auto", 32768, kept.parent / "tokenized", workers=w)
-    return {"rows": stats["sequences"], "tokens": stats["tokens"], "workers": max(1, worker_count([kept], BATCH_ROWS, w))}
+    return {
+        "rows": stats["sequences"],
+        "tokens": stats["tokens"],
+        "workers": max(1, worker_count([kept], BATCH_ROWS, w)),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,16 +147,19 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
 # Peak RSS comes from the child's own wait4 rusage, taken by this small launcher: Linux carries
 # the parent's RSS high-water mark into a child across fork and exec, so waiting from the
 # (large) bench or test process would count its memory too.
-LAUNCHER = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]); _, st, ru = os.wait4(p.pid, 0); "
-            "open(sys.argv[1], 'w').write(str(ru.ru_maxrss)); sys.exit(os.waitstatus_to_exitcode(st))")
+LAUNCHER = (
+    "import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]); _, st, ru = os.wait4(p.pid, 0); "
+    "open(sys.argv[1], 'w').write(str(ru.ru_maxrss)); sys.exit(os.waitstatus_to_exitcode(st))"
+)
 
 
 def measured(cmd: list[str], log: Path, **popen) -> tuple[int, float]:
     """Run cmd (output to `log`); its exit status and peak RSS in MB."""
     rss = log.with_suffix(".maxrss")
     with open(log, "w") as out:
-        code = subprocess.run([sys.executable, "-c", LAUNCHER, str(rss), *cmd], stdout=out,
-                              stderr=subprocess.STDOUT, check=False, **popen).returncode
+        code = subprocess.run(
+            [sys.executable, "-c", LAUNCHER, str(rss), *cmd], stdout=out, stderr=subprocess.STDOUT, check=False, **popen
+        ).returncode
     return code, int(rss.read_text()) / 1024 if rss.exists() else 0.0
 
 
@@ -160,8 +167,20 @@ def run_child(stage: str, data: Path, work: Path, tok: Path, code: Path, sft_wor
     """One stage in a fresh process on `code`'s otbuild; its own wall time and peak RSS (the
     SFT data step's worker processes are not in it: each is a process of its own)."""
     (work / "result.json").unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--data", str(data),
-           "--work", str(work), "--tokenizer", str(tok), "--sft-workers", sft_workers]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        stage,
+        "--data",
+        str(data),
+        "--work",
+        str(work),
+        "--tokenizer",
+        str(tok),
+        "--sft-workers",
+        sft_workers,
+    ]
     status, rss = measured(cmd, work / f"{stage.replace(' ', '_')}.log", env={**os.environ, "PYTHONPATH": str(code)})
     ok = status == 0 and (work / "result.json").exists()
     res = json.loads((work / "result.json").read_text()) if ok else {}
@@ -179,8 +198,9 @@ def run_tree(data: Path, work: Path, tok: Path, code: Path, n: int, sft_max: int
     for stage in STAGES:
         if stage == "sft data" and n > sft_max:
             continue
-        out[stage] = ({"ok": False, "s": None, "rss_mb": None} if failed
-                      else run_child(stage, data, work, tok, code, sft_workers))
+        out[stage] = (
+            {"ok": False, "s": None, "rss_mb": None} if failed else run_child(stage, data, work, tok, code, sft_workers)
+        )
         failed = failed or not out[stage]["ok"]
         print(f"  N={n} {stage}: {_fmt(out[stage])}  [{code}]", flush=True)
     return out
@@ -214,11 +234,17 @@ def report(results: dict, baseline: dict | None) -> bool:
             ok = ok and r["ok"] and r["rss_mb"] < RSS_TARGET_MB
             t_exp = _exp(prev[1]["s"], r["s"], prev[0], n) if prev and r["ok"] and prev[1]["ok"] else "-"
             m_exp = _exp(prev[1]["rss_mb"], r["rss_mb"], prev[0], n) if prev and r["ok"] and prev[1]["ok"] else "-"
-            line = (f"{stage:<16} {n:>7} {r['s']:>9.2f} {r['s'] / n * 1e6:>9.0f} {r['rss_mb']:>8.0f} {t_exp:>6} {m_exp:>7}"
-                    if r["ok"] else f"{stage:<16} {n:>7} {'failed':>9}")
+            line = (
+                f"{stage:<16} {n:>7} {r['s']:>9.2f} {r['s'] / n * 1e6:>9.0f} {r['rss_mb']:>8.0f} {t_exp:>6} {m_exp:>7}"
+                if r["ok"]
+                else f"{stage:<16} {n:>7} {'failed':>9}"
+            )
             if baseline and (b := baseline.get(n, {}).get(stage)):
-                line += (f" {b['s']:>8.2f} {b['rss_mb']:>8.0f} {b['s'] / r['s']:>7.2f}x {b['rss_mb'] / r['rss_mb']:>8.2f}x"
-                         if b["ok"] and r["ok"] else f" {'failed':>8} {b['rss_mb'] or 0:>8.0f}")
+                line += (
+                    f" {b['s']:>8.2f} {b['rss_mb']:>8.0f} {b['s'] / r['s']:>7.2f}x {b['rss_mb'] / r['rss_mb']:>8.2f}x"
+                    if b["ok"] and r["ok"]
+                    else f" {'failed':>8} {b['rss_mb'] or 0:>8.0f}"
+                )
             print(line)
             prev = (n, r)
     for label, res in (("", results), ("baseline ", baseline or {})):
@@ -226,20 +252,24 @@ def report(results: dict, baseline: dict | None) -> bool:
             r = res[n].get("sft data")
             if r and r["ok"]:
                 w = r.get("workers") or 1
-                print(f"{label}sft data N={n}: {w} worker process{'es' if w > 1 else ''}, {r['s'] / n * 1e3:.1f} ms "
-                      f"per trace, {r['s'] * w / n * 1e3:.1f} ms per trace per worker")
+                print(
+                    f"{label}sft data N={n}: {w} worker process{'es' if w > 1 else ''}, {r['s'] / n * 1e3:.1f} ms "
+                    f"per trace, {r['s'] * w / n * 1e3:.1f} ms per trace per worker"
+                )
     print(f"\npeak RSS < {RSS_TARGET_MB} MB for every stage and N: {'PASS' if ok else 'FAIL'}")
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", default="1000,10000", help="comma-separated trace counts (e.g. 1000,10000,100000)")
     ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--sft-max", type=int, default=1000, help="run the SFT data step only up to this N")
-    ap.add_argument("--sft-workers", default="auto",
-                    help="worker processes of the SFT data step (auto: one per available CPU)")
+    ap.add_argument(
+        "--sft-workers", default="auto", help="worker processes of the SFT data step (auto: one per available CPU)"
+    )
     ap.add_argument("--baseline", type=Path, help="another checkout to run the same stages on")
     ap.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-scale")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and outputs")
@@ -259,12 +289,16 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             data = args.out / f"n{n}"
             m = generate(data, n, args.shards)
-            print(f"N={n}: {m['bytes'] / 1e9:.2f} GB of partial files ({m['bytes'] / n / 1e3:.0f} KB per trace), "
-                  f"generated in {m['generate_s']:.0f} s", flush=True)
+            print(
+                f"N={n}: {m['bytes'] / 1e9:.2f} GB of partial files ({m['bytes'] / n / 1e3:.0f} KB per trace), "
+                f"generated in {m['generate_s']:.0f} s",
+                flush=True,
+            )
             results[n] = run_tree(data, args.out / f"work{n}", tok, REPO, n, args.sft_max, args.sft_workers)
             if args.baseline:
-                baseline[n] = run_tree(data, args.out / f"base{n}", tok, args.baseline.resolve(), n, args.sft_max,
-                                       args.sft_workers)
+                baseline[n] = run_tree(
+                    data, args.out / f"base{n}", tok, args.baseline.resolve(), n, args.sft_max, args.sft_workers
+                )
             if not args.keep:  # the biggest N needs the disk for itself
                 for d in (data, args.out / f"work{n}", args.out / f"base{n}"):
                     shutil.rmtree(d, ignore_errors=True)

@@ -25,10 +25,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-SETTINGS = {"learning_rate": 4e-5, "lr_scheduler": "cosine", "warmup_ratio": 0.1, "global_batch_size": 8,
-            "per_device_batch_size": 2, "max_grad_norm": 1.0, "adam_betas": [0.9, 0.999],
-            "weight_decay": 0.0, "zero_stage": 0, "gradient_checkpointing": False, "packing": False,
-            "precision": "fp32", "save_steps": 10**6, "seed": 0}
+SETTINGS = {
+    "learning_rate": 4e-5,
+    "lr_scheduler": "cosine",
+    "warmup_ratio": 0.1,
+    "global_batch_size": 8,
+    "per_device_batch_size": 2,
+    "max_grad_norm": 1.0,
+    "adam_betas": [0.9, 0.999],
+    "weight_decay": 0.0,
+    "zero_stage": 0,
+    "gradient_checkpointing": False,
+    "packing": False,
+    "precision": "fp32",
+    "save_steps": 10**6,
+    "seed": 0,
+}
 
 
 def prepare(work: Path, n: int, cutoff: int) -> dict:
@@ -45,8 +57,12 @@ def prepare(work: Path, n: int, cutoff: int) -> dict:
     rows = []
     for i in range(len(ds)):
         r = ds.row(i)
-        rows.append({"input_ids": r.input_ids.tolist(),
-                     "labels": [int(t) if m else -100 for t, m in zip(r.input_ids, r.mask, strict=True)]})
+        rows.append(
+            {
+                "input_ids": r.input_ids.tolist(),
+                "labels": [int(t) if m else -100 for t, m in zip(r.input_ids, r.mask, strict=True)],
+            }
+        )
     (work / "rows.json").write_text(json.dumps(rows))
     return {"traces": str(traces), "model": str(model), "rows": len(rows), "tokens": ds.stats["tokens"]}
 
@@ -55,8 +71,9 @@ def run_otbuild(work: Path, epochs: float, cutoff: int) -> dict:
     from otbuild.settings.stages import SftSettings
     from otbuild.train.sft import train
 
-    s = SftSettings(**SETTINGS, model={"kind": "pretrained", "path": str(work / "model")}, epochs=epochs,
-                    cutoff_len=cutoff)  # the typed settings the stage passes
+    s = SftSettings(
+        **SETTINGS, model={"kind": "pretrained", "path": str(work / "model")}, epochs=epochs, cutoff_len=cutoff
+    )  # the typed settings the stage passes
     m = train(s, [work / "kept.parquet"], work / "out-otbuild", log=lambda *_: None)
     return {"tokens": m["tokens_seen"], "seconds": m["train_seconds"], "steps": m["steps"]}
 
@@ -71,12 +88,30 @@ def run_trl(work: Path, epochs: float, cutoff: int) -> dict:
     tok = AutoTokenizer.from_pretrained(work / "model")
     model = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32)
     cfg = SFTConfig(
-        output_dir=str(work / "out-trl"), per_device_train_batch_size=2, gradient_accumulation_steps=4,
-        learning_rate=SETTINGS["learning_rate"], lr_scheduler_type="cosine", warmup_steps=0.1,
-        num_train_epochs=epochs, max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, weight_decay=0.0,
-        max_length=cutoff, packing=False, bf16=False, fp16=False, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=10**6, seed=0, dataloader_num_workers=0,
-        gradient_checkpointing=False, disable_tqdm=True)
+        output_dir=str(work / "out-trl"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        learning_rate=SETTINGS["learning_rate"],
+        lr_scheduler_type="cosine",
+        warmup_steps=0.1,
+        num_train_epochs=epochs,
+        max_grad_norm=1.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        weight_decay=0.0,
+        max_length=cutoff,
+        packing=False,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10**6,
+        seed=0,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+    )
     trainer = SFTTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
     t0 = time.perf_counter()
     out = trainer.train()
@@ -100,14 +135,31 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="otbuild-bench-sft-"))
     info = prepare(work, a.traces, a.cutoff)
-    print(f"data: {info['rows']} conversations, {info['tokens']} tokens; tiny Qwen3 (hidden 64, 2 layers); "
-          f"global batch 8 (2 x 4 accumulation), {a.epochs:g} epoch(s), cutoff {a.cutoff}, fp32, CPU")
+    print(
+        f"data: {info['rows']} conversations, {info['tokens']} tokens; tiny Qwen3 (hidden 64, 2 layers); "
+        f"global batch 8 (2 x 4 accumulation), {a.epochs:g} epoch(s), cutoff {a.cutoff}, fp32, CPU"
+    )
     results: dict[str, list[dict]] = {"otbuild": [], "trl": []}
     for _ in range(a.repeats):
         for who in ("trl", "otbuild"):
-            proc = subprocess.run([sys.executable, __file__, "--worker", who, "--work", str(work),
-                                   "--epochs", str(a.epochs), "--cutoff", str(a.cutoff)],
-                                  check=False, capture_output=True, text=True, cwd=REPO)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    who,
+                    "--work",
+                    str(work),
+                    "--epochs",
+                    str(a.epochs),
+                    "--cutoff",
+                    str(a.cutoff),
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode or not line:
                 print(proc.stdout[-3000:], proc.stderr[-3000:])
@@ -120,10 +172,14 @@ def main() -> int:
     for who, name in (("otbuild", "otbuild (DeepSpeed)"), ("trl", "TRL SFTTrainer")):
         r = min(results[who], key=lambda x: x["seconds"])
         runs = ", ".join(f"{x:.0f}" for x in rate[who])
-        print(f"{name:<22}{r['steps']:>6}{r['tokens']:>9}{r['seconds']:>9.2f}{max(rate[who]):>12.0f}"
-              f"{statistics.median(rate[who]):>14.0f}  [{runs}]")
-    print(f"ratio otbuild / TRL: best {max(rate['otbuild']) / max(rate['trl']):.2f}x, "
-          f"median {statistics.median(rate['otbuild']) / statistics.median(rate['trl']):.2f}x")
+        print(
+            f"{name:<22}{r['steps']:>6}{r['tokens']:>9}{r['seconds']:>9.2f}{max(rate[who]):>12.0f}"
+            f"{statistics.median(rate[who]):>14.0f}  [{runs}]"
+        )
+    print(
+        f"ratio otbuild / TRL: best {max(rate['otbuild']) / max(rate['trl']):.2f}x, "
+        f"median {statistics.median(rate['otbuild']) / statistics.median(rate['trl']):.2f}x"
+    )
     return 0
 
 

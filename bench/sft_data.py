@@ -36,10 +36,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"kind": "tiny", "vocab_size": 1024}
 TARGET_SPEEDUP = 1.8  # tokenization with 2 workers against 1
-WORDS = ("the file list count grep sort error output test build python install package run check path "
-         "directory config value line first next then because should would might fix bug patch apply "
-         "repo commit branch merge function class import return module script shell command echo cat "
-         "0 1 2 42 /app /tmp src/main.py tests/test_api.py Traceback KeyError None True").split()
+WORDS = (
+    "the file list count grep sort error output test build python install package run check path "
+    "directory config value line first next then because should would might fix bug patch apply "
+    "repo commit branch merge function class import return module script shell command echo cat "
+    "0 1 2 42 /app /tmp src/main.py tests/test_api.py Traceback KeyError None True"
+).split()
 
 
 def realistic_rows(n: int, seed: int = 0, size: int = 110_000) -> list[dict]:
@@ -57,9 +59,14 @@ def realistic_rows(n: int, seed: int = 0, size: int = 110_000) -> list[dict]:
         per = size // (2 * turns + 1)
         conv = [{"role": "user", "content": "Task: " + text(per)}]
         for t in range(turns):
-            answer = json.dumps({"analysis": text(per // 4), "plan": text(per // 8),
-                                 "commands": [{"keystrokes": text(40) + "\n", "duration": 1.0}],
-                                 "task_complete": t == turns - 1})
+            answer = json.dumps(
+                {
+                    "analysis": text(per // 4),
+                    "plan": text(per // 8),
+                    "commands": [{"keystrokes": text(40) + "\n", "duration": 1.0}],
+                    "task_complete": t == turns - 1,
+                }
+            )
             conv.append({"role": "assistant", "content": f"<think>{text(per // 2)}</think>\n{answer}"})
             if t < turns - 1:
                 conv.append({"role": "user", "content": "New Terminal Output:\n" + text(per)})
@@ -99,8 +106,12 @@ def run_workers(traces: Path, work: Path, cutoff: int, workers: int) -> dict:
     t1 = clock()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers, reaped when the pool closed
     digest = hashlib.sha256((out / "tokens.arrow").read_bytes()).hexdigest()
-    return {"wall": t1[0] - t0[0], "cpu": t1[1] - t0[1] + kids.ru_utime + kids.ru_stime,
-            "tokens": stats["tokens"], "sha256": digest}
+    return {
+        "wall": t1[0] - t0[0],
+        "cpu": t1[1] - t0[1] + kids.ru_utime + kids.ru_stime,
+        "tokens": stats["tokens"],
+        "sha256": digest,
+    }
 
 
 def run_old(traces: Path, work: Path, cutoff: int) -> dict:
@@ -122,13 +133,28 @@ def clock() -> tuple[float, float]:
 
 
 def spans(t: list) -> dict:
-    return {f"{k}{suffix}": t[i + 1][j] - t[i][j] for i, k in enumerate(("tokenizer", "tokenize"))
-            for j, suffix in enumerate(("", "_cpu"))}
+    return {
+        f"{k}{suffix}": t[i + 1][j] - t[i][j]
+        for i, k in enumerate(("tokenizer", "tokenize"))
+        for j, suffix in enumerate(("", "_cpu"))
+    }
 
 
 def child(side: str, traces: Path, work: Path, cutoff: int, tree: Path | None, workers: int = 1) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--traces-file", str(traces), "--work", str(work),
-           "--cutoff", str(cutoff), "--workers", str(workers)] + (["--tree", str(tree)] if tree else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        side,
+        "--traces-file",
+        str(traces),
+        "--work",
+        str(work),
+        "--cutoff",
+        str(cutoff),
+        "--workers",
+        str(workers),
+    ] + (["--tree", str(tree)] if tree else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
@@ -164,8 +190,7 @@ def main() -> int:
         write_rows(traces, a.traces)
         tree = tmp / "baseline"
         tree.mkdir()
-        archive = subprocess.run(["git", "archive", a.baseline, "otbuild"], cwd=REPO, capture_output=True,
-                                 check=True)
+        archive = subprocess.run(["git", "archive", a.baseline, "otbuild"], cwd=REPO, capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
         old = child("old", traces, tmp / "old", a.cutoff, tree)
         new = child("new", traces, tmp / "new", a.cutoff, None)
@@ -177,19 +202,27 @@ def main() -> int:
             for w in counts:
                 runs[w].append(child("workers", traces, tmp / "new", a.cutoff, None, w))
     n = a.traces
-    print(f"{n} traces of ~110 KB (5-100 turns with <think> blocks), tiny student, cutoff {a.cutoff}; "
-          f"baseline: commit {a.baseline}")
-    print(f"{'step':<12}{'baseline ms/trace':>19}{'otbuild ms/trace':>18}{'ratio':>8}"
-          f"{'baseline CPU ms':>17}{'otbuild CPU ms':>16}{'ratio':>8}")
+    print(
+        f"{n} traces of ~110 KB (5-100 turns with <think> blocks), tiny student, cutoff {a.cutoff}; "
+        f"baseline: commit {a.baseline}"
+    )
+    print(
+        f"{'step':<12}{'baseline ms/trace':>19}{'otbuild ms/trace':>18}{'ratio':>8}"
+        f"{'baseline CPU ms':>17}{'otbuild CPU ms':>16}{'ratio':>8}"
+    )
     for k in ("tokenizer", "tokenize", "total"):
         cells = []
         for suffix in ("", "_cpu"):
-            b, o = ((r[f"tokenizer{suffix}"] + r[f"tokenize{suffix}"]) if k == "total" else r[k + suffix]
-                    for r in (old, new))
+            b, o = (
+                (r[f"tokenizer{suffix}"] + r[f"tokenize{suffix}"]) if k == "total" else r[k + suffix]
+                for r in (old, new)
+            )
             cells.append(f"{b / n * 1e3:>17.1f}{o / n * 1e3:>16.1f}{b / max(o, 1e-9):>7.1f}x")
         print(f"{k:<12}  {cells[0]}{cells[1]}")
-    print(f"peak RSS: baseline {old['peak_mb']:.0f} MB, otbuild {new['peak_mb']:.0f} MB "
-          f"({old['peak_mb'] / new['peak_mb']:.1f}x); tokens: baseline {old['tokens']}, otbuild {new['tokens']}")
+    print(
+        f"peak RSS: baseline {old['peak_mb']:.0f} MB, otbuild {new['peak_mb']:.0f} MB "
+        f"({old['peak_mb'] / new['peak_mb']:.1f}x); tokens: baseline {old['tokens']}, otbuild {new['tokens']}"
+    )
     return 0 if report_workers(runs, n, cores) else 1
 
 
@@ -225,10 +258,14 @@ def report_workers(runs: dict[int, list[dict]], n: int, cores: list[float]) -> b
     for w, r in best.items():
         speed = f"{one['wall'] / r['wall']:.2f}x" if one else "-"
         walls = ", ".join(f"{x['wall']:.1f}" for x in runs[w])
-        print(f"{w:<9}{r['wall'] / n * 1e3:>15.1f}{r['cpu'] / n * 1e3:>14.1f}{r['wall'] * w / n * 1e3:>17.1f}"
-              f"{speed:>10}  [{walls}]")
-    print(f"machine: a CPU-bound loop in 2 processes ran {max(cores):.2f}x one (best of {len(cores)}, "
-          f"checked before each round; 2.00x: 2 idle cores)")
+        print(
+            f"{w:<9}{r['wall'] / n * 1e3:>15.1f}{r['cpu'] / n * 1e3:>14.1f}{r['wall'] * w / n * 1e3:>17.1f}"
+            f"{speed:>10}  [{walls}]"
+        )
+    print(
+        f"machine: a CPU-bound loop in 2 processes ran {max(cores):.2f}x one (best of {len(cores)}, "
+        f"checked before each round; 2.00x: 2 idle cores)"
+    )
     same = len({r["sha256"] for rs in runs.values() for r in rs}) == 1
     print(f"tokens.arrow: {'IDENTICAL' if same else 'DIFFERENT'} for every worker count")
     if one and 2 in best:

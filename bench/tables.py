@@ -77,7 +77,7 @@ def _corpus(rng):
 
     words = np.array(VOCAB + list(RARE), dtype=object)
     p = np.full(len(words), 1.0)
-    p[-len(RARE):] = 0.0004 * len(VOCAB)  # each rare word ~0.04% of words
+    p[-len(RARE) :] = 0.0004 * len(VOCAB)  # each rare word ~0.04% of words
     p /= p.sum()
     picks = words[rng.choice(len(words), size=1_200_000, p=p)]
     lens = rng.integers(5, 18, size=len(picks) // 5)
@@ -85,7 +85,7 @@ def _corpus(rng):
     for n in lens:
         if i + n > len(picks):
             break
-        s = " ".join(picks[i:i + n])
+        s = " ".join(picks[i : i + n])
         sentences.append(s[0].upper() + s[1:] + ".")
         i += n
     seps = rng.choice(np.array([" ", " ", " ", "\n", "\n\n"], dtype=object), size=len(sentences))
@@ -147,7 +147,7 @@ def generate(data_dir: Path, rows: int, seed: int) -> dict:
                 # instruction lengths: log-uniform in [50, 2000]
                 lengths = np.exp(rng.uniform(np.log(50), np.log(2000), n)).astype(np.int64)
                 st = starts[rng.integers(0, len(starts), n)]
-                instr = [corpus[a:a + b].rstrip(" ") for a, b in zip(st.tolist(), lengths.tolist())]
+                instr = [corpus[a : a + b].rstrip(" ") for a, b in zip(st.tolist(), lengths.tolist())]
                 dup_idx = np.flatnonzero(rng.random(n) < DUP_FRACTION).tolist()
                 for j in dup_idx:
                     if pool and pyr.random() < 0.3:
@@ -169,14 +169,20 @@ def generate(data_dir: Path, rows: int, seed: int) -> dict:
                 diff = rng.integers(1, 4, n).tolist()
                 fam = fams[rng.integers(0, len(fams), n)].tolist()
                 qual = rng.random(n).tolist()
-                meta = [f'{{"difficulty": {d}, "family": "{f}", "quality": {q:.4f}}}'
-                        for d, f, q in zip(diff, fam, qual)]
+                meta = [
+                    f'{{"difficulty": {d}, "family": "{f}", "quality": {q:.4f}}}' for d, f, q in zip(diff, fam, qual)
+                ]
                 bools = rng.random((3, n))
                 table = pa.Table.from_arrays(
                     [
-                        pa.array(paths, pa.string()), blob, pa.array(task_id, pa.string()),
-                        pa.array([name] * n, pa.string()), pa.array(instr, pa.string()),
-                        pa.array(bools[0] < 0.7), pa.array(bools[1] < 0.9), pa.array(bools[2] < 0.5),
+                        pa.array(paths, pa.string()),
+                        blob,
+                        pa.array(task_id, pa.string()),
+                        pa.array([name] * n, pa.string()),
+                        pa.array(instr, pa.string()),
+                        pa.array(bools[0] < 0.7),
+                        pa.array(bools[1] < 0.9),
+                        pa.array(bools[2] < 0.5),
                         pa.array(meta, pa.string()),
                     ],
                     schema=TASK_SCHEMA,
@@ -184,8 +190,13 @@ def generate(data_dir: Path, rows: int, seed: int) -> dict:
                 writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
         os.replace(tmp, path)
         sources.append({"name": name, "rank": rank, "path": str(path), "rows": size})
-    manifest = {"rows": rows, "seed": seed, "gen_version": GEN_VERSION, "sources": sources,
-                "generate_s": round(time.perf_counter() - t0, 2)}
+    manifest = {
+        "rows": rows,
+        "seed": seed,
+        "gen_version": GEN_VERSION,
+        "sources": sources,
+        "generate_s": round(time.perf_counter() - t0, 2),
+    }
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -200,7 +211,9 @@ def pipeline_settings(manifest: dict):
     total = rows // 2 + 3  # + 3: a remainder, so the best-ranked sources get one more
     mix = MixSettings(n=TOP_N, total=total, order="shuffle", seed=0, sources=[s["name"] for s in ranked])
     tf = TaskFilter(
-        dedup=True, instruction_chars=Bounds(min=80, max=1800), exclude_regex=EXCLUDE_REGEX,
+        dedup=True,
+        instruction_chars=Bounds(min=80, max=1800),
+        exclude_regex=EXCLUDE_REGEX,
         sample=Sample(n=max(1, total * 2 // 5), seed=0),
     )
     return mix, [s["path"] for s in ranked], tf
@@ -279,8 +292,7 @@ def pandas_task_filter(settings: dict, inputs: list[Path], outdir: Path) -> None
         hi = chars["max"]
         reject(length > hi, "too_long: " + length.astype("Int64").astype(str) + f" > {hi} chars")
     if settings.get("include_regex"):
-        reject(~instr.str.contains(settings["include_regex"], regex=True).fillna(True),
-               "include_regex: no match")
+        reject(~instr.str.contains(settings["include_regex"], regex=True).fillna(True), "include_regex: no match")
     if settings.get("exclude_regex"):
         reject(instr.str.contains(settings["exclude_regex"], regex=True), "exclude_regex: matched")
     if settings["dedup"]:
@@ -295,7 +307,7 @@ def pandas_task_filter(settings: dict, inputs: list[Path], outdir: Path) -> None
         seed = str(sample["seed"])
         keys = np.array([_md5(f"{seed}:{t}:{o}") for t, o in zip(df["task_id"].to_numpy()[ok], ok)])
         order = np.argsort(keys, kind="stable")
-        reason.iloc[ok[order[sample["n"]:]]] = f"not_sampled: seeded subsample of {sample['n']}"
+        reason.iloc[ok[order[sample["n"] :]]] = f"not_sampled: seeded subsample of {sample['n']}"
     outdir.mkdir(parents=True, exist_ok=True)
     kept = reason.isna()
     df[kept].to_parquet(outdir / "kept.parquet", compression="zstd", index=False)
@@ -326,6 +338,7 @@ def child(impl: str, data_dir: Path, work: Path) -> None:
 
         def run_tf(settings, inputs, outdir):
             pandas_task_filter(settings.model_dump(), inputs, outdir)
+
     t0 = time.perf_counter()
     run_mix(mix_settings, inputs, work / "mix")
     t1 = time.perf_counter()
@@ -333,8 +346,10 @@ def child(impl: str, data_dir: Path, work: Path) -> None:
     t2 = time.perf_counter()
     res = {"mix_s": t1 - t0, "filter_s": t2 - t1, "done_at": time.time()}  # the floors below are not the run
     if impl == "duckdb":  # each stage's floor: a bare DuckDB copy of that stage's input
-        res |= {"mix_floor_s": copy_floor(inputs, work / "floor.parquet"),
-                "filter_floor_s": copy_floor([work / "mix" / "tasks.parquet"], work / "floor.parquet")}
+        res |= {
+            "mix_floor_s": copy_floor(inputs, work / "floor.parquet"),
+            "filter_floor_s": copy_floor([work / "mix" / "tasks.parquet"], work / "floor.parquet"),
+        }
     (work / "result.json").write_text(json.dumps(res))
 
 
@@ -345,8 +360,10 @@ def copy_floor(inputs: list[Path], dest: Path) -> float:
 
     con = duck.connect()
     t0 = time.perf_counter()
-    con.execute(f"COPY (SELECT * FROM read_parquet([{', '.join(duck.sql_literal(p) for p in inputs)}])) "
-                f"TO {duck.sql_literal(dest)} (FORMAT parquet, COMPRESSION zstd)")
+    con.execute(
+        f"COPY (SELECT * FROM read_parquet([{', '.join(duck.sql_literal(p) for p in inputs)}])) "
+        f"TO {duck.sql_literal(dest)} (FORMAT parquet, COMPRESSION zstd)"
+    )
     seconds = time.perf_counter() - t0
     dest.unlink()
     return seconds
@@ -355,8 +372,16 @@ def copy_floor(inputs: list[Path], dest: Path) -> float:
 def run_child(impl: str, data_dir: Path, work: Path) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", impl,
-           "--data-dir", str(data_dir), "--work", str(work)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        impl,
+        "--data-dir",
+        str(data_dir),
+        "--work",
+        str(work),
+    ]
     t0 = time.time()
     proc = subprocess.Popen(cmd)
     _, status, usage = os.wait4(proc.pid, 0)  # rusage of this child alone
@@ -416,16 +441,36 @@ def report(manifest: dict, rows_in: int, results: list[dict], mismatches: dict, 
     speedup = d["rows_s"] / p["rows_s"]
     rss_ratio = d["rss_mb"] / p["rss_mb"]
     header = ["implementation", "rows in", "wall s (best)", "mix s", "filter s", "rows/s", "peak RSS MB"]
-    body = [[r["impl"], f"{rows_in:,}", f"{r['wall_s']:.2f}", f"{r['mix_s']:.2f}", f"{r['filter_s']:.2f}",
-             f"{r['rows_s']:,.0f}", f"{r['rss_mb']:,.0f}"] for r in results]
-    body.append(["duckdb vs pandas", "", "", f"{p['mix_s'] / d['mix_s']:.2f}x",
-                 f"{p['filter_s'] / d['filter_s']:.2f}x", f"{speedup:.2f}x faster",
-                 f"{rss_ratio:.2f}x RSS"])
+    body = [
+        [
+            r["impl"],
+            f"{rows_in:,}",
+            f"{r['wall_s']:.2f}",
+            f"{r['mix_s']:.2f}",
+            f"{r['filter_s']:.2f}",
+            f"{r['rows_s']:,.0f}",
+            f"{r['rss_mb']:,.0f}",
+        ]
+        for r in results
+    ]
+    body.append(
+        [
+            "duckdb vs pandas",
+            "",
+            "",
+            f"{p['mix_s'] / d['mix_s']:.2f}x",
+            f"{p['filter_s'] / d['filter_s']:.2f}x",
+            f"{speedup:.2f}x faster",
+            f"{rss_ratio:.2f}x RSS",
+        ]
+    )
     srcs = ", ".join("{}={:,}".format(s["name"], s["rows"]) for s in manifest["sources"])
     print(f"data: {manifest['rows']:,} rows in {len(manifest['sources'])} sources ({srcs}) under {out}")
-    print(f"mix reads the top {TOP_N} by rank: {rows_in:,} rows; rows/s = rows in / wall (the child's launch "
-          f"to both stages done: interpreter start and imports included, the floors not); machine: {os.cpu_count()} CPUs, "
-          f"OTBUILD_DUCKDB_MEMORY={os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB (default)')}")
+    print(
+        f"mix reads the top {TOP_N} by rank: {rows_in:,} rows; rows/s = rows in / wall (the child's launch "
+        f"to both stages done: interpreter start and imports included, the floors not); machine: {os.cpu_count()} CPUs, "
+        f"OTBUILD_DUCKDB_MEMORY={os.environ.get('OTBUILD_DUCKDB_MEMORY', '1GB (default)')}"
+    )
     if Console:
         t = Table(title="otbuild table stages: mix + task_filter")
         for h in header:
@@ -444,19 +489,27 @@ def report(manifest: dict, rows_in: int, results: list[dict], mismatches: dict, 
     print(f"{'PASS' if ok_rss else 'FAIL'}: DuckDB peak RSS {d['rss_mb']:,.0f} MB (target < {TARGET_RSS_MB:,.0f} MB)")
     for stage, key in (("mix", "mix"), ("task_filter", "filter")):
         x = d[f"{key}_s"] / d[f"{key}_floor_s"]
-        print(f"{'PASS' if x <= TARGET_FLOOR_X else 'FAIL'}: {stage} {d[f'{key}_s']:.2f}s = {x:.2f}x its floor, "
-              f"a bare DuckDB COPY of its input ({d[f'{key}_floor_s']:.2f}s; target <= {TARGET_FLOOR_X:g}x)")
+        print(
+            f"{'PASS' if x <= TARGET_FLOOR_X else 'FAIL'}: {stage} {d[f'{key}_s']:.2f}s = {x:.2f}x its floor, "
+            f"a bare DuckDB COPY of its input ({d[f'{key}_floor_s']:.2f}s; target <= {TARGET_FLOOR_X:g}x)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000, help="synthetic task rows over all sources")
-    ap.add_argument("--out", type=out_dir, default=Path(tempfile.gettempdir()) / "otbuild-bench",
-                    help="data cache and outputs (default: a temp dir)")
+    ap.add_argument(
+        "--out",
+        type=out_dir,
+        default=Path(tempfile.gettempdir()) / "otbuild-bench",
+        help="data cache and outputs (default: a temp dir)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=2,
-                    help="runs per implementation; the table shows the fastest, RSS the highest")
+    ap.add_argument(
+        "--repeat", type=int, default=2, help="runs per implementation; the table shows the fastest, RSS the highest"
+    )
     ap.add_argument("--only", choices=["duckdb", "pandas"], help="run one implementation, no comparison")
     ap.add_argument("--child", choices=["duckdb", "pandas"], help=argparse.SUPPRESS)
     ap.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
@@ -481,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         for impl in impls:
             os.sync()  # flush dirty pages (fresh data, the last run's outputs) outside the clock
             r = run_child(impl, data_dir, args.out / f"run-{impl}")
-            print(f"{impl} run {rep + 1}/{args.repeat}: {r['wall_s']:.2f}s wall "
-                  f"(mix {r['mix_s']:.2f}s, filter {r['filter_s']:.2f}s), peak RSS {r['rss_mb']:,.0f} MB")
+            print(
+                f"{impl} run {rep + 1}/{args.repeat}: {r['wall_s']:.2f}s wall "
+                f"(mix {r['mix_s']:.2f}s, filter {r['filter_s']:.2f}s), peak RSS {r['rss_mb']:,.0f} MB"
+            )
             prev = best.get(impl)
             rss = max(r["rss_mb"], prev["rss_mb"] if prev else 0.0)
             best[impl] = (r if prev is None or r["wall_s"] < prev["wall_s"] else prev) | {"rss_mb": rss}
@@ -492,9 +547,11 @@ def main(argv: list[str] | None = None) -> int:
 
     dd, pd_ = args.out / "run-duckdb", args.out / "run-pandas"
     mismatches = {}
-    for name, rel in (("mix tasks.parquet", "mix/tasks.parquet"),
-                      ("task_filter kept.parquet", "task_filter/kept.parquet"),
-                      ("task_filter rejected.parquet", "task_filter/rejected.parquet")):
+    for name, rel in (
+        ("mix tasks.parquet", "mix/tasks.parquet"),
+        ("task_filter kept.parquet", "task_filter/kept.parquet"),
+        ("task_filter rejected.parquet", "task_filter/rejected.parquet"),
+    ):
         why = compare(dd / rel, pd_ / rel)
         if why is not None and "task_id" in pq_names(dd / rel):
             why += f"; {multiset_note(dd / rel, pd_ / rel)}"

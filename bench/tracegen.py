@@ -25,15 +25,47 @@ from collections.abc import Iterator
 from pathlib import Path
 
 POOL_CHARS = 1 << 22
-SYSTEM = ("You are an AI assistant solving command-line tasks in a Linux environment. You will be given a "
-          "task description and the output from previously executed commands. Respond with a JSON object "
-          "with the fields analysis, plan, commands and task_complete. ")
+SYSTEM = (
+    "You are an AI assistant solving command-line tasks in a Linux environment. You will be given a "
+    "task description and the output from previously executed commands. Respond with a JSON object "
+    "with the fields analysis, plan, commands and task_complete. "
+)
 
 
 def _pool(seed: int) -> str:
     rng = random.Random(seed)
-    syll = ["ab", "er", "in", "on", "st", "ar", "ing", "ed", "th", "re", "an", "ou", "/usr", "lib", "src",
-            "py", "0", "1", "2", "x", "-", "_", ".", "==", "ok", "error", "file", "test", "def", "self"]
+    syll = [
+        "ab",
+        "er",
+        "in",
+        "on",
+        "st",
+        "ar",
+        "ing",
+        "ed",
+        "th",
+        "re",
+        "an",
+        "ou",
+        "/usr",
+        "lib",
+        "src",
+        "py",
+        "0",
+        "1",
+        "2",
+        "x",
+        "-",
+        "_",
+        ".",
+        "==",
+        "ok",
+        "error",
+        "file",
+        "test",
+        "def",
+        "self",
+    ]
     words = ["".join(rng.choice(syll) for _ in range(rng.randint(1, 4))) for _ in range(5000)]
     out, n = [], 0
     while n < POOL_CHARS:
@@ -52,20 +84,27 @@ class TraceGen:
     def _text(self, rng: random.Random, lo: int, hi: int) -> str:
         n = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
         at = rng.randrange(0, len(self.pool) - n)
-        return self.pool[at:at + n]
+        return self.pool[at : at + n]
 
     def _turns(self, rng: random.Random) -> int:
         r = rng.random()
         return rng.randint(5, 60) if r < 0.85 else rng.randint(61, 100) if r < 0.95 else rng.randint(1, 4)
 
     def conversation(self, rng: random.Random) -> list[dict]:
-        conv = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": "Task: " + self._text(rng, 300, 1500)}]
+        conv = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Task: " + self._text(rng, 300, 1500)},
+        ]
         turns = self._turns(rng)
         for t in range(turns):
-            answer = json.dumps({"analysis": self._text(rng, 80, 200), "plan": self._text(rng, 50, 120),
-                                 "commands": [{"keystrokes": self._text(rng, 10, 60) + "\n", "duration": 1.0}],
-                                 "task_complete": t == turns - 1})
+            answer = json.dumps(
+                {
+                    "analysis": self._text(rng, 80, 200),
+                    "plan": self._text(rng, 50, 120),
+                    "commands": [{"keystrokes": self._text(rng, 10, 60) + "\n", "duration": 1.0}],
+                    "task_complete": t == turns - 1,
+                }
+            )
             conv.append({"role": "assistant", "content": f"<think>{self._text(rng, 500, 3000)}</think>\n{answer}"})
             if t < turns - 1:
                 conv.append({"role": "user", "content": "New Terminal Output:\n" + self._text(rng, 200, 4000)})
@@ -88,13 +127,29 @@ def trace_row(t: int, conv: list[dict], rng: random.Random) -> dict:
     reward = None if exception else (1.0 if rng.random() < 0.4 else 0.0)
     turns = sum(1 for m in conv if m["role"] == "assistant")
     return {
-        "conversations": conv, "agent": "terminus-2", "model": "glm-4.7-awq", "model_provider": "hosted_vllm",
-        "date": "2026-01-01T00:00:00Z", "task": f"task-{t // 2:06d}", "episode": f"episode-{turns - 1}",
-        "run_id": "bench", "trial_name": f"task-{t // 2:06d}__{t % 2}", "result": exception or str(reward),
-        "task_id": f"{t // 2:016x}", "source": "bench", "teacher": "vllm:glm-4.7-awq", "sample_idx": t % 2,
-        "n_turns": turns, "reward": reward, "timed_out": timed_out, "exception": exception,
-        "is_subagent": rng.random() < 0.01, "n_input_tokens": 30000 * turns, "n_output_tokens": 700 * turns,
-        "duration_s": 12.0 * turns, "metadata": json.dumps({"stop_reason": "task_complete"}),
+        "conversations": conv,
+        "agent": "terminus-2",
+        "model": "glm-4.7-awq",
+        "model_provider": "hosted_vllm",
+        "date": "2026-01-01T00:00:00Z",
+        "task": f"task-{t // 2:06d}",
+        "episode": f"episode-{turns - 1}",
+        "run_id": "bench",
+        "trial_name": f"task-{t // 2:06d}__{t % 2}",
+        "result": exception or str(reward),
+        "task_id": f"{t // 2:016x}",
+        "source": "bench",
+        "teacher": "vllm:glm-4.7-awq",
+        "sample_idx": t % 2,
+        "n_turns": turns,
+        "reward": reward,
+        "timed_out": timed_out,
+        "exception": exception,
+        "is_subagent": rng.random() < 0.01,
+        "n_input_tokens": 30000 * turns,
+        "n_output_tokens": 700 * turns,
+        "duration_s": 12.0 * turns,
+        "metadata": json.dumps({"stop_reason": "task_complete"}),
     }
 
 
@@ -120,10 +175,21 @@ def write_messages_jsonl(dest: Path, n: int, seed: int = 0) -> int:
     size = 0
     with open(dest, "w") as f:
         for row in TraceGen(seed).traces(n):
-            line = json.dumps({"messages": row["conversations"], "instance_id": row["task"],
-                               "model": row["model"], "reward": row["reward"], "timed_out": row["timed_out"],
-                               "exception": row["exception"], "is_subagent": row["is_subagent"],
-                               "trial_name": row["trial_name"]}) + "\n"
+            line = (
+                json.dumps(
+                    {
+                        "messages": row["conversations"],
+                        "instance_id": row["task"],
+                        "model": row["model"],
+                        "reward": row["reward"],
+                        "timed_out": row["timed_out"],
+                        "exception": row["exception"],
+                        "is_subagent": row["is_subagent"],
+                        "trial_name": row["trial_name"],
+                    }
+                )
+                + "\n"
+            )
             size += len(line)
             f.write(line)
     return size

@@ -31,10 +31,22 @@ from otbuild.train.tracking import Tracker
 
 
 def record(step: int) -> dict:
-    return {"step": step, "epoch": round(step / 100, 4), "loss": 3.0 * math.exp(-step / 500) + 0.4,
-            "lr": 4e-5, "grad_norm": 1.0 / step, "tokens": 98304, "tokens_per_second": 21000.5,
-            "supervised_tokens": 40000, "tokens_seen": 98304 * step, "supervised_tokens_seen": 40000 * step,
-            "time": 0.5 * step, "copy_loss": 0.1, "kl": 0.0, "reward_mean": 0.5}
+    return {
+        "step": step,
+        "epoch": round(step / 100, 4),
+        "loss": 3.0 * math.exp(-step / 500) + 0.4,
+        "lr": 4e-5,
+        "grad_norm": 1.0 / step,
+        "tokens": 98304,
+        "tokens_per_second": 21000.5,
+        "supervised_tokens": 40000,
+        "tokens_seen": 98304 * step,
+        "supervised_tokens_seen": 40000 * step,
+        "time": 0.5 * step,
+        "copy_loss": 0.1,
+        "kl": 0.0,
+        "reward_mean": 0.5,
+    }
 
 
 def jsonl(outdir: Path, steps: int) -> tuple[float, float]:
@@ -57,11 +69,13 @@ def tracked(tracking: dict):
         t2 = time.perf_counter()
         tracker.close()
         return t2 - t1, t1 - t0 + time.perf_counter() - t2
+
     return run
 
 
 def main() -> None:
     from outdir import out_dir  # bench/outdir.py: --out is made, or refused (exit 2)
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--out", type=out_dir, default=None)

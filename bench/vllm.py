@@ -47,9 +47,19 @@ def random_student(dest: Path) -> Path:
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
-    return make_tiny_model(dest, arch="qwen3", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=4096,
-                           chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL)
+    return make_tiny_model(
+        dest,
+        arch="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+    )
 
 
 def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
@@ -65,30 +75,74 @@ def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
     write_tasks(tasks, generate(c * args.trials, seed=c), source="synth")
     # no per-request seed: vLLM 0.32's CPU build dies on a seeded request whose prefill is
     # chunked ("CPU Generator does not use offset", docs/engines.md)
-    settings = RolloutSettings(engine="openai", base_url=base_url, model=SERVED_AS, temperature=0.7,
-                               max_tokens=args.max_tokens, max_episodes=args.episodes, concurrency=c,
-                               sandbox="bwrap", prompt="compact", extra_body={"ignore_eos": True})
+    settings = RolloutSettings(
+        engine="openai",
+        base_url=base_url,
+        model=SERVED_AS,
+        temperature=0.7,
+        max_tokens=args.max_tokens,
+        max_episodes=args.episodes,
+        concurrency=c,
+        sandbox="bwrap",
+        prompt="compact",
+        extra_body={"ignore_eos": True},
+    )
     out = work / f"rollout-c{c}"
     t0 = time.monotonic()
     run_shard(settings, [tasks], out, 0)
     wall = time.monotonic() - t0
-    rows = pq.read_table(out / "shards" / "0-of-1.parquet",
-                         columns=["n_turns", "n_input_tokens", "n_output_tokens"]).to_pylist()
+    rows = pq.read_table(
+        out / "shards" / "0-of-1.parquet", columns=["n_turns", "n_input_tokens", "n_output_tokens"]
+    ).to_pylist()
     requests = sum(r["n_turns"] for r in rows)
-    return {"trials": len(rows), "wall": wall, "requests": requests,
-            "prompt_tokens": sum(r["n_input_tokens"] for r in rows) / max(requests, 1),
-            "output_tokens": sum(r["n_output_tokens"] for r in rows)}
+    return {
+        "trials": len(rows),
+        "wall": wall,
+        "requests": requests,
+        "prompt_tokens": sum(r["n_input_tokens"] for r in rows) / max(requests, 1),
+        "output_tokens": sum(r["n_output_tokens"] for r in rows),
+    }
 
 
-def vllm_level(vllm: str, root: str, model: Path, c: int, requests: int, prompt_tokens: float,
-               max_tokens: int, work: Path) -> dict:
+def vllm_level(
+    vllm: str, root: str, model: Path, c: int, requests: int, prompt_tokens: float, max_tokens: int, work: Path
+) -> dict:
     """`vllm bench serve` at --max-concurrency C: its own JSON result."""
     name = f"vllm-bench-c{c}.json"
-    cmd = [vllm, "bench", "serve", "--backend", "openai-chat", "--base-url", root, "--endpoint",
-           "/v1/chat/completions", "--model", SERVED_AS, "--tokenizer", str(model), "--dataset-name", "random",
-           "--random-input-len", str(max(1, round(prompt_tokens))), "--random-output-len", str(max_tokens),
-           "--random-range-ratio", "0", "--num-prompts", str(requests), "--max-concurrency", str(c),
-           "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(work), "--result-filename", name]
+    cmd = [
+        vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        root,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        SERVED_AS,
+        "--tokenizer",
+        str(model),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(max(1, round(prompt_tokens))),
+        "--random-output-len",
+        str(max_tokens),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(requests),
+        "--max-concurrency",
+        str(c),
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(work),
+        "--result-filename",
+        name,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -105,8 +159,11 @@ def main(argv=None) -> int:
     p.add_argument("--episodes", type=int, default=3, help="requests per trial")
     p.add_argument("--model", type=Path, help="a model dir to serve (default: a random tiny Qwen3)")
     p.add_argument("--out", type=out_dir, help="where the results go (default: a temporary dir)")
-    p.add_argument("--eager", action="store_true", help="serve uncompiled (vLLM's --enforce-eager): a start in "
-                   "seconds; what the tests' tiny runs take")
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="serve uncompiled (vLLM's --enforce-eager): a start in seconds; what the tests' tiny runs take",
+    )
     args = p.parse_args(argv)
     try:
         levels = [int(x) for x in args.concurrency.split(",")]
@@ -126,10 +183,20 @@ def main(argv=None) -> int:
     model = args.model or random_student(work / "model")
     # prefix caching off: otbuild's turns share their conversation's prefix, vLLM's random
     # prompts share nothing; with it on, the two loads would not be the same work
-    engine = VLLMEngine(LLM(engine="vllm", model=str(model), engine_args={
-        "dtype": "float32", "max_model_len": 4096, "served_model_name": SERVED_AS,
-        "log_path": str(work / "vllm-serve.log"), "enforce_eager": args.eager,
-        "extra_args": ["--no-enable-prefix-caching"]}))
+    engine = VLLMEngine(
+        LLM(
+            engine="vllm",
+            model=str(model),
+            engine_args={
+                "dtype": "float32",
+                "max_model_len": 4096,
+                "served_model_name": SERVED_AS,
+                "log_path": str(work / "vllm-serve.log"),
+                "enforce_eager": args.eager,
+                "extra_args": ["--no-enable-prefix-caching"],
+            },
+        )
+    )
     base_url, server = engine._launch()
     root = base_url.removesuffix("/v1")
     rows = []
@@ -143,15 +210,25 @@ def main(argv=None) -> int:
         return 2
     finally:
         server.stop()
-    print(f"otbuild's rollouts against `vllm bench serve` on one vllm serve ({model}), "
-          f"{args.max_tokens} output tokens a request, {args.episodes} requests a trial")
+    print(
+        f"otbuild's rollouts against `vllm bench serve` on one vllm serve ({model}), "
+        f"{args.max_tokens} output tokens a request, {args.episodes} requests a trial"
+    )
     head = ("concurrency", "requests", "prompt tok", "vLLM tok/s", "otbuild tok/s", "ratio", "trials/s", "not model")
     print("  ".join(f"{h:>13}" for h in head))
     for c, ours, theirs in rows:
         tok_s = ours["output_tokens"] / ours["wall"]
         ratio = tok_s / theirs["output_throughput"]
-        cells = (c, ours["requests"], f"{ours['prompt_tokens']:.0f}", f"{theirs['output_throughput']:.1f}",
-                 f"{tok_s:.1f}", f"{ratio:.2f}x", f"{ours['trials'] / ours['wall']:.3f}", f"{1 - ratio:.0%}")
+        cells = (
+            c,
+            ours["requests"],
+            f"{ours['prompt_tokens']:.0f}",
+            f"{theirs['output_throughput']:.1f}",
+            f"{tok_s:.1f}",
+            f"{ratio:.2f}x",
+            f"{ours['trials'] / ours['wall']:.3f}",
+            f"{1 - ratio:.0%}",
+        )
         print("  ".join(f"{x:>13}" for x in cells))
     print(f"results: {work}")
     return 0

@@ -15,5 +15,6 @@ def top_files(outdir: Path) -> list[Path]:
     """The artifact's files, by name: every plain file at the top of the dir but the record and
     hidden files (a rebuild's result, settings handed to workers); subdirs (resume state,
     shards) are not part of it."""
-    return sorted(p for p in Path(outdir).iterdir()
-                  if p.is_file() and p.name != PROVENANCE and not p.name.startswith("."))
+    return sorted(
+        p for p in Path(outdir).iterdir() if p.is_file() and p.name != PROVENANCE and not p.name.startswith(".")
+    )

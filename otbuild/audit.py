@@ -41,17 +41,27 @@ def audit_plan(plan: Plan, console: Console, verify: bool = False) -> int:
             if change:
                 bumped.add(f"{n.stage} {change}")
         table.add_row(
-            n.label, n.id, f"[{STYLE.get(c.status, 'red')}]{c.status}[/]", rows,
-            record.get("finished_at", "")[:16].replace("T", " "), version, code, detail,
+            n.label,
+            n.id,
+            f"[{STYLE.get(c.status, 'red')}]{c.status}[/]",
+            rows,
+            record.get("finished_at", "")[:16].replace("T", " "),
+            version,
+            code,
+            detail,
         )
     console.print(table)
     findings += _audit_search(plan, console)
     if other_versions:
-        console.print(f"[yellow]note: built by otbuild {', '.join(sorted(other_versions))}; this is "
-                      f"{otbuild.__version__}[/] (ids hold the stage versions: what matches is reused)")
+        console.print(
+            f"[yellow]note: built by otbuild {', '.join(sorted(other_versions))}; this is "
+            f"{otbuild.__version__}[/] (ids hold the stage versions: what matches is reused)"
+        )
     if bumped:
-        console.print(f"[yellow]stage versions changed since the last build: {', '.join(sorted(bumped))}[/]; "
-                      f"`snakemake {plan.recipe.name}` builds the new artifacts beside the old ones")
+        console.print(
+            f"[yellow]stage versions changed since the last build: {', '.join(sorted(bumped))}[/]; "
+            f"`snakemake {plan.recipe.name}` builds the new artifacts beside the old ones"
+        )
     if findings:
         console.print(f"[red]{findings} artifact(s) not proven[/]: drifted, without a record, or not built")
         return EXIT_FINDINGS
@@ -77,10 +87,20 @@ def _audit_search(plan: Plan, console: Console) -> int:
         again = derive(node.config, Inputs([i.main_output for i in node.inputs], node.input_names))
         same = all(again[k] == was[k] for k in ("winner", "decided", "values"))
         findings += not same
-        detail = was["reason"] if same else (f"recorded {was['winner']} ({was['reason']}), "
-                                             f"the artifacts give {again['winner']} ({again['reason']})")
-        table.add_row(str(s.step), was["winner"], "yes" if was["decided"] else "no (default kept)",
-                      "[green]yes[/]" if same else "[red]no[/]", detail)
+        detail = (
+            was["reason"]
+            if same
+            else (
+                f"recorded {was['winner']} ({was['reason']}), the artifacts give {again['winner']} ({again['reason']})"
+            )
+        )
+        table.add_row(
+            str(s.step),
+            was["winner"],
+            "yes" if was["decided"] else "no (default kept)",
+            "[green]yes[/]" if same else "[red]no[/]",
+            detail,
+        )
     console.print(table)
     if len(decided) < len(plan.recipe.recipe.search):
         console.print(f"[yellow]search: {len(plan.recipe.recipe.search) - len(decided)} stage(s) not decided yet[/]")
@@ -118,8 +138,9 @@ def artifact_dir(path: Path) -> Path:
     for d in (resolved, *resolved.parents):
         if d.parent.name in STAGES and d.parent.parent.name == "artifacts":
             return d
-    raise ConfigError(f"{path}: not inside an artifact dir (artifacts/<stage>/<id>/, or a link to one "
-                      "under results/<recipe>/)")
+    raise ConfigError(
+        f"{path}: not inside an artifact dir (artifacts/<stage>/<id>/, or a link to one under results/<recipe>/)"
+    )
 
 
 def show_artifact(path: Path, console: Console, verify: bool = False) -> int:

@@ -84,8 +84,12 @@ def init(directory):
 
 @main.command()
 @click.argument("recipes", nargs=-1, required=True)
-@click.option("--images", is_flag=True, help="Also list each distinct base image the recipes' tasks start "
-              "FROM and whether podman has it here (exit 1 when one is missing).")
+@click.option(
+    "--images",
+    is_flag=True,
+    help="Also list each distinct base image the recipes' tasks start "
+    "FROM and whether podman has it here (exit 1 when one is missing).",
+)
 @click.option("--profile", help="Also check the recipe against this Snakemake profile's job sizes.")
 def validate(recipes, images, profile):
     """Check RECIPES (names under recipes/ or paths) against the schema; write nothing. With
@@ -107,14 +111,26 @@ def validate(recipes, images, profile):
 
 @main.command()
 @click.argument("recipe")
-@click.option("--estimate", is_flag=True, help="Estimate what building RECIPE will take, per stage and in "
-              "total: counts, requests, tokens, cost, GPU-hours and wall time, each with a range; saved to "
-              ".otbuild/estimates/RECIPE.json for the report (docs/estimate.md).")
-@click.option("--from", "pilots", multiple=True, metavar="PILOT",
-              help="With --estimate: a built pilot recipe (a name, or a recipe file in another project's "
-                   "recipes/) whose artifacts give the rates; repeatable.")
-@click.option("--profile", help="With --estimate: the Snakemake profile whose resources, runtimes, retries "
-              "and parallel jobs the estimate uses (default: a local run).")
+@click.option(
+    "--estimate",
+    is_flag=True,
+    help="Estimate what building RECIPE will take, per stage and in "
+    "total: counts, requests, tokens, cost, GPU-hours and wall time, each with a range; saved to "
+    ".otbuild/estimates/RECIPE.json for the report (docs/estimate.md).",
+)
+@click.option(
+    "--from",
+    "pilots",
+    multiple=True,
+    metavar="PILOT",
+    help="With --estimate: a built pilot recipe (a name, or a recipe file in another project's "
+    "recipes/) whose artifacts give the rates; repeatable.",
+)
+@click.option(
+    "--profile",
+    help="With --estimate: the Snakemake profile whose resources, runtimes, retries "
+    "and parallel jobs the estimate uses (default: a local run).",
+)
 @click.option("--json", "as_json", is_flag=True, help="With --estimate: print it as one JSON object.")
 def plan(recipe, estimate, pilots, profile, as_json):
     """Show RECIPE's stages, their content ids and whether each is built; with --estimate, what
@@ -191,10 +207,17 @@ def _snakemake(plan, profile: str | None, args: list[str]) -> int:
     if path is not None:
         pair = f"{RECIPE_KEY}={path}"
         flag = next((i for i, a in enumerate(args) if a in ("--config", "-C")), None)
-        args = [*args[:flag + 1], pair, *args[flag + 1:]] if flag is not None else [*args, "--config", pair]
+        args = [*args[: flag + 1], pair, *args[flag + 1 :]] if flag is not None else [*args, "--config", pair]
     own = any(p.is_file() for p in SNAKEFILE_CHOICES) or {"-s", "--snakefile"} & set(args)
-    cmd = [sys.executable, "-m", "snakemake", plan.recipe.name, *(["--profile", profile] if profile else []),
-           *([] if own else ["--snakefile", str(SNAKEFILE)]), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        plan.recipe.name,
+        *(["--profile", profile] if profile else []),
+        *([] if own else ["--snakefile", str(SNAKEFILE)]),
+        *args,
+    ]
     err.print(f"[dim]$ {' '.join(cmd)}[/]")
     return subprocess.call(cmd, cwd=Path.cwd())
 
@@ -233,13 +256,19 @@ def costs(recipe):
 @main.command()
 @click.argument("target")
 @click.argument("artifacts", nargs=-1)
-@click.option("--verify", is_flag=True,
-              help="Rehash every file from its bytes; without it, a file whose path, size, mtime, ctime "
-                   "and inode are unchanged keeps its cached sha256 (.otbuild/digests.json).")
-@click.option("--rebuild", is_flag=True,
-              help="Rebuild the recipe's ARTIFACTS (labels, stages or ids; default: the cheap ones: table "
-                   "stages, the report, oracle trials) from their recorded inputs into .otbuild/rebuild/ and "
-                   "compare them with the build, volatile columns set aside; exit 1 on a difference.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Rehash every file from its bytes; without it, a file whose path, size, mtime, ctime "
+    "and inode are unchanged keeps its cached sha256 (.otbuild/digests.json).",
+)
+@click.option(
+    "--rebuild",
+    is_flag=True,
+    help="Rebuild the recipe's ARTIFACTS (labels, stages or ids; default: the cheap ones: table "
+    "stages, the report, oracle trials) from their recorded inputs into .otbuild/rebuild/ and "
+    "compare them with the build, volatile columns set aside; exit 1 on a difference.",
+)
 @click.option("--all", "everything", is_flag=True, help="With --rebuild: every artifact (training, LLM stages).")
 @click.option("--keep", is_flag=True, help="With --rebuild: keep the rebuilds that matched too.")
 def audit(target, artifacts, verify, rebuild, everything, keep):
@@ -301,9 +330,13 @@ def serve(args):
 
 
 @main.command()
-@click.option("--containers", is_flag=True, help="Remove podman trial containers, and the working containers "
-              "and intermediate images of image builds, whose build is no longer running (left by kill -9); "
-              "those of live builds are kept.")
+@click.option(
+    "--containers",
+    is_flag=True,
+    help="Remove podman trial containers, and the working containers "
+    "and intermediate images of image builds, whose build is no longer running (left by kill -9); "
+    "those of live builds are kept.",
+)
 def clean(containers):
     """Remove what killed builds left behind."""
     if not containers:
@@ -312,8 +345,10 @@ def clean(containers):
     from otbuild.sandbox.podman.images import remove_leaked_builds
 
     out.print(f"removed {remove_leaked_containers()} trial container(s) of builds that are no longer running")
-    out.print(f"removed {remove_leaked_builds()} image-build working container(s) of builds that are no longer "
-              "running (and their intermediate images)")
+    out.print(
+        f"removed {remove_leaked_builds()} image-build working container(s) of builds that are no longer "
+        "running (and their intermediate images)"
+    )
 
 
 @main.group()
@@ -346,8 +381,12 @@ def ingest():
 
 @ingest.command("harbor-job")
 @click.argument("job_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", "dest", type=click.Path(file_okay=False, path_type=Path),
-              help="Where to write the tables (default: JOB_DIR/otbuild).")
+@click.option(
+    "--out",
+    "dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the tables (default: JOB_DIR/otbuild).",
+)
 @click.option("--benchmark", help="Benchmark name for trials whose job does not name one.")
 def ingest_harbor_job(job_dir, dest, benchmark):
     """Turn a Harbor job dir into the eval scores table (scores.parquet, summary.parquet)."""
@@ -397,12 +436,21 @@ def _the_stage(plan, stage: str):
 @export.command("llamafactory")
 @click.argument("recipe")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--gpus", type=click.IntRange(min=1), default=8, show_default=True,
-              help="GPUs the lab trains on in all: sets gradient accumulation so the global batch is the recipe's.")
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="GPUs the lab trains on in all: sets gradient accumulation so the global batch is the recipe's.",
+)
 @click.option("--model", help="model_name_or_path (default: the recipe's sft.model path).")
 @click.option("--name", default="otbuild_sft", show_default=True, help="The dataset's name in dataset_info.json.")
-@click.option("--speed", multiple=True, type=click.Choice(["liger-kernel", "flash-attn"]),
-              help="OpenThoughts-Agent's speed settings (repeatable): enable_liger_kernel, flash_attn: fa2.")
+@click.option(
+    "--speed",
+    multiple=True,
+    type=click.Choice(["liger-kernel", "flash-attn"]),
+    help="OpenThoughts-Agent's speed settings (repeatable): enable_liger_kernel, flash_attn: fa2.",
+)
 def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     """RECIPE's SFT traces and settings for LLaMA-Factory, in DEST: the sharegpt data,
     dataset_info.json, ds_zN_config.json and train_NAME.yaml (run it from DEST)."""
@@ -414,30 +462,44 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
     cfg = node.config
     traces = [i.main_output for i in node.inputs]
     if missing := [str(p) for p in traces if not p.exists()]:
-        raise ConfigError(f"{plan.recipe.path}: the traces are not built yet ({', '.join(missing)}): "
-                          f"run `otbuild build {recipe}` first")
+        raise ConfigError(
+            f"{plan.recipe.path}: the traces are not built yet ({', '.join(missing)}): "
+            f"run `otbuild build {recipe}` first"
+        )
     if model is None and cfg.model.kind != "pretrained":
-        raise ConfigError(f"{plan.recipe.path}: sft.model is a {cfg.model.kind} model otbuild builds "
-                          "itself: pass --model (an HF id or a model dir)")
-    header = (f"LLaMA-Factory training of recipe {plan.recipe.name} ({plan.recipe.path}), its sft stage {node.id}\n"
-              f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
+        raise ConfigError(
+            f"{plan.recipe.path}: sft.model is a {cfg.model.kind} model otbuild builds "
+            "itself: pass --model (an HF id or a model dir)"
+        )
+    header = (
+        f"LLaMA-Factory training of recipe {plan.recipe.name} ({plan.recipe.path}), its sft stage {node.id}\n"
+        f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}"
+    )
     try:
         stats = write_handoff(traces, dest, cfg, model or cfg.model.path, gpus, name, header, speed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    mended = ", ".join(f"{k.replace('_', ' ')}: {stats[k]}" for k in ("merged_turns", "trailing_turns_dropped",
-                                                                     "dropped") if stats[k])
-    out.print(f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}"
-              f"{f' ({mended})' if mended else ''}, dataset_info.json and {stats['yaml']}; "
-              f"{describe(stats['redacted'])}")
+    mended = ", ".join(
+        f"{k.replace('_', ' ')}: {stats[k]}" for k in ("merged_turns", "trailing_turns_dropped", "dropped") if stats[k]
+    )
+    out.print(
+        f"[green]wrote[/] {stats['rows']} conversation(s) to {stats['file']}"
+        f"{f' ({mended})' if mended else ''}, dataset_info.json and {stats['yaml']}; "
+        f"{describe(stats['redacted'])}"
+    )
 
 
 @export.command("skyrl")
 @click.argument("recipe")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--nodes", type=click.IntRange(min=1), default=6, show_default=True,
-              help="The allocation SkyRL splits: a third trains, the rest serve (OT-Agent: 6 x 4).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="The allocation SkyRL splits: a third trains, the rest serve (OT-Agent: 6 x 4).",
+)
 @click.option("--model", help="trainer.policy.model.path (default: the recipe's SFT checkpoint dir).")
 @click.option("--python", "python", default="python", show_default=True, help="SkyRL's python in the command.")
 def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
@@ -450,17 +512,23 @@ def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
     node = _the_stage(plan, "rl")
     ckpt, tasks = (i.main_output for i in node.inputs)
     if not tasks.exists():
-        raise ConfigError(f"{plan.recipe.path}: the task table is not built yet ({tasks}): "
-                          f"run `otbuild build {recipe}` first")
-    header = (f"SkyRL run of recipe {plan.recipe.name} ({plan.recipe.path}), its rl stage {node.id}\n"
-              f"inputs: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}")
+        raise ConfigError(
+            f"{plan.recipe.path}: the task table is not built yet ({tasks}): run `otbuild build {recipe}` first"
+        )
+    header = (
+        f"SkyRL run of recipe {plan.recipe.name} ({plan.recipe.path}), its rl stage {node.id}\n"
+        f"inputs: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}"
+    )
     try:
-        h = write_handoff(node.config, tasks, model or str(ckpt.parent.resolve()), dest, gpus_per_node, nodes,
-                          python, header)
+        h = write_handoff(
+            node.config, tasks, model or str(ckpt.parent.resolve()), dest, gpus_per_node, nodes, python, header
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    out.print(f"[green]wrote[/] {h['tasks']} task dir(s) to {h['tasks_dir']} ({describe(h['redacted'])}), "
-              f"{h['yaml']} and {dest}/command.sh")
+    out.print(
+        f"[green]wrote[/] {h['tasks']} task dir(s) to {h['tasks_dir']} ({describe(h['redacted'])}), "
+        f"{h['yaml']} and {dest}/command.sh"
+    )
     click.echo(shell_lines(h["command"]))
 
 
@@ -468,8 +536,12 @@ def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
 @click.argument("recipe")
 @click.argument("artifact")
 @click.option("--repo", required=True, help="The Hub dataset repo, ORG/NAME.")
-@click.option("--out", "dest", type=click.Path(file_okay=False, path_type=Path),
-              help="Where to write the folder (default: publish/RECIPE/ARTIFACT); it must not exist.")
+@click.option(
+    "--out",
+    "dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the folder (default: publish/RECIPE/ARTIFACT); it must not exist.",
+)
 @click.option("--dry-run", is_flag=True, help="Write the folder only; upload nothing.")
 @click.option("--private", is_flag=True, help="Create the repo private (when it does not exist yet).")
 def publish(recipe, artifact, repo, dest, dry_run, private):
@@ -484,14 +556,17 @@ def publish(recipe, artifact, repo, dest, dry_run, private):
         from huggingface_hub import get_token
 
         if not (token := get_token()):
-            raise ConfigError("no Hugging Face token (set HF_TOKEN or run `hf auth login`); "
-                              "--dry-run writes the folder only")
+            raise ConfigError(
+                "no Hugging Face token (set HF_TOKEN or run `hf auth login`); --dry-run writes the folder only"
+            )
     plan = _plan(recipe)
     folder = dest or Path("publish") / plan.recipe.name / artifact.replace("/", "__")
     manifest = hub_folder(plan, artifact, folder, repo)
     rows = sum(f["rows"] for f in manifest["files"])
-    out.print(f"[green]wrote[/] {folder}: {rows} rows in {len(manifest['files'])} file(s), README.md, manifest.json; "
-              f"{describe(manifest['redacted'])}")
+    out.print(
+        f"[green]wrote[/] {folder}: {rows} rows in {len(manifest['files'])} file(s), README.md, manifest.json; "
+        f"{describe(manifest['redacted'])}"
+    )
     if not dry_run:
         out.print(f"[green]uploaded[/] {upload(folder, repo, token, private)}")
 

@@ -44,8 +44,9 @@ def code_files(stage: str) -> dict[str, str]:
     for f in [f for f in files if f.suffix == ".py" and _reads_templates(f)]:
         folder = next(d for d in ((PACKAGE / f).parent / "templates", PACKAGE / "templates") if d.is_dir())
         files |= {p.relative_to(PACKAGE) for p in folder.rglob("*") if p.is_file()}
-    return {f"otbuild/{f.as_posix()}": hashlib.sha256((PACKAGE / f).read_bytes()).hexdigest()[:16]
-            for f in sorted(files)}
+    return {
+        f"otbuild/{f.as_posix()}": hashlib.sha256((PACKAGE / f).read_bytes()).hexdigest()[:16] for f in sorted(files)
+    }
 
 
 @cache

@@ -53,8 +53,14 @@ the job's spec), or fields of its own where the recipe has no section for it."""
 CLI_INTRO = """\
 Every `otbuild` command as its `--help` says it. What each does on a build, with examples:
 [usage.md](usage.md#commands)."""
-BOUNDS = ((at.Ge, "ge", ">="), (at.Gt, "gt", ">"), (at.Le, "le", "<="), (at.Lt, "lt", "<"),
-          (at.MinLen, "min_length", "min length"), (at.MaxLen, "max_length", "max length"))
+BOUNDS = (
+    (at.Ge, "ge", ">="),
+    (at.Gt, "gt", ">"),
+    (at.Le, "le", "<="),
+    (at.Lt, "lt", "<"),
+    (at.MinLen, "min_length", "min length"),
+    (at.MaxLen, "max_length", "max length"),
+)
 
 
 def built_in_stages() -> list[StageDef]:
@@ -122,7 +128,8 @@ def description(info: FieldInfo) -> str:
     marker = f"*{mark.replace('_', ' ')}*" if (mark := role(info)) else ""
     if of := field_extra(info).get(ENGINE_ARGS_OF):
         marker = f"the launch options of the engine `{of}` names: " + ", ".join(
-            f"{engine}: {type_text(model)}" for engine, model in LAUNCH_OPTIONS.items())
+            f"{engine}: {type_text(model)}" for engine, model in LAUNCH_OPTIONS.items()
+        )
     return "; ".join(p for p in (marker, info.description) if p)
 
 
@@ -169,15 +176,25 @@ def model_section(model: type[BaseModel], keys: list[str]) -> str:
 
 def stage_section(sections: dict[type[BaseModel], list[str]]) -> str:
     """Per stage: its settings model, the recipe model it extends and the fields it adds to it."""
-    lines = ["## What each stage gets beyond its recipe section", "", STAGES_INTRO, "",
-             "| stage | settings model | extends | its own fields |", "|---|---|---|---|"]
+    lines = [
+        "## What each stage gets beyond its recipe section",
+        "",
+        STAGES_INTRO,
+        "",
+        "| stage | settings model | extends | its own fields |",
+        "|---|---|---|---|",
+    ]
     for d in built_in_stages():
         for model in models_in(d.settings):
             base = next((b for b in model.__mro__[1:] if b in sections), None)
-            added = [f"`{n}` ({type_text(a)})" + (f": {i.description}" if i.description else "")
-                     for n, i, a in fields(model) if base is None or n not in base.model_fields]
-            lines.append(f"| `{d.name}` | {model.__name__} | {type_text(base) if base else '-'} | "
-                         f"{cell('; '.join(added))} |")
+            added = [
+                f"`{n}` ({type_text(a)})" + (f": {i.description}" if i.description else "")
+                for n, i, a in fields(model)
+                if base is None or n not in base.model_fields
+            ]
+            lines.append(
+                f"| `{d.name}` | {model.__name__} | {type_text(base) if base else '-'} | {cell('; '.join(added))} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -196,11 +213,18 @@ def command_section(cmd: click.Command, ctx: click.Context, help_text: str | Non
     usage = f"{ctx.command_path} {' '.join(cmd.collect_usage_pieces(ctx))}".strip()
     lines = [f"## `{ctx.command_path}`", "", "```text", usage, "```", ""]
     lines += [prose(p) + "\n" for p in inspect.cleandoc(help_text or cmd.help or "").split("\n\n") if p]
-    options = [r for p in cmd.get_params(ctx) if isinstance(p, click.Option) and (r := p.get_help_record(ctx))
-               and r[0] != "--help"]
+    options = [
+        r
+        for p in cmd.get_params(ctx)
+        if isinstance(p, click.Option) and (r := p.get_help_record(ctx)) and r[0] != "--help"
+    ]
     if options:
-        lines += ["| option | what it does |", "|---|---|", *(f"| `{cell(o)}` | {cell(what)} |" for o, what in options),
-                  ""]
+        lines += [
+            "| option | what it does |",
+            "|---|---|",
+            *(f"| `{cell(o)}` | {cell(what)} |" for o, what in options),
+            "",
+        ]
     if cmd.epilog:
         lines += [prose(cmd.epilog), ""]
     return "\n".join(lines) + "\n"
@@ -216,8 +240,9 @@ def command_sections(cmd: click.Command, ctx: click.Context) -> list[str]:
         first = next(iter(subs.values()))
         section = command_section(first, click.Context(first, info_name="NAME", parent=ctx), cmd.help)
         return [section + "NAME is one of:\n\n" + "".join(f"- `{n}`: {c.help}\n" for n, c in subs.items())]
-    return [command_section(cmd, ctx)] + [s for n, c in subs.items()
-                                          for s in command_sections(c, click.Context(c, info_name=n, parent=ctx))]
+    return [command_section(cmd, ctx)] + [
+        s for n, c in subs.items() for s in command_sections(c, click.Context(c, info_name=n, parent=ctx))
+    ]
 
 
 def cli_reference() -> str:
@@ -240,8 +265,10 @@ def settings_name(d: StageDef) -> str:
 
 def stage_table() -> str:
     rows = ["| recipe key | stage | artifacts folder | settings model |", "|---|---|---|---|"]
-    rows += [f"| {recipe_key(d)} | `{d.name}` | `artifacts/{d.name}/<id>/`: {', '.join(d.outputs)} | "
-             f"`{settings_name(d)}` |" for d in built_in_stages()]
+    rows += [
+        f"| {recipe_key(d)} | `{d.name}` | `artifacts/{d.name}/<id>/`: {', '.join(d.outputs)} | `{settings_name(d)}` |"
+        for d in built_in_stages()
+    ]
     return "\n".join(rows) + "\n"
 
 
@@ -258,9 +285,11 @@ def with_stage_table(readme: str) -> str:
 
 def generated(root: Path) -> dict[Path, str]:
     """Each generated file under the project `root` -> what it should hold."""
-    return {root / "docs" / "recipe-reference.md": recipe_reference(),
-            root / "docs" / "cli.md": cli_reference(),
-            root / "README.md": with_stage_table((root / "README.md").read_text())}
+    return {
+        root / "docs" / "recipe-reference.md": recipe_reference(),
+        root / "docs" / "cli.md": cli_reference(),
+        root / "README.md": with_stage_table((root / "README.md").read_text()),
+    }
 
 
 def stale(root: Path) -> list[Path]:

@@ -26,6 +26,7 @@ def sql_literal(value) -> str:
 
 _env.filters["sql"] = sql_literal
 
+
 def regex_error(pattern: str) -> str | None:
     """Why DuckDB's regexp functions (RE2 syntax: no lookaround, no backreferences) refuse
     `pattern`, or None: the check a filter's SQL will face, made before anything runs."""
@@ -73,8 +74,16 @@ def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, dest: Path) -> i
 SPLIT_ROWS = 256
 
 
-def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path], outdir: Path, *,
-                 rejected_by: str, kept_columns: tuple[str, ...] = (), batch_rows: int = SPLIT_ROWS) -> dict:
+def stream_split(
+    con: duckdb.DuckDBPyConnection,
+    decided: str,
+    inputs: list[Path],
+    outdir: Path,
+    *,
+    rejected_by: str,
+    kept_columns: tuple[str, ...] = (),
+    batch_rows: int = SPLIT_ROWS,
+) -> dict:
     """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
     a time, in input order (each output encoded on its own thread while the next batch is
     read: _OrderedWrites): the table `decided` (_ord, reason; one row per input row, _ord as
@@ -90,10 +99,13 @@ def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path
     kept_schema = pa.schema([*schema, *(narrow.schema.field(c) for c in kept_columns)])
     rejected_schema = schema.append(pa.field("reason", pa.string())).append(pa.field("rejected_by", pa.string()))
     at = 0
-    with atomic_path(outdir / "kept.parquet") as kept_tmp, atomic_path(outdir / "rejected.parquet") as rej_tmp, \
-            pq.ParquetWriter(kept_tmp, kept_schema, compression="zstd") as kept, \
-            pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected, \
-            _OrderedWrites(kept.write_table, rejected.write_table) as write:
+    with (
+        atomic_path(outdir / "kept.parquet") as kept_tmp,
+        atomic_path(outdir / "rejected.parquet") as rej_tmp,
+        pq.ParquetWriter(kept_tmp, kept_schema, compression="zstd") as kept,
+        pq.ParquetWriter(rej_tmp, rejected_schema, compression="zstd") as rejected,
+        _OrderedWrites(kept.write_table, rejected.write_table) as write,
+    ):
         for path in inputs:
             for batch in parquet_batches(path, batch_rows):
                 table = _conform(pa.Table.from_batches([batch]), schema)
@@ -102,12 +114,15 @@ def stream_split(con: duckdb.DuckDBPyConnection, decided: str, inputs: list[Path
                 at += table.num_rows
                 wide = pa.Table.from_arrays([*table.columns, *extra], schema=kept_schema) if extra else table
                 out = table.append_column("reason", why).append_column(
-                    "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows))
+                    "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows)
+                )
                 write(wide.filter(pc.is_null(why)), out.filter(pc.is_valid(why)))
     if at != len(reasons):
         raise RuntimeError(f"{decided}: {len(reasons)} decisions for {at} input rows")
-    by_reason = con.execute(f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM {decided}"
-                            " WHERE reason IS NOT NULL GROUP BY r ORDER BY r").fetchall()
+    by_reason = con.execute(
+        f"SELECT split_part(reason, ':', 1) AS r, count(*) FROM {decided}"
+        " WHERE reason IS NOT NULL GROUP BY r ORDER BY r"
+    ).fetchall()
     n_rejected = sum(n for _, n in by_reason)
     return {"kept": at - n_rejected, "rejected": n_rejected, "rejected_by_reason": dict(by_reason)}
 
@@ -149,6 +164,8 @@ class _OrderedWrites:
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table` with exactly `schema`'s columns (missing ones null), as UNION ALL BY NAME would."""
-    cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-            for f in schema]
+    cols = [
+        table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(cols, schema=schema)

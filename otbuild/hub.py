@@ -53,8 +53,11 @@ def patterns(split: str | None, files: list[str] | None, forms: tuple[str, ...])
 
 # How `datasets` finds a split when the card names no data files (datasets/data_files.py): a
 # split's keywords, each between separators, in a directory name or a file name.
-SPLIT_KEYWORDS = {"train": ("train", "training"), "validation": ("validation", "valid", "dev", "val"),
-                  "test": ("test", "testing", "eval", "evaluation")}
+SPLIT_KEYWORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
 _SEP = "[-._ 0-9]"
 _LAYOUTS = (  # tried in this order; the first that matches any split decides
     ("data/{kw}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*.*",),
@@ -63,8 +66,9 @@ _LAYOUTS = (  # tried in this order; the first that matches any split decides
 )
 
 
-def select(present: list[str], split: str | None, files: list[str] | None, forms: tuple[str, ...],
-           card: str | None) -> list[str]:
+def select(
+    present: list[str], split: str | None, files: list[str] | None, forms: tuple[str, ...], card: str | None
+) -> list[str]:
     """The record files of a split among a repo's files, as `datasets.load_dataset` picks them:
     `files` when given; else the card's `configs:` (the default config's `data_files` for the
     split); else the split's keyword in a sharded `data/SPLIT-NNNNN-of-NNNNN` name, then in a
@@ -82,8 +86,10 @@ def select(present: list[str], split: str | None, files: list[str] | None, forms
         return records
     splits = {**{k: v for k, v in SPLIT_KEYWORDS.items()}, split: SPLIT_KEYWORDS.get(split, (split,))}
     for layout in _LAYOUTS:
-        found = {s: [f for f in records if any(_glob(p.format(kw=kw)).fullmatch(f) for kw in kws for p in layout)]
-                 for s, kws in splits.items()}
+        found = {
+            s: [f for f in records if any(_glob(p.format(kw=kw)).fullmatch(f) for kw in kws for p in layout)]
+            for s, kws in splits.items()
+        }
         if any(found.values()):
             return found[split]
     return records if split == "train" else []  # no split in any name: all of it is train
@@ -103,7 +109,8 @@ def _default_config(card: str | None) -> dict | None:
     if not configs:
         return None
     return next((c for c in configs if c.get("default")), None) or next(
-        (c for c in configs if c.get("config_name") == "default"), configs[0])
+        (c for c in configs if c.get("config_name") == "default"), configs[0]
+    )
 
 
 def _config_globs(config: dict, split: str | None) -> list[str]:
@@ -131,7 +138,7 @@ def _glob(pattern: str) -> re.Pattern:
         elif pattern[i] == "?":
             out, i = out + "[^/]", i + 1
         elif pattern[i] == "[" and (j := pattern.find("]", i + 1)) > i:
-            out, i = out + pattern[i:j + 1], j + 1
+            out, i = out + pattern[i : j + 1], j + 1
         else:
             out, i = out + re.escape(pattern[i]), i + 1
     return re.compile(out)
@@ -152,9 +159,11 @@ def resolve(repo: str, revision: str, allow: list[str], pick=None) -> HubFiles:
     try:
         folder = Path(snapshot_download(repo, repo_type=REPO_TYPE, revision=revision, allow_patterns=allow))
     except Exception as e:  # LocalEntryNotFound, RepositoryNotFound, RevisionNotFound, IncompleteSnapshot, ...
-        raise StageError(f"{where(repo, revision)}: not in the Hugging Face cache {_cache_dir()}, and the Hub "
-                         f"could not provide it ({type(e).__name__}: {_first_line(e)}; fetch it where there is a "
-                         f"network: `hf download {repo} --repo-type dataset --revision {revision}`)") from e
+        raise StageError(
+            f"{where(repo, revision)}: not in the Hugging Face cache {_cache_dir()}, and the Hub "
+            f"could not provide it ({type(e).__name__}: {_first_line(e)}; fetch it where there is a "
+            f"network: `hf download {repo} --repo-type dataset --revision {revision}`)"
+        ) from e
     present = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     matched = list(filter_repo_objects(present, allow_patterns=allow))
     if pick is not None:
@@ -170,9 +179,11 @@ def planned_files(planned: dict, allow: list[str], pick=None) -> HubFiles:
     cache and checked against the plan's digest."""
     found = resolve(planned["repo"], planned["commit"], allow, pick)
     if found.planned() != planned:
-        raise StageError(f"{where(planned['repo'], planned['commit'])}: the files matching {allow} differ from "
-                         f"those planned (sha256 {found.planned()['files_sha256']}, planned "
-                         f"{planned['files_sha256']}): the cache changed since the plan; plan again")
+        raise StageError(
+            f"{where(planned['repo'], planned['commit'])}: the files matching {allow} differ from "
+            f"those planned (sha256 {found.planned()['files_sha256']}, planned "
+            f"{planned['files_sha256']}): the cache changed since the plan; plan again"
+        )
     return found
 
 

@@ -50,18 +50,22 @@ def problems(cwd: Path, workflow_dir: Path) -> list[str]:
     if jobs is None:
         said.append(f"the jobs' `{sys.executable} -m otbuild` cannot import otbuild in {cwd}: every job would fail")
     elif jobs[1] != workflow_dir:
-        said.append(f"this workflow was loaded from {workflow_dir}, but its jobs (`{sys.executable} -m otbuild` "
-                    f"in {cwd}) import otbuild {jobs[0]} from {jobs[1]} (a folder named otbuild here, or "
-                    "PYTHONPATH): they would run other code than the workflow's")
+        said.append(
+            f"this workflow was loaded from {workflow_dir}, but its jobs (`{sys.executable} -m otbuild` "
+            f"in {cwd}) import otbuild {jobs[0]} from {jobs[1]} (a folder named otbuild here, or "
+            "PYTHONPATH): they would run other code than the workflow's"
+        )
     on_path = shutil.which("otbuild")
     python = _interpreter(Path(on_path)) if on_path else None
     if python and python[0] != sys.executable:
         theirs = _where(python, _SCRIPT, cwd)
         if theirs is not None and theirs[1] != workflow_dir:
-            said.append(f"the `otbuild` on your PATH ({on_path}: otbuild {theirs[0]} from {theirs[1]}) is another "
-                        f"installation than the one this snakemake runs (otbuild {otbuild.__version__} from "
-                        f"{workflow_dir}, with {sys.executable}): run `{python[0]} -m snakemake ...` (or "
-                        "`otbuild build`) to build with yours, or install otbuild into this snakemake's environment")
+            said.append(
+                f"the `otbuild` on your PATH ({on_path}: otbuild {theirs[0]} from {theirs[1]}) is another "
+                f"installation than the one this snakemake runs (otbuild {otbuild.__version__} from "
+                f"{workflow_dir}, with {sys.executable}): run `{python[0]} -m snakemake ...` (or "
+                "`otbuild build`) to build with yours, or install otbuild into this snakemake's environment"
+            )
     return said
 
 

@@ -34,14 +34,20 @@ class Interrupted(logging.Filter):
             logs = ", ".join(str(f) for f in getattr(record, "log", None) or []) or "no log"
             wildcards = getattr(record, "wildcards", None) or {}
             what = ", ".join(f"{k}={v}" for k, v in dict(wildcards).items())
-            _plain(record, f"otbuild: interrupted: {getattr(record, 'rule_name', '?')}"
-                           f"{f' ({what})' if what else ''}; its log: {logs}")
+            _plain(
+                record,
+                f"otbuild: interrupted: {getattr(record, 'rule_name', '?')}"
+                f"{f' ({what})' if what else ''}; its log: {logs}",
+            )
             return True
         if msg.startswith(("RuleException", "Error in rule", "CalledProcessError")):
             return False
         if "At least one job did not complete successfully" in msg:
-            _plain(record, f"otbuild: to resume, run `{self.command}` again: finished jobs are kept, "
-                           "interrupted rollouts, evals and training pick up where they stopped")
+            _plain(
+                record,
+                f"otbuild: to resume, run `{self.command}` again: finished jobs are kept, "
+                "interrupted rollouts, evals and training pick up where they stopped",
+            )
         return True
 
 

@@ -64,7 +64,8 @@ def overcommit_problems(nodes, profile: Path) -> list[str]:
             fixes = [f"concurrency to {mem_mb // per}"] * (mem_mb >= per) + [f"limits.memory_mb to {mem_mb // conc}"]
             problems.append(
                 f"{node.label}: concurrency {conc} x limits.memory_mb {per} = {conc * per} MB is more than "
-                f"the job's {mem_mb} MB ({where}); lower {' or '.join(fixes)}, or give the job more memory")
+                f"the job's {mem_mb} MB ({where}); lower {' or '.join(fixes)}, or give the job more memory"
+            )
     return problems
 
 
@@ -95,6 +96,8 @@ def profile_warnings(argv: list[str]) -> list[str]:
     for profile in args.profile or []:
         found = get_profile_dir(profile) if profile != "none" else None
         if found and (placeholders := profile_placeholders(found[1])):
-            said.append(f"profile {profile} ({found[1]}) still has placeholders: {', '.join(placeholders)}; "
-                        "replace them with your cluster's values before a real run")
+            said.append(
+                f"profile {profile} ({found[1]}) still has placeholders: {', '.join(placeholders)}; "
+                "replace them with your cluster's values before a real run"
+            )
     return said

@@ -74,8 +74,19 @@ class JobProgress:
         left = eta(done - self.first, self.total - done, now - self.start)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(self.path, {"what": self.what, "unit": self.unit, "done": done, "total": self.total,
-                                   "eta_s": left, "note": note, "log": self.log, "pid": os.getpid()})
+            write_json(
+                self.path,
+                {
+                    "what": self.what,
+                    "unit": self.unit,
+                    "done": done,
+                    "total": self.total,
+                    "eta_s": left,
+                    "note": note,
+                    "log": self.log,
+                    "pid": os.getpid(),
+                },
+            )
         except OSError:
             pass  # the console's view only: never a reason to fail the job
 
@@ -90,8 +101,7 @@ class StepProgress:
 
     LOG_EVERY = 30.0
 
-    def __init__(self, what: str, total: int, done: int, log: Callable[[str], None] | None,
-                 every: float = LOG_EVERY):
+    def __init__(self, what: str, total: int, done: int, log: Callable[[str], None] | None, every: float = LOG_EVERY):
         self.job = JobProgress(f"{what} steps", total, done) if log is not None else None
         self.what, self.total, self.first, self.log, self.every = what, total, done, log, every
         self.start = self.logged = time.monotonic()
@@ -104,8 +114,10 @@ class StepProgress:
         if now - self.logged >= self.every or done == self.total:
             self.logged = now
             left = eta(done - self.first, self.total - done, now - self.start)
-            self.log(f"{self.what.lower()}: step {done}/{self.total}, {note}"
-                     + (f", about {duration(left)} left" if left else ""))
+            self.log(
+                f"{self.what.lower()}: step {done}/{self.total}, {note}"
+                + (f", about {duration(left)} left" if left else "")
+            )
 
     def finish(self) -> None:
         if self.job is not None:
@@ -116,8 +128,9 @@ class Watcher:
     """Prints the status of the project's running jobs every `every` seconds (a daemon thread of
     the Snakemake process). `describe(log)` names a job from its log path (the recipe's label)."""
 
-    def __init__(self, root: Path, describe: Callable[[str], str], out: Callable[[str], None],
-                 every: float | None = None):
+    def __init__(
+        self, root: Path, describe: Callable[[str], str], out: Callable[[str], None], every: float | None = None
+    ):
         self.dir = Path(root) / DIR
         self.describe, self.out = describe, out
         self.every = every if every is not None else float(os.environ.get(EVERY_ENV) or 30)
@@ -181,4 +194,3 @@ def describe_log(log: str, label_of: Callable[[str, str], str | None]) -> str:
         return log
     who = label_of(m["stage"], m["id"]) or f"{m['stage']} {m['id']}"
     return f"{who}, shard {int(m['shard']) + 1} of {m['shards']}" if m["shard"] is not None else who
-

@@ -7,8 +7,9 @@ from pathlib import Path
 import jinja2
 
 TEMPLATES = Path(__file__).parent / "templates"
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True)
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+)
 
 
 def render(template: str, **ctx) -> str:

@@ -24,8 +24,18 @@ from otbuild.fsio import write_json
 from otbuild.hashing import file_sha256
 from otbuild.stages import STAGES
 
-KEY_PACKAGES = ("duckdb", "pyarrow", "snakemake", "pydantic", "jinja2", "click", "torch", "transformers",
-                "deepspeed", "vllm")  # those installed are recorded
+KEY_PACKAGES = (
+    "duckdb",
+    "pyarrow",
+    "snakemake",
+    "pydantic",
+    "jinja2",
+    "click",
+    "torch",
+    "transformers",
+    "deepspeed",
+    "vllm",
+)  # those installed are recorded
 
 
 def now() -> str:
@@ -65,8 +75,15 @@ def write_record(spec: dict, rule: str, started: str, stats: dict) -> dict:
         "id": spec["id"],
         "stage_version": STAGES[spec["stage"]].version,
         "settings": spec["settings"],
-        "inputs": [{**describe_file(Path(i["path"])), "id": i["id"], "stage": i["stage"],
-                    **({"name": i["name"]} if i.get("name") else {})} for i in spec["inputs"]],
+        "inputs": [
+            {
+                **describe_file(Path(i["path"])),
+                "id": i["id"],
+                "stage": i["stage"],
+                **({"name": i["name"]} if i.get("name") else {}),
+            }
+            for i in spec["inputs"]
+        ],
         "outputs": [describe_file(p) for p in artifact_files(outdir, spec["stage"])],
         "stats": stats,  # what the stage reports, e.g. rejections per reason
         "code_sha256": code_sha256(spec["stage"], code := code_files(spec["stage"])),

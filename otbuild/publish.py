@@ -48,10 +48,16 @@ def hub_folder(plan: Plan, label: str, dest: Path, repo: str, max_shard_bytes: i
     with open(tmp / "recipe.resolved.yaml", "w") as f:
         yaml.safe_dump(plan.recipe.data, f, sort_keys=False)
     manifest = {
-        "repo": repo, "recipe": plan.recipe.name,
+        "repo": repo,
+        "recipe": plan.recipe.name,
         "recipe_sha256": hashlib.sha256(plan.recipe.path.read_bytes()).hexdigest(),
-        "artifact": {"label": node.label, "stage": node.stage, "id": node.id, "path": str(node.main_output),
-                     "sha256": _recorded_sha256(node)},
+        "artifact": {
+            "label": node.label,
+            "stage": node.stage,
+            "id": node.id,
+            "path": str(node.main_output),
+            "sha256": _recorded_sha256(node),
+        },
         "upstream": [{"label": n.label, "stage": n.stage, "id": n.id} for n in _ancestors(node)],
         "files": files,
         "redacted": redactor.found(),
@@ -70,9 +76,12 @@ def upload(folder: Path, repo: str, token: str, private: bool = False) -> str:
     api = HfApi(token=token)
     api.create_repo(repo, repo_type="dataset", exist_ok=True, private=private)
     manifest = json.loads((folder / "manifest.json").read_text())
-    info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="dataset",
-                             commit_message=f"otbuild: {manifest['recipe']} {manifest['artifact']['label']} "
-                                            f"{manifest['artifact']['id']}")
+    info = api.upload_folder(
+        folder_path=str(folder),
+        repo_id=repo,
+        repo_type="dataset",
+        commit_message=f"otbuild: {manifest['recipe']} {manifest['artifact']['label']} {manifest['artifact']['id']}",
+    )
     return str(info)
 
 
@@ -110,8 +119,13 @@ def _shards(src: Path, outdir: Path, max_bytes: int, redactor: Redactor) -> list
     for k, part in enumerate(parts):
         final = part.with_name(f"train-{k:05d}-of-{len(parts):05d}.parquet")
         part.rename(final)
-        files.append({"path": f"data/{final.name}", "rows": pq.read_metadata(final).num_rows,
-                      "sha256": hashlib.sha256(final.read_bytes()).hexdigest()})
+        files.append(
+            {
+                "path": f"data/{final.name}",
+                "rows": pq.read_metadata(final).num_rows,
+                "sha256": hashlib.sha256(final.read_bytes()).hexdigest(),
+            }
+        )
     return files
 
 
@@ -140,9 +154,14 @@ def _licences(nodes: list[Node]) -> list[str]:
     from otbuild.report.data import Artifact, source_licences
 
     con = duck.connect()
-    return sorted({lic for n in nodes if STAGES[n.stage].brings == "tasks" and not n.label.startswith("benchmarks/")
-                   for lic, _ in source_licences(con, Artifact(n.label, n.label, n.stage, n.id, n.dir,
-                                                               read_record(n.dir)))})
+    return sorted(
+        {
+            lic
+            for n in nodes
+            if STAGES[n.stage].brings == "tasks" and not n.label.startswith("benchmarks/")
+            for lic, _ in source_licences(con, Artifact(n.label, n.label, n.stage, n.id, n.dir, read_record(n.dir)))
+        }
+    )
 
 
 def _card(m: dict, description: str, licences: list[str]) -> str:
@@ -161,18 +180,18 @@ def _card(m: dict, description: str, licences: list[str]) -> str:
     return f"""---
 {yaml.safe_dump(header, sort_keys=False)}---
 
-# {m['recipe']}: {a['label']}
+# {m["recipe"]}: {a["label"]}
 
 {description}
 
-The `{a['label']}` artifact ({a['stage']} stage, id `{a['id']}`) of the otbuild recipe
-`{m['recipe']}` (recipe sha256 `{m['recipe_sha256']}`): {rows:,} rows in {len(m['files'])} parquet file(s).
+The `{a["label"]}` artifact ({a["stage"]} stage, id `{a["id"]}`) of the otbuild recipe
+`{m["recipe"]}` (recipe sha256 `{m["recipe_sha256"]}`): {rows:,} rows in {len(m["files"])} parquet file(s).
 `recipe.resolved.yaml` is the recipe as built; `manifest.json` names every file with its rows and
-sha256 and every upstream artifact with its id. Rebuild it with `otbuild build {m['recipe']}`;
+sha256 and every upstream artifact with its id. Rebuild it with `otbuild build {m["recipe"]}`;
 equal ids mean equal inputs, settings and stage versions.
 
-Secrets were redacted before publishing (each match of {', '.join(PATTERNS)} replaced by
-`[REDACTED:NAME]`): {describe(m['redacted'])}.
+Secrets were redacted before publishing (each match of {", ".join(PATTERNS)} replaced by
+`[REDACTED:NAME]`): {describe(m["redacted"])}.
 
 | upstream artifact | stage | id |
 |---|---|---|

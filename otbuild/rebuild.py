@@ -94,25 +94,33 @@ def select(plan: Plan, names: tuple[str, ...], everything: bool) -> list[Node]:
         for name in names:
             hit = [n for n in unique if name in (n.label, n.stage, n.id)]
             if not hit:
-                raise ConfigError(f"{name}: no artifact of {plan.recipe.name} has this label, stage or id "
-                                  f"(labels: {', '.join(n.label for n in unique)})")
+                raise ConfigError(
+                    f"{name}: no artifact of {plan.recipe.name} has this label, stage or id "
+                    f"(labels: {', '.join(n.label for n in unique)})"
+                )
             chosen += [n for n in hit if n not in chosen]
         return [n for n in unique if n in chosen]
     return [n for n in unique if everything or cheap(n.stage, n.settings)]
 
 
-def rebuild_plan(plan: Plan, names: tuple[str, ...], console: Console, everything: bool = False,
-                 keep: bool = False) -> int:
+def rebuild_plan(
+    plan: Plan, names: tuple[str, ...], console: Console, everything: bool = False, keep: bool = False
+) -> int:
     nodes = select(plan, names, everything)
     left = [n.label for n in list({n.id: n for n in plan.nodes}.values()) if n not in nodes]
-    console.print(f"rebuilding {len(nodes)} artifact(s) of {plan.recipe.name} from their recorded inputs into "
-                  f"{SCRATCH}/" + (f"; not rebuilt (named, or --all): {', '.join(left)}" if left else ""),
-                  highlight=False)
+    console.print(
+        f"rebuilding {len(nodes)} artifact(s) of {plan.recipe.name} from their recorded inputs into "
+        f"{SCRATCH}/" + (f"; not rebuilt (named, or --all): {', '.join(left)}" if left else ""),
+        highlight=False,
+    )
     for n in nodes:
         if sampled(n.stage, n.settings):
-            console.print(f"[yellow]note:[/] {n.label} is sampled from {n.settings.get('engine')}:"
-                          f"{escape(str(n.settings.get('model')))}: a byte-identical rebuild needs the same model, "
-                          "server and seed; compared here: its files, row counts and key columns", highlight=False)
+            console.print(
+                f"[yellow]note:[/] {n.label} is sampled from {n.settings.get('engine')}:"
+                f"{escape(str(n.settings.get('model')))}: a byte-identical rebuild needs the same model, "
+                "server and seed; compared here: its files, row counts and key columns",
+                highlight=False,
+            )
     outcomes = [_rebuild(n, console) for n in nodes]
     table = Table(title=f"rebuild: {plan.recipe.name}")
     for col in ("artifact", "stage", "id", "result", "detail"):
@@ -120,14 +128,23 @@ def rebuild_plan(plan: Plan, names: tuple[str, ...], console: Console, everythin
     style = {"identical": "green", "sampled": "yellow"}
     for o in outcomes:
         detail = "; ".join(o.differences or o.notes)
-        table.add_row(o.node.label, o.node.stage, o.node.id, f"[{style.get(o.result, 'red')}]{o.result}[/]",
-                      escape(detail))
+        table.add_row(
+            o.node.label, o.node.stage, o.node.id, f"[{style.get(o.result, 'red')}]{o.result}[/]", escape(detail)
+        )
     console.print(table)
     at = now()
     for o in outcomes:
         if o.result != "not-proven":
-            write_json(o.node.dir / REBUILD, {"rebuilt_at": at, "result": o.result, "differences": o.differences,
-                                             "notes": o.notes, "otbuild_version": otbuild.__version__})
+            write_json(
+                o.node.dir / REBUILD,
+                {
+                    "rebuilt_at": at,
+                    "result": o.result,
+                    "differences": o.differences,
+                    "notes": o.notes,
+                    "otbuild_version": otbuild.__version__,
+                },
+            )
         if not o.is_finding and not keep:
             shutil.rmtree(SCRATCH / o.node.stage / o.node.id, ignore_errors=True)
             (SCRATCH / o.node.stage / f"{o.node.id}.log").unlink(missing_ok=True)
@@ -137,11 +154,15 @@ def rebuild_plan(plan: Plan, names: tuple[str, ...], console: Console, everythin
         for o in bad:
             for d in o.differences:
                 console.print(f"[red]{o.result}[/] {o.node.label}: {escape(d)}", highlight=False)
-        console.print(f"[red]{len(bad)} of {len(outcomes)} artifact(s) not rebuilt identically[/] (the rebuilds "
-                      f"are kept in {SCRATCH}/)", highlight=False)
+        console.print(
+            f"[red]{len(bad)} of {len(outcomes)} artifact(s) not rebuilt identically[/] (the rebuilds "
+            f"are kept in {SCRATCH}/)",
+            highlight=False,
+        )
         return EXIT_FINDINGS
-    console.print(f"[green]all {len(outcomes)} rebuilt artifact(s) match[/] (volatile columns set aside: "
-                  "docs/reproducibility.md)")
+    console.print(
+        f"[green]all {len(outcomes)} rebuilt artifact(s) match[/] (volatile columns set aside: docs/reproducibility.md)"
+    )
     return EXIT_OK
 
 
@@ -154,9 +175,16 @@ def _rebuild(node: Node, console: Console) -> Outcome:
         return Outcome(node, "not-proven", ["no provenance record: run the build first"])
     scratch = SCRATCH / node.stage / node.id
     shutil.rmtree(scratch, ignore_errors=True)
-    spec = {"stage": node.stage, "id": node.id, "settings": record["settings"], "outdir": str(scratch),
-            "inputs": [{"id": i["id"], "stage": i["stage"], "path": i["path"], "name": name}  # the node's: same id
-                       for i, name in zip(record["inputs"], node.input_names, strict=True)]}
+    spec = {
+        "stage": node.stage,
+        "id": node.id,
+        "settings": record["settings"],
+        "outdir": str(scratch),
+        "inputs": [
+            {"id": i["id"], "stage": i["stage"], "path": i["path"], "name": name}  # the node's: same id
+            for i, name in zip(record["inputs"], node.input_names, strict=True)
+        ],
+    }
     shards = record["settings"].get("shards", 1) if STAGES[node.stage].sharded else 0
     console.print(f"[dim]rebuilding {node.label} ({node.stage} {node.id})[/]", highlight=False)
     log = scratch.with_name(f"{node.id}.log")
@@ -164,8 +192,9 @@ def _rebuild(node: Node, console: Console) -> Outcome:
     for shard in [*range(shards), None]:
         if code := _run_stage(node.stage, spec, shard, log):
             return Outcome(node, "differs", [f"the rebuild failed (exit {code}; its log: {log})"])
-    outcome = compare(node.stage, record, node.dir, scratch,
-                      sampled(node.stage, record["settings"], record.get("stats")))
+    outcome = compare(
+        node.stage, record, node.dir, scratch, sampled(node.stage, record["settings"], record.get("stats"))
+    )
     outcome.node = node
     return outcome
 
@@ -177,8 +206,10 @@ def compare(stage: str, record: dict, built: Path, rebuilt: Path, is_sampled: bo
     again = [p.name for p in artifact_files(rebuilt, stage) if p.is_file()]
     volatile = sorted(n for n in names if volatile_file(n))
     if len(volatile) != len([n for n in again if volatile_file(n)]):
-        out.differences.append(f"{len(volatile)} volatile file(s) ({', '.join(VOLATILE_FILES)}) built, "
-                               f"{len([n for n in again if volatile_file(n)])} rebuilt")
+        out.differences.append(
+            f"{len(volatile)} volatile file(s) ({', '.join(VOLATILE_FILES)}) built, "
+            f"{len([n for n in again if volatile_file(n)])} rebuilt"
+        )
     elif volatile:
         out.notes.append(f"set aside: {', '.join(volatile)} (volatile file)")
     for name in sorted(set(names) ^ set(again)):
@@ -283,11 +314,13 @@ def _without_keys(value, keys: tuple[str, ...]):
         if isinstance(v, dict):
             return {k: strip(x) for k, x in v.items() if k not in keys}
         return [strip(x) for x in v] if isinstance(v, list) else v
+
     return strip(data)
 
 
 def _compare_json_lines(a: Path, b: Path, fields: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """A JSON file, or JSON lines: compared value by value, top-level `fields` set aside."""
+
     def records(p: Path) -> list:
         text = p.read_text()
         try:
@@ -343,18 +376,25 @@ def _rerender_report(plan: Plan, console: Console) -> None:
     scratch = SCRATCH / "report" / f"{report.id}.render"
     shutil.rmtree(scratch, ignore_errors=True)
     ok = _run_stage("report", {**spec, "outdir": str(scratch)}, None, scratch.with_suffix(".log")) == 0
-    if ok and (built := read_record(report.dir)) is not None and not compare("report", built, report.dir,
-                                                                              scratch).is_finding:
+    if (
+        ok
+        and (built := read_record(report.dir)) is not None
+        and not compare("report", built, report.dir, scratch).is_finding
+    ):
         ok = _run_stage("report", spec, None, scratch.with_suffix(".log")) == 0
         shutil.rmtree(scratch, ignore_errors=True)
         if ok:
             scratch.with_suffix(".log").unlink(missing_ok=True)
-        console.print(f"the report ({report.dir}/) shows the rebuild results" if ok else
-                      f"[yellow]note:[/] the report could not be rendered again ({scratch.with_suffix('.log')})",
-                      highlight=False)
+        console.print(
+            f"the report ({report.dir}/) shows the rebuild results"
+            if ok
+            else f"[yellow]note:[/] the report could not be rendered again ({scratch.with_suffix('.log')})",
+            highlight=False,
+        )
     else:
-        console.print("[yellow]note:[/] the report was not rendered again: it does not match its rebuild",
-                      highlight=False)
+        console.print(
+            "[yellow]note:[/] the report was not rendered again: it does not match its rebuild", highlight=False
+        )
 
 
 def _run_stage(stage: str, spec: dict, shard: int | None, log: Path) -> int:
@@ -362,5 +402,9 @@ def _run_stage(stage: str, spec: dict, shard: int | None, log: Path) -> int:
     cmd = [sys.executable, "-m", "otbuild", "stage", stage, "--spec", json.dumps(spec)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
-        return subprocess.call(cmd + ([] if shard is None else ["--shard", str(shard)]), stdout=out,
-                               stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"})
+        return subprocess.call(
+            cmd + ([] if shard is None else ["--shard", str(shard)]),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "160"},
+        )

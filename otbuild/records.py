@@ -66,9 +66,7 @@ def iter_file(f: Path) -> Iterator[Row]:
 def _obj(where: str, value) -> Row:
     if isinstance(value, dict):
         return Row(where, value)
-    return Row(
-        where, None, "not an object", f"{where}: a JSON {type(value).__name__}, not an object"
-    )
+    return Row(where, None, "not an object", f"{where}: a JSON {type(value).__name__}, not an object")
 
 
 def _jsonl(f: Path) -> Iterator[Row]:
@@ -102,29 +100,21 @@ def load_json(f: Path, error: type[ValueError] | None = None) -> object:
     except UnicodeDecodeError as e:
         raise error(f"{f}: byte offset {e.start}: not UTF-8") from None
     except json.JSONDecodeError as e:
-        raise error(
-            f"{f}: line {e.lineno} column {e.colno} (char offset {e.pos}): not valid JSON: {e.msg}"
-        ) from None
+        raise error(f"{f}: line {e.lineno} column {e.colno} (char offset {e.pos}): not valid JSON: {e.msg}") from None
 
 
 def _json(f: Path) -> Iterator[Row]:
     value = load_json(f)
     if isinstance(value, dict):
         # a single record, or a wrapper such as {"instances": [...]} / {"data": [...]}
-        lists = [
-            k
-            for k, v in value.items()
-            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
-        ]
+        lists = [k for k, v in value.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
         if len(value) == 1 and lists:
             value = value[lists[0]]
         else:
             yield Row(f.name, value)
             return
     if not isinstance(value, list):
-        raise SourceFormatError(
-            f"{f}: expected a JSON object or a list of objects, found {type(value).__name__}"
-        )
+        raise SourceFormatError(f"{f}: expected a JSON object or a list of objects, found {type(value).__name__}")
     for i, item in enumerate(value):
         yield _obj(f"{f.name}[{i}]", item)
 
@@ -177,9 +167,7 @@ def _parquet(f: Path) -> Iterator[Row]:
         try:
             table = pf.read_row_group(g)
         except (pa.ArrowException, OSError) as e:
-            raise SourceFormatError(
-                f"{f}: row group {g} of {pf.num_row_groups} is unreadable: {e}"
-            ) from None
+            raise SourceFormatError(f"{f}: row group {g} of {pf.num_row_groups} is unreadable: {e}") from None
         for i, row in enumerate(table.to_pylist()):
             yield Row(f"{f.name}:rg{g}:{i}", row)
 

@@ -39,13 +39,17 @@ def recover(root: Path) -> None:
     if locks:
         owner = _read_owner(state / "locks" / OWNER)
         if owner.get("host", socket.gethostname()) != socket.gethostname():
-            print(f"otbuild: {state / 'locks'} is held by a snakemake started on {owner['host']} "
-                  f"(pid {owner.get('pid')}); if it is no longer running there, run: snakemake --unlock",
-                  file=sys.stderr)
+            print(
+                f"otbuild: {state / 'locks'} is held by a snakemake started on {owner['host']} "
+                f"(pid {owner.get('pid')}); if it is no longer running there, run: snakemake --unlock",
+                file=sys.stderr,
+            )
             return
         shutil.rmtree(state / "locks", ignore_errors=True)
-        print(f"otbuild: removed the locks of a snakemake run that is no longer running "
-              f"(pid {owner.get('pid', '?')})", file=sys.stderr)
+        print(
+            f"otbuild: removed the locks of a snakemake run that is no longer running (pid {owner.get('pid', '?')})",
+            file=sys.stderr,
+        )
     kept = _clear_complete_markers(Path(root), state / "incomplete")
     if kept:
         print(f"otbuild: {kept} output(s) of killed jobs were complete and are kept", file=sys.stderr)
@@ -135,12 +139,14 @@ def remove_dead_trial_containers() -> None:
 
     removed = remove_leaked_containers()
     if removed:
-        print(f"otbuild: removed {removed} trial container(s) of builds that are no longer running",
-              file=sys.stderr)
+        print(f"otbuild: removed {removed} trial container(s) of builds that are no longer running", file=sys.stderr)
     removed = remove_leaked_builds()
     if removed:
-        print(f"otbuild: removed {removed} image-build working container(s) of builds that are no longer running "
-              "(and their intermediate images)", file=sys.stderr)
+        print(
+            f"otbuild: removed {removed} image-build working container(s) of builds that are no longer running "
+            "(and their intermediate images)",
+            file=sys.stderr,
+        )
     unmounted = remove_leaked_scratch()
     if unmounted:
         print(f"otbuild: unmounted {unmounted} trial tmpfs of builds that are no longer running", file=sys.stderr)

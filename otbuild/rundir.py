@@ -38,8 +38,10 @@ def private_dir(path: Path, mode: int = 0o700) -> Path:
         pass
     problem = _not_private(path, group_other=0o022)
     if problem:
-        raise UntrustedPath(f"{path}: {problem}; otbuild keeps its state only in folders it made. Remove it, "
-                            "or set XDG_RUNTIME_DIR (or TMPDIR) to a folder of your own")
+        raise UntrustedPath(
+            f"{path}: {problem}; otbuild keeps its state only in folders it made. Remove it, "
+            "or set XDG_RUNTIME_DIR (or TMPDIR) to a folder of your own"
+        )
     return path
 
 

@@ -32,8 +32,10 @@ def read_spec(text: str, stage: str) -> dict:
     if missing := [k for k in SPEC_KEYS if k not in spec]:
         raise ConfigError(f"--spec: required key(s) missing: {', '.join(missing)}; {hint}")
     if spec["stage"] != stage:
-        raise ConfigError(f"--spec: the spec is of a {spec['stage']!r} node, not a {stage!r} one: "
-                          f"run `otbuild stage {spec['stage']} --spec ...`")
+        raise ConfigError(
+            f"--spec: the spec is of a {spec['stage']!r} node, not a {stage!r} one: "
+            f"run `otbuild stage {spec['stage']} --spec ...`"
+        )
     if not isinstance(spec["inputs"], list) or not all(isinstance(i, dict) and "path" in i for i in spec["inputs"]):
         raise ConfigError(f"--spec: inputs: expected a list of {{id, stage, path, name}}; {hint}")
     return spec
@@ -48,8 +50,9 @@ def _job(spec: dict) -> tuple[StageDef, Any, Inputs, Path]:
     except ValidationError as e:
         where = "; ".join(f"settings.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
         raise ConfigError(f"--spec: {where} (a spec from another otbuild version? plan it again)") from None
-    inputs = Inputs([i["path"] for i in spec["inputs"]],
-                    [i.get("name") or input_name(i.get("stage", "")) for i in spec["inputs"]])
+    inputs = Inputs(
+        [i["path"] for i in spec["inputs"]], [i.get("name") or input_name(i.get("stage", "")) for i in spec["inputs"]]
+    )
     return stage, cfg, inputs, Path(spec["outdir"])
 
 

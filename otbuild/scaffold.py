@@ -33,7 +33,8 @@ def init_project(dest: Path) -> list[Path]:
     if taken:
         raise ConfigError(
             f"otbuild init {dest}: {', '.join(str(p) for p in taken)} already exist(s); init "
-            "writes only new files, so move them aside or pick another DIR")
+            "writes only new files, so move them aside or pick another DIR"
+        )
     for rel, path in files.items():
         _write_new(path, (TEMPLATE / rel).read_bytes())
     for link, target in links.items():

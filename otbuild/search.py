@@ -22,10 +22,21 @@ def path_taken(plan: Plan) -> list[dict]:
     out = []
     for s in plan.search:
         d = s.decision or {}
-        out.append({"step": s.step, "grid": s.grid, "candidates": s.candidates, "default": s.default,
-                    "decision_id": s.decide.id, "winner": d.get("winner"), "values": d.get("values"),
-                    "decided": d.get("decided"), "reason": d.get("reason"), "margin": d.get("margin"),
-                    "leader": d.get("leader")})
+        out.append(
+            {
+                "step": s.step,
+                "grid": s.grid,
+                "candidates": s.candidates,
+                "default": s.default,
+                "decision_id": s.decide.id,
+                "winner": d.get("winner"),
+                "values": d.get("values"),
+                "decided": d.get("decided"),
+                "reason": d.get("reason"),
+                "margin": d.get("margin"),
+                "leader": d.get("leader"),
+            }
+        )
     return out
 
 
@@ -43,16 +54,25 @@ def winner_document(plan: Plan) -> dict:
     for s in plan.search:
         for key, value in (s.decision or {}).get("values", {}).items():
             set_value(data, key, value, plan.recipe)
-    return {"description": f"The winner of search {plan.recipe.name} (results/{plan.recipe.name}/{SEARCH_JSON}).",
-            **{k: v for k, v in data.items() if k != "description"}}
+    return {
+        "description": f"The winner of search {plan.recipe.name} (results/{plan.recipe.name}/{SEARCH_JSON}).",
+        **{k: v for k, v in data.items() if k != "description"},
+    }
 
 
 def write_search(plan: Plan, out: Path) -> list[Path]:
     """results/NAME/search.json (the path taken) and, once every stage is decided, winner.yaml."""
     written = [out / SEARCH_JSON]
     with atomic_path(out / SEARCH_JSON) as tmp:
-        tmp.write_text(json.dumps({"recipe": plan.recipe.name, "done": done(plan), "stages": path_taken(plan)},
-                                  indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(
+            json.dumps(
+                {"recipe": plan.recipe.name, "done": done(plan), "stages": path_taken(plan)},
+                indent=2,
+                sort_keys=True,
+                default=str,
+            )
+            + "\n"
+        )
     if done(plan):
         written.append(out / WINNER)
         with atomic_path(out / WINNER) as tmp:
@@ -75,7 +95,9 @@ def search_lines(plan: Plan) -> list[str]:
     """The search's stages as the console and `otbuild plan` show them, the unplanned ones too."""
     total = len(plan.recipe.recipe.search)
     lines = [stage_line(s, total) for s in plan.search]
-    lines += [f"search stage {k} of {total} ({', '.join(grid)}): pending: builds {', '.join(points(grid))} with "
-              f"the winners so far, once stage {k - 1} is decided"
-              for k, grid in enumerate(plan.recipe.recipe.search[len(plan.search):], len(plan.search) + 1)]
+    lines += [
+        f"search stage {k} of {total} ({', '.join(grid)}): pending: builds {', '.join(points(grid))} with "
+        f"the winners so far, once stage {k - 1} is decided"
+        for k, grid in enumerate(plan.recipe.recipe.search[len(plan.search) :], len(plan.search) + 1)
+    ]
     return lines

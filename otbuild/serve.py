@@ -62,29 +62,41 @@ class ChatModel:
         self.lock = threading.Lock()
         self.pieces: dict[int, str] = {}  # token -> text, for constrained decoding
 
-    def chat(self, messages: list[dict], *, max_tokens: int | None = None,
-             temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-             stop: Sequence[str] = (), regex: str | None = None) -> dict:
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        regex: str | None = None,
+    ) -> dict:
         from transformers import GenerationConfig
 
         torch = self.torch
-        prompt = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         n_in = ids.shape[1]
         room = (self.max_len - n_in) if self.max_len else None
         if room is not None and room < (max_tokens or 1):  # vLLM's answer, word for word
-            raise RequestError(400, f"This model's maximum context length is {self.max_len} tokens. "
-                                    f"However, you requested {n_in + (max_tokens or 1)} tokens ({n_in} in "
-                                    f"the messages, {max_tokens or 1} in the completion). Please reduce "
-                                    "the length of the messages or completion.")
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {self.max_len} tokens. "
+                f"However, you requested {n_in + (max_tokens or 1)} tokens ({n_in} in "
+                f"the messages, {max_tokens or 1} in the completion). Please reduce "
+                "the length of the messages or completion.",
+            )
         if max_tokens is None:
             max_tokens = min(DEFAULT_MAX_TOKENS, room) if room else DEFAULT_MAX_TOKENS
         sample = temperature > 0
         config = GenerationConfig(
-            max_new_tokens=max_tokens, do_sample=sample, eos_token_id=sorted(self.eos) or None,
-            pad_token_id=self.pad, **({"temperature": temperature, "top_p": top_p} if sample else {}),
+            max_new_tokens=max_tokens,
+            do_sample=sample,
+            eos_token_id=sorted(self.eos) or None,
+            pad_token_id=self.pad,
+            **({"temperature": temperature, "top_p": top_p} if sample else {}),
         )
         processors = None
         if regex:
@@ -100,16 +112,16 @@ class ChatModel:
             if seed is not None:
                 torch.manual_seed(seed)
             ids = ids.to(self.device)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=config, logits_processor=processors)
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=config, logits_processor=processors
+            )
         new = out[0, n_in:].tolist()
         finish = "stop" if new and new[-1] in self.eos else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
         if cuts:
             text, finish = text[: min(cuts)], "stop"
-        return {"text": text, "prompt_tokens": n_in, "completion_tokens": len(new),
-                "finish_reason": finish}
+        return {"text": text, "prompt_tokens": n_in, "completion_tokens": len(new), "finish_reason": finish}
 
 
 def _request_args(body: dict) -> dict:
@@ -124,7 +136,7 @@ def _request_args(body: dict) -> dict:
     stop = body.get("stop") or []
     structured = body.get("structured_outputs") or {}
     if not isinstance(structured, dict) or set(structured) - {"regex"}:
-        raise RequestError(400, "structured_outputs: only {\"regex\": PATTERN} is supported")
+        raise RequestError(400, 'structured_outputs: only {"regex": PATTERN} is supported')
     try:
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         return {
@@ -179,8 +191,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"version": transformers.__version__})
         elif self.path == "/v1/models":
             name = self.server.served_model_name
-            self._send(200, {"object": "list", "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "otbuild"}]})
+            self._send(
+                200, {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "otbuild"}]}
+            )
         else:
             self._error(404, f"no route {self.path}")
 
@@ -205,35 +218,58 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(e.status, str(e), e.param, e.code)
         except Exception as e:  # noqa: BLE001 - a generation failure: the server lives on
             return self._error(500, f"{type(e).__name__}: {e}")
-        self._send(200, {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": name,
-            "choices": [{"index": 0, "finish_reason": out["finish_reason"],
-                         "message": {"role": "assistant", "content": out["text"]}}],
-            "usage": {"prompt_tokens": out["prompt_tokens"],
-                      "completion_tokens": out["completion_tokens"],
-                      "total_tokens": out["prompt_tokens"] + out["completion_tokens"]},
-        })
+        self._send(
+            200,
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": out["finish_reason"],
+                        "message": {"role": "assistant", "content": out["text"]},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": out["prompt_tokens"],
+                    "completion_tokens": out["completion_tokens"],
+                    "total_tokens": out["prompt_tokens"] + out["completion_tokens"],
+                },
+            },
+        )
 
     def log_message(self, format, *args):  # one short line per request, to stderr
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
 
-def make_server(model_dir: str | Path, host: str = "127.0.0.1", port: int = 0, *,
-                served_model_name: str | None = None, device: str = "auto") -> ChatServer:
+def make_server(
+    model_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    served_model_name: str | None = None,
+    device: str = "auto",
+) -> ChatServer:
     """Load the model and bind the port (0: a free one); call `serve_forever()` on the result."""
     model = ChatModel(model_dir, device)
     return ChatServer((host, port), model, served_model_name or str(model_dir))
 
 
-def serve(model_dir: str | Path, host: str = "127.0.0.1", port: int = 0, *,
-          served_model_name: str | None = None, device: str = "auto") -> None:
+def serve(
+    model_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    served_model_name: str | None = None,
+    device: str = "auto",
+) -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM)."""
     import signal
 
     server = make_server(model_dir, host, port, served_model_name=served_model_name, device=device)
+
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt
 
@@ -252,15 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_dir", help="a transformers model dir (weights, tokenizer, chat template)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed on start)")
-    p.add_argument("--served-model-name", default=None, help="the `model` clients send "
-                   "(default: MODEL_DIR as given)")
+    p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: MODEL_DIR as given)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     args = p.parse_args(argv)
     if not (Path(args.model_dir) / "config.json").is_file():
         print(f"otbuild serve: {args.model_dir}: not a model dir (no config.json)", file=sys.stderr)
         return 2
-    serve(args.model_dir, args.host, args.port, served_model_name=args.served_model_name,
-          device=args.device)
+    serve(args.model_dir, args.host, args.port, served_model_name=args.served_model_name, device=args.device)
     return 0
 
 

@@ -20,8 +20,9 @@ CELL = 60
 WIDE = {"metadata", "conversations"}
 
 
-def show(path: Path, console: Console, row: int | None = None, limit: int = 20,
-         columns: list[str] | None = None) -> None:
+def show(
+    path: Path, console: Console, row: int | None = None, limit: int = 20, columns: list[str] | None = None
+) -> None:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -43,10 +44,13 @@ def only_parquet(folder: Path) -> Path:
         return files[0]
     if not files:
         nested = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.parquet"))[:10]
-        raise ConfigError(f"{folder}: a folder with no parquet file in it"
-                          + (f" (below it: {', '.join(nested)})" if nested else ""))
-    raise ConfigError(f"{folder}: a folder with {len(files)} parquet files: {', '.join(p.name for p in files)}; "
-                      f"show one, e.g. `otbuild show {folder / files[0].name}`")
+        raise ConfigError(
+            f"{folder}: a folder with no parquet file in it" + (f" (below it: {', '.join(nested)})" if nested else "")
+        )
+    raise ConfigError(
+        f"{folder}: a folder with {len(files)} parquet files: {', '.join(p.name for p in files)}; "
+        f"show one, e.g. `otbuild show {folder / files[0].name}`"
+    )
 
 
 def _read_rows(pf: pq.ParquetFile, start: int, count: int) -> list[dict]:
@@ -69,8 +73,7 @@ def _cell(v) -> str:
     return s if len(s) <= CELL else s[: CELL - 1] + "…"
 
 
-def _table(path: Path, pf: pq.ParquetFile, n: int, limit: int, console: Console,
-           columns: list[str] | None) -> None:
+def _table(path: Path, pf: pq.ParquetFile, n: int, limit: int, console: Console, columns: list[str] | None) -> None:
     schema = pf.schema_arrow
     if columns:
         unknown = [c for c in columns if c not in schema.names]

@@ -37,9 +37,11 @@ def summary(plan: Plan, root: Path = Path("."), wall: float | None = None) -> st
     head = recipe_headline(plan, root)
     t = head.total
     took = f" in {duration(wall)}" if wall is not None else ""
-    lines = [f"otbuild: {name} is built{took}.",
-             f"  results      {RESULTS / name}/  (manifest.json names every artifact, its id and rows)",
-             f"  report       {RESULTS / name / 'report' / HTML}"]
+    lines = [
+        f"otbuild: {name} is built{took}.",
+        f"  results      {RESULTS / name}/  (manifest.json names every artifact, its id and rows)",
+        f"  report       {RESULTS / name / 'report' / HTML}",
+    ]
     if plan.search:
         from otbuild.search import WINNER, search_lines
 
@@ -50,10 +52,14 @@ def summary(plan: Plan, root: Path = Path("."), wall: float | None = None) -> st
     for p in head.parts:
         lines += _part_lines(p, indent="  " if p.name is None else "    ")
     cost = amount(t["cost"]) if t["cost"] is not None else "– (no prices: set `prices:` in the recipe)"
-    lines.append(f"  tokens       {num(t['input_tokens'])} in, {num(t['output_tokens'])} out "
-                 f"({num(t['requests'])} requests); cost {cost}")
-    lines.append(f"  job time     {duration(t['seconds']) if t['seconds'] else '–'} summed over jobs, "
-                 f"{amount(t['gpu_hours'])} GPU-hours")
+    lines.append(
+        f"  tokens       {num(t['input_tokens'])} in, {num(t['output_tokens'])} out "
+        f"({num(t['requests'])} requests); cost {cost}"
+    )
+    lines.append(
+        f"  job time     {duration(t['seconds']) if t['seconds'] else '–'} summed over jobs, "
+        f"{amount(t['gpu_hours'])} GPU-hours"
+    )
     lines += [f"  warning: {w}" for w in head.warnings]
     return "\n".join(lines)
 

@@ -55,17 +55,25 @@ def of_traces(path: Path) -> dict[str, dict[str, int]]:
 def engines_of_traces(path: Path) -> dict[str, str | None]:
     """Who answered a rollout's or eval's trials: per `teacher` (engine:model), the engine's
     release where it said it (a managed server's `metadata.engine_version`), else None."""
-    rows = duck.connect().execute(f"""SELECT teacher, max(json_extract_string(metadata, '$.engine_version'))
+    rows = (
+        duck.connect()
+        .execute(f"""SELECT teacher, max(json_extract_string(metadata, '$.engine_version'))
                                       FROM read_parquet({duck.sql_literal(path)}) GROUP BY teacher
-                                      ORDER BY teacher""").fetchall()
+                                      ORDER BY teacher""")
+        .fetchall()
+    )
     return {str(model): version for model, version in rows}
 
 
 def of_trial(row: dict) -> dict[str, int]:
     """One trial's trace row (RL rollouts, which keep no trace table): as `of_traces` counts it."""
     failed = int(row.get("exception") in ENGINE_GAVE_UP or row.get("result") == OVER_CONTEXT)
-    return {"requests": (row.get("n_turns") or 0) + failed, "errors": failed,
-            "input_tokens": row.get("n_input_tokens") or 0, "output_tokens": row.get("n_output_tokens") or 0}
+    return {
+        "requests": (row.get("n_turns") or 0) + failed,
+        "errors": failed,
+        "input_tokens": row.get("n_input_tokens") or 0,
+        "output_tokens": row.get("n_output_tokens") or 0,
+    }
 
 
 def rollout_engines(path: Path) -> list[str]:

@@ -63,13 +63,19 @@ def images_table(plan, out: Console) -> int:
     counts, unread = base_image_counts(plan)
     name = plan.recipe.name
     if unread:
-        out.print(f"base images: {name}: could not check {len(unread)} source(s) whose data is not there yet "
-                  f"({', '.join(unread)}): their tasks' images are unknown", highlight=False)
+        out.print(
+            f"base images: {name}: could not check {len(unread)} source(s) whose data is not there yet "
+            f"({', '.join(unread)}): their tasks' images are unknown",
+            highlight=False,
+        )
     if not counts:
         if not unread:
             backends = trial_backends(plan)
-            why = (f"trials run under sandbox {', '.join(sorted(backends))}, not in podman images"
-                   if backends and not backends & {"podman", "auto"} else "this host stands in for every image")
+            why = (
+                f"trials run under sandbox {', '.join(sorted(backends))}, not in podman images"
+                if backends and not backends & {"podman", "auto"}
+                else "this host stands in for every image"
+            )
             out.print(f"base images: {name}: no task runs in its own image here ({why})", highlight=False)
         return 0
     presence = image_presence(sorted(counts))
@@ -93,10 +99,27 @@ def costs_tables(recipe: str, k, out: Console) -> None:
     for col in ("artifact", "stage", "model", "requests", "errors", "input tokens", "output tokens", "cost"):
         tokens.add_column(col, justify="right" if col not in ("artifact", "stage", "model") else "left")
     for u in k.usage:
-        tokens.add_row(u.label, u.stage, u.model, num(u.requests), num(u.errors), num(u.input_tokens),
-                       num(u.output_tokens), amount(u.cost))
-    tokens.add_row("total", "", "", num(t["requests"]), num(t["errors"]), num(t["input_tokens"]),
-                   num(t["output_tokens"]), amount(t["cost"]), style="bold")
+        tokens.add_row(
+            u.label,
+            u.stage,
+            u.model,
+            num(u.requests),
+            num(u.errors),
+            num(u.input_tokens),
+            num(u.output_tokens),
+            amount(u.cost),
+        )
+    tokens.add_row(
+        "total",
+        "",
+        "",
+        num(t["requests"]),
+        num(t["errors"]),
+        num(t["input_tokens"]),
+        num(t["output_tokens"]),
+        amount(t["cost"]),
+        style="bold",
+    )
     out.print(tokens)
     if k.unpriced:
         out.print(f"no price for {', '.join(k.unpriced)}: set `prices:` in the recipe", highlight=False)
@@ -106,13 +129,17 @@ def costs_tables(recipe: str, k, out: Console) -> None:
     for col in ("artifact", "stage", "jobs", "runtime (s)", "peak memory (MB)", "GPUs", "GPU-hours"):
         times.add_column(col, justify="right" if col not in ("artifact", "stage") else "left")
     for r in k.runtimes:
-        times.add_row(r.label, r.stage, num(r.jobs), num(r.seconds), num(r.peak_rss_mb), num(r.gpus),
-                      amount(r.gpu_hours))
+        times.add_row(
+            r.label, r.stage, num(r.jobs), num(r.seconds), num(r.peak_rss_mb), num(r.gpus), amount(r.gpu_hours)
+        )
     times.add_row("total", "", "", num(t["seconds"]), "", "", amount(t["gpu_hours"]), style="bold")
     out.print(times)
     if not k.runtimes:
-        out.print("no benchmark files under benchmarks/ for these artifacts (not built yet, or built "
-                  "before benchmarks were recorded)", highlight=False)
+        out.print(
+            "no benchmark files under benchmarks/ for these artifacts (not built yet, or built "
+            "before benchmarks were recorded)",
+            highlight=False,
+        )
 
 
 def versus_table(recipe: str, arts, k, out: Console) -> None:

@@ -56,16 +56,21 @@ class Workflow:
         """The workflow, after a warning naming each invalid recipe (their targets cannot build)."""
         wf = cls(root)
         for name, error in wf.broken.items():
-            print(f"otbuild: warning: recipes/{name}.yaml is not valid, so target {name!r} cannot be "
-                  f"built (the others can): {error.splitlines()[0]}", file=sys.stderr)
+            print(
+                f"otbuild: warning: recipes/{name}.yaml is not valid, so target {name!r} cannot be "
+                f"built (the others can): {error.splitlines()[0]}",
+                file=sys.stderr,
+            )
         return wf
 
     def refuse(self, name: str):
         """The input function of an invalid recipe's target: asked for, it ends the run with the
         recipe's errors (exit 2) while Snakemake builds its DAG, before any job or lock."""
+
         def fail(wildcards):
             print(f"otbuild: {self.broken[name]}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
+
         return fail
 
     def target(self, name: str, dryrun: Callable[[], bool], decided: Callable[[str], object]) -> Callable:
@@ -73,6 +78,7 @@ class Workflow:
         first prints validate's warnings; a path the recipe names that does not exist ends the
         run (exit 2) before any job or lock, naming the file and key (a dry run only warns).
         A search's are its files once every stage is decided (`settled_files`)."""
+
         def inputs(wildcards):
             plan = self.plans[name]
             if name not in self.checked:
@@ -83,10 +89,14 @@ class Workflow:
                     print(f"otbuild: warning: {message}", file=sys.stderr)
                 if stop:
                     print("\n".join(f"otbuild: error: {m}" for m in stop), file=sys.stderr)
-                    print(f"otbuild: target {name!r} cannot be built without it: fix the path or bring the data "
-                          f"(`otbuild validate {name}` lists what is missing); nothing was run", file=sys.stderr)
+                    print(
+                        f"otbuild: target {name!r} cannot be built without it: fix the path or bring the data "
+                        f"(`otbuild validate {name}` lists what is missing); nothing was run",
+                        file=sys.stderr,
+                    )
                     sys.exit(EXIT_USAGE)
             return self.settled_files(name, decided)
+
         return inputs
 
     def settled_files(self, name: str, decided: Callable[[str], object]) -> list[str]:
@@ -147,7 +157,7 @@ class Workflow:
         node = self.node(stage, id)
         record = read_record(node.dir)
         if record and "shards" not in record.get("settings", {}):  # built as one job, before
-            return [str(n.main_output) for n in node.inputs]      # the stage had shards: as then
+            return [str(n.main_output) for n in node.inputs]  # the stage had shards: as then
         built = record["settings"]["shards"] if record else None
         return [str(p) for p in node.shard_outputs(built)]
 
@@ -199,11 +209,17 @@ def preflight(plan: Plan) -> list[tuple[str, bool]]:
         found[said] = found.get(said, 0) + 1
     for node in plan.nodes:
         cfg = node.config
-        if (isinstance(cfg, LLM) and cfg.engine in ("openai", "vllm", "transformers") and cfg.model
-                and (keys := not_sent(cfg.request_params, cfg.model, node.identity))):
+        if (
+            isinstance(cfg, LLM)
+            and cfg.engine in ("openai", "vllm", "transformers")
+            and cfg.model
+            and (keys := not_sent(cfg.request_params, cfg.model, node.identity))
+        ):
             label = node.label.split("/", 2)[2] if node.label.startswith("candidates/") else node.label
-            message = (f"{label}: {cfg.model} is a reasoning model: {', '.join(keys)} not sent "
-                       "(only its default is accepted; docs/engines.md)")
+            message = (
+                f"{label}: {cfg.model} is a reasoning model: {', '.join(keys)} not sent "
+                "(only its default is accepted; docs/engines.md)"
+            )
             found[(message, False)] = found.get((message, False), 0) + 1
     return [(message + (f" ({n} candidates)" if n > 1 else ""), needed) for (message, needed), n in found.items()]
 
@@ -214,8 +230,11 @@ def write_results(plan: Plan, log: str | Path | None = None) -> Path:
     write_manifest(plan)
     out = write_view(plan)
     searched = [p.name for p in write_search(plan, out)] if plan.search else []
-    _say(log, f"{out}/: {len(plan.nodes)} links by label, recipe.resolved.yaml, manifest.json"
-         + "".join(f", {f}" for f in searched))
+    _say(
+        log,
+        f"{out}/: {len(plan.nodes)} links by label, recipe.resolved.yaml, manifest.json"
+        + "".join(f", {f}" for f in searched),
+    )
     return out
 
 
@@ -250,9 +269,14 @@ def write_manifest(plan: Plan, log: str | Path | None = None) -> Path:
         "recipe_file": str(plan.recipe.path),
         "recipe_sha256": hashlib.sha256(plan.recipe.path.read_bytes()).hexdigest(),
         "artifacts": [
-            {"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir),
-             "inputs": [i.id for i in n.inputs],
-             "outputs": (read_record(n.dir) or {}).get("outputs", [])}
+            {
+                "label": n.label,
+                "stage": n.stage,
+                "id": n.id,
+                "dir": str(n.dir),
+                "inputs": [i.id for i in n.inputs],
+                "outputs": (read_record(n.dir) or {}).get("outputs", []),
+            }
             for n in plan.nodes
         ],
     }

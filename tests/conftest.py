@@ -110,7 +110,11 @@ SMOKE_LOG = "smoke-build.log"  # what `snakemake smoke` printed, in smoke_build'
 def snakemake(project: Path, *args: str, check: bool = True, env: dict | None = None) -> tuple[Counter, str]:
     """Run the real snakemake CLI in `project`; return the jobs it ran per rule, and its log."""
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", *args], cwd=project, capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     log = proc.stdout + proc.stderr
@@ -133,7 +137,11 @@ def job_counts(log: str) -> Counter:
 
 def otbuild(project: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "otbuild", *args], cwd=project, capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "otbuild", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
         env={**os.environ, "COLUMNS": "200"},
     )
 
@@ -224,8 +232,14 @@ def fake_vllm_bin(tmp_path, monkeypatch) -> Path:
 
 def run_bench(script: str, *args: str, timeout: float) -> str:
     """`python bench/SCRIPT ARGS...` from the repository root; its output, once it exited 0."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], check=False,
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     return out
@@ -236,8 +250,15 @@ def tool_answer(python: Path, script: str, given: dict, out: Path, timeout: floa
     stdin, its answer read back from `out`. Without otbuild's PYTHONPATH: the tool's own packages."""
     env = {**os.environ, **env_vars}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(python), str(REPO / "tests" / script), str(out)], input=json.dumps(given),
-                          capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    proc = subprocess.run(
+        [str(python), str(REPO / "tests" / script), str(out)],
+        input=json.dumps(given),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
     assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
     return json.loads(out.read_text())
 

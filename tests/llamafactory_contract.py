@@ -32,9 +32,25 @@ import yaml
 PARSED = {
     "model": ["model_name_or_path", "flash_attn", "enable_liger_kernel"],
     "data": ["template", "cutoff_len", "train_on_prompt", "packing", "neat_packing", "dataset", "dataset_dir"],
-    "training": ["learning_rate", "num_train_epochs", "max_steps", "lr_scheduler_type", "warmup_ratio", "optim",
-                 "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "seed", "bf16",
-                 "per_device_train_batch_size", "gradient_accumulation_steps", "save_steps", "save_total_limit"],
+    "training": [
+        "learning_rate",
+        "num_train_epochs",
+        "max_steps",
+        "lr_scheduler_type",
+        "warmup_ratio",
+        "optim",
+        "max_grad_norm",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "weight_decay",
+        "seed",
+        "bf16",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "save_steps",
+        "save_total_limit",
+    ],
     "finetuning": ["stage", "finetuning_type"],
 }
 
@@ -68,8 +84,11 @@ def main(out: str) -> None:
         try:
             answer["runs"][run["name"]] = load(run, given["model"])
         except (Exception, SystemExit) as e:  # noqa: BLE001  (any refusal is the finding)
-            answer["runs"][run["name"]] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}",
-                                           "args": None, "rows": None}
+            answer["runs"][run["name"]] = {
+                "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}",
+                "args": None,
+                "rows": None,
+            }
         finally:
             os.chdir(here)
     Path(out).write_text(json.dumps(answer))
@@ -84,8 +103,10 @@ def cli(command: str, yaml_path: str) -> int:
     with tempfile.TemporaryDirectory() as out:
         res = load({"yaml": str(Path(yaml_path).resolve()), "output_dir": out}, os.environ["OTBUILD_LF_MODEL"])
     supervised = sum(t != -100 for r in res["rows"] for t in r["labels"])
-    print(f"llamafactory {version('llamafactory')}: {len(res['rows'])} examples, {supervised} trained-on tokens, "
-          f"template {res['args']['template']}")
+    print(
+        f"llamafactory {version('llamafactory')}: {len(res['rows'])} examples, {supervised} trained-on tokens, "
+        f"template {res['args']['template']}"
+    )
     return 0
 
 

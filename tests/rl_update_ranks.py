@@ -23,8 +23,13 @@ def main(model_dir: str, out: str) -> None:
     for _ in range(7):
         n = rng.randint(6, 14)
         cut = rng.randint(2, n - 2)
-        seqs.append(TokenSequence([rng.randrange(5, 300) for _ in range(n)], [False] * cut + [True] * (n - cut),
-                                  advantage=rng.choice([-1.0, 0.0, 0.5, 1.5])))
+        seqs.append(
+            TokenSequence(
+                [rng.randrange(5, 300) for _ in range(n)],
+                [False] * cut + [True] * (n - cut),
+                advantage=rng.choice([-1.0, 0.0, 0.5, 1.5]),
+            )
+        )
     stats = update(engine, seqs[rank::world], settings, 0)
     if rank == 0:
         torch.save({"grad_norm": stats["grad_norm"], "weights": engine.module.state_dict()}, out)

@@ -59,8 +59,10 @@ def load(main, args: list[str]) -> dict:
 
 
 def items(dataset) -> list[dict]:
-    return [{"name": Path(i["prompt"]).name, "instruction": (Path(i["prompt"]) / "instruction.md").read_text()}
-            for i in dataset]
+    return [
+        {"name": Path(i["prompt"]).name, "instruction": (Path(i["prompt"]) / "instruction.md").read_text()}
+        for i in dataset
+    ]
 
 
 def main(out: str) -> None:
@@ -71,14 +73,19 @@ def main(out: str) -> None:
         try:
             answer["runs"][run["name"]] = {"error": None, "config": load(module, run["args"])}
         except (Exception, SystemExit) as e:  # noqa: BLE001  (any refusal is the finding)
-            answer["runs"][run["name"]] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}",
-                                           "config": None}
+            answer["runs"][run["name"]] = {
+                "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}",
+                "config": None,
+            }
     from examples.train_integrations.harbor.dataset import HarborTaskDataset
     from examples.train_integrations.harbor.prepare_harbor_dataset import extract_parquet
 
     extracted = extract_parquet(Path(given["parquet"]), Path(given["scratch"]))
-    answer["dataset"] = {"dir": items(HarborTaskDataset([given["tasks_dir"]])),
-                         "parquet": items(HarborTaskDataset([given["scratch"]])), "extracted": extracted}
+    answer["dataset"] = {
+        "dir": items(HarborTaskDataset([given["tasks_dir"]])),
+        "parquet": items(HarborTaskDataset([given["scratch"]])),
+        "extracted": extracted,
+    }
     Path(out).write_text(json.dumps(answer, default=str))
 
 

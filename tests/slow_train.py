@@ -15,6 +15,7 @@ from otbuild.train.loop import Trainer  # noqa: E402
 def slow_steps(kind: str, seconds: float) -> None:
     importlib.import_module(f"otbuild.train.{kind}")
     for cls in Trainer.__subclasses__():
+
         def step(self, n, _step=cls.step):
             rec = _step(self, n)
             time.sleep(seconds)

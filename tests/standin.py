@@ -67,18 +67,34 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
 def invalid_api_key(authorization: str | None) -> dict:
     """OpenAI's 401 body for a wrong key (its message shows the key's last 4 characters)."""
     if not authorization:
-        return {"error": {"message": "You didn't provide an API key. You need to provide your API key in an "
-                          "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-                          "type": "invalid_request_error", "param": None, "code": None}}
+        return {
+            "error": {
+                "message": "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
     key = authorization.removeprefix("Bearer ")
-    return {"error": {"message": f"Incorrect API key provided: {key[:3]}*****{key[-4:]}. You can find your API "
-                      "key at https://platform.openai.com/account/api-keys.", "type": "invalid_request_error",
-                      "param": None, "code": "invalid_api_key"}}
+    return {
+        "error": {
+            "message": f"Incorrect API key provided: {key[:3]}*****{key[-4:]}. You can find your API "
+            "key at https://platform.openai.com/account/api-keys.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
 
 
 def chat_answer(text: str, completion_tokens: int = 0) -> dict:
     """An OpenAI chat completion body carrying `text`."""
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": completion_tokens or len(text.split()),
-                      "total_tokens": 10 + (completion_tokens or len(text.split()))}}
+    return {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": 10,
+            "completion_tokens": completion_tokens or len(text.split()),
+            "total_tokens": 10 + (completion_tokens or len(text.split())),
+        },
+    }

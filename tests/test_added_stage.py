@@ -63,14 +63,25 @@ def added(tmp_path):
     (site / "otbuild_dedupe-0.1.dist-info").mkdir(parents=True)
     (site / "otbuild_dedupe.py").write_text(PLUGIN)
     (site / "otbuild_dedupe-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: otbuild-dedupe\nVersion: 0.1\n")
+        "Metadata-Version: 2.1\nName: otbuild-dedupe\nVersion: 0.1\n"
+    )
     (site / "otbuild_dedupe-0.1.dist-info" / "entry_points.txt").write_text(
-        "[otbuild.stages]\ntrace_dedupe = otbuild_dedupe:STAGE\n")
+        "[otbuild.stages]\ntrace_dedupe = otbuild_dedupe:STAGE\n"
+    )
     (tmp_path / "project").mkdir()
     project = make_project(tmp_path / "project")
     (project / "recipes" / "dedupe.yaml").write_text(RECIPE)
-    chats = [{"messages": [{"role": "user", "content": f"task {i % 3}"}, {"role": "assistant", "content": f"done, try {i}"}],
-              "task": f"t{i % 3}", "trial_name": f"trial-{i}"} for i in range(7)]
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": f"task {i % 3}"},
+                {"role": "assistant", "content": f"done, try {i}"},
+            ],
+            "task": f"t{i % 3}",
+            "trial_name": f"trial-{i}",
+        }
+        for i in range(7)
+    ]
     (project / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "COLUMNS": "200"}
     return project, env
@@ -85,12 +96,19 @@ def _run(project, env, *args, timeout=600):
 def test_the_registry_places_an_added_stage_and_refuses_a_bad_one(added):
     project, env = added
     code = "from otbuild.stages import STAGES; print(list(STAGES))"
-    order = json.loads(_run(project, env, sys.executable, "-c", code.replace("print(", "import json; print(json.dumps(")
-                            + ")"))
+    order = json.loads(
+        _run(project, env, sys.executable, "-c", code.replace("print(", "import json; print(json.dumps(") + ")")
+    )
     assert order[order.index("trace_filter") + 1] == "trace_dedupe"
     (project / "recipes" / "bad.yaml").write_text(RECIPE.replace("per_task: 1", "per_tsk: 1"))
-    res = subprocess.run([sys.executable, "-m", "otbuild", "validate", "bad"], cwd=project, env=env,
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "otbuild", "validate", "bad"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert res.returncode == 2 and "bad.yaml: trace_dedupe.per_tsk" in res.stdout + res.stderr
 
 

@@ -13,8 +13,20 @@ pytestmark = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bu
 
 
 def test_bench_concurrency_tiny(tmp_path):
-    out = run_bench("concurrency.py", "--concurrency", "1,4", "--latency", "0.2", "--turns", "4", "--rounds", "1",
-                    "--out", str(tmp_path), timeout=120)
+    out = run_bench(
+        "concurrency.py",
+        "--concurrency",
+        "1,4",
+        "--latency",
+        "0.2",
+        "--turns",
+        "4",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path),
+        timeout=120,
+    )
     assert "otbuild trials/s against concurrency" in out and "ideal trials/s" in out, out
     assert re.search(r"^(PASS|FAIL): efficiency >= 85% at every concurrency up to 4", out, re.M), out
     assert "trials: ALL PASSED (reward 1)" in out, out

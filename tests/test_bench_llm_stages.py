@@ -11,8 +11,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_bench_llm_stages_tiny_outputs_match(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "llm_stages.py"), "--rows", "700", "--shards", "3",
-                           "--out", str(tmp_path)], check=False, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "llm_stages.py"),
+            "--rows",
+            "700",
+            "--shards",
+            "3",
+            "--out",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "outputs identical" in out, out
     assert "ratio" in out and "whole-table" in out

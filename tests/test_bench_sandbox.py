@@ -20,9 +20,26 @@ pytestmark = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bu
 
 def test_bench_sandbox_tiny(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sandbox.py"), "--trials", "4", "--concurrency", "1,2",
-         "--no-harbor", "--steps", "3", "--profile-trials", "2", "--out", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=60, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "sandbox.py"),
+            "--trials",
+            "4",
+            "--concurrency",
+            "1,2",
+            "--no-harbor",
+            "--steps",
+            "3",
+            "--profile-trials",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -36,14 +53,34 @@ def test_bench_sandbox_tiny(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HARBOR.is_file(),
-                    reason="no Harbor CLI ($OTBUILD_HARBOR or .venv-harbor: make harbor-env): the Harbor side is not run")
+@pytest.mark.skipif(
+    not HARBOR.is_file(),
+    reason="no Harbor CLI ($OTBUILD_HARBOR or .venv-harbor: make harbor-env): the Harbor side is not run",
+)
 def test_bench_sandbox_against_harbor_tiny(tmp_path):
     """With Harbor's CLI: both systems at concurrency 1 and the per-trial verdict between them."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sandbox.py"), "--trials", "3", "--concurrency", "1",
-         "--harbor-concurrency", "1", "--steps", "0", "--profile-trials", "0", "--out", str(tmp_path)],
-        check=False, capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "sandbox.py"),
+            "--trials",
+            "3",
+            "--concurrency",
+            "1",
+            "--harbor-concurrency",
+            "1",
+            "--steps",
+            "0",
+            "--profile-trials",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

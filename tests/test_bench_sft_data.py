@@ -19,9 +19,27 @@ def test_bench_sft_data_tiny(tmp_path):
     if subprocess.run(["git", "cat-file", "-e", baseline], cwd=ROOT, capture_output=True).returncode:
         pytest.skip(f"no git history with the baseline commit {baseline}")
     # 40 traces: 2 batches of 32, so 2 workers are 2 processes
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sft_data.py"), "--traces", "40", "--cutoff", "4096",
-                           "--baseline", baseline, "--workers", "1,2", "--repeats", "1"],
-                          check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "sft_data.py"),
+            "--traces",
+            "40",
+            "--cutoff",
+            "4096",
+            "--baseline",
+            baseline,
+            "--workers",
+            "1,2",
+            "--repeats",
+            "1",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for step in ("tokenizer", "tokenize", "total"):

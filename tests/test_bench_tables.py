@@ -16,9 +16,12 @@ pytest.importorskip("pandas")
 
 def test_bench_tables_tiny_outputs_match(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "tables.py"),
-         "--rows", "3000", "--out", str(tmp_path), "--repeat", "1"],
-        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [sys.executable, str(ROOT / "bench" / "tables.py"), "--rows", "3000", "--out", str(tmp_path), "--repeat", "1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

@@ -10,13 +10,30 @@ from otbuild.engines.vllm import vllm_executable
 from otbuild.settings.engines import VLLMOptions
 from tests.conftest import run_bench
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(vllm_executable(VLLMOptions()) is None,
-                                                   reason="no vLLM here: make vllm-env (scripts/vllm-env.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        vllm_executable(VLLMOptions()) is None, reason="no vLLM here: make vllm-env (scripts/vllm-env.sh)"
+    ),
+]
 
 
 def test_bench_vllm_tiny(tmp_path):
-    out = run_bench("vllm.py", "--concurrency", "1,4", "--trials", "1", "--max-tokens", "16", "--episodes", "2",
-                    "--eager", "--out", str(tmp_path), timeout=900)
+    out = run_bench(
+        "vllm.py",
+        "--concurrency",
+        "1,4",
+        "--trials",
+        "1",
+        "--max-tokens",
+        "16",
+        "--episodes",
+        "2",
+        "--eager",
+        "--out",
+        str(tmp_path),
+        timeout=900,
+    )
     assert "against `vllm bench serve` on one vllm serve" in out, out
     for c in (1, 4):  # concurrency, requests (c trials x 2), prompt tokens, vLLM tok/s, ours, ratio, trials/s, share
         m = re.search(rf"^\s+{c}\s+{2 * c}\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+[\d.]+\s+-?\d+%$", out, re.M)

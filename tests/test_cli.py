@@ -54,15 +54,24 @@ def test_plan_reads_in_80_columns_with_inputs_by_name(project):
     (project / "recipes" / "r.yaml").write_text(
         "sources:\n  a_rather_long_source_name: {kind: synthetic, rank: 1, count: 6, seed: 1}\n"
         "  b: {kind: synthetic, rank: 2, count: 6, seed: 2}\nmix: {n: 2, total: 8}\n"
-        "task_filter: {dedup: true}\n")
-    res = subprocess.run([sys.executable, "-m", "otbuild", "plan", "r"], cwd=project, capture_output=True,
-                         text=True, env={**os.environ, "COLUMNS": "80"})
+        "task_filter: {dedup: true}\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "otbuild", "plan", "r"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert res.returncode == 0, res.stderr
     assert max(len(line) for line in res.stdout.splitlines()) <= 80, res.stdout
     for n in plan_recipe(load_recipe("r", project)).nodes:
         assert res.stdout.count(n.id) == 1, res.stdout
-    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in res.stdout.splitlines()
-            if line.startswith("│") and line.split("│")[2].strip()}
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[4].strip()
+        for line in res.stdout.splitlines()
+        if line.startswith("│") and line.split("│")[2].strip()
+    }
     assert rows["mix"].startswith("sources/a_rather") and rows["task_filter"] == "mix", res.stdout
 
 
@@ -123,12 +132,13 @@ def test_validate_and_plan_refuse_a_file_whose_stem_names_another_recipe(project
 def test_stage_specs_that_are_not_a_plans_are_config_errors(project):
     """Issue 26.3: `otbuild stage NAME --spec` with what a user might type: exit 2, one line
     saying what is wrong, no traceback."""
-    cases = {"{}": "--spec: required key(s) missing: stage, id, settings, inputs, outdir",
-             "nope": "--spec: not JSON", "[1]": "--spec: found a JSON list",
-             '{"stage": "source", "id": "x", "settings": {}, "inputs": [], "outdir": "o"}':
-                 "the spec is of a 'source' node, not a 'mix' one",
-             '{"stage": "mix", "id": "x", "settings": {"n": 1}, "inputs": [], "outdir": "o"}':
-                 "--spec: settings.total: Field required"}
+    cases = {
+        "{}": "--spec: required key(s) missing: stage, id, settings, inputs, outdir",
+        "nope": "--spec: not JSON",
+        "[1]": "--spec: found a JSON list",
+        '{"stage": "source", "id": "x", "settings": {}, "inputs": [], "outdir": "o"}': "the spec is of a 'source' node, not a 'mix' one",
+        '{"stage": "mix", "id": "x", "settings": {"n": 1}, "inputs": [], "outdir": "o"}': "--spec: settings.total: Field required",
+    }
     for spec, said in cases.items():
         res = otbuild(project, "stage", "mix", "--spec", spec)
         assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, (spec, res.stderr)
@@ -169,10 +179,13 @@ ablate: {trace_filter.min_turns: [1, 2, 3]}
         f"{project}/recipes/abl.yaml: eval.benchmarks.b.path: {project}/data/b.parquet does not exist; the build "
         "needs it (3 candidates)",
         "task_score: gpt-5-nano is a reasoning model: temperature not sent (only its default is accepted; "
-        "docs/engines.md) (3 candidates)"], res.stderr
+        "docs/engines.md) (3 candidates)",
+    ], res.stderr
     said = " ".join(res.stdout.split())
-    assert ("base images: abl: could not check 2 source(s) whose data is not there yet (sources.a.path, "
-            "eval.benchmarks.b.path): their tasks' images are unknown") in said
+    assert (
+        "base images: abl: could not check 2 source(s) whose data is not there yet (sources.a.path, "
+        "eval.benchmarks.b.path): their tasks' images are unknown"
+    ) in said
     assert "no task runs in its own image" not in said and res.returncode == 0
 
 
@@ -230,19 +243,24 @@ def test_build_ends_with_what_it_made(project):
     headline numbers (the workflow's success handler, so `snakemake NAME` says the same)."""
     (project / "recipes" / "good.yaml").write_text(
         RECIPE + "teacher: {engine: oracle, shards: 1}\ntrace_filter: {min_turns: 1}\n"
-        "eval: {model: {engine: oracle}, repeats: 2, benchmarks: {b: {kind: synthetic, count: 2, seed: 9}}}\n")
+        "eval: {model: {engine: oracle}, repeats: 2, benchmarks: {b: {kind: synthetic, count: 2, seed: 9}}}\n"
+    )
     res = otbuild(project, "build", "good", "-n")
     assert res.returncode == 0 and "is built" not in res.stdout + res.stderr  # a dry run made nothing
     res = otbuild(project, "build", "good")
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-3000:]
-    said = log[log.index("otbuild: good is built in "):]
+    said = log[log.index("otbuild: good is built in ") :]
     traces = pq.read_table(project / "results" / "good" / "trace_filter" / "kept.parquet").num_rows
-    for line in ("  results      results/good/  (manifest.json names every artifact, its id and rows)",
-                 "  report       results/good/report/report.html",
-                 "  tasks kept   6 (task_filter)", f"  traces kept  {traces} (trace_filter)",
-                 "  pass@1       b 1 ± 0 (2 repeats x 2 tasks)",
-                 "  tokens       0 in, 0 out (", "  job time     "):
+    for line in (
+        "  results      results/good/  (manifest.json names every artifact, its id and rows)",
+        "  report       results/good/report/report.html",
+        "  tasks kept   6 (task_filter)",
+        f"  traces kept  {traces} (trace_filter)",
+        "  pass@1       b 1 ± 0 (2 repeats x 2 tasks)",
+        "  tokens       0 in, 0 out (",
+        "  job time     ",
+    ):
         assert line in said, (line, said)
     assert "warning:" not in said and (project / "results" / "good" / "report" / "report.html").exists()
 
@@ -251,8 +269,10 @@ def test_errors_are_printed_whole_with_exit_2(project):
     """Brackets in a message are text (an ablation candidate's name), and a bad path is a usage
     error: no traceback, exit 2."""
     (project / "recipes" / "grid.yaml").write_text(
-        RECIPE + "mix: {n: 1, total: 4}\neval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n"
-        "ablate:\n  mix.order: [shuffle, '']\n")
+        RECIPE
+        + "mix: {n: 1, total: 4}\neval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n"
+        "ablate:\n  mix.order: [shuffle, '']\n"
+    )
     res = otbuild(project, "validate", "grid")
     assert res.returncode == 2 and "error: ablate candidate [mix.order=]: " in res.stderr, res.stderr
     (project / "loop").symlink_to(project / "loop")
@@ -260,25 +280,34 @@ def test_errors_are_printed_whole_with_exit_2(project):
     res = otbuild(project, "validate", "loop")
     assert res.returncode == 2 and "loop.yaml: sources.h.path: cannot resolve" in res.stderr, res.stderr
     (project / "artifacts" / "nostage" / "x").mkdir(parents=True)
-    for path, why in (("artifacts/mix/0123456789abcdef/tasks.parquet", "no such file or folder"),
-                      ("artifacts/nostage/x", "not inside an artifact dir"), ("loop", "cannot resolve the path")):
+    for path, why in (
+        ("artifacts/mix/0123456789abcdef/tasks.parquet", "no such file or folder"),
+        ("artifacts/nostage/x", "not inside an artifact dir"),
+        ("loop", "cannot resolve the path"),
+    ):
         res = otbuild(project, "audit", path)
         assert res.returncode == 2 and f"error: {path}: {why}" in res.stderr, res.stderr
 
 
 def test_a_stage_that_makes_nothing_fails_with_its_reason(project):
     (project / "empty" / "not_a_task").mkdir(parents=True)
-    spec = ('{"id": "0123456789abcdef", "stage": "source", "inputs": [], "outdir": "artifacts/source/0123456789abcdef", '
-            f'"settings": {{"name": "h", "kind": "harbor-dir", "path": "{project}/empty", "allow_empty": false}}}}')
+    spec = (
+        '{"id": "0123456789abcdef", "stage": "source", "inputs": [], "outdir": "artifacts/source/0123456789abcdef", '
+        f'"settings": {{"name": "h", "kind": "harbor-dir", "path": "{project}/empty", "allow_empty": false}}}}'
+    )
     res = otbuild(project, "stage", "source", "--spec", spec)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    assert f"error: source 'h': no usable item in {project}/empty: 1 quarantined (1 missing instruction.md" in res.stderr
+    assert (
+        f"error: source 'h': no usable item in {project}/empty: 1 quarantined (1 missing instruction.md" in res.stderr
+    )
     assert not (project / "artifacts" / "source" / "0123456789abcdef" / "provenance.json").exists()
 
 
 def test_validate_warns_about_sampling_settings_a_reasoning_model_is_not_sent(project):
     llm = "{engine: openai, base_url: 'http://x/v1', model: MODEL, kind: askllm, temperature: 0}"
-    recipe = "sources:\n  a: {kind: synthetic, count: 3}\ntask_filter: {llm: %s, score: {column: llm_score, top_k: 2}}\n"
+    recipe = (
+        "sources:\n  a: {kind: synthetic, count: 3}\ntask_filter: {llm: %s, score: {column: llm_score, top_k: 2}}\n"
+    )
     (project / "recipes" / "r.yaml").write_text(recipe % llm.replace("MODEL", "gpt-5-nano"))
     res = otbuild(project, "validate", "r")
     assert res.returncode == 0 and "gpt-5-nano is a reasoning model: temperature not sent" in res.stderr, res.stderr

@@ -39,8 +39,14 @@ def _rows(html: str, section: str) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_a_build_records_tokens_runtime_and_gpu_hours_and_the_report_shows_them(project, scripted, tmp_path):
-    srv = scripted(lambda body: (200, chat_answer(
-        "Rating: 50" if "rate" in body["messages"][-1]["content"].lower() else "Do it again, carefully now.")))
+    srv = scripted(
+        lambda body: (
+            200,
+            chat_answer(
+                "Rating: 50" if "rate" in body["messages"][-1]["content"].lower() else "Do it again, carefully now."
+            ),
+        )
+    )
     (project / "recipes" / "r.yaml").write_text(_recipe(srv.base_url))
     # the profile asks 4 GPUs per node on 2 nodes for each rollout shard (recorded, not enforced locally)
     snakemake(project, "r", "--set-resources", "rollout:gres=gpu:h100:4", "rollout:nodes=2")
@@ -49,8 +55,9 @@ def test_a_build_records_tokens_runtime_and_gpu_hours_and_the_report_shows_them(
 
     # the records: usage per model, as the server counted it (10 prompt tokens, a word per output token)
     rec = lambda stage: json.loads((project / node[stage].dir / "provenance.json").read_text())["stats"]
-    assert rec("augment")["llm_usage"] == {"openai:m": {"requests": 4, "errors": 0, "input_tokens": 40,
-                                                        "output_tokens": 20, "usage_missing": 0}}
+    assert rec("augment")["llm_usage"] == {
+        "openai:m": {"requests": 4, "errors": 0, "input_tokens": 40, "output_tokens": 20, "usage_missing": 0}
+    }
     assert rec("task_score")["llm_usage"]["openai:m"]["requests"] == 8  # the 4 tasks and their 4 forms
     rollout = rec("rollout")["llm_usage"]["oracle:oracle"]
     assert rollout["requests"] > 8 and rollout["input_tokens"] == 0 and rollout["errors"] == 0
@@ -62,7 +69,10 @@ def test_a_build_records_tokens_runtime_and_gpu_hours_and_the_report_shows_them(
         if stage in node:
             assert (bench / stage / f"{node[stage].id}.tsv").is_file(), stage
     assert sorted(p.name for p in (bench / "augment" / node["augment"].id).iterdir()) == [
-        "0-of-2.tsv", "1-of-2.tsv", "merge.tsv"]
+        "0-of-2.tsv",
+        "1-of-2.tsv",
+        "merge.tsv",
+    ]
     shards = [read_benchmark(bench / "rollout" / node["rollout"].id / f"{k}-of-2.tsv")[0] for k in range(2)]
     merge = read_benchmark(bench / "rollout" / node["rollout"].id / "merge.tsv")[0]
     assert [s["gpus"] for s in shards] == [8, 8] and merge["gpus"] == 0  # the merge asked for no GPU
@@ -104,8 +114,10 @@ def test_prices_change_only_the_report_id(project):
     base = "sources:\n  a: {kind: synthetic, rank: 1, count: 3}\nmix: {n: 1, total: 3}\n"
     (project / "recipes" / "plain.yaml").write_text(base)
     (project / "recipes" / "priced.yaml").write_text(base + PRICES)
-    ids = {n: {x.label: x.id for x in plan_recipe(load_recipe(project / "recipes" / f"{n}.yaml", project)).nodes}
-           for n in ("plain", "priced")}
+    ids = {
+        n: {x.label: x.id for x in plan_recipe(load_recipe(project / "recipes" / f"{n}.yaml", project)).nodes}
+        for n in ("plain", "priced")
+    }
     assert ids["plain"].keys() == ids["priced"].keys()
     assert [k for k in ids["plain"] if ids["plain"][k] != ids["priced"][k]] == ["report"]
     from otbuild.plan import report_node
@@ -117,7 +129,8 @@ def test_a_bad_price_is_a_config_error_naming_the_key(project):
     from otbuild.errors import ConfigError
 
     (project / "recipes" / "bad.yaml").write_text(
-        "sources:\n  a: {kind: synthetic, count: 3}\nprices:\n  m: {input_per_mtok: -1, output: 2}\n")
+        "sources:\n  a: {kind: synthetic, count: 3}\nprices:\n  m: {input_per_mtok: -1, output: 2}\n"
+    )
     with pytest.raises(ConfigError) as e:
         load_recipe(project / "recipes" / "bad.yaml", project)
     assert "prices.m.input_per_mtok" in str(e.value) and "prices.m.output" in str(e.value)
@@ -138,7 +151,9 @@ def test_a_plain_benchmark_file_counts_no_gpus(tmp_path):
     path = tmp_path / "b.tsv"
     with open(path, "w", newline="") as f:
         w = csv.writer(f, delimiter="\t")
-        w.writerow(["s", "h:m:s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load", "cpu_time"])
+        w.writerow(
+            ["s", "h:m:s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load", "cpu_time"]
+        )
         w.writerow(["12.5", "0:00:12", "NA", "NA", "NA", "NA", "NA", "NA", "NA", "NA"])
     assert read_benchmark(Path(path)) == [{"s": 12.5, "max_rss": None, "gpus": 0}]
 
@@ -151,16 +166,43 @@ def test_trace_usage_counts_turns_and_the_request_that_ended_a_trial(tmp_path):
 
     from otbuild.usage import of_traces, of_trial
 
-    rows = [{"teacher": "vllm:a", "n_turns": 5, "exception": None, "result": "1", "n_input_tokens": 500,
-             "n_output_tokens": 50},
-            {"teacher": "vllm:a", "n_turns": 2, "exception": "EngineError", "result": "EngineError",
-             "n_input_tokens": 100, "n_output_tokens": 10},
-            {"teacher": "vllm:a", "n_turns": 9, "exception": None, "result": "ContextLengthExceededError",
-             "n_input_tokens": 900, "n_output_tokens": 90},
-            {"teacher": "openai:b", "n_turns": 1, "exception": "SandboxError", "result": "SandboxError",
-             "n_input_tokens": None, "n_output_tokens": None}]
+    rows = [
+        {
+            "teacher": "vllm:a",
+            "n_turns": 5,
+            "exception": None,
+            "result": "1",
+            "n_input_tokens": 500,
+            "n_output_tokens": 50,
+        },
+        {
+            "teacher": "vllm:a",
+            "n_turns": 2,
+            "exception": "EngineError",
+            "result": "EngineError",
+            "n_input_tokens": 100,
+            "n_output_tokens": 10,
+        },
+        {
+            "teacher": "vllm:a",
+            "n_turns": 9,
+            "exception": None,
+            "result": "ContextLengthExceededError",
+            "n_input_tokens": 900,
+            "n_output_tokens": 90,
+        },
+        {
+            "teacher": "openai:b",
+            "n_turns": 1,
+            "exception": "SandboxError",
+            "result": "SandboxError",
+            "n_input_tokens": None,
+            "n_output_tokens": None,
+        },
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "traces.parquet")
     assert of_traces(tmp_path / "traces.parquet") == {
         "openai:b": {"requests": 1, "errors": 0, "input_tokens": 0, "output_tokens": 0},
-        "vllm:a": {"requests": 18, "errors": 2, "input_tokens": 1500, "output_tokens": 150}}
+        "vllm:a": {"requests": 18, "errors": 2, "input_tokens": 1500, "output_tokens": 150},
+    }
     assert [of_trial(r)["requests"] for r in rows] == [5, 3, 10, 1]  # RL's per-trial count agrees

@@ -25,13 +25,19 @@ from tests.conftest import DATA, make_task
 
 
 def _read(kind: str, path: Path) -> list[TaskRecord]:
-    return [r for r in read_source(STAGES["source"].config({"name": kind.replace("-", "_"), "kind": kind, "path": str(path)})) if isinstance(r, TaskRecord)]
+    return [
+        r
+        for r in read_source(STAGES["source"].config({"name": kind.replace("-", "_"), "kind": kind, "path": str(path)}))
+        if isinstance(r, TaskRecord)
+    ]
 
 
 def _filter(tmp_path: Path, train: Path, refs: list[Path], **decontaminate) -> tuple[list[dict], list[dict], dict]:
     out = tmp_path / "out"
     out.mkdir()
-    stats = task_filter.run(TaskFilter(dedup=False, decontaminate=decontaminate), Inputs.of(tasks=[train], held_out=refs), out)
+    stats = task_filter.run(
+        TaskFilter(dedup=False, decontaminate=decontaminate), Inputs.of(tasks=[train], held_out=refs), out
+    )
     kept = duckdb.sql(f"SELECT * FROM '{out / 'kept.parquet'}'").fetchall()
     rejected = duckdb.sql(f"SELECT path, reason, rejected_by FROM '{out / 'rejected.parquet'}'").fetchall()
     return kept, rejected, stats
@@ -42,9 +48,11 @@ def _filter(tmp_path: Path, train: Path, refs: list[Path], **decontaminate) -> t
 def test_matches_a_plain_python_version_on_the_real_data(tmp_path, ngram, min_shared):
     swe = _read("swe-instances", DATA / "swebench_verified" / "instances.jsonl")
     tb2 = _read("harbor-dir", DATA / "terminal_bench_tasks" / "harbor_format" / "tb2_ot_fewshots")
-    train = [*_read("stackexchange", DATA / "stackexchange"),
-             *_read("harbor-dir", DATA / "terminal_bench_tasks" / "harbor_format" / "termigen_no_solution"),
-             *_read("swe-instances", DATA / "swesmith")]
+    train = [
+        *_read("stackexchange", DATA / "stackexchange"),
+        *_read("harbor-dir", DATA / "terminal_bench_tasks" / "harbor_format" / "termigen_no_solution"),
+        *_read("swe-instances", DATA / "swesmith"),
+    ]
     # leaks as they happen: a benchmark task copied whole, reworded in case and punctuation,
     # quoted inside a longer task, and a few of its words only
     leaked = [
@@ -58,11 +66,23 @@ def test_matches_a_plain_python_version_on_the_real_data(tmp_path, ngram, min_sh
     write_tasks(tmp_path / "swe.parquet", swe, source="swebench_verified")
     write_tasks(tmp_path / "tb2.parquet", tb2, source="tb2")
 
-    kept, rejected, stats = _filter(tmp_path, tmp_path / "train.parquet", [tmp_path / "swe.parquet", tmp_path / "tb2.parquet"],
-                                    against=["swebench_verified", "tb2"], ngram=ngram, min_shared=min_shared)
-    expected = reference([r.task.instruction for r in train],
-                         [("swebench_verified", [(r.task.name, r.task.instruction) for r in swe]),
-                          ("tb2", [(r.task.name, r.task.instruction) for r in tb2])], ngram, min_shared)
+    kept, rejected, stats = _filter(
+        tmp_path,
+        tmp_path / "train.parquet",
+        [tmp_path / "swe.parquet", tmp_path / "tb2.parquet"],
+        against=["swebench_verified", "tb2"],
+        ngram=ngram,
+        min_shared=min_shared,
+    )
+    expected = reference(
+        [r.task.instruction for r in train],
+        [
+            ("swebench_verified", [(r.task.name, r.task.instruction) for r in swe]),
+            ("tb2", [(r.task.name, r.task.instruction) for r in tb2]),
+        ],
+        ngram,
+        min_shared,
+    )
     paths = [r.task.name for r in train]
     assert {path: reason for path, reason, _ in rejected} == {paths[i]: reason for i, reason in expected.items()}
     assert len(kept) + len(rejected) == len(train) > 600  # nothing lost
@@ -80,21 +100,33 @@ def test_matches_a_plain_python_version_on_the_real_data(tmp_path, ngram, min_sh
 
 def test_every_other_step_still_applies_and_rejected_rows_stay_whole(tmp_path):
     bench = ["Write a bash script that prints the five largest files under /data with their sizes in bytes"]
-    train = ["short",
-             "Please write a bash script that prints the five largest files under /data with their sizes in bytes, sorted",
-             "Count the words in /app/book.txt and write the number to /app/n.txt",
-             "write a BASH script that prints the five largest files under /data, with their sizes in bytes!!"]
+    train = [
+        "short",
+        "Please write a bash script that prints the five largest files under /data with their sizes in bytes, sorted",
+        "Count the words in /app/book.txt and write the number to /app/n.txt",
+        "write a BASH script that prints the five largest files under /data, with their sizes in bytes!!",
+    ]
     from tests.conftest import write_source
 
     out = tmp_path / "out"
     out.mkdir()
     settings = TaskFilter(instruction_chars={"min": 10}, decontaminate={"against": ["held"], "ngram": 5})
-    stats = task_filter.run(settings, Inputs.of(tasks=[write_source(tmp_path / "t.parquet", "t", train)],
-                                                held_out=[write_source(tmp_path / "b.parquet", "held", bench)]), out)
-    rejected = duckdb.sql(f"SELECT path, reason, octet_length(task_binary) > 0 FROM '{out / 'rejected.parquet'}'").fetchall()
-    assert rejected == [("t-0", "too_short: 5 < 10 chars", True),
-                        ("t-1", "contaminated by held: 13 shared 5-grams with task held-0", True),
-                        ("t-3", "contaminated by held: same instruction as task held-0", True)]
+    stats = task_filter.run(
+        settings,
+        Inputs.of(
+            tasks=[write_source(tmp_path / "t.parquet", "t", train)],
+            held_out=[write_source(tmp_path / "b.parquet", "held", bench)],
+        ),
+        out,
+    )
+    rejected = duckdb.sql(
+        f"SELECT path, reason, octet_length(task_binary) > 0 FROM '{out / 'rejected.parquet'}'"
+    ).fetchall()
+    assert rejected == [
+        ("t-0", "too_short: 5 < 10 chars", True),
+        ("t-1", "contaminated by held: 13 shared 5-grams with task held-0", True),
+        ("t-3", "contaminated by held: same instruction as task held-0", True),
+    ]
     assert duckdb.sql(f"SELECT path FROM '{out / 'kept.parquet'}'").fetchall() == [("t-2",)]
     assert stats["rejected_by_reason"] == {"contaminated by held": 2, "too_short": 1}
 
@@ -181,7 +213,9 @@ task_filter: {dedup: false, decontaminate: {against: [held], ngram: 13}}
     bench = pq.read_table(project / held.main_output, columns=["path", "instruction"]).to_pydict()
     expected = reference(mixed["instruction"], [("held", list(zip(bench["path"], bench["instruction"])))], 13)
     rejected = pq.read_table(project / tf.dir / "rejected.parquet", columns=["path", "reason"]).to_pydict()
-    assert len(expected) == 3 and dict(zip(rejected["path"], rejected["reason"])) == {mixed["path"][i]: r for i, r in expected.items()}
+    assert len(expected) == 3 and dict(zip(rejected["path"], rejected["reason"])) == {
+        mixed["path"][i]: r for i, r in expected.items()
+    }
     assert record["stats"]["rejected_by_reason"] == ({"contaminated by held": len(expected)} if expected else {})
 
 
@@ -190,10 +224,12 @@ def test_the_fuzzy_pass_finds_reworded_tasks_and_counts_per_benchmark_and_rule(t
     the pairs the pre-filter keeps; on this data it agrees with scoring every pair."""
     from tests.conftest import write_source
 
-    held = ["Write a bash script that prints the five largest files under the data directory with their sizes in bytes "
-            "and writes the list to the file report txt in the home directory",
-            "Configure nginx so that it serves the static site in srv www on port 8080 and returns a custom "
-            "404 page for missing paths then reload the service"]
+    held = [
+        "Write a bash script that prints the five largest files under the data directory with their sizes in bytes "
+        "and writes the list to the file report txt in the home directory",
+        "Configure nginx so that it serves the static site in srv www on port 8080 and returns a custom "
+        "404 page for missing paths then reload the service",
+    ]
     other = ["Count the words in the book under app and write the number of distinct words to the file n txt"]
     train = [
         # one word in six changed: no 13-gram survives, the texts are still ~90% alike (ratio)
@@ -209,31 +245,48 @@ def test_the_fuzzy_pass_finds_reworded_tasks_and_counts_per_benchmark_and_rule(t
     out = tmp_path / "out"
     out.mkdir()
     refs = [write_source(tmp_path / "h.parquet", "held", held), write_source(tmp_path / "o.parquet", "other", other)]
-    stats = task_filter.run(TaskFilter(dedup=False, decontaminate={"against": ["held", "other"], "fuzzy": 0.8}),
-                            Inputs.of(tasks=[write_source(tmp_path / "t.parquet", "t", train)], held_out=refs), out)
+    stats = task_filter.run(
+        TaskFilter(dedup=False, decontaminate={"against": ["held", "other"], "fuzzy": 0.8}),
+        Inputs.of(tasks=[write_source(tmp_path / "t.parquet", "t", train)], held_out=refs),
+        out,
+    )
     reasons = dict(duckdb.sql(f"SELECT path, reason FROM '{out / 'rejected.parquet'}'").fetchall())
-    assert reasons["t-0"].startswith("contaminated by held: fuzzy ratio 0.") and reasons["t-0"].endswith("with task held-0")
+    assert reasons["t-0"].startswith("contaminated by held: fuzzy ratio 0.") and reasons["t-0"].endswith(
+        "with task held-0"
+    )
     assert reasons["t-1"].startswith("contaminated by held: fuzzy partial_ratio 0.")
     assert reasons["t-1"].endswith("with task held-1")
     assert reasons["t-2"] == "contaminated by held: same instruction as task held-0"
     assert reasons["t-3"] == "contaminated by other: 1 shared 13-grams with task other-0"  # n-grams before fuzzy
     assert "t-4" not in reasons
-    expected = reference(train, [("held", list(zip(["held-0", "held-1"], held))), ("other", [("other-0", other[0])])],
-                         13, fuzzy=0.8)
+    expected = reference(
+        train, [("held", list(zip(["held-0", "held-1"], held))), ("other", [("other-0", other[0])])], 13, fuzzy=0.8
+    )
     assert reasons == {f"t-{i}": r for i, r in expected.items()}  # the pre-filter lost nothing here
-    assert stats["contaminated"] == {"held": {"exact": 1, "ngram": 0, "fuzzy": 2}, "other": {"exact": 0, "ngram": 1, "fuzzy": 0}}
+    assert stats["contaminated"] == {
+        "held": {"exact": 1, "ngram": 0, "fuzzy": 2},
+        "other": {"exact": 0, "ngram": 1, "fuzzy": 0},
+    }
     assert stats["rejected_by_reason"] == {"contaminated by held": 3, "contaminated by other": 1}
     # without the fuzzy pass the reworded tasks stay; the counts say so per rule
     out2 = tmp_path / "out2"
     out2.mkdir()
-    stats = task_filter.run(TaskFilter(dedup=False, decontaminate={"against": ["held", "other"]}),
-                            Inputs.of(tasks=[tmp_path / "t.parquet"], held_out=refs), out2)
-    assert stats["contaminated"] == {"held": {"exact": 1, "ngram": 0, "fuzzy": 0}, "other": {"exact": 0, "ngram": 1, "fuzzy": 0}}
+    stats = task_filter.run(
+        TaskFilter(dedup=False, decontaminate={"against": ["held", "other"]}),
+        Inputs.of(tasks=[tmp_path / "t.parquet"], held_out=refs),
+        out2,
+    )
+    assert stats["contaminated"] == {
+        "held": {"exact": 1, "ngram": 0, "fuzzy": 0},
+        "other": {"exact": 0, "ngram": 1, "fuzzy": 0},
+    }
 
 
 def test_the_fuzzy_setting_keeps_ids_and_its_knobs_need_it(tmp_path):
     base = _plan(tmp_path, RECIPE.replace("{dedup: true}", "{decontaminate: {against: [held]}}"))["task_filter"]
-    fuzzy = _plan(tmp_path, RECIPE.replace("{dedup: true}", "{decontaminate: {against: [held], fuzzy: 0.8}}"))["task_filter"]
+    fuzzy = _plan(tmp_path, RECIPE.replace("{dedup: true}", "{decontaminate: {against: [held], fuzzy: 0.8}}"))[
+        "task_filter"
+    ]
     assert fuzzy.id != base.id and fuzzy.identity["decontaminate"] == {"against": ["held"], "fuzzy": 0.8}
     with pytest.raises(ValueError, match="set fuzzy with them"):
         TaskFilter(decontaminate={"against": ["held"], "fuzzy_ngram": 3})

@@ -31,7 +31,9 @@ def test_the_cli_reference_has_every_command():
         assert f"\n## `otbuild {name}`\n" in text, name
     assert "| `--estimate` |" in text and "| `-n, --dry-run` |" in text and "| `--help` |" not in text
     assert "\n## `otbuild stage NAME`\n" in text and "`otbuild stage rollout`" not in text
-    assert all(f"- `{d.name}`: Run the '{d.name}' stage (version {d.version})." in text for d in docgen.built_in_stages())
+    assert all(
+        f"- `{d.name}`: Run the '{d.name}' stage (version {d.version})." in text for d in docgen.built_in_stages()
+    )
 
 
 def test_the_stage_table_is_the_registry_in_order():

@@ -31,14 +31,15 @@ FRAGMENT_BASE = "sources:\n  a: {kind: synthetic, rank: 1, count: 4}\nteacher: {
 def fenced(path: Path, lang: str) -> list[tuple[int, str]]:
     """(line, body) of every ```LANG block of a markdown file."""
     text = path.read_text()
-    return [(text[:m.start()].count("\n") + 1, m.group(2)) for m in FENCE.finditer(text) if m.group(1) == lang]
+    return [(text[: m.start()].count("\n") + 1, m.group(2)) for m in FENCE.finditer(text) if m.group(1) == lang]
 
 
 YAML_BLOCKS = [(p, line, body) for p in DOCS for lang in ("yaml", "yml") for line, body in fenced(p, lang)]
 
 
-@pytest.mark.parametrize("path,line,body", YAML_BLOCKS,
-                         ids=[f"{p.relative_to(REPO)}:{line}" for p, line, _ in YAML_BLOCKS])
+@pytest.mark.parametrize(
+    "path,line,body", YAML_BLOCKS, ids=[f"{p.relative_to(REPO)}:{line}" for p, line, _ in YAML_BLOCKS]
+)
 def test_yaml_blocks_are_valid_recipes(path, line, body, tmp_path):
     assert YAML_BLOCKS, "no YAML blocks found"
     (tmp_path / "recipes").mkdir()
@@ -58,15 +59,23 @@ def test_the_docs_index_names_every_page_and_every_link_is_there():
     that exists."""
     index = (REPO / "docs" / "README.md").read_text()
     assert not [p.name for p in DOCS[1:] if p.name != "README.md" and f"]({p.name})" not in index]
-    broken = [f"{p.relative_to(REPO)}: {target}" for p in DOCS for target in re.findall(r"\]\(([^)\s]+)\)", p.read_text())
-              if not target.startswith(("http", "#")) and not (p.parent / target.split("#")[0]).exists()]
+    broken = [
+        f"{p.relative_to(REPO)}: {target}"
+        for p in DOCS
+        for target in re.findall(r"\]\(([^)\s]+)\)", p.read_text())
+        if not target.startswith(("http", "#")) and not (p.parent / target.split("#")[0]).exists()
+    ]
     assert not broken, broken
 
 
 # Every YAML file the repository ships (recipes, profiles, the project template `otbuild init`
 # copies), found here rather than listed, so that a new one is checked too.
-SHIPPED_YAML = sorted(p for d in ("recipes", "profiles", "otbuild", "scripts", "bench", "slurm")
-                      for p in (REPO / d).rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+SHIPPED_YAML = sorted(
+    p
+    for d in ("recipes", "profiles", "otbuild", "scripts", "bench", "slurm")
+    for p in (REPO / d).rglob("*.y*ml")
+    if p.suffix in (".yaml", ".yml")
+)
 
 
 @pytest.mark.parametrize("path", SHIPPED_YAML, ids=[str(p.relative_to(REPO)) for p in SHIPPED_YAML])
@@ -87,13 +96,16 @@ def test_stage_versions_the_docs_state_are_the_registry_s():
     stated = []
     for path in DOCS:
         text = path.read_text()
-        stated += [(path.name, *m) for m in re.findall(r'StageDef\(\s*"(\w+)",\s*(\d+)', text)
-                   if m[0] in STAGES]  # not the example of adding one
-        stated += [(path.name, *m) for m in re.findall(r"`(\w+)`[^.`\n]{0,30}\bversion (\d+)", text)
-                   if m[0] in STAGES]
+        stated += [
+            (path.name, *m) for m in re.findall(r'StageDef\(\s*"(\w+)",\s*(\d+)', text) if m[0] in STAGES
+        ]  # not the example of adding one
+        stated += [(path.name, *m) for m in re.findall(r"`(\w+)`[^.`\n]{0,30}\bversion (\d+)", text) if m[0] in STAGES]
     assert stated
-    wrong = [f"{doc}: {stage} at version {v}, the registry has {STAGES[stage].version}"
-             for doc, stage, v in stated if STAGES[stage].version != int(v)]
+    wrong = [
+        f"{doc}: {stage} at version {v}, the registry has {STAGES[stage].version}"
+        for doc, stage, v in stated
+        if STAGES[stage].version != int(v)
+    ]
     assert not wrong, wrong
 
 
@@ -114,8 +126,12 @@ CLI_DOC = REPO / "docs" / "cli.md"  # generated from click (tests/test_docgen.py
 def documented_commands() -> set[str]:
     """The `otbuild`/`snakemake` lines of RUN_DOCS' shell blocks and the first column of any
     doc's command table, as written."""
-    shown = [line.split("#", 1)[0].strip() for path in RUN_DOCS for _, block in fenced(path, "sh")
-             for line in block.splitlines()]
+    shown = [
+        line.split("#", 1)[0].strip()
+        for path in RUN_DOCS
+        for _, block in fenced(path, "sh")
+        for line in block.splitlines()
+    ]
     tables = [c for path in DOCS for c in re.findall(r"^\| `((?:otbuild|snakemake) [^`]+)` \|", path.read_text(), re.M)]
     return {c for c in shown if c.startswith(("otbuild ", "snakemake "))} | set(tables)
 
@@ -140,24 +156,36 @@ CASES = {
     f"otbuild show {KEPT} --row 0": [["otbuild", "show", KEPT, "--row", "0"]],
     f"otbuild audit {KEPT}": [["otbuild", "audit", KEPT]],
     "otbuild init lab": [["otbuild", "init", "{tmp}/new_lab"]],
-    "otbuild validate RECIPE... [--profile P]": [["otbuild", "validate", "smoke", "recipes/smoke.yaml"],
-                                                 ["otbuild", "validate", "smoke", "--profile", "slurm"]],
+    "otbuild validate RECIPE... [--profile P]": [
+        ["otbuild", "validate", "smoke", "recipes/smoke.yaml"],
+        ["otbuild", "validate", "smoke", "--profile", "slurm"],
+    ],
     "otbuild plan RECIPE": [["otbuild", "plan", "recipes/smoke.yaml"]],
     "otbuild plan --estimate RECIPE [--from PILOT]... [--profile P] [--json]": [
         ["otbuild", "plan", "--estimate", "otagent_v2_100k", "--from", "{pilot}", "--profile", "slurm"],
-        ["otbuild", "plan", "--estimate", "smoke", "--from", "recipes/smoke.yaml", "--json"]],
+        ["otbuild", "plan", "--estimate", "smoke", "--from", "recipes/smoke.yaml", "--json"],
+    ],
     "otbuild build RECIPE [--profile P] [-n] [SNAKEMAKE ARGS]": [
-        ["otbuild", "build", "smoke", "-n"], ["otbuild", "build", "smoke", "--profile", "profiles/slurm", "-n"]],
+        ["otbuild", "build", "smoke", "-n"],
+        ["otbuild", "build", "smoke", "--profile", "profiles/slurm", "-n"],
+    ],
     "otbuild report RECIPE [--profile P]": [["otbuild", "report", "smoke"]],
     "otbuild audit RECIPE [--verify]": [["otbuild", "audit", "smoke"]],
     "otbuild audit --rebuild RECIPE [ARTIFACT...] [--all] [--keep]": [
-        ["otbuild", "audit", "--rebuild", "smoke", "sources/synth_more", "mix"]],
-    "otbuild audit PATH [--verify]": [["otbuild", "audit", KEPT], ["otbuild", "audit", "--verify", "results/smoke/sft"]],
+        ["otbuild", "audit", "--rebuild", "smoke", "sources/synth_more", "mix"]
+    ],
+    "otbuild audit PATH [--verify]": [
+        ["otbuild", "audit", KEPT],
+        ["otbuild", "audit", "--verify", "results/smoke/sft"],
+    ],
     "otbuild show PARQUET [--columns a,b] [--limit N] [--row N]": [
-        ["otbuild", "show", TASKS, "--columns", "task_id,source", "--limit", "3"], ["otbuild", "show", TASKS, "--row", "0"]],
+        ["otbuild", "show", TASKS, "--columns", "task_id,source", "--limit", "3"],
+        ["otbuild", "show", TASKS, "--row", "0"],
+    ],
     "otbuild export tasks PARQUET DIR": [["otbuild", "export", "tasks", TASKS, "{tmp}/tasks"]],
     "otbuild ingest harbor-job DIR [--out D] [--benchmark B]": [
-        ["otbuild", "ingest", "harbor-job", "{job}", "--out", "{tmp}/ingested", "--benchmark", "b"]],
+        ["otbuild", "ingest", "harbor-job", "{job}", "--out", "{tmp}/ingested", "--benchmark", "b"]
+    ],
     "otbuild serve MODEL_DIR [--port P]": [["otbuild", "serve", "results/smoke/rl", "--port", "0"]],
     "otbuild stage NAME --spec JSON [--shard K]": [["otbuild", "stage", "trace_filter", "--spec", "{spec}"]],
     "otbuild init DIR": [["otbuild", "init", "{tmp}/lab"]],
@@ -166,19 +194,23 @@ CASES = {
     "otbuild clean --containers": [["otbuild", "clean", "--containers"]],
     "otbuild costs RECIPE": [["otbuild", "costs", "smoke"]],
     "otbuild export llamafactory RECIPE DIR [--gpus N] [--model M] [--name D]": [
-        ["otbuild", "export", "llamafactory", "smoke", "{tmp}/lf", "--gpus", "1", "--model", "Qwen/Qwen3-8B"]],
+        ["otbuild", "export", "llamafactory", "smoke", "{tmp}/lf", "--gpus", "1", "--model", "Qwen/Qwen3-8B"]
+    ],
     "otbuild export skyrl RECIPE DIR [--nodes N] [--gpus-per-node G] [--model M] [--python PY]": [
-        ["otbuild", "export", "skyrl", "smoke", "{tmp}/skyrl", "--nodes", "1", "--gpus-per-node", "2"]],
+        ["otbuild", "export", "skyrl", "smoke", "{tmp}/skyrl", "--nodes", "1", "--gpus-per-node", "2"]
+    ],
     "otbuild publish RECIPE ARTIFACT --repo ORG/NAME [--out D] [--dry-run] [--private]": [
-        ["otbuild", "publish", "smoke", "trace_filter", "--repo", "lab/smoke-traces", "--out", "{tmp}/pub", "--dry-run"]],
+        ["otbuild", "publish", "smoke", "trace_filter", "--repo", "lab/smoke-traces", "--out", "{tmp}/pub", "--dry-run"]
+    ],
 }
 
 
 def test_every_documented_command_has_a_case():
     documented = documented_commands()
     assert len(documented) >= 10, documented
-    assert not documented - set(CASES), f"commands the docs show without a case: add them to CASES: " \
-        f"{sorted(documented - set(CASES))}"
+    assert not documented - set(CASES), (
+        f"commands the docs show without a case: add them to CASES: {sorted(documented - set(CASES))}"
+    )
     assert not set(CASES) - documented, f"cases of commands no doc shows: {sorted(set(CASES) - documented)}"
 
 
@@ -208,7 +240,7 @@ def _serve(argv: list[str], cwd: Path) -> tuple[int, str]:
         for line in proc.stdout:
             lines.append(line)
             if line.startswith(READY):
-                root = line[len(READY):].strip()
+                root = line[len(READY) :].strip()
                 with urllib.request.urlopen(f"{root}/health", timeout=30) as r:
                     assert r.status == 200
                 with urllib.request.urlopen(f"{root}/v1/models", timeout=30) as r:
@@ -241,12 +273,24 @@ def test_documented_commands_run_on_the_smoke_build(smoke_build, tmp_path):
 
     project, _ = smoke_build
     job = tmp_path / "job"
-    _trial(job, "t1__a", "t1", [{"source": "user", "message": "task"},
-                                {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}}])
+    _trial(
+        job,
+        "t1__a",
+        "t1",
+        [
+            {"source": "user", "message": "task"},
+            {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}},
+        ],
+    )
     node = next(n for n in plan_recipe(load_recipe("smoke", project)).nodes if n.stage == "trace_filter")
     spec = {**node.spec(), "outdir": str(tmp_path / "trace_filter")}  # the stage once more, beside the build
-    fill = {"tmp": str(tmp_path), "job": str(job), "spec": canonical_json(spec), "images": str(_saved_image(tmp_path)),
-            "pilot": str(project / "recipes" / "smoke.yaml")}
+    fill = {
+        "tmp": str(tmp_path),
+        "job": str(job),
+        "spec": canonical_json(spec),
+        "images": str(_saved_image(tmp_path)),
+        "pilot": str(project / "recipes" / "smoke.yaml"),
+    }
     failures = []
     for documented, cmds in CASES.items():
         for cmd in cmds:
@@ -278,8 +322,11 @@ def handoff_commands() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LF_PYTHON.is_file(), reason="LLaMA-Factory is not installed in .venv-llamafactory: "
-                    "run scripts/llamafactory-env.sh (make llamafactory-env)")
+@pytest.mark.skipif(
+    not LF_PYTHON.is_file(),
+    reason="LLaMA-Factory is not installed in .venv-llamafactory: "
+    "run scripts/llamafactory-env.sh (make llamafactory-env)",
+)
 def test_the_llamafactory_handoff_runs_as_written(tmp_path, monkeypatch):
     """The documented commands, in a project whose recipe of that name has the paper recipe's
     `sft` section and imported traces (built here), with `llamafactory-cli` standing in as
@@ -293,31 +340,49 @@ def test_the_llamafactory_handoff_runs_as_written(tmp_path, monkeypatch):
     recipe = re.search(r"otbuild export llamafactory (\S+)", block).group(1)
     sft = load_recipe(recipe, REPO).data["sft"]  # the paper recipe's, `extends` resolved
     (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / f"{recipe}.yaml").write_text(yaml.safe_dump(
-        {"trace_imports": {"runs": {"kind": "messages-jsonl", "path": "runs.jsonl"}}, "trace_filter": {"min_turns": 0},
-         "sft": sft}))
-    (tmp_path / "runs.jsonl").write_text("".join(json.dumps({"messages": r["conversations"]}) + "\n"
-                                                 for r in trace_rows(6)))
+    (tmp_path / "recipes" / f"{recipe}.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "trace_imports": {"runs": {"kind": "messages-jsonl", "path": "runs.jsonl"}},
+                "trace_filter": {"min_turns": 0},
+                "sft": sft,
+            }
+        )
+    )
+    (tmp_path / "runs.jsonl").write_text(
+        "".join(json.dumps({"messages": r["conversations"]}) + "\n" for r in trace_rows(6))
+    )
     monkeypatch.chdir(tmp_path)  # the stages write under the project
     nodes = plan_recipe(load_recipe(recipe, tmp_path)).nodes
     for n in nodes:
         if n.stage in ("trace_import", "trace_filter"):
             run_spec(n.spec())
     kept = next(n for n in nodes if n.stage == "trace_filter").main_output
-    model = materialise(TinyModel(kind="tiny", vocab_size=600, hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1), tmp_path / "tiny", [kept])
+    model = materialise(
+        TinyModel(kind="tiny", vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1),
+        tmp_path / "tiny",
+        [kept],
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "llamafactory-cli"
-    shim.write_text(f'#!/bin/sh\nexec env -u PYTHONPATH "{LF_PYTHON}" "{REPO / "tests" / "llamafactory_contract.py"}" '
-                    'cli "$@"\n')
+    shim.write_text(
+        f'#!/bin/sh\nexec env -u PYTHONPATH "{LF_PYTHON}" "{REPO / "tests" / "llamafactory_contract.py"}" cli "$@"\n'
+    )
     shim.chmod(0o755)
     otbuild = bin_dir / "otbuild"  # this checkout's CLI, whatever `otbuild` is on PATH
     otbuild.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m otbuild "$@"\n')
     otbuild.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OTBUILD_LF_MODEL": str(model),
-           "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "DISABLE_VERSION_CHECK": "1"}
-    res = subprocess.run(["bash", "-euc", block], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600, check=False)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "OTBUILD_LF_MODEL": str(model),
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "DISABLE_VERSION_CHECK": "1",
+    }
+    res = subprocess.run(
+        ["bash", "-euc", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "6 examples" in res.stdout and "template qwen3_nothink" in res.stdout, res.stdout[-2000:]

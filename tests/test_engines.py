@@ -42,8 +42,7 @@ psutil = pytest.importorskip("psutil")
 
 MSG = [{"role": "user", "content": "list the files in /tmp"}]
 OK = {
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "ls /tmp"}}],
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ls /tmp"}}],
     "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
 }
 
@@ -78,8 +77,14 @@ def test_registry_and_settings_errors(monkeypatch):
     with pytest.raises(ConfigError, match="OTB_NO_SUCH_KEY"):
         make_engine(LLM(engine="openai", base_url="http://x/v1", model="m", api_key_env="OTB_NO_SUCH_KEY"))
     # a stage's typed settings: the engine reads their LLM fields, the stage's own are not its
-    rollout = RolloutSettings(engine="vllm", model="m", engine_args={"tensor_parallel_size": 2}, max_episodes=50,
-                              shards=4, request_timeout_sec=60)
+    rollout = RolloutSettings(
+        engine="vllm",
+        model="m",
+        engine_args={"tensor_parallel_size": 2},
+        max_episodes=50,
+        shards=4,
+        request_timeout_sec=60,
+    )
     assert make_engine(rollout).options.tensor_parallel_size == 2
     with pytest.raises(ValidationError, match="tensor_parallel_size"):
         RolloutSettings(engine="vllm", model="m", engine_args={"tensor_parallel_size": "two"})
@@ -97,9 +102,11 @@ def test_registry_and_settings_errors(monkeypatch):
 
 
 # Sections that extend the LLM section and declare one of its keys again, and why.
-REDECLARED = {"Teacher": {"engine", "model"},  # also the oracle, which needs no model
-              "Augment": {"seed"},  # the augment's own seed (0: its pairings), also its requests'
-              "EvalSettings": {"engine"}}  # also `auto`: serve_with's, for the recipe's checkpoint
+REDECLARED = {
+    "Teacher": {"engine", "model"},  # also the oracle, which needs no model
+    "Augment": {"seed"},  # the augment's own seed (0: its pairings), also its requests'
+    "EvalSettings": {"engine"},
+}  # also `auto`: serve_with's, for the recipe's checkpoint
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -135,16 +142,14 @@ def test_each_engine_setting_is_declared_once():
 def test_completion_body_and_bearer_key(scripted, monkeypatch):
     srv = scripted([(200, OK)])
     monkeypatch.setenv("OTB_TEST_KEY", "sk-secret")
-    engine = openai(srv.base_url, api_key_env="OTB_TEST_KEY", temperature=0.0, max_tokens=64,
-                    extra_body={"top_k": 5})
+    engine = openai(srv.base_url, api_key_env="OTB_TEST_KEY", temperature=0.0, max_tokens=64, extra_body={"top_k": 5})
     [c] = asyncio.run(complete_with(engine, seed=3))
     assert (c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason) == ("ls /tmp", 7, 3, "stop")
     assert c.usage_reported
     [req] = srv.requests
     assert req["path"] == "/v1/chat/completions"
     assert req["headers"]["Authorization"] == "Bearer sk-secret"
-    assert req["body"] == {"model": "m", "messages": MSG, "temperature": 0.0, "max_tokens": 64,
-                           "top_k": 5, "seed": 3}
+    assert req["body"] == {"model": "m", "messages": MSG, "temperature": 0.0, "max_tokens": 64, "top_k": 5, "seed": 3}
     assert (engine.name, engine.provider) == ("openai", "openai")
 
 
@@ -235,7 +240,8 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
 
     def teacher(section: str):
         (tmp_path / "recipes" / "r.yaml").write_text(
-            "sources:\n  a: {kind: synthetic, rank: 1, count: 4}\n" + f"teacher: {section}\n")
+            "sources:\n  a: {kind: synthetic, rank: 1, count: 4}\n" + f"teacher: {section}\n"
+        )
         return next(n for n in plan_recipe(load_recipe("r", tmp_path)).nodes if n.stage == "rollout")
 
     vllm = teacher("{engine: vllm, model: Qwen/Qwen3-8B}")
@@ -256,21 +262,62 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
 
 def test_vllm_command_glm47_awq(monkeypatch):
     monkeypatch.setattr("otbuild.engines.vllm.vllm_executable", lambda s: s.vllm_executable or "vllm")
-    settings = LLM(engine="vllm", model="QuantTrio/GLM-4.7-AWQ", engine_args={
-        "tensor_parallel_size": 4, "quantization": "awq", "max_model_len": 32768, "gpu_memory_utilization": 0.92,
-        "enable_auto_tool_choice": True, "tool_call_parser": "glm47", "reasoning_parser": "glm45",
-        "served_model_name": "glm-4.7", "extra_args": ["--enable-prefix-caching"],
-    })
+    settings = LLM(
+        engine="vllm",
+        model="QuantTrio/GLM-4.7-AWQ",
+        engine_args={
+            "tensor_parallel_size": 4,
+            "quantization": "awq",
+            "max_model_len": 32768,
+            "gpu_memory_utilization": 0.92,
+            "enable_auto_tool_choice": True,
+            "tool_call_parser": "glm47",
+            "reasoning_parser": "glm45",
+            "served_model_name": "glm-4.7",
+            "extra_args": ["--enable-prefix-caching"],
+        },
+    )
     assert vllm_command(settings, 8123) == [
-        "vllm", "serve", "QuantTrio/GLM-4.7-AWQ", "--host", "127.0.0.1", "--port", "8123",
-        "--tensor-parallel-size", "4", "--data-parallel-size", "1",
-        "--served-model-name", "glm-4.7", "--max-model-len", "32768", "--quantization", "awq",
-        "--gpu-memory-utilization", "0.92", "--tool-call-parser", "glm47",
-        "--reasoning-parser", "glm45", "--enable-auto-tool-choice", "--enable-prefix-caching",
+        "vllm",
+        "serve",
+        "QuantTrio/GLM-4.7-AWQ",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--tensor-parallel-size",
+        "4",
+        "--data-parallel-size",
+        "1",
+        "--served-model-name",
+        "glm-4.7",
+        "--max-model-len",
+        "32768",
+        "--quantization",
+        "awq",
+        "--gpu-memory-utilization",
+        "0.92",
+        "--tool-call-parser",
+        "glm47",
+        "--reasoning-parser",
+        "glm45",
+        "--enable-auto-tool-choice",
+        "--enable-prefix-caching",
     ]
     minimal = vllm_command(LLM(engine="vllm", model="m", engine_args={"data_parallel_size": 2}), 9)
-    assert minimal == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "9",
-                       "--tensor-parallel-size", "1", "--data-parallel-size", "2"]
+    assert minimal == [
+        "vllm",
+        "serve",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9",
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        "2",
+    ]
     as_float32 = vllm_command(LLM(engine="vllm", model="m", engine_args={"dtype": "float32"}), 9)
     assert as_float32[-2:] == ["--dtype", "float32"]
 
@@ -303,6 +350,7 @@ def test_the_vllm_to_run_is_the_one_named_else_on_path_else_the_projects(tmp_pat
 
 def test_vllm_settings_fit_the_model(tmp_path):
     """What vLLM would refuse after loading weights is a ConfigError up front."""
+
     def settings(model, **kw):
         llm = LLM(engine="vllm", model=model, engine_args=kw)
         check_fits_model(llm)
@@ -313,20 +361,27 @@ def test_vllm_settings_fit_the_model(tmp_path):
         make_engine(LLM(engine="vllm", model="zai-org/GLM-4.6-FP8", engine_args={"quantization": "awq"}))
     with pytest.raises(ConfigError, match="'awq' does not fit 'zai-org/GLM-4.6-FP8': by its name it is saved as FP8"):
         settings("zai-org/GLM-4.6-FP8", quantization="awq")
-    with pytest.raises(ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"):
+    with pytest.raises(
+        ConfigError, match="'awq' needs a checkpoint saved as AWQ; by its name, 'moonshotai/Kimi-K2.5' is not"
+    ):
         settings("moonshotai/Kimi-K2.5", quantization="awq")
     assert settings("Qwen/Qwen3-8B", quantization="fp8").quantization == "fp8"  # quantized on load
     qwen3 = tmp_path / "qwen3-ckpt"  # a checkpoint dir: its config.json is the evidence
     qwen3.mkdir()
     (qwen3 / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 40960}))
-    with pytest.raises(ConfigError, match=r"max_model_len 65536 exceeds .*max_position_embeddings 40960 "
-                                          r"\(by its config.json\): .*rope_scaling"):
+    with pytest.raises(
+        ConfigError,
+        match=r"max_model_len 65536 exceeds .*max_position_embeddings 40960 "
+        r"\(by its config.json\): .*rope_scaling",
+    ):
         settings(str(qwen3), max_model_len=65536)
     with pytest.raises(ConfigError, match="needs a checkpoint saved as AWQ; by its config.json, .* is not"):
         settings(str(qwen3), quantization="awq")
     yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}
     settings(str(qwen3), max_model_len=65536, hf_overrides=yarn)
-    cmd = vllm_command(LLM(engine="vllm", model=str(qwen3), engine_args={"max_model_len": 65536, "hf_overrides": yarn}), 9)
+    cmd = vllm_command(
+        LLM(engine="vllm", model=str(qwen3), engine_args={"max_model_len": 65536, "hf_overrides": yarn}), 9
+    )
     assert cmd[cmd.index("--max-model-len") + 1] == "65536"
     assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == yarn
 
@@ -344,8 +399,11 @@ def test_context_checked_by_model_family_without_config(tmp_path, monkeypatch):
         return llm.launch
 
     for model in ("Qwen/Qwen3-8B", "/models/Qwen3-32B"):
-        with pytest.raises(ConfigError, match=r"65536 exceeds .*max_position_embeddings 40960 \(by its "
-                                              r"family's model card \(no config.json on this machine\)\)"):
+        with pytest.raises(
+            ConfigError,
+            match=r"65536 exceeds .*max_position_embeddings 40960 \(by its "
+            r"family's model card \(no config.json on this machine\)\)",
+        ):
             settings(model, max_model_len=65536)
         assert settings(model, max_model_len=40960).max_model_len == 40960
     yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}
@@ -379,8 +437,11 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
     assert httpx.get(f"{root}/health", trust_env=False).json() == {"status": "ok"}
     models = httpx.get(f"{local_server}/models", trust_env=False).json()
     assert models["data"][0]["id"] == str(tiny_model)
-    engine = make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model),
-                             max_tokens=12, temperature=0.0, concurrency=2))
+    engine = make_engine(
+        LLM(
+            engine="openai", base_url=local_server, model=str(tiny_model), max_tokens=12, temperature=0.0, concurrency=2
+        )
+    )
     results = asyncio.run(complete_with(engine, n=4))
     for c in results:
         assert c.text and c.n_input_tokens > 5 and 0 < c.n_output_tokens <= 12
@@ -403,8 +464,17 @@ def test_structured_regex_keeps_a_random_model_inside_the_answer_frame(local_ser
     from otbuild.harness.protocol import ANSWER_REGEX
 
     def ask(pattern, **kw):
-        engine = make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model), temperature=1.0,
-                                 seed=3, extra_body={"structured_outputs": {"regex": pattern}}, **kw))
+        engine = make_engine(
+            LLM(
+                engine="openai",
+                base_url=local_server,
+                model=str(tiny_model),
+                temperature=1.0,
+                seed=3,
+                extra_body={"structured_outputs": {"regex": pattern}},
+                **kw,
+            )
+        )
         return asyncio.run(complete_with(engine, n=3))
 
     assert {c.text for c in ask("(yes|no)", max_tokens=10)} <= {"yes", "no"}
@@ -413,16 +483,23 @@ def test_structured_regex_keeps_a_random_model_inside_the_answer_frame(local_ser
     assert not any(regex.fullmatch(ANSWER_REGEX, c.text, partial=True) for c in ask(None, max_tokens=30))
     with pytest.raises(EngineError, match="HTTP 400.*not a valid regular expression"):
         ask("(unclosed", max_tokens=5)
-    engine = make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model),
-                             extra_body={"structured_outputs": {"json": {"type": "object"}}}))
+    engine = make_engine(
+        LLM(
+            engine="openai",
+            base_url=local_server,
+            model=str(tiny_model),
+            extra_body={"structured_outputs": {"json": {"type": "object"}}},
+        )
+    )
     with pytest.raises(EngineError, match="HTTP 400.*only"):
         asyncio.run(complete_with(engine, max_tokens=5))
 
 
 def test_transformers_engine_starts_and_stops_its_server(tiny_model):
     async def run():
-        engine = make_engine(LLM(engine="transformers", model=str(tiny_model), max_tokens=8,
-                                 engine_args={"device": "cpu"}))
+        engine = make_engine(
+            LLM(engine="transformers", model=str(tiny_model), max_tokens=8, engine_args={"device": "cpu"})
+        )
         async with engine:
             c = await engine.complete(MSG)
             alive = server_processes(tiny_model)
@@ -437,14 +514,23 @@ def test_transformers_engine_starts_and_stops_its_server(tiny_model):
 
 # --- the vllm lifecycle with a fake `vllm` on PATH ----------------------------------------
 
+
 @pytest.fixture
 def fake_vllm(fake_vllm_bin, tmp_path, tiny_model):
     """A `vllm` on PATH that serves the tiny model with `otbuild serve`; returns its settings."""
-    return LLM(engine="vllm", model=str(tiny_model), max_tokens=8, engine_args={
-        "served_model_name": "tiny", "tensor_parallel_size": 4, "max_model_len": 1024,
-        "log_path": str(tmp_path / "vllm.log"), "env": {"FAKE_VLLM_LOG": str(fake_vllm_bin)},
-        "startup_timeout_sec": 60,
-    })
+    return LLM(
+        engine="vllm",
+        model=str(tiny_model),
+        max_tokens=8,
+        engine_args={
+            "served_model_name": "tiny",
+            "tensor_parallel_size": 4,
+            "max_model_len": 1024,
+            "log_path": str(tmp_path / "vllm.log"),
+            "env": {"FAKE_VLLM_LOG": str(fake_vllm_bin)},
+            "startup_timeout_sec": 60,
+        },
+    )
 
 
 def with_args(llm: LLM, **args) -> LLM:
@@ -496,7 +582,8 @@ def test_vllm_startup_failure_reports_log_tail(fake_vllm):
 
 def test_sigterm_stops_the_vllm_server(fake_vllm, tiny_model, tmp_path):
     script = tmp_path / "rollout.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import asyncio, json
         from otbuild.engines import LLM, open_engine
 
@@ -510,10 +597,10 @@ def test_sigterm_stops_the_vllm_server(fake_vllm, tiny_model, tmp_path):
                 await engine.aclose()
 
         asyncio.run(main())
-    """))
+    """)
+    )
     before = {p.pid for p in server_processes(tiny_model)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ})
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env={**os.environ})
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert {p.pid for p in server_processes(tiny_model)} - before

@@ -55,11 +55,18 @@ def test_the_paper_sft_figure_scaled_to_the_100k_recipe_is_flagged_against_the_p
     assert teacher_jobs["count"] == 64 and teacher_jobs["gpus"] == 4
     # every rate here is assumed (no pilot): each is named with how far it moves the total
     assumed = {f"{a['stage']}.{a['rate']}": a for a in est["assumptions"]}
-    for key in ("sft.gpu_seconds_per_token", "sft.tokens_per_trace", "rollout.seconds_per_trial",
-                "trace_filter.keep_rate", "source.tasks"):
+    for key in (
+        "sft.gpu_seconds_per_token",
+        "sft.tokens_per_trace",
+        "rollout.seconds_per_trial",
+        "trace_filter.keep_rate",
+        "source.tasks",
+    ):
         assert key in assumed, sorted(assumed)
     top = est["assumptions"][0]
-    assert top["totals_at_high"]["gpu_hours"] > est["total"]["gpu_hours"]["estimate"] > top["totals_at_low"]["gpu_hours"]
+    assert (
+        top["totals_at_high"]["gpu_hours"] > est["total"]["gpu_hours"]["estimate"] > top["totals_at_low"]["gpu_hours"]
+    )
     assert all(r["assumed"] for s in st.values() for r in s["rates"])
     assert any("keep rate is assumed" in w for w in est["warnings"])
     assert (paper / ".otbuild" / "estimates" / "otagent_v2_100k.json").is_file()
@@ -67,18 +74,33 @@ def test_the_paper_sft_figure_scaled_to_the_100k_recipe_is_flagged_against_the_p
 
 def test_counts_follow_the_plan(tmp_path):
     project = make_project(tmp_path)
-    (project / "recipes" / "r.yaml").write_text(yaml.safe_dump({
-        "sources": {"a": {"kind": "synthetic", "rank": 1, "count": 30, "seed": 1},
-                    "b": {"kind": "synthetic", "rank": 2, "count": 10, "seed": 2}},
-        "mix": {"n": 2, "total": 40},
-        "task_filter": {"score": {"column": "metadata.difficulty", "budget": 90, "keep_rate": 0.8},
-                        "sample": {"n": 20}},
-        "teacher": {"engine": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "shards": 3,
-                    "max_episodes": 4, "max_tokens": 100, "concurrency": 5},
-        "trace_filter": {"sample": {"n": 50}},
-        "sft": {"model": {"kind": "tiny"}, "epochs": 3, "cutoff_len": 2000},
-        "prices": {"m": {"input_per_mtok": 1.0, "output_per_mtok": 10.0}},
-    }))
+    (project / "recipes" / "r.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "sources": {
+                    "a": {"kind": "synthetic", "rank": 1, "count": 30, "seed": 1},
+                    "b": {"kind": "synthetic", "rank": 2, "count": 10, "seed": 2},
+                },
+                "mix": {"n": 2, "total": 40},
+                "task_filter": {
+                    "score": {"column": "metadata.difficulty", "budget": 90, "keep_rate": 0.8},
+                    "sample": {"n": 20},
+                },
+                "teacher": {
+                    "engine": "openai",
+                    "model": "m",
+                    "base_url": "http://127.0.0.1:9/v1",
+                    "shards": 3,
+                    "max_episodes": 4,
+                    "max_tokens": 100,
+                    "concurrency": 5,
+                },
+                "trace_filter": {"sample": {"n": 50}},
+                "sft": {"model": {"kind": "tiny"}, "epochs": 3, "cutoff_len": 2000},
+                "prices": {"m": {"input_per_mtok": 1.0, "output_per_mtok": 10.0}},
+            }
+        )
+    )
     est = _estimate(project, "r")
     st = est["stages"]
     assert st["sources/a"]["counts"]["tasks"]["estimate"] == 30
@@ -105,8 +127,10 @@ def test_bad_input_is_exit_2_naming_what(tmp_path):
     proc = otbuild(project, "plan", "--estimate", "smoke", "--from", "smoke")
     assert proc.returncode == 2
     assert "the pilot is not built" in proc.stderr and "sources/synth_files (artifacts/source/" in proc.stderr
-    for args, says in ((["--from", "nosuch"], "nosuch.yaml: no such recipe"),
-                       (["--profile", "nosuch"], "--profile nosuch"),):
+    for args, says in (
+        (["--from", "nosuch"], "nosuch.yaml: no such recipe"),
+        (["--profile", "nosuch"], "--profile nosuch"),
+    ):
         proc = otbuild(project, "plan", "--estimate", "smoke", *args)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     proc = otbuild(project, "plan", "smoke", "--json")
@@ -158,9 +182,13 @@ def test_a_pilot_s_estimate_of_a_2x_variant_holds_when_it_is_built(tmp_path, mon
     assert est["stages"]["teacher"]["counts"]["trials"]["estimate"] == 96
     assert not any(r["assumed"] for s in est["stages"].values() for r in s["rates"]), "a rate was not measured"
     # the same teacher without its verifier: the pilot's trials less their verifier's seconds, said in a note
-    (project / "recipes" / "unverified.yaml").write_text(yaml.safe_dump(
-        {**recipe, "teacher": {**recipe["teacher"], "verify": False}}, sort_keys=False))
-    verified, unverified = est["stages"]["teacher"], _estimate(project, "unverified", "--from", "pilot")["stages"]["teacher"]
+    (project / "recipes" / "unverified.yaml").write_text(
+        yaml.safe_dump({**recipe, "teacher": {**recipe["teacher"], "verify": False}}, sort_keys=False)
+    )
+    verified, unverified = (
+        est["stages"]["teacher"],
+        _estimate(project, "unverified", "--from", "pilot")["stages"]["teacher"],
+    )
     assert any(x.startswith("teacher.verify: false: no verifier runs; the pilot's took") for x in unverified["notes"])
     assert {r["rate"] for r in unverified["rates"]} >= {"verifier_s_per_trial", "unverified_seconds_per_trial"}
     assert unverified["job_seconds"]["estimate"] < verified["job_seconds"]["estimate"]
@@ -178,14 +206,26 @@ def test_a_pilot_s_estimate_of_a_2x_variant_holds_when_it_is_built(tmp_path, mon
     def err(label, metric):
         return abs(got[(label, metric)]["error"])
 
-    errors = {k: err(*k) for k in (("teacher", "trials"), ("eval", "trials"), ("teacher", "requests"),
-                                   ("total", "requests"), ("sft", "tokens_to_train_on"))}
+    errors = {
+        k: err(*k)
+        for k in (
+            ("teacher", "trials"),
+            ("eval", "trials"),
+            ("teacher", "requests"),
+            ("total", "requests"),
+            ("sft", "tokens_to_train_on"),
+        )
+    }
     tokens = sum(got[("total", k)]["estimate"] for k in ("input_tokens", "output_tokens"))
     actual = sum(got[("total", k)]["actual"] for k in ("input_tokens", "output_tokens"))
     errors["total tokens"] = abs(tokens - actual) / actual
     errors["wall"] = abs(est["total"]["wall_s"]["estimate"] - wall) / wall
-    print("estimate errors:", {k: f"{v:.1%}" for k, v in errors.items()}, f"wall {wall:.0f} s",
-          {f"{k[0]}.{k[1]}": f"{r['error']:+.1%}" for k, r in got.items() if r["error"] is not None})
+    print(
+        "estimate errors:",
+        {k: f"{v:.1%}" for k, v in errors.items()},
+        f"wall {wall:.0f} s",
+        {f"{k[0]}.{k[1]}": f"{r['error']:+.1%}" for k, r in got.items() if r["error"] is not None},
+    )
     assert all(v <= 0.10 for k, v in errors.items() if k != "wall"), errors
     assert errors["wall"] <= 0.35, errors
     html = (project / "results" / "bigger" / "report" / "report.html").read_text()
@@ -204,9 +244,22 @@ def test_a_pilot_s_sft_rate_on_gpus_scales_to_the_target_s_parameters(paper, mon
     from otbuild.recipe.load import load_recipe
 
     monkeypatch.chdir(paper)
-    pilot = Pilot("p8b", paper, {("sft", "train:Qwen3-8B"): {"gpu_seconds_per_token": Measured(
-        "gpu_seconds_per_token", "device-s per token", "pilot p8b: sft", span=Span(1e-4, 9e-5, 1.2e-4), n=40,
-        per=8.0)}})
+    pilot = Pilot(
+        "p8b",
+        paper,
+        {
+            ("sft", "train:Qwen3-8B"): {
+                "gpu_seconds_per_token": Measured(
+                    "gpu_seconds_per_token",
+                    "device-s per token",
+                    "pilot p8b: sft",
+                    span=Span(1e-4, 9e-5, 1.2e-4),
+                    n=40,
+                    per=8.0,
+                )
+            }
+        },
+    )
     est = estimate(plan_recipe(load_recipe("otagent_v2_100k", paper)), [pilot], find_profile("slurm", paper))
     sft = next(s for s in est.stages if s.stage == "sft")
     rate = next(r for r in sft.rates if r.name == "gpu_seconds_per_token")

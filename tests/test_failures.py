@@ -26,12 +26,39 @@ needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason=
 
 
 def row(result="1", exception=None, timed_out=False, reward=1.0, **kw) -> dict:
-    base = {c: None for c in ("conversations", "agent", "model", "model_provider", "date", "task", "episode",
-                              "run_id", "trial_name", "task_id", "teacher", "n_input_tokens", "n_output_tokens",
-                              "duration_s")}
-    return {**base, "conversations": [{"role": "user", "content": "x"}] + [{"role": "assistant", "content": "a"}] * 5,
-            "result": result, "exception": exception, "timed_out": timed_out, "reward": reward,
-            "is_subagent": False, "n_turns": 5, "source": "bench", "sample_idx": 0, "metadata": "{}", **kw}
+    base = {
+        c: None
+        for c in (
+            "conversations",
+            "agent",
+            "model",
+            "model_provider",
+            "date",
+            "task",
+            "episode",
+            "run_id",
+            "trial_name",
+            "task_id",
+            "teacher",
+            "n_input_tokens",
+            "n_output_tokens",
+            "duration_s",
+        )
+    }
+    return {
+        **base,
+        "conversations": [{"role": "user", "content": "x"}] + [{"role": "assistant", "content": "a"}] * 5,
+        "result": result,
+        "exception": exception,
+        "timed_out": timed_out,
+        "reward": reward,
+        "is_subagent": False,
+        "n_turns": 5,
+        "source": "bench",
+        "sample_idx": 0,
+        "metadata": "{}",
+        **kw,
+    }
 
 
 # (row, outcome): otbuild's harness and Harbor's rows, as each writes them
@@ -63,8 +90,13 @@ def test_every_way_a_trial_ends_classifies_alike_in_python_and_sql(tmp_path):
     write_traces(tmp_path / "t.parquet", [r for r, _ in ROWS])
     con = duck.connect()
     con.execute(oc.sql_macros())
-    got = [o for (o,) in con.execute("SELECT otb_outcome(result, exception, timed_out, reward) FROM "
-                                     f"read_parquet({duck.sql_literal(tmp_path / 't.parquet')})").fetchall()]
+    got = [
+        o
+        for (o,) in con.execute(
+            "SELECT otb_outcome(result, exception, timed_out, reward) FROM "
+            f"read_parquet({duck.sql_literal(tmp_path / 't.parquet')})"
+        ).fetchall()
+    ]
     assert got == [o for _, o in ROWS]
 
 
@@ -74,8 +106,13 @@ def test_the_trace_filter_drops_by_outcome_whichever_harness_wrote_the_row(tmp_p
     from otbuild.settings.recipe import TraceFilter
     from otbuild.stages import trace_filter
 
-    write_traces(tmp_path / "t.parquet", [{**r, "trial_name": f"t{i}", "conversations": r["conversations"]
-                                           + [{"role": "user", "content": str(i)}]} for i, (r, _) in enumerate(ROWS)])
+    write_traces(
+        tmp_path / "t.parquet",
+        [
+            {**r, "trial_name": f"t{i}", "conversations": r["conversations"] + [{"role": "user", "content": str(i)}]}
+            for i, (r, _) in enumerate(ROWS)
+        ],
+    )
     trace_filter.run(TraceFilter(dedup=False), [tmp_path / "t.parquet"], tmp_path / "out")
     reasons = {r["trial_name"]: r["reason"] for r in pq.read_table(tmp_path / "out" / "rejected.parquet").to_pylist()}
     kept = {r["trial_name"] for r in pq.read_table(tmp_path / "out" / "kept.parquet").to_pylist()}
@@ -90,16 +127,24 @@ def test_the_trace_filter_drops_by_outcome_whichever_harness_wrote_the_row(tmp_p
 
 def test_eval_leaves_infrastructure_failures_out_of_the_mean_and_says_so(tmp_path):
     """On main an EngineError scored 0: a crashed endpoint ranked the model last, silently."""
-    rows = [row("1", reward=1.0, task="a"), row("0", reward=0.0, task="b"),
-            row("DiskLimitExceededError", reward=0.0, task="c"),
-            row("RewardFileNotFoundError", "RewardFileNotFoundError", reward=None, task="d"),
-            row("EngineError", "EngineError", reward=None, task="e"),
-            row("TaskNotRunnableLocally", "TaskNotRunnableLocally", reward=None, task="f")]
+    rows = [
+        row("1", reward=1.0, task="a"),
+        row("0", reward=0.0, task="b"),
+        row("DiskLimitExceededError", reward=0.0, task="c"),
+        row("RewardFileNotFoundError", "RewardFileNotFoundError", reward=None, task="d"),
+        row("EngineError", "EngineError", reward=None, task="e"),
+        row("TaskNotRunnableLocally", "TaskNotRunnableLocally", reward=None, task="f"),
+    ]
     write_traces(tmp_path / "shards" / "0-of-1.parquet", rows)
     stats = eval_stage.run(EvalSettings(engine="oracle", model_label="oracle:oracle"), [], tmp_path)
     [summary] = pq.read_table(tmp_path / "summary.parquet").to_pylist()
     assert summary["mean"] == pytest.approx(1 / 4)  # a, b, c, d scored; e, f excluded
-    assert (summary["n_tasks"], summary["n_exceptions"], summary["n_task_failures"], summary["n_excluded"]) == (6, 1, 1, 2)
+    assert (summary["n_tasks"], summary["n_exceptions"], summary["n_task_failures"], summary["n_excluded"]) == (
+        6,
+        1,
+        1,
+        2,
+    )
     scores = {r["task"]: r for r in pq.read_table(tmp_path / "scores.parquet").to_pylist()}
     assert scores["e"]["reward"] is None and scores["e"]["excluded"] and scores["e"]["outcome"] == "infrastructure"
     assert scores["c"]["reward"] == 0.0 and scores["c"]["outcome"] == "task_failure"
@@ -120,9 +165,10 @@ def test_a_wrong_key_fails_the_shard_at_once_naming_the_401(tmp_path, scripted, 
     'succeeded'. Now the first request goes alone, and its 401 stops the shard: one request."""
     srv = scripted(lambda body: (200, chat_answer(THREE_TURNS[0])), api_key="sk-right-key-1234")
     monkeypatch.setenv("OTB_TEST_KEY", "sk-wrong-key-9876")
-    cfg = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="OTB_TEST_KEY",
-                          concurrency=4)
-    with pytest.raises(EndpointError, match=r"check the API key.*HTTP 401.*Incorrect API key provided: sk-\*\*\*\*\*9876"):
+    cfg = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="OTB_TEST_KEY", concurrency=4)
+    with pytest.raises(
+        EndpointError, match=r"check the API key.*HTTP 401.*Incorrect API key provided: sk-\*\*\*\*\*9876"
+    ):
         rollout.run_shard(cfg, [_tasks(tmp_path)], tmp_path / "out", 0)
     assert len(srv.requests) == 1
     assert not (tmp_path / "out" / "shards" / "0-of-1.parquet").exists()
@@ -145,8 +191,10 @@ def test_a_key_revoked_mid_run_stops_the_shard_and_the_rerun_resumes(tmp_path, s
     with pytest.raises(EndpointError, match="HTTP 401"):
         rollout.run_shard(cfg, [tasks], tmp_path / "out", 0)
     assert len(srv.requests) == 4  # three for the first trial, one refused
-    revoked["on"], srv.script = False, lambda body: (200, chat_answer(
-        THREE_TURNS[sum(m["role"] == "assistant" for m in body["messages"])]))
+    revoked["on"], srv.script = (
+        False,
+        lambda body: (200, chat_answer(THREE_TURNS[sum(m["role"] == "assistant" for m in body["messages"])])),
+    )
     rollout.run_shard(cfg, [tasks], tmp_path / "out", 0)
     rows = pq.read_table(tmp_path / "out" / "shards" / "0-of-1.parquet").to_pylist()
     assert len(rows) == 3 and all(r["exception"] is None for r in rows)
@@ -169,8 +217,9 @@ class FlakyEngine:
         for marker, left in self.failing.items():
             if marker in messages[0]["content"] and left:
                 self.failing[marker] = left - 1
-                raise EngineError("engine flaky: no answer after 6 attempt(s); last error: HTTP 503: overloaded",
-                                  status=503)
+                raise EngineError(
+                    "engine flaky: no answer after 6 attempt(s); last error: HTTP 503: overloaded", status=503
+                )
         return Completion(answer(complete=True), 10, 5, "stop")
 
     async def aclose(self):
@@ -181,7 +230,8 @@ def _flaky_settings(monkeypatch, **kw):
     monkeypatch.setitem(ENGINES, "flaky", FlakyEngine)
     FlakyEngine.requests = 0
     return RolloutSettings(engine="oracle", backoff_sec=0.01, backoff_max_sec=0.02, **kw).model_copy(
-        update={"engine": "flaky"})
+        update={"engine": "flaky"}
+    )
 
 
 @needs_sandbox
@@ -207,8 +257,11 @@ def test_past_max_infra_failures_the_shard_fails_and_a_rerun_retries_only_those(
     tasks = _tasks(tmp_path, 4)
     cfg = _flaky_settings(monkeypatch, concurrency=1, infra_retries=1, max_infra_failures=0.25)
     FlakyEngine.failing = {"": -1}  # every request fails: the sandbox is fine, the endpoint is not
-    with pytest.raises(InfraFailuresExceeded, match=r"2 of 4 trials failed .*allows \(1\): EngineError x2; "
-                       r"e\.g\. EngineError: engine flaky: .*HTTP 503: overloaded"):
+    with pytest.raises(
+        InfraFailuresExceeded,
+        match=r"2 of 4 trials failed .*allows \(1\): EngineError x2; "
+        r"e\.g\. EngineError: engine flaky: .*HTTP 503: overloaded",
+    ):
         rollout.run_shard(cfg, [tasks], tmp_path / "out", 0)
     assert FlakyEngine.requests < 4 * 2  # it stopped at the second: not every trial's attempts
     partial = tmp_path / "out" / "shards" / "0-of-1.partial.jsonl"
@@ -246,13 +299,24 @@ def test_a_harbor_job_dir_is_scored_as_the_eval_stage_scores(tmp_path):
     left out of the mean, not scored 0; its verifier errors score 0."""
     from otbuild.ingest import harbor_job
 
-    for name, exc, reward in (("a__1", None, 1.0), ("b__1", "InternalServerError", None),
-                              ("c__1", "RewardFileNotFoundError", None), ("d__1", None, 0.0)):
+    for name, exc, reward in (
+        ("a__1", None, 1.0),
+        ("b__1", "InternalServerError", None),
+        ("c__1", "RewardFileNotFoundError", None),
+        ("d__1", None, 0.0),
+    ):
         (tmp_path / "job" / name).mkdir(parents=True)
-        (tmp_path / "job" / name / "result.json").write_text(json.dumps({
-            "task_name": name[0], "trial_name": name, "source": "tb",
-            "exception_info": {"exception_type": exc} if exc else None,
-            "verifier_result": {"rewards": {"reward": reward}} if reward is not None else None}))
+        (tmp_path / "job" / name / "result.json").write_text(
+            json.dumps(
+                {
+                    "task_name": name[0],
+                    "trial_name": name,
+                    "source": "tb",
+                    "exception_info": {"exception_type": exc} if exc else None,
+                    "verifier_result": {"rewards": {"reward": reward}} if reward is not None else None,
+                }
+            )
+        )
     harbor_job(tmp_path / "job", tmp_path / "out")
     [summary] = pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()
     assert summary["mean"] == pytest.approx(1 / 3) and summary["n_excluded"] == 1 and summary["n_exceptions"] == 1
@@ -269,12 +333,19 @@ def test_harbor_shards_are_counted_the_same_way(tmp_path, monkeypatch):
     monkeypatch.setattr(harbor_trials, "run_harbor_shard", lambda *a: rows)
     cfg = RolloutSettings(engine="oracle", sandbox="harbor", max_infra_failures=0.25)
     rows[0] = row("EnvironmentDefinitionError", "EnvironmentDefinitionError", reward=None)
-    rows[1] = row("InternalServerError", "InternalServerError", reward=None,
-                  metadata=json.dumps({"exception_message": "litellm.InternalServerError: OpenAIException - 500"}))
+    rows[1] = row(
+        "InternalServerError",
+        "InternalServerError",
+        reward=None,
+        metadata=json.dumps({"exception_message": "litellm.InternalServerError: OpenAIException - 500"}),
+    )
     rollout.run_shard(cfg, [tasks], tmp_path / "out", 0)  # 1 of 4 <= 0.25
     rows[2] = rows[1]
-    with pytest.raises(InfraFailuresExceeded, match=r"2 of 4 trials .*InternalServerError x2; e\.g\. "
-                       r"InternalServerError: litellm\.InternalServerError: OpenAIException - 500"):
+    with pytest.raises(
+        InfraFailuresExceeded,
+        match=r"2 of 4 trials .*InternalServerError x2; e\.g\. "
+        r"InternalServerError: litellm\.InternalServerError: OpenAIException - 500",
+    ):
         rollout.run_shard(cfg, [tasks], tmp_path / "out2", 0)
 
 
@@ -285,9 +356,18 @@ def test_an_unreachable_endpoint_fails_the_shard_at_once(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = RolloutSettings(engine="openai", base_url=f"http://127.0.0.1:{port}/v1", model="m", concurrency=4,
-                          max_retries=1, backoff_sec=0.01)
-    with pytest.raises(EndpointError, match=r"the first request failed.*no answer after 2 attempt\(s\); "
-                       r"last error: ConnectError"):
+    cfg = RolloutSettings(
+        engine="openai",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model="m",
+        concurrency=4,
+        max_retries=1,
+        backoff_sec=0.01,
+    )
+    with pytest.raises(
+        EndpointError,
+        match=r"the first request failed.*no answer after 2 attempt\(s\); "
+        r"last error: ConnectError",
+    ):
         rollout.run_shard(cfg, [_tasks(tmp_path)], tmp_path / "out", 0)
     assert not (tmp_path / "out" / "shards" / "0-of-1.parquet").exists()

@@ -38,20 +38,34 @@ from tests.conftest import otbuild, snakemake, trace_import
 
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
 needs_harbor = pytest.mark.skipif(
-    not HARBOR.is_file(),
-    reason=f"Harbor is not installed at {HARBOR}: run scripts/harbor-env.sh (make harbor-env)")
+    not HARBOR.is_file(), reason=f"Harbor is not installed at {HARBOR}: run scripts/harbor-env.sh (make harbor-env)"
+)
 N_TASKS = 3
 
 
 # -- config and command (no harbor, no docker needed) ---------------------------------------
 def test_docker_job_config_and_command(tmp_path):
-    cfg = job_config(tmp_path / "tasks", tmp_path / "jobs", "j1", agent="terminus-2",
-                     model="openai/glm", base_url="http://h:8000/v1", environment="docker",
-                     n_attempts=3, n_concurrent=8, agent_kwargs={"max_turns": 5})
+    cfg = job_config(
+        tmp_path / "tasks",
+        tmp_path / "jobs",
+        "j1",
+        agent="terminus-2",
+        model="openai/glm",
+        base_url="http://h:8000/v1",
+        environment="docker",
+        n_attempts=3,
+        n_concurrent=8,
+        agent_kwargs={"max_turns": 5},
+    )
     assert cfg["environment"]["type"] == "docker" and "import_path" not in cfg["environment"]
-    assert cfg["agents"] == [{"name": "terminus-2", "model_name": "openai/glm",
-                              "base_url": "http://h:8000/v1", "kwargs": {
-                                  "max_turns": 5, "trajectory_config": {"raw_content": True, "linear_history": True}}}]
+    assert cfg["agents"] == [
+        {
+            "name": "terminus-2",
+            "model_name": "openai/glm",
+            "base_url": "http://h:8000/v1",
+            "kwargs": {"max_turns": 5, "trajectory_config": {"raw_content": True, "linear_history": True}},
+        }
+    ]
     assert cfg["n_attempts"] == 3 and cfg["n_concurrent_trials"] == 8
     assert cfg["datasets"] == [{"path": str((tmp_path / "tasks").resolve())}]
     assert Path(cfg["jobs_dir"]).is_absolute() and cfg["job_name"] == "j1"
@@ -65,8 +79,7 @@ def test_otbuild_environment_config(tmp_path):
     cfg = job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/tiny")
     assert cfg["environment"]["import_path"] == OTBUILD_IMPORT_PATH
     assert cfg["agents"][0]["kwargs"]["record_terminal_session"] is False  # no asciinema
-    assert job_config(tmp_path, tmp_path, "j", environment="m.x:Env")["environment"][
-        "import_path"] == "m.x:Env"
+    assert job_config(tmp_path, tmp_path, "j", environment="m.x:Env")["environment"]["import_path"] == "m.x:Env"
     with pytest.raises(ValueError, match="needs a model"):
         job_config(tmp_path, tmp_path, "j", agent="terminus-2")
 
@@ -85,43 +98,73 @@ def test_ingest_handwritten_trial(tmp_path):
     (task / "instruction.md").write_text("Do the thing.")
     trial = tmp_path / "jobs" / "j" / "t1__abc"
     (trial / "agent").mkdir(parents=True)
-    (trial / "result.json").write_text(json.dumps({
-        "task_name": "t1", "trial_name": "t1__abc", "source": "bench",
-        "config": {"task": {"path": str(task)}, "agent": {"name": "terminus-2",
-                                                          "model_name": "openai/m"}},
-        "agent_info": {"name": "terminus-2", "model_info": {"name": "m", "provider": "openai"}},
-        "agent_result": {"n_input_tokens": 10, "n_output_tokens": 3},
-        "verifier_result": None,
-        "exception_info": {"exception_type": "RuntimeError", "exception_message": "boom"},
-        "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:02.5Z"}))
+    (trial / "result.json").write_text(
+        json.dumps(
+            {
+                "task_name": "t1",
+                "trial_name": "t1__abc",
+                "source": "bench",
+                "config": {"task": {"path": str(task)}, "agent": {"name": "terminus-2", "model_name": "openai/m"}},
+                "agent_info": {"name": "terminus-2", "model_info": {"name": "m", "provider": "openai"}},
+                "agent_result": {"n_input_tokens": 10, "n_output_tokens": 3},
+                "verifier_result": None,
+                "exception_info": {"exception_type": "RuntimeError", "exception_message": "boom"},
+                "started_at": "2026-01-01T00:00:00Z",
+                "finished_at": "2026-01-01T00:00:02.5Z",
+            }
+        )
+    )
     (trial / "config.json").write_text("{}")
-    (trial / "agent" / "trajectory.json").write_text(json.dumps({"steps": [
-        {"source": "user", "message": ""},
-        {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}},
-        {"source": "agent", "message": "done", "observation": {"results": [{"content": "b"}]}},
-    ]}))
+    (trial / "agent" / "trajectory.json").write_text(
+        json.dumps(
+            {
+                "steps": [
+                    {"source": "user", "message": ""},
+                    {"source": "agent", "message": "ls", "observation": {"results": [{"content": "a"}]}},
+                    {"source": "agent", "message": "done", "observation": {"results": [{"content": "b"}]}},
+                ]
+            }
+        )
+    )
     row = ingest.read_trial(trial)
-    assert row["conversations"] == [{"role": "user", "content": "Do the thing."},
-                                    {"role": "assistant", "content": "ls"},
-                                    {"role": "user", "content": "a"},
-                                    {"role": "assistant", "content": "done"}]
+    assert row["conversations"] == [
+        {"role": "user", "content": "Do the thing."},
+        {"role": "assistant", "content": "ls"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "done"},
+    ]
     assert row["n_turns"] == 2 and row["episode"] == "episode-1"
     assert row["exception"] == row["result"] == "RuntimeError" and not row["timed_out"]
     assert row["reward"] is None and row["duration_s"] == 2.5
     assert (row["model"], row["model_provider"], row["n_input_tokens"]) == ("m", "openai", 10)
     pa.Table.from_pylist([row], TRACE_SCHEMA)
-    assert ingest.job_scores(trial.parent) == [{
-        "model": "m", "benchmark": "bench", "repeat": 0, "task": "t1", "reward": None,
-        "exception": "RuntimeError", "duration": 2.5}]
+    assert ingest.job_scores(trial.parent) == [
+        {
+            "model": "m",
+            "benchmark": "bench",
+            "repeat": 0,
+            "task": "t1",
+            "reward": None,
+            "exception": "RuntimeError",
+            "duration": 2.5,
+        }
+    ]
 
 
 def _trial(job: Path, name: str, task: str, steps: list, **files) -> Path:
     trial = job / name
     (trial / "agent").mkdir(parents=True)
-    (trial / "result.json").write_text(json.dumps({
-        "task_name": task, "trial_name": name, "config": {"task": {"path": f"/tasks/{task}"}},
-        "agent_info": {"name": "terminus-2", "model_info": {"name": "m", "provider": "openai"}},
-        "verifier_result": {"rewards": {"reward": 1.0}}}))
+    (trial / "result.json").write_text(
+        json.dumps(
+            {
+                "task_name": task,
+                "trial_name": name,
+                "config": {"task": {"path": f"/tasks/{task}"}},
+                "agent_info": {"name": "terminus-2", "model_info": {"name": "m", "provider": "openai"}},
+                "verifier_result": {"rewards": {"reward": 1.0}},
+            }
+        )
+    )
     (trial / "agent" / "trajectory.json").write_text(json.dumps({"steps": steps}))
     for fname, data in files.items():
         (trial / "agent" / fname).write_text(json.dumps(data))
@@ -138,20 +181,30 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
     from otbuild.traces.table import write_traces
 
     steps = [{"source": "user", "message": "task"}] + [
-        {"source": "agent", "message": f"step {i}", "observation": {"results": [{"content": "ok"}]}}
-        for i in range(6)]
-    summary = {"session_id": "s-sum", "agent": {"name": "terminus-2-summarization-summary",
-                                                "extra": {"parent_session_id": "s", "summarization_index": 1}},
-               "steps": [{"source": "user", "message": "Summarize"}] + steps[1:]}
+        {"source": "agent", "message": f"step {i}", "observation": {"results": [{"content": "ok"}]}} for i in range(6)
+    ]
+    summary = {
+        "session_id": "s-sum",
+        "agent": {
+            "name": "terminus-2-summarization-summary",
+            "extra": {"parent_session_id": "s", "summarization_index": 1},
+        },
+        "steps": [{"source": "user", "message": "Summarize"}] + steps[1:],
+    }
     job = tmp_path / "job"
     _trial(job, "t1__a", "t1", steps, **{"trajectory.summarization-1-summary.json": summary})
     _trial(job, "t1-2__b", "t1-2", steps[:3])  # an upsampled copy of t1, exported apart
     rows = list(ingest.read_job(job, subagents=True))
-    ids = [{"task": "t1", "task_id": f"id{i}", "source": "s", "sample_idx": 0, "run_id": "r",
-            "teacher": "vllm:m"} for i in range(2)]
+    ids = [
+        {"task": "t1", "task_id": f"id{i}", "source": "s", "sample_idx": 0, "run_id": "r", "teacher": "vllm:m"}
+        for i in range(2)
+    ]
     out = shard_rows(["t1", "t1-2"], ids, rows)
     assert [(r["task"], r["task_id"], r["is_subagent"], r["n_turns"]) for r in out] == [
-        ("t1", "id0", False, 6), ("t1", "id1", False, 2), ("t1", "id0", True, 6)]
+        ("t1", "id0", False, 6),
+        ("t1", "id1", False, 2),
+        ("t1", "id0", True, 6),
+    ]
     assert {r["result"] for r in out} == {"1.0"}  # the reward as Harbor's export writes it: str(float)
     write_traces(tmp_path / "traces.parquet", out)
     for drop, kept_n in ((True, 1), (False, 2)):
@@ -166,26 +219,42 @@ def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
     """Timeout cap, episodes, temperature and max_tokens reach Harbor's job config."""
     from otbuild.stagekit.harbor_trials import harbor_options
 
-    teacher = RolloutSettings(engine="vllm", model="m", temperature=0.3, max_tokens=1234, max_episodes=7,
-                              timeout_multiplier=4, timeout_cap_sec=600, sandbox="harbor")
+    teacher = RolloutSettings(
+        engine="vllm",
+        model="m",
+        temperature=0.3,
+        max_tokens=1234,
+        max_episodes=7,
+        timeout_multiplier=4,
+        timeout_cap_sec=600,
+        sandbox="harbor",
+    )
     options = harbor_options(teacher)
     cfg = job_config(tmp_path, tmp_path / "jobs", "j", model="openai/m", **options)
     [agent] = cfg["agents"]
     assert agent["name"] == "terminus-2" and agent["max_timeout_sec"] == 150  # 150 x 4 = the cap
     assert cfg["verifier"] == {"max_timeout_sec": 150}  # the verifier is capped alike
-    assert agent["kwargs"] == {"max_turns": 7, "temperature": 0.3, "llm_call_kwargs": {"max_tokens": 1234},
-                               "trajectory_config": {"raw_content": True, "linear_history": True}}
+    assert agent["kwargs"] == {
+        "max_turns": 7,
+        "temperature": 0.3,
+        "llm_call_kwargs": {"max_tokens": 1234},
+        "trajectory_config": {"raw_content": True, "linear_history": True},
+    }
     assert cfg["timeout_multiplier"] == 4 and cfg["environment"]["type"] == "docker"
-    mine = teacher.model_copy(update={"harbor": teacher.harbor.model_copy(update={"agent_kwargs": {"temperature": 1.0}})})
+    mine = teacher.model_copy(
+        update={"harbor": teacher.harbor.model_copy(update={"agent_kwargs": {"temperature": 1.0}})}
+    )
     assert harbor_options(mine)["agent_kwargs"]["temperature"] == 1.0  # harbor.agent_kwargs win
     oracle = harbor_options(RolloutSettings(engine="oracle", sandbox="harbor"))
     assert oracle["agent"] == "oracle" and oracle["agent_kwargs"] is None
     if HARBOR.is_file():  # Harbor itself reads the config and resolves the trial's timeout
         py = HARBOR.parent / "python"
-        code = ("import json,sys; from harbor.models.job.config import JobConfig; "
-                "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); a = c.agents[0]; "
-                "print(min(900, a.max_timeout_sec) * c.timeout_multiplier, a.kwargs['max_turns'], "
-                "min(600, c.verifier.max_timeout_sec) * c.timeout_multiplier)")
+        code = (
+            "import json,sys; from harbor.models.job.config import JobConfig; "
+            "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); a = c.agents[0]; "
+            "print(min(900, a.max_timeout_sec) * c.timeout_multiplier, a.kwargs['max_turns'], "
+            "min(600, c.verifier.max_timeout_sec) * c.timeout_multiplier)"
+        )
         path = write_job_config(tmp_path / "job.json", cfg)
         res = subprocess.run([str(py), "-c", code, str(path)], capture_output=True, text=True, check=False)
         assert res.returncode == 0, res.stderr
@@ -205,23 +274,31 @@ def harbor_jobs(tmp_path_factory):
     work = tmp_path_factory.mktemp("harbor")
     parquet = work / "tasks.parquet"
     write_tasks(parquet, generate(N_TASKS, seed=0), source="synthetic")
-    jobs = {"oracle": run_harbor_job(parquet, work, agent="oracle", job_name="oracle",
-                                     n_concurrent=2, timeout_sec=300)}
+    jobs = {"oracle": run_harbor_job(parquet, work, agent="oracle", job_name="oracle", n_concurrent=2, timeout_sec=300)}
     # a task whose Dockerfile needs a container image build: refused, on that trial alone
     odd = work / "odd"
     first = min((work / "tasks").iterdir())
     shutil.copytree(first, odd / "needs-image")
     shutil.copytree(first, odd / "plain")
     (odd / "needs-image" / "environment" / "Dockerfile").write_text(
-        "FROM python:3.12-slim\nRUN apt-get install -y jq\nWORKDIR /app\nCOPY app/ /app/\n")
+        "FROM python:3.12-slim\nRUN apt-get install -y jq\nWORKDIR /app\nCOPY app/ /app/\n"
+    )
     jobs["odd"] = run_harbor_job(odd, work, agent="oracle", job_name="odd", timeout_sec=300)
     model_dir = make_tiny_model(work / "tiny")
     base_url, stop = start_local_server(model_dir, served_model_name="tiny", device="cpu")
     try:
         jobs["terminus-2"] = run_harbor_job(
-            work / "tasks", work, agent="terminus-2", model="openai/tiny", base_url=base_url,
-            job_name="t2", n_concurrent=N_TASKS, agent_timeout_sec=60, timeout_sec=300,
-            agent_kwargs={"max_turns": 2, "temperature": 0.7})
+            work / "tasks",
+            work,
+            agent="terminus-2",
+            model="openai/tiny",
+            base_url=base_url,
+            job_name="t2",
+            n_concurrent=N_TASKS,
+            agent_timeout_sec=60,
+            timeout_sec=300,
+            agent_kwargs={"max_turns": 2, "temperature": 0.7},
+        )
     finally:
         stop()
     return jobs
@@ -311,14 +388,16 @@ def test_allow_run_leaves_out_build_steps_but_refuses_add(tmp_path):
     runs on the host's tools), an ADD is still refused (Docker would fetch or unpack it), on
     that trial alone."""
     src = tmp_path / "tasks"
-    dockerfiles = {"with-run": "FROM python:3.12-slim\nRUN apt-get install -y jq\nWORKDIR /app\n"
-                               "COPY app/ /app/\nCMD [\"bash\"]\n",
-                   "with-add": "FROM python:3.12-slim\nWORKDIR /app\nADD app/ /app/\n"}
+    dockerfiles = {
+        "with-run": 'FROM python:3.12-slim\nRUN apt-get install -y jq\nWORKDIR /app\nCOPY app/ /app/\nCMD ["bash"]\n',
+        "with-add": "FROM python:3.12-slim\nWORKDIR /app\nADD app/ /app/\n",
+    }
     for rec, (name, dockerfile) in zip(generate(2, seed=0), dockerfiles.items()):
         rec.task.write(src / name)
         (src / name / "environment" / "Dockerfile").write_text(dockerfile)
-    job = run_harbor_job(src, tmp_path, agent="oracle", job_name="allow-run", timeout_sec=300,
-                         environment_kwargs={"allow_run": "true"})
+    job = run_harbor_job(
+        src, tmp_path, agent="oracle", job_name="allow-run", timeout_sec=300, environment_kwargs={"allow_run": "true"}
+    )
     rows = {r["task"]: r for r in ingest.read_job(job)}
     assert rows["with-run"]["reward"] == 1.0 and rows["with-run"]["exception"] is None
     refused = rows["with-add"]
@@ -331,8 +410,9 @@ def test_allow_run_leaves_out_build_steps_but_refuses_add(tmp_path):
 def test_ingest_cli_gives_the_eval_tables(harbor_jobs, tmp_path):
     res = otbuild(tmp_path, "ingest", "harbor-job", str(harbor_jobs["terminus-2"]), "--out", "t2")
     assert res.returncode == 0, res.stderr
-    res = otbuild(tmp_path, "ingest", "harbor-job", str(harbor_jobs["oracle"]), "--out", "oracle",
-                  "--benchmark", "synthetic")
+    res = otbuild(
+        tmp_path, "ingest", "harbor-job", str(harbor_jobs["oracle"]), "--out", "oracle", "--benchmark", "synthetic"
+    )
     assert res.returncode == 0, res.stderr
     summary = pq.read_table(tmp_path / "oracle" / "summary.parquet").to_pylist()
     assert len(summary) == 1 and summary[0]["mean"] == 1.0 and summary[0]["n_tasks"] == N_TASKS
@@ -347,7 +427,8 @@ def test_rollouts_through_harbor_in_a_real_build(project):
     (project / "recipes" / "hb.yaml").write_text(
         "sources:\n  synth: {kind: synthetic, count: 2, seed: 21}\n"
         "teacher: {engine: oracle, samples_per_task: 2, sandbox: harbor, harbor: {environment: otbuild}}\n"
-        "trace_filter: {min_turns: 1}\n")
+        "trace_filter: {min_turns: 1}\n"
+    )
     ran, _ = snakemake(project, "hb")
     assert ran["rollout"] == 1 and ran["rollout_merge"] == 1
     traces = pq.read_table(project / "results" / "hb" / "teacher" / "traces.parquet").to_pylist()
@@ -357,8 +438,14 @@ def test_rollouts_through_harbor_in_a_real_build(project):
 
 # -- a trace is what the model said, on both paths -----------------------------------------
 SERVED = [  # a terminus-2 session: a command, a parse error, done, confirmed
-    json.dumps({"analysis": "Look first.", "plan": "List the files.",
-                "commands": [{"keystrokes": "ls -la\n", "duration": 0.1}], "task_complete": False}),
+    json.dumps(
+        {
+            "analysis": "Look first.",
+            "plan": "List the files.",
+            "commands": [{"keystrokes": "ls -la\n", "duration": 0.1}],
+            "task_complete": False,
+        }
+    ),
     "I think the answer is {not json",
     json.dumps({"analysis": "Done.", "plan": "", "commands": [], "task_complete": True}, indent=2),
     json.dumps({"analysis": "Sure.", "plan": "", "commands": [], "task_complete": True}),
@@ -369,20 +456,28 @@ KEY = "sk-lab-0123456789abcdef"  # the lab's key: it must reach the endpoint and
 def terminus2_endpoint(reasoning: str | None = None):
     """An OpenAI-compatible stand-in speaking terminus-2's JSON protocol: the answer for the
     conversation's turn (so trials may interleave), with the reasoning parser's text beside it."""
+
     def reply(body):
         turn = sum(m["role"] == "assistant" for m in body["messages"])
         text = SERVED[min(turn, len(SERVED) - 1)]
         message = {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
-        return 200, {"id": f"chatcmpl-{turn}", "object": "chat.completion", "created": 1, "model": body["model"],
-                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                     "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70}}
+        return 200, {
+            "id": f"chatcmpl-{turn}",
+            "object": "chat.completion",
+            "created": 1,
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70},
+        }
+
     return reply
 
 
 def _served_turns(requests, reasoning):
     """What the endpoint answered, per request, as a trace's assistant turn holds it."""
-    texts = [SERVED[min(sum(m["role"] == "assistant" for m in r["body"]["messages"]), len(SERVED) - 1)]
-             for r in requests]
+    texts = [
+        SERVED[min(sum(m["role"] == "assistant" for m in r["body"]["messages"]), len(SERVED) - 1)] for r in requests
+    ]
     return [f"<think>{reasoning}</think>\n{t}" if reasoning else t for t in texts]
 
 
@@ -398,8 +493,15 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     monkeypatch.setenv("LAB_LLM_KEY", KEY)
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(2, seed=5), source="synth")
-    settings = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="LAB_LLM_KEY",
-                               max_episodes=6, sandbox=sandbox, harbor={"environment": "otbuild"})
+    settings = RolloutSettings(
+        engine="openai",
+        base_url=srv.base_url,
+        model="m",
+        api_key_env="LAB_LLM_KEY",
+        max_episodes=6,
+        sandbox=sandbox,
+        harbor={"environment": "otbuild"},
+    )
     from otbuild.progress import LOG_ENV, Watcher, describe_log
     from otbuild.stages.rollout import run_shard
 
@@ -423,8 +525,9 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     for r in rows:
         assert [m["content"] for m in r["conversations"] if m["role"] == "assistant"] == expected
         assert r["n_turns"] == 4 and r["episode"] == "episode-3"
-    assert all({k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}"
-               for r in srv.requests)
+    assert all(
+        {k.lower(): v for k, v in r["headers"].items()}["authorization"] == f"Bearer {KEY}" for r in srv.requests
+    )
     if sandbox == "harbor":
         assert "Reply with the single word OK." in json.dumps(srv.requests[0]["body"])  # the probe went first
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
@@ -432,16 +535,30 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
 
 
 def test_harbor_jobs_record_raw_content_and_name_the_key_variable(tmp_path):
-    cfg = job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/m", api_key_env="LAB_LLM_KEY",
-                     agent_kwargs={"trajectory_config": {"linear_history": False}})
+    cfg = job_config(
+        tmp_path,
+        tmp_path,
+        "j",
+        agent="terminus-2",
+        model="openai/m",
+        api_key_env="LAB_LLM_KEY",
+        agent_kwargs={"trajectory_config": {"linear_history": False}},
+    )
     [agent] = cfg["agents"]
     assert agent["kwargs"]["trajectory_config"] == {"raw_content": True, "linear_history": False}
     assert agent["model_api_key_name"] == "LAB_LLM_KEY"
     assert job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/m")["agents"][0]["kwargs"][
-        "trajectory_config"] == {"raw_content": True, "linear_history": True}
+        "trajectory_config"
+    ] == {"raw_content": True, "linear_history": True}
     with pytest.raises(ValueError, match="raw_content"):
-        job_config(tmp_path, tmp_path, "j", agent="terminus-2", model="openai/m",
-                   agent_kwargs={"trajectory_config": {"raw_content": False}})
+        job_config(
+            tmp_path,
+            tmp_path,
+            "j",
+            agent="terminus-2",
+            model="openai/m",
+            agent_kwargs={"trajectory_config": {"raw_content": False}},
+        )
     from otbuild.harbor.job import harbor_env
 
     with pytest.raises(ValueError, match="LAB_LLM_KEY"):
@@ -455,8 +572,16 @@ def test_harbor_gets_only_the_environment_the_recipe_names():
     variable it names."""
     from otbuild.harbor.job import harbor_env
 
-    host = {"PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C", "HF_TOKEN": "hf_x", "AWS_SECRET_ACCESS_KEY": "a",
-            "LAB_LLM_KEY": "k", "DAYTONA_API_KEY": "d", "OPENAI_API_KEY": "sk-host"}
+    host = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "LC_ALL": "C",
+        "HF_TOKEN": "hf_x",
+        "AWS_SECRET_ACCESS_KEY": "a",
+        "LAB_LLM_KEY": "k",
+        "DAYTONA_API_KEY": "d",
+        "OPENAI_API_KEY": "sk-host",
+    }
     env = harbor_env(host, api_key_env="LAB_LLM_KEY", host_env=["DAYTONA_API_KEY"])
     assert set(env) == {"PATH", "HOME", "LC_ALL", "LAB_LLM_KEY", "DAYTONA_API_KEY", "LITELLM_LOCAL_MODEL_COST_MAP"}
     assert harbor_env(host)["OPENAI_API_KEY"] == "otbuild-local"  # never the host's own key unnamed
@@ -467,22 +592,32 @@ def test_a_linear_history_trial_is_its_last_context_window(tmp_path):
     one (what the model saw when it answered last: the handed-over context, then its turns),
     as Harbor's `traces export --episodes last` gives it; episodes count every file's own."""
     job = tmp_path / "job"
-    first = [{"source": "system", "message": "Task: count."},
-             {"source": "agent", "message": "A1", "observation": {"results": [{"content": "o1"}]}},
-             {"source": "agent", "message": "A2", "observation": {"results": [{"content": "o2"}]}}]
-    cont = [{"source": "user", "message": "Task: count.", "is_copied_context": True},
-            {"source": "user", "message": "Summary: counted to 2.", "is_copied_context": True},
-            {"source": "agent", "message": "A3", "reasoning_content": "r3",
-             "observation": {"results": [{"content": "o3"}]}}]
+    first = [
+        {"source": "system", "message": "Task: count."},
+        {"source": "agent", "message": "A1", "observation": {"results": [{"content": "o1"}]}},
+        {"source": "agent", "message": "A2", "observation": {"results": [{"content": "o2"}]}},
+    ]
+    cont = [
+        {"source": "user", "message": "Task: count.", "is_copied_context": True},
+        {"source": "user", "message": "Summary: counted to 2.", "is_copied_context": True},
+        {
+            "source": "agent",
+            "message": "A3",
+            "reasoning_content": "r3",
+            "observation": {"results": [{"content": "o3"}]},
+        },
+    ]
     trial = _trial(job, "t__1", "t", first)
     data = json.loads((trial / "agent" / "trajectory.json").read_text())
     data["continued_trajectory_ref"] = "trajectory.cont-0.json"  # as Harbor 0.26 writes it: one short
     (trial / "agent" / "trajectory.json").write_text(json.dumps(data))
     (trial / "agent" / "trajectory.cont-1.json").write_text(json.dumps({"steps": cont}))
     row = ingest.read_trial(trial)
-    assert row["conversations"] == [{"role": "user", "content": "Task: count."},
-                                    {"role": "user", "content": "Summary: counted to 2."},
-                                    {"role": "assistant", "content": "<think>r3</think>\nA3"}]
+    assert row["conversations"] == [
+        {"role": "user", "content": "Task: count."},
+        {"role": "user", "content": "Summary: counted to 2."},
+        {"role": "assistant", "content": "<think>r3</think>\nA3"},
+    ]
     assert row["episode"] == "episode-2" and row["n_turns"] == 1
     assert json.loads(row["metadata"])["trajectories"] == ["trajectory.json", "trajectory.cont-1.json"]
 
@@ -493,9 +628,21 @@ def _export_rows(trial: str, episodes: int, result: str, **extra) -> list[dict]:
     rows = []
     for e in range(episodes):
         conv = conv + [{"role": "assistant", "content": f"answer {e}"}]
-        rows.append({"conversations": list(conv), "agent": "terminus-2", "model": "glm", "model_provider": "hosted_vllm",
-                     "date": "2026-01-01T00:00:00Z", "task": "t1", "episode": f"episode-{e}", "run_id": "job",
-                     "trial_name": trial, "result": result, **extra})
+        rows.append(
+            {
+                "conversations": list(conv),
+                "agent": "terminus-2",
+                "model": "glm",
+                "model_provider": "hosted_vllm",
+                "date": "2026-01-01T00:00:00Z",
+                "task": "t1",
+                "episode": f"episode-{e}",
+                "run_id": "job",
+                "trial_name": trial,
+                "result": result,
+                **extra,
+            }
+        )
         conv = conv + [{"role": "user", "content": f"output {e}"}]
     return rows
 
@@ -505,15 +652,21 @@ def test_harbor_trace_export_rows_import_by_trial(tmp_path):
     to reward or exception; subagent rows marked; a ShareGPT-only export read too."""
     from otbuild.traces.imports import read_traces
 
-    rows = (_export_rows("t1__a", 3, "1.0", trace_source="main") + _export_rows("t1__b", 2, "AgentTimeoutError")
-            + _export_rows("t1__c", 1, "InternalServerError")
-            + [{**_export_rows("t1__a", 1, "1.0")[0], "trace_source": "summarization-1-summary"}])
+    rows = (
+        _export_rows("t1__a", 3, "1.0", trace_source="main")
+        + _export_rows("t1__b", 2, "AgentTimeoutError")
+        + _export_rows("t1__c", 1, "InternalServerError")
+        + [{**_export_rows("t1__a", 1, "1.0")[0], "trace_source": "summarization-1-summary"}]
+    )
     pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "train-00000-of-00002.parquet")
     pq.write_table(pa.Table.from_pylist(rows[2:]), tmp_path / "train-00001-of-00002.parquet")
     last = list(read_traces(trace_import("harbor-traces", tmp_path)))
     assert [(r["trial_name"], r["episode"], r["is_subagent"]) for r in last] == [
-        ("t1__a", "episode-2", False), ("t1__b", "episode-1", False), ("t1__c", "episode-0", False),
-        ("t1__a", "episode-0", True)]
+        ("t1__a", "episode-2", False),
+        ("t1__b", "episode-1", False),
+        ("t1__c", "episode-0", False),
+        ("t1__a", "episode-0", True),
+    ]
     a, b, c, _ = last
     assert a["conversations"] == rows[2]["conversations"] and a["n_turns"] == 3
     assert (a["reward"], a["result"], a["exception"], a["timed_out"]) == (1.0, "1.0", None, False)
@@ -523,8 +676,17 @@ def test_harbor_trace_export_rows_import_by_trial(tmp_path):
     assert len(list(read_traces(trace_import("harbor-traces", tmp_path, episodes="all")))) == len(rows)
     sharegpt = tmp_path / "sg" / "data.jsonl"
     sharegpt.parent.mkdir()
-    sharegpt.write_text(json.dumps({"conversations_sharegpt": [{"from": "human", "value": "Do."}, {"from": "gpt", "value": "Done."}],
-                                    "trial_name": "x", "episode": "episode-0", "result": "0.0"}) + "\n")
+    sharegpt.write_text(
+        json.dumps(
+            {
+                "conversations_sharegpt": [{"from": "human", "value": "Do."}, {"from": "gpt", "value": "Done."}],
+                "trial_name": "x",
+                "episode": "episode-0",
+                "result": "0.0",
+            }
+        )
+        + "\n"
+    )
     [row] = read_traces(trace_import("harbor-traces", sharegpt))
     assert row["conversations"] == [{"role": "user", "content": "Do."}, {"role": "assistant", "content": "Done."}]
     assert row["reward"] == 0.0
@@ -541,14 +703,26 @@ def test_harbors_own_trace_export_imports_to_what_the_job_ingest_gives(tmp_path,
     srv = scripted(terminus2_endpoint("Thinking."))
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(2, seed=6), source="synth")
-    job = run_harbor_job(tasks, tmp_path, agent="terminus-2", model="openai/m", base_url=srv.base_url,
-                         job_name="t2", n_attempts=2, timeout_sec=300, agent_kwargs={"max_turns": 6})
+    job = run_harbor_job(
+        tasks,
+        tmp_path,
+        agent="terminus-2",
+        model="openai/m",
+        base_url=srv.base_url,
+        job_name="t2",
+        n_attempts=2,
+        timeout_sec=300,
+        agent_kwargs={"max_turns": 6},
+    )
     export = tmp_path / "export.parquet"
-    code = ("import sys; from harbor.utils.traces_utils import export_traces; "
-            "ds = export_traces(sys.argv[1], episodes='all', to_sharegpt=True, use_rich_progress=False); "
-            "ds.to_parquet(sys.argv[2])")
-    res = subprocess.run([str(HARBOR.parent / "python"), "-c", code, str(job), str(export)],
-                         capture_output=True, text=True, check=False)
+    code = (
+        "import sys; from harbor.utils.traces_utils import export_traces; "
+        "ds = export_traces(sys.argv[1], episodes='all', to_sharegpt=True, use_rich_progress=False); "
+        "ds.to_parquet(sys.argv[2])"
+    )
+    res = subprocess.run(
+        [str(HARBOR.parent / "python"), "-c", code, str(job), str(export)], capture_output=True, text=True, check=False
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     imported = {r["trial_name"]: r for r in read_traces(trace_import("harbor-traces", export))}
     ingested = {r["trial_name"]: r for r in ingest.read_job(job)}
@@ -557,7 +731,12 @@ def test_harbors_own_trace_export_imports_to_what_the_job_ingest_gives(tmp_path,
         mine = ingested[name]
         assert row["conversations"] == mine["conversations"] and mine["n_turns"] == 4, name
         assert (row["result"], row["reward"], row["exception"], row["timed_out"], row["episode"]) == (
-            mine["result"], mine["reward"], mine["exception"], mine["timed_out"], mine["episode"])
+            mine["result"],
+            mine["reward"],
+            mine["exception"],
+            mine["timed_out"],
+            mine["episode"],
+        )
     assert pq.read_table(export).num_rows == 4 * 4  # every episode exported; one per trial kept
 
 
@@ -567,8 +746,11 @@ def test_an_export_row_without_the_task_is_quarantined(tmp_path):
     from otbuild.traces.imports import read_traces
 
     row = {**_export_rows("t1__a", 1, "0.0")[0]}
-    row["conversations"] = [{"role": "assistant", "content": "Technical difficulties. Please continue with the task."},
-                            {"role": "user", "content": "output"}, {"role": "assistant", "content": "ls"}]
+    row["conversations"] = [
+        {"role": "assistant", "content": "Technical difficulties. Please continue with the task."},
+        {"role": "user", "content": "output"},
+        {"role": "assistant", "content": "ls"},
+    ]
     pq.write_table(pa.Table.from_pylist([row]), tmp_path / "x.parquet")
     [q] = read_traces(trace_import("harbor-traces", tmp_path / "x.parquet"))
     assert isinstance(q, Quarantined) and q.name == "t1__a" and q.reason == "no user message before the first answer"
@@ -599,15 +781,18 @@ def test_the_paper_teachers_harbor_jobs_are_openthoughts_agents_trace_configs(tm
     assert agent["override_timeout_sec"] == 1800
     assert cfg["verifier"]["disable"] is True  # trace generation without the verifier (teacher.verify)
     if HARBOR.is_file():
-        code = ("import json,sys; from harbor.models.job.config import JobConfig; "
-                "from harbor.agents.terminus_2.terminus_2 import Terminus2; "
-                "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); "
-                "o = Terminus2.parse_options(c.agents[0].kwargs, {}); "
-                "print(o.interleaved_thinking, o.proactive_summarization_threshold, c.verifier.disable, "
-                "o.trajectory_config)")
+        code = (
+            "import json,sys; from harbor.models.job.config import JobConfig; "
+            "from harbor.agents.terminus_2.terminus_2 import Terminus2; "
+            "c = JobConfig.model_validate(json.load(open(sys.argv[1]))); "
+            "o = Terminus2.parse_options(c.agents[0].kwargs, {}); "
+            "print(o.interleaved_thinking, o.proactive_summarization_threshold, c.verifier.disable, "
+            "o.trajectory_config)"
+        )
         path = write_job_config(tmp_path / "job.json", cfg)
-        res = subprocess.run([str(HARBOR.parent / "python"), "-c", code, str(path)], capture_output=True,
-                             text=True, check=False)
+        res = subprocess.run(
+            [str(HARBOR.parent / "python"), "-c", code, str(path)], capture_output=True, text=True, check=False
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         assert res.stdout.split()[:3] == ["True", "8192", "True"] and "raw_content" in res.stdout
 
@@ -624,8 +809,14 @@ def test_a_wrong_key_fails_the_rollout_naming_the_401(tmp_path, scripted, monkey
     monkeypatch.setenv("LAB_LLM_KEY", "sk-wrong")
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(3, seed=5), source="synth")
-    settings = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", api_key_env="LAB_LLM_KEY",
-                               sandbox=sandbox, harbor={"environment": "otbuild"})
+    settings = RolloutSettings(
+        engine="openai",
+        base_url=srv.base_url,
+        model="m",
+        api_key_env="LAB_LLM_KEY",
+        sandbox=sandbox,
+        harbor={"environment": "otbuild"},
+    )
     with pytest.raises(EndpointError, match="401.*Incorrect API key"):
         run_shard(settings, [tasks], tmp_path / "rollout", 0)
     assert len(srv.requests) == 1
@@ -680,20 +871,30 @@ def two_step_task(strategy: str, min_reward: float | None = None):
 
     t = TaskDir(f"two-step-{strategy}")
     gate = f"min_reward = {min_reward}\n" if min_reward is not None else ""
-    t.add("task.toml", f'multi_step_reward_strategy = "{strategy}"\n[agent]\ntimeout_sec = 60.0\n'
-                       f'[[steps]]\nname = "write"\n{gate}[[steps]]\nname = "append"\n')
+    t.add(
+        "task.toml",
+        f'multi_step_reward_strategy = "{strategy}"\n[agent]\ntimeout_sec = 60.0\n'
+        f'[[steps]]\nname = "write"\n{gate}[[steps]]\nname = "append"\n',
+    )
     t.add("environment/Dockerfile", "FROM python:3.12-slim\nWORKDIR /app\n")
     t.add("steps/write/instruction.md", "Write the line `one` to notes.txt in the working directory.\n")
     t.add("steps/write/solution/solve.sh", "#!/bin/bash\necho one > notes.txt\n", executable=True)
-    t.add("steps/write/tests/test.sh", "#!/bin/bash\ngrep -qx one notes.txt && echo 1 > /logs/verifier/reward.txt"
-          " || echo 0 > /logs/verifier/reward.txt\n", executable=True)
+    t.add(
+        "steps/write/tests/test.sh",
+        "#!/bin/bash\ngrep -qx one notes.txt && echo 1 > /logs/verifier/reward.txt"
+        " || echo 0 > /logs/verifier/reward.txt\n",
+        executable=True,
+    )
     t.add("steps/append/instruction.md", "Append the lines of data.txt to notes.txt.\n")
     t.add("steps/append/workdir/data.txt", "two\n")
     t.add("steps/append/workdir/setup.sh", "#!/bin/bash\necho ready > setup.txt\n", executable=True)
     t.add("steps/append/solution/solve.sh", "#!/bin/bash\ncat data.txt >> notes.txt\n", executable=True)
-    t.add("tests/test.sh", "#!/bin/bash\nkept=0\n[ \"$(cat notes.txt)\" = \"$(printf 'one\\ntwo')\" ] && "
-          "[ -f setup.txt ] && kept=1\necho \"{\\\"reward\\\": 0, \\\"kept\\\": $kept}\" > /logs/verifier/reward.json\n",
-          executable=True)
+    t.add(
+        "tests/test.sh",
+        '#!/bin/bash\nkept=0\n[ "$(cat notes.txt)" = "$(printf \'one\\ntwo\')" ] && '
+        '[ -f setup.txt ] && kept=1\necho "{\\"reward\\": 0, \\"kept\\": $kept}" > /logs/verifier/reward.json\n',
+        executable=True,
+    )
     rec = harbor_record(t)
     assert rec.runnable_locally, rec
     return rec
@@ -701,9 +902,16 @@ def two_step_task(strategy: str, min_reward: float | None = None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["mean", "final"])
-@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("harbor", marks=needs_harbor),
-                                     pytest.param("podman", marks=pytest.mark.skipif(
-                                         backend_problem("podman") is not None, reason="podman unusable here"))])
+@pytest.mark.parametrize(
+    "sandbox",
+    [
+        "bwrap",
+        pytest.param("harbor", marks=needs_harbor),
+        pytest.param(
+            "podman", marks=pytest.mark.skipif(backend_problem("podman") is not None, reason="podman unusable here")
+        ),
+    ],
+)
 def test_a_two_step_task_runs_its_steps_in_one_environment(tmp_path, sandbox, strategy):
     """A `[[steps]]` task on both paths: the steps run in order in one environment (step two
     sees step one's file, its staged workdir/ files and what its setup.sh made), each on its
@@ -714,8 +922,12 @@ def test_a_two_step_task_runs_its_steps_in_one_environment(tmp_path, sandbox, st
 
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, [two_step_task(strategy)], source="steps")
-    run_shard(RolloutSettings(engine="oracle", sandbox=sandbox, harbor={"environment": "otbuild"}),
-              [tasks], tmp_path / "rollout", 0)
+    run_shard(
+        RolloutSettings(engine="oracle", sandbox=sandbox, harbor={"environment": "otbuild"}),
+        [tasks],
+        tmp_path / "rollout",
+        0,
+    )
     [row] = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
     assert row["exception"] is None, json.loads(row["metadata"]).get("exception_message")
     steps = json.loads(row["metadata"])["steps"]
@@ -724,7 +936,7 @@ def test_a_two_step_task_runs_its_steps_in_one_environment(tmp_path, sandbox, st
     assert row["reward"] == {"mean": 0.5, "final": 0.0}[strategy]
     conv = row["conversations"]
     assert [s["first_message"] for s in steps] == [0, steps[1]["first_message"]] and 0 < steps[1]["first_message"]
-    first, second = conv[:steps[1]["first_message"]], conv[steps[1]["first_message"]:]
+    first, second = conv[: steps[1]["first_message"]], conv[steps[1]["first_message"] :]
     assert "notes.txt in the working directory" in first[0]["content"] and "data.txt" not in first[0]["content"]
     assert "Append the lines of data.txt" in second[0]["content"]
     assert [s["n_turns"] for s in steps] == [count_turns(first), count_turns(second)]
@@ -774,9 +986,11 @@ def test_nothing_the_agent_left_running_reaches_harbors_verifier(tmp_path):
         f"nohup bash /tmp/{mark}.sh >/dev/null 2>&1 </dev/null &\n"
         f"setsid bash /tmp/{mark}.sh >/dev/null 2>&1 </dev/null &\n"
         "echo planted > /logs/verifier/planted.txt\n"
-        "sleep 0.3\n")
+        "sleep 0.3\n"
+    )
     (task / "tests" / "test.sh").write_text(
-        "#!/bin/bash\nls /logs/verifier\necho 0 > /logs/verifier/reward.txt\nsleep 1\n")
+        "#!/bin/bash\nls /logs/verifier\necho 0 > /logs/verifier/reward.txt\nsleep 1\n"
+    )
     for f in (task / "solution" / "solve.sh", task / "tests" / "test.sh"):
         f.chmod(0o755)
     try:
@@ -808,7 +1022,8 @@ def _asks_for(name: str, table: str, value: str):
 
 @pytest.mark.parametrize("table", ["environment", "verifier", "solution"])
 def test_under_harbor_a_task_asking_for_a_host_secret_the_recipe_does_not_allow_is_not_run(
-        tmp_path, monkeypatch, table):
+    tmp_path, monkeypatch, table
+):
     """sandbox: harbor: a task.toml `${HF_TOKEN}` the recipe's host_env does not name is never
     handed to Harbor (which would fill it from its own environment, or fail the trial with its
     own error): its row is `HostEnvNotAllowed`, outcome not_run, as under otbuild's harness; no
@@ -819,8 +1034,12 @@ def test_under_harbor_a_task_asking_for_a_host_secret_the_recipe_does_not_allow_
     monkeypatch.setenv("HF_TOKEN", "hf_" + "s3cr3t" * 6)
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, [_asks_for("wants-a-secret", table, "${HF_TOKEN:-none}")], source="synth")
-    run_shard(RolloutSettings(engine="oracle", sandbox="harbor", samples_per_task=2, host_env=("OTHER",)),
-              [tasks], tmp_path / "rollout", 0)
+    run_shard(
+        RolloutSettings(engine="oracle", sandbox="harbor", samples_per_task=2, host_env=("OTHER",)),
+        [tasks],
+        tmp_path / "rollout",
+        0,
+    )
     rows = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
     assert len(rows) == 2 and [r["sample_idx"] for r in rows] == [0, 1]
     for r in rows:
@@ -840,11 +1059,23 @@ def test_under_harbor_only_the_tasks_asking_for_no_disallowed_variable_run(tmp_p
     from otbuild.stages.rollout import run_shard
 
     tasks = tmp_path / "tasks.parquet"
-    write_tasks(tasks, [_asks_for("refused", "verifier", "${OTB_NOT_SET}"),
-                        _asks_for("allowed", "verifier", "${OTB_ALLOWED:-x}"),
-                        *generate(1, seed=6)], source="synth")
-    run_shard(RolloutSettings(engine="oracle", sandbox="harbor", host_env=("OTB_ALLOWED",),
-                              harbor={"environment": "otbuild"}), [tasks], tmp_path / "rollout", 0)
+    write_tasks(
+        tasks,
+        [
+            _asks_for("refused", "verifier", "${OTB_NOT_SET}"),
+            _asks_for("allowed", "verifier", "${OTB_ALLOWED:-x}"),
+            *generate(1, seed=6),
+        ],
+        source="synth",
+    )
+    run_shard(
+        RolloutSettings(
+            engine="oracle", sandbox="harbor", host_env=("OTB_ALLOWED",), harbor={"environment": "otbuild"}
+        ),
+        [tasks],
+        tmp_path / "rollout",
+        0,
+    )
     rows = pq.read_table(tmp_path / "rollout" / "shards" / "0-of-1.parquet").to_pylist()
     assert [r["exception"] for r in rows] == ["HostEnvNotAllowed", None, None]
     assert [r["reward"] for r in rows] == [None, 1.0, 1.0]

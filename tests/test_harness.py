@@ -32,8 +32,14 @@ needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason=
 
 
 def answer(*commands, complete=False, duration=5.0):
-    return json.dumps({"analysis": "a", "plan": "p", "task_complete": complete,
-                       "commands": [{"keystrokes": c, "duration": duration} for c in commands]})
+    return json.dumps(
+        {
+            "analysis": "a",
+            "plan": "p",
+            "task_complete": complete,
+            "commands": [{"keystrokes": c, "duration": duration} for c in commands],
+        }
+    )
 
 
 class ScriptedEngine:
@@ -58,8 +64,10 @@ class ScriptedEngine:
 
 # -- protocol -------------------------------------------------------------------------------
 def test_parse_answer_tolerates_fences_and_caps_duration():
-    a = protocol.parse_answer('Sure!\n```json\n{"analysis": "x", "plan": "y", "commands": '
-                              '[{"keystrokes": "ls\\n", "duration": 500}], "task_complete": "true"}\n```')
+    a = protocol.parse_answer(
+        'Sure!\n```json\n{"analysis": "x", "plan": "y", "commands": '
+        '[{"keystrokes": "ls\\n", "duration": 500}], "task_complete": "true"}\n```'
+    )
     assert a.commands[0].keystrokes == "ls\n" and a.commands[0].duration == 60.0 and a.task_complete
     with pytest.raises(protocol.ParseError, match="no JSON object"):
         protocol.parse_answer("I will now run ls")
@@ -76,10 +84,16 @@ def test_observation_cap_keeps_head_and_tail():
 
 
 def test_oracle_steps_keep_multiline_commands_whole():
-    script = ("#!/bin/bash\nset -euo pipefail\n# c\ncd /app\ncat > a.py <<'EOF'\nprint(1)\n\nEOF\n"
-              "for i in 1 2; do\n  echo $i\ndone\necho a \\\n  b\nexit 0\n")
-    assert split_commands(script) == ["cd /app", "cat > a.py <<'EOF'\nprint(1)\n\nEOF",
-                                      "for i in 1 2; do\n  echo $i\ndone", "echo a \\\n  b"]
+    script = (
+        "#!/bin/bash\nset -euo pipefail\n# c\ncd /app\ncat > a.py <<'EOF'\nprint(1)\n\nEOF\n"
+        "for i in 1 2; do\n  echo $i\ndone\necho a \\\n  b\nexit 0\n"
+    )
+    assert split_commands(script) == [
+        "cd /app",
+        "cat > a.py <<'EOF'\nprint(1)\n\nEOF",
+        "for i in 1 2; do\n  echo $i\ndone",
+        "echo a \\\n  b",
+    ]
 
 
 # -- terminal -------------------------------------------------------------------------------
@@ -112,18 +126,27 @@ def test_terminal_keys_and_early_return(tmp_path):
 
 def _terminus2_trace() -> list[dict]:
     t2 = protocol.Terminus2
-    ans = [t2.format_answer({"analysis": "The dir is there. Nothing moved yet.", "plan": "Move the files. Then stop.",
-                             "commands": [{"keystrokes": "mv a/*.txt b/\n", "duration": 1.0}],
-                             "task_complete": False}),
-           t2.format_answer({"analysis": "Done.", "plan": "Finish.", "commands": [], "task_complete": True})]
-    return [{"role": "user", "content": t2.first_prompt("Move the .txt files from a to b.", "root@box:/app# ")},
-            {"role": "assistant", "content": ans[0]},
-            {"role": "user", "content": t2.observation_reply("mv a/*.txt b/\nroot@box:/app# ")},
-            {"role": "assistant", "content": "not json"},
-            {"role": "user", "content": t2.parse_error_reply(protocol.ParseError("no JSON object found"))},
-            {"role": "assistant", "content": ans[1]},
-            {"role": "user", "content": t2.confirm_reply("root@box:/app# ")},
-            {"role": "assistant", "content": ans[1]}]
+    ans = [
+        t2.format_answer(
+            {
+                "analysis": "The dir is there. Nothing moved yet.",
+                "plan": "Move the files. Then stop.",
+                "commands": [{"keystrokes": "mv a/*.txt b/\n", "duration": 1.0}],
+                "task_complete": False,
+            }
+        ),
+        t2.format_answer({"analysis": "Done.", "plan": "Finish.", "commands": [], "task_complete": True}),
+    ]
+    return [
+        {"role": "user", "content": t2.first_prompt("Move the .txt files from a to b.", "root@box:/app# ")},
+        {"role": "assistant", "content": ans[0]},
+        {"role": "user", "content": t2.observation_reply("mv a/*.txt b/\nroot@box:/app# ")},
+        {"role": "assistant", "content": "not json"},
+        {"role": "user", "content": t2.parse_error_reply(protocol.ParseError("no JSON object found"))},
+        {"role": "assistant", "content": ans[1]},
+        {"role": "user", "content": t2.confirm_reply("root@box:/app# ")},
+        {"role": "assistant", "content": ans[1]},
+    ]
 
 
 def test_compact_style_is_short_and_keeps_the_task():
@@ -145,8 +168,14 @@ def test_terminus2_texts_are_otbuilds_own_words_not_harbors():
     """The protocol (keys, their meaning) is a format; the prose is not ours to copy: no
     sentence of Harbor's terminus-2 prompt appears in what otbuild's harness sends."""
     t2 = protocol.Terminus2
-    ours = "\n".join([t2.first_prompt("Do X.", "$ "), t2.parse_error_reply(ValueError("e")),
-                      t2.confirm_reply("$ "), t2.observation_reply("$ ")])
+    ours = "\n".join(
+        [
+            t2.first_prompt("Do X.", "$ "),
+            t2.parse_error_reply(ValueError("e")),
+            t2.confirm_reply("$ "),
+            t2.observation_reply("$ "),
+        ]
+    )
     ours = " ".join(ours.split())
     harbor = (HARBOR_TEMPLATES[-1] / "terminus-json-plain.txt").read_text()
     sentences = [" ".join(s.split()) for s in re.split(r"(?<=[.?!:])\s|\n", harbor)]
@@ -158,14 +187,20 @@ def test_terminus2_texts_are_otbuilds_own_words_not_harbors():
 def test_compact_conversation_reads_harbor_worded_terminus2_traces():
     """Traces Harbor ran (or exported) carry Harbor's terminus-2 texts; compacting them works
     as for otbuild's own."""
-    harbor_worded = [{"role": "user", "content": "(Harbor's instructions)\n\nTask Description:\nDo X.\n\n"
-                      "Current terminal state:\n$ \n"},
-                     {"role": "user", "content": "Previous response had parsing errors:\nERROR: bad\n\nPlease fix."},
-                     {"role": "user", "content": "Current terminal state:\n$ \n\nAre you sure you want to stop?"}]
+    harbor_worded = [
+        {
+            "role": "user",
+            "content": "(Harbor's instructions)\n\nTask Description:\nDo X.\n\nCurrent terminal state:\n$ \n",
+        },
+        {"role": "user", "content": "Previous response had parsing errors:\nERROR: bad\n\nPlease fix."},
+        {"role": "user", "content": "Current terminal state:\n$ \n\nAre you sure you want to stop?"},
+    ]
     got = protocol.compact_conversation(harbor_worded)
-    assert [m["content"] for m in got] == [protocol.Compact.first_prompt("Do X.", "$ "),
-                                           protocol.Compact.parse_error_reply("bad"),
-                                           protocol.Compact.confirm_reply("$ ")]
+    assert [m["content"] for m in got] == [
+        protocol.Compact.first_prompt("Do X.", "$ "),
+        protocol.Compact.parse_error_reply("bad"),
+        protocol.Compact.confirm_reply("$ "),
+    ]
 
 
 def test_compact_conversation_rewrites_a_terminus2_trace():
@@ -198,8 +233,11 @@ def test_compact_oracle_trial_and_partial_credit(tmp_path):
 
 # -- trials ---------------------------------------------------------------------------------
 def _trial(task, engine, tmp_path, prompt="terminus2", **trials):
-    return asyncio.run(run_trial(task, task.task_id(), engine, TrialSettings(Trials(**trials), prompt), tmp_path / "w",
-                                 run_id="r" * 16))
+    return asyncio.run(
+        run_trial(
+            task, task.task_id(), engine, TrialSettings(Trials(**trials), prompt), tmp_path / "w", run_id="r" * 16
+        )
+    )
 
 
 @needs_sandbox
@@ -236,18 +274,34 @@ def test_agent_timeout_ends_the_trial_and_the_verifier_still_runs(tmp_path):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("sandbox", ["bwrap", pytest.param("podman", marks=pytest.mark.skipif(
-    backend_problem("podman") is not None, reason="podman unusable here"))])
+@pytest.mark.parametrize(
+    "sandbox",
+    [
+        "bwrap",
+        pytest.param(
+            "podman", marks=pytest.mark.skipif(backend_problem("podman") is not None, reason="podman unusable here")
+        ),
+    ],
+)
 def test_nothing_the_agent_started_reaches_the_verifier_and_the_agent_never_sees_tests(tmp_path, sandbox):
     """The verifier's sandbox is started with the trial (parked; under podman, a command in the
     same container) and runs after the agent's processes are gone: a detached writer the agent
     leaves behind does not survive into it, and the tests are not there while the agent works."""
-    task = _task_with_test("a=$(wc -c < /app/beat); sleep 0.5; b=$(wc -c < /app/beat)\n"
-                           '[ "$a" = "$b" ] && echo 1 > /logs/verifier/reward.txt\n')
-    writer = ("(setsid nohup bash -c 'while :; do echo x >> /app/beat; echo 0.5 > /logs/verifier/reward.txt;"
-              " sleep 0.02; done' >/dev/null 2>&1 &)\n")
-    engine = ScriptedEngine([answer(writer, "sleep 0.2; ls /tests; echo listed=$?\n", duration=3),
-                             answer(complete=True), answer(complete=True)])
+    task = _task_with_test(
+        "a=$(wc -c < /app/beat); sleep 0.5; b=$(wc -c < /app/beat)\n"
+        '[ "$a" = "$b" ] && echo 1 > /logs/verifier/reward.txt\n'
+    )
+    writer = (
+        "(setsid nohup bash -c 'while :; do echo x >> /app/beat; echo 0.5 > /logs/verifier/reward.txt;"
+        " sleep 0.02; done' >/dev/null 2>&1 &)\n"
+    )
+    engine = ScriptedEngine(
+        [
+            answer(writer, "sleep 0.2; ls /tests; echo listed=$?\n", duration=3),
+            answer(complete=True),
+            answer(complete=True),
+        ]
+    )
     trace = _trial(task, engine, tmp_path, sandbox=sandbox)
     assert "listed=2" in engine.seen[1][-1]["content"]  # no /tests while the agent works
     assert trace["exception"] is None and trace["reward"] == 1.0, trace["metadata"]
@@ -291,8 +345,9 @@ def test_a_trial_that_fills_its_disk_ends_as_a_task_failure(tmp_path):
     task.add("tests/test.sh", "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n", executable=True)
     hog = "for i in $(seq 1 64); do head -c 1048576 /dev/zero > /app/f$i || break; sleep 0.02; done; sleep 30\n"
     t = time.monotonic()
-    trace = _trial(task, ScriptedEngine([answer(hog, duration=60), answer(complete=True), answer(complete=True)]),
-                   tmp_path)
+    trace = _trial(
+        task, ScriptedEngine([answer(hog, duration=60), answer(complete=True), answer(complete=True)]), tmp_path
+    )
     assert time.monotonic() - t < 30  # ended by the cap, not by the command's own end
     meta = json.loads(trace["metadata"])
     assert trace["result"] == "DiskLimitExceededError" and trace["exception"] is None and trace["reward"] == 0.0
@@ -303,8 +358,12 @@ def test_a_trial_that_fills_its_disk_ends_as_a_task_failure(tmp_path):
 def test_a_verifier_that_dies_before_writing_a_reward_is_an_infrastructure_exception(tmp_path):
     task = TaskDir("offline-verifier")
     task.add("instruction.md", "Do nothing.")
-    task.add("tests/test.sh", "#!/bin/bash\nset -e\npip download --no-cache-dir -q pytest -d /tmp/w\n"
-             "pytest /tests\necho 1 > /logs/verifier/reward.txt\n", executable=True)
+    task.add(
+        "tests/test.sh",
+        "#!/bin/bash\nset -e\npip download --no-cache-dir -q pytest -d /tmp/w\n"
+        "pytest /tests\necho 1 > /logs/verifier/reward.txt\n",
+        executable=True,
+    )
     trace = _trial(task, ScriptedEngine([]), tmp_path)
     assert trace["exception"] == "RewardFileNotFoundError" and trace["result"] == "RewardFileNotFoundError"
     assert trace["reward"] is None  # no verdict: not a failed task (reward 0)
@@ -321,10 +380,17 @@ def test_the_verifier_gets_its_task_toml_env(tmp_path, monkeypatch):
     text of the reward ("1.0")."""
     task = TaskDir("judge-env")
     task.add("instruction.md", "Do nothing.")
-    task.add("task.toml", '[verifier.env]\nJUDGE_MODE = "strict"\nJUDGE_KEY = "${OTB_TEST_JUDGE_KEY}"\n'
-                          'JUDGE_URL = "${OTB_TEST_JUDGE_URL:-http://judge}"\n')
-    task.add("tests/test.sh", '#!/bin/bash\n[ "$JUDGE_MODE/$JUDGE_KEY/$JUDGE_URL" = "strict/k-123/http://judge" ] '
-             "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n", executable=True)
+    task.add(
+        "task.toml",
+        '[verifier.env]\nJUDGE_MODE = "strict"\nJUDGE_KEY = "${OTB_TEST_JUDGE_KEY}"\n'
+        'JUDGE_URL = "${OTB_TEST_JUDGE_URL:-http://judge}"\n',
+    )
+    task.add(
+        "tests/test.sh",
+        '#!/bin/bash\n[ "$JUDGE_MODE/$JUDGE_KEY/$JUDGE_URL" = "strict/k-123/http://judge" ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+        executable=True,
+    )
     monkeypatch.setenv("OTB_TEST_JUDGE_KEY", "k-123")
     monkeypatch.delenv("OTB_TEST_JUDGE_URL", raising=False)
     engine = ScriptedEngine([answer('echo "agent sees [$JUDGE_MODE]"\n'), answer(complete=True), answer(complete=True)])
@@ -353,24 +419,35 @@ def test_environment_env_reaches_every_phase_and_solution_env_the_oracle(tmp_pat
 
     task = TaskDir("task-env")
     task.add("instruction.md", "Write the seed.")
-    task.add("task.toml", '[environment.env]\nREGION = "${OTB_TEST_REGION}"\nMODE = "${OTB_TEST_MODE:-fast}"\n'
-                          '[solution.env]\nSEED = "42"\n')
+    task.add(
+        "task.toml",
+        '[environment.env]\nREGION = "${OTB_TEST_REGION}"\nMODE = "${OTB_TEST_MODE:-fast}"\n'
+        '[solution.env]\nSEED = "42"\n',
+    )
     task.add("solution/solve.sh", '#!/bin/bash\necho "$SEED/$REGION" > /tmp/seed.txt\n', executable=True)
-    task.add("tests/test.sh", '#!/bin/bash\n[ "$(cat /tmp/seed.txt)/$MODE/$SEED" = "42/eu/fast/" ] '
-             "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n", executable=True)
+    task.add(
+        "tests/test.sh",
+        '#!/bin/bash\n[ "$(cat /tmp/seed.txt)/$MODE/$SEED" = "42/eu/fast/" ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+        executable=True,
+    )
     monkeypatch.setenv("OTB_TEST_REGION", "eu")
     monkeypatch.delenv("OTB_TEST_MODE", raising=False)
     trace = _trial(task, OracleEngine(), tmp_path / "oracle", host_env=REGION_VARS)
     assert trace["reward"] == 1.0, trace["metadata"]
-    engine = ScriptedEngine([answer('echo "agent sees [$REGION/$MODE/$SEED]"\n'), answer(complete=True),
-                             answer(complete=True)])
+    engine = ScriptedEngine(
+        [answer('echo "agent sees [$REGION/$MODE/$SEED]"\n'), answer(complete=True), answer(complete=True)]
+    )
     trace = _trial(task, engine, tmp_path / "model", host_env=REGION_VARS)
     assert "agent sees [eu/fast/]" in engine.seen[1][-1]["content"] and trace["reward"] == 0.0
 
     monkeypatch.delenv("OTB_TEST_REGION")
     trace = _trial(task, OracleEngine(), tmp_path / "missing", host_env=REGION_VARS)
     assert trace["exception"] == "TaskEnvError" and outcome(trace) == NOT_RUN
-    assert "[environment].env REGION: the host has no OTB_TEST_REGION" in json.loads(trace["metadata"])["exception_message"]
+    assert (
+        "[environment].env REGION: the host has no OTB_TEST_REGION"
+        in json.loads(trace["metadata"])["exception_message"]
+    )
 
 
 @pytest.mark.parametrize("table", ["environment", "verifier", "solution"])
@@ -424,6 +501,7 @@ def test_a_bug_stops_the_rollout_shard(tmp_path, monkeypatch):
 def strict_endpoint(answers: list[str], reasoning: str | None = None):
     """An OpenAI-compatible stand-in that, as strict hosted APIs do, refuses a message with
     any key but role and content; it answers `answers` in turn (with `reasoning_content`)."""
+
     def reply(body):
         bad = [sorted(set(m) - {"role", "content"}) for m in body["messages"] if set(m) - {"role", "content"}]
         if bad:
@@ -432,6 +510,7 @@ def strict_endpoint(answers: list[str], reasoning: str | None = None):
         out = chat_answer(answers[min(turn, len(answers) - 1)])
         out["choices"][0]["message"]["reasoning_content"] = reasoning
         return 200, out
+
     return reply
 
 
@@ -483,8 +562,9 @@ def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_mode
     task = next(generate(1, 3)).task
 
     async def trial():
-        async with make_engine(LLM(engine="openai", base_url=local_server, model=str(tiny_model),
-                                   temperature=0.0, max_tokens=64)) as engine:
+        async with make_engine(
+            LLM(engine="openai", base_url=local_server, model=str(tiny_model), temperature=0.0, max_tokens=64)
+        ) as engine:
             return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())
@@ -503,8 +583,15 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     write_tasks(tasks, generate(30, 5, difficulties=[3]), source="synth")
     settings = RolloutSettings(engine="oracle", shards=2, concurrency=1).model_dump()
     outdir = tmp_path / "artifacts" / "rollout" / ("a" * 16)
-    spec = json.dumps({"stage": "rollout", "id": "a" * 16, "settings": settings,
-                       "inputs": [{"id": "t", "stage": "task_filter", "path": str(tasks)}], "outdir": str(outdir)})
+    spec = json.dumps(
+        {
+            "stage": "rollout",
+            "id": "a" * 16,
+            "settings": settings,
+            "inputs": [{"id": "t", "stage": "task_filter", "path": str(tasks)}],
+            "outdir": str(outdir),
+        }
+    )
     cmd = [sys.executable, "-m", "otbuild", "stage", "rollout", "--spec", spec, "--shard", "1"]
     partial = outdir / "shards" / "1-of-2.partial.jsonl"
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -566,16 +653,22 @@ def test_shards_finishing_together_do_not_trip_over_each_others_files(tmp_path):
 @needs_sandbox
 @pytest.mark.slow
 @pytest.mark.skipif(not (DATA / "terminal_bench_tasks").is_dir(), reason="../shared/data/dev is not present")
-@pytest.mark.skipif(subprocess.run(["/usr/bin/python3", "-c", "import pytest"], check=False).returncode != 0,
-                    reason="the sandbox's python3 has no pytest (make setup installs python3-pytest)")
+@pytest.mark.skipif(
+    subprocess.run(["/usr/bin/python3", "-c", "import pytest"], check=False).returncode != 0,
+    reason="the sandbox's python3 has no pytest (make setup installs python3-pytest)",
+)
 def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
     """Terminal-Bench 1 tasks converted to Harbor, run by the oracle in the local sandbox:
     every task that needs no container image is solved, as its own verifier says."""
     from otbuild.sources import tb1_dir
 
     base = DATA / "terminal_bench_tasks" / "tb1_format"
-    records = [r for d in ("evoeval", "tb_core_original") for r in tb1_dir.read(source("tb1-dir", base / d))
-               if getattr(r, "runnable_locally", False)]
+    records = [
+        r
+        for d in ("evoeval", "tb_core_original")
+        for r in tb1_dir.read(source("tb1-dir", base / d))
+        if getattr(r, "runnable_locally", False)
+    ]
     assert len(records) >= 40
 
     async def all_trials():
@@ -583,8 +676,14 @@ def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
 
         async def one(i, rec):
             async with sem:
-                return await run_trial(rec.task, rec.task.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"),
-                                       tmp_path / str(i))
+                return await run_trial(
+                    rec.task,
+                    rec.task.task_id(),
+                    OracleEngine(),
+                    TrialSettings(Trials(), "terminus2"),
+                    tmp_path / str(i),
+                )
+
         return await asyncio.gather(*(one(i, r) for i, r in enumerate(records)))
 
     traces = asyncio.run(all_trials())
@@ -603,6 +702,11 @@ def test_timeout_aware_evaluation():
 @needs_sandbox
 def test_the_multiplier_reaches_the_trial(tmp_path):
     task = next(generate(1, 3)).task  # its task.toml says 300 s
-    trace = _trial(task, ScriptedEngine([answer(complete=True), answer(complete=True)]), tmp_path,
-                   timeout_multiplier=16, timeout_cap_sec=1000)
+    trace = _trial(
+        task,
+        ScriptedEngine([answer(complete=True), answer(complete=True)]),
+        tmp_path,
+        timeout_multiplier=16,
+        timeout_cap_sec=1000,
+    )
     assert json.loads(trace["metadata"])["agent_timeout_sec"] == 1000

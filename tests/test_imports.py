@@ -63,8 +63,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_cycle_finder_names_each_circle():
-    graph = {"p.plan": {"p.report"}, "p.report": {"p.plan", "p.charts"}, "p.charts": set(),
-             "p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a", "p.charts"}, "p.self": {"p.self"}}
+    graph = {
+        "p.plan": {"p.report"},
+        "p.report": {"p.plan", "p.charts"},
+        "p.charts": set(),
+        "p.a": {"p.b"},
+        "p.b": {"p.c"},
+        "p.c": {"p.a", "p.charts"},
+        "p.self": {"p.self"},
+    }
     assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"], ["p.plan", "p.report", "p.plan"]]
     del graph["p.report"]  # cut: no circle left there
     assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"]]
@@ -84,8 +91,9 @@ def test_the_graph_reads_lazy_relative_and_from_imports():
 
 def test_no_import_circles():
     found = cycles(module_graph())
-    assert not found, "import circles (cut each by moving what both sides need to a module both import):\n" + \
-        "\n".join(" -> ".join(c) for c in found)
+    assert not found, "import circles (cut each by moving what both sides need to a module both import):\n" + "\n".join(
+        " -> ".join(c) for c in found
+    )
 
 
 def part(module: str) -> str:
@@ -114,15 +122,30 @@ def test_no_two_parts_import_each_other():
     builds on them; two that import each other are one part split in two, or a layer inverted."""
     found = two_way_parts(module_graph())
     assert not found, "parts that import each other (move what both need below both):\n" + "\n".join(
-        f"{a} <-> {b}: {', '.join(why)}" for (a, b), why in found.items())
+        f"{a} <-> {b}: {', '.join(why)}" for (a, b), why in found.items()
+    )
 
 
 # The house, bottom first: a part imports only parts of its own floor or below.
 # docs/architecture.md says how the floors fit together, and its "Layout" what each floor is for.
 FLOORS = (
     # settings: every model that describes a recipe; foundations that know nothing of otbuild
-    ("settings", "artifact", "errors", "fsio", "hashing", "records", "prompts", "interrupt", "jobs", "progress",
-     "installation", "scaffold", "rundir", "otbuild"),
+    (
+        "settings",
+        "artifact",
+        "errors",
+        "fsio",
+        "hashing",
+        "records",
+        "prompts",
+        "interrupt",
+        "jobs",
+        "progress",
+        "installation",
+        "scaffold",
+        "rundir",
+        "otbuild",
+    ),
     # parts with one job each, built on settings
     ("tasks", "engines", "duck", "hub", "serve", "show"),
     ("sandbox", "traces", "usage"),

@@ -34,9 +34,17 @@ LF_PYTHON = REPO / ".venv-llamafactory" / "bin" / "python"
 needs_llamafactory = pytest.mark.skipif(
     not LF_PYTHON.is_file(),
     reason="LLaMA-Factory is not installed in .venv-llamafactory: run scripts/llamafactory-env.sh "
-           "(make llamafactory-env)")
-TINY = {"kind": "tiny", "vocab_size": 600, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
+    "(make llamafactory-env)",
+)
+TINY = {
+    "kind": "tiny",
+    "vocab_size": 600,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 IGNORE = -100  # LLaMA-Factory's IGNORE_INDEX
 
 
@@ -77,25 +85,44 @@ def setup(tmp_path_factory):
     traces = tmp / "kept.parquet"
     write_traces(traces, rows)
     model = materialise(TinyModel(**TINY), tmp / "model", [traces])
-    cases = {"thinking": {"chat_template": "qwen3_thinking"}, "nothink": {"chat_template": "qwen3"},
-             "nothink_prompt": {"chat_template": "qwen3", "train_on_prompt": True},
-             "packed": {"chat_template": "qwen3", "packing": True}}
+    cases = {
+        "thinking": {"chat_template": "qwen3_thinking"},
+        "nothink": {"chat_template": "qwen3"},
+        "nothink_prompt": {"chat_template": "qwen3", "train_on_prompt": True},
+        "packed": {"chat_template": "qwen3", "packing": True},
+    }
     exports = {}
     for name, c in cases.items():
-        sft = Sft(model={**TINY, "chat_template": c["chat_template"]}, cutoff_len=4096, global_batch_size=8,
-                  zero_stage=3, max_grad_norm=1e-4, adam_betas=(0.9, 0.98), weight_decay=0.04,
-                  **{k: v for k, v in c.items() if k != "chat_template"})
+        sft = Sft(
+            model={**TINY, "chat_template": c["chat_template"]},
+            cutoff_len=4096,
+            global_batch_size=8,
+            zero_stage=3,
+            max_grad_norm=1e-4,
+            adam_betas=(0.9, 0.98),
+            weight_decay=0.04,
+            **{k: v for k, v in c.items() if k != "chat_template"},
+        )
         out = write_handoff([traces], tmp / name, sft, str(model), 4)
         exports[name] = (sft, out)
     return tmp, traces, model, exports
 
 
 def _contract(tmp, model, runs: dict) -> dict:
-    given = {"model": str(model), "runs": [{"name": n, "yaml": y, "output_dir": str(tmp / "out" / n)}
-                                           for n, y in runs.items()]}
+    given = {
+        "model": str(model),
+        "runs": [{"name": n, "yaml": y, "output_dir": str(tmp / "out" / n)} for n, y in runs.items()],
+    }
     # LLaMA-Factory's own transformers, not otbuild's
-    return tool_answer(LF_PYTHON, "llamafactory_contract.py", given, tmp / f"answer-{len(runs)}.json",
-                       HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DISABLE_VERSION_CHECK="1")
+    return tool_answer(
+        LF_PYTHON,
+        "llamafactory_contract.py",
+        given,
+        tmp / f"answer-{len(runs)}.json",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        DISABLE_VERSION_CHECK="1",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +134,9 @@ def contract(setup):
 def _otbuild_set(setup, name: str) -> TokenizedSet:
     tmp, traces, model, exports = setup
     sft, _ = exports[name]
-    build_tokenized_set(traces, model, sft.model.chat_template, sft.cutoff_len, tmp / f"tok-{name}",
-                        train_on_prompt=sft.train_on_prompt)
+    build_tokenized_set(
+        traces, model, sft.model.chat_template, sft.cutoff_len, tmp / f"tok-{name}", train_on_prompt=sft.train_on_prompt
+    )
     return TokenizedSet(tmp / f"tok-{name}")
 
 
@@ -139,11 +167,22 @@ def test_llamafactory_loads_the_export_with_the_recipes_settings(setup, contract
         args = run["args"]
         assert args["template"] == {"qwen3_thinking": "qwen3", "qwen3": "qwen3_nothink"}[sft.model.chat_template]
         assert (args["packing"], args["neat_packing"]) == (sft.packing, sft.packing)  # traces kept apart
-        assert (args["max_grad_norm"], args["adam_beta1"], args["adam_beta2"], args["weight_decay"],
-                args["adam_epsilon"], args["optim"]) == (1e-4, 0.9, 0.98, 0.04, 1e-8, "adamw_torch_fused")
-        assert (args["learning_rate"], args["lr_scheduler_type"], args["warmup_ratio"], args["cutoff_len"],
-                args["gradient_accumulation_steps"], args["train_on_prompt"]) == (
-            4e-5, "cosine", 0.1, 4096, 2, sft.train_on_prompt)  # 8 = 4 GPUs x 1 x 2; packed rows as otbuild's
+        assert (
+            args["max_grad_norm"],
+            args["adam_beta1"],
+            args["adam_beta2"],
+            args["weight_decay"],
+            args["adam_epsilon"],
+            args["optim"],
+        ) == (1e-4, 0.9, 0.98, 0.04, 1e-8, "adamw_torch_fused")
+        assert (
+            args["learning_rate"],
+            args["lr_scheduler_type"],
+            args["warmup_ratio"],
+            args["cutoff_len"],
+            args["gradient_accumulation_steps"],
+            args["train_on_prompt"],
+        ) == (4e-5, "cosine", 0.1, 4096, 2, sft.train_on_prompt)  # 8 = 4 GPUs x 1 x 2; packed rows as otbuild's
         assert out["rows"] == 6  # every conversation: LLaMA-Factory drops none
         if not sft.packing:
             assert len(run["rows"]) == 6
@@ -168,8 +207,12 @@ def test_llamafactory_trains_on_otbuilds_tokens(setup, contract, name):
             lf = {**lf, "labels": [IGNORE, *lf["labels"][1:]]}
         if i in (2, 3, 4):  # rows the export changed, or LLaMA-Factory's thinking template does
             if i == 4 and sft.model.chat_template == "qwen3_thinking":
-                msgs = [{**m, "content": "<think>\n\n</think>\n\n" + m["content"]}
-                        if m["role"] == "assistant" and "</think>" not in m["content"] else m for m in msgs]
+                msgs = [
+                    {**m, "content": "<think>\n\n</think>\n\n" + m["content"]}
+                    if m["role"] == "assistant" and "</think>" not in m["content"]
+                    else m
+                    for m in msgs
+                ]
             merged_ids, merged_mask = tokenize_conversation(tok, msgs, sft.model.chat_template)
             if sft.train_on_prompt:
                 merged_mask = np.arange(len(merged_ids)) > 0

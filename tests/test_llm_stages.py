@@ -18,8 +18,11 @@ from otbuild.stagekit.llm_requests import RefusedRequest
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import REPO, chat_answer, write_source
 
-TEXTS = ["Sort the lines of /app/a.txt into /app/b.txt", "Count the words in /app/book.txt",
-         "Compress /app/logs into /app/logs.tar.gz"]
+TEXTS = [
+    "Sort the lines of /app/a.txt into /app/b.txt",
+    "Count the words in /app/book.txt",
+    "Compress /app/logs into /app/logs.tar.gz",
+]
 
 
 def _prompt(body) -> str:
@@ -57,7 +60,9 @@ def test_augment_rewrites_keep_parents_and_quarantine_empty_answers(tmp_path, sc
         assert r["augmentation"] == "rewrite" and r["instruction"] == f"Please do this: {parent['instruction']}\n"
         assert r["path"].startswith(parent["path"] + "-rewrite") and r["task_id"] != parent["task_id"]
         task = TaskDir.unpack(r["path"], r["task_binary"])  # the parent's dir, new instruction
-        assert task.files["tests/test.sh"] == TaskDir.unpack(parent["path"], parent["task_binary"]).files["tests/test.sh"]
+        assert (
+            task.files["tests/test.sh"] == TaskDir.unpack(parent["path"], parent["task_binary"]).files["tests/test.sh"]
+        )
         assert json.loads(r["metadata"])["parent_task_id"] == parent["task_id"]
     q = pq.read_table(out / "quarantine.parquet").to_pylist()
     assert [x["reason"] for x in q] == ["empty answer", "empty answer"]
@@ -66,13 +71,26 @@ def test_augment_rewrites_keep_parents_and_quarantine_empty_answers(tmp_path, sc
 
 
 def test_combine_pairs_each_task_with_another(tmp_path, scripted):
-    srv = scripted(lambda body: (200, chat_answer("Both: " + " / ".join(
-        part.strip().splitlines()[0] for part in _prompt(body).split("Task A:\n")[1].split("Task B:\n")))))
+    srv = scripted(
+        lambda body: (
+            200,
+            chat_answer(
+                "Both: "
+                + " / ".join(
+                    part.strip().splitlines()[0] for part in _prompt(body).split("Task A:\n")[1].split("Task B:\n")
+                )
+            ),
+        )
+    )
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     out = tmp_path / "out"
     out.mkdir()
-    _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["combine"],
-                        keep_original=False), [src], out)
+    _build(
+        augment,
+        Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["combine"], keep_original=False),
+        [src],
+        out,
+    )
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
     assert len(rows) == 3
     for r in rows:
@@ -86,8 +104,7 @@ def test_askllm_and_response_length_scores(tmp_path, scripted):
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     out = tmp_path / "ask"
     out.mkdir()
-    stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
-                           [src], out)
+    stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"), [src], out)
     scored = pq.read_table(out / "tasks.parquet").to_pylist()
     assert [r["llm_score"] for r in scored] == [85.0, 12.0, None] and stats["scored"] == 2
     assert scored[2]["llm_response"] == "hard to tell"
@@ -95,23 +112,31 @@ def test_askllm_and_response_length_scores(tmp_path, scripted):
     srv = scripted(lambda body: (200, chat_answer("x", completion_tokens=len(_prompt(body)))))
     out = tmp_path / "len"
     out.mkdir()
-    _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="response_length"),
-                   [src], out)
+    _build(
+        task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="response_length"), [src], out
+    )
     lengths = [r["llm_score"] for r in pq.read_table(out / "tasks.parquet").to_pylist()]
     assert all(v > 0 for v in lengths) and len(set(lengths)) == 3  # the server's token counts
 
 
 def test_a_later_engine_failure_leaves_that_score_empty(tmp_path, scripted):
-    srv = scripted(lambda body: (500, {"error": "down"}) if "Count" in _prompt(body) else (200, chat_answer("Rating: 40")))
+    srv = scripted(
+        lambda body: (500, {"error": "down"}) if "Count" in _prompt(body) else (200, chat_answer("Rating: 40"))
+    )
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
-    stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm",
-                                          max_retries=0, concurrency=1), [src], tmp_path / "out")
+    stats = _build(
+        task_score,
+        TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", max_retries=0, concurrency=1),
+        [src],
+        tmp_path / "out",
+    )
     rows = pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()
     assert [r["llm_score"] for r in rows] == [40.0, None, 40.0] and rows[1]["llm_response"].startswith("[EngineError]")
     assert stats["engine_errors"] == 1 and stats["scored"] == 2
     # usage per model: the server's counts (chat_answer: 10 prompt tokens, a word per output token)
-    assert stats["llm_usage"] == {"openai:m": {"requests": 3, "errors": 1, "input_tokens": 20, "output_tokens": 4,
-                                               "usage_missing": 0}}
+    assert stats["llm_usage"] == {
+        "openai:m": {"requests": 3, "errors": 1, "input_tokens": 20, "output_tokens": 4, "usage_missing": 0}
+    }
     # the endpoint is back: a shard job run again asks only the failed request
     srv.script = lambda body: (200, chat_answer("Rating: 41"))
     settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm")
@@ -119,8 +144,13 @@ def test_a_later_engine_failure_leaves_that_score_empty(tmp_path, scripted):
     assert len(srv.requests) == 4 and "Count" in _prompt(srv.requests[-1]["body"])
     stats = task_score.run(settings, [src], tmp_path / "out")
     assert [r["llm_score"] for r in pq.read_table(tmp_path / "out" / "tasks.parquet").to_pylist()] == [40.0, 41.0, 40.0]
-    assert stats["llm_usage"]["openai:m"] == {"requests": 3, "errors": 0, "input_tokens": 30, "output_tokens": 6,
-                                              "usage_missing": 0}
+    assert stats["llm_usage"]["openai:m"] == {
+        "requests": 3,
+        "errors": 0,
+        "input_tokens": 30,
+        "output_tokens": 6,
+        "usage_missing": 0,
+    }
 
 
 def test_a_refused_first_request_fails_the_stage_at_once(tmp_path, scripted):
@@ -129,8 +159,12 @@ def test_a_refused_first_request_fails_the_stage_at_once(tmp_path, scripted):
     srv = scripted([(400, {"error": {"message": "model `m` does not exist", "type": "invalid_request_error"}})])
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     with pytest.raises(RefusedRequest, match="does not exist"):
-        _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
-               [src], tmp_path / "out")
+        _build(
+            task_score,
+            TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
+            [src],
+            tmp_path / "out",
+        )
     assert len(srv.requests) == 1 and not (tmp_path / "out" / "tasks.parquet").exists()
 
 
@@ -138,22 +172,38 @@ def test_scoring_nothing_fails_naming_why(tmp_path, scripted):
     srv = scripted(lambda body: (200, chat_answer("hard to tell")))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     with pytest.raises(RuntimeError, match="no task of 3 got a score: 3 answers without a askllm score"):
-        _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
-               [src], tmp_path / "out")
+        _build(
+            task_score,
+            TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm"),
+            [src],
+            tmp_path / "out",
+        )
     assert not (tmp_path / "out" / "tasks.parquet").exists()
 
 
 def openai_reasoning_api(body):
     """What OpenAI's API says to a reasoning model's request (gpt-5*, o-series), word for word."""
     if "max_tokens" in body:
-        return 400, {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
-                               "Use 'max_completion_tokens' instead.", "type": "invalid_request_error",
-                               "param": "max_tokens", "code": "unsupported_parameter"}}
+        return 400, {
+            "error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead.",
+                "type": "invalid_request_error",
+                "param": "max_tokens",
+                "code": "unsupported_parameter",
+            }
+        }
     for key in ("temperature", "top_p"):
         if key in body and body[key] != 1:
-            return 400, {"error": {"message": f"Unsupported value: '{key}' does not support {body[key]} with this "
-                                   "model. Only the default (1) value is supported.", "type": "invalid_request_error",
-                                   "param": key, "code": "unsupported_value"}}
+            return 400, {
+                "error": {
+                    "message": f"Unsupported value: '{key}' does not support {body[key]} with this "
+                    "model. Only the default (1) value is supported.",
+                    "type": "invalid_request_error",
+                    "param": key,
+                    "code": "unsupported_value",
+                }
+            }
     return 200, chat_answer("an answer", completion_tokens=len(_prompt(body)))
 
 
@@ -161,8 +211,14 @@ def test_reasoning_models_get_max_completion_tokens_and_no_sampling_knobs(tmp_pa
     """The paper recipe's scorer: gpt-5-nano with temperature 0 and max_tokens, as the recipe says."""
     srv = scripted(openai_reasoning_api)
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
-    section = dict(engine="openai", base_url=srv.base_url, model="gpt-5-nano", kind="response_length",
-                   temperature=0, max_tokens=8192)
+    section = dict(
+        engine="openai",
+        base_url=srv.base_url,
+        model="gpt-5-nano",
+        kind="response_length",
+        temperature=0,
+        max_tokens=8192,
+    )
     stats = _build(task_score, TaskScorer(**section), [src], tmp_path / "out")
     assert stats["scored"] == 3
     assert all(r["body"]["max_completion_tokens"] == 8192 and "temperature" not in r["body"] for r in srv.requests)
@@ -193,8 +249,10 @@ def test_otbuild_serve_is_as_strict_as_openai_for_reasoning_model_names():
         srv = ChatServer(("127.0.0.1", 0), Echo(), name)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         try:
-            r = httpx.post(f"{srv.url}/v1/chat/completions",
-                           json={"model": name, "messages": [{"role": "user", "content": "hi"}], **body})
+            r = httpx.post(
+                f"{srv.url}/v1/chat/completions",
+                json={"model": name, "messages": [{"role": "user", "content": "hi"}], **body},
+            )
         finally:
             srv.shutdown()
             srv.server_close()
@@ -203,16 +261,20 @@ def test_otbuild_serve_is_as_strict_as_openai_for_reasoning_model_names():
 
 
 def test_augment_drops_reasoning_from_new_instructions(tmp_path, scripted):
-    answers = {"Sort": "<think>The user wants a rewrite. Let me think.</think>\n\nSort /app/a.txt into /app/b.txt.",
-               "Count": "Maybe count them...</think>Count every word in /app/book.txt.",  # <think> was in the prompt
-               "Compress": "<think>I should rewrite this as"}  # ran out mid-thought
+    answers = {
+        "Sort": "<think>The user wants a rewrite. Let me think.</think>\n\nSort /app/a.txt into /app/b.txt.",
+        "Count": "Maybe count them...</think>Count every word in /app/book.txt.",  # <think> was in the prompt
+        "Compress": "<think>I should rewrite this as",
+    }  # ran out mid-thought
     srv = scripted(lambda body: (200, chat_answer(next(v for k, v in answers.items() if k in _prompt(body)))))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS)
     out = tmp_path / "out"
-    stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", keep_original=False),
-                   [src], out)
+    stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", keep_original=False), [src], out)
     rows = pq.read_table(out / "tasks.parquet").to_pylist()
-    assert [r["instruction"] for r in rows] == ["Sort /app/a.txt into /app/b.txt.\n", "Count every word in /app/book.txt.\n"]
+    assert [r["instruction"] for r in rows] == [
+        "Sort /app/a.txt into /app/b.txt.\n",
+        "Count every word in /app/book.txt.\n",
+    ]
     for r in rows:
         assert "think" not in TaskDir.unpack(r["path"], r["task_binary"]).files["instruction.md"].data.decode()
     q = pq.read_table(out / "quarantine.parquet").to_pylist()
@@ -221,11 +283,21 @@ def test_augment_drops_reasoning_from_new_instructions(tmp_path, scripted):
 
 
 def _stage_proc(settings, src, out, shard: int, stage: str = "task_score", **env) -> subprocess.Popen:
-    spec = {"stage": stage, "id": "t", "settings": settings.model_dump(mode="json"), "outdir": str(out),
-            "inputs": [{"id": "src", "stage": "source", "path": str(src)}]}
-    return subprocess.Popen([sys.executable, "-m", "otbuild", "stage", stage, "--spec", json.dumps(spec),
-                             "--shard", str(shard)], env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                            cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    spec = {
+        "stage": stage,
+        "id": "t",
+        "settings": settings.model_dump(mode="json"),
+        "outdir": str(out),
+        "inputs": [{"id": "src", "stage": "source", "path": str(src)}],
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "otbuild", "stage", stage, "--spec", json.dumps(spec), "--shard", str(shard)],
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        cwd=out.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("stage", ["augment", "task_score"])
@@ -234,11 +306,19 @@ def test_a_shard_job_shows_its_requests_on_the_runs_console(tmp_path, scripted, 
     requests done of the shard's, then nothing left behind when the job ends."""
     from otbuild.progress import Watcher, describe_log
 
-    srv = scripted(lambda body: (200, chat_answer("Rating: 3" if stage == "task_score" else "Do it again.")), delay=0.35)
+    srv = scripted(
+        lambda body: (200, chat_answer("Rating: 3" if stage == "task_score" else "Do it again.")), delay=0.35
+    )
     src = write_source(tmp_path / "in.parquet", "s", [f"Task {i}: print {i} to /app/out.txt" for i in range(20)])
     cls = TaskScorer if stage == "task_score" else Augment
-    settings = cls(engine="openai", base_url=srv.base_url, model="m", shards=2, concurrency=1,
-                   **({"kind": "askllm"} if stage == "task_score" else {"k": 2}))
+    settings = cls(
+        engine="openai",
+        base_url=srv.base_url,
+        model="m",
+        shards=2,
+        concurrency=1,
+        **({"kind": "askllm"} if stage == "task_score" else {"k": 2}),
+    )
     log = f"logs/{stage}/{'ab' * 8}/1-of-2.log"
     watcher = Watcher(tmp_path, lambda p: describe_log(p, lambda s, i: stage), print, every=0)
     proc = _stage_proc(settings, src, tmp_path / "out", 1, stage, OTBUILD_LOG=log)
@@ -259,17 +339,20 @@ def test_task_score_resumes_after_kill_9_without_asking_twice(tmp_path, scripted
     """A real kill -9 of a running shard job: the rerun asks only what was not answered, and the
     merge has every row exactly once, with its own answer."""
     texts = [f"Task number {i}: print {i} to /app/out.txt" for i in range(60)]
-    srv = scripted(lambda body: (200, chat_answer(f"Rating: {int(_prompt(body).split('Task number ')[1].split(':')[0]) + 1}")),
-                   delay=0.1)
+    srv = scripted(
+        lambda body: (200, chat_answer(f"Rating: {int(_prompt(body).split('Task number ')[1].split(':')[0]) + 1}")),
+        delay=0.1,
+    )
     src = write_source(tmp_path / "in.parquet", "s", texts)
     out = tmp_path / "out"
-    settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", shards=2,
-                          concurrency=3)
+    settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", shards=2, concurrency=3)
     proc = _stage_proc(settings, src, out, 0)
     partial = out / "shards" / "0-of-2.partial.jsonl"
     deadline = time.monotonic() + 60
     while not (partial.exists() and partial.read_bytes().count(b"\n") >= 10):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else ""
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stdout.read() if proc.poll() is not None else ""
+        )
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -294,11 +377,19 @@ def test_task_score_resumes_after_kill_9_without_asking_twice(tmp_path, scripted
 def test_llm_stages_take_empty_and_one_row_inputs(tmp_path, scripted, n):
     srv = scripted(lambda body: (200, chat_answer("Rating: 7")))
     src = write_source(tmp_path / "in.parquet", "s", TEXTS[:n])
-    stats = _build(task_score, TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm",
-                                          shards=3), [src], tmp_path / "score")
+    stats = _build(
+        task_score,
+        TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", shards=3),
+        [src],
+        tmp_path / "score",
+    )
     assert stats["tasks"] == n and pq.read_table(tmp_path / "score" / "tasks.parquet").num_rows == n
-    stats = _build(augment, Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["rewrite", "combine"],
-                                    shards=2), [src], tmp_path / "aug")
+    stats = _build(
+        augment,
+        Augment(engine="openai", base_url=srv.base_url, model="m", kinds=["rewrite", "combine"], shards=2),
+        [src],
+        tmp_path / "aug",
+    )
     assert stats["tasks"] == 3 * n and len(srv.requests) == 3 * n
 
 
@@ -308,8 +399,14 @@ def test_sharded_llm_stages_through_snakemake(project, scripted):
     in the id) after the build reruns nothing."""
     from tests.conftest import snakemake
 
-    srv = scripted(lambda body: (200, chat_answer(
-        "Rating: 50" if "rate" in _prompt(body).lower() else "<think>hmm</think>Do it again, carefully.")))
+    srv = scripted(
+        lambda body: (
+            200,
+            chat_answer(
+                "Rating: 50" if "rate" in _prompt(body).lower() else "<think>hmm</think>Do it again, carefully."
+            ),
+        )
+    )
     recipe = f"""
 sources:
   a: {{kind: synthetic, count: 5, seed: 1}}
@@ -321,7 +418,9 @@ task_filter:
 """
     (project / "recipes" / "r.yaml").write_text(recipe)
     ran, log = snakemake(project, "r")
-    assert ran["augment"] == 3 and ran["augment_merge"] == 1 and ran["task_score"] == 2 and ran["task_score_merge"] == 1, log
+    assert (
+        ran["augment"] == 3 and ran["augment_merge"] == 1 and ran["task_score"] == 2 and ran["task_score_merge"] == 1
+    ), log
     kept = pq.read_table(project / "results" / "r" / "task_filter" / "kept.parquet").to_pylist()
     assert len(kept) == 15 and {r["llm_score"] for r in kept} == {50.0}
     assert len(srv.requests) == 10 + 15  # each request once
@@ -354,11 +453,15 @@ def test_a_task_score_built_before_shards_stays_built(project):
     (project / "recipes" / "r.yaml").write_text(
         "sources:\n  a: {kind: synthetic, count: 4}\ntask_filter:\n"
         "  llm: {engine: openai, base_url: 'http://x/v1', model: m, kind: askllm, shards: 3}\n"
-        "  score: {column: llm_score, top_k: 2}\n")
+        "  score: {column: llm_score, top_k: 2}\n"
+    )
     wf = Workflow(project)
     node = next(n for n in wf.plans["r"].nodes if n.stage == "task_score")
     assert [p.rsplit("/", 1)[1] for p in wf.shard_inputs("task_score", node.id)] == [
-        "0-of-3.parquet", "1-of-3.parquet", "2-of-3.parquet"]
+        "0-of-3.parquet",
+        "1-of-3.parquet",
+        "2-of-3.parquet",
+    ]
     (project / node.dir).mkdir(parents=True)
     (project / node.dir / PROVENANCE).write_text(json.dumps({"settings": {"kind": "askllm"}}))
     cwd = os.getcwd()

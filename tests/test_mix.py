@@ -20,8 +20,13 @@ def _sources(tmp_path, sizes):
 def _run(tmp_path, inputs, total, order="shuffle", seed=0, name="out"):
     out = tmp_path / name
     out.mkdir()
-    settings = {"n": len(inputs), "total": total, "order": order, "seed": seed,
-                "sources": [f"s{i}" for i in range(len(inputs))]}
+    settings = {
+        "n": len(inputs),
+        "total": total,
+        "order": order,
+        "seed": seed,
+        "sources": [f"s{i}" for i in range(len(inputs))],
+    }
     mix.run(MixSettings(**settings), inputs, out)
     return duckdb.sql(f"SELECT * FROM '{out / 'tasks.parquet'}'").fetchdf()
 

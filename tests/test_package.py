@@ -35,8 +35,22 @@ def build_wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src)
     shutil.copytree(REPO / "otbuild", src / "otbuild", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp / "dist"), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return next((tmp / "dist").glob("otbuild-*.whl"))
 
 
@@ -46,11 +60,19 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path):
     wheel = build_wheel(tmp_path)
     assert wheel.name == f"otbuild-{otbuild.__version__}-py3-none-any.whl"  # one version, the package's
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("otbuild/")}
-    source = {p.relative_to(REPO).as_posix() for p in (REPO / "otbuild").rglob("*")
-              if p.is_file() and "__pycache__" not in p.parts}
+    source = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "otbuild").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     assert source - shipped == set()
-    for must in ("otbuild/Snakefile", "otbuild/rules/report.smk", "otbuild/report/templates/report.html.j2",
-                 "otbuild/report/templates/dataset_card.md.j2", "otbuild/project_template/recipes/smoke.yaml"):
+    for must in (
+        "otbuild/Snakefile",
+        "otbuild/rules/report.smk",
+        "otbuild/report/templates/report.html.j2",
+        "otbuild/report/templates/dataset_card.md.j2",
+        "otbuild/project_template/recipes/smoke.yaml",
+    ):
         assert must in shipped
 
 
@@ -59,8 +81,13 @@ def test_init_writes_the_repositorys_own_project_files(tmp_path):
     res = CliRunner().invoke(cli.main, ["init", str(dest)])
     assert res.exit_code == 0, res.output
     # the template is the repository's own Snakefile, smoke and paper recipes and profiles
-    for rel in ("Snakefile", "recipes/smoke.yaml", "recipes/otagent_v2_100k.yaml",
-                "profiles/default/config.yaml", "profiles/slurm/config.yaml"):
+    for rel in (
+        "Snakefile",
+        "recipes/smoke.yaml",
+        "recipes/otagent_v2_100k.yaml",
+        "profiles/default/config.yaml",
+        "profiles/slurm/config.yaml",
+    ):
         assert (dest / rel).read_bytes() == (REPO / rel).read_bytes(), rel
         assert not (dest / rel).is_symlink()
     assert "/artifacts/" in (dest / ".gitignore").read_text()
@@ -124,7 +151,6 @@ def test_audit_after_an_upgrade_names_versions(project, monkeypatch):
     assert f"stage version {old} -> {old + 1}" in res.output
 
 
-
 @pytest.mark.slow
 def test_an_installed_wheel_builds_a_project_outside_the_repository(tmp_path):
     """What a lab does: install the wheel with its `train` extra into a fresh virtual
@@ -161,7 +187,8 @@ def test_an_installed_wheel_builds_a_project_outside_the_repository(tmp_path):
     # the smoke's whole DAG, its student trained briefly: the wheel is tested, not the student
     (project / "recipes" / "short.yaml").write_text(
         "extends: smoke\ntask_filter: {sample: {n: 24, seed: 0}}\nsft: {max_steps: 100}\n"
-        "eval: {base: false, benchmarks: {heldout: {count: 6}}}\n")
+        "eval: {base: false, benchmarks: {heldout: {count: 6}}}\n"
+    )
     run(bin_dir / "python", "-m", "snakemake", "short", cwd=project)
     assert "<!DOCTYPE html>" in (project / "results" / "short" / "report" / "report.html").read_text()
     record = json.loads((project / "results" / "short" / "report" / "provenance.json").read_text())

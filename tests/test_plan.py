@@ -64,7 +64,8 @@ def test_path_sources_are_addressed_by_content(tmp_path):
 def test_missing_data_still_plans(tmp_path):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "r.yaml").write_text(
-        "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/none.parquet}\n")
+        "sources:\n  h: {kind: harbor-parquet, rank: 1, path: data/none.parquet}\n"
+    )
     plan = plan_recipe(load_recipe("r", tmp_path))
     (missing,) = plan.missing
     assert missing.what == str(tmp_path / "data" / "none.parquet") and missing.key == "sources.h.path"
@@ -92,28 +93,36 @@ def test_augment_sits_between_its_sources_and_the_mix(tmp_path):
 def test_unknown_augment_source_is_a_config_error(tmp_path):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "r.yaml").write_text(
-        RECIPE + "augment: {engine: openai, base_url: 'http://x/v1', model: m, sources: [bb]}\n")
+        RECIPE + "augment: {engine: openai, base_url: 'http://x/v1', model: m, sources: [bb]}\n"
+    )
     with pytest.raises(ConfigError, match="augment.sources: no source.s. bb; did you mean 'b'"):
         load_recipe("r", tmp_path)
 
 
 # -- the id rule: execution-only fields never count; identity fields only when not default ----
-FULL = RECIPE + """
+FULL = (
+    RECIPE
+    + """
 teacher: {engine: vllm, model: org/m, samples_per_task: 2}
 trace_filter: {min_turns: 3}
 sft: {model: {kind: tiny}, epochs: 2}
 rl: {steps: 2, samples_per_task: 2}
 eval: {benchmarks: {h: {kind: synthetic, count: 3, seed: 9}}, max_tokens: 64}
 """
+)
 
 
 def test_execution_only_settings_do_not_change_ids(tmp_path):
     """Shards, concurrency, client retries/timeouts, vLLM parallelism and checkpoint cadence
     change how a stage runs, not what it produces: GPU rollouts must not rerun for them."""
     before = ids(tmp_path, FULL)
-    knobs = FULL.replace("samples_per_task: 2}", "samples_per_task: 2, shards: 4, concurrency: 32, max_retries: 9, "
-                         "request_timeout_sec: 30, engine_args: {tensor_parallel_size: 8, port: 8001, "
-                         "gpu_memory_utilization: 0.8}}", 1)
+    knobs = FULL.replace(
+        "samples_per_task: 2}",
+        "samples_per_task: 2, shards: 4, concurrency: 32, max_retries: 9, "
+        "request_timeout_sec: 30, engine_args: {tensor_parallel_size: 8, port: 8001, "
+        "gpu_memory_utilization: 0.8}}",
+        1,
+    )
     knobs = knobs.replace("epochs: 2}", "epochs: 2, save_steps: 7, launcher: torchrun, master_port: 29600}")
     knobs = knobs.replace("max_tokens: 64}", "max_tokens: 64, shards: 3, concurrency: 16}")
     assert knobs.count("shards") == 2 and "save_steps" in knobs
@@ -122,8 +131,10 @@ def test_execution_only_settings_do_not_change_ids(tmp_path):
 
 def test_identity_settings_change_ids(tmp_path):
     before = ids(tmp_path, FULL)
-    for edit in ("samples_per_task: 2}|samples_per_task: 2, max_episodes: 9}",
-                 "samples_per_task: 2}|samples_per_task: 2, engine_args: {reasoning_parser: glm45}}"):
+    for edit in (
+        "samples_per_task: 2}|samples_per_task: 2, max_episodes: 9}",
+        "samples_per_task: 2}|samples_per_task: 2, engine_args: {reasoning_parser: glm45}}",
+    ):
         old, new = edit.split("|")
         after = ids(tmp_path, FULL.replace(old, new, 1))
         assert after["teacher"] != before["teacher"] and after["mix"] == before["mix"]
@@ -131,9 +142,13 @@ def test_identity_settings_change_ids(tmp_path):
 
 def test_spelled_out_defaults_give_the_same_ids(tmp_path):
     defaults = FULL.replace("mix: {n: 2, total: 10}", "mix: {n: 2, total: 10, order: shuffle, seed: 0}")
-    defaults = defaults.replace("samples_per_task: 2}", "samples_per_task: 2, temperature: 0.7, "
-                                "engine_args: {max_model_len: null, enable_auto_tool_choice: false}, "
-                                "limits: {memory_mb: 4096}}", 1)
+    defaults = defaults.replace(
+        "samples_per_task: 2}",
+        "samples_per_task: 2, temperature: 0.7, "
+        "engine_args: {max_model_len: null, enable_auto_tool_choice: false}, "
+        "limits: {memory_mb: 4096}}",
+        1,
+    )
     defaults = defaults.replace("epochs: 2}", "epochs: 2, learning_rate: 4.0e-5, adam_betas: [0.9, 0.999]}")
     assert ids(tmp_path, defaults) == ids(tmp_path, FULL)
 
@@ -147,11 +162,16 @@ def test_a_new_defaulted_field_keeps_every_id():
     from otbuild.settings.recipe import Mix, Teacher, TraceFilter
     from otbuild.settings.train import Sft
 
-    cases = [(Mix, {"n": 2, "total": 10}), (Teacher, {"engine": "vllm", "model": "m", "max_episodes": 9}),
-             (TraceFilter, {"min_turns": 3}), (Sft, {"model": {"kind": "tiny"}, "epochs": 2})]
+    cases = [
+        (Mix, {"n": 2, "total": 10}),
+        (Teacher, {"engine": "vllm", "model": "m", "max_episodes": 9}),
+        (TraceFilter, {"min_turns": 3}),
+        (Sft, {"model": {"kind": "tiny"}, "epochs": 2}),
+    ]
     for cls, data in cases:
-        newer = type(f"Newer{cls.__name__}", (cls,), {"__annotations__": {"new_knob": int},
-                                                       "new_knob": Field(default=3, ge=0)})
+        newer = type(
+            f"Newer{cls.__name__}", (cls,), {"__annotations__": {"new_knob": int}, "new_knob": Field(default=3, ge=0)}
+        )
         assert identity(newer(**data)) == identity(cls(**data)), cls.__name__
         assert identity(newer(**data, new_knob=4)) == {**identity(cls(**data)), "new_knob": 4}
 
@@ -173,7 +193,8 @@ def test_harness_settings_reach_the_stages_that_render_turns(tmp_path):
     (tmp_path / "recipes" / "base.yaml").write_text(STUDENT)
     (tmp_path / "recipes" / "same.yaml").write_text(STUDENT + "harness: {prompt: terminus2}\n")
     (tmp_path / "recipes" / "tiny.yaml").write_text(
-        STUDENT + "harness: {prompt: compact, constrained_decoding: true}\n")
+        STUDENT + "harness: {prompt: compact, constrained_decoding: true}\n"
+    )
     base, same, tiny = (plan_recipe(load_recipe(n, tmp_path)) for n in ("base", "same", "tiny"))
     assert [n.id for n in base.nodes[:-1]] == [n.id for n in same.nodes[:-1]]
     by_label = {n.label: n for n in tiny.nodes}
@@ -237,7 +258,8 @@ def test_eval_base_plans_the_untrained_base_beside_the_student(tmp_path):
     rank = next(n for n in nodes if n.stage == "rank")
     assert [i.label for i in rank.inputs] == ["candidates/sft.max_steps=0/eval", "candidates/sft.max_steps=1500/eval"]
 
-    (tmp_path / "recipes" / "named.yaml").write_text("extends: smoke\nharness: {constrained_decoding: false}\n"
-                                                     "eval: {model: {engine: oracle}}\n")
+    (tmp_path / "recipes" / "named.yaml").write_text(
+        "extends: smoke\nharness: {constrained_decoding: false}\neval: {model: {engine: oracle}}\n"
+    )
     with pytest.raises(ConfigError, match=r"eval.base: compares the recipe's own checkpoint with its untrained base"):
         load_recipe("named", tmp_path)

@@ -36,8 +36,14 @@ def portable_ids(root, name: str) -> dict[str, dict]:
         for raw, portable in ids.items():  # the report's settings name every node's id and dir
             text = text.replace(raw, portable)
         ident = json.loads(text)
-        ids[node.id] = settings_hash({"stage": node.stage, "version": STAGES[node.stage].version,
-                                      "settings": ident, "inputs": [ids[i.id] for i in node.inputs]})
+        ids[node.id] = settings_hash(
+            {
+                "stage": node.stage,
+                "version": STAGES[node.stage].version,
+                "settings": ident,
+                "inputs": [ids[i.id] for i in node.inputs],
+            }
+        )
         out[node.label] = {"stage": node.stage, "id": ids[node.id], "identity": ident}
     return out
 
@@ -46,7 +52,9 @@ def portable_ids(root, name: str) -> dict[str, dict]:
 def test_snapshot_covers_every_recipe(root):
     names = [name for r, name in RECIPES if r == root]
     if os.environ.get("OTBUILD_UPDATE_PLAN_IDS"):
-        SNAPSHOTS[root].write_text(json.dumps({r: portable_ids(root, r) for r in names}, indent=1, sort_keys=True) + "\n")
+        SNAPSHOTS[root].write_text(
+            json.dumps({r: portable_ids(root, r) for r in names}, indent=1, sort_keys=True) + "\n"
+        )
     assert sorted(json.loads(SNAPSHOTS[root].read_text())) == names
 
 
@@ -55,6 +63,9 @@ def test_ids_unchanged(root, recipe):
     want = json.loads(SNAPSHOTS[root].read_text())[recipe]
     got = portable_ids(root, recipe)
     assert sorted(got) == sorted(want), "the recipe plans other artifacts"
-    changed = {label: {"was": want[label]["identity"], "now": got[label]["identity"]}
-               for label in got if got[label]["id"] != want[label]["id"]}
+    changed = {
+        label: {"was": want[label]["identity"], "now": got[label]["identity"]}
+        for label in got
+        if got[label]["id"] != want[label]["id"]
+    }
     assert not changed, f"content ids changed: {json.dumps(changed, indent=1)[:3000]}"

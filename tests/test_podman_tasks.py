@@ -46,8 +46,9 @@ from tests.conftest import OT_AGENT_DOCKERFILE, otbuild, snakemake
 
 # OT-Agent's Dockerfiles `apt-get install`: their builds may fetch only where a recipe says so
 FETCHING = Limits(build_network="public")
-needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
-                                  reason=f"podman unusable here: {backend_problem('podman')}")
+needs_podman = pytest.mark.skipif(
+    backend_problem("podman") is not None, reason=f"podman unusable here: {backend_problem('podman')}"
+)
 
 SOLVE = """\
 #!/bin/bash
@@ -73,8 +74,11 @@ def ot_agent_task(name: str, port: int, dockerfile: str = OT_AGENT_DOCKERFILE) -
     the packages the Dockerfile installs)."""
     t = TaskDir(name)
     t.add("instruction.md", f"The server in /app/config.ini must listen on port {port}. Fix the config.")
-    t.add("task.toml", "version = \"1.0\"\n\n[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n"
-                       "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n")
+    t.add(
+        "task.toml",
+        'version = "1.0"\n\n[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n'
+        "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n",
+    )
     t.add("environment/Dockerfile", dockerfile)
     t.add("environment/app/config.ini", "[server]\nhost = 0.0.0.0\nport = 80\n")
     t.add("solution/solve.sh", SOLVE.format(port=port), executable=True)
@@ -112,9 +116,10 @@ def test_auto_sends_a_task_whose_base_image_the_host_is_not_to_podman(monkeypatc
 
 
 def test_base_images_are_the_dockerfiles_external_froms():
-    assert base_images("ARG V=3.13\nFROM --platform=linux/amd64 python:${V} AS build\nRUN x\n"
-                       "FROM build\nFROM docker.io/library/ubuntu\nFROM ghcr.io/o/r:1 AS b\n") == [
-        "python:3.13", "ubuntu:latest", "ghcr.io/o/r:1"]
+    assert base_images(
+        "ARG V=3.13\nFROM --platform=linux/amd64 python:${V} AS build\nRUN x\n"
+        "FROM build\nFROM docker.io/library/ubuntu\nFROM ghcr.io/o/r:1 AS b\n"
+    ) == ["python:3.13", "ubuntu:latest", "ghcr.io/o/r:1"]
 
 
 def test_auto_picks_the_backend_per_task_and_names_a_task_it_cannot_run(monkeypatch):
@@ -176,9 +181,11 @@ trace_filter: {min_turns: 5, drop_timed_out: true, drop_subagent: true, drop_exc
 @needs_podman
 def test_ot_agent_tasks_yield_traces_end_to_end(project):
     (project / "data").mkdir()
-    tasks = {"swesmith": [ot_agent_task("swe-1", 8081), ot_agent_task("swe-2", 8082)],
-             "superuser": [ot_agent_task("su-1", 8083)],
-             "tezos": [ot_agent_task("tezos-local", 8084, NO_RUN)]}
+    tasks = {
+        "swesmith": [ot_agent_task("swe-1", 8081), ot_agent_task("swe-2", 8082)],
+        "superuser": [ot_agent_task("su-1", 8083)],
+        "tezos": [ot_agent_task("tezos-local", 8084, NO_RUN)],
+    }
     for source, ts in tasks.items():
         write_tasks(project / "data" / f"{source}.parquet", [TaskRecord(t, True) for t in ts], source=source)
     (project / "recipes" / "ot.yaml").write_text(RECIPE)
@@ -188,7 +195,11 @@ def test_ot_agent_tasks_yield_traces_end_to_end(project):
     results = project / "results" / "ot"
     table = pq.read_table(results / "task_filter" / "kept.parquet").to_pylist()
     assert {r["path"]: r["runnable_locally"] for r in table} == {
-        "swe-1": False, "swe-2": False, "su-1": False, "tezos-local": True}  # the source decides
+        "swe-1": False,
+        "swe-2": False,
+        "su-1": False,
+        "tezos-local": True,
+    }  # the source decides
     traces = pq.read_table(results / "teacher" / "traces.parquet").to_pylist()
     assert sorted(t["task"] for t in traces) == ["su-1", "swe-1", "swe-2", "tezos-local"]
     for t in traces:
@@ -216,11 +227,29 @@ def own_network(monkeypatch):
     image = ensure_image(ot_agent_task("server", 1), network="public")
     subprocess.run(["podman", "network", "create", net], check=True, capture_output=True)
     try:
-        subprocess.run(["podman", "run", "-d", "--name", server, "--network", net, "--entrypoint", "python3",
-                        image, "-m", "http.server", "8000"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "podman",
+                "run",
+                "-d",
+                "--name",
+                server,
+                "--network",
+                net,
+                "--entrypoint",
+                "python3",
+                image,
+                "-m",
+                "http.server",
+                "8000",
+            ],
+            check=True,
+            capture_output=True,
+        )
         address = f'{{{{(index .NetworkSettings.Networks "{net}").IPAddress}}}}'
-        ip = subprocess.run(["podman", "inspect", "-f", address, server], check=True, capture_output=True,
-                            text=True).stdout.strip()
+        ip = subprocess.run(
+            ["podman", "inspect", "-f", address, server], check=True, capture_output=True, text=True
+        ).stdout.strip()
         monkeypatch.setenv("OTBUILD_PODMAN_NETWORK", net)
         yield f"http://{ip}:8000/"
     finally:
@@ -230,9 +259,11 @@ def own_network(monkeypatch):
 
 @needs_podman
 def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
-    probe = ("python3 -c \"import time, urllib.request\nfor _ in range(20):\n    try:\n        print(urllib.request"
-             f".urlopen('{own_network}', timeout=2).status); break\n    except OSError as e:\n        err = e; "
-             "time.sleep(0.25)\nelse:\n    raise SystemExit(str(err))\"")
+    probe = (
+        'python3 -c "import time, urllib.request\nfor _ in range(20):\n    try:\n        print(urllib.request'
+        f".urlopen('{own_network}', timeout=2).status); break\n    except OSError as e:\n        err = e; "
+        'time.sleep(0.25)\nelse:\n    raise SystemExit(str(err))"'
+    )
 
     def reaches(task, limits=FETCHING):
         with open_sandbox(task, tmp_path, backend="podman", limits=limits, cleanup=True) as box:
@@ -252,8 +283,10 @@ def test_a_podman_trial_gets_the_network_its_task_allows(tmp_path, own_network):
 def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp_path, own_network):
     """An offline agent and a verifier that needs the network (to install its tools) share one
     container, taken off the network for the agent; an allowlist is refused, never widened."""
-    probe = ("python3 -c \"import urllib.request\ntry:\n    print(urllib.request.urlopen("
-             f"'{own_network}', timeout=3).status)\nexcept OSError as e:\n    print('offline', e)\"")
+    probe = (
+        'python3 -c "import urllib.request\ntry:\n    print(urllib.request.urlopen('
+        f"'{own_network}', timeout=3).status)\nexcept OSError as e:\n    print('offline', e)\""
+    )
 
     def phases(task):
         with open_sandbox(task, tmp_path, backend="podman", limits=FETCHING, cleanup=True) as box:
@@ -264,10 +297,14 @@ def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp
     split = 'network_mode = "no-network"\n[verifier]\nnetwork_mode = "public"\n'
     agent, verifier = phases(_with_environment(ot_agent_task("net-split", 1), split))
     assert agent.startswith("offline") and verifier == "200", (agent, verifier)
-    agent, verifier = phases(_with_environment(ot_agent_task("net-agent-only", 1), '[verifier]\nnetwork_mode = "no-network"\n'))
+    agent, verifier = phases(
+        _with_environment(ot_agent_task("net-agent-only", 1), '[verifier]\nnetwork_mode = "no-network"\n')
+    )
     assert agent == "200" and verifier.startswith("offline"), (agent, verifier)
 
-    allow = _with_environment(ot_agent_task("net-allowlist", 1), 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n')
+    allow = _with_environment(
+        ot_agent_task("net-allowlist", 1), 'network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n'
+    )
     before = _trial_containers()
     with pytest.raises(NetworkPolicyError, match=r"task 'net-allowlist': its agent may reach only pypi.org"):
         open_sandbox(allow, tmp_path, backend="podman", limits=FETCHING, cleanup=True)
@@ -275,8 +312,12 @@ def test_a_podman_trial_honours_each_phases_network_and_refuses_an_allowlist(tmp
 
 
 def _trial_containers() -> set[str]:
-    r = subprocess.run(["podman", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={OWNER_LABEL}"],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["podman", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={OWNER_LABEL}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(r.stdout.split())
 
 
@@ -294,13 +335,19 @@ def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project)
     (project / "data").mkdir()
     tasks = [ot_agent_task(f"slow-{i}", 8090 + i) for i in range(2)]
     for t in tasks:  # a long step, so the kill finds the trials running
-        t.add("solution/solve.sh", "#!/bin/bash\nsleep 6\n" + SOLVE.format(port=8090 + int(t.name[-1])),
-              executable=True)
+        t.add(
+            "solution/solve.sh", "#!/bin/bash\nsleep 6\n" + SOLVE.format(port=8090 + int(t.name[-1])), executable=True
+        )
     write_tasks(project / "data" / "swesmith.parquet", [TaskRecord(t, False) for t in tasks], source="swesmith")
     (project / "recipes" / "slow.yaml").write_text(SLOW_RECIPE)
     before = _trial_containers()
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "slow", "--cores", "2"], cwd=project,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "slow", "--cores", "2"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 240
         while len(_trial_containers() - before) < 2 and time.monotonic() < deadline:
@@ -310,8 +357,12 @@ def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project)
         proc.wait()
     left = _trial_containers() - before
     assert len(left) == 2  # what kill -9 leaves: containers nothing will close
-    owners = subprocess.run(["podman", "inspect", "--format", f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *left],
-                            capture_output=True, text=True, check=True).stdout.split()
+    owners = subprocess.run(
+        ["podman", "inspect", "--format", f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *left],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     deadline = time.monotonic() + 60  # a SIGKILLed job takes a moment to be gone (as a lost node is)
     while not all(map(owner_is_gone, owners)) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -326,8 +377,16 @@ def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project)
 
 def test_clean_containers_removes_only_those_of_dead_builds(monkeypatch):
     removed = []
-    monkeypatch.setattr(container, "_podman", lambda *a, **k: removed.append(a) or subprocess.CompletedProcess(
-        a, 0, stdout=f"aaa {owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"))
+    monkeypatch.setattr(
+        container,
+        "_podman",
+        lambda *a, **k: (
+            removed.append(a)
+            or subprocess.CompletedProcess(
+                a, 0, stdout=f"aaa {owner()}\nbbb {socket.gethostname()}:999999999:1\nccc other-host:1:1\n"
+            )
+        ),
+    )
     monkeypatch.setattr(container.shutil, "which", lambda _: "/usr/bin/podman")
     assert container.leaked_containers() == ["bbb"]  # a live owner's and another host's stay
 
@@ -347,7 +406,9 @@ def test_images_load_imports_saved_tarballs_for_offline_clusters(tmp_path, proje
             open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never", build_network="public"))
         r = otbuild(project, "images", "load", str(archives))
         assert r.returncode == 0 and ref in r.stdout and image_exists(ref)
-        with open_sandbox(task, tmp_path / "w", backend="podman", limits=Limits(pull="never", build_network="public")) as box:
+        with open_sandbox(
+            task, tmp_path / "w", backend="podman", limits=Limits(pull="never", build_network="public")
+        ) as box:
             assert box.run("cat /etc/debian_version", timeout=30).output.startswith("12")
         (archives / "junk.tar").write_text("not an image")
         r = otbuild(project, "images", "load", str(archives))
@@ -360,12 +421,16 @@ def test_images_load_imports_saved_tarballs_for_offline_clusters(tmp_path, proje
 @needs_podman
 def test_validate_images_lists_each_base_image_and_whether_it_is_here(project):
     (project / "data").mkdir()
-    tasks = [ot_agent_task("a", 1), ot_agent_task("b", 2),
-             ot_agent_task("c", 3, "FROM localhost/swesmith.x86_64.repo_1234:latest\nRUN true\n")]
+    tasks = [
+        ot_agent_task("a", 1),
+        ot_agent_task("b", 2),
+        ot_agent_task("c", 3, "FROM localhost/swesmith.x86_64.repo_1234:latest\nRUN true\n"),
+    ]
     write_tasks(project / "data" / "t.parquet", [TaskRecord(t, False) for t in tasks], source="t")
     (project / "recipes" / "imgs.yaml").write_text(
         "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\n"
-        "teacher: {engine: oracle, sandbox: podman}\n")
+        "teacher: {engine: oracle, sandbox: podman}\n"
+    )
     r = otbuild(project, "validate", "--images", "imgs")
     lines = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
     cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in lines]
@@ -378,11 +443,14 @@ def test_validate_images_lists_each_base_image_and_whether_it_is_here(project):
 @needs_podman
 def test_a_podman_trial_is_stopped_at_its_disk_cap_wherever_it_writes(tmp_path):
     task = ot_agent_task("disk-hog", 1)
-    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(storage_mb=32, build_network="public"), cleanup=True) as box:
+    with open_sandbox(
+        task, tmp_path, backend="podman", limits=Limits(storage_mb=32, build_network="public"), cleanup=True
+    ) as box:
         assert box.run("head -c 4000000 /dev/zero > /usr/local/small", timeout=30).exit_code == 0
         assert not box.disk_exceeded
-        r = box.run("for i in $(seq 1 200); do head -c 1048576 /dev/zero > /usr/local/f$i; sleep 0.02; done",
-                    timeout=60)  # the image's own filesystem, not a mounted dir
+        r = box.run(
+            "for i in $(seq 1 200); do head -c 1048576 /dev/zero > /usr/local/f$i; sleep 0.02; done", timeout=60
+        )  # the image's own filesystem, not a mounted dir
         assert box.disk_exceeded and r.exit_code != 0 and r.duration_s < 30
 
 
@@ -392,9 +460,17 @@ def test_otbuild_s_own_tasks_run_in_the_python_image_set_up_provides(tmp_path):
     bootstraps offline: a synthetic task builds and its oracle passes under podman (no registry)."""
     task = next(generate(1, 0)).task
     assert task.text("environment/Dockerfile").startswith("FROM python:3.12-slim\n")
-    with open_sandbox(task, tmp_path, backend="podman", limits=Limits(pull="never", build_network="public"), with_solution=True,
-                      cleanup=True) as box:
-        assert box.run("python --version && python3 -c 'import json, sqlite3'", timeout=30).output.startswith("Python 3.")
+    with open_sandbox(
+        task,
+        tmp_path,
+        backend="podman",
+        limits=Limits(pull="never", build_network="public"),
+        with_solution=True,
+        cleanup=True,
+    ) as box:
+        assert box.run("python --version && python3 -c 'import json, sqlite3'", timeout=30).output.startswith(
+            "Python 3."
+        )
         assert box.run("bash /solution/solve.sh", timeout=60).exit_code == 0
         r = box.run("bash /tests/test.sh", timeout=60, with_tests=True)
         assert r.exit_code == 0, r.output
@@ -404,14 +480,26 @@ def test_otbuild_s_own_tasks_run_in_the_python_image_set_up_provides(tmp_path):
 
 def _storage_containers() -> dict[str, str]:
     """Containers only `podman ps --external` shows (buildah's working containers): id -> name."""
-    r = subprocess.run(["podman", "ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.State}} {{.Names}}"],
-                       capture_output=True, text=True, check=True)
-    return {cid: name for cid, state, name in (ln.split(" ", 2) for ln in r.stdout.splitlines()) if state.lower() == "storage"}
+    r = subprocess.run(
+        ["podman", "ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.State}} {{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {
+        cid: name
+        for cid, state, name in (ln.split(" ", 2) for ln in r.stdout.splitlines())
+        if state.lower() == "storage"
+    }
 
 
 def _dangling_images() -> set[str]:
-    r = subprocess.run(["podman", "images", "-a", "-q", "--no-trunc", "--filter", "dangling=true"],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["podman", "images", "-a", "-q", "--no-trunc", "--filter", "dangling=true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(r.stdout.split())
 
 
@@ -419,12 +507,18 @@ def _kill_mid_image_build(project) -> dict[str, str]:
     """Start `snakemake slow`, kill its process group once its image build runs its second RUN
     (a working container made from the first RUN's intermediate image); what the kill left."""
     before = _storage_containers()
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "slow", "--cores", "1"], cwd=project,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "slow", "--cores", "1"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and all(
-                name.startswith("debian-") for cid, name in _storage_containers().items() if cid not in before):
+            name.startswith("debian-") for cid, name in _storage_containers().items() if cid not in before
+        ):
             assert proc.poll() is None, "the build ended before its image build was caught"
             time.sleep(0.3)
     finally:
@@ -480,12 +574,15 @@ def test_the_smoke_recipe_builds_with_its_teacher_in_podman(project):
     shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
     (project / "recipes" / "smoke_podman.yaml").write_text(
         "extends: smoke\nteacher: {sandbox: podman, limits: {pull: never}}\ntask_filter: {sample: {n: 24, seed: 0}}\n"
-        "sft: {max_steps: 100}\nrl: null\neval: null\nharness: {constrained_decoding: false}\n")
+        "sft: {max_steps: 100}\nrl: null\neval: null\nharness: {constrained_decoding: false}\n"
+    )
     snakemake(project, "smoke_podman", "--cores", "2")
     results = project / "results" / "smoke_podman"
     traces = pq.read_table(results / "teacher" / "traces.parquet").to_pylist()
     assert len(traces) == 24 and all(t["exception"] is None and t["reward"] == 1.0 for t in traces)
-    tasks = {r["path"]: TaskDir.unpack(r["path"], r["task_binary"])
-             for r in pq.read_table(results / "task_filter" / "kept.parquet").to_pylist()}
+    tasks = {
+        r["path"]: TaskDir.unpack(r["path"], r["task_binary"])
+        for r in pq.read_table(results / "task_filter" / "kept.parquet").to_pylist()
+    }
     assert all(image_exists(f"{IMAGE_REPO}:{environment_hash(t)[:24]}") for t in tasks.values())
     assert (results / "sft" / "checkpoint.json").is_file()

@@ -14,8 +14,12 @@ def _artifact(tmp_path, stage, files):
     outdir.mkdir(parents=True)
     for name, data in files.items():
         (outdir / name).write_bytes(data)
-    write_record({"stage": stage, "id": "a" * 16, "settings": {}, "inputs": [], "outdir": str(outdir)},
-                 stage, "2026-01-01T00:00:00+00:00", {})
+    write_record(
+        {"stage": stage, "id": "a" * 16, "settings": {}, "inputs": [], "outdir": str(outdir)},
+        stage,
+        "2026-01-01T00:00:00+00:00",
+        {},
+    )
     return outdir
 
 
@@ -32,8 +36,13 @@ def _flip_in_place(path, at=3):
 
 
 def test_a_checkpoints_config_and_tokenizer_are_covered(tmp_path):
-    files = {"checkpoint.json": b"{}", "model.safetensors": b"weights", "train_log.jsonl": b"{}\n",
-             "config.json": b'{"hidden_size": 64}', "tokenizer.json": b'{"model": {"vocab": {}}}'}
+    files = {
+        "checkpoint.json": b"{}",
+        "model.safetensors": b"weights",
+        "train_log.jsonl": b"{}\n",
+        "config.json": b'{"hidden_size": 64}',
+        "tokenizer.json": b'{"model": {"vocab": {}}}',
+    }
     outdir = _artifact(tmp_path, "sft", files)
     (outdir / ".sft_settings.json").write_text("{}")  # hidden: not part of the artifact
     assert check(outdir, "sft").status == "ok"
@@ -75,8 +84,12 @@ def test_code_drift_names_the_changed_module_of_any_depth(tmp_path, monkeypatch)
     shutil.copytree(codehash.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(codehash, "PACKAGE", copy)
     files = codehash.code_files("sft")
-    assert {"otbuild/stages/sft.py", "otbuild/train/sft.py", "otbuild/train/chat.py",
-            "otbuild/templates/qwen3_chat.j2"} <= files.keys()
+    assert {
+        "otbuild/stages/sft.py",
+        "otbuild/train/sft.py",
+        "otbuild/train/chat.py",
+        "otbuild/templates/qwen3_chat.j2",
+    } <= files.keys()
     assert {"otbuild/harness/trial.py", "otbuild/engines/openai.py"} <= codehash.code_files("rollout").keys()
     assert "otbuild/sources/nl2bash.py" in codehash.code_files("source")
 

@@ -51,8 +51,9 @@ def test_the_folder_loads_with_datasets_and_its_card_names_the_recipe_and_ids(pr
     from datasets import load_dataset
 
     _build()
-    result = CliRunner().invoke(main, ["publish", "r", "task_filter", "--repo", "otbuild/r-tasks", "--dry-run",
-                                       "--out", "hub"])
+    result = CliRunner().invoke(
+        main, ["publish", "r", "task_filter", "--repo", "otbuild/r-tasks", "--dry-run", "--out", "hub"]
+    )
     assert result.exit_code == 0, result.output
     nodes = {n.label: n for n in _plan().nodes}
     kept = nodes["task_filter"].main_output
@@ -93,21 +94,39 @@ def test_the_card_has_the_hub_metadata_and_the_reports_license(project):
 
 def test_size_categories_are_the_hubs_and_a_bound_opens_its_bucket():
     """One rule for publish's card and the report's: each count gets one of the Hub's names."""
-    cases = {0: "n<1K", 999: "n<1K", 1_000: "1K<n<10K", 9_999: "1K<n<10K", 10_000: "10K<n<100K",
-             100_000: "100K<n<1M", 999_999: "100K<n<1M", 1_000_000: "1M<n<10M", 9_999_999: "1M<n<10M",
-             10_000_000: "10M<n<100M", 99_999_999: "10M<n<100M", 100_000_000: "100M<n<1B",
-             10**9: "1B<n<10B", 10**10: "10B<n<100B", 10**11: "100B<n<1T", 10**12: "n>1T"}
+    cases = {
+        0: "n<1K",
+        999: "n<1K",
+        1_000: "1K<n<10K",
+        9_999: "1K<n<10K",
+        10_000: "10K<n<100K",
+        100_000: "100K<n<1M",
+        999_999: "100K<n<1M",
+        1_000_000: "1M<n<10M",
+        9_999_999: "1M<n<10M",
+        10_000_000: "10M<n<100M",
+        99_999_999: "10M<n<100M",
+        100_000_000: "100M<n<1B",
+        10**9: "1B<n<10B",
+        10**10: "10B<n<100B",
+        10**11: "100B<n<1T",
+        10**12: "n>1T",
+    }
     assert {n: size_category(n) for n in cases} == cases
 
 
 def test_big_tables_are_sharded_and_nothing_is_written_over(project):
     _build()
     manifest = hub_folder(_plan(), "task_filter", project / "hub", "otbuild/r", max_shard_bytes=1)
-    assert [f["path"] for f in manifest["files"]] == ["data/train-00000-of-00003.parquet",
-                                                      "data/train-00001-of-00003.parquet",
-                                                      "data/train-00002-of-00003.parquet"]  # 1024-row batches
+    assert [f["path"] for f in manifest["files"]] == [
+        "data/train-00000-of-00003.parquet",
+        "data/train-00001-of-00003.parquet",
+        "data/train-00002-of-00003.parquet",
+    ]  # 1024-row batches
     assert sum(f["rows"] for f in manifest["files"]) == pq.read_metadata(_plan().nodes[-2].main_output).num_rows
-    again = CliRunner().invoke(main, ["publish", "r", "task_filter", "--repo", "otbuild/r", "--dry-run", "--out", "hub"])
+    again = CliRunner().invoke(
+        main, ["publish", "r", "task_filter", "--repo", "otbuild/r", "--dry-run", "--out", "hub"]
+    )
     assert again.exit_code == 2 and "exists" in again.output
 
 

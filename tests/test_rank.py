@@ -13,8 +13,9 @@ def _summaries(tmp_path, table: dict[str, dict[str, float]]) -> list:
     paths = []
     for cand, scores in table.items():
         p = tmp_path / f"{cand}.parquet"
-        pq.write_table(pa.table({"model": ["m"] * len(scores), "benchmark": list(scores),
-                                 "mean": list(scores.values())}), p)
+        pq.write_table(
+            pa.table({"model": ["m"] * len(scores), "benchmark": list(scores), "mean": list(scores.values())}), p
+        )
         paths.append(p)
     return paths
 
@@ -62,8 +63,9 @@ def test_rank_by_partial_credit(tmp_path):
     paths = []
     for cand, (mean, partial) in {"a": (0.2, 0.9), "b": (0.4, 0.5)}.items():
         paths.append(tmp_path / f"{cand}.parquet")
-        pq.write_table(pa.table({"model": ["m"], "benchmark": ["x"], "mean": [mean], "partial_mean": [partial]}),
-                       paths[-1])
+        pq.write_table(
+            pa.table({"model": ["m"], "benchmark": ["x"], "mean": [mean], "partial_mean": [partial]}), paths[-1]
+        )
     for metric, best in (("pass_at_1", "b"), ("partial_credit", "a")):
         out = tmp_path / metric
         out.mkdir()

@@ -66,6 +66,7 @@ def test_compare_sets_volatile_metadata_keys_aside_at_any_depth(tmp_path):
 
     def meta(seconds: float, stop: str = "done") -> list[dict]:
         return [{"verifier_s": seconds, "stop_reason": stop, "steps": [{"name": "a", "verifier_s": seconds}]}] * 3
+
     _traces(built / "traces.parquet", ["d"] * 3, [1.0] * 3, meta(0.5))
     _traces(again / "traces.parquet", ["d"] * 3, [1.0] * 3, meta(0.7))
     o = compare("trace_filter", _record(built, ["traces.parquet"]), built, again)
@@ -93,8 +94,11 @@ def test_compare_json_lines_text_regions_and_files(tmp_path):
     (again / "train_log.jsonl").write_text('{"step": 1, "loss": 2.5, "time": 9.1}\n')
     (again / "model.safetensors").write_bytes(b"v")
     o = compare("sft", _record(built, names), built, again)
-    assert o.differences == ["model.safetensors: bytes differ", "train_log.jsonl: key(s) loss differ at line 1",
-                             "report.html: differs from line 5: '<p>rows 5</p>'"]
+    assert o.differences == [
+        "model.safetensors: bytes differ",
+        "train_log.jsonl: key(s) loss differ at line 1",
+        "report.html: differs from line 5: '<p>rows 5</p>'",
+    ]
 
 
 def test_rebuild_options_are_usage_errors_without_rebuild(tmp_path):
@@ -105,8 +109,10 @@ def test_rebuild_options_are_usage_errors_without_rebuild(tmp_path):
 # -- end to end: two builds, and the audit ------------------------------------------------------
 # the smoke recipe with its student trained briefly and no RL (whose rollouts vLLM samples: no
 # two builds of it compare byte for byte), each build a third of the smoke's time
-SHORT = ("extends: smoke\ntask_filter: {sample: {n: 24, seed: 0}}\nsft: {max_steps: 100}\nrl: null\n"
-         "eval: {base: false, benchmarks: {heldout: {count: 6}}}\n")
+SHORT = (
+    "extends: smoke\ntask_filter: {sample: {n: 24, seed: 0}}\nsft: {max_steps: 100}\nrl: null\n"
+    "eval: {base: false, benchmarks: {heldout: {count: 6}}}\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +142,11 @@ def test_two_builds_give_the_same_bytes(two_builds):
     records = {d: read_record(first / d) for d in dirs}
     how = {d: sampled(r["stage"], r["settings"], r.get("stats")) for d, r in records.items()}
     served = any(how.values())  # a server sampled some answers: the report counts their tokens
-    outcomes = {str(d): compare(r["stage"], r, first / d, second / d, how[d])
-                for d, r in records.items() if not (served and r["stage"] == "report")}
+    outcomes = {
+        str(d): compare(r["stage"], r, first / d, second / d, how[d])
+        for d, r in records.items()
+        if not (served and r["stage"] == "report")
+    }
     assert {d: o.differences for d, o in outcomes.items() if o.result not in ("identical", "sampled")} == {}
     assert len(outcomes) >= len(dirs) - 2
     # byte for byte but for the declared volatile columns, files and regions
@@ -164,8 +173,9 @@ def test_audit_rebuild_passes_then_names_a_changed_output(two_builds):
     table = pq.read_table(tasks)
     instructions = table.column("instruction").to_pylist()
     instructions[3] += " (changed)"
-    pq.write_table(table.set_column(table.schema.get_field_index("instruction"), "instruction",
-                                    pa.array(instructions)), tasks)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("instruction"), "instruction", pa.array(instructions)), tasks
+    )
     record = read_record(mix)
     record["outputs"][0].update(sha256=file_sha256(tasks, cached=False), bytes=os.path.getsize(tasks))
     (mix / "provenance.json").write_text(json.dumps(record))

@@ -38,7 +38,9 @@ def _error(root, name) -> str:
 
 
 def test_extends_deep_merges_and_null_deletes(recipes):
-    root = _write(recipes, "child", "extends: base\nsources:\n  b: {count: 99}\nmix: {order: round_robin}\ntask_filter: null\n")
+    root = _write(
+        recipes, "child", "extends: base\nsources:\n  b: {count: 99}\nmix: {order: round_robin}\ntask_filter: null\n"
+    )
     r = load_recipe("child", root).recipe
     assert r.sources["b"].count == 99 and r.sources["b"].families == ["text"]  # merged, not replaced
     assert r.mix.order == "round_robin" and r.mix.total == 10
@@ -60,8 +62,12 @@ def test_error_in_parent_names_the_parent(recipes):
 
 
 def test_discriminated_sources_report_real_key_paths(recipes):
-    root = _write(recipes, "bad", "sources:\n  a: {kind: synthetic, rank: 1, count: 1, famlies: [text]}\n"
-                  "  c: {kind: harbor-dir, rank: 2}\n  d: {kind: nope, rank: 3}\n")
+    root = _write(
+        recipes,
+        "bad",
+        "sources:\n  a: {kind: synthetic, rank: 1, count: 1, famlies: [text]}\n"
+        "  c: {kind: harbor-dir, rank: 2}\n  d: {kind: nope, rank: 3}\n",
+    )
     msg = _error(root, "bad")
     assert "sources.a.famlies: unknown key; did you mean 'families'?" in msg
     assert "sources.c.path: required key is missing" in msg
@@ -69,10 +75,17 @@ def test_discriminated_sources_report_real_key_paths(recipes):
 
 
 def test_a_section_without_kind_gets_the_kind_its_keys_point_to(recipes):
-    root = _write(recipes, "bad", "sources:\n  a: {type: stackexchange, rank: 1, path: x.parquet}\n"
-                  "  b: {rank: 2, count: 3, families: [text]}\n  c: {rank: 3}\n")
+    root = _write(
+        recipes,
+        "bad",
+        "sources:\n  a: {type: stackexchange, rank: 1, path: x.parquet}\n"
+        "  b: {rank: 2, count: 3, families: [text]}\n  c: {rank: 3}\n",
+    )
     msg = _error(root, "bad")
-    assert "sources.a.kind: required key is missing; did you mean `kind: stackexchange` (found `type: stackexchange`)?" in msg
+    assert (
+        "sources.a.kind: required key is missing; did you mean `kind: stackexchange` (found `type: stackexchange`)?"
+        in msg
+    )
     assert "sources.b.kind: required key is missing; its keys (rank, count, families) fit kind 'synthetic'" in msg
     assert "sources.c.kind: required key is missing (kinds: synthetic, harbor-dir," in msg  # rank fits every kind
 
@@ -83,15 +96,18 @@ def test_a_wrong_value_is_blamed_on_the_file_that_set_it_with_did_you_mean(recip
     the merged section."""
     root = _write(recipes, "child", "extends: base\nsources:\n  a: {kind: harbor_dir}\n")
     msg = _error(root, "child")
-    assert msg.startswith(f"{recipes}/child.yaml: sources.a.kind: unknown kind 'harbor_dir'; did you mean "
-                          "'harbor-dir'? (kinds: synthetic, harbor-dir,"), msg
+    assert msg.startswith(
+        f"{recipes}/child.yaml: sources.a.kind: unknown kind 'harbor_dir'; did you mean "
+        "'harbor-dir'? (kinds: synthetic, harbor-dir,"
+    ), msg
     assert "count" not in msg and "{" not in msg
-    cases = {"teacher: {engine: olacle}": "teacher.engine: unknown value 'olacle'; did you mean 'oracle'?",
-             "teacher: {engine: oracle, sandbox: bwarp}": "teacher.sandbox: unknown value 'bwarp'; did you mean 'bwrap'?",
-             "sft: {model: {kind: tiny, chat_template: qwen_thinking}}":
-                 "sft.model.chat_template: unknown value 'qwen_thinking'; did you mean 'qwen3_thinking'?",
-             "mix: {order: shufle}": "mix.order: unknown value 'shufle'; did you mean 'shuffle'? "
-                                     "(expected one of: shuffle, round_robin)"}
+    cases = {
+        "teacher: {engine: olacle}": "teacher.engine: unknown value 'olacle'; did you mean 'oracle'?",
+        "teacher: {engine: oracle, sandbox: bwarp}": "teacher.sandbox: unknown value 'bwarp'; did you mean 'bwrap'?",
+        "sft: {model: {kind: tiny, chat_template: qwen_thinking}}": "sft.model.chat_template: unknown value 'qwen_thinking'; did you mean 'qwen3_thinking'?",
+        "mix: {order: shufle}": "mix.order: unknown value 'shufle'; did you mean 'shuffle'? "
+        "(expected one of: shuffle, round_robin)",
+    }
     for body, said in cases.items():
         root = _write(recipes, "child", f"extends: base\n{body}\n")
         assert f"child.yaml: {said}" in _error(root, "child")
@@ -137,8 +153,12 @@ def test_regexes_are_checked_by_duckdb_re2(recipes):
 
 
 def test_duplicate_keys_are_refused_with_both_lines(recipes):
-    root = _write(recipes, "dup", BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nteacher: {engine: oracle, shards: 4}\n")
-    assert "dup.yaml: line 9, column 1: not valid YAML (duplicate key 'teacher', first set on line 7)" in _error(root, "dup")
+    root = _write(
+        recipes, "dup", BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nteacher: {engine: oracle, shards: 4}\n"
+    )
+    assert "dup.yaml: line 9, column 1: not valid YAML (duplicate key 'teacher', first set on line 7)" in _error(
+        root, "dup"
+    )
     root = _write(recipes, "dup2", BASE.replace("count: 10, seed: 1}", "count: 10, seed: 1, count: 3}"))
     assert "duplicate key 'count', first set on line 3" in _error(root, "dup2")
     root = _write(recipes, "merge", BASE + "x: &t {engine: oracle}\n".replace("x", "teacher") + "trace_filter: {}\n")
@@ -150,14 +170,25 @@ def test_alias_bombs_and_absurd_sizes_are_refused(recipes):
     for i in range(1, 6):  # 10^6 values once expanded, from a few hundred bytes
         levels.append(f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]")
     bomb = "".join(f"  l{i}: {lv}\n" for i, lv in enumerate(levels))
-    root = _write(recipes, "bomb", BASE + "teacher:\n  engine: vllm\n  model: m\n  engine_args:\n    extra_args:\n"
-                  + bomb.replace("  l", "      l") + "trace_filter: {}\n")
+    root = _write(
+        recipes,
+        "bomb",
+        BASE
+        + "teacher:\n  engine: vllm\n  model: m\n  engine_args:\n    extra_args:\n"
+        + bomb.replace("  l", "      l")
+        + "trace_filter: {}\n",
+    )
     assert "not valid YAML (aliases expand to more than 100000 values)" in _error(root, "bomb")
     root = _write(recipes, "loop", "sources: &s\n  a: {kind: synthetic, count: 1}\n  b: *s\n")
     assert "an alias refers to itself" in _error(root, "loop")
-    root = _write(recipes, "huge", BASE.replace("count: 10, seed: 1", "count: 100000000000000000000000, seed: 1")
-                  .replace("total: 10", "total: 1.0e+12")
-                  + "teacher: {engine: oracle, shards: 1000000000000}\ntrace_filter: {}\n")
+    root = _write(
+        recipes,
+        "huge",
+        BASE.replace("count: 10, seed: 1", "count: 100000000000000000000000, seed: 1").replace(
+            "total: 10", "total: 1.0e+12"
+        )
+        + "teacher: {engine: oracle, shards: 1000000000000}\ntrace_filter: {}\n",
+    )
     msg = _error(root, "huge")
     assert "sources.a.count: Input should be less than or equal to 10000000" in msg
     assert "teacher.shards: Input should be less than or equal to 10000" in msg
@@ -168,19 +199,37 @@ def test_source_paths_that_cannot_be_read_are_config_errors(recipes, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "not_a_dir.txt").write_text("x")
     root = _write(recipes, "swe", f"sources:\n  swe: {{kind: swe-instances, path: {tmp_path}/empty}}\n")
-    assert ("swe.yaml: sources.swe.path: expected a .jsonl/.ndjson/.json file or a folder of them, "
-            f"found none in {tmp_path}/empty") in _error(root, "swe")
+    assert (
+        "swe.yaml: sources.swe.path: expected a .jsonl/.ndjson/.json file or a folder of them, "
+        f"found none in {tmp_path}/empty"
+    ) in _error(root, "swe")
     root = _write(recipes, "hd", "sources:\n  h: {kind: harbor-dir, path: not_a_dir.txt}\n")
-    assert f"hd.yaml: sources.h.path: expected a folder of task dirs, found the file {tmp_path}/not_a_dir.txt" in _error(root, "hd")
-    root = _write(recipes, "bm", BASE + f"eval:\n  model: {{engine: oracle}}\n  benchmarks:\n    b: {{kind: tb1-dir, path: {tmp_path}/empty}}\n")
+    assert (
+        f"hd.yaml: sources.h.path: expected a folder of task dirs, found the file {tmp_path}/not_a_dir.txt"
+        in _error(root, "hd")
+    )
+    root = _write(
+        recipes,
+        "bm",
+        BASE + f"eval:\n  model: {{engine: oracle}}\n  benchmarks:\n    b: {{kind: tb1-dir, path: {tmp_path}/empty}}\n",
+    )
     assert "eval.benchmarks.b.path: expected a folder of task dirs, found none in" in _error(root, "bm")
     (tmp_path / "labels").mkdir()
-    root = _write(recipes, "imp", f"trace_imports:\n  m: {{kind: mini-swe-agent, path: {tmp_path}/empty}}\n"
-                  "  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n")
+    root = _write(
+        recipes,
+        "imp",
+        f"trace_imports:\n  m: {{kind: mini-swe-agent, path: {tmp_path}/empty}}\n"
+        "  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n",
+    )
     msg = _error(root, "imp")
-    assert f"imp.yaml: trace_imports.m.path: expected a .traj.json file or a folder of them, found none in {tmp_path}/empty" in msg
+    assert (
+        f"imp.yaml: trace_imports.m.path: expected a .traj.json file or a folder of them, found none in {tmp_path}/empty"
+        in msg
+    )
     root = _write(recipes, "imp2", "trace_imports:\n  s: {kind: swe-agent, path: not_a_dir.txt, labels: labels}\n")
-    assert f"trace_imports.s.labels: expected a JSON/JSONL file, found the folder {tmp_path}/labels" in _error(root, "imp2")
+    assert f"trace_imports.s.labels: expected a JSON/JSONL file, found the folder {tmp_path}/labels" in _error(
+        root, "imp2"
+    )
     root = _write(recipes, "later", "sources:\n  h: {kind: harbor-dir, path: data/not/there/yet}\n")
     assert load_recipe("later", root).recipe.sources["h"].path  # data may arrive before the build
 
@@ -196,13 +245,20 @@ def test_the_pipeline_shape_names_what_is_missing_or_unused(recipes, tmp_path):
     earlier section brings, data brought that no stage uses, a recipe with nothing to start from."""
     imports = "trace_imports:\n  m: {kind: messages-jsonl, path: chats.jsonl}\ntrace_filter: {}\n"
     root = _write(recipes, "unused", BASE + imports)
-    assert ("unused.yaml: sources: no stage uses these tasks (the recipe ends in traces): add `teacher` or `rl`, "
-            "or remove `sources`") in _plan_error(root, "unused")
+    assert (
+        "unused.yaml: sources: no stage uses these tasks (the recipe ends in traces): add `teacher` or `rl`, "
+        "or remove `sources`"
+    ) in _plan_error(root, "unused")
     root = _write(recipes, "imports_only", imports)
-    assert [n.stage for n in plan_recipe(load_recipe("imports_only", root)).nodes] == ["trace_import", "trace_filter", "report"]
+    assert [n.stage for n in plan_recipe(load_recipe("imports_only", root)).nodes] == [
+        "trace_import",
+        "trace_filter",
+        "report",
+    ]
     root = _write(recipes, "nothing", "description: empty\n")
-    assert "nothing.yaml: nothing to build from: add `sources` (tasks) or `trace_imports` (traces)" in \
-        _plan_error(root, "nothing")
+    assert "nothing.yaml: nothing to build from: add `sources` (tasks) or `trace_imports` (traces)" in _plan_error(
+        root, "nothing"
+    )
     root = _write(recipes, "no_traces", BASE + "sft: {model: {kind: tiny}}\n")
     assert ("no_traces.yaml: sft: needs traces: add `trace_imports` or `teacher`") in _plan_error(root, "no_traces")
     root = _write(recipes, "no_sft", BASE + "rl: {steps: 1}\n")
@@ -215,10 +271,14 @@ def test_constrained_decoding_that_would_constrain_nothing_is_an_error(recipes):
     """It applies to the served checkpoint's eval: with an explicit eval.model, or no eval, it
     would silently do nothing."""
     harness = "harness: {constrained_decoding: true}\n"
-    root = _write(recipes, "explicit", BASE + harness + "eval:\n  model: {engine: oracle}\n"
-                  "  benchmarks: {h: {kind: synthetic, count: 2}}\n")
-    assert "explicit.yaml: harness.constrained_decoding: applies to the eval of the recipe's own" in \
-        _error(root, "explicit")
+    root = _write(
+        recipes,
+        "explicit",
+        BASE + harness + "eval:\n  model: {engine: oracle}\n  benchmarks: {h: {kind: synthetic, count: 2}}\n",
+    )
+    assert "explicit.yaml: harness.constrained_decoding: applies to the eval of the recipe's own" in _error(
+        root, "explicit"
+    )
     root = _write(recipes, "noeval", BASE + harness)
     assert "noeval.yaml: harness.constrained_decoding" in _error(root, "noeval")
 
@@ -226,20 +286,40 @@ def test_constrained_decoding_that_would_constrain_nothing_is_an_error(recipes):
 def test_engine_args_are_checked_by_their_engines_launch_options(recipes):
     """Each key of teacher.engine_args (and eval's, rl's vllm_args) is named when its engine
     does not take it or its value does not fit, with what it takes."""
-    root = _write(recipes, "typo", BASE + "teacher: {engine: vllm, model: m, engine_args: {tensor_parallel_sze: 2}}\n"
-                  "trace_filter: {}\n")
-    assert ("typo.yaml: teacher.engine_args.tensor_parallel_sze: unknown key; did you mean 'tensor_parallel_size'? "
-            "(allowed keys: data_parallel_size, ") in _error(root, "typo")
-    root = _write(recipes, "kind", BASE + "teacher: {engine: vllm, model: m, engine_args: {tensor_parallel_size: two}}\n"
-                  "trace_filter: {}\n")
-    assert "kind.yaml: teacher.engine_args.tensor_parallel_size: Input should be a valid integer" in _error(root, "kind")
-    root = _write(recipes, "api", BASE + "teacher: {engine: openai, base_url: 'http://h/v1', model: m, "
-                  "engine_args: {max_retries: 2}}\ntrace_filter: {}\n")
+    root = _write(
+        recipes,
+        "typo",
+        BASE + "teacher: {engine: vllm, model: m, engine_args: {tensor_parallel_sze: 2}}\ntrace_filter: {}\n",
+    )
+    assert (
+        "typo.yaml: teacher.engine_args.tensor_parallel_sze: unknown key; did you mean 'tensor_parallel_size'? "
+        "(allowed keys: data_parallel_size, "
+    ) in _error(root, "typo")
+    root = _write(
+        recipes,
+        "kind",
+        BASE + "teacher: {engine: vllm, model: m, engine_args: {tensor_parallel_size: two}}\ntrace_filter: {}\n",
+    )
+    assert "kind.yaml: teacher.engine_args.tensor_parallel_size: Input should be a valid integer" in _error(
+        root, "kind"
+    )
+    root = _write(
+        recipes,
+        "api",
+        BASE + "teacher: {engine: openai, base_url: 'http://h/v1', model: m, "
+        "engine_args: {max_retries: 2}}\ntrace_filter: {}\n",
+    )
     assert "api.yaml: teacher.engine_args: engine 'openai' starts no server" in _error(root, "api")
-    root = _write(recipes, "served", BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: tiny}}\n"
-                  "rl: {steps: 1, rollout: vllm, vllm_args: {port: x}}\neval:\n  benchmarks: {b: {kind: synthetic, "
-                  "count: 1}}\n  serve_with: vllm\n  engine_args: {max_model_lenn: 9}\n")
-    assert "served.yaml: eval.engine_args.max_model_lenn: unknown key; did you mean 'max_model_len'?" in _error(root, "served")
+    root = _write(
+        recipes,
+        "served",
+        BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: tiny}}\n"
+        "rl: {steps: 1, rollout: vllm, vllm_args: {port: x}}\neval:\n  benchmarks: {b: {kind: synthetic, "
+        "count: 1}}\n  serve_with: vllm\n  engine_args: {max_model_lenn: 9}\n",
+    )
+    assert "served.yaml: eval.engine_args.max_model_lenn: unknown key; did you mean 'max_model_len'?" in _error(
+        root, "served"
+    )
     _write(recipes, "served", (recipes / "served.yaml").read_text().replace("lenn", "len"))
     assert "served.yaml: rl.vllm_args.port: Input should be a valid integer" in _error(root, "served")
 
@@ -257,10 +337,14 @@ def test_teacher_ablation_gives_each_candidate_its_own_engine_args(recipes):
     assert glm46[glm46.index("--reasoning-parser") + 1] == "glm45"
     assert kimi[kimi.index("--reasoning-parser") + 1] == "kimi_k2" and "--trust-remote-code" in kimi
     # the old grid is refused at validate time, naming the candidate and the mismatch
-    (recipes / "parent.yaml").write_text(BASE + "teacher: {engine: vllm, model: QuantTrio/GLM-4.7-AWQ, "
-                                         "engine_args: {quantization: awq}}\ntrace_filter: {}\n"
-                                         "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n")
-    root = _write(recipes, "grid", "extends: parent\nablate:\n  teacher.model: [QuantTrio/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n")
+    (recipes / "parent.yaml").write_text(
+        BASE + "teacher: {engine: vllm, model: QuantTrio/GLM-4.7-AWQ, "
+        "engine_args: {quantization: awq}}\ntrace_filter: {}\n"
+        "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count: 1}}}\n"
+    )
+    root = _write(
+        recipes, "grid", "extends: parent\nablate:\n  teacher.model: [QuantTrio/GLM-4.7-AWQ, zai-org/GLM-4.6-FP8]\n"
+    )
     with pytest.raises(ConfigError, match=r"candidate \[teacher.model=zai-org--GLM-4.6-FP8\].*teacher: .*saved as FP8"):
         plan_recipe(load_recipe("grid", root))
 
@@ -269,9 +353,11 @@ def test_eval_context_beyond_the_models_needs_rope_scaling(recipes, tmp_path):
     base = tmp_path / "qwen3"  # the SFT base: the checkpoint keeps its config
     base.mkdir()
     (base / "config.json").write_text('{"model_type": "qwen3", "max_position_embeddings": 40960}')
-    recipe = (BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: pretrained, path: qwen3}}\n"
-              "eval:\n  benchmarks: {b: {kind: synthetic, count: 1}}\n  serve_with: vllm\n"
-              "  engine_args: {max_model_len: 65536}\n")
+    recipe = (
+        BASE + "teacher: {engine: oracle}\ntrace_filter: {}\nsft: {model: {kind: pretrained, path: qwen3}}\n"
+        "eval:\n  benchmarks: {b: {kind: synthetic, count: 1}}\n  serve_with: vllm\n"
+        "  engine_args: {max_model_len: 65536}\n"
+    )
     root = _write(recipes, "long", recipe)
     assert "long.yaml: eval.engine_args: max_model_len 65536 exceeds" in _error(root, "long")
     yarn = "{max_model_len: 65536, hf_overrides: {rope_scaling: {rope_type: yarn, factor: 2.0}}}"
@@ -284,10 +370,14 @@ EVAL = "eval: {model: {engine: oracle}, benchmarks: {b: {kind: synthetic, count:
 
 def test_an_ablation_grid_is_bounded_before_any_candidate_is_made(recipes):
     axes = ", ".join(str(i) for i in range(1, 1001))
-    root = _write(recipes, "huge", f"extends: base\n{EVAL}ablate:\n  mix.seed: [{axes}]\n  task_filter.sample.seed: [{axes}]\n")
+    root = _write(
+        recipes, "huge", f"extends: base\n{EVAL}ablate:\n  mix.seed: [{axes}]\n  task_filter.sample.seed: [{axes}]\n"
+    )
     msg = _error(root, "huge")  # 10^6 candidates: refused from the product of the axes
-    assert "huge.yaml: ablate: the grid has 1000 x 1000 = 1000000 candidates, expected at most " \
-           "max_candidates (1000)" in msg
+    assert (
+        "huge.yaml: ablate: the grid has 1000 x 1000 = 1000000 candidates, expected at most "
+        "max_candidates (1000)" in msg
+    )
     grid = f"extends: base\n{EVAL}ablate:\n  mix.seed: [1, 2, 3]\n  mix.order: [shuffle, round_robin]\n"
     root = _write(recipes, "six", grid + "max_candidates: 5\n")
     assert "the grid has 3 x 2 = 6 candidates, expected at most max_candidates (5)" in _error(root, "six")
@@ -301,18 +391,27 @@ def test_deep_yaml_nesting_is_a_config_error_not_a_recursion_error(recipes):
     root = _write(recipes, "deep", BASE + "description: " + "[" * 20000 + "]" * 20000 + "\n")
     assert "deep.yaml: line 7, column 113: not valid YAML (nested more than 100 levels deep)" in _error(root, "deep")
     block = "".join("  " * i + f"k{i}:\n" for i in range(3000))
-    root = _write(recipes, "deep2", BASE + "teacher:\n  engine: vllm\n  model: m\n  engine_args:\n"
-                  + block.replace("k", "    k") + "trace_filter: {}\n")
+    root = _write(
+        recipes,
+        "deep2",
+        BASE
+        + "teacher:\n  engine: vllm\n  model: m\n  engine_args:\n"
+        + block.replace("k", "    k")
+        + "trace_filter: {}\n",
+    )
     assert "not valid YAML (nested more than 100 levels deep)" in _error(root, "deep2")
 
 
 def test_nan_and_infinity_are_config_errors_everywhere(recipes):
     root = _write(recipes, "nan", BASE + "teacher: {engine: oracle}\ntrace_filter: {min_reward: .nan}\n")
     assert "nan.yaml: trace_filter.min_reward: expected a finite number, found nan" in _error(root, "nan")
-    root = _write(recipes, "inf", "extends: base\n" + EVAL.replace("count: 1}}", "count: 1}}, timeout_multiplier: .inf"))
+    root = _write(
+        recipes, "inf", "extends: base\n" + EVAL.replace("count: 1}}", "count: 1}}, timeout_multiplier: .inf")
+    )
     assert "inf.yaml: eval.timeout_multiplier: expected a finite number, found inf" in _error(root, "inf")
-    root = _write(recipes, "args", BASE + "teacher: {engine: vllm, model: m, engine_args: {x: [1, -.Inf]}}\n"
-                  "trace_filter: {}\n")
+    root = _write(
+        recipes, "args", BASE + "teacher: {engine: vllm, model: m, engine_args: {x: [1, -.Inf]}}\ntrace_filter: {}\n"
+    )
     assert "args.yaml: teacher.engine_args.x.1: expected a finite number, found -inf" in _error(root, "args")
     root = _write(recipes, "grid", f"extends: base\n{EVAL}ablate:\n  task_filter.sample.n: [3, .nan]\n")
     assert "grid.yaml: ablate.task_filter.sample.n.1: expected a finite number, found nan" in _error(root, "grid")
@@ -326,31 +425,50 @@ def test_unreadable_source_paths_name_the_key(recipes, tmp_path):
     root = _write(recipes, "imp", "trace_imports:\n  t: {kind: messages-jsonl, path: loop1}\ntrace_filter: {}\n")
     assert "imp.yaml: trace_imports.t.path: cannot resolve" in _error(root, "imp")
     os.mkfifo(tmp_path / "fifo")
-    for source in ("{kind: harbor-parquet, path: /dev/zero}", "{kind: harbor-dir, path: fifo}",
-                   "{kind: table, path: fifo, columns: {instruction: q}}"):
+    for source in (
+        "{kind: harbor-parquet, path: /dev/zero}",
+        "{kind: harbor-dir, path: fifo}",
+        "{kind: table, path: fifo, columns: {instruction: q}}",
+    ):
         root = _write(recipes, "special", f"sources:\n  h: {source}\n")
-        assert "special.yaml: sources.h.path: expected a file or a folder, found a special file" in _error(root, "special")
+        assert "special.yaml: sources.h.path: expected a file or a folder, found a special file" in _error(
+            root, "special"
+        )
 
 
 def test_engine_urls_must_be_http(recipes):
     for url in ("file:///tmp/x", "localhost:8000/v1", "http://", "ftp://host/v1"):
-        root = _write(recipes, "url", BASE + f"teacher: {{engine: openai, model: m, base_url: '{url}'}}\ntrace_filter: {{}}\n")
+        root = _write(
+            recipes, "url", BASE + f"teacher: {{engine: openai, model: m, base_url: '{url}'}}\ntrace_filter: {{}}\n"
+        )
         assert "url.yaml: teacher.base_url: expected an http(s) URL" in _error(root, "url"), url
-    _write(recipes, "url", BASE + "teacher: {engine: openai, model: m, base_url: 'https://api.x.com/v1'}\ntrace_filter: {}\n")
+    _write(
+        recipes,
+        "url",
+        BASE + "teacher: {engine: openai, model: m, base_url: 'https://api.x.com/v1'}\ntrace_filter: {}\n",
+    )
     assert load_recipe("url", root).recipe.teacher.base_url == "https://api.x.com/v1"
 
 
 def test_eval_on_another_harness_prompt_than_the_rollouts_is_refused(recipes):
     """The 100K recipe's student trained on otbuild's terminus-2 text and was evaluated on
     Harbor's: validate refuses that unless eval.allow_prompt_mismatch says it is meant."""
+
     def recipe(teacher, ev, more=""):
-        return (BASE + f"teacher: {{engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m, sandbox: {teacher}}}\n"
-                "sft: {model: {kind: pretrained, path: qwen3}}\n" + more +
-                f"eval:\n  benchmarks: {{h: {{kind: synthetic, count: 2}}}}\n  sandbox: {ev}\n")
+        return (
+            BASE + f"teacher: {{engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m, sandbox: {teacher}}}\n"
+            "sft: {model: {kind: pretrained, path: qwen3}}\n"
+            + more
+            + f"eval:\n  benchmarks: {{h: {{kind: synthetic, count: 2}}}}\n  sandbox: {ev}\n"
+        )
 
     msg = _error(_write(recipes, "mixed", recipe("bwrap", "harbor")), "mixed")
-    assert "mixed.yaml: eval: the checkpoint is evaluated with the harbor:terminus-2 prompt but teacher " \
-           "rollouts use otbuild:terminus2" in msg and "eval.allow_prompt_mismatch: true" in msg
+    assert (
+        "mixed.yaml: eval: the checkpoint is evaluated with the harbor:terminus-2 prompt but teacher "
+        "rollouts use otbuild:terminus2"
+        in msg
+        and "eval.allow_prompt_mismatch: true" in msg
+    )
     msg = _error(_write(recipes, "compact", recipe("harbor", "bwrap", "harness: {prompt: compact}\n")), "compact")
     assert "evaluated with the otbuild:compact prompt but teacher rollouts use harbor:terminus-2" in msg
     root = _write(recipes, "rl", recipe("harbor", "harbor", "rl: {steps: 1}\n"))
@@ -361,8 +479,10 @@ def test_eval_on_another_harness_prompt_than_the_rollouts_is_refused(recipes):
     _write(recipes, "one", recipe("harbor", "harbor"))
     _write(recipes, "allowed", recipe("harbor", "harbor") + "  allow_prompt_mismatch: true\n")
     _write(recipes, "mismatch", recipe("bwrap", "harbor") + "  allow_prompt_mismatch: true\n")
-    ids = {name: {n.label: n.id for n in plan_recipe(load_recipe(name, root)).nodes if n.stage != "report"}
-           for name in ("local", "one", "allowed", "mismatch")}  # (a report's id has the recipe's name)
+    ids = {
+        name: {n.label: n.id for n in plan_recipe(load_recipe(name, root)).nodes if n.stage != "report"}
+        for name in ("local", "one", "allowed", "mismatch")
+    }  # (a report's id has the recipe's name)
     assert ids["one"] == ids["allowed"]
 
 
@@ -393,8 +513,9 @@ def test_paper_recipes_filter_traces_as_the_paper_did(name, traces):
 def test_a_teacher_context_longer_than_sft_cutoff_needs_an_explicit_truncation(recipes):
     """The teacher writes traces up to its context (64K) and SFT cuts at cutoff_len (32K): right
     truncation loses each long trace's ending, so validate asks the recipe to say it."""
-    teacher = ("teacher: {engine: vllm, model: zai-org/GLM-4.7-AWQ, "
-               "engine_args: {quantization: awq, max_model_len: 65536}}\n")
+    teacher = (
+        "teacher: {engine: vllm, model: zai-org/GLM-4.7-AWQ, engine_args: {quantization: awq, max_model_len: 65536}}\n"
+    )
     sft = "sft:\n  model: {kind: pretrained, path: Qwen/Qwen3-8B}\n"
     root = _write(recipes, "implicit", BASE + teacher + sft)
     msg = _error(root, "implicit")

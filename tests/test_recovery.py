@@ -82,12 +82,24 @@ def test_snakemake_is_told_apart_from_what_wraps_or_mentions_it():
     def runs(cmd):
         return runs_snakemake([a.encode() for a in cmd.split()])
 
-    for cmd in ("/venv/bin/python3.12 /venv/bin/snakemake smoke", "python -u -m snakemake -n smoke",
-                "python3 -X dev /x/snakemake", "snakemake smoke"):
+    for cmd in (
+        "/venv/bin/python3.12 /venv/bin/snakemake smoke",
+        "python -u -m snakemake -n smoke",
+        "python3 -X dev /x/snakemake",
+        "snakemake smoke",
+    ):
         assert runs(cmd), cmd
-    for cmd in ("timeout 600 snakemake smoke", "/usr/bin/time -v snakemake smoke", "srun snakemake smoke",
-                "bash -c snakemake", "python -c snakemake", "python -m pytest tests/snakemake",
-                "python /x/run_snakemake.py", "vim Snakefile", ""):
+    for cmd in (
+        "timeout 600 snakemake smoke",
+        "/usr/bin/time -v snakemake smoke",
+        "srun snakemake smoke",
+        "bash -c snakemake",
+        "python -c snakemake",
+        "python -m pytest tests/snakemake",
+        "python /x/run_snakemake.py",
+        "vim Snakefile",
+        "",
+    ):
         assert not runs(cmd), cmd
 
 
@@ -96,9 +108,15 @@ def test_a_run_killed_then_restarted_under_timeout_recovers(project):
     """The issue's repro: setsid snakemake R & ...; kill -9 -- -$!; timeout 600 snakemake R."""
     (project / "recipes" / "r.yaml").write_text(
         "sources:\n  a: {kind: synthetic, rank: 1, count: 4, seed: 4, difficulties: [3]}\n"
-        "teacher: {engine: oracle, shards: 2, concurrency: 1}\n")
-    first = subprocess.Popen([sys.executable, "-m", "snakemake", "r"], cwd=project, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        "teacher: {engine: oracle, shards: 2, concurrency: 1}\n"
+    )
+    first = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "r"],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not list((project / "artifacts").glob("rollout/*/shards/*.partial.jsonl")):
         assert first.poll() is None and time.monotonic() < deadline, "the first run never reached its rollouts"
@@ -108,8 +126,9 @@ def test_a_run_killed_then_restarted_under_timeout_recovers(project):
     assert list((project / ".snakemake" / "locks").glob("*.lock"))
 
     console_script = Path(sys.executable).with_name("snakemake")
-    restart = subprocess.run(["timeout", "600", str(console_script), "r"], cwd=project,
-                             capture_output=True, text=True, check=False)
+    restart = subprocess.run(
+        ["timeout", "600", str(console_script), "r"], cwd=project, capture_output=True, text=True, check=False
+    )
     log = restart.stdout + restart.stderr
     assert restart.returncode == 0, log[-4000:]
     assert "LockException" not in log and "removed the locks of a snakemake run" in log
@@ -118,11 +137,20 @@ def test_a_run_killed_then_restarted_under_timeout_recovers(project):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="trial roots are tmpfs mounts only as root")
 def test_the_trial_tmpfs_of_a_killed_build_is_unmounted_at_the_next_start(tmp_path, capsys):
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pathlib import Path\nfrom otbuild.sandbox import open_sandbox\n"
-        "from otbuild.sources.synthetic import generate\n"
-        f"box = open_sandbox(next(generate(1, 3)).task, Path({str(tmp_path)!r}))\n"
-        "print(box.root, flush=True)\ntime.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom pathlib import Path\nfrom otbuild.sandbox import open_sandbox\n"
+                "from otbuild.sources.synthetic import generate\n"
+                f"box = open_sandbox(next(generate(1, 3)).task, Path({str(tmp_path)!r}))\n"
+                "print(box.root, flush=True)\ntime.sleep(600)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     root = holder.stdout.readline().strip()
     assert root in Path("/proc/self/mounts").read_text()
     holder.kill()  # kill -9: nothing closes its trial

@@ -26,8 +26,7 @@ GH = "ghp_" + "Q7w" * 14
 AWS = "AKIA" + "Z3X9" * 4
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow" + "A" * 64 + "\n-----END RSA PRIVATE KEY-----"
-SECRETS = {"hf_token": HF, "api_key_sk": SK, "github_token": GH, "aws_access_key": AWS, "jwt": JWT,
-           "private_key": PEM}
+SECRETS = {"hf_token": HF, "api_key_sk": SK, "github_token": GH, "aws_access_key": AWS, "jwt": JWT, "private_key": PEM}
 
 
 def leaks(text: str) -> list[str]:
@@ -38,18 +37,29 @@ def test_every_pattern_is_redacted_and_counted_in_text():
     r = Redactor()
     text = r.text("echo " + " and ".join(SECRETS.values()) + f" again {HF}; tokenizer sk-short ghp_x")
     assert leaks(text) == [] and "[REDACTED:hf_token]" in text and "tokenizer sk-short ghp_x" in text
-    assert r.found() == {"private_key": 1, "jwt": 1, "aws_access_key": 1, "api_key_sk": 1, "hf_token": 2,
-                         "github_token": 1}
+    assert r.found() == {
+        "private_key": 1,
+        "jwt": 1,
+        "aws_access_key": 1,
+        "api_key_sk": 1,
+        "hf_token": 2,
+        "github_token": 1,
+    }
 
 
 def test_a_trace_batch_is_redacted_in_nested_conversations_and_metadata():
     """The agent echoed the token; the verifier wrote it as a reward.json key (metadata)."""
-    table = pa.table({
-        "conversations": [[{"role": "user", "content": "print $T"}, {"role": "assistant", "content": f"{HF}\n"}],
-                          None, [{"role": "assistant", "content": "nothing"}]],
-        "metadata": [json.dumps({"reward_json": {SK: 1.0}}), "{}", None],
-        "reward": [1.0, None, 0.0],
-    })
+    table = pa.table(
+        {
+            "conversations": [
+                [{"role": "user", "content": "print $T"}, {"role": "assistant", "content": f"{HF}\n"}],
+                None,
+                [{"role": "assistant", "content": "nothing"}],
+            ],
+            "metadata": [json.dumps({"reward_json": {SK: 1.0}}), "{}", None],
+            "reward": [1.0, None, 0.0],
+        }
+    )
     r = Redactor()
     [batch] = table.to_batches()
     out = pa.Table.from_batches([r.batch(batch.slice(0, 3))])
@@ -63,11 +73,16 @@ def test_a_scan_counts_what_redaction_would_take_out_and_changes_nothing(tmp_pat
     for the same table, read batch by batch (a slice's own nested values only), the file untouched."""
     from otbuild.tasks.redact import scan
 
-    table = pa.table({
-        "conversations": [[{"role": "assistant", "content": f"{HF} {GH}"}], None,
-                          [{"role": "user", "content": SK}, {"role": "assistant", "content": HF}]],
-        "metadata": [json.dumps({"reward_json": {AWS: 1.0}}), "{}", None],
-    })
+    table = pa.table(
+        {
+            "conversations": [
+                [{"role": "assistant", "content": f"{HF} {GH}"}],
+                None,
+                [{"role": "user", "content": SK}, {"role": "assistant", "content": HF}],
+            ],
+            "metadata": [json.dumps({"reward_json": {AWS: 1.0}}), "{}", None],
+        }
+    )
     path = tmp_path / "t.parquet"
     pq.write_table(table, path)
     before = path.read_bytes()
@@ -90,7 +105,11 @@ def test_a_scan_counts_what_redaction_would_take_out_and_changes_nothing(tmp_pat
     from otbuild.tasks.redact import _may_hold_secrets
 
     assert _may_hold_secrets([clean.pack(), leaky.pack(), None, b"not gzip"], chunk_bytes=1) == [
-        False, True, False, True]
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 @pytest.fixture
@@ -116,7 +135,8 @@ def test_publish_redacts_the_table_and_counts_it_in_the_manifest_and_card(projec
     (project / "data").mkdir()
     write_tasks(project / "data" / "t.parquet", [TaskRecord(_leaky_task(), True)], source="t")
     (project / "recipes" / "r.yaml").write_text(
-        "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\ntask_filter: {}\n")
+        "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\ntask_filter: {}\n"
+    )
     for n in plan_recipe(load_recipe("r", project)).nodes:
         if n.stage in ("source", "task_filter"):
             run_spec(n.spec())
@@ -147,21 +167,35 @@ def test_the_llamafactory_export_redacts_the_conversations(tmp_path):
     from otbuild.train.export import export_llamafactory
 
     traces = tmp_path / "traces.parquet"
-    pq.write_table(pa.table({"conversations": [[{"role": "user", "content": "go"},
-                                                {"role": "assistant", "content": f"token is {HF}"}]]}), traces)
+    pq.write_table(
+        pa.table(
+            {"conversations": [[{"role": "user", "content": "go"}, {"role": "assistant", "content": f"token is {HF}"}]]}
+        ),
+        traces,
+    )
     stats = export_llamafactory([traces], tmp_path / "out", chat_template="qwen3")
     assert stats["redacted"] == {"hf_token": 1} and stats["rows"] == 1
     assert leaks(Path(stats["file"]).read_text()) == []
 
 
-@pytest.mark.parametrize("section, key", [
-    ("teacher: {engine: vllm, model: m, engine_args: {env: {HF_TOKEN: abc123}}}", "teacher.engine_args.env.HF_TOKEN"),
-    ("teacher: {engine: vllm, model: m, engine_args: {extra_args: ['--api-key', 'abc']}}",
-     "teacher.engine_args.extra_args.0"),
-    ("teacher: {engine: openai, model: m, base_url: 'https://lab:hunter2@llm.example/v1'}", "teacher.base_url"),
-    (f"teacher: {{engine: openai, model: m, base_url: 'https://llm.example/v1', api_key_env: {SK}}}",
-     "teacher.api_key_env"),
-])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        (
+            "teacher: {engine: vllm, model: m, engine_args: {env: {HF_TOKEN: abc123}}}",
+            "teacher.engine_args.env.HF_TOKEN",
+        ),
+        (
+            "teacher: {engine: vllm, model: m, engine_args: {extra_args: ['--api-key', 'abc']}}",
+            "teacher.engine_args.extra_args.0",
+        ),
+        ("teacher: {engine: openai, model: m, base_url: 'https://lab:hunter2@llm.example/v1'}", "teacher.base_url"),
+        (
+            f"teacher: {{engine: openai, model: m, base_url: 'https://llm.example/v1', api_key_env: {SK}}}",
+            "teacher.api_key_env",
+        ),
+    ],
+)
 def test_a_credential_written_in_a_recipe_is_refused_naming_its_key(project, section, key):
     (project / "recipes" / "r.yaml").write_text(f"sources:\n  s: {{kind: synthetic, rank: 1, count: 2}}\n{section}\n")
     with pytest.raises(ConfigError, match=rf"r.yaml: {key}: .*\n.*name an environment variable"):
@@ -173,12 +207,22 @@ def test_a_credential_written_in_a_recipe_is_refused_naming_its_key(project, sec
 def test_names_of_variables_and_ordinary_flags_are_not_credentials(project):
     (project / "recipes" / "r.yaml").write_text(
         "sources:\n  s: {kind: synthetic, rank: 1, count: 2}\n"
-        "teacher: {engine: openai, model: m, base_url: 'https://llm.example/v1', api_key_env: LAB_KEY}\n")
+        "teacher: {engine: openai, model: m, base_url: 'https://llm.example/v1', api_key_env: LAB_KEY}\n"
+    )
     load_recipe("r", project)
     from otbuild.recipe.credentials import credentials
 
-    assert list(credentials({"env": {"TOKENIZERS_PARALLELISM": "false", "HF_TOKEN": ""},
-                             "extra_args": ["--max-num-batched-tokens", "8192", "--tokenizer", "t"]})) == []
+    assert (
+        list(
+            credentials(
+                {
+                    "env": {"TOKENIZERS_PARALLELISM": "false", "HF_TOKEN": ""},
+                    "extra_args": ["--max-num-batched-tokens", "8192", "--tokenizer", "t"],
+                }
+            )
+        )
+        == []
+    )
 
 
 def test_the_rl_server_takes_this_runs_key_only(tmp_path):

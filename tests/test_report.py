@@ -148,52 +148,133 @@ def fake_training(project: Path, stage: str, steps: int, flat: bool = False, lab
     lines = []
     for s in range(1, steps + 1):
         if flat:
-            lines.append({"step": s, "reward_mean": 0.0, "pass_rate": 0.0, "loss": 0.0, "grad_norm": 0.0,
-                          "kl": 0.0, "lr": 5e-6})
+            lines.append(
+                {"step": s, "reward_mean": 0.0, "pass_rate": 0.0, "loss": 0.0, "grad_norm": 0.0, "kl": 0.0, "lr": 5e-6}
+            )
         elif stage == "sft":  # otbuild/train/sft.py's keys
-            lines.append({"step": s, "epoch": round(s / 10, 4), "loss": round(3.0 * math.exp(-s / 12) + 0.4, 6),
-                          "lr": 4e-5 * min(1, s / 3), "grad_norm": 1.0 / s, "tokens": 900, "supervised_tokens": 300,
-                          "tokens_seen": 900 * s, "supervised_tokens_seen": 300 * s, "time": 0.5 * s,
-                          "tokens_per_second": 1800.0 + s})
+            lines.append(
+                {
+                    "step": s,
+                    "epoch": round(s / 10, 4),
+                    "loss": round(3.0 * math.exp(-s / 12) + 0.4, 6),
+                    "lr": 4e-5 * min(1, s / 3),
+                    "grad_norm": 1.0 / s,
+                    "tokens": 900,
+                    "supervised_tokens": 300,
+                    "tokens_seen": 900 * s,
+                    "supervised_tokens_seen": 300 * s,
+                    "time": 0.5 * s,
+                    "tokens_per_second": 1800.0 + s,
+                }
+            )
         else:  # otbuild/train/rl/'s keys
-            lines.append({"step": s, "reward_mean": round(0.2 + 0.6 * s / steps, 6), "pass_rate": 0.5,
-                          "loss": -0.01 * s, "grad_norm": 0.3, "kl": 0.0, "lr": 5e-6})
+            lines.append(
+                {
+                    "step": s,
+                    "reward_mean": round(0.2 + 0.6 * s / steps, 6),
+                    "pass_rate": 0.5,
+                    "loss": -0.01 * s,
+                    "grad_norm": 0.3,
+                    "kl": 0.0,
+                    "lr": 5e-6,
+                }
+            )
     (d / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    tracking = ({"tensorboard": {"files": ["events.out.tfevents.1.host.1.0.sft"]}} if stage == "sft" else
-                {"wandb": {"project": "lab", "id": f"rl-{d.name}", "dir": "/runs/wandb/offline-run-1-rl", "offline": True}})
+    tracking = (
+        {"tensorboard": {"files": ["events.out.tfevents.1.host.1.0.sft"]}}
+        if stage == "sft"
+        else {"wandb": {"project": "lab", "id": f"rl-{d.name}", "dir": "/runs/wandb/offline-run-1-rl", "offline": True}}
+    )
     (d / "checkpoint.json").write_text(json.dumps({"kind": stage, "steps": steps, "tracking": tracking}))
-    (d / "provenance.json").write_text(json.dumps({
-        "stage": stage, "id": d.name, "settings": {}, "inputs": [],
-        "stats": {"steps": steps, **({"llm_usage": {"transformers:policy": {
-            "requests": 8 * steps, "errors": 0, "input_tokens": 900 * steps, "output_tokens": 60 * steps}}}
-            if stage == "rl" else {})},
-        "outputs": [{"path": str(d.relative_to(project) / "checkpoint.json"), "sha256": "0", "bytes": 1}]}))
+    (d / "provenance.json").write_text(
+        json.dumps(
+            {
+                "stage": stage,
+                "id": d.name,
+                "settings": {},
+                "inputs": [],
+                "stats": {
+                    "steps": steps,
+                    **(
+                        {
+                            "llm_usage": {
+                                "transformers:policy": {
+                                    "requests": 8 * steps,
+                                    "errors": 0,
+                                    "input_tokens": 900 * steps,
+                                    "output_tokens": 60 * steps,
+                                }
+                            }
+                        }
+                        if stage == "rl"
+                        else {}
+                    ),
+                },
+                "outputs": [{"path": str(d.relative_to(project) / "checkpoint.json"), "sha256": "0", "bytes": 1}],
+            }
+        )
+    )
     return {"label": label or stage, "stage": stage, "id": d.name, "dir": str(d.relative_to(project)), "log": lines}
 
 
-def fake_eval_of_zeros(project: Path, mean: float | None = 0.0, stderr: float | None = 0.0,
-                       label: str = "eval") -> dict:
+def fake_eval_of_zeros(
+    project: Path, mean: float | None = 0.0, stderr: float | None = 0.0, label: str = "eval"
+) -> dict:
     """An eval dir whose every trial scored 0 (the summary.parquet of otbuild/sql/eval_summary.sql);
     or the eval `label` of this mean ± stderr."""
     import pyarrow as pa
 
     d = project / "artifacts" / "eval" / ("0e" * 8 if label == "eval" else label.encode().hex()[:16])
     d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist([{
-        "model": "transformers:artifacts/rl/" + "7d" * 8, "benchmark": "heldout", "mean": mean, "stderr": stderr,
-        "partial_mean": mean, "partial_stderr": stderr, "repeats": 3, "n_tasks": 6, "n_exceptions": 0,
-        "n_task_failures": 0, "n_timed_out": 0, "n_excluded": 0}]), d / "summary.parquet")
-    (d / "provenance.json").write_text(json.dumps({"stage": "eval", "id": d.name, "settings": {}, "inputs": [],
-                                                   "stats": {}, "outputs": []}))
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    "model": "transformers:artifacts/rl/" + "7d" * 8,
+                    "benchmark": "heldout",
+                    "mean": mean,
+                    "stderr": stderr,
+                    "partial_mean": mean,
+                    "partial_stderr": stderr,
+                    "repeats": 3,
+                    "n_tasks": 6,
+                    "n_exceptions": 0,
+                    "n_task_failures": 0,
+                    "n_timed_out": 0,
+                    "n_excluded": 0,
+                }
+            ]
+        ),
+        d / "summary.parquet",
+    )
+    (d / "provenance.json").write_text(
+        json.dumps({"stage": "eval", "id": d.name, "settings": {}, "inputs": [], "stats": {}, "outputs": []})
+    )
     return {"label": label, "stage": "eval", "id": d.name, "dir": str(d.relative_to(project))}
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp / 'chromium-profile'}", "--enable-logging=stderr", "--v=0", *args],
-        capture_output=True, text=True, timeout=120, check=False)
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp / 'chromium-profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -225,7 +306,7 @@ def built(tmp_path_factory):
         # rep: through build() with SFT and RL dirs added to the nodes
         sft, rl = fake_training(project, "sft", 40), fake_training(project, "rl", 12)
         settings = report_settings("rep", nodes["rep"], resolved=plans["rep"].recipe.data).model_dump()
-        settings["description"] = "report test <script>alert(\"x\")</script>"
+        settings["description"] = 'report test <script>alert("x")</script>'
         settings["nodes"] += [{k: v for k, v in t.items() if k != "log"} for t in (sft, rl)]
         settings["prices"] = {"policy": {"input_per_mtok": 1000.0, "output_per_mtok": 10000.0}}  # MODEL alone
         rep_out = project / "artifacts" / "report" / "rep"
@@ -242,8 +323,19 @@ def built(tmp_path_factory):
         record = run_spec(node.spec(), rule="report")
     finally:
         os.chdir(cwd)
-    return {"project": project, "plans": plans, "nodes": nodes, "sft": sft, "rl": rl,
-            "rep": rep_out, "flat": project / "artifacts" / "report" / "flat", "rep_stats": rep_stats, "ablate": project / node.dir, "node": node, "record": record}
+    return {
+        "project": project,
+        "plans": plans,
+        "nodes": nodes,
+        "sft": sft,
+        "rl": rl,
+        "rep": rep_out,
+        "flat": project / "artifacts" / "report" / "flat",
+        "rep_stats": rep_stats,
+        "ablate": project / node.dir,
+        "node": node,
+        "record": record,
+    }
 
 
 def _node_dir(built, recipe, label) -> Path:
@@ -259,8 +351,15 @@ def test_every_section_with_the_artifacts_numbers(built):
     html = (built["rep"] / "report.html").read_text()
     p = parse(html)
     assert_self_contained(html)
-    assert built["rep_stats"]["sections"] == {"funnel": True, "mix": True, "traces": True, "sft": True,
-                                              "rl": True, "eval": True, "ranking": False}
+    assert built["rep_stats"]["sections"] == {
+        "funnel": True,
+        "mix": True,
+        "traces": True,
+        "sft": True,
+        "rl": True,
+        "eval": True,
+        "ranking": False,
+    }
     d = lambda label: _node_dir(built, "rep", label)
 
     # funnel: each step's rows are its provenance row count; filters show their rejections
@@ -272,8 +371,10 @@ def test_every_section_with_the_artifacts_numbers(built):
     for label in ("task_filter", "trace_filter"):
         stats = rec(d(label))["stats"]
         assert funnel[label][2] == str(stats["rejected"]) and stats["rejected"] > 0
-        shown = {r.replace("contaminated by leak", "contaminated by leak (exact 2)"): n
-                 for r, n in stats["rejected_by_reason"].items()}  # which rules found the leaks
+        shown = {
+            r.replace("contaminated by leak", "contaminated by leak (exact 2)"): n
+            for r, n in stats["rejected_by_reason"].items()
+        }  # which rules found the leaks
         assert funnel[label][3] == " ".join(f"{r}: {n}" for r, n in sorted(shown.items()))
     assert "min_turns" in rec(d("trace_filter"))["stats"]["rejected_by_reason"]
     assert rec(d("task_filter"))["stats"]["rejected_by_reason"]["contaminated by leak"] == 2
@@ -291,7 +392,8 @@ def test_every_section_with_the_artifacts_numbers(built):
     assert min(r["n_turns"] for r in kept) >= 7
     rewards = {k: int(v[0]) for k, v in table(p, "recipe-reward").items() if re.fullmatch(r"[-\d.e]+", k)}
     assert sum(rewards.values()) == len(kept) and rewards == {
-        f"{r:.3g}": n for r, n in Counter(x["reward"] for x in kept).items()}
+        f"{r:.3g}": n for r, n in Counter(x["reward"] for x in kept).items()
+    }
 
     # training curves: the logs' steps and values
     sft = table(p, "recipe-sft")
@@ -303,8 +405,13 @@ def test_every_section_with_the_artifacts_numbers(built):
     assert rl["step"][:3] == ["reward_mean", "loss", "pass_rate"]
     # below each curve: lr, grad norm, tokens/s as logged; where TensorBoard and wandb have them
     html = (built["rep"] / "report.html").read_text()
-    for title in ("SFT lr per step", "SFT grad_norm per step", "SFT tokens_per_second per step",
-                  "RL lr per step", "RL grad_norm per step"):
+    for title in (
+        "SFT lr per step",
+        "SFT grad_norm per step",
+        "SFT tokens_per_second per step",
+        "RL lr per step",
+        "RL grad_norm per step",
+    ):
         assert f"<title>{title}</title>" in html, title
     assert "RL tokens_per_second" not in html  # not in that log: no empty chart
     assert f"tensorboard --logdir {built['sft']['dir']}</code> (1 event file)" in html
@@ -339,24 +446,38 @@ def test_the_page_leads_with_the_result(built):
     p = parse(html)
     d = lambda label: _node_dir(built, "rep", label)
     assert "<title>rep: otbuild report</title>" in html
-    assert html.index('<section id="headline">') < html.index('<section id="settings">') < \
-        html.index('<section id="recipe">')  # first in <main>
+    assert (
+        html.index('<section id="headline">')
+        < html.index('<section id="settings">')
+        < html.index('<section id="recipe">')
+    )  # first in <main>
     head = p.rows["headline"]
     summary = pq.read_table(d("eval") / "summary.parquet").to_pylist()
     assert head[0] == ["tasks kept", "traces kept", *[f"pass@1 {r['benchmark']}" for r in summary]]
     assert head[1][:2] == [f"{rows_of(d('task_filter'))} task_filter", f"{rows_of(d('trace_filter'))} trace_filter"]
     for cell, r in zip(head[1][2:], summary):
-        assert cell.startswith(f"{charts.num(r['mean'])} ± {charts.num(r['stderr'])} "
-                               f"{r['repeats']} repeats × {r['n_tasks']} tasks"), cell
+        assert cell.startswith(
+            f"{charts.num(r['mean'])} ± {charts.num(r['stderr'])} {r['repeats']} repeats × {r['n_tasks']} tasks"
+        ), cell
     costs = built["rep_stats"]["costs"]
-    assert f"tokens {costs['input_tokens']:,} in, {costs['output_tokens']:,} out ({costs['requests']:,} requests)" in \
-        re.sub(r"<[^>]+>", "", html)
+    assert (
+        f"tokens {costs['input_tokens']:,} in, {costs['output_tokens']:,} out ({costs['requests']:,} requests)"
+        in re.sub(r"<[^>]+>", "", html)
+    )
     assert "cost 18.00" in re.sub(r"<[^>]+>", "", html) and "job time " in html
     assert 'class="flag"' not in html  # nothing degenerate here
     # the resolved recipe, as recipe.resolved.yaml holds it
     pre = re.search(r'<section id="settings">.*?<pre>(.*?)</pre>', html, re.DOTALL).group(1)
-    assert yaml.safe_load(pre.replace("&#34;", '"').replace("&lt;", "<").replace("&gt;", ">")
-                          .replace("&#39;", "'").replace("&amp;", "&")) == built["plans"]["rep"].recipe.data
+    assert (
+        yaml.safe_load(
+            pre.replace("&#34;", '"')
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&#39;", "'")
+            .replace("&amp;", "&")
+        )
+        == built["plans"]["rep"].recipe.data
+    )
     # SFT time has its unit
     assert table(p, "recipe-sft")["time (s)"] == [charts.num(built["sft"]["log"][-1]["time"])]
     # every artifact id links to its record, from the page and from the results view alike
@@ -377,8 +498,10 @@ def test_degenerate_results_are_flagged(built):
     p = parse(html)
     flags = re.findall(r'<p class="flag">(.*?)</p>', html, re.DOTALL)
     text = [re.sub(r"<[^>]+>", "", f) for f in flags]
-    rl = "rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every step: " \
-         "no rollout passed, so every advantage is 0): the policy did not change."
+    rl = (
+        "rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every step: "
+        "no rollout passed, so every advantage is 0): the policy did not change."
+    )
     ev = "eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier)"
     assert len(flags) == 4 and sum(rl in t for t in text) == 2 and sum(ev in t for t in text) == 2
     assert html.index(flags[0]) < html.index('<section id="recipe">')  # at the top, then in the sections
@@ -398,8 +521,9 @@ def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_ba
 
     def said(*made: dict) -> tuple[list[str], list[str], str]:
         """(summary lines, warnings, page) of a recipe whose artifacts are `made`."""
-        cfg = STAGES["report"].config({"recipe": "r", "nodes": [{k: v for k, v in m.items() if k != "log"}
-                                                               for m in made]})
+        cfg = STAGES["report"].config(
+            {"recipe": "r", "nodes": [{k: v for k, v in m.items() if k != "log"} for m in made]}
+        )
         cwd = Path.cwd()
         os.chdir(tmp_path)
         try:
@@ -413,10 +537,16 @@ def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_ba
     sft = fake_training(tmp_path, "sft", 4)
     lines, warnings, _ = said(sft, fake_training(tmp_path, "rl", 3, flat=True), fake_eval_of_zeros(tmp_path))
     assert lines == ["  pass@1       heldout 0 ± 0 (3 repeats x 6 tasks)"]
-    assert warnings == [("rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every "
-                         "step: no rollout passed, so every advantage is 0): the policy did not change."),
-                        ("eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier): "
-                         "this score says nothing about the model.")]
+    assert warnings == [
+        (
+            "rl: No learning signal: loss and grad norm are 0 at all 3 steps (reward_mean is 0 at every "
+            "step: no rollout passed, so every advantage is 0): the policy did not change."
+        ),
+        (
+            "eval: heldout: every trial scored 0 (3 repeats x 6 tasks; none passed its verifier): "
+            "this score says nothing about the model."
+        ),
+    ]
 
     rl, base_sft = fake_training(tmp_path, "rl", 3), fake_training(tmp_path, "sft", 0, label="base/sft")
     base = fake_eval_of_zeros(tmp_path, label="base/eval")  # the untrained base scores 0: no flag for it
@@ -425,20 +555,39 @@ def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_ba
     assert warnings == [] and 'class="flag"' not in html
     assert "student <b>0.25</b> ± 0.05 vs base <b>0</b> ± 0<br>" in html  # the headline's cell
     p = parse(html)
-    assert [r[:3] for r in p.rows["recipe-eval"][1:]] == [["heldout", "transformers:artifacts/rl/" + "7d" * 8, "0.25"],
-                                                         ["heldout (untrained base)", "transformers:artifacts/rl/"
-                                                          + "7d" * 8, "0"]]
+    assert [r[:3] for r in p.rows["recipe-eval"][1:]] == [
+        ["heldout", "transformers:artifacts/rl/" + "7d" * 8, "0.25"],
+        ["heldout (untrained base)", "transformers:artifacts/rl/" + "7d" * 8, "0"],
+    ]
     assert table(p, "recipe-sft")["steps"] == ["4"]  # the student's curve, not its base's (0 steps)
 
-    _, warnings, html = said(sft, rl, base_sft, fake_eval_of_zeros(tmp_path, 0.3, 0.1, label="base/eval"),
-                             fake_eval_of_zeros(tmp_path, 0.25, 0.05))
-    assert warnings == [("eval: heldout: the student (0.25 ± 0.05) does not score above its untrained base "
-                         "(0.3 ± 0.1): training did not help on it.")]
+    _, warnings, html = said(
+        sft,
+        rl,
+        base_sft,
+        fake_eval_of_zeros(tmp_path, 0.3, 0.1, label="base/eval"),
+        fake_eval_of_zeros(tmp_path, 0.25, 0.05),
+    )
+    assert warnings == [
+        (
+            "eval: heldout: the student (0.25 ± 0.05) does not score above its untrained base "
+            "(0.3 ± 0.1): training did not help on it."
+        )
+    ]
     assert html.count('<p class="flag">') == 2  # at the top and in the eval section
-    _, warnings, _ = said(sft, rl, base_sft, fake_eval_of_zeros(tmp_path, None, None, label="base/eval"),
-                          fake_eval_of_zeros(tmp_path, 0.25, 0.05))
-    assert warnings == [("base/eval: heldout: no trial was scored: all 18 were left out as infrastructure failures "
-                         "or not run (the eval's log says why).")]
+    _, warnings, _ = said(
+        sft,
+        rl,
+        base_sft,
+        fake_eval_of_zeros(tmp_path, None, None, label="base/eval"),
+        fake_eval_of_zeros(tmp_path, 0.25, 0.05),
+    )
+    assert warnings == [
+        (
+            "base/eval: heldout: no trial was scored: all 18 were left out as infrastructure failures "
+            "or not run (the eval's log says why)."
+        )
+    ]
 
 
 @pytest.mark.slow
@@ -453,7 +602,8 @@ def test_ablation_ranking_and_funnel_per_candidate(built):
     for r in ranking:
         assert [got[r["candidate"]][0], got[r["candidate"]][2]] == [str(r["rank"]), charts.num(r["mean_z"])]
     assert {r["candidate"]: r["mean_z"] for r in ranking} == pytest.approx(
-        {"eval.max_episodes=50": 1.0, "eval.max_episodes=3": -1.0})
+        {"eval.max_episodes=50": 1.0, "eval.max_episodes=3": -1.0}
+    )
     # the mean-z chart: one bar per candidate, the negative one drawn as such
     svg = re.search(r'<section id="ranking">.*?(<svg.*?</svg>)', html, re.DOTALL).group(1)
     assert svg.count('class="c-bar"') == 1 and svg.count('class="c-bar-neg"') == 1
@@ -461,8 +611,10 @@ def test_ablation_ranking_and_funnel_per_candidate(built):
     for cand in ("eval.max_episodes=50", "eval.max_episodes=3"):
         sid = re.sub(r"[^a-z0-9_-]+", "-", cand.lower())
         funnel = table(p, f"{sid}-funnel")
-        tf = built["project"] / next(n for n in built["nodes"]["rep_ablate"]
-                                     if n.label == f"candidates/{cand}/trace_filter").dir
+        tf = (
+            built["project"]
+            / next(n for n in built["nodes"]["rep_ablate"] if n.label == f"candidates/{cand}/trace_filter").dir
+        )
         assert funnel["trace_filter"][1] == str(rows_of(tf))
         assert p.svgs[f"{sid}-funnel"] == 1 and p.svgs[f"{sid}-eval"] == 1
         # sections without artifacts: one line each, not an error
@@ -555,10 +707,22 @@ def test_renders_in_headless_chromium(built, which, tmp_path):
     else:
         assert flagged == []
     # tokens per stage and model, runtime and GPU-hours per stage
-    assert shown.rows["tokens"][0] == ["artifact", "stage", "model", "served by", "requests", "errors",
-                                       "input tokens", "output tokens", "cost"]
-    assert {r[1] for r in shown.rows["tokens"][1:-1]} == {"rollout", *([] if which == "flat" else ["eval"]),
-                                                          *(["rl"] if which != "ablate" else [])}
+    assert shown.rows["tokens"][0] == [
+        "artifact",
+        "stage",
+        "model",
+        "served by",
+        "requests",
+        "errors",
+        "input tokens",
+        "output tokens",
+        "cost",
+    ]
+    assert {r[1] for r in shown.rows["tokens"][1:-1]} == {
+        "rollout",
+        *([] if which == "flat" else ["eval"]),
+        *(["rl"] if which != "ablate" else []),
+    }
     assert shown.rows["tokens"][-1][0] == "total"
     assert shown.rows["runtime"][0][-2:] == ["GPUs", "GPU-hours"]
     ran = {"source", "mix", "rollout", *([] if which == "flat" else ["eval"])}  # flat's eval is made by hand
@@ -606,7 +770,7 @@ document.body.appendChild(pre);
 
 # --- Snakemake's report() ----------------------------------------------------------------
 
-SNAKEFILE = '''
+SNAKEFILE = """
 from otbuild.report import CAPTIONS
 
 RECIPES = {{"r0": "rep"}}
@@ -633,7 +797,7 @@ rule report:
         recipe=_recipe,
     shell:
         "cp {{input[0]}} {{output.html}} && cp {{input[1]}} {{output.card}}"
-'''
+"""
 
 
 @pytest.mark.slow
@@ -644,8 +808,13 @@ def test_snakemake_report_carries_page_and_card_with_captions(built, tmp_path):
     shutil.copy(built["rep"] / "report.html", tmp_path / "src")
     shutil.copy(built["rep"] / "dataset_card.md", tmp_path / "src")
     (tmp_path / "Snakefile").write_text(SNAKEFILE.format())
-    run = lambda *a: subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *a],
-                                    cwd=tmp_path, capture_output=True, text=True, check=False)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", *a],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     res = run()
     assert res.returncode == 0, res.stderr[-3000:]
     res = run("--report", "out.html")
@@ -654,7 +823,7 @@ def test_snakemake_report_carries_page_and_card_with_captions(built, tmp_path):
     assert "Adding report.html" in log and "Adding dataset_card.md" in log
     out = (tmp_path / "out.html").read_text()
     assert "otbuild report of recipe <strong>rep</strong>: the row-count funnel" in out
-    assert "Dataset card (<tt class=\\\"docutils literal\\\">README.md</tt> style) of recipe <strong>rep</strong>" in out
+    assert 'Dataset card (<tt class=\\"docutils literal\\">README.md</tt> style) of recipe <strong>rep</strong>' in out
     assert '"Results"' in out
 
 
@@ -672,8 +841,15 @@ def test_charts_escape_and_draw():
     assert ln.count("<circle") == 3 and "<polyline" in ln
     assert charts.line([(i, i) for i in range(5000)], title="l").count(",") < 1100  # thinned
     assert charts.nice_ticks(0, 9, 4, integer=True)[-1] >= 9 and charts.nice_ticks(-1.2, 0.7)[0] <= -1.2
-    assert [charts.num(x) for x in (1234, 1.0, 0.5, 0.1234, 12.345, None, 2e-5)] == \
-        ["1,234", "1", "0.5", "0.123", "12.3", "–", "2.00e-05"]
+    assert [charts.num(x) for x in (1234, 1.0, 0.5, 0.1234, 12.345, None, 2e-5)] == [
+        "1,234",
+        "1",
+        "0.5",
+        "0.123",
+        "12.3",
+        "–",
+        "2.00e-05",
+    ]
     assert _md_cell("a|b\n<c>`d`") == "a\\|b &lt;c&gt;\\`d\\`"
 
 
@@ -681,26 +857,45 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
     """Stages run in process (no snakemake): sources -> mix -> task_filter. A hand-made source
     artifact carries a licence and hostile text in its metadata and quarantine reasons."""
     monkeypatch.chdir(tmp_path)
-    nodes = _run_in_process(tmp_path, "t", (
-        "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\n  b: {kind: synthetic, rank: 2, count: 4, seed: 2}\n"
-        "mix: {n: 2, total: 8}\ntask_filter: {dedup: true, sample: {n: 5}}\n"))
+    nodes = _run_in_process(
+        tmp_path,
+        "t",
+        (
+            "sources:\n  a: {kind: synthetic, rank: 1, count: 6, seed: 1}\n  b: {kind: synthetic, rank: 2, count: 4, seed: 2}\n"
+            "mix: {n: 2, total: 8}\ntask_filter: {dedup: true, sample: {n: 5}}\n"
+        ),
+    )
     hostile = tmp_path / "artifacts" / "source" / "x"
     hostile.mkdir(parents=True)
     write_source(hostile / "tasks.parquet", "evil", ["one task", "two task"], license=["<b>MIT|x</b>", "<b>MIT|x</b>"])
-    (hostile / "provenance.json").write_text(json.dumps({
-        "stage": "source", "settings": {"name": "evil", "kind": "table"},
-        "stats": {"quarantined": 1, "quarantined_by_reason": {"<img src=x onerror=alert(1)>": 1}},
-        "outputs": [{"path": str(hostile / "tasks.parquet"), "rows": 2}]}))
+    (hostile / "provenance.json").write_text(
+        json.dumps(
+            {
+                "stage": "source",
+                "settings": {"name": "evil", "kind": "table"},
+                "stats": {"quarantined": 1, "quarantined_by_reason": {"<img src=x onerror=alert(1)>": 1}},
+                "outputs": [{"path": str(hostile / "tasks.parquet"), "rows": 2}],
+            }
+        )
+    )
     settings = report_settings("t", nodes).model_dump()
     settings["nodes"].insert(0, {"label": "sources/evil", "stage": "source", "id": "x", "dir": str(hostile)})
     stats = build(STAGES["report"].config(settings), tmp_path / "out")
-    assert stats["sections"] == {"funnel": True, "mix": True, "traces": False, "sft": False, "rl": False,
-                                 "eval": False, "ranking": False}
+    assert stats["sections"] == {
+        "funnel": True,
+        "mix": True,
+        "traces": False,
+        "sft": False,
+        "rl": False,
+        "eval": False,
+        "ranking": False,
+    }
     html = (tmp_path / "out" / "report.html").read_text()
     p = parse(html)
     assert_self_contained(html)
     assert p.notes["recipe-traces"] == [
-        "No trace set in this recipe (no teacher or trace imports): the funnel ends at the task set."]
+        "No trace set in this recipe (no teacher or trace imports): the funnel ends at the task set."
+    ]
     assert p.notes["recipe-sft"] and p.notes["recipe-rl"] and p.notes["recipe-eval"]
     tf = next(n for n in nodes if n.stage == "task_filter")
     assert table(p, "recipe-funnel")["task_filter"][1] == str(rows_of(tmp_path / tf.dir))
@@ -718,11 +913,15 @@ def test_task_only_recipe_omits_trace_sections_and_escapes_data(tmp_path, monkey
 def test_a_trace_set_that_kept_nothing_is_reported_not_a_crash(tmp_path, monkeypatch):
     """A trace filter that keeps 0 rows (every trace failed, say): the report says so."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": [
-        {"role": "user", "content": "do it"}, {"role": "assistant", "content": "done"}]}) + "\n")
-    nodes = _run_in_process(tmp_path, "z", (
-        "trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\n"
-        "trace_filter: {min_turns: 5}\n"))
+    (tmp_path / "chats.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "do it"}, {"role": "assistant", "content": "done"}]})
+        + "\n"
+    )
+    nodes = _run_in_process(
+        tmp_path,
+        "z",
+        ("trace_imports:\n  chats: {kind: messages-jsonl, path: chats.jsonl}\ntrace_filter: {min_turns: 5}\n"),
+    )
     build(report_settings("z", nodes), tmp_path / "out")
     p = parse((tmp_path / "out" / "report.html").read_text())
     assert "No traces: this trace set has 0 rows (the funnel says where they went)." in p.notes["recipe-traces"]
@@ -742,7 +941,6 @@ def _run_in_process(project, name: str, recipe: str) -> list:
     for n in nodes:
         run_spec(n.spec())
     return nodes
-
 
 
 def test_the_report_shows_what_publishing_would_redact_per_table(tmp_path, monkeypatch):
@@ -765,14 +963,21 @@ def test_the_report_shows_what_publishing_would_redact_per_table(tmp_path, monke
         return table(parse((tmp_path / "out" / name / "report.html").read_text()), "recipe-secrets"), stats
 
     def chats(*answers: str) -> None:
-        (tmp_path / "chats.jsonl").write_text("".join(json.dumps({"messages": [
-            {"role": "user", "content": "print the token"}, {"role": "assistant", "content": a}]}) + "\n"
-            for a in answers))
+        (tmp_path / "chats.jsonl").write_text(
+            "".join(
+                json.dumps(
+                    {"messages": [{"role": "user", "content": "print the token"}, {"role": "assistant", "content": a}]}
+                )
+                + "\n"
+                for a in answers
+            )
+        )
 
     (tmp_path / "data").mkdir()
     write_tasks(tmp_path / "data" / "t.parquet", [TaskRecord(_leaky_task(), True)], source="t")
-    secrets, stats = report("t", "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\n"
-                                 "task_filter: {}\n")
+    secrets, stats = report(
+        "t", "sources:\n  t: {kind: harbor-parquet, rank: 1, path: data/t.parquet}\ntask_filter: {}\n"
+    )
     # the instruction column, and instruction.md and tests/test.sh in task_binary
     assert secrets["task_filter"] == ["1", "api_key_sk: 2 github_token: 1"]
     assert stats["secrets_found"] == {"api_key_sk": 2, "github_token": 1}

@@ -48,8 +48,11 @@ def test_rloo_advantage_hand_worked():
 
 def test_masked_samples_leave_the_baseline_and_get_no_advantage():
     # RLOO-N: [1, 0, masked, 0] is RLOO over [1, 0, 0]; the masked sample has no advantage at all
-    assert masked_rloo_advantages([1, 0, 0, 0], [False, False, True, False], eps=0.0) == \
-        [*rloo_advantages([1, 0, 0], eps=0.0)[:2], None, rloo_advantages([1, 0, 0], eps=0.0)[2]]
+    assert masked_rloo_advantages([1, 0, 0, 0], [False, False, True, False], eps=0.0) == [
+        *rloo_advantages([1, 0, 0], eps=0.0)[:2],
+        None,
+        rloo_advantages([1, 0, 0], eps=0.0)[2],
+    ]
     # a masked 0 does not drag the baseline down: [1, 1, masked] contributes zero, not +/-
     assert masked_rloo_advantages([1, 1, 0], [False, False, True]) == [0.0, 0.0, None]
     # under 2 unmasked samples there is no baseline
@@ -69,8 +72,13 @@ def test_a_stale_sequence_is_corrected_against_the_log_probs_that_sampled_it(tmp
     from otbuild.train.rl.loss import old_logprobs, token_logprobs
     from otbuild.train.rl.policy import Policy
 
-    d = make_tiny_model(tmp_path / "m", arch="qwen3", chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL,
-                        texts=[CORRECT, WRONG])
+    d = make_tiny_model(
+        tmp_path / "m",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+        texts=[CORRECT, WRONG],
+    )
     tok, _ = load_tokenizer(d)
     policy = Policy(load_model(d), tok, temperature=0.7, max_tokens=12, max_context=4096)
     prompt = policy.prompt_ids([{"role": "user", "content": "Write the word"}])
@@ -130,8 +138,7 @@ def test_turns_join_when_prompts_extend_and_only_completions_are_targets():
 
 
 # -- the toy task ---------------------------------------------------------------------------
-CORRECT = json.dumps({"commands": [{"keystrokes": "echo target > out.txt\n", "duration": 0.2}],
-                      "task_complete": True})
+CORRECT = json.dumps({"commands": [{"keystrokes": "echo target > out.txt\n", "duration": 0.2}], "task_complete": True})
 WRONG = CORRECT.replace("echo target", "echo wrong")
 
 
@@ -142,9 +149,13 @@ def _toy_task():
     t.add("instruction.md", "Write the word target to /app/out.txt.")
     t.add("task.toml", 'version = "1.0"\n[agent]\ntimeout_sec = 30.0\n[verifier]\ntimeout_sec = 10.0\n')
     t.add("environment/Dockerfile", "FROM python:3.12-slim\nWORKDIR /app\n")
-    t.add("tests/test.sh", "#!/bin/sh\nmkdir -p /logs/verifier\n"
-          "if [ \"$(cat /app/out.txt 2>/dev/null)\" = target ]; then echo 1; else echo 0; fi"
-          " > /logs/verifier/reward.txt\n", executable=True)
+    t.add(
+        "tests/test.sh",
+        "#!/bin/sh\nmkdir -p /logs/verifier\n"
+        'if [ "$(cat /app/out.txt 2>/dev/null)" = target ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n",
+        executable=True,
+    )
     return t
 
 
@@ -189,11 +200,27 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
         r["conversations"] = prompt + [{"role": "assistant", "content": CORRECT if i % 2 else WRONG}]
         traces.append(r)
     write_traces(tmp_path / "kept.parquet", traces)
-    sft = {"model": {"kind": "tiny", "vocab_size": 600, "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
-           "learning_rate": 2e-2, "warmup_ratio": 0.0, "lr_scheduler": "constant", "global_batch_size": 8,
-           "per_device_batch_size": 8, "epochs": 60, "cutoff_len": 2048, "zero_stage": 0,
-           "gradient_checkpointing": False, "save_steps": 1000}
+    sft = {
+        "model": {
+            "kind": "tiny",
+            "vocab_size": 600,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "learning_rate": 2e-2,
+        "warmup_ratio": 0.0,
+        "lr_scheduler": "constant",
+        "global_batch_size": 8,
+        "per_device_batch_size": 8,
+        "epochs": 60,
+        "cutoff_len": 2048,
+        "zero_stage": 0,
+        "gradient_checkpointing": False,
+        "save_steps": 1000,
+    }
     sft_train(SftSettings(**sft), [tmp_path / "kept.parquet"], tmp_path / "sft")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(task, runnable_locally=True)], source="toy")
 
@@ -207,19 +234,31 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
     # which prompt text it was trained on decides whether 4 steps climb (seen with a new prompt).
     # lr 1e-3 for 32-wide heads: at 2e-3 Adam's first steps (~lr per weight) overshoot 8 of 8
     # right into malformed answers (a step's reward 0.875 -> 0.125), pass or fail by float rounding
-    rl = {"steps": 4, "batch_size": 1, "samples_per_task": 8, "temperature": 0.7, "max_tokens": 96,
-          "max_context": 4096, "learning_rate": 1e-3, "save_steps": 2, "concurrency": 8,
-          "sandbox": {"max_episodes": 1}}
-    manifest = rl_train(RlSettings(**rl), [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"],
-                        tmp_path / "rl")
+    rl = {
+        "steps": 4,
+        "batch_size": 1,
+        "samples_per_task": 8,
+        "temperature": 0.7,
+        "max_tokens": 96,
+        "max_context": 4096,
+        "learning_rate": 1e-3,
+        "save_steps": 2,
+        "concurrency": 8,
+        "sandbox": {"max_episodes": 1},
+    }
+    manifest = rl_train(
+        RlSettings(**rl), [tmp_path / "sft" / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl"
+    )
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4] and all("loss" in r and "reward_mean" in r for r in log)
     assert manifest["files"]["model.safetensors"]
     after = load_model(tmp_path / "rl")
     lp1 = sequence_logprob(after, tok, prompt, CORRECT)
     lw1 = sequence_logprob(after, tok, prompt, WRONG)
-    print(f"log p(correct) {lp0:.3f} -> {lp1:.3f}, log p(wrong) {lw0:.3f} -> {lw1:.3f}; rewards",
-          [r["reward_mean"] for r in log])
+    print(
+        f"log p(correct) {lp0:.3f} -> {lp1:.3f}, log p(wrong) {lw0:.3f} -> {lw1:.3f}; rewards",
+        [r["reward_mean"] for r in log],
+    )
     assert lp1 > lp0 + 0.1 and lw1 < lw0, (lp0, lp1, lw0, lw1, log)
     assert log[-1]["reward_mean"] >= log[0]["reward_mean"], log  # no collapse into malformed answers
 
@@ -231,12 +270,25 @@ def test_rl_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
-    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
-                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"])
+    sft = make_tiny_model(
+        tmp_path / "sft",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+        texts=[CORRECT, WRONG, "Write the word"],
+    )
     (sft / "checkpoint.json").write_text("{}")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
-    settings = {"steps": 3, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
-                "save_steps": 1, "temperature": 1.0, "sandbox": {"max_episodes": 1}}
+    settings = {
+        "steps": 3,
+        "batch_size": 1,
+        "samples_per_task": 2,
+        "max_tokens": 8,
+        "max_context": 4096,
+        "save_steps": 1,
+        "temperature": 1.0,
+        "sandbox": {"max_episodes": 1},
+    }
     inputs = [sft / "checkpoint.json", tmp_path / "tasks.parquet"]
     real, calls = R.rollout, []
 
@@ -283,14 +335,28 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
-    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
-                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"],
-                          max_position_embeddings=4096)  # the server checks the model's context
+    sft = make_tiny_model(
+        tmp_path / "sft",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+        texts=[CORRECT, WRONG, "Write the word"],
+        max_position_embeddings=4096,
+    )  # the server checks the model's context
     (sft / "checkpoint.json").write_text("{}")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
-    settings = {"steps": 2, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
-                "temperature": 1.0, "sandbox": {"max_episodes": 1}, "rollout": "vllm", "weight_sync": "restart",
-                "vllm_args": {"tensor_parallel_size": 2, "startup_timeout_sec": 120}}
+    settings = {
+        "steps": 2,
+        "batch_size": 1,
+        "samples_per_task": 2,
+        "max_tokens": 8,
+        "max_context": 4096,
+        "temperature": 1.0,
+        "sandbox": {"max_episodes": 1},
+        "rollout": "vllm",
+        "weight_sync": "restart",
+        "vllm_args": {"tensor_parallel_size": 2, "startup_timeout_sec": 120},
+    }
     R.train(RlSettings(**settings), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
     launches = [json.loads(x) for x in fake_vllm_bin.read_text().splitlines()]
     assert len(launches) == 2  # one server per step, on that step's weights
@@ -300,8 +366,13 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
     assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update
     # the rollouts' requests and tokens per step (max_episodes 1: a request per trial), in the stage's usage
-    assert all(r["rollout_requests"] == 2 and r["rollout_errors"] == 0 and r["rollout_input_tokens"] > 0
-               and 0 < r["rollout_output_tokens"] <= 2 * 8 for r in log)
+    assert all(
+        r["rollout_requests"] == 2
+        and r["rollout_errors"] == 0
+        and r["rollout_input_tokens"] > 0
+        and 0 < r["rollout_output_tokens"] <= 2 * 8
+        for r in log
+    )
     from otbuild.usage import of_log
 
     assert of_log(tmp_path / "rl" / "train_log.jsonl", "vllm:policy")["vllm:policy"]["requests"] == 4
@@ -318,16 +389,27 @@ def test_an_infrastructure_failure_is_masked_in_the_step(tmp_path, monkeypatch):
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
-    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
-                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG])
+    sft = make_tiny_model(
+        tmp_path / "sft",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+        texts=[CORRECT, WRONG],
+    )
     (sft / "checkpoint.json").write_text("{}")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
     # rewards 1, 0 (wrong answer), 0 (context window: task_failure), 0 (SandboxError: masked)
-    ends = [(1.0, None, "passed"), (0.0, None, "failed"), (0.0, None, "task_failure"),
-            (0.0, "SandboxError", "infrastructure")]
+    ends = [
+        (1.0, None, "passed"),
+        (0.0, None, "failed"),
+        (0.0, None, "task_failure"),
+        (0.0, "SandboxError", "infrastructure"),
+    ]
 
     async def rollout(policy, tasks, indices, k, *a, **kw):
-        return [R.Trajectory(0, r, err, out, [Turn([1, 2, 3], [10 + i, 20 + i])]) for i, (r, err, out) in enumerate(ends)]
+        return [
+            R.Trajectory(0, r, err, out, [Turn([1, 2, 3], [10 + i, 20 + i])]) for i, (r, err, out) in enumerate(ends)
+        ]
 
     seen = []
     real_update = R.update
@@ -338,8 +420,14 @@ def test_an_infrastructure_failure_is_masked_in_the_step(tmp_path, monkeypatch):
 
     monkeypatch.setattr(R, "rollout", rollout)
     monkeypatch.setattr(R, "update", update)
-    settings = {"steps": 1, "batch_size": 1, "samples_per_task": 4, "max_tokens": 8, "max_context": 4096,
-                "sandbox": {"max_episodes": 1}}
+    settings = {
+        "steps": 1,
+        "batch_size": 1,
+        "samples_per_task": 4,
+        "max_tokens": 8,
+        "max_context": 4096,
+        "sandbox": {"max_episodes": 1},
+    }
     R.train(RlSettings(**settings), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
     want = rloo_advantages([1.0, 0.0, 0.0])
     assert seen == [[(10, want[0]), (11, want[1]), (12, want[2])]]  # sample 3 (token 13) is not there
@@ -350,10 +438,25 @@ def test_an_infrastructure_failure_is_masked_in_the_step(tmp_path, monkeypatch):
 
 # OpenThoughts-Agent's RL config for the paper's run (open-thoughts/OpenThoughts-Agent,
 # hpc/skyrl_yaml/ALCC_ZIH/): its values, as the paper recipe's rl section must say them
-OT_AGENT_RL = ("24GPU_base.yaml", {
-    "steps": 80, "batch_size": 64, "samples_per_task": 8, "learning_rate": 5e-6, "adam_betas": (0.9, 0.999),
-    "weight_decay": 0.0, "clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.0, "ppo_epochs": 1, "temperature": 0.7,
-    "max_tokens": 4096, "max_context": 32768, "concurrency": 300})
+OT_AGENT_RL = (
+    "24GPU_base.yaml",
+    {
+        "steps": 80,
+        "batch_size": 64,
+        "samples_per_task": 8,
+        "learning_rate": 5e-6,
+        "adam_betas": (0.9, 0.999),
+        "weight_decay": 0.0,
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "kl_coef": 0.0,
+        "ppo_epochs": 1,
+        "temperature": 0.7,
+        "max_tokens": 4096,
+        "max_context": 32768,
+        "concurrency": 300,
+    },
+)
 
 
 def test_the_paper_recipe_runs_rl_with_openthoughts_agents_settings():
@@ -367,8 +470,15 @@ def test_the_paper_recipe_runs_rl_with_openthoughts_agents_settings():
     assert (rl.sandbox.agent_timeout_sec, rl.sandbox.max_episodes) == (1800, 10000)  # no turn limit there
     text = (REPO / "recipes" / "otagent_v2_100k.yaml").read_text()
     assert config in text  # each value names where it comes from
-    for key in ("max_steps: 80", "train_batch_size: 64", "n_samples_per_prompt: 8", "lr: 5e-6",
-                "n_concurrent_trials: 300", "max_staleness_steps: 16", "override_timeout_sec: 1800"):
+    for key in (
+        "max_steps: 80",
+        "train_batch_size: 64",
+        "n_samples_per_prompt: 8",
+        "lr: 5e-6",
+        "n_concurrent_trials: 300",
+        "max_staleness_steps: 16",
+        "override_timeout_sec: 1800",
+    ):
         assert key in text, key
 
 
@@ -386,9 +496,22 @@ def test_rl_update_on_two_ranks_is_the_update_on_one(tmp_path):
     model = make_tiny_model(tmp_path / "model", vocab_size=320)
     out = {1: tmp_path / "world1.pt", 2: tmp_path / "world2.pt"}
     rl_update_ranks.main(str(model), str(out[1]))  # one process: this one
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    rl_update_ranks.__file__, str(model), str(out[2])], check=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            rl_update_ranks.__file__,
+            str(model),
+            str(out[2]),
+        ],
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        timeout=300,
+    )
     one, two = (torch.load(out[w], weights_only=False) for w in (1, 2))
     # DeepSpeed's global norm (ZeRO-2) shows a wrong scaling of the ranks' gradients, the
     # weights (Adam: scale-free) a wrong share of them
@@ -411,18 +534,33 @@ def test_rollouts_run_ahead_of_the_update_up_to_max_staleness(tmp_path):
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
     from otbuild.train.rl.trainer import train
 
-    sft = make_tiny_model(tmp_path / "sft", arch="qwen3", chat_template=qwen3_template(),
-                          special_tokens=QWEN3_SPECIAL, texts=[CORRECT, WRONG, "Write the word"])
+    sft = make_tiny_model(
+        tmp_path / "sft",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+        texts=[CORRECT, WRONG, "Write the word"],
+    )
     (sft / "checkpoint.json").write_text("{}")
     write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
-    settings = {"steps": 3, "batch_size": 1, "samples_per_task": 2, "max_tokens": 8, "max_context": 4096,
-                "temperature": 1.0, "learning_rate": 1e-2, "sandbox": {"max_episodes": 1}}
+    settings = {
+        "steps": 3,
+        "batch_size": 1,
+        "samples_per_task": 2,
+        "max_tokens": 8,
+        "max_context": 4096,
+        "temperature": 1.0,
+        "learning_rate": 1e-2,
+        "sandbox": {"max_episodes": 1},
+    }
     timing = {"rollout_seconds", "update_seconds", "tokens_per_second"}
 
     def run(name: str, **extra) -> list[dict]:
         train(RlSettings(**settings, **extra), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / name)
-        return [{k: v for k, v in json.loads(x).items() if k not in timing}
-                for x in (tmp_path / name / "train_log.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(x).items() if k not in timing}
+            for x in (tmp_path / name / "train_log.jsonl").read_text().splitlines()
+        ]
 
     sync, again, ahead = run("sync"), run("again"), run("ahead", max_staleness=1)
     assert sync == again and not any("staleness" in r for r in sync)

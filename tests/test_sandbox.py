@@ -31,17 +31,20 @@ from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import in_ot_agent_image
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = Limits(cpu_seconds=30, memory_mb=1024, max_processes=64, wall_seconds=60,
-              output_bytes=200_000)
+FAST = Limits(cpu_seconds=30, memory_mb=1024, max_processes=64, wall_seconds=60, output_bytes=200_000)
 
 
 def _backend(name: str):
-    return pytest.param(name, marks=pytest.mark.skipif(
-        backend_problem(name) is not None, reason=f"{name} unusable here: {backend_problem(name)}"))
+    return pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            backend_problem(name) is not None, reason=f"{name} unusable here: {backend_problem(name)}"
+        ),
+    )
 
 
 LOCAL = [_backend("bwrap"), _backend("unshare")]  # a private root on the host per trial
-ISOLATING = [*LOCAL, _backend("podman")]          # podman: the task's own image, in a container
+ISOLATING = [*LOCAL, _backend("podman")]  # podman: the task's own image, in a container
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +88,7 @@ def gone(marker: str, within: float = 2.0) -> bool:
 
 def marker_pids(marker: str) -> list[int]:
     """Host processes whose command line mentions `marker`."""
-    return [pid for pid, (_, args) in scan().items()
-            if pid != os.getpid() and any(marker in a for a in args)]
+    return [pid for pid, (_, args) in scan().items() if pid != os.getpid() and any(marker in a for a in args)]
 
 
 # -- layout -------------------------------------------------------------------------------
@@ -101,13 +103,23 @@ def _task(dockerfile: str | None, files: dict[str, str] | None = None) -> TaskDi
 
 
 def test_layout_follows_dockerfile():
-    lay = plan(_task("FROM python:3.12-slim\nWORKDIR /srv/app\nCOPY app/ ./\n"
-                     "COPY cfg.ini /opt/cfg/\nCOPY run.sh /usr2/bin/run\nENV A=1 B=\"two words\"\n"
-                     "ENV LEGACY some value\nCOPY [\"app/a\", \"/data\"]\nCOPY *.ini /glob/\n",
-                     {"app/a/b": "1", "app/c": "2", "cfg.ini": "x", "run.sh": "y"}))
+    lay = plan(
+        _task(
+            "FROM python:3.12-slim\nWORKDIR /srv/app\nCOPY app/ ./\n"
+            'COPY cfg.ini /opt/cfg/\nCOPY run.sh /usr2/bin/run\nENV A=1 B="two words"\n'
+            'ENV LEGACY some value\nCOPY ["app/a", "/data"]\nCOPY *.ini /glob/\n',
+            {"app/a/b": "1", "app/c": "2", "cfg.ini": "x", "run.sh": "y"},
+        )
+    )
     assert lay.workdir == "/srv/app"
-    assert set(lay.files) == {"/srv/app/a/b", "/srv/app/c", "/opt/cfg/cfg.ini", "/usr2/bin/run",
-                              "/data/b", "/glob/cfg.ini"}
+    assert set(lay.files) == {
+        "/srv/app/a/b",
+        "/srv/app/c",
+        "/opt/cfg/cfg.ini",
+        "/usr2/bin/run",
+        "/data/b",
+        "/glob/cfg.ini",
+    }
     assert lay.files["/usr2/bin/run"] == (b"y", False)
     assert lay.env == {"A": "1", "B": "two words", "LEGACY": "some value"}
     assert lay.tops() >= {"srv", "opt", "usr2", "data", "glob", "tmp", "root", "logs"}
@@ -128,12 +140,9 @@ def test_layout_defaults_and_refusals():
 
 def test_generated_task_layout(generated, tmp_path):
     task = generated
-    with open_sandbox(task, tmp_path, backend="bwrap" if not backend_problem("bwrap")
-                      else "none") as b:
-        host_files = {p.relative_to(b.root / "app").as_posix()
-                      for p in (b.root / "app").rglob("*") if p.is_file()}
-        want = {rel.removeprefix("environment/app/") for rel in task.files
-                if rel.startswith("environment/app/")}
+    with open_sandbox(task, tmp_path, backend="bwrap" if not backend_problem("bwrap") else "none") as b:
+        host_files = {p.relative_to(b.root / "app").as_posix() for p in (b.root / "app").rglob("*") if p.is_file()}
+        want = {rel.removeprefix("environment/app/") for rel in task.files if rel.startswith("environment/app/")}
         assert host_files == want and want
         assert not (b.root / "tests").exists() and not (b.root / "solution").exists()
 
@@ -154,8 +163,7 @@ def test_without_solution_reward_is_0(box):
 
 
 def test_agent_cannot_forge_the_reward(box):
-    box.run("echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json",
-            timeout=10)
+    box.run("echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json", timeout=10)
     assert read_reward(box.root) == {"reward": 1.0}  # planted ...
     box.run("bash /tests/test.sh", timeout=30, with_tests=True)
     assert read_reward(box.root)["reward"] == 0.0  # ... and cleared before the verifier ran
@@ -188,8 +196,11 @@ def test_python_multiprocessing_works_inside(box):
     """Semaphores live in /dev/shm: each sandbox has a private one its unprivileged uid can
     write (bwrap's own is root's 0755, and multiprocessing failed with PermissionError)."""
     canary = f"otbuild-{box.root.name}"
-    r = box.run("python3 -c 'import multiprocessing as mp; print(sum(mp.Pool(2).map(abs, [-20, -22])))';"
-                f" stat -c %a /dev/shm; touch /dev/shm/{canary}", timeout=60)
+    r = box.run(
+        "python3 -c 'import multiprocessing as mp; print(sum(mp.Pool(2).map(abs, [-20, -22])))';"
+        f" stat -c %a /dev/shm; touch /dev/shm/{canary}",
+        timeout=60,
+    )
     assert r.exit_code == 0 and r.output.split() == ["42", "1777"], r.output
     assert not (Path("/dev/shm") / canary).exists()  # not the host's /dev/shm
 
@@ -201,8 +212,10 @@ def _repo_fingerprint() -> tuple[str, set[Path]]:
     h = hashlib.sha256()
     for p in sorted(REPO.glob("otbuild/sandbox/*.py")) + [Path(__file__)]:
         h.update(p.read_bytes())
-    top = {REPO / n for n in ("README.md", "pyproject.toml", "Snakefile", "Makefile", "otbuild",
-                              "tests", "recipes", ".git")}
+    top = {
+        REPO / n
+        for n in ("README.md", "pyproject.toml", "Snakefile", "Makefile", "otbuild", "tests", "recipes", ".git")
+    }
     return h.hexdigest(), {p for p in top if p.exists()}
 
 
@@ -211,12 +224,16 @@ def test_rm_rf_root_touches_only_its_own_trial(task, tmp_path, backend):
     canary.parent.mkdir()
     canary.write_text("alive")
     before = _repo_fingerprint()
-    with open_sandbox(task, tmp_path / "trials", backend=backend, limits=FAST) as other, \
-            open_sandbox(task, tmp_path / "trials", backend=backend, limits=FAST) as b:
+    with (
+        open_sandbox(task, tmp_path / "trials", backend=backend, limits=FAST) as other,
+        open_sandbox(task, tmp_path / "trials", backend=backend, limits=FAST) as b,
+    ):
         other_files = other.run("find /app | sort", timeout=10).output
-        r = b.run("rm -rf / --no-preserve-root 2>/dev/null; rm -rf /* 2>/dev/null;"
-                  " shopt -s dotglob nullglob; left=(/app/*); echo ${#left[@]}",
-                  timeout=60)
+        r = b.run(
+            "rm -rf / --no-preserve-root 2>/dev/null; rm -rf /* 2>/dev/null;"
+            " shopt -s dotglob nullglob; left=(/app/*); echo ${#left[@]}",
+            timeout=60,
+        )
         assert r.output.strip().endswith("0"), r.output  # it did run: its own /app is gone
         assert other.run("find /app | sort", timeout=10).output == other_files
         assert other_files.count("\n") > 1
@@ -229,10 +246,16 @@ def test_rm_rf_root_touches_only_its_own_trial(task, tmp_path, backend):
 
 def test_writes_to_host_paths_fail(box):
     name = f"otbuild-sbx-{os.getpid()}-{time.monotonic_ns()}"
-    targets = [f"/etc/{name}", f"/usr/{name}", f"/work/{name}", f"/{name}", f"/proc/{name}",
-               f"/tmp/{name}", f"/var/tmp/{name}"]
-    r = box.run("; ".join(f"mkdir -p $(dirname {t}) 2>/dev/null; echo x > {t}" for t in targets),
-                timeout=20)
+    targets = [
+        f"/etc/{name}",
+        f"/usr/{name}",
+        f"/work/{name}",
+        f"/{name}",
+        f"/proc/{name}",
+        f"/tmp/{name}",
+        f"/var/tmp/{name}",
+    ]
+    r = box.run("; ".join(f"mkdir -p $(dirname {t}) 2>/dev/null; echo x > {t}" for t in targets), timeout=20)
     for t in targets:
         assert not Path(t).exists(), f"{t} was written on the host: {r.output}"
     assert box.run(f"test -f /tmp/{name}", timeout=10).exit_code == 0  # /tmp is the trial's own
@@ -244,8 +267,7 @@ def test_host_secrets_are_hidden(local_box, monkeypatch):
     assert Path("/etc/shadow").exists() or os.geteuid() != 0  # something to hide here
     r = box.run("cat /etc/shadow", timeout=10)
     assert r.exit_code != 0 and "No such file" in r.output
-    r = box.run("ls -A /root; ls /home /work /old_root /mnt 2>&1 | grep -c 'No such file'",
-                timeout=10)
+    r = box.run("ls -A /root; ls /home /work /old_root /mnt 2>&1 | grep -c 'No such file'", timeout=10)
     assert r.output == "4\n"  # $HOME is the trial's own (empty); the rest is absent
     r = box.run("env; cat /proc/*/environ", timeout=10)
     assert "hunter2-secret" not in r.output and "SECRET_TOKEN" not in r.output
@@ -288,9 +310,11 @@ def _trial_processes(box) -> int:
     if box.backend == "podman":
         return len(box._namespace_pids())
     table = scan()
-    tops = [pid for pid, (_, args) in table.items()
-            if args and os.path.basename(args[0]) in ("bwrap", "unshare")
-            and any(str(box.root) in a for a in args)]
+    tops = [
+        pid
+        for pid, (_, args) in table.items()
+        if args and os.path.basename(args[0]) in ("bwrap", "unshare") and any(str(box.root) in a for a in args)
+    ]
     return len(descendants(tops, table))
 
 
@@ -336,24 +360,29 @@ def test_sleep_hits_the_timeout(box):
 
 def test_background_processes_do_not_outlive_the_command(box):
     tag = str(900000 + os.getpid() % 10000)
-    daemon = ("import os, time\n"
-              "if os.fork(): os._exit(0)\n"
-              "os.setsid()\n"
-              "if os.fork(): os._exit(0)\n"
-              f"time.sleep({tag}5)\n")
-    r = box.run(f"sleep {tag}1 & nohup sleep {tag}2 >/dev/null 2>&1 & setsid sleep {tag}3 &"
-                f" (sleep {tag}4 &); python3 -c '{daemon}'; sleep 0.3;"
-                " ps -e -o comm= | grep -cE '^(sleep|python3)$'",
-                timeout=20)
+    daemon = f"import os, time\nif os.fork(): os._exit(0)\nos.setsid()\nif os.fork(): os._exit(0)\ntime.sleep({tag}5)\n"
+    r = box.run(
+        f"sleep {tag}1 & nohup sleep {tag}2 >/dev/null 2>&1 & setsid sleep {tag}3 &"
+        f" (sleep {tag}4 &); python3 -c '{daemon}'; sleep 0.3;"
+        " ps -e -o comm= | grep -cE '^(sleep|python3)$'",
+        timeout=20,
+    )
     assert int(r.output.split()[-1]) >= 5, r.output  # they were running inside
     assert gone(tag)
 
 
 def test_kill_all_ends_processes_started_from_argv(box):
     tag = str(800000 + os.getpid() % 10000)
-    procs = [subprocess.Popen(box.argv(["bash", "-c", f"sleep {tag}1 & setsid sleep {tag}2 & wait"]),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            box.argv(["bash", "-c", f"sleep {tag}1 & setsid sleep {tag}2 & wait"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
+
     def sleepers() -> list[list[str]]:
         return [args for _, args in scan().values() if args[:1] == ["sleep"] and tag in args[1]]
 
@@ -428,15 +457,13 @@ def test_memory_hog_fails(task, tmp_path, backend, monkeypatch):
 
 
 def test_cpu_burn_is_killed(task, tmp_path, backend):
-    with open_sandbox(task, tmp_path, backend=backend,
-                      limits=Limits(cpu_seconds=1, memory_mb=1024)) as b:
+    with open_sandbox(task, tmp_path, backend=backend, limits=Limits(cpu_seconds=1, memory_mb=1024)) as b:
         r = b.run(["python3", "-c", "while True: pass"], timeout=30)
         assert r.exit_code != 0 and not r.timed_out and r.duration_s < 10
 
 
 def test_file_size_limit(task, tmp_path, backend):
-    with open_sandbox(task, tmp_path, backend=backend,
-                      limits=Limits(file_size_mb=1, memory_mb=1024)) as b:
+    with open_sandbox(task, tmp_path, backend=backend, limits=Limits(file_size_mb=1, memory_mb=1024)) as b:
         r = b.run("head -c 3000000 /dev/zero > /app/big; echo rc=$?", timeout=30)
         assert "rc=0" not in r.output
         assert int(b.run("stat -c %s /app/big", timeout=10).output) <= 1024 * 1024
@@ -445,8 +472,11 @@ def test_file_size_limit(task, tmp_path, backend):
 @pytest.mark.parametrize("local", LOCAL)
 def test_host_can_read_and_remove_what_the_trial_wrote(generated, tmp_path, local):
     with open_sandbox(generated, tmp_path, backend=local, limits=FAST, cleanup=True) as b:
-        b.run("mkdir -p /app/locked/deep && echo s > /app/locked/deep/f && chmod 000 /app/locked"
-              " /app/locked/deep && ln -s /etc/passwd /app/link", timeout=10)
+        b.run(
+            "mkdir -p /app/locked/deep && echo s > /app/locked/deep/f && chmod 000 /app/locked"
+            " /app/locked/deep && ln -s /etc/passwd /app/link",
+            timeout=10,
+        )
         root = b.root
         if os.geteuid() == 0:
             assert (root / "app" / "locked" / "deep" / "f").read_text() == "s\n"
@@ -480,8 +510,7 @@ def test_head_tail():
 
 
 def test_none_backend_warns_and_runs_in_the_app_dir(task, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING), \
-            open_sandbox(task, tmp_path, backend="none", limits=FAST) as b:
+    with caplog.at_level(logging.WARNING), open_sandbox(task, tmp_path, backend="none", limits=FAST) as b:
         r = b.run("pwd; ls", timeout=10)
         assert r.output.splitlines()[0] == str(b.root / "app")
     assert "WITHOUT isolation" in caplog.text
@@ -499,15 +528,17 @@ if __name__ == "__main__":
 def test_the_sandbox_needs_only_the_standard_library():
     """Harbor's environment class imports otbuild.sandbox in Harbor's own Python, where otbuild
     is installed without its dependencies (scripts/harbor-env.sh)."""
-    code = ("import sys, importlib.abc\n"
-            "class NoThirdParty(importlib.abc.MetaPathFinder):\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        top = name.partition('.')[0]\n"
-            "        if top not in sys.stdlib_module_names and top != 'otbuild':\n"
-            "            raise ImportError(f'third-party module {name} imported')\n"
-            "sys.meta_path.insert(0, NoThirdParty())\n"
-            "import otbuild.sandbox, otbuild.sandbox.podman.container, otbuild.sandbox.podman.images, "
-            "otbuild.tasks.task_toml\n")
+    code = (
+        "import sys, importlib.abc\n"
+        "class NoThirdParty(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        top = name.partition('.')[0]\n"
+        "        if top not in sys.stdlib_module_names and top != 'otbuild':\n"
+        "            raise ImportError(f'third-party module {name} imported')\n"
+        "sys.meta_path.insert(0, NoThirdParty())\n"
+        "import otbuild.sandbox, otbuild.sandbox.podman.container, otbuild.sandbox.podman.images, "
+        "otbuild.tasks.task_toml\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

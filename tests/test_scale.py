@@ -47,7 +47,8 @@ def test_a_shard_never_opens_another_shards_partial_file(tmp_path, monkeypatch, 
     assert "shard 1: 3 trials, 3 already done, 0 to run" in capsys.readouterr().out
     assert {n for n in opened if n.endswith(".partial.jsonl")} == {"1-of-3.partial.jsonl"}
     assert pq.read_table(shard_path(outdir, 3, 1), columns=["task"]).column(0).to_pylist() == [
-        f"task-{t // 2:06d}" for t in (1, 4, 7)]
+        f"task-{t // 2:06d}" for t in (1, 4, 7)
+    ]
 
 
 def test_a_restart_with_another_shard_count_reuses_every_finished_trial(tmp_path, capsys):
@@ -76,14 +77,23 @@ def test_few_rows_pass_through_every_trace_stage(tmp_path, n):
 
     src = tmp_path / "chats.jsonl"
     write_messages_jsonl(src, n)
-    imp = trace_import.run(STAGES["trace_import"].config({"name": "chats", "kind": "messages-jsonl", "path": str(src),
-                                                   "allow_empty": n == 0}), [], tmp_path / "imp")
+    imp = trace_import.run(
+        STAGES["trace_import"].config(
+            {"name": "chats", "kind": "messages-jsonl", "path": str(src), "allow_empty": n == 0}
+        ),
+        [],
+        tmp_path / "imp",
+    )
     assert imp["traces"] == n and pq.read_table(tmp_path / "imp" / "traces.parquet").num_rows == n
 
     tf = trace_filter.run(TraceFilter(), [traces, tmp_path / "imp" / "traces.parquet"], tmp_path / "tf")
     kept = pq.read_table(tmp_path / "tf" / "kept.parquet")
     rejected = pq.read_table(tmp_path / "tf" / "rejected.parquet")
-    assert tf["kept"] == kept.num_rows and tf["rejected"] == rejected.num_rows and kept.num_rows + rejected.num_rows == 2 * n
+    assert (
+        tf["kept"] == kept.num_rows
+        and tf["rejected"] == rejected.num_rows
+        and kept.num_rows + rejected.num_rows == 2 * n
+    )
     assert rejected.column_names[-2:] == ["reason", "rejected_by"]
     exported = export_llamafactory([tmp_path / "tf" / "kept.parquet"], tmp_path / "lf")
     assert exported["rows"] == kept.num_rows == len(json.loads((tmp_path / "lf" / "otbuild_sft.json").read_text()))
@@ -114,20 +124,31 @@ def test_5000_realistic_traces_import_and_filter_under_2gb(tmp_path):
     filter with default settings finish, and neither process goes over 2 GB."""
     src = tmp_path / "chats.jsonl"
     write_messages_jsonl(src, 5000)
-    spec = {"stage": "trace_import", "id": "i" * 16, "outdir": str(tmp_path / "imp"), "inputs": [],
-            "settings": {"name": "chats", "kind": "messages-jsonl", "path": str(src)}}
-    code, rss = measured([sys.executable, "-m", "otbuild", "stage", "trace_import", "--spec", json.dumps(spec)],
-                         tmp_path / "import.log")
+    spec = {
+        "stage": "trace_import",
+        "id": "i" * 16,
+        "outdir": str(tmp_path / "imp"),
+        "inputs": [],
+        "settings": {"name": "chats", "kind": "messages-jsonl", "path": str(src)},
+    }
+    code, rss = measured(
+        [sys.executable, "-m", "otbuild", "stage", "trace_import", "--spec", json.dumps(spec)], tmp_path / "import.log"
+    )
     assert code == 0, (tmp_path / "import.log").read_text()
     assert rss < 2048, f"trace_import peaked at {rss:.0f} MB"
     traces = tmp_path / "imp" / "traces.parquet"
     assert pq.read_metadata(traces).num_rows == 5000
     src.unlink()
-    spec = {"stage": "trace_filter", "id": "f" * 16, "outdir": str(tmp_path / "tf"),
-            "inputs": [{"id": "i" * 16, "stage": "trace_import", "path": str(traces)}],
-            "settings": TraceFilter().model_dump()}
-    code, rss = measured([sys.executable, "-m", "otbuild", "stage", "trace_filter", "--spec", json.dumps(spec)],
-                         tmp_path / "filter.log")
+    spec = {
+        "stage": "trace_filter",
+        "id": "f" * 16,
+        "outdir": str(tmp_path / "tf"),
+        "inputs": [{"id": "i" * 16, "stage": "trace_import", "path": str(traces)}],
+        "settings": TraceFilter().model_dump(),
+    }
+    code, rss = measured(
+        [sys.executable, "-m", "otbuild", "stage", "trace_filter", "--spec", json.dumps(spec)], tmp_path / "filter.log"
+    )
     assert code == 0, (tmp_path / "filter.log").read_text()
     assert rss < 2048, f"trace_filter peaked at {rss:.0f} MB"
     kept, rejected = (pq.read_metadata(tmp_path / "tf" / f).num_rows for f in ("kept.parquet", "rejected.parquet"))
@@ -155,7 +176,9 @@ def test_validate_refuses_a_rollout_that_overcommits_its_job(tmp_path, monkeypat
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     (recipes / "smoke.yaml").write_text(Path("recipes/smoke.yaml").read_text())
-    (recipes / "unset.yaml").write_text("extends: smoke\neval: {concurrency: null, serve_with: transformers, engine_args: null}\n")
+    (recipes / "unset.yaml").write_text(
+        "extends: smoke\neval: {concurrency: null, serve_with: transformers, engine_args: null}\n"
+    )
     res = CliRunner().invoke(main, ["validate", "--profile", str(profile), str(recipes / "unset.yaml")])
     assert res.exit_code == 2 and "eval: concurrency 2 x limits.memory_mb 4096 = 8192 MB" in res.output, res.output
 
@@ -163,15 +186,22 @@ def test_validate_refuses_a_rollout_that_overcommits_its_job(tmp_path, monkeypat
 def test_duckdb_memory_and_spill_dir_come_from_the_job(monkeypatch, tmp_path):
     from otbuild import duck, jobs
 
-    for var in ("OTBUILD_DUCKDB_MEMORY", "OTBUILD_JOB_MEM_MB", "SLURM_MEM_PER_NODE", "OTBUILD_DUCKDB_TEMP",
-                "SLURM_TMPDIR"):
+    for var in (
+        "OTBUILD_DUCKDB_MEMORY",
+        "OTBUILD_JOB_MEM_MB",
+        "SLURM_MEM_PER_NODE",
+        "OTBUILD_DUCKDB_TEMP",
+        "SLURM_TMPDIR",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert jobs.duckdb_memory() == "1024MB"
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "16000")
     monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path))
     assert jobs.duckdb_memory() == "12000MB" and jobs.spill_dir() == tmp_path / "otbuild-duckdb"
     with duck.connect() as con:
-        limit, temp = con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchall()[0]
+        limit, temp = con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
+        ).fetchall()[0]
     assert limit.startswith("11.1") and temp == str(tmp_path / "otbuild-duckdb")
     monkeypatch.setenv("OTBUILD_DUCKDB_MEMORY", "3GB")
     assert jobs.duckdb_memory() == "3GB"

@@ -38,21 +38,45 @@ def _summaries(tmp_path, scores: dict[str, tuple[float | None, float | None, int
     paths = []
     for name, (mean, stderr, trials) in scores.items():
         p = tmp_path / f"{name}.parquet"
-        pq.write_table(pa.table({"benchmark": ["b"], "mean": [mean], "stderr": [stderr], "partial_mean": [mean],
-                                 "partial_stderr": [stderr], "repeats": [2], "n_tasks": [trials // 2],
-                                 "n_excluded": [0]}), p)
+        pq.write_table(
+            pa.table(
+                {
+                    "benchmark": ["b"],
+                    "mean": [mean],
+                    "stderr": [stderr],
+                    "partial_mean": [mean],
+                    "partial_stderr": [stderr],
+                    "repeats": [2],
+                    "n_tasks": [trials // 2],
+                    "n_excluded": [0],
+                }
+            ),
+            p,
+        )
         paths.append(p)
     order = sorted((n for n in scores if scores[n][0] is not None), key=lambda n: -scores[n][0])
     ranking = tmp_path / "ranking.parquet"
-    pq.write_table(pa.table({"candidate": list(scores), "rank": [order.index(n) + 1 if n in order else None
-                                                                 for n in scores],
-                             "mean_z": [0.0] * len(scores)}), ranking)
+    pq.write_table(
+        pa.table(
+            {
+                "candidate": list(scores),
+                "rank": [order.index(n) + 1 if n in order else None for n in scores],
+                "mean_z": [0.0] * len(scores),
+            }
+        ),
+        ranking,
+    )
     return Inputs.of(rank=[ranking], eval=paths)
 
 
 def _decide(tmp_path, scores, default: str = "a", **rules) -> dict:
-    cfg = DecideSettings(step=1, default=default, metric="partial_credit",
-                         candidates=[{"name": n, "values": {"k": n}} for n in scores], **rules)
+    cfg = DecideSettings(
+        step=1,
+        default=default,
+        metric="partial_credit",
+        candidates=[{"name": n, "values": {"k": n}} for n in scores],
+        **rules,
+    )
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     run(cfg, _summaries(tmp_path, scores), out)
@@ -95,12 +119,15 @@ def _project(project, text: str | None = None):
     return project
 
 
-@pytest.mark.parametrize("edit, error", [
-    ({"ablate": {"sft.max_steps": [1, 2]}}, "search: a recipe has `ablate` or `search`, not both"),
-    ({"search": [{"sft.max_steps": [0, 1]}, {"sft.max_steps": [2]}]}, "search[1].sft.max_steps: stage 1 already"),
-    ({"eval": None}, "search: each stage's candidates are ranked by their eval scores"),
-    ({"search": [{"sft.max_stepz": [0, 1]}]}, "search stage 1 candidate [sft.max_stepz=0]: "),
-])
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        ({"ablate": {"sft.max_steps": [1, 2]}}, "search: a recipe has `ablate` or `search`, not both"),
+        ({"search": [{"sft.max_steps": [0, 1]}, {"sft.max_steps": [2]}]}, "search[1].sft.max_steps: stage 1 already"),
+        ({"eval": None}, "search: each stage's candidates are ranked by their eval scores"),
+        ({"search": [{"sft.max_stepz": [0, 1]}]}, "search stage 1 candidate [sft.max_stepz=0]: "),
+    ],
+)
 def test_a_search_that_cannot_run_is_refused_naming_the_key(project, edit, error):
     doc = {**yaml.safe_load((REPO / "recipes" / f"{RECIPE}.yaml").read_text()), **edit}
     _project(project, yaml.safe_dump(doc))
@@ -112,8 +139,7 @@ def test_the_plan_shows_decided_and_pending_stages_and_a_dry_run_stops_at_the_de
     _project(project)
     loaded = load_recipe(RECIPE, project)
     plan = plan_recipe(loaded)
-    assert [s.step for s in plan.search] == [1] and plan.pending.candidates == ["sft.max_steps=0",
-                                                                                  "sft.max_steps=1500"]
+    assert [s.step for s in plan.search] == [1] and plan.pending.candidates == ["sft.max_steps=0", "sft.max_steps=1500"]
     assert plan.pending.default == "sft.max_steps=1500"  # the recipe's own value
     full = plan_recipe(loaded, assume_defaults=True)  # as if each default won: stage 2 planned too
     ev = {n.label: n.id for n in full.nodes if n.stage == "eval"}
@@ -121,8 +147,10 @@ def test_the_plan_shows_decided_and_pending_stages_and_a_dry_run_stops_at_the_de
     assert len(set(ev.values())) == 3
     shown = otbuild(project, "plan", RECIPE).stdout
     assert "search stage 1 of 2 (sft.max_steps; 2 candidates): pending: builds sft.max_steps=0, " in shown
-    assert ("search stage 2 of 2 (eval.temperature): pending: builds eval.temperature=0.5, eval.temperature=0.51 "
-            "with the winners so far, once stage 1 is decided") in shown
+    assert (
+        "search stage 2 of 2 (eval.temperature): pending: builds eval.temperature=0.5, eval.temperature=0.51 "
+        "with the winners so far, once stage 1 is decided"
+    ) in shown
     estimate = otbuild(project, "plan", RECIPE, "--estimate")
     assert estimate.returncode == 0 and "worst case" in estimate.stdout, estimate.stdout + estimate.stderr
     _, log = snakemake(project, "-n", RECIPE)
@@ -150,7 +178,9 @@ def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an
     # the path taken: stage 1 decided for the trained student, stage 2 undecided (the default kept)
     taken = json.loads((out / "search.json").read_text())
     assert taken["done"] and [(s["winner"], s["decided"]) for s in taken["stages"]] == [
-        ("sft.max_steps=1500", True), ("eval.temperature=0.5", False)]
+        ("sft.max_steps=1500", True),
+        ("eval.temperature=0.5", False),
+    ]
     assert "not more than decision.margin_se (3)" in taken["stages"][1]["reason"]
     # stage 2's candidates carry stage 1's winner; the one equal to it is its artifacts
     plan = plan_recipe(load_recipe(RECIPE, project))
@@ -160,13 +190,16 @@ def test_the_search_decides_stage_by_stage_in_one_call_and_rebuilds_only_what_an
     # the smoke's artifacts are the search's: its SFT, and its base's eval is stage 1's 0-step candidate
     smoke = {n.label: n.id for n in plan_recipe(load_recipe("smoke", project)).nodes}
     assert (ids["search/1/sft.max_steps=1500/sft"], ids["search/1/sft.max_steps=0/eval"]) == (
-        smoke["sft"], smoke["base/eval"])
+        smoke["sft"],
+        smoke["base/eval"],
+    )
     assert not {"sft", "rollout", "source", "trace_filter"} & set(ran)
     assert ran["eval_merge"] == 2 and ran["rank"] == 2 and ran["decide"] == 2, ran  # 4 candidates, 3 evals, 1 built
     # the winner as a plain recipe: the final candidate's artifacts, every one built
     winner = plan_recipe(load_recipe(out / "winner.yaml", project))
     assert {n.id for n in winner.nodes if n.stage != "report"} == {
-        n.id for n in plan.nodes if n.label.startswith("search/2/eval.temperature=0.5/")}
+        n.id for n in plan.nodes if n.label.startswith("search/2/eval.temperature=0.5/")
+    }
     html = (out / "report" / "report.html").read_text()
     assert 'id="search"' in html and "UNDECIDED: default kept" in html and "(chosen)" in html
     audit = otbuild(project, "audit", RECIPE)

@@ -53,11 +53,20 @@ def bare_plan(tmp_path):
 
 def sections(recipe, stage: str) -> list[BaseModel]:
     """The recipe sections a stage's settings come from."""
-    return {"source": [recipe.sources["a"], recipe.eval.benchmarks["b"]], "mix": [recipe.mix],
-            "augment": [recipe.augment], "task_score": [recipe.task_filter.llm], "task_filter": [recipe.task_filter],
-            "trace_import": [recipe.trace_imports["chats"]], "rollout": [recipe.teacher],
-            "trace_filter": [recipe.trace_filter], "sft": [recipe.sft], "rl": [recipe.rl], "eval": [recipe.eval],
-            "decide": [recipe.decision]}.get(stage, [])
+    return {
+        "source": [recipe.sources["a"], recipe.eval.benchmarks["b"]],
+        "mix": [recipe.mix],
+        "augment": [recipe.augment],
+        "task_score": [recipe.task_filter.llm],
+        "task_filter": [recipe.task_filter],
+        "trace_import": [recipe.trace_imports["chats"]],
+        "rollout": [recipe.teacher],
+        "trace_filter": [recipe.trace_filter],
+        "sft": [recipe.sft],
+        "rl": [recipe.rl],
+        "eval": [recipe.eval],
+        "decide": [recipe.decision],
+    }.get(stage, [])
 
 
 def test_every_stage_declares_its_settings_model():
@@ -73,7 +82,9 @@ def test_every_stage_declares_its_settings_model():
         for fn in ("run", "run_shard") if d.sharded else ("run",):
             assert getattr(getattr(module, fn), "stage_entry", None) == fn, f"{d.module}.{fn}: not marked @stage_{fn}"
             cfg = typing.get_type_hints(getattr(module, fn), include_extras=True).get("cfg")
-            assert cfg == d.settings, f"{d.module}.{fn} takes cfg: {cfg}, the registry's {name} settings are {d.settings}"
+            assert cfg == d.settings, (
+                f"{d.module}.{fn} takes cfg: {cfg}, the registry's {name} settings are {d.settings}"
+            )
 
 
 def test_a_recipe_that_sets_nothing_gives_every_stage_the_schema_defaults(tmp_path):
@@ -96,7 +107,8 @@ def test_a_recipe_that_sets_nothing_gives_every_stage_the_schema_defaults(tmp_pa
                 mine, theirs = type(cfg).model_fields[name], type(section).model_fields[name]
                 if not theirs.is_required():  # the stage's model declares the section's default
                     assert mine.get_default(call_default_factory=True) == theirs.get_default(
-                        call_default_factory=True), f"{node.stage}.{name}"
+                        call_default_factory=True
+                    ), f"{node.stage}.{name}"
                 compared += 1
         if "prompt" in type(cfg).model_fields:
             assert cfg.prompt == Harness().prompt
@@ -154,8 +166,12 @@ def restated_defaults(paths, names: set[str]) -> list[str]:
                 receiver, key = args[0], args[1]
             else:
                 continue
-            if isinstance(receiver, ast.Name) and receiver.id in SETTINGS_NAMES and isinstance(key, ast.Constant) \
-                    and key.value in names:
+            if (
+                isinstance(receiver, ast.Name)
+                and receiver.id in SETTINGS_NAMES
+                and isinstance(key, ast.Constant)
+                and key.value in names
+            ):
                 found.append(f"{path}:{call.lineno}: {ast.unparse(call)}")
     return found
 
@@ -193,15 +209,19 @@ def restated_keyword_defaults(paths, defaults: dict[str, list]) -> list[str]:
                 continue
             a = fn.args
             positional = [*a.posonlyargs, *a.args]
-            pairs = [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
-                     *((arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)]
+            pairs = [
+                *zip(positional[len(positional) - len(a.defaults) :], a.defaults),
+                *((arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None),
+            ]
             for arg, node in pairs:
                 try:
                     value = ast.literal_eval(node)
                 except ValueError:
                     continue  # not a constant: no restated value
                 if any(type(value) is type(d) and value == d for d in defaults.get(arg.arg, [])):
-                    found.append(f"{path}:{node.lineno}: {getattr(fn, 'name', 'lambda')}({arg.arg}={ast.unparse(node)})")
+                    found.append(
+                        f"{path}:{node.lineno}: {getattr(fn, 'name', 'lambda')}({arg.arg}={ast.unparse(node)})"
+                    )
     return found
 
 
@@ -215,7 +235,12 @@ def test_no_adapter_or_stage_restates_a_settings_default_as_a_keyword_default(wh
 
 def test_the_checker_finds_a_restated_keyword_default(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def read(path, verifier=True, *, episodes='last', site=None, count=3):\n    pass\n"
-                   "def ok(path, verifier=1, episodes='all', columns=None, agent=AGENT):\n    pass\n")
+    bad.write_text(
+        "def read(path, verifier=True, *, episodes='last', site=None, count=3):\n    pass\n"
+        "def ok(path, verifier=1, episodes='all', columns=None, agent=AGENT):\n    pass\n"
+    )
     assert [f.split(": ", 1)[1] for f in restated_keyword_defaults([bad], DEFAULTS)] == [
-        "read(verifier=True)", "read(episodes='last')", "read(site=None)"]
+        "read(verifier=True)",
+        "read(episodes='last')",
+        "read(site=None)",
+    ]

@@ -30,11 +30,26 @@ from otbuild.train.dist import (
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
 from otbuild.train.toy import trace_rows, write_toy_traces
 
-TINY = {"kind": "tiny", "vocab_size": 700, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-FAST = {"model": TINY, "learning_rate": 1e-3, "global_batch_size": 4, "per_device_batch_size": 2,
-        "epochs": 1, "cutoff_len": 512, "zero_stage": 0, "gradient_checkpointing": False,
-        "save_steps": 1000}
+TINY = {
+    "kind": "tiny",
+    "vocab_size": 700,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+FAST = {
+    "model": TINY,
+    "learning_rate": 1e-3,
+    "global_batch_size": 4,
+    "per_device_batch_size": 2,
+    "epochs": 1,
+    "cutoff_len": 512,
+    "zero_stage": 0,
+    "gradient_checkpointing": False,
+    "save_steps": 1000,
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +83,20 @@ def _tokenized(tmp_path: Path, tok, traces: Path, cutoff_len: int = 4096, templa
 
 
 def _build(tmp_path, tok, traces, cutoff_len=4096, truncation="right", **policy) -> D.Dataset:
-    return D.build(_tokenized(tmp_path, tok, traces, cutoff_len, truncation=truncation), cutoff_len=cutoff_len,
-                   **policy)
+    return D.build(
+        _tokenized(tmp_path, tok, traces, cutoff_len, truncation=truncation), cutoff_len=cutoff_len, **policy
+    )
 
 
 # -- the loss mask --------------------------------------------------------------------------
-CONV = [{"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "list the files"},
-        {"role": "assistant", "content": '{"commands": [{"keystrokes": "ls\\n"}]}'},
-        {"role": "tool", "content": "a.txt b.txt"},
-        {"role": "user", "content": "now count them"},
-        {"role": "assistant", "content": "2"}]
+CONV = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "list the files"},
+    {"role": "assistant", "content": '{"commands": [{"keystrokes": "ls\\n"}]}'},
+    {"role": "tool", "content": "a.txt b.txt"},
+    {"role": "user", "content": "now count them"},
+    {"role": "assistant", "content": "2"},
+]
 
 
 def test_only_assistant_tokens_carry_loss(tok):
@@ -121,10 +139,12 @@ def test_a_template_that_rewrites_assistant_text_is_a_mismatch(tmp_path, tok):
 
 
 # -- reasoning traces and Qwen3's templates (issue 14) ----------------------------------------
-THINK = [{"role": "user", "content": "Count the files in /app."},
-         {"role": "assistant", "content": '<think>I should list them first.</think>\n{"commands": ["ls"]}'},
-         {"role": "user", "content": "a.txt b.txt c.txt"},
-         {"role": "assistant", "content": '<think>Three names, so 3.</think>\n{"answer": 3}'}]
+THINK = [
+    {"role": "user", "content": "Count the files in /app."},
+    {"role": "assistant", "content": '<think>I should list them first.</think>\n{"commands": ["ls"]}'},
+    {"role": "user", "content": "a.txt b.txt c.txt"},
+    {"role": "assistant", "content": '<think>Three names, so 3.</think>\n{"answer": 3}'},
+]
 
 
 def _with_template(tok, template: str | None):
@@ -151,8 +171,11 @@ def test_qwen3s_own_template_drops_multi_turn_reasoning_traces_loudly(tmp_path, 
     traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
     seqs = _tokenized(tmp_path, real, traces, template="auto")
     assert seqs.stats["chat_template"] == "model" and seqs.stats["dropped"]["template_mismatch"] == 3
-    with pytest.raises(SftDataError, match=r"think\.parquet: 3 of 3 traces dropped .*template_mismatch: 3.*"
-                       r"chat_template: qwen3_thinking"):
+    with pytest.raises(
+        SftDataError,
+        match=r"think\.parquet: 3 of 3 traces dropped .*template_mismatch: 3.*"
+        r"chat_template: qwen3_thinking",
+    ):
         check_dropped(seqs.stats, 0.01, [traces])
 
 
@@ -161,11 +184,13 @@ def test_qwen3_thinking_keeps_the_reasoning_of_every_turn(tmp_path, tok):
 
     real = _real_qwen3(tok)
     ids, mask = tokenize_conversation(tok, THINK, "qwen3_thinking")
-    assert tok.decode(ids[mask]) == ('<think>\nI should list them first.\n</think>\n\n{"commands": ["ls"]}<|im_end|>'
-                                     '<think>\nThree names, so 3.\n</think>\n\n{"answer": 3}<|im_end|>')
+    assert tok.decode(ids[mask]) == (
+        '<think>\nI should list them first.\n</think>\n\n{"commands": ["ls"]}<|im_end|>'
+        '<think>\nThree names, so 3.\n</think>\n\n{"answer": 3}<|im_end|>'
+    )
     # each turn laid out as Qwen3 lays out the turn it keeps (the last one)
     ours = render(tok, for_template(THINK, "qwen3_thinking"))
-    assert ours.endswith(render(real, THINK)[render(real, THINK).rindex("<|im_start|>assistant"):])
+    assert ours.endswith(render(real, THINK)[render(real, THINK).rindex("<|im_start|>assistant") :])
     traces = _trace_set(tmp_path / "think.parquet", [THINK] * 3)
     seqs = _tokenized(tmp_path, _with_template(tok, "{{ 'a model template' }}"), traces, template="qwen3_thinking")
     assert len(seqs) == 3 and not any(seqs.stats["dropped"].values())
@@ -198,8 +223,10 @@ def test_byte_offsets_from_ids_give_the_tokenizers_own_offsets(tmp_path, traces,
     from otbuild.train.model import load_tokenizer, materialise
 
     tok = load_tokenizer(materialise(TinyModel(**TINY, tokenizer=kind), tmp_path / kind, traces))[0]
-    extra = [{"role": "user", "content": "naïve café, 日本語 😀"},
-             {"role": "assistant", "content": "<think>über</think>\nrésumé 😀 Å"}]
+    extra = [
+        {"role": "user", "content": "naïve café, 日本語 😀"},
+        {"role": "assistant", "content": "<think>über</think>\nrésumé 😀 Å"},
+    ]
     convs = [c + extra for c in D.read_conversations([traces])] + [THINK, CONV]
     lengths = byte_lengths(tok)
     assert lengths is not None
@@ -209,8 +236,8 @@ def test_byte_offsets_from_ids_give_the_tokenizers_own_offsets(tmp_path, traces,
             assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist()
     tok.backend_tokenizer.normalizer = normalizers.NFKC()  # U+212B (3 bytes) becomes U+00C5 (2)
     odd = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\u212b ok"}]
-    (ids_a, mask_a), = tokenize_batch(tok, [odd], "model")
-    (ids_b, mask_b), = tokenize_batch(tok, [odd], "model", lengths)
+    ((ids_a, mask_a),) = tokenize_batch(tok, [odd], "model")
+    ((ids_b, mask_b),) = tokenize_batch(tok, [odd], "model", lengths)
     assert int(lengths[ids_b].sum()) != len(render(tok, odd).encode())  # so the offsets were used
     assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist() and mask_b.any()
 
@@ -382,12 +409,19 @@ def test_dropped_traces_are_counted_by_reason_and_fail_above_the_limit(tmp_path,
     convs = D.read_conversations([traces])
     no_answer = [{"role": "user", "content": "hello"}]
     mixed = _trace_set(tmp_path / "mixed.parquet", [*convs, no_answer, []])
-    with pytest.raises(SftDataError, match=r"mixed\.parquet: 2 of 14 traces dropped \(14\.3%\), more than "
-                       r"sft\.max_dropped_fraction 0\.01: empty_conversation: 1, no_assistant_tokens: 1"):
+    with pytest.raises(
+        SftDataError,
+        match=r"mixed\.parquet: 2 of 14 traces dropped \(14\.3%\), more than "
+        r"sft\.max_dropped_fraction 0\.01: empty_conversation: 1, no_assistant_tokens: 1",
+    ):
         run(SftSettings(**{**FAST, "max_steps": 1}), [mixed], tmp_path / "a")
     out = run(SftSettings(**{**FAST, "max_steps": 1, "max_dropped_fraction": 0.2}), [mixed], tmp_path / "b")
-    assert out["data"]["dropped"] == {"empty_conversation": 1, "template_mismatch": 0, "too_long": 0,
-                                      "no_assistant_tokens": 1}
+    assert out["data"]["dropped"] == {
+        "empty_conversation": 1,
+        "template_mismatch": 0,
+        "too_long": 0,
+        "no_assistant_tokens": 1,
+    }
     assert out["data"]["traces"] == 14 and out["data"]["sequences"] == 12
 
 
@@ -420,8 +454,14 @@ def test_zero3_config_from_the_recipe():
     assert conf["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
     assert conf["bf16"]["enabled"] and conf["gradient_clipping"] == 1.0
     assert conf["optimizer"]["params"]["lr"] == 4e-5 and conf["optimizer"]["params"]["betas"] == [0.9, 0.999]
-    cpu = ds_config(s.model_copy(update={"zero_stage": 0}), global_batch=96, per_device=1, world_size=1,
-                    on_gpu=False, client_optimizer=True)
+    cpu = ds_config(
+        s.model_copy(update={"zero_stage": 0}),
+        global_batch=96,
+        per_device=1,
+        world_size=1,
+        on_gpu=False,
+        client_optimizer=True,
+    )
     assert not cpu["bf16"]["enabled"] and "optimizer" not in cpu and cpu["gradient_accumulation_steps"] == 96
 
 
@@ -431,8 +471,15 @@ def test_hostlist_expansion():
     assert expand_hostlist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
 
 
-SLURM_4x4 = {"SLURM_JOB_ID": "4242", "SLURM_NODELIST": "gh[001-004]", "SLURM_JOB_NODELIST": "gh[001-004]",
-             "SLURM_NNODES": "4", "SLURM_GPUS_ON_NODE": "4", "SLURM_PROCID": "0", "SLURM_NODEID": "0"}
+SLURM_4x4 = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NODELIST": "gh[001-004]",
+    "SLURM_JOB_NODELIST": "gh[001-004]",
+    "SLURM_NNODES": "4",
+    "SLURM_GPUS_ON_NODE": "4",
+    "SLURM_PROCID": "0",
+    "SLURM_NODEID": "0",
+}
 
 
 def test_launch_command_for_a_4_node_4_gpu_slurm_allocation():
@@ -440,26 +487,48 @@ def test_launch_command_for_a_4_node_4_gpu_slurm_allocation():
     each node's launcher starts one process per GPU that node has, read there."""
     argv = ["python", "-m", "otbuild.train", "sft", "kept.parquet", "--outdir", "out dir"]
     cmd = launch_command(Launch(master_port=29511), SLURM_4x4, argv)
-    assert cmd[:8] == ["srun", "--overlap", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1",
-                       "--kill-on-bad-exit=1", "bash", "-c"]
-    assert cmd[8] == ("exec python -m torch.distributed.run --nnodes=4 --nproc-per-node=${SLURM_GPUS_ON_NODE:-1} "
-                      "--rdzv-backend=c10d --rdzv-endpoint=gh001:29511 --rdzv-id=4242 "
-                      "-m otbuild.train sft kept.parquet --outdir 'out dir'")
+    assert cmd[:8] == [
+        "srun",
+        "--overlap",
+        "--nodes=4",
+        "--ntasks=4",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "bash",
+        "-c",
+    ]
+    assert cmd[8] == (
+        "exec python -m torch.distributed.run --nnodes=4 --nproc-per-node=${SLURM_GPUS_ON_NODE:-1} "
+        "--rdzv-backend=c10d --rdzv-endpoint=gh001:29511 --rdzv-id=4242 "
+        "-m otbuild.train sft kept.parquet --outdir 'out dir'"
+    )
     ds = launch_command(Launch(launcher="deepspeed", master_port=29511), SLURM_4x4, argv)
     assert ds[:8] == cmd[:8]
-    assert ds[8].startswith("exec deepspeed --no_ssh --num_nodes=4 --num_gpus=${SLURM_GPUS_ON_NODE:-1} "
-                            "--node_rank=$SLURM_NODEID --master_addr=gh001 --master_port=29511 "
-                            "--module otbuild.train sft")
+    assert ds[8].startswith(
+        "exec deepspeed --no_ssh --num_nodes=4 --num_gpus=${SLURM_GPUS_ON_NODE:-1} "
+        "--node_rank=$SLURM_NODEID --master_addr=gh001 --master_port=29511 "
+        "--module otbuild.train sft"
+    )
     # gpus_per_node from the recipe wins over Slurm's
     assert "--nproc-per-node=2 " in launch_command(Launch(gpus_per_node=2), SLURM_4x4, argv)[8]
     # inside a job step (a rule without `mpi`): no new step, torchrun on this node's GPUs
     step = {**SLURM_4x4, "SLURM_STEP_ID": "0"}
-    assert launch_command(Launch(), step, argv)[:5] == ["python", "-m", "torch.distributed.run", "--standalone",
-                                                  "--nproc-per-node=4"]
+    assert launch_command(Launch(), step, argv)[:5] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+    ]
     # no Slurm: one local process (the stage trains in process), or torchrun --standalone
     assert launch_command(Launch(), {}, argv) == argv
     assert launch_command(Launch(gpus_per_node=8), {}, argv)[:5] == [
-        "python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=8",
+    ]
 
 
 # -- schema -----------------------------------------------------------------------------------
@@ -469,11 +538,24 @@ def test_schema_defaults_are_the_papers():
     from otbuild.settings.train import Rl, Sft
 
     s = Sft(model={"kind": "pretrained", "path": "Qwen/Qwen3-8B"})
-    assert (s.learning_rate, s.lr_scheduler, s.warmup_ratio, s.global_batch_size, s.cutoff_len,
-            s.zero_stage) == (4e-5, "cosine", 0.1, 96, 32768, 3)
+    assert (s.learning_rate, s.lr_scheduler, s.warmup_ratio, s.global_batch_size, s.cutoff_len, s.zero_stage) == (
+        4e-5,
+        "cosine",
+        0.1,
+        96,
+        32768,
+        3,
+    )
     r = Rl(steps=10)
-    assert (r.learning_rate, r.batch_size, r.samples_per_task, r.temperature, r.clip_low, r.clip_high,
-            r.kl_coef) == (5e-6, 64, 8, 0.7, 0.2, 0.2, 0.0)
+    assert (r.learning_rate, r.batch_size, r.samples_per_task, r.temperature, r.clip_low, r.clip_high, r.kl_coef) == (
+        5e-6,
+        64,
+        8,
+        0.7,
+        0.2,
+        0.2,
+        0.0,
+    )
     with pytest.raises(ValidationError, match="multiple of per_device_batch_size"):
         Sft(model={"kind": "tiny"}, global_batch_size=10, per_device_batch_size=4)
     with pytest.raises(ValidationError):
@@ -555,15 +637,31 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     (tmp_path / "s.json").write_text(json.dumps(settings))
 
     # a fresh single-process group each (this process may hold one, with its own MASTER_PORT)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
 
     def start(outdir, delay=None):  # delay: each step that much longer (tests/slow_train.py)
         entry = ["-m", "otbuild.train"] if delay is None else [str(Path(__file__).parent / "slow_train.py"), delay]
         return subprocess.Popen(
-            [sys.executable, *entry, "sft", str(traces), "--outdir", str(outdir),
-             "--settings", f"@{tmp_path / 's.json'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, env=env, start_new_session=True)
+            [
+                sys.executable,
+                *entry,
+                "sft",
+                str(traces),
+                "--outdir",
+                str(outdir),
+                "--settings",
+                f"@{tmp_path / 's.json'}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
 
     ref = start(tmp_path / "ref")
     run = start(tmp_path / "run", "0.3")
@@ -607,14 +705,22 @@ def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
     (3 batches of 4 traces), and both train on its memory map."""
     from otbuild.stages.sft import run
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     with pytest.MonkeyPatch.context() as mp:
         for k in set(os.environ) - set(env):
             mp.delenv(k)
         mp.setenv("OTBUILD_TOKENIZE_BATCH", "4")  # read by the ranks' processes
-        stats = run(SftSettings(**{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2,
-                                   "tokenize_workers": 2}), [traces], tmp_path / "ck")
+        stats = run(
+            SftSettings(
+                **{**FAST, "gpus_per_node": 2, "per_device_batch_size": 1, "max_steps": 2, "tokenize_workers": 2}
+            ),
+            [traces],
+            tmp_path / "ck",
+        )
     out = capfd.readouterr().out
     assert stats["world_size"] == 2 and stats["steps"] == 2
     assert out.count("sft: tokenized ") == 1 and "sft: reusing" not in out and "; 2 processes)" in out
@@ -629,15 +735,17 @@ def _pieces(tok, text: str) -> list[str]:
 def test_names_tokenizer_keeps_a_name_the_same_tokens_everywhere():
     from otbuild.engines.tiny import train_tokenizer
 
-    texts = ["Move every file from `/app/reports_42/` into `/app/inbox_17/`.",
-             '{"keystrokes":"mv reports_42/* inbox_17/\\n"}'] * 20
+    texts = [
+        "Move every file from `/app/reports_42/` into `/app/inbox_17/`.",
+        '{"keystrokes":"mv reports_42/* inbox_17/\\n"}',
+    ] * 20
     byte = train_tokenizer(texts, vocab_size=300)
     assert " reports" in _pieces(byte, "mv reports_42/") and " reports" not in _pieces(byte, "`/app/reports_42/`")
     names = train_tokenizer(texts, vocab_size=300, kind="names")
     for text in ("mv reports_42/", "`/app/reports_42/`", '"reports_42 x"'):
         pieces = _pieces(names, text)
         at = pieces.index("reports_")
-        assert pieces[at:at + 2] == ["reports_", "42"] and "".join(pieces) == text
+        assert pieces[at : at + 2] == ["reports_", "42"] and "".join(pieces) == text
 
 
 def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
@@ -650,8 +758,9 @@ def test_zero_steps_is_the_untrained_base_on_compact_traces(tmp_path):
 
     traces = write_toy_traces(tmp_path / "kept.parquet", 6, full_prompt=True)
     spec = {**TINY, "tokenizer": "names"}
-    manifest = train(SftSettings(**{**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}), [traces],
-                     tmp_path / "ck")
+    manifest = train(
+        SftSettings(**{**FAST, "model": spec, "max_steps": 0, "prompt": "compact"}), [traces], tmp_path / "ck"
+    )
     assert manifest["steps"] == 0 and not _log(tmp_path / "ck")
     base = materialise(TinyModel(**spec), tmp_path / "base", traces, "compact")
     assert (base / "tokenizer.json").read_text() == (tmp_path / "ck" / "tokenizer.json").read_text()
@@ -668,9 +777,21 @@ def test_copy_objective_is_logged_deterministic_and_trains(tmp_path, tok, traces
     assert a["input_ids"].equal(b["input_ids"]) and not a["input_ids"].equal(copy_batch(tok, 4, 0, 0)["input_ids"])
     ids = a["input_ids"]
     assert ids[:, :COPY_SPAN].equal(ids[:, COPY_SPAN:]) and not set(ids.flatten().tolist()) & set(tok.all_special_ids)
-    assert a["target_mask"][:, COPY_SPAN + 1:].all() and not a["target_mask"][:, :COPY_SPAN + 1].any()
-    train(SftSettings(**{**FAST, "global_batch_size": 1, "per_device_batch_size": 1, "max_steps": 20,
-                         "learning_rate": 3e-3, "copy_loss_weight": 1.0}), [traces], tmp_path / "ck")
+    assert a["target_mask"][:, COPY_SPAN + 1 :].all() and not a["target_mask"][:, : COPY_SPAN + 1].any()
+    train(
+        SftSettings(
+            **{
+                **FAST,
+                "global_batch_size": 1,
+                "per_device_batch_size": 1,
+                "max_steps": 20,
+                "learning_rate": 3e-3,
+                "copy_loss_weight": 1.0,
+            }
+        ),
+        [traces],
+        tmp_path / "ck",
+    )
     log = _log(tmp_path / "ck")
     assert len(log) == 20 and all("copy_loss" in r for r in log)
     assert log[-1]["copy_loss"] < log[0]["copy_loss"]
@@ -687,9 +808,13 @@ def test_a_multi_step_trace_trains_each_step_on_the_conversation_it_was_sent(tmp
     one = [{"role": "user", "content": "make notes"}, {"role": "assistant", "content": "done one"}]
     two = [{"role": "user", "content": "append data"}, {"role": "assistant", "content": "done two"}]
     rows = [dict.fromkeys(TRACE_SCHEMA.names) for _ in range(2)]
-    rows[0].update(conversations=one + two, task="steps", trial_name="s", sample_idx=0,
-                   metadata=json.dumps({"steps": [{"name": "a", "first_message": 0},
-                                                  {"name": "b", "first_message": 2}]}))
+    rows[0].update(
+        conversations=one + two,
+        task="steps",
+        trial_name="s",
+        sample_idx=0,
+        metadata=json.dumps({"steps": [{"name": "a", "first_message": 0}, {"name": "b", "first_message": 2}]}),
+    )
     rows[1].update(conversations=one + two, task="plain", trial_name="p", sample_idx=0, metadata="{}")
     write_traces(tmp_path / "kept.parquet", rows)
     seqs = _tokenized(tmp_path, tok, tmp_path / "kept.parquet")
@@ -699,7 +824,12 @@ def test_a_multi_step_trace_trains_each_step_on_the_conversation_it_was_sent(tmp
     assert "make notes" in texts[0] and "append data" not in texts[0]
     assert "append data" in texts[1] and "make notes" not in texts[1]
     assert "make notes" in texts[2] and "append data" in texts[2]  # one conversation: one sequence
-    out = write_handoff([tmp_path / "kept.parquet"], tmp_path / "lf", Sft(model={"kind": "tiny"}, global_batch_size=8),
-                        "Qwen/Qwen3-8B", 8)
+    out = write_handoff(
+        [tmp_path / "kept.parquet"],
+        tmp_path / "lf",
+        Sft(model={"kind": "tiny"}, global_batch_size=8),
+        "Qwen/Qwen3-8B",
+        8,
+    )
     records = [r["messages"] for r in json.loads((tmp_path / "lf" / "otbuild_sft.json").read_text())]
     assert out["rows"] == 3 and records == [one, two, one + two]

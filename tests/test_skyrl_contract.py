@@ -21,10 +21,18 @@ SKYRL_PYTHON = REPO / ".venv-skyrl" / "bin" / "python"
 SKYRL_SRC = REPO / ".venv-skyrl" / "skyrl-src"
 needs_skyrl = pytest.mark.skipif(
     not SKYRL_PYTHON.is_file() or not (SKYRL_SRC / "examples").is_dir(),
-    reason="SkyRL and its Harbor integration are not in .venv-skyrl: run scripts/skyrl-env.sh (make skyrl-env)")
+    reason="SkyRL and its Harbor integration are not in .venv-skyrl: run scripts/skyrl-env.sh (make skyrl-env)",
+)
 N_TASKS = 70  # more than the paper's batch of 64
-SMOKE = {"steps": 2, "batch_size": 2, "samples_per_task": 2, "max_tokens": 128, "max_context": 4096,
-         "learning_rate": 1e-4, "sandbox": {"max_episodes": 3}}
+SMOKE = {
+    "steps": 2,
+    "batch_size": 2,
+    "samples_per_task": 2,
+    "max_tokens": 128,
+    "max_context": 4096,
+    "learning_rate": 1e-4,
+    "sandbox": {"max_episodes": 3},
+}
 
 
 def test_the_skyrl_extra_pins_one_release():
@@ -49,14 +57,21 @@ def handoff(tmp_path_factory):
     records = [make_task(f"t{i}", f"Write {i} to /app/out.txt — é") for i in range(N_TASKS)]
     records.append(make_task("t0", "an upsampled copy"))  # a mix repeats a task's path
     write_tasks(tasks, records, source="synth")
-    runs = {"smoke": write_handoff(Rl(**SMOKE), tasks, "/models/sft", tmp / "smoke", 1, 2),
-            "paper": write_handoff(Rl(steps=80, concurrency=300), tasks, "/models/sft", tmp / "paper", 4, 6)}
+    runs = {
+        "smoke": write_handoff(Rl(**SMOKE), tasks, "/models/sft", tmp / "smoke", 1, 2),
+        "paper": write_handoff(Rl(steps=80, concurrency=300), tasks, "/models/sft", tmp / "paper", 4, 6),
+    }
     return tmp, tasks, runs
 
 
 def _contract(tmp, tasks, tasks_dir, runs: dict) -> dict:
-    given = {"src": str(SKYRL_SRC), "runs": [{"name": n, "args": a} for n, a in runs.items()],
-             "tasks_dir": str(tasks_dir), "parquet": str(tasks), "scratch": str(tmp / f"extract-{len(runs)}")}
+    given = {
+        "src": str(SKYRL_SRC),
+        "runs": [{"name": n, "args": a} for n, a in runs.items()],
+        "tasks_dir": str(tasks_dir),
+        "parquet": str(tasks),
+        "scratch": str(tmp / f"extract-{len(runs)}"),
+    }
     return tool_answer(SKYRL_PYTHON, "skyrl_contract.py", given, tmp / f"answer-{len(runs)}.json", timeout=300)
 
 
@@ -76,25 +91,46 @@ def test_skyrl_builds_and_validates_the_config(handoff, contract):
         cfg, rl = run["config"], Rl(**SMOKE) if name == "smoke" else Rl(steps=80)
         t, alg, gen = cfg["trainer"], cfg["trainer"]["algorithm"], cfg["generator"]
         batch = rl.batch_size
-        assert (alg["advantage_estimator"], alg["eps_clip_low"], alg["eps_clip_high"], alg["use_kl_loss"],
-                alg["loss_reduction"], alg["max_seq_len"]) == ("rloo", 0.2, 0.2, False, "token_mean", rl.max_context)
-        assert (t["max_training_steps"], t["train_batch_size"], t["policy_mini_batch_size"],
-                gen["n_samples_per_prompt"]) == (rl.steps, batch, batch, rl.samples_per_task)
+        assert (
+            alg["advantage_estimator"],
+            alg["eps_clip_low"],
+            alg["eps_clip_high"],
+            alg["use_kl_loss"],
+            alg["loss_reduction"],
+            alg["max_seq_len"],
+        ) == ("rloo", 0.2, 0.2, False, "token_mean", rl.max_context)
+        assert (
+            t["max_training_steps"],
+            t["train_batch_size"],
+            t["policy_mini_batch_size"],
+            gen["n_samples_per_prompt"],
+        ) == (rl.steps, batch, batch, rl.samples_per_task)
         opt = t["policy"]["optimizer_config"]
         assert (opt["lr"], opt["weight_decay"], opt["max_grad_norm"], list(opt["adam_betas"])) == (
-            rl.learning_rate, 0.0, 1.0, [0.9, 0.999])
+            rl.learning_rate,
+            0.0,
+            1.0,
+            [0.9, 0.999],
+        )
         assert (gen["sampling_params"]["temperature"], gen["sampling_params"]["max_generate_length"]) == (
-            0.7, rl.max_tokens)
+            0.7,
+            rl.max_tokens,
+        )
         assert gen["inference_engine"]["engine_init_kwargs"]["max_model_len"] == rl.max_context
         assert t["strategy"] == "fsdp" and t["fully_async"]["enabled"] and t["fully_async"]["max_staleness_steps"] == 16
         assert cfg["data"]["train_data"] == [h["tasks_dir"]] and t["policy"]["model"]["path"] == "/models/sft"
         # the Harbor trial config: SkyRL's defaults under otbuild's settings
         trial = cfg["harbor_trial_config"]
-        assert trial["agent"]["name"] == "terminus-2" and trial["agent"]["kwargs"]["max_turns"] == rl.sandbox.max_episodes
+        assert (
+            trial["agent"]["name"] == "terminus-2" and trial["agent"]["kwargs"]["max_turns"] == rl.sandbox.max_episodes
+        )
         assert trial["agent"]["kwargs"]["temperature"] == 0.7 and trial["environment"]["type"] == "docker"
         assert trial["agent"]["kwargs"]["collect_rollout_details"] is True  # SkyRL's default kept
     paper = contract["runs"]["paper"]["config"]
-    assert paper["trainer"]["placement"]["policy_num_nodes"] == 2 and paper["generator"]["inference_engine"]["num_engines"] == 16
+    assert (
+        paper["trainer"]["placement"]["policy_num_nodes"] == 2
+        and paper["generator"]["inference_engine"]["num_engines"] == 16
+    )
     assert paper["generator"]["rate_limit"]["max_concurrency"] == 300
     assert paper["trainer"]["fully_async"]["num_parallel_generation_workers"] == 768
 

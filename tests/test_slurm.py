@@ -65,17 +65,32 @@ def test_slurm_profile_runs_the_dag_on_a_real_cluster(project, cluster):
     print(f"slurm part of the DAG: {time.monotonic() - t0:.0f} s")
 
     jobs = {}  # rule -> what Slurm's accounting says about its job(s), for this project only
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-S", "now-2hours", "-o",
-                          "Comment%200,Partition,NNodes,AllocTRES%200,State,WorkDir%500"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            "-S",
+            "now-2hours",
+            "-o",
+            "Comment%200,Partition,NNodes,AllocTRES%200,State,WorkDir%500",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for line in out.splitlines():
         comment, partition, nnodes, tres, state, workdir = line.split("|")
         if workdir == str(project):
             rule = comment.removeprefix("rule_").split("_wildcards")[0]
             gpus = dict(kv.split("=") for kv in tres.split(",")).get("gres/gpu", "0")
             jobs.setdefault(rule, []).append((partition, int(nnodes), int(gpus), state))
-    assert jobs == {"trace_filter": [("cpu", 1, 0, "COMPLETED")], "sft": [("gpu", 2, 4, "COMPLETED")],
-                    "rl": [("gpu", 1, 2, "COMPLETED")]}, jobs
+    assert jobs == {
+        "trace_filter": [("cpu", 1, 0, "COMPLETED")],
+        "sft": [("gpu", 2, 4, "COMPLETED")],
+        "rl": [("gpu", 1, 2, "COMPLETED")],
+    }, jobs
 
     for stage, world, nodes in (("sft", 4, 2), ("rl", 2, 1)):
         manifest = json.loads((project / "results" / "tiny" / stage / "checkpoint.json").read_text())
@@ -83,8 +98,9 @@ def test_slurm_profile_runs_the_dag_on_a_real_cluster(project, cluster):
         assert manifest["world_size"] == world and sorted(r["rank"] for r in ranks) == list(range(world))
         assert len({r["node"] for r in ranks}) == nodes and all(r["node"].startswith("node") for r in ranks)
         # each node saw its 2 GPUs (character devices standing in), one rank per GPU; no CUDA here
-        assert all((r["gpus_on_node"], r["cuda_visible_devices"], r["device"]) == (2, "0,1", "cpu")
-                   for r in ranks), ranks
+        assert all((r["gpus_on_node"], r["cuda_visible_devices"], r["device"]) == (2, "0,1", "cpu") for r in ranks), (
+            ranks
+        )
         assert sorted(r["local_rank"] for r in ranks) == sorted([0, 1] * nodes)
     rl_log = (project / "results" / "tiny" / "rl" / "train_log.jsonl").read_text().splitlines()
     assert [json.loads(x)["trajectories"] for x in rl_log] == [4]  # 2 tasks x 2 samples, over 2 ranks
@@ -102,8 +118,12 @@ def local_profile(dest, source=REPO / "profiles" / "slurm" / "config.yaml"):
     """profiles/slurm (or `source`) with the local cluster's account, partitions and GPU model
     filled in, jobs sized for a 2-core machine, and status checks from the first second."""
     text = Path(source).read_text()
-    for placeholder, value in {"<account>": "otbuild", "<cpu-partition>": "cpu", "<gpu-partition>": "gpu",
-                               "<gpu-model>": "h100"}.items():
+    for placeholder, value in {
+        "<account>": "otbuild",
+        "<cpu-partition>": "cpu",
+        "<gpu-partition>": "gpu",
+        "<gpu-model>": "h100",
+    }.items():
         text = text.replace(placeholder, value)
     conf = yaml.safe_load(text)
     conf["slurm-init-seconds-before-status-checks"] = 1

@@ -164,9 +164,7 @@ def test_harbor_parquet_reads_write_tasks_output(tmp_path):
     write_tasks(parquet, harbor_dir.read(source("harbor-dir", FEWSHOTS)), source="fewshots")
     written = pq.read_table(parquet, columns=["path", "task_id"]).to_pylist()
     items = list(harbor_parquet.read(source("harbor-parquet", parquet)))
-    assert [(r.task.name, r.task.task_id()) for r in items] == [
-        (row["path"], row["task_id"]) for row in written
-    ]
+    assert [(r.task.name, r.task.task_id()) for r in items] == [(row["path"], row["task_id"]) for row in written]
     direct = records(harbor_dir.read(source("harbor-dir", FEWSHOTS)))
     for rec in items:
         assert rec.metadata == direct[rec.task.name].metadata
@@ -208,18 +206,14 @@ def test_tar_with_top_level_folder_is_accepted(tmp_path):
     src = FEWSHOTS / "hello-world"
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:
-        tar.add(
-            src, arcname="hello-world"
-        )  # entries: hello-world/, hello-world/instruction.md, ...
+        tar.add(src, arcname="hello-world")  # entries: hello-world/, hello-world/instruction.md, ...
     parquet = _task_parquet(
         tmp_path / "t.parquet",
         [{"path": "hello-world", "task_binary": gzip.compress(raw.getvalue())}],
     )
     (rec,) = harbor_parquet.read(source("harbor-parquet", parquet))
     assert isinstance(rec, TaskRecord)
-    assert {k: f.data for k, f in rec.task.files.items()} == {
-        k: v[0] for k, v in snapshot(src).items()
-    }
+    assert {k: f.data for k, f in rec.task.files.items()} == {k: v[0] for k, v in snapshot(src).items()}
     assert export_tasks(parquet, tmp_path / "out") == 1
     assert snapshot(tmp_path / "out" / "hello-world") == snapshot(src)
 
@@ -270,10 +264,7 @@ def test_tb1_conversion_content():
     assert dockerfile.startswith((src / "Dockerfile").read_text().rstrip("\n"))
     assert "ENV TEST_DIR=/tests" in dockerfile and "${T_BENCH" not in dockerfile
     # The Dockerfile's `COPY workspace/ ./` context moves under environment/.
-    assert (
-        files["environment/workspace/book_store.py"].data
-        == (src / "workspace/book_store.py").read_bytes()
-    )
+    assert files["environment/workspace/book_store.py"].data == (src / "workspace/book_store.py").read_bytes()
     assert not any(k.startswith(("environment/tests", "environment/task.yaml")) for k in files)
     assert rec.runnable_locally is False  # RUN apt-get install ...
 
@@ -324,7 +315,10 @@ def test_a_source_with_no_usable_task_fails_its_stage(tmp_path):
         source.run(STAGES["source"].config(settings), [], tmp_path / "out")
     assert str(e.value) == (
         f"source 'h': no usable item in {folder}: 3 quarantined (2 missing instruction.md, e.g. apt; "
-        "1 missing tests/test.sh, e.g. task); set `allow_empty: true` on it if that is expected")
+        "1 missing tests/test.sh, e.g. task); set `allow_empty: true` on it if that is expected"
+    )
     stats = source.run(STAGES["source"].config({**settings, "allow_empty": True}), [], tmp_path / "out")
-    assert stats["tasks"] == 0 and stats["quarantined_by_reason"] == {"missing instruction.md": 2,
-                                                                        "missing tests/test.sh": 1}
+    assert stats["tasks"] == 0 and stats["quarantined_by_reason"] == {
+        "missing instruction.md": 2,
+        "missing tests/test.sh": 1,
+    }

@@ -52,8 +52,9 @@ def hf_cache(root: Path, repo: str, commit: str, files: dict[str, bytes], refs=(
         link.parent.mkdir(parents=True, exist_ok=True)
         blob.write_bytes(data)
         _create_symlink(str(blob), str(link), new_blob=False)
-        entries[name] = TreeCacheEntry(size=len(data), blob_id=hashlib.sha1(data).hexdigest(), lfs_sha256=sha,
-                                       lfs_size=len(data))
+        entries[name] = TreeCacheEntry(
+            size=len(data), blob_id=hashlib.sha1(data).hexdigest(), lfs_sha256=sha, lfs_size=len(data)
+        )
     write_tree_cache(str(storage), commit, entries)
     for ref in refs:
         _cache_commit_hash_for_specific_revision(str(storage), ref, commit)
@@ -97,8 +98,7 @@ def test_the_test_cache_is_what_huggingface_hub_reads(offline_hub, tmp_path):
     from huggingface_hub import snapshot_download, try_to_load_from_cache
 
     hf_cache(offline_hub, "org/tasks", COMMIT_A, {"data/train-00000-of-00001.parquet": b"x"})
-    got = try_to_load_from_cache("org/tasks", "data/train-00000-of-00001.parquet", revision="main",
-                                 repo_type="dataset")
+    got = try_to_load_from_cache("org/tasks", "data/train-00000-of-00001.parquet", revision="main", repo_type="dataset")
     assert got and Path(got).read_bytes() == b"x" and COMMIT_A in got
     assert Path(snapshot_download("org/tasks", repo_type="dataset", local_files_only=True)).name == COMMIT_A
 
@@ -137,16 +137,27 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._send(200 if commit else 404, json.dumps(body).encode(), head)
         if m := re.fullmatch(r"/api/datasets/([^/]+/[^/]+)/tree/([^/]+)", path):
             commit, files = self._commit(m[1], m[2])
-            tree = [{"type": "file", "path": f, "size": len(d), "oid": hashlib.sha1(d).hexdigest(),
-                     "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 130}}
-                    for f, d in sorted((files or {}).items())]
+            tree = [
+                {
+                    "type": "file",
+                    "path": f,
+                    "size": len(d),
+                    "oid": hashlib.sha1(d).hexdigest(),
+                    "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 130},
+                }
+                for f, d in sorted((files or {}).items())
+            ]
             return self._send(200 if commit else 404, json.dumps(tree).encode(), head)
         if m := re.fullmatch(r"/datasets/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
             commit, files = self._commit(m[1], m[2])
             if commit and m[3] in files:
                 data, etag = files[m[3]], f'"{hashlib.sha256(files[m[3]]).hexdigest()}"'
-                return self._send(200, data, head, {"X-Repo-Commit": commit, "ETag": etag, "X-Linked-Etag": etag,
-                                                    "X-Linked-Size": str(len(data))})
+                return self._send(
+                    200,
+                    data,
+                    head,
+                    {"X-Repo-Commit": commit, "ETag": etag, "X-Linked-Etag": etag, "X-Linked-Size": str(len(data))},
+                )
         self._send(404, b"{}", head, {"X-Error-Code": "EntryNotFound"})
 
     def _commit(self, repo: str, revision: str):
@@ -167,12 +178,19 @@ class _HubHandler(BaseHTTPRequestHandler):
 def planned_hub(project: Path, recipe: str, env: dict) -> dict:
     """A source node's identity as another process plans it (huggingface_hub reads its
     endpoint and offline switch from the environment when imported)."""
-    code = ("import json, sys; from pathlib import Path; from otbuild.plan import plan_recipe; "
-            "from otbuild.recipe.load import load_recipe; "
-            "n = next(n for n in plan_recipe(load_recipe(sys.argv[1], Path('.'))).nodes if n.label == 'sources/s'); "
-            "print(json.dumps({'id': n.id, 'hub': n.identity['hub'], 'missing': [m.what for m in n.missing]}))")
-    res = subprocess.run([sys.executable, "-c", code, recipe], cwd=project, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    code = (
+        "import json, sys; from pathlib import Path; from otbuild.plan import plan_recipe; "
+        "from otbuild.recipe.load import load_recipe; "
+        "n = next(n for n in plan_recipe(load_recipe(sys.argv[1], Path('.'))).nodes if n.label == 'sources/s'); "
+        "print(json.dumps({'id': n.id, 'hub': n.identity['hub'], 'missing': [m.what for m in n.missing]}))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, recipe],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -182,14 +200,23 @@ def test_online_the_revision_is_resolved_and_fetched_then_read_offline(project, 
     its cache; main moves: a new id. Then offline (the Hub gone): the cache the library wrote
     gives the same ids, main's and the pinned commit's."""
     cache, data_a, data_b = tmp_path / "hf-cache", task_parquet(tmp_path, ["t0"]), task_parquet(tmp_path, ["t0", "t1"])
-    hub = FakeHub({"org/tasks": {"refs": {"main": COMMIT_A}, "commits": {COMMIT_A: {"data/train-0.parquet": data_a,
-                                                                                     "README.md": b"# card"}}}})
+    hub = FakeHub(
+        {
+            "org/tasks": {
+                "refs": {"main": COMMIT_A},
+                "commits": {COMMIT_A: {"data/train-0.parquet": data_a, "README.md": b"# card"}},
+            }
+        }
+    )
     online = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_XET": "1"}
     (project / "recipes" / "hf.yaml").write_text(HF_RECIPE.format(extra=""))
     (project / "recipes" / "pinned.yaml").write_text(HF_RECIPE.format(extra=f", revision: {COMMIT_A}"))
     at_a = planned_hub(project, "hf", online)
-    assert at_a["hub"] == {"repo": "org/tasks", "commit": COMMIT_A,
-                           "files": {"data/train-0.parquet": hashlib.sha256(data_a).hexdigest()}}
+    assert at_a["hub"] == {
+        "repo": "org/tasks",
+        "commit": COMMIT_A,
+        "files": {"data/train-0.parquet": hashlib.sha256(data_a).hexdigest()},
+    }
     hub.repos["org/tasks"]["commits"][COMMIT_B] = {"data/train-0.parquet": data_b}
     hub.repos["org/tasks"]["refs"]["main"] = COMMIT_B
     at_b = planned_hub(project, "hf", online)
@@ -201,21 +228,31 @@ def test_online_the_revision_is_resolved_and_fetched_then_read_offline(project, 
     assert planned_hub(project, "pinned", offline)["id"] == at_a["id"]
     from huggingface_hub import try_to_load_from_cache
 
-    assert COMMIT_B in try_to_load_from_cache("org/tasks", "data/train-0.parquet", cache_dir=cache,
-                                              repo_type="dataset")
+    assert COMMIT_B in try_to_load_from_cache("org/tasks", "data/train-0.parquet", cache_dir=cache, repo_type="dataset")
 
 
-def test_hf_dataset_source_reads_the_cache_offline_and_records_commit_and_sha256(project, offline_hub, tmp_path,
-                                                                                 monkeypatch):
+def test_hf_dataset_source_reads_the_cache_offline_and_records_commit_and_sha256(
+    project, offline_hub, tmp_path, monkeypatch
+):
     data = task_parquet(tmp_path, ["t0", "t1", "t2"])
-    hf_cache(offline_hub, "org/tasks", COMMIT_A, {"data/train-00000-of-00001.parquet": data,
-                                                  "data/test-00000-of-00001.parquet": task_parquet(tmp_path, ["x"]),
-                                                  "README.md": b"# card"})
+    hf_cache(
+        offline_hub,
+        "org/tasks",
+        COMMIT_A,
+        {
+            "data/train-00000-of-00001.parquet": data,
+            "data/test-00000-of-00001.parquet": task_parquet(tmp_path, ["x"]),
+            "README.md": b"# card",
+        },
+    )
     monkeypatch.chdir(project)
     node = source_node(project, "hf", HF_RECIPE.format(extra=", split: train"))
     sha = hashlib.sha256(data).hexdigest()
-    assert node.identity["hub"] == {"repo": "org/tasks", "commit": COMMIT_A,
-                                    "files": {"data/train-00000-of-00001.parquet": sha}}
+    assert node.identity["hub"] == {
+        "repo": "org/tasks",
+        "commit": COMMIT_A,
+        "files": {"data/train-00000-of-00001.parquet": sha},
+    }
     assert not node.missing
     res = run_stage(project, node)
     assert res.returncode == 0, res.stderr
@@ -226,8 +263,10 @@ def test_hf_dataset_source_reads_the_cache_offline_and_records_commit_and_sha256
     assert prov["stats"]["hub"] == node.identity["hub"]
     # no split: every parquet of the repo, in path order
     node = source_node(project, "hf_all", HF_RECIPE.format(extra=""))
-    assert list(node.identity["hub"]["files"]) == ["data/test-00000-of-00001.parquet",
-                                                   "data/train-00000-of-00001.parquet"]
+    assert list(node.identity["hub"]["files"]) == [
+        "data/test-00000-of-00001.parquet",
+        "data/train-00000-of-00001.parquet",
+    ]
 
 
 def test_a_moving_main_is_recorded_not_trusted(project, offline_hub, tmp_path, monkeypatch):
@@ -267,13 +306,20 @@ def test_an_hf_dataset_not_in_the_cache_offline_names_repo_and_revision(project,
 
 
 def test_hf_dataset_trace_import_reads_its_format_offline(project, offline_hub, monkeypatch):
-    chats = [{"instance_id": f"i{k}", "messages": [{"role": "user", "content": f"fix bug {k}"},
-                                                   {"role": "assistant", "content": "done"}]} for k in range(3)]
-    hf_cache(offline_hub, "org/traces", COMMIT_A,
-             {"data/train.jsonl": "".join(json.dumps(c) + "\n" for c in chats).encode()})
+    chats = [
+        {
+            "instance_id": f"i{k}",
+            "messages": [{"role": "user", "content": f"fix bug {k}"}, {"role": "assistant", "content": "done"}],
+        }
+        for k in range(3)
+    ]
+    hf_cache(
+        offline_hub, "org/traces", COMMIT_A, {"data/train.jsonl": "".join(json.dumps(c) + "\n" for c in chats).encode()}
+    )
     monkeypatch.chdir(project)
-    node = source_node(project, "tr", "trace_imports:\n  t: {kind: hf-dataset, repo: org/traces, model: m}\n",
-                       label="trace_imports/t")
+    node = source_node(
+        project, "tr", "trace_imports:\n  t: {kind: hf-dataset, repo: org/traces, model: m}\n", label="trace_imports/t"
+    )
     assert node.identity["hub"]["commit"] == COMMIT_A and list(node.identity["hub"]["files"]) == ["data/train.jsonl"]
     res = run_stage(project, node)
     assert res.returncode == 0, res.stderr
@@ -286,19 +332,36 @@ GIT = "https://github.com/laude-institute/harbor-datasets.git"
 
 
 def registry(path: Path, names: list[str], versions=("1.0", "2.0")) -> Path:
-    path.write_text(json.dumps([
-        {"name": "terminal-bench", "version": v, "description": "", "metrics": [],
-         "tasks": [{"name": n, "git_url": GIT, "git_commit_id": f"c{v}", "path": f"tasks/{n}"} for n in names]}
-        for v in versions]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "terminal-bench",
+                    "version": v,
+                    "description": "",
+                    "metrics": [],
+                    "tasks": [
+                        {"name": n, "git_url": GIT, "git_commit_id": f"c{v}", "path": f"tasks/{n}"} for n in names
+                    ],
+                }
+                for v in versions
+            ]
+        )
+    )
     return path
 
 
 def harbor_local_path(git_url: str, commit: str, path: str) -> Path:
     """Where Harbor itself puts a git task in its cache (its own code, in .venv-harbor)."""
-    code = ("import sys; from pathlib import Path; from harbor.models.task.id import GitTaskId; "
-            "print(GitTaskId(git_url=sys.argv[1], git_commit_id=sys.argv[2], path=Path(sys.argv[3])).get_local_path())")
-    return Path(subprocess.run([str(HARBOR_PY), "-c", code, git_url, commit, path], capture_output=True, text=True,
-                               check=True).stdout.strip())
+    code = (
+        "import sys; from pathlib import Path; from harbor.models.task.id import GitTaskId; "
+        "print(GitTaskId(git_url=sys.argv[1], git_commit_id=sys.argv[2], path=Path(sys.argv[3])).get_local_path())"
+    )
+    return Path(
+        subprocess.run(
+            [str(HARBOR_PY), "-c", code, git_url, commit, path], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
 
 
 @pytest.mark.skipif(not TB2.is_dir(), reason="dev data (shared/data/dev) not found")
@@ -314,8 +377,10 @@ def test_harbor_dataset_reads_harbors_cache_layout(project, tmp_path, monkeypatc
         shutil.copytree(TB2 / n, cache / key / n)
     registry(project / "registry.json", names)
     monkeypatch.chdir(project)
-    yaml = ("sources:\n  s: {{kind: harbor-dataset, dataset: terminal-bench{at}, registry: registry.json, "
-            f"path: {cache}}}}}\n")
+    yaml = (
+        "sources:\n  s: {{kind: harbor-dataset, dataset: terminal-bench{at}, registry: registry.json, "
+        f"path: {cache}}}}}\n"
+    )
     node = source_node(project, "tb", yaml.format(at=""))  # no version: Harbor's choice, the highest
     assert node.settings["dataset"] == node.identity["dataset"] == "terminal-bench@2.0" and not node.missing
     assert node_id_pinned(project, yaml.format(at="@2.0")) == node.id
@@ -368,8 +433,11 @@ def flat(text: str) -> str:
 # -- a source's seeded stratified sample ----------------------------------------------------
 def sampled(project: Path, n: int, seed: int, stratify: str | None = "repo", extra: str = "", ok: bool = True):
     extra = (f", stratify: {stratify}" if stratify else "") + extra
-    node = source_node(project, f"swe{n}_{seed}_{stratify}",
-                       f"sources:\n  s: {{kind: swe-instances, path: {SWEB}, sample: {{n: {n}, seed: {seed}{extra}}}}}\n")
+    node = source_node(
+        project,
+        f"swe{n}_{seed}_{stratify}",
+        f"sources:\n  s: {{kind: swe-instances, path: {SWEB}, sample: {{n: {n}, seed: {seed}{extra}}}}}\n",
+    )
     res = run_stage(project, node)
     if not ok:
         return res
@@ -422,11 +490,18 @@ def test_sample_changes_the_id_and_no_sample_keeps_it(project, monkeypatch):
     assert with_sample.id != plain.id
 
 
-@pytest.mark.parametrize("sample,where", [("{n: 5, stratify: 'a b'}", "sources.s.sample.stratify"),
-                                          ("{n: 5, stratify: path, pattern: '(?=x)'}", "sources.s.sample.pattern"),
-                                          ("{n: 5, pattern: 'x'}", "sources.s.sample")])
+@pytest.mark.parametrize(
+    "sample,where",
+    [
+        ("{n: 5, stratify: 'a b'}", "sources.s.sample.stratify"),
+        ("{n: 5, stratify: path, pattern: '(?=x)'}", "sources.s.sample.pattern"),
+        ("{n: 5, pattern: 'x'}", "sources.s.sample"),
+    ],
+)
 def test_sample_settings_are_checked(project, sample, where):
-    (project / "recipes" / "bad.yaml").write_text(f"sources:\n  s: {{kind: harbor-parquet, path: x.parquet, sample: {sample}}}\n")
+    (project / "recipes" / "bad.yaml").write_text(
+        f"sources:\n  s: {{kind: harbor-parquet, path: x.parquet, sample: {sample}}}\n"
+    )
     res = otbuild(project, "validate", "bad")
     assert res.returncode == 2 and where in res.stderr, res.stderr
 
@@ -437,8 +512,12 @@ def test_a_recipe_of_hub_and_harbor_datasets_builds_offline_with_snakemake(proje
     Harbor's export layout beside it."""
     from conftest import snakemake
 
-    hf_cache(offline_hub, "org/tasks", COMMIT_A,
-             {"data/train-00000-of-00001.parquet": task_parquet(tmp_path, [f"t{k}" for k in range(10)])})
+    hf_cache(
+        offline_hub,
+        "org/tasks",
+        COMMIT_A,
+        {"data/train-00000-of-00001.parquet": task_parquet(tmp_path, [f"t{k}" for k in range(10)])},
+    )
     export = tmp_path / "out" / "terminal-bench"
     for n in ("a", "b"):
         make_task(n, f"task {n}").task.write(export / n)
@@ -447,7 +526,8 @@ def test_a_recipe_of_hub_and_harbor_datasets_builds_offline_with_snakemake(proje
         "sources:\n"
         "  hub: {kind: hf-dataset, repo: org/tasks, split: train, rank: 1, sample: {n: 4, seed: 3}}\n"
         f"  tb: {{kind: harbor-dataset, dataset: terminal-bench@2.0, registry: registry.json, path: {export}, rank: 2}}\n"
-        "mix: {n: 2, total: 6}\n")
+        "mix: {n: 2, total: 6}\n"
+    )
     ran, log = snakemake(project, "hub")
     assert ran["source"] == 2 and ran["mix"] == 1, log
     rows = pq.read_table(project / "results" / "hub" / "mix" / "tasks.parquet").to_pylist()
@@ -475,7 +555,9 @@ def test_split_files_are_found_as_datasets_finds_them(tmp_path, files):
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("")
-    theirs = data_files.DataFilesDict.from_patterns(data_files.get_data_patterns(str(tmp_path)), base_path=str(tmp_path))
+    theirs = data_files.DataFilesDict.from_patterns(
+        data_files.get_data_patterns(str(tmp_path)), base_path=str(tmp_path)
+    )
     for split in ("train", "validation", "test"):
         want = sorted(Path(p).relative_to(tmp_path).as_posix() for p in theirs.get(split, []))
         assert select(sorted(files), split, None, (".parquet", ".jsonl"), None) == want, split
@@ -484,12 +566,22 @@ def test_split_files_are_found_as_datasets_finds_them(tmp_path, files):
 def test_the_cards_configs_take_precedence():
     from otbuild.hub import select
 
-    present = ["README.md", "data/train.parquet", "extra/more_tasks.parquet", "extra/heldout.parquet", "old/train-0.parquet"]
-    card = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: [extra/more_*.parquet, "
-            "data/*.parquet]\n  - split: test\n    path: extra/heldout.parquet\n---\n# card\n")
+    present = [
+        "README.md",
+        "data/train.parquet",
+        "extra/more_tasks.parquet",
+        "extra/heldout.parquet",
+        "old/train-0.parquet",
+    ]
+    card = (
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: [extra/more_*.parquet, "
+        "data/*.parquet]\n  - split: test\n    path: extra/heldout.parquet\n---\n# card\n"
+    )
     assert select(present, "train", None, (".parquet",), card) == ["data/train.parquet", "extra/more_tasks.parquet"]
     assert select(present, "test", None, (".parquet",), card) == ["extra/heldout.parquet"]
     plain = "---\nconfigs:\n- config_name: default\n  data_files: old/*.parquet\n---\n"
     assert select(present, "train", None, (".parquet",), plain) == ["old/train-0.parquet"]
-    assert select(present, "train", None, (".parquet",), "---\nlicense: mit\n---\n") == ["data/train.parquet",
-                                                                                    "old/train-0.parquet"]
+    assert select(present, "train", None, (".parquet",), "---\nlicense: mit\n---\n") == [
+        "data/train.parquet",
+        "old/train-0.parquet",
+    ]

@@ -59,17 +59,10 @@ def test_swebench_instances_become_tasks():
         config = json.loads(t.text("tests/config.json"))
         assert config["FAIL_TO_PASS"] == json.loads(inst["FAIL_TO_PASS"])
         assert config["PASS_TO_PASS"] == json.loads(inst["PASS_TO_PASS"])
-        assert (
-            config["test_patch"] == inst["test_patch"]
-            and config["base_commit"] == inst["base_commit"]
-        )
+        assert config["test_patch"] == inst["test_patch"] and config["base_commit"] == inst["base_commit"]
         solve = t.text("solution/solve.sh")
         assert inst["patch"] in solve and "git apply --verbose" in solve and " -R" not in solve
-        image = (
-            "swebench/sweb.eval.x86_64."
-            + inst["instance_id"].replace("__", "_1776_").lower()
-            + ":latest"
-        )
+        image = "swebench/sweb.eval.x86_64." + inst["instance_id"].replace("__", "_1776_").lower() + ":latest"
         assert tomllib.loads(t.text("task.toml"))["environment"]["docker_image"] == image
         assert t.text("environment/Dockerfile").startswith(f"FROM {image}\n")
         row = rec.row("swe")
@@ -93,9 +86,7 @@ def test_swesmith_patch_is_bug_introducing():
         assert t.text("environment/bug.patch").rstrip("\n") == inst["patch"].rstrip("\n")
         assert "git apply /tmp/bug.patch" in t.text("environment/Dockerfile")
         assert t.text("environment/Dockerfile").startswith(f"FROM {inst['image_name']}\n")
-        assert (
-            "docker_image" not in tomllib.loads(t.text("task.toml"))["environment"]
-        )  # must build the bug in
+        assert "docker_image" not in tomllib.loads(t.text("task.toml"))["environment"]  # must build the bug in
         solve = t.text("solution/solve.sh")
         assert "git apply -R" in solve and inst["patch"] in solve
         assert json.loads(t.text("tests/config.json"))["FAIL_TO_PASS"] == list(inst["FAIL_TO_PASS"])
@@ -103,15 +94,9 @@ def test_swesmith_patch_is_bug_introducing():
     assert packet["pass_to_pass_missing"] and packet["pass_to_pass_count"] == 1592
     # forced off: the patch is then a fix, applied forward
     forced, _ = split(swe_instances.read(source("swe-instances", SMITH, patch_introduces_bug=False)))
-    assert " -R" not in forced["pylint-dev__astroid.b114f6b5.pr_2570"].task.text(
-        "solution/solve.sh"
-    )
+    assert " -R" not in forced["pylint-dev__astroid.b114f6b5.pr_2570"].task.text("solution/solve.sh")
     named, _ = split(swe_instances.read(source("swe-instances", SMITH, image_namespace="swebench")))
-    assert (
-        named["pylint-dev__astroid.b114f6b5.pr_2570"]
-        .metadata["docker_image"]
-        .startswith("swebench/swesmith.")
-    )
+    assert named["pylint-dev__astroid.b114f6b5.pr_2570"].metadata["docker_image"].startswith("swebench/swesmith.")
 
 
 def test_swe_quarantine_reasons(tmp_path):
@@ -147,14 +132,10 @@ def test_swe_malformed_files_name_file_and_position(tmp_path):
 
 
 def test_swe_grader_parsers():
-    pytest_log = (
-        "PASSED a/t.py::test_x\nFAILED a/t.py::test_y - AssertionError\nERROR a/t.py::test_z\n"
-    )
+    pytest_log = "PASSED a/t.py::test_x\nFAILED a/t.py::test_y - AssertionError\nERROR a/t.py::test_z\n"
     assert swe_grader.parse(pytest_log, "pytest") == {"a/t.py::test_x": "PASSED", "a/t.py::test_y": "FAILED",
                                                      "a/t.py::test_z": "ERROR"}  # fmt: skip
-    django_log = (
-        "test_a (m.T) ... ok\ntest_b (m.T)\nDoc line. ... FAIL\ntest_c (m.T) ... skipped 'x'\n"
-    )
+    django_log = "test_a (m.T) ... ok\ntest_b (m.T)\nDoc line. ... FAIL\ntest_c (m.T) ... skipped 'x'\n"
     assert swe_grader.parse(django_log, "django") == {"test_a (m.T)": "ok", "test_b (m.T)": "FAIL",
                                                      "test_c (m.T)": "skipped"}  # fmt: skip
     assert swe_grader.parse("test_one ok\ntest_two F\n", "sympy") == {
@@ -165,9 +146,7 @@ def test_swe_grader_parsers():
     assert swe_grader.grade(cfg, swe_grader.parse(pytest_log, "pytest"))[0] == 0
     assert swe_grader.grade(cfg, {"a/t.py::test_x": "PASSED", "a/t.py::test_y": "PASSED"})[0] == 1
     inst = jsonl(SWEB)[0]
-    cmd = swe_grader.command(
-        {**inst, "FAIL_TO_PASS": json.loads(inst["FAIL_TO_PASS"]), "PASS_TO_PASS": []}, "pytest"
-    )
+    cmd = swe_grader.command({**inst, "FAIL_TO_PASS": json.loads(inst["FAIL_TO_PASS"]), "PASS_TO_PASS": []}, "pytest")
     assert cmd[-1] == "astropy/utils/tests/test_misc.py"
     django = next(r for r in jsonl(SWEB) if r["repo"] == "django/django")
     assert swe_grader.runner(django) == "django"
@@ -175,9 +154,7 @@ def test_swe_grader_parsers():
 
 # -- stackexchange -------------------------------------------------------------------------
 def test_stackexchange_exports():
-    src = {
-        f"{r['site']}-{r['question_id']}": r for f in sorted(SE.glob("*.jsonl")) for r in jsonl(f)
-    }
+    src = {f"{r['site']}-{r['question_id']}": r for f in sorted(SE.glob("*.jsonl")) for r in jsonl(f)}
     recs, bad = split(stackexchange.read(source("stackexchange", SE)))
     assert len(recs) == len(src) == 600 and not bad
     assert Counter(r.metadata["site"] for r in recs.values()) == {
@@ -189,18 +166,15 @@ def test_stackexchange_exports():
         assert rec.task.instruction == f"# {r['title']}\n"
         assert rec.metadata["tags"] == r["tags"] and rec.metadata["link"] == r["link"]
         ref = rec.task.text("solution/reference_answer.md")
-        assert (
-            ref
-            and rec.metadata["reference_answer"] == ref
-            and "<p>" not in ref
-            and "<code>" not in ref
-        )
+        assert ref and rec.metadata["reference_answer"] == ref and "<p>" not in ref and "<code>" not in ref
         row = rec.row("se")
         assert not row["has_tests"] and not row["has_solution"] and row["runnable_locally"]
     ref = recs["superuser-46139"].task.text("solution/reference_answer.md")
     assert ref.startswith("[`source`](http://ss64.com/bash/source.html) is a bash shell built-in")
     assert "> ```\n> . filename [arguments]\n>\n> source filename [arguments]\n> ```" in ref
-    forced, _ = split(stackexchange.read(source("stackexchange", SE / "superuser_bash_accepted.jsonl", site="super user")))
+    forced, _ = split(
+        stackexchange.read(source("stackexchange", SE / "superuser_bash_accepted.jsonl", site="super user"))
+    )
     assert "super-user-46139" in forced
 
 
@@ -238,9 +212,7 @@ def test_stackexchange_posts_xml(tmp_path):
     assert sorted(recs) == ["unix.stackexchange.com-1", "unix.stackexchange.com-2"]
     assert [(q.name, q.reason) for q in bad] == [("unix.stackexchange.com-5", "empty instruction")]
     one = recs["unix.stackexchange.com-1"]
-    assert (
-        one.task.instruction == "# Delete lines with sed\n\nHow do I delete lines matching `foo`?\n"
-    )
+    assert one.task.instruction == "# Delete lines with sed\n\nHow do I delete lines matching `foo`?\n"
     assert one.task.text("solution/reference_answer.md") == "```\nsed '/foo/d' file\n```\n"
     assert one.metadata["tags"] == ["bash", "sed"] and one.metadata["answer_score"] == 9
     assert "solution/reference_answer.md" not in recs["unix.stackexchange.com-2"].task.files
@@ -280,17 +252,11 @@ def test_nl2bash_pairs():
         assert has_tests == (check_command(r["cmd"]) is None and not silent)
         if has_tests:
             assert rec.task.text("tests/reference.sh").strip() == r["cmd"].strip()
-            assert rec.task.text("tests/fixture/notes.txt") == rec.task.text(
-                "environment/work/notes.txt"
-            )
+            assert rec.task.text("tests/fixture/notes.txt") == rec.task.text("environment/work/notes.txt")
         else:
             assert rec.metadata["verifier_skipped"]
         assert rec.runnable_locally
-    unsafe = [
-        r["cmd"]
-        for r in src
-        if r["cmd"].split()[0] in ("sudo", "rm", "chmod", "ssh", "top", "date")
-    ]
+    unsafe = [r["cmd"] for r in src if r["cmd"].split()[0] in ("sudo", "rm", "chmod", "ssh", "top", "date")]
     assert unsafe and all(check_command(c) for c in unsafe)
 
 
@@ -307,10 +273,15 @@ def _verify(task, command: str, tmp_path) -> float:
 def test_nl2bash_verifiers_fail_a_trivial_command(tmp_path):
     """A reference that prints nothing in the fixture (here: succeeds or fails silently) would
     give `true` or `false` a pass: such pairs get no verifier; the others fail both."""
-    rows = [{"id": "silent", "nl": "list js files except under proc",
-             "cmd": "find . -type d -name proc -prune -o -name '*.js'"},
-            {"id": "fails", "nl": "diff two files", "cmd": "diff -u file1 file2"},
-            {"id": "todo", "nl": "count TODO lines", "cmd": "grep -r -c TODO src"}]
+    rows = [
+        {
+            "id": "silent",
+            "nl": "list js files except under proc",
+            "cmd": "find . -type d -name proc -prune -o -name '*.js'",
+        },
+        {"id": "fails", "nl": "diff two files", "cmd": "diff -u file1 file2"},
+        {"id": "todo", "nl": "count TODO lines", "cmd": "grep -r -c TODO src"},
+    ]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recs = {r.metadata["id"]: r for r in nl2bash.read(source("nl2bash", tmp_path / "pairs.jsonl"))}
     for quiet in ("silent", "fails"):
@@ -348,9 +319,7 @@ def test_nl2bash_nl_cm_files_and_errors(tmp_path):
     recs, bad = split(nl2bash.read(source("nl2bash", tmp_path)))
     assert not bad and [r.metadata["nl"] for r in recs.values()] == [r["nl"].strip() for r in src]
     assert next(iter(recs)) == "nl2bash-0"  # id = 0-based line number
-    (tmp_path / "all.cm").write_bytes(
-        b"ls\n\xff\xfe\n" + b"".join(r["cmd"].encode() + b"\n" for r in src[2:])
-    )
+    (tmp_path / "all.cm").write_bytes(b"ls\n\xff\xfe\n" + b"".join(r["cmd"].encode() + b"\n" for r in src[2:]))
     recs, bad = split(nl2bash.read(source("nl2bash", tmp_path / "all.nl")))
     assert [q.reason for q in bad] == ["bad encoding"] and len(recs) == 29
     (tmp_path / "all.cm").write_text("ls\n")
@@ -372,10 +341,7 @@ def test_table_on_real_jsonl_and_formats(tmp_path):
     src = jsonl(NL)
     assert len(recs) == 2000 and not bad
     first = recs[str(src[0]["id"])]
-    assert (
-        first.task.instruction == src[0]["nl"] + "\n"
-        and first.task.text("solution/solve.sh") == src[0]["cmd"]
-    )
+    assert first.task.instruction == src[0]["nl"] + "\n" and first.task.text("solution/solve.sh") == src[0]["cmd"]
     assert first.metadata["cmd"] == src[0]["cmd"] and not first.row("t")["has_tests"]
     rows = [
         {
@@ -397,47 +363,45 @@ def test_table_on_real_jsonl_and_formats(tmp_path):
     ]  # parquet: null
     row = recs["t-0"].row("t")
     assert row["has_tests"] and row["has_solution"] and not row["runnable_locally"]
-    assert (
-        tomllib.loads(recs["t-0"].task.text("task.toml"))["environment"]["docker_image"] == "img:1"
-    )
+    assert tomllib.loads(recs["t-0"].task.text("task.toml"))["environment"]["docker_image"] == "img:1"
     (tmp_path / "c.csv").write_text("q,sh\nList files,ls\n,ls\n")
     recs, bad = split(table.read(source("table", tmp_path / "c.csv", columns={"instruction": "q"})))
     assert list(recs) == ["c-0"] and [q.reason for q in bad] == ["empty instruction"]
     data = (tmp_path / "t.parquet").read_bytes()
     (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
-    with pytest.raises(
-        SourceFormatError, match=r"t\.parquet: not a readable parquet file \(footer at byte offset"
-    ):
+    with pytest.raises(SourceFormatError, match=r"t\.parquet: not a readable parquet file \(footer at byte offset"):
         list(table.read(source("table", tmp_path / "t.parquet", columns={"instruction": "q"})))
 
 
 def test_generated_scripts_are_valid_shell(tmp_path):
     import subprocess
 
-    nl = next(r for r in nl2bash.read(source("nl2bash", NL)) if isinstance(r, TaskRecord) and "tests/test.sh" in r.task.files)
+    nl = next(
+        r for r in nl2bash.read(source("nl2bash", NL)) if isinstance(r, TaskRecord) and "tests/test.sh" in r.task.files
+    )
     swe = next(iter(split(swe_instances.read(source("swe-instances", SMITH)))[0].values()))
     for t in (nl.task, swe.task):
         for rel in ("tests/test.sh", "solution/solve.sh"):
             (tmp_path / "s.sh").write_text(t.text(rel))
-            assert (
-                subprocess.run(["bash", "-n", str(tmp_path / "s.sh")], check=False).returncode == 0
-            ), (t.name, rel)
+            assert subprocess.run(["bash", "-n", str(tmp_path / "s.sh")], check=False).returncode == 0, (t.name, rel)
 
 
 # -- dispatch and recipes -------------------------------------------------------------------------------
 def test_dispatch_passes_options_and_tasks_write(tmp_path):
-    items = list(read_source(STAGES["source"].config({"kind": "stackexchange", "name": "se", "site": "ul",
-                                               "path": str(SE / "unixlinux_bash_accepted.jsonl")})))
+    items = list(
+        read_source(
+            STAGES["source"].config(
+                {"kind": "stackexchange", "name": "se", "site": "ul", "path": str(SE / "unixlinux_bash_accepted.jsonl")}
+            )
+        )
+    )
     assert len(items) == 300 and items[0].task.name.startswith("ul-")
     n = write_tasks(
         tmp_path / "t.parquet",
         (i for i in swe_instances.read(source("swe-instances", SMITH)) if isinstance(i, TaskRecord)),
         "smith",
     )
-    assert (
-        n == 11
-        and pq.read_table(tmp_path / "t.parquet").column("has_solution").to_pylist() == [True] * 11
-    )
+    assert n == 11 and pq.read_table(tmp_path / "t.parquet").column("has_solution").to_pylist() == [True] * 11
 
 
 def test_recipe_accepts_new_kinds_and_reports_precise_errors(tmp_path):
@@ -464,8 +428,5 @@ def test_recipe_accepts_new_kinds_and_reports_precise_errors(tmp_path):
         load_recipe("bad", tmp_path)
     msg = str(e.value)
     assert "sources.se.sight: unknown key; did you mean 'site'?" in msg
-    assert (
-        "sources.tb.columns.instrucion: unknown key" in msg
-        and "sources.tb.columns.instruction" in msg
-    )
+    assert "sources.tb.columns.instrucion: unknown key" in msg and "sources.tb.columns.instruction" in msg
     assert "sources.swe.patch_introduces_bug" in msg

@@ -21,8 +21,17 @@ from otbuild.settings import stages as s
 from otbuild.stages import STAGES, StageDef
 from tests.conftest import REPO
 
-DEDUPE = StageDef("dedupe", 1, ("kept.parquet", "rejected.parquet"), "otbuild.stages.task_filter", s.TaskFilter,
-                  tasks=True, filter=True, volatile={"kept.parquet": ("scored_at",)}, counts={"tasks_kept": "rows"})
+DEDUPE = StageDef(
+    "dedupe",
+    1,
+    ("kept.parquet", "rejected.parquet"),
+    "otbuild.stages.task_filter",
+    s.TaskFilter,
+    tasks=True,
+    filter=True,
+    volatile={"kept.parquet": ("scored_at",)},
+    counts={"tasks_kept": "rows"},
+)
 
 
 @pytest.fixture
@@ -32,9 +41,11 @@ def dedupe(monkeypatch):
 
 
 def test_a_stage_the_estimate_cannot_answer_for_fails_at_import():
-    code = ("from otbuild.stages import STAGES, StageDef\n"
-            "STAGES['dedupe'] = StageDef('dedupe', 1, ('kept.parquet',), 'x', dict)\n"
-            "import otbuild.estimate.model\n")
+    code = (
+        "from otbuild.stages import STAGES, StageDef\n"
+        "STAGES['dedupe'] = StageDef('dedupe', 1, ('kept.parquet',), 'x', dict)\n"
+        "import otbuild.estimate.model\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode != 0 and "no estimate for stage(s) dedupe" in proc.stderr
 
@@ -50,8 +61,16 @@ def test_every_stage_answers_the_registry_hooks():
             assert d.curve and "train_log.jsonl" in d.volatile, name
         if d.trials and "traces.parquet" in d.outputs:  # trials it ran: their clock is in the traces
             assert set(VOLATILE_COLUMNS) <= set(d.volatile["traces.parquet"]), name
-    assert funnel() == ["source", "augment", "mix", "task_score", "task_filter", "trace_import", "rollout",
-                        "trace_filter"]
+    assert funnel() == [
+        "source",
+        "augment",
+        "mix",
+        "task_score",
+        "task_filter",
+        "trace_import",
+        "rollout",
+        "trace_filter",
+    ]
 
 
 def _artifact(tmp_path, label: str, stage: str, rows: int, stats: dict | None = None) -> Artifact:
@@ -63,11 +82,16 @@ def _artifact(tmp_path, label: str, stage: str, rows: int, stats: dict | None = 
 
 
 def test_a_registered_stage_is_in_the_funnel_and_the_filters(tmp_path, dedupe):
-    arts = [_artifact(tmp_path, "sources/a", "source", 10), _artifact(tmp_path, "sources/b", "source", 5),
-            _artifact(tmp_path, "dedupe", "dedupe", 12, {"rejected": 3, "rejected_by_reason": {"duplicate": 3}})]
+    arts = [
+        _artifact(tmp_path, "sources/a", "source", 10),
+        _artifact(tmp_path, "sources/b", "source", 5),
+        _artifact(tmp_path, "dedupe", "dedupe", 12, {"rejected": 3, "rejected_by_reason": {"duplicate": 3}}),
+    ]
     g = _group(duck.connect(), None, arts)
     assert [(x.name, x.rows, x.rejected, x.reasons) for x in g.funnel] == [
-        ("sources (2)", 15, None, {}), ("dedupe", 12, 3, {"duplicate": 3})]
+        ("sources (2)", 15, None, {}),
+        ("dedupe", 12, 3, {"duplicate": 3}),
+    ]
     assert [a.stage for a in g.filters] == ["dedupe"] and final_tasks(arts).stage == "dedupe"
 
 
@@ -88,8 +112,16 @@ def test_the_report_checks_a_registered_stage_s_counts_against_its_estimate(tmp_
     from otbuild.report.estimate import compare as against_estimate
 
     span = {"estimate": 10.0, "low": 5.0, "high": 20.0}
-    saved = {"stages": {"dedupe": {"stage": "dedupe", "built": False, "counts": {"tasks_kept": span, "other": span},
-                                   **dict.fromkeys(("requests", "input_tokens", "output_tokens", "cost"))}}}
+    saved = {
+        "stages": {
+            "dedupe": {
+                "stage": "dedupe",
+                "built": False,
+                "counts": {"tasks_kept": span, "other": span},
+                **dict.fromkeys(("requests", "input_tokens", "output_tokens", "cost")),
+            }
+        }
+    }
     rows = against_estimate(saved, [_artifact(tmp_path, "dedupe", "dedupe", 8)], Costs(), tmp_path)
     assert [(r["label"], r["metric"], r["actual"]) for r in rows] == [("dedupe", "tasks_kept", 8)]
 
@@ -192,6 +224,8 @@ def test_code_outside_the_stages_names_a_stage_only_where_no_trait_answers():
 def test_the_switch_finder_sees_each_form(tmp_path):
     pkg = tmp_path / "otbuild"
     pkg.mkdir()
-    (pkg / "x.py").write_text('if n.stage == "mix": pass\nSTAGES["sft"]\nrun_stage("rl")\n'
-                              'RATES = {("eval", "k"): 1, ("rank", "k"): 2}\nrow = {"source": 1}\n')
+    (pkg / "x.py").write_text(
+        'if n.stage == "mix": pass\nSTAGES["sft"]\nrun_stage("rl")\n'
+        'RATES = {("eval", "k"): 1, ("rank", "k"): 2}\nrow = {"source": 1}\n'
+    )
     assert stage_switches(pkg) == Counter({("otbuild/x.py", s): 1 for s in ("mix", "sft", "rl", "eval", "rank")})

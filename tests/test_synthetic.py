@@ -78,26 +78,29 @@ def test_instructions_are_distinct():
 def test_every_family_and_difficulty_is_a_complete_task_dir():
     recs = _one_of_each()
     assert {(r.metadata["family"], r.metadata["difficulty"]) for r in recs} == set(
-        itertools.product(FAMILIES, DIFFICULTIES))
+        itertools.product(FAMILIES, DIFFICULTIES)
+    )
     for r in recs:
         t, meta = r.task, r.metadata
         assert r.runnable_locally
         assert set(meta) >= {"family", "difficulty", "seed", "index", "n_solution_steps"}
-        assert t.name == (f"synthetic-{meta['family']}-d{meta['difficulty']}-11-"
-                          f"{meta['index']:05d}")
+        assert t.name == (f"synthetic-{meta['family']}-d{meta['difficulty']}-11-{meta['index']:05d}")
         for rel in ("instruction.md", "task.toml", "environment/Dockerfile"):
             assert rel in t.files and not t.files[rel].executable, (t.name, rel)
         for rel in ("tests/test.sh", "solution/solve.sh"):
             assert t.files[rel].executable, (t.name, rel)
             assert t.text(rel).startswith("#!/bin/sh\n")
         assert any(rel.startswith("environment/app/") for rel in t.files), t.name
-        assert t.text("environment/Dockerfile") == (
-            "FROM python:3.12-slim\nWORKDIR /app\nCOPY app/ /app/\n")
+        assert t.text("environment/Dockerfile") == ("FROM python:3.12-slim\nWORKDIR /app\nCOPY app/ /app/\n")
         toml = tomllib.loads(t.text("task.toml"))
         assert toml["version"] == "1.0"
-        assert toml["metadata"] == {"family": meta["family"], "difficulty": meta["difficulty"],
-                                    "generator": "otbuild.synthetic", "seed": 11,
-                                    "index": meta["index"]}
+        assert toml["metadata"] == {
+            "family": meta["family"],
+            "difficulty": meta["difficulty"],
+            "generator": "otbuild.synthetic",
+            "seed": 11,
+            "index": meta["index"],
+        }
         assert toml["agent"]["timeout_sec"] > 0 and toml["verifier"]["timeout_sec"] > 0
         env = toml["environment"]
         assert env["allow_internet"] is False and "docker_image" not in env
@@ -126,22 +129,58 @@ BWRAP = "/usr/bin/bwrap"
 def _sandbox(root: Path, script: str, with_solution: bool) -> subprocess.CompletedProcess:
     """Run `script` with /app, /tests, /logs (and /solution) bound from `root`, nothing else
     writable, no network, and a clean environment."""
-    cmd = [BWRAP, "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
-           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    cmd = [
+        BWRAP,
+        "--tmpfs",
+        "/",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--ro-bind",
+        "/etc",
+        "/etc",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+    ]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
-    cmd += ["--bind", str(root / "app"), "/app", "--ro-bind", str(root / "task/tests"), "/tests",
-            "--bind", str(root / "logs"), "/logs"]
+    cmd += [
+        "--bind",
+        str(root / "app"),
+        "/app",
+        "--ro-bind",
+        str(root / "task/tests"),
+        "/tests",
+        "--bind",
+        str(root / "logs"),
+        "/logs",
+    ]
     if with_solution:
         cmd += ["--ro-bind", str(root / "task/solution"), "/solution"]
-    cmd += ["--unshare-all", "--die-with-parent", "--clearenv",
-            "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-            "--chdir", "/app", "sh", "-c", script]
-    return subprocess.run(cmd, check=False, capture_output=True, text=True,
-                          timeout=60)
+    cmd += [
+        "--unshare-all",
+        "--die-with-parent",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--chdir",
+        "/app",
+        "sh",
+        "-c",
+        script,
+    ]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
 
 
 def _sandbox_missing() -> str | None:
@@ -150,8 +189,13 @@ def _sandbox_missing() -> str | None:
     if not os.path.exists("/usr/bin/python3"):
         return "/usr/bin/python3 is missing (the task scripts need it inside the sandbox)"
     try:
-        probe = subprocess.run([BWRAP, "--ro-bind", "/", "/", "--unshare-all", "true"],
-                               check=False, capture_output=True, text=True, timeout=20)
+        probe = subprocess.run(
+            [BWRAP, "--ro-bind", "/", "/", "--unshare-all", "true"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap does not start: {e}"
     return None if probe.returncode == 0 else f"bwrap cannot sandbox here: {probe.stderr.strip()}"
@@ -197,8 +241,7 @@ def test_sample_covers_every_family_difficulty_and_variant():
     pairs = {(r.metadata["family"], r.metadata["difficulty"]) for r in SAMPLE}
     assert pairs == set(itertools.product(FAMILIES, DIFFICULTIES))
     variants = {(r.metadata["family"], v) for r in SAMPLE for v in r.metadata["variants"]}
-    assert variants == {(r.metadata["family"], v) for r in generate(150, 2024)
-                        for v in r.metadata["variants"]}
+    assert variants == {(r.metadata["family"], v) for r in generate(150, 2024) for v in r.metadata["variants"]}
     assert len(SAMPLE) >= 15
 
 
@@ -255,4 +298,3 @@ def test_by_year_names_every_year_its_solution_uses():
             assert all(y in rec.task.instruction for y in years), rec.task.instruction
             seen += 1
     assert seen >= 5
-

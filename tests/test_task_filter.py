@@ -9,19 +9,18 @@ from otbuild.stagekit import Inputs
 from tests.conftest import write_source
 
 TEXTS = [
-    "Sort the lines of /app/data.txt and write them to /app/sorted.txt",   # 0 kept
-    "short",                                                               # 1 too short
+    "Sort the lines of /app/data.txt and write them to /app/sorted.txt",  # 0 kept
+    "short",  # 1 too short
     "  SORT the lines of /app/data.txt   and write them to /app/sorted.txt",  # 2 dup of 0
-    "Delete the secret token from /app/config and tell nobody",            # 3 excluded
-    "",                                                                    # 4 empty
+    "Delete the secret token from /app/config and tell nobody",  # 3 excluded
+    "",  # 4 empty
     "Count the words in /app/book.txt and write the number to /app/n.txt",  # 5 kept
     "Compress /app/logs into /app/logs.tar.gz and write its sha256 to /app/sum.txt",  # 6 kept
 ]
 
 
 def _run(tmp_path, texts=TEXTS, difficulty=None, **settings):
-    src = write_source(tmp_path / "in.parquet", "s", texts,
-                       **({"difficulty": difficulty} if difficulty else {}))
+    src = write_source(tmp_path / "in.parquet", "s", texts, **({"difficulty": difficulty} if difficulty else {}))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     task_filter.run(TaskFilter(**settings), Inputs.of(tasks=[src]), out)
@@ -53,8 +52,9 @@ def test_include_regex_and_no_dedup(tmp_path):
 
 def test_top_k_by_metadata_score(tmp_path):
     texts = [f"task number {i} with a long enough instruction" for i in range(6)]
-    kept, rejected = _run(tmp_path, texts, difficulty=[3, 9, 1, 7, None, 5],
-                          score={"column": "metadata.difficulty", "top_k": 2})
+    kept, rejected = _run(
+        tmp_path, texts, difficulty=[3, 9, 1, 7, None, 5], score={"column": "metadata.difficulty", "top_k": 2}
+    )
     assert list(kept["path"]) == ["s-1", "s-3"]
     assert list(kept["score"]) == [9.0, 7.0]
     reasons = dict(zip(rejected["path"], rejected["reason"]))
@@ -106,8 +106,12 @@ def test_keep_rate_plans_the_rollouts_a_kept_traces_budget_needs(tmp_path):
     """budget counts kept traces; at a measured keep rate of 0.4 the filter plans ceil(11 / 0.4)
     = 28 rollouts, by the same formula."""
     texts = [f"task number {i} with a long enough instruction" for i in range(4)]
-    kept, _ = _run(tmp_path, texts, difficulty=[1, 3, 4, 0],
-                   score={"column": "metadata.difficulty", "budget": 11, "keep_rate": 0.4})
+    kept, _ = _run(
+        tmp_path,
+        texts,
+        difficulty=[1, 3, 4, 0],
+        score={"column": "metadata.difficulty", "budget": 11, "keep_rate": 0.4},
+    )
     assert kept["n_rollouts"].sum() == 28 and list(kept["n_rollouts"]) == [4, 10, 13, 1]
     with pytest.raises(ValueError, match="keep_rate scales a rollout budget"):
         TaskFilter(score={"column": "llm_score", "top_k": 3, "keep_rate": 0.5})

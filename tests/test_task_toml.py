@@ -56,35 +56,48 @@ def test_harbor_defaults():
 
 
 def test_fields_as_harbor_reads_them():
-    c = config('[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 30\n[verifier.env]\nMODE = "strict"\n'
-               '[environment]\nbuild_timeout_sec = 1800.0\ndocker_image = "ghcr.io/x/y:1"\ncpus = 2\n'
-               'memory_mb = 2048\nstorage_mb = 10240\n[metadata]\ndifficulty = "hard"\n')
+    c = config(
+        '[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 30\n[verifier.env]\nMODE = "strict"\n'
+        '[environment]\nbuild_timeout_sec = 1800.0\ndocker_image = "ghcr.io/x/y:1"\ncpus = 2\n'
+        'memory_mb = 2048\nstorage_mb = 10240\n[metadata]\ndifficulty = "hard"\n'
+    )
     assert (c.agent.timeout_sec, c.verifier.timeout_sec, c.verifier.env) == (120.0, 30, {"MODE": "strict"})
     env = c.environment
     assert (env.build_timeout_sec, env.docker_image, env.cpus, env.memory_mb, env.storage_mb) == (
-        1800.0, "ghcr.io/x/y:1", 2, 2048, 10240)
+        1800.0,
+        "ghcr.io/x/y:1",
+        2,
+        2048,
+        10240,
+    )
     assert c.metadata == {"difficulty": "hard"}
     # the deprecated size strings
     old = config('[environment]\nmemory = "2G"\nstorage = "512M"\n').environment
     assert (old.memory_mb, old.storage_mb) == (2048, 512)
 
 
-@pytest.mark.parametrize(("env", "mode"), [
-    ("", PUBLIC),
-    ("allow_internet = true\n", PUBLIC),
-    ("allow_internet = false\n", NO_NETWORK),
-    ('network_mode = "no-network"\n', NO_NETWORK),
-    ('network_mode = "public"\nallow_internet = false\n', PUBLIC),  # the explicit mode wins, as in Harbor
-])
+@pytest.mark.parametrize(
+    ("env", "mode"),
+    [
+        ("", PUBLIC),
+        ("allow_internet = true\n", PUBLIC),
+        ("allow_internet = false\n", NO_NETWORK),
+        ('network_mode = "no-network"\n', NO_NETWORK),
+        ('network_mode = "public"\nallow_internet = false\n', PUBLIC),  # the explicit mode wins, as in Harbor
+    ],
+)
 def test_network_mode_and_the_deprecated_allow_internet(env, mode):
     assert config(f"[environment]\n{env}").environment.network.mode == mode
 
 
 def test_allowlist_and_per_phase_overrides():
-    c = config('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["PyPI.org.", "*.pythonhosted.org", '
-               '"10.0.0.0/8", "2001:DB8::1"]\n')
+    c = config(
+        '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["PyPI.org.", "*.pythonhosted.org", '
+        '"10.0.0.0/8", "2001:DB8::1"]\n'
+    )
     assert c.environment.network == NetworkPolicy(
-        ALLOWLIST, ("pypi.org", "*.pythonhosted.org", "10.0.0.0/8", "2001:db8::1"))
+        ALLOWLIST, ("pypi.org", "*.pythonhosted.org", "10.0.0.0/8", "2001:db8::1")
+    )
     assert c.agent_network == c.verifier_network == c.environment.network
     assert config('[environment]\nnetwork_mode = "allowlist"\n').environment.network.offline  # no host: none
 
@@ -94,33 +107,38 @@ def test_allowlist_and_per_phase_overrides():
     # the agent's override is the agent's alone: the verifier keeps the environment's policy
     c = config('[agent]\nnetwork_mode = "no-network"\n')
     assert (c.agent_network.mode, c.verifier_network.mode) == (NO_NETWORK, PUBLIC)
-    c = config('[environment]\nallow_internet = false\n[agent]\nnetwork_mode = "allowlist"\n'
-               'allowed_hosts = ["api.example.com"]\n')
+    c = config(
+        '[environment]\nallow_internet = false\n[agent]\nnetwork_mode = "allowlist"\n'
+        'allowed_hosts = ["api.example.com"]\n'
+    )
     assert c.agent_network == NetworkPolicy(ALLOWLIST, ("api.example.com",))
     assert c.verifier_network.mode == NO_NETWORK
 
 
-@pytest.mark.parametrize(("toml", "key"), [
-    ('[agent]\ntimeout_sec = "soon"\n', "[agent] timeout_sec"),
-    ("[verifier]\ntimeout_sec = true\n", "[verifier] timeout_sec"),
-    ("[verifier]\ntimeout_sec = -1\n", "[verifier] timeout_sec"),
-    ('[environment]\nbuild_timeout_sec = "10m"\n', "[environment] build_timeout_sec"),
-    ("[environment]\nmemory_mb = 1.5\n", "[environment] memory_mb"),
-    ('[environment]\ncpus = "2"\n', "[environment] cpus"),
-    ("[environment]\ndocker_image = 3\n", "[environment] docker_image"),
-    ('[environment]\nmemory = "lots"\n', "[environment] memory"),
-    ('[environment]\nmemory = "1G"\nmemory_mb = 2048\n', "[environment] memory"),
-    ('[environment]\nnetwork_mode = "vpn"\n', "[environment] network_mode"),
-    ('[environment]\nallow_internet = "yes"\n', "[environment] allow_internet"),
-    ('[environment]\nallowed_hosts = ["pypi.org"]\n', "[environment] allowed_hosts"),  # not an allowlist
-    ('[verifier]\nnetwork_mode = "public"\nallowed_hosts = ["pypi.org"]\n', "[verifier] allowed_hosts"),
-    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://pypi.org/simple"]\n', "[agent] allowed_hosts"),
-    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org:443"]\n', "[agent] allowed_hosts"),
-    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.*.org"]\n', "[agent] allowed_hosts"),
-    ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = "pypi.org"\n', "[agent] allowed_hosts"),
-    ("[verifier]\nenv = { N = 1 }\n", "[verifier] env"),
-    ('verifier = "fast"\n', "[verifier]"),
-])
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[agent]\ntimeout_sec = "soon"\n', "[agent] timeout_sec"),
+        ("[verifier]\ntimeout_sec = true\n", "[verifier] timeout_sec"),
+        ("[verifier]\ntimeout_sec = -1\n", "[verifier] timeout_sec"),
+        ('[environment]\nbuild_timeout_sec = "10m"\n', "[environment] build_timeout_sec"),
+        ("[environment]\nmemory_mb = 1.5\n", "[environment] memory_mb"),
+        ('[environment]\ncpus = "2"\n', "[environment] cpus"),
+        ("[environment]\ndocker_image = 3\n", "[environment] docker_image"),
+        ('[environment]\nmemory = "lots"\n', "[environment] memory"),
+        ('[environment]\nmemory = "1G"\nmemory_mb = 2048\n', "[environment] memory"),
+        ('[environment]\nnetwork_mode = "vpn"\n', "[environment] network_mode"),
+        ('[environment]\nallow_internet = "yes"\n', "[environment] allow_internet"),
+        ('[environment]\nallowed_hosts = ["pypi.org"]\n', "[environment] allowed_hosts"),  # not an allowlist
+        ('[verifier]\nnetwork_mode = "public"\nallowed_hosts = ["pypi.org"]\n', "[verifier] allowed_hosts"),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://pypi.org/simple"]\n', "[agent] allowed_hosts"),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org:443"]\n', "[agent] allowed_hosts"),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.*.org"]\n', "[agent] allowed_hosts"),
+        ('[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = "pypi.org"\n', "[agent] allowed_hosts"),
+        ("[verifier]\nenv = { N = 1 }\n", "[verifier] env"),
+        ('verifier = "fast"\n', "[verifier]"),
+    ],
+)
 def test_bad_values_name_the_task_and_the_key(toml, key):
     with pytest.raises(TaskFormatError, match=rf"task 'bad-one': {key.replace('[', '.').replace(']', '.')}"):
         parse_task_toml(task(toml, "bad-one"))
@@ -148,10 +166,16 @@ def test_host_variables_a_task_asks_for_are_refused_unless_the_recipe_allows_the
     """Issue 44 (2): every env table's `${VAR}` (defaults too) is checked against the recipe's host_env."""
     from otbuild.tasks.task_toml import refused_host_env
 
-    c = config('[environment.env]\nA = "${HF_TOKEN}"\nB = "literal"\n[solution.env]\nC = "${REGION:-eu}"\n'
-               '[verifier.env]\nD = "${JUDGE_KEY}"\n[[steps]]\nname = "one"\n[steps.verifier.env]\nE = "${AWS_KEY}"\n')
-    assert refused_host_env(c, ()) == ["[environment].env A: HF_TOKEN", "[solution].env C: REGION",
-                                       "[verifier].env D: JUDGE_KEY", "[steps.one.verifier].env E: AWS_KEY"]
+    c = config(
+        '[environment.env]\nA = "${HF_TOKEN}"\nB = "literal"\n[solution.env]\nC = "${REGION:-eu}"\n'
+        '[verifier.env]\nD = "${JUDGE_KEY}"\n[[steps]]\nname = "one"\n[steps.verifier.env]\nE = "${AWS_KEY}"\n'
+    )
+    assert refused_host_env(c, ()) == [
+        "[environment].env A: HF_TOKEN",
+        "[solution].env C: REGION",
+        "[verifier].env D: JUDGE_KEY",
+        "[steps.one.verifier].env E: AWS_KEY",
+    ]
     assert refused_host_env(c, ("HF_TOKEN", "REGION", "JUDGE_KEY", "AWS_KEY")) == []
     assert Trials().host_env == () and Trials(host_env=["JUDGE_KEY"]).host_env == ("JUDGE_KEY",)
     with pytest.raises(ValueError):
@@ -180,10 +204,11 @@ def test_memory_and_storage_of_the_task():
     big = task("[environment]\nmemory_mb = 16384\n")
     # podman: the task's memory is the container's memory limit (Docker's under Harbor), up to the recipe's
     assert (task_limits(small, "podman", recipe).memory_mb, task_limits(big, "podman", recipe).memory_mb) == (
-        1024, 4096)
+        1024,
+        4096,
+    )
     # bwrap: an address-space rlimit, which the task does not lower (runtimes map more than they use)
-    assert (task_limits(small, "bwrap", recipe).memory_mb, task_limits(big, "bwrap", recipe).memory_mb) == (
-        4096, 4096)
+    assert (task_limits(small, "bwrap", recipe).memory_mb, task_limits(big, "bwrap", recipe).memory_mb) == (4096, 4096)
     assert task_limits(small, "bwrap", recipe).storage_mb == 2048
     assert task_limits(task(None), "podman", recipe) == recipe
 
@@ -208,13 +233,16 @@ def test_a_task_gets_no_more_cpus_or_build_time_than_the_recipe(monkeypatch, tmp
     from otbuild.sandbox.podman.images import BUILD_TIMEOUT_SEC
 
     seen = {}
-    monkeypatch.setattr(container, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(
+        container, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img"
+    )
     monkeypatch.setattr(container, "PodmanSandbox", lambda *a, cpus, **k: seen.update(cpus=cpus))
     greedy = task("[environment]\ncpus = 4096\nbuild_timeout_sec = 1e9\n")
     container.open_podman(greedy, tmp_path, Limits(cpus=2), with_solution=False, cleanup=True)
     assert seen == {"cpus": 2.0, "timeout": BUILD_TIMEOUT_SEC}
-    container.open_podman(task("[environment]\ncpus = 1\n"), tmp_path, Limits(cpus=2), with_solution=False,
-                          cleanup=True)
+    container.open_podman(
+        task("[environment]\ncpus = 1\n"), tmp_path, Limits(cpus=2), with_solution=False, cleanup=True
+    )
     assert seen["cpus"] == 1.0  # lowering is the task's to do
 
 
@@ -231,13 +259,20 @@ def test_podman_networks_per_phase(monkeypatch):
 
 
 def test_an_allowlist_is_refused_under_podman_never_widened():
-    allow = config('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org", "files.pythonhosted.org"]\n',
-                   "needs-pypi")
-    with pytest.raises(NetworkPolicyError, match=r"task 'needs-pypi': its agent may reach only pypi.org, "
-                                                 r"files.pythonhosted.org"):
+    allow = config(
+        '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org", "files.pythonhosted.org"]\n',
+        "needs-pypi",
+    )
+    with pytest.raises(
+        NetworkPolicyError,
+        match=r"task 'needs-pypi': its agent may reach only pypi.org, "
+        r"files.pythonhosted.org",
+    ):
         trial_networks("needs-pypi", allow)
-    verifier_only = config('[environment]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "allowlist"\n'
-                           'allowed_hosts = ["pypi.org"]\n')
+    verifier_only = config(
+        '[environment]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "allowlist"\n'
+        'allowed_hosts = ["pypi.org"]\n'
+    )
     with pytest.raises(NetworkPolicyError, match="its verifier may reach only pypi.org"):
         trial_networks("t", verifier_only)
     # offline is narrower than any allowlist: the recipe may force it
@@ -263,7 +298,9 @@ def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_p
     from otbuild.sandbox.podman import container
 
     seen = {}
-    monkeypatch.setattr(container, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img")
+    monkeypatch.setattr(
+        container, "ensure_image", lambda task, image, pull, timeout, network: seen.update(timeout=timeout) or "img"
+    )
 
     class Box:
         def __init__(self, task, root, image, limits, *, cpus, networks, with_solution, cleanup):
@@ -271,8 +308,10 @@ def test_podman_gets_the_build_timeout_and_the_phase_networks(monkeypatch, tmp_p
 
     monkeypatch.setattr(container, "PodmanSandbox", Box)
     monkeypatch.delenv("OTBUILD_PODMAN_NETWORK", raising=False)
-    t = task('[environment]\nbuild_timeout_sec = 42.0\ncpus = 1\nnetwork_mode = "no-network"\n'
-             '[verifier]\nnetwork_mode = "public"\n')
+    t = task(
+        '[environment]\nbuild_timeout_sec = 42.0\ncpus = 1\nnetwork_mode = "no-network"\n'
+        '[verifier]\nnetwork_mode = "public"\n'
+    )
     container.open_podman(t, tmp_path, Limits(), with_solution=False, cleanup=True)
     assert seen == {"timeout": 42.0, "networks": TrialNetworks("none", "podman"), "cpus": 1.0}
 
@@ -330,8 +369,13 @@ def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):
     box._switch_network("podman", "verifier")  # already there: nothing to do
     assert len(calls) == n
 
-    monkeypatch.setattr(container, "_podman", lambda *a, **k: subprocess.CompletedProcess(
-        a, 0, json.dumps([{"NetworkSettings": {"Networks": {"podman": {}}}}]), ""))
+    monkeypatch.setattr(
+        container,
+        "_podman",
+        lambda *a, **k: subprocess.CompletedProcess(
+            a, 0, json.dumps([{"NetworkSettings": {"Networks": {"podman": {}}}}]), ""
+        ),
+    )
     with pytest.raises(ContainerError, match="agent phase needs network 'none'"):
         box._switch_network("none", "agent")  # podman said yes but the container is still attached
 
@@ -339,7 +383,7 @@ def test_podman_switches_networks_between_phases(monkeypatch, tmp_path):
 # -- Harbor's own model agrees --------------------------------------------------------------
 CONTRACT_TOMLS = [
     'version = "1.0"\n',
-    "[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 30.0\n[verifier.env]\nK = \"v\"\n"
+    '[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 30.0\n[verifier.env]\nK = "v"\n'
     "[environment]\nbuild_timeout_sec = 900.0\ncpus = 2\nmemory_mb = 2048\nstorage_mb = 10240\nallow_internet = false\n",
     '[environment]\nmemory = "2G"\nstorage = "1G"\nallow_internet = true\n',
     '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["PyPI.org.", "*.example.com", "10.0.0.0/8"]\n',
@@ -370,12 +414,23 @@ print(json.dumps(out))
 def _ours(c: TaskConfig) -> dict:
     def phase(p):
         return None if p is None else [p.mode, list(p.allowed_hosts)]
+
     e = c.environment
-    return {"agent_timeout": c.agent.timeout_sec, "verifier_timeout": c.verifier.timeout_sec,
-            "verifier_env": c.verifier.env, "build_timeout": e.build_timeout_sec, "cpus": e.cpus,
-            "memory_mb": e.memory_mb, "storage_mb": e.storage_mb, "docker_image": e.docker_image,
-            "network": phase(e.network), "agent_network": phase(c.agent.network),
-            "verifier_network": phase(c.verifier.network), "environment_env": e.env, "solution_env": c.solution_env}
+    return {
+        "agent_timeout": c.agent.timeout_sec,
+        "verifier_timeout": c.verifier.timeout_sec,
+        "verifier_env": c.verifier.env,
+        "build_timeout": e.build_timeout_sec,
+        "cpus": e.cpus,
+        "memory_mb": e.memory_mb,
+        "storage_mb": e.storage_mb,
+        "docker_image": e.docker_image,
+        "network": phase(e.network),
+        "agent_network": phase(c.agent.network),
+        "verifier_network": phase(c.verifier.network),
+        "environment_env": e.env,
+        "solution_env": c.solution_env,
+    }
 
 
 @pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
@@ -384,8 +439,14 @@ def test_harbors_own_task_config_agrees():
     fields otbuild reads are what Harbor's TaskConfig reads."""
     dev = [p.read_text() for p in sorted((REPO.parent / "shared" / "data" / "dev").rglob("task.toml"))]
     tomls = CONTRACT_TOMLS + dev + STEP_TOMLS
-    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE], input=json.dumps(tomls),
-                       capture_output=True, text=True, timeout=120, check=True)
+    r = subprocess.run(
+        [str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE],
+        input=json.dumps(tomls),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     theirs = json.loads(r.stdout)
     assert [_ours(config(t)) for t in tomls] == theirs
 
@@ -401,12 +462,17 @@ def _written_tomls() -> list[str]:
     records = list(generate(12, seed=1))
     dev = REPO.parent / "shared" / "data" / "dev"
     if dev.is_dir():
-        records += [*swe_instances.read(source("swe-instances", dev / "swebench_verified" / "instances.jsonl")),
-                    *swe_instances.read(source("swe-instances", dev / "swesmith")),
-                    *stackexchange.read(source("stackexchange", dev / "stackexchange")),
-                    *nl2bash.read(source("nl2bash", dev / "nl2bash" / "nl2bash_pairs.jsonl")),
-                    *(r for d in ("evoeval", "tb_core_original") for r in tb1_dir.read(
-                        source("tb1-dir", dev / "terminal_bench_tasks" / "tb1_format" / d)))]
+        records += [
+            *swe_instances.read(source("swe-instances", dev / "swebench_verified" / "instances.jsonl")),
+            *swe_instances.read(source("swe-instances", dev / "swesmith")),
+            *stackexchange.read(source("stackexchange", dev / "stackexchange")),
+            *nl2bash.read(source("nl2bash", dev / "nl2bash" / "nl2bash_pairs.jsonl")),
+            *(
+                r
+                for d in ("evoeval", "tb_core_original")
+                for r in tb1_dir.read(source("tb1-dir", dev / "terminal_bench_tasks" / "tb1_format" / d))
+            ),
+        ]
     return sorted({t for r in records if (t := getattr(r, "task", None) and r.task.text("task.toml"))})
 
 
@@ -416,8 +482,14 @@ def test_harbor_loads_every_task_toml_otbuilds_sources_write():
     reads from it as otbuild does."""
     tomls = _written_tomls()
     assert len(tomls) > 5
-    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE], input=json.dumps(tomls),
-                       capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(
+        [str(HARBOR_PY), "-W", "ignore", "-c", HARBOR_SIDE],
+        input=json.dumps(tomls),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert [_ours(config(t)) for t in tomls] == json.loads(r.stdout)
 
@@ -447,8 +519,9 @@ def test_keys_the_harness_does_not_run_refuse_the_trial_naming_the_key(tmp_path)
     for key, text in UNSUPPORTED_TOMLS.items():
         assert harness_unsupported(config(text)) == [key], key
         t = task(text, name=key.replace(".", "-"))
-        row = asyncio.run(run_trial(t, t.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"),
-                                    tmp_path / key))
+        row = asyncio.run(
+            run_trial(t, t.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"), tmp_path / key)
+        )
         message = json.loads(row["metadata"])["exception_message"]
         assert row["exception"] == "TaskKeyNotSupported" and f"task.toml {key} (" in message, message
         assert "sandbox: harbor" in message and row["conversations"] == [] and row["reward"] is None
@@ -462,15 +535,23 @@ def test_keys_the_harness_does_not_run_refuse_the_trial_naming_the_key(tmp_path)
 def test_harbor_loads_every_task_toml_the_harness_refuses():
     """The refused keys are Harbor's own: its TaskConfig loads each of those task.tomls and
     finds the key set (so `sandbox: harbor` runs what the harness refuses)."""
-    code = ("import json, sys; from harbor.models.task.config import TaskConfig\n"
-            "for text in json.load(sys.stdin):\n"
-            "    c = TaskConfig.model_validate_toml(text)\n"
-            "    s = (c.steps or [None])[0]\n"
-            "    print(bool(s and s.artifacts), bool(s and s.healthcheck), bool(c.artifacts),"
-            " bool(c.verifier.collect),"
-            " getattr(c.verifier.environment_mode, 'value', None) == 'separate')")
-    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", code], input=json.dumps(list(UNSUPPORTED_TOMLS.values())),
-                       capture_output=True, text=True, timeout=120, check=False)
+    code = (
+        "import json, sys; from harbor.models.task.config import TaskConfig\n"
+        "for text in json.load(sys.stdin):\n"
+        "    c = TaskConfig.model_validate_toml(text)\n"
+        "    s = (c.steps or [None])[0]\n"
+        "    print(bool(s and s.artifacts), bool(s and s.healthcheck), bool(c.artifacts),"
+        " bool(c.verifier.collect),"
+        " getattr(c.verifier.environment_mode, 'value', None) == 'separate')"
+    )
+    r = subprocess.run(
+        [str(HARBOR_PY), "-W", "ignore", "-c", code],
+        input=json.dumps(list(UNSUPPORTED_TOMLS.values())),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     found = [line.split() for line in r.stdout.splitlines()]
     assert [row.index("True") for row in found] == [0, 1, 2, 3, 4]
@@ -490,8 +571,10 @@ STEP_TOMLS = [  # multi-step task.tomls Harbor 0.26 loads
 def _our_steps(text: str) -> list:
     c = config(text)
     settings = TrialSettings(Trials(timeout_cap_sec=10_000), "terminus2")
-    return [c.multi_step_reward_strategy,
-            [[s.name, s.min_reward, *trial_timeouts(c, settings, s), s.verifier.env] for s in c.steps]]
+    return [
+        c.multi_step_reward_strategy,
+        [[s.name, s.min_reward, *trial_timeouts(c, settings, s), s.verifier.env] for s in c.steps],
+    ]
 
 
 @pytest.mark.skipif(not HARBOR_PY.exists(), reason="Harbor is not installed in .venv-harbor: run scripts/harbor-env.sh")
@@ -500,31 +583,44 @@ def test_otbuild_reads_a_multi_step_task_as_harbor_does():
     reward strategy (mean when unset, as Harbor's trial takes it), each step's min_reward, its
     agent's and verifier's timeouts (Harbor's trial rules: the step's, else the task's agent
     timeout; the step's verifier its own, 600 s unless set) and its verifier env."""
-    code = ("import json, sys; from harbor.models.task.config import TaskConfig\n"
-            "out = []\n"
-            "for text in json.load(sys.stdin):\n"
-            "    c = TaskConfig.model_validate_toml(text)\n"
-            "    steps = [[s.name, s.min_reward, s.agent.timeout_sec if s.agent.timeout_sec is not None\n"
-            "              else c.agent.timeout_sec, s.verifier.timeout_sec if s.verifier.timeout_sec is not None\n"
-            "              else c.verifier.timeout_sec, s.verifier.env] for s in c.steps]\n"
-            "    out.append([(c.multi_step_reward_strategy or 'mean').__str__().split('.')[-1].lower(), steps])\n"
-            "print(json.dumps(out))")
-    r = subprocess.run([str(HARBOR_PY), "-W", "ignore", "-c", code], input=json.dumps(STEP_TOMLS),
-                       capture_output=True, text=True, timeout=120, check=False)
+    code = (
+        "import json, sys; from harbor.models.task.config import TaskConfig\n"
+        "out = []\n"
+        "for text in json.load(sys.stdin):\n"
+        "    c = TaskConfig.model_validate_toml(text)\n"
+        "    steps = [[s.name, s.min_reward, s.agent.timeout_sec if s.agent.timeout_sec is not None\n"
+        "              else c.agent.timeout_sec, s.verifier.timeout_sec if s.verifier.timeout_sec is not None\n"
+        "              else c.verifier.timeout_sec, s.verifier.env] for s in c.steps]\n"
+        "    out.append([(c.multi_step_reward_strategy or 'mean').__str__().split('.')[-1].lower(), steps])\n"
+        "print(json.dumps(out))"
+    )
+    r = subprocess.run(
+        [str(HARBOR_PY), "-W", "ignore", "-c", code],
+        input=json.dumps(STEP_TOMLS),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     cap = 10_000  # otbuild caps a task without an agent timeout of its own: Harbor leaves it unbounded
-    harbor = [[strategy, [[n, m, cap if a is None else a, v, e] for n, m, a, v, e in steps]]
-              for strategy, steps in json.loads(r.stdout)]
+    harbor = [
+        [strategy, [[n, m, cap if a is None else a, v, e] for n, m, a, v, e in steps]]
+        for strategy, steps in json.loads(r.stdout)
+    ]
     assert harbor == [_our_steps(t) for t in STEP_TOMLS]
 
 
-@pytest.mark.parametrize("text, key", [
-    ('[[steps]]\nname = "a/b"\n', "[[steps]] 1 name"),
-    ('[[steps]]\nname = "a"\n[[steps]]\nname = "A"\n', "[[steps]] 2 name"),
-    ('multi_step_reward_strategy = "max"\n[[steps]]\nname = "a"\n', "multi_step_reward_strategy"),
-    ('[[steps]]\nname = "a"\nmin_reward = "high"\n', "[steps.a] min_reward"),
-    ('[[steps]]\nname = "a"\n[steps.agent]\ntimeout_sec = "1m"\n', "[steps.a.agent] timeout_sec"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('[[steps]]\nname = "a/b"\n', "[[steps]] 1 name"),
+        ('[[steps]]\nname = "a"\n[[steps]]\nname = "A"\n', "[[steps]] 2 name"),
+        ('multi_step_reward_strategy = "max"\n[[steps]]\nname = "a"\n', "multi_step_reward_strategy"),
+        ('[[steps]]\nname = "a"\nmin_reward = "high"\n', "[steps.a] min_reward"),
+        ('[[steps]]\nname = "a"\n[steps.agent]\ntimeout_sec = "1m"\n', "[steps.a.agent] timeout_sec"),
+    ],
+)
 def test_a_step_harbor_would_refuse_names_its_key(text, key):
     with pytest.raises(TaskFormatError, match=rf"task 't': {__import__('re').escape(key)}"):
         config(text)

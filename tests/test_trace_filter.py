@@ -11,8 +11,15 @@ def trace(name, turns, **kw):
     conv = [{"role": "user", "content": f"task {name}"}]
     for i in range(turns):
         conv += [{"role": "assistant", "content": f"step {i} of {name}"}, {"role": "user", "content": "ok"}]
-    row = {"conversations": conv[:-1] if turns else conv, "trial_name": name, "n_turns": turns,
-           "reward": 1.0, "timed_out": False, "exception": None, "is_subagent": False}
+    row = {
+        "conversations": conv[:-1] if turns else conv,
+        "trial_name": name,
+        "n_turns": turns,
+        "reward": 1.0,
+        "timed_out": False,
+        "exception": None,
+        "is_subagent": False,
+    }
     return row | kw
 
 
@@ -30,24 +37,40 @@ def _run(tmp_path, rows, **settings):
 
 def test_paper_defaults(tmp_path):
     rows = [
-        trace("good", 6), trace("short", 4), trace("exact", 5),
+        trace("good", 6),
+        trace("short", 4),
+        trace("exact", 5),
         trace("infra", 7, exception="EngineError", result="EngineError"),
-        trace("slow", 9, timed_out=True), trace("sub", 8, is_subagent=True),
+        trace("slow", 9, timed_out=True),
+        trace("sub", 8, is_subagent=True),
         trace("good", 6) | {"trial_name": "again"},  # same conversation as "good"
     ]
     kept, reasons, stats = _run(tmp_path, rows)
     assert list(kept["trial_name"]) == ["good", "exact"]
     assert reasons == {
-        "short": "min_turns: 4 < 5", "infra": "exception: EngineError", "slow": "timed_out",
-        "sub": "subagent", "again": "duplicate: same conversation as good",
+        "short": "min_turns: 4 < 5",
+        "infra": "exception: EngineError",
+        "slow": "timed_out",
+        "sub": "subagent",
+        "again": "duplicate: same conversation as good",
     }
-    assert stats["rejected_by_reason"] == {"duplicate": 1, "exception": 1, "min_turns": 1, "subagent": 1, "timed_out": 1}
+    assert stats["rejected_by_reason"] == {
+        "duplicate": 1,
+        "exception": 1,
+        "min_turns": 1,
+        "subagent": 1,
+        "timed_out": 1,
+    }
     assert stats["kept"] == 2
 
 
 def test_success_only_and_switches(tmp_path):
-    rows = [trace("pass", 6), trace("fail", 6, reward=0.0), trace("none", 6, reward=None),
-            trace("slow", 6, timed_out=True)]
+    rows = [
+        trace("pass", 6),
+        trace("fail", 6, reward=0.0),
+        trace("none", 6, reward=None),
+        trace("slow", 6, timed_out=True),
+    ]
     kept, reasons, _ = _run(tmp_path, rows, min_reward=1.0, drop_timed_out=False, min_turns=3)
     assert list(kept["trial_name"]) == ["pass", "slow"]
     assert reasons == {"fail": "min_reward: 0.0 < 1.0", "none": "no_reward"}

@@ -73,20 +73,12 @@ def test_mini_swe_agent(tmp_path):
         )
         first_user = next(m["content"] for m in r["conversations"] if m["role"] == "user")
         assert problems[r["task"]].strip() in first_user
-        assert r["reward"] == (1.0 if labels[r["task"]]["resolved"] else 0.0) and r[
-            "result"
-        ] == str(r["reward"])
+        assert r["reward"] == (1.0 if labels[r["task"]]["resolved"] else 0.0) and r["result"] == str(r["reward"])
         assert r["agent"] == "mini-swe-agent" and r["model"] == "google/gemini-3-pro-preview"
         assert r["model_provider"] == "openrouter" and r["date"].startswith("2025-11-")
-        assert (
-            r["n_input_tokens"] > r["n_output_tokens"] > 0
-            and r["exception"] is None
-            and not r["timed_out"]
-        )
+        assert r["n_input_tokens"] > r["n_output_tokens"] > 0 and r["exception"] is None and not r["timed_out"]
         meta = json.loads(r["metadata"])
-        assert (
-            meta["exit_status"] == "Submitted" and meta["submission"] == src["info"]["submission"]
-        )
+        assert meta["exit_status"] == "Submitted" and meta["submission"] == src["info"]["submission"]
     assert {r["task"]: r["n_turns"] for r in rows}["django__django-10999"] == 18
 
 
@@ -100,16 +92,12 @@ def test_mini_swe_agent_options_and_quarantine(tmp_path):
         list(read_traces(trace_import("mini-swe-agent", tmp_path)))
     (tmp_path / "broken.traj.json").unlink()
     items = list(read_traces(trace_import("mini-swe-agent", tmp_path)))
-    assert [(q.name, q.reason) for q in items] == [
-        ("astropy__astropy-7166", "empty first user message")
-    ]
-    (row,) = read_traces(trace_import(
-        "mini-swe-agent", tmp_path, instances=INSTANCES, run_id="r1", labels=MINI / "labels.jsonl"
-    ))
-    assert row["conversations"][1]["content"].startswith("InheritDocstrings metaclass doesn't work")
-    assert (
-        row["timed_out"] and row["exception"] == "TimeoutError" and row["result"] == "TimeoutError"
+    assert [(q.name, q.reason) for q in items] == [("astropy__astropy-7166", "empty first user message")]
+    (row,) = read_traces(
+        trace_import("mini-swe-agent", tmp_path, instances=INSTANCES, run_id="r1", labels=MINI / "labels.jsonl")
     )
+    assert row["conversations"][1]["content"].startswith("InheritDocstrings metaclass doesn't work")
+    assert row["timed_out"] and row["exception"] == "TimeoutError" and row["result"] == "TimeoutError"
     assert row["reward"] == 1.0 and row["run_id"] == "r1"
 
 
@@ -141,9 +129,7 @@ def test_swe_agent_subagents_and_content_parts(tmp_path):
         {"role": "user", "content": "Review this patch", "agent": "reviewer"},
         {"role": "assistant", "content": "Looks fine", "agent": "reviewer"},
     ]  # fmt: skip
-    (tmp_path / "x.traj").write_text(
-        json.dumps({"history": hist, "info": {"exit_status": "exit_environment_error"}})
-    )
+    (tmp_path / "x.traj").write_text(json.dumps({"history": hist, "info": {"exit_status": "exit_environment_error"}}))
     main, sub = read_traces(trace_import("swe-agent", tmp_path))
     assert main["conversations"][1]["content"] == "Fix the bug in foo.py"
     assert (
@@ -151,9 +137,7 @@ def test_swe_agent_subagents_and_content_parts(tmp_path):
         == '<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"ls\\"}"}</tool_call>'
     )
     assert not main["is_subagent"] and sub["is_subagent"] and sub["n_turns"] == 1
-    assert (
-        main["exception"] == "exit_environment_error" and main["result"] == "exit_environment_error"
-    )
+    assert main["exception"] == "exit_environment_error" and main["result"] == "exit_environment_error"
 
 
 def test_messages_jsonl(tmp_path):
@@ -192,11 +176,7 @@ def test_messages_jsonl_quarantine_and_errors(tmp_path):
                    ("m.jsonl:6", "not an object")]  # fmt: skip
     a, d, f_ = good
     assert f_["task"] == "f" and f_["conversations"][0]["content"] == "Say hi"
-    assert (
-        a["reward"] == 1.0
-        and a["model_provider"] == "org"
-        and json.loads(a["metadata"])["extra"] == 5
-    )
+    assert a["reward"] == 1.0 and a["model_provider"] == "org" and json.loads(a["metadata"])["extra"] == 5
     assert d["conversations"][0]["content"] == "Count the lines of a.txt"
     f.write_text(json.dumps(lines[0]) + "\n{not json\n")
     with pytest.raises(SourceFormatError, match=r"m\.jsonl: line 2 "):
@@ -211,10 +191,18 @@ def test_an_import_with_no_usable_trace_fails_its_stage(tmp_path):
     f = tmp_path / "m.jsonl"
     f.write_text('{"id": "b"}\n[1]\n')
     settings = {"name": "t", "kind": "messages-jsonl", "path": str(f)}
-    with pytest.raises(StageError, match=r"trace_imports\.t: no usable item in .*m\.jsonl: 2 quarantined "
-                                         r"\(1 missing field, e\.g\. b.*; 1 not an object, e\.g\. m\.jsonl:2"):
+    with pytest.raises(
+        StageError,
+        match=r"trace_imports\.t: no usable item in .*m\.jsonl: 2 quarantined "
+        r"\(1 missing field, e\.g\. b.*; 1 not an object, e\.g\. m\.jsonl:2",
+    ):
         trace_import.run(STAGES["trace_import"].config(settings), [], tmp_path / "out")
-    assert trace_import.run(STAGES["trace_import"].config({**settings, "allow_empty": True}), [], tmp_path / "out")["traces"] == 0
+    assert (
+        trace_import.run(STAGES["trace_import"].config({**settings, "allow_empty": True}), [], tmp_path / "out")[
+            "traces"
+        ]
+        == 0
+    )
 
 
 def test_an_hf_dataset_import_reads_its_files_as_its_format_with_that_formats_defaults():

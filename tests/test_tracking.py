@@ -67,8 +67,13 @@ def test_event_files_are_in_the_provenance_record_and_verify(tmp_path, traces):
     from otbuild.runner import run_spec
 
     out = tmp_path / "sft" / ("0a" * 8)
-    spec = {"stage": "sft", "id": "0a" * 8, "outdir": str(out), "settings": {**FAST, "max_steps": 2},
-            "inputs": [{"path": str(traces), "id": "1b" * 8, "stage": "trace_filter"}]}
+    spec = {
+        "stage": "sft",
+        "id": "0a" * 8,
+        "outdir": str(out),
+        "settings": {**FAST, "max_steps": 2},
+        "inputs": [{"path": str(traces), "id": "1b" * 8, "stage": "trace_filter"}],
+    }
     record = run_spec(spec)
     (event,) = out.glob("events.out.tfevents.*")
     assert str(event) in {o["path"] for o in record["outputs"]}
@@ -82,7 +87,9 @@ def test_event_files_are_in_the_provenance_record_and_verify(tmp_path, traces):
 def test_tensorboard_off_writes_no_event_files(tmp_path, traces):
     from otbuild.train.sft import train
 
-    manifest = train(SftSettings(**{**FAST, "max_steps": 1, "tracking": {"tensorboard": False}}), [traces], tmp_path / "ck")
+    manifest = train(
+        SftSettings(**{**FAST, "max_steps": 1, "tracking": {"tensorboard": False}}), [traces], tmp_path / "ck"
+    )
     assert manifest["tracking"] == {} and not list((tmp_path / "ck").glob("events.*"))
 
 
@@ -97,8 +104,19 @@ def test_a_resumed_run_shows_each_step_once_with_the_new_values(tmp_path):
     summary = again.close()
     assert len(summary["tensorboard"]["files"]) == 2 and len(summary["tensorboard"]["this_run"]) == 1
     first.close()
-    assert scalars(tmp_path) == {"train/loss": [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0),
-                                                (5, 25.0), (6, 26.0), (7, 27.0), (8, 28.0), (9, 29.0)]}
+    assert scalars(tmp_path) == {
+        "train/loss": [
+            (1, 11.0),
+            (2, 12.0),
+            (3, 13.0),
+            (4, 14.0),
+            (5, 25.0),
+            (6, 26.0),
+            (7, 27.0),
+            (8, 28.0),
+            (9, 29.0),
+        ]
+    }
 
 
 # --- wandb, offline -----------------------------------------------------------------------------
@@ -113,11 +131,11 @@ def wandb_records(path: Path):
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         room = block - pos % block
-        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if room < 7 or (n == 0 and kind == 0):  # a block's zero-padded tail
             pos += room
             continue
-        buf += data[pos + 7:pos + 7 + n]
+        buf += data[pos + 7 : pos + 7 + n]
         pos += 7 + n
         if kind in (1, 4):  # a full record, or the last piece of one
             rec = pb.Record()
@@ -146,8 +164,12 @@ def test_wandb_offline_run_holds_every_step(tmp_path, traces, monkeypatch):
     wb = {"project": "otbuild-test", "dir": str(runs), "tags": ["smoke"]}
     manifest = train(SftSettings(**{**FAST, "tracking": {"wandb": wb}}), [traces], out)
     (run_dir,) = (runs / "wandb").glob("offline-run-*-sft-ck")
-    assert manifest["tracking"]["wandb"] == {"project": "otbuild-test", "id": "sft-ck",
-                                             "dir": str(run_dir), "offline": True}
+    assert manifest["tracking"]["wandb"] == {
+        "project": "otbuild-test",
+        "id": "sft-ck",
+        "dir": str(run_dir),
+        "offline": True,
+    }
     history, log = wandb_history(run_dir), _log(out)
     assert [h["_step"] for h in history] == [r["step"] for r in log]
     for key in ("loss", "lr", "grad_norm", "tokens_per_second"):
@@ -160,8 +182,9 @@ def test_wandb_configured_but_missing_is_a_config_error(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     with pytest.raises(ConfigError, match=r"sft\.tracking\.wandb .*pip install wandb"):
-        Tracker(Tracking(tensorboard=False, wandb={"project": "p"}), stage="sft", outdir=tmp_path,
-                first_step=1, config={})
+        Tracker(
+            Tracking(tensorboard=False, wandb={"project": "p"}), stage="sft", outdir=tmp_path, first_step=1, config={}
+        )
 
 
 def test_tracking_settings_change_no_content_id():

@@ -23,8 +23,12 @@ FAST = Limits(cpu_seconds=30, memory_mb=1024, max_processes=64, wall_seconds=60,
 
 
 def _backend(name: str):
-    return pytest.param(name, marks=pytest.mark.skipif(
-        backend_problem(name) is not None, reason=f"{name} unusable here: {backend_problem(name)}"))
+    return pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            backend_problem(name) is not None, reason=f"{name} unusable here: {backend_problem(name)}"
+        ),
+    )
 
 
 LOCAL = [_backend("bwrap"), _backend("unshare")]
@@ -32,8 +36,13 @@ needs_podman = pytest.mark.skipif(backend_problem("podman") is not None, reason=
 TEST_SH = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
 
 
-def two_step_task(name: str = "two-step", second: dict[str, str] | None = None, *,
-                  dockerfile: str = "FROM python:3.12-slim\nWORKDIR /app\n", first_solve: str = "true") -> TaskDir:
+def two_step_task(
+    name: str = "two-step",
+    second: dict[str, str] | None = None,
+    *,
+    dockerfile: str = "FROM python:3.12-slim\nWORKDIR /app\n",
+    first_solve: str = "true",
+) -> TaskDir:
     """Steps `one` (its own tests, solve.sh running `first_solve`) and `two`, which stages
     `second` (paths under workdir/) into the working dir."""
     t = TaskDir(name)
@@ -41,8 +50,11 @@ def two_step_task(name: str = "two-step", second: dict[str, str] | None = None, 
     t.add("environment/Dockerfile", dockerfile)
     t.add("steps/one/instruction.md", "Step one.\n")
     t.add("steps/one/solution/solve.sh", f"#!/bin/bash\n{first_solve}\n", executable=True)
-    t.add("steps/one/tests/test.sh", "#!/bin/bash\n# step-one-secret\necho 1 > /logs/verifier/reward.txt\n",
-          executable=True)
+    t.add(
+        "steps/one/tests/test.sh",
+        "#!/bin/bash\n# step-one-secret\necho 1 > /logs/verifier/reward.txt\n",
+        executable=True,
+    )
     t.add("steps/two/instruction.md", "Step two.\n")
     for rel, text in (second or {"notes.txt": "step two\n"}).items():
         t.add(f"steps/two/workdir/{rel}", text)
@@ -61,8 +73,11 @@ def host(tmp_path) -> Path:
 
 def untouched(host: Path) -> bool:
     st = (host / "file").stat()
-    return ((host / "file").read_text() == "host\n" and sorted(os.listdir(host)) == ["file"]
-            and (st.st_uid, st.st_gid) == (os.getuid(), os.getgid()))
+    return (
+        (host / "file").read_text() == "host\n"
+        and sorted(os.listdir(host)) == ["file"]
+        and (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
+    )
 
 
 # -- staging a step (attack 1) -------------------------------------------------------------------
@@ -249,8 +264,10 @@ def test_a_steps_tests_and_verifier_logs_are_gone_before_the_next_agent_under_po
         r = box.run("bash /tests/test.sh", timeout=20, with_tests=True)
         assert r.exit_code == 0 and read_reward(box.root) == 1.0
         box.begin_step(podman_steps.step("two"))
-        r = box.run("ls /tests; ls -A /logs/verifier; grep -rs step-one-secret / --exclude-dir=proc --exclude-dir=sys",
-                    timeout=30)
+        r = box.run(
+            "ls /tests; ls -A /logs/verifier; grep -rs step-one-secret / --exclude-dir=proc --exclude-dir=sys",
+            timeout=30,
+        )
         assert "step-one-secret" not in r.output and "test.sh" not in r.output, r.output
         assert "reward.txt" not in r.output
         r = box.run("cat /tests/test.sh", timeout=10, with_tests=True)
@@ -286,13 +303,20 @@ def test_a_hostile_task_ends_its_own_trial_and_the_shard_finishes(tmp_path):
     from otbuild.tasks.table import write_tasks
     from otbuild.traces import outcome as oc
 
-    hostile = harbor_record(two_step_task("hostile", second={"sub/data.txt": "x\n"},
-                                          dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n", first_solve="echo x > sub"))
+    hostile = harbor_record(
+        two_step_task(
+            "hostile",
+            second={"sub/data.txt": "x\n"},
+            dockerfile="FROM ubuntu:24.04\nWORKDIR /app\n",
+            first_solve="echo x > sub",
+        )
+    )
     good = next(iter(generate(1, seed=0, families=["files"])))
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, [hostile, good], source="mixed")
-    run_shard(RolloutSettings(engine="oracle", sandbox="bwrap", concurrency=2, infra_retries=2), [tasks],
-              tmp_path / "out", 0)
+    run_shard(
+        RolloutSettings(engine="oracle", sandbox="bwrap", concurrency=2, infra_retries=2), [tasks], tmp_path / "out", 0
+    )
     rows = {r["task"]: r for r in pq.read_table(tmp_path / "out" / "shards" / "0-of-1.parquet").to_pylist()}
     assert rows[good.task.name]["reward"] == 1.0 and rows[good.task.name]["exception"] is None
     bad = rows["hostile"]
@@ -371,8 +395,14 @@ def test_harbors_environment_copies_in_and_out_through_no_link_the_agent_made(tm
     (task / "instruction.md").write_text("x\n")
     (tmp_path / "upload.txt").write_text("uploaded\n")
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    r = subprocess.run([str(HARBOR_PYTHON), "-c", HARBOR_SCRIPT, str(task), str(host), str(tmp_path)],
-                       capture_output=True, text=True, timeout=120, env=env, check=False)
+    r = subprocess.run(
+        [str(HARBOR_PYTHON), "-c", HARBOR_SCRIPT, str(task), str(host), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "refused /app/up/new.txt UnsafePathError" in r.stdout and "app: uploaded" in r.stdout, r.stdout
     assert "refused /logs/agent/file UnsafePathError" in r.stdout

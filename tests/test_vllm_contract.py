@@ -23,7 +23,8 @@ from tests.conftest import REPO, pinned_release
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(
-    not VLLM_PYTHON.is_file(), reason="vLLM is not installed in .venv-vllm: run scripts/vllm-env.sh (make vllm-env)")
+    not VLLM_PYTHON.is_file(), reason="vLLM is not installed in .venv-vllm: run scripts/vllm-env.sh (make vllm-env)"
+)
 NAMED = ("reasoning_parser", "tool_call_parser", "quantization")
 WRONG = "not-otbuilds"  # the model of the known-bad items below
 
@@ -35,10 +36,14 @@ def test_the_vllm_extra_pins_one_release():
 def _turn(style: str) -> list[dict]:
     """A harness conversation in the recipe's prompt style: the first prompt, an answer, a reply."""
     s = protocol.prompt_style(style)
-    answer = s.format_answer({"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls\n", "duration": 1.0}],
-                              "task_complete": False})
-    return [{"role": "user", "content": s.first_prompt("Do X.", "$ ")}, {"role": "assistant", "content": answer},
-            {"role": "user", "content": s.observation_reply("a b\n$ ")}]
+    answer = s.format_answer(
+        {"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls\n", "duration": 1.0}], "task_complete": False}
+    )
+    return [
+        {"role": "user", "content": s.first_prompt("Do X.", "$ ")},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": s.observation_reply("a b\n$ ")},
+    ]
 
 
 def recipe_requests() -> dict:
@@ -84,12 +89,20 @@ def known_bad() -> dict:
     field (vLLM would drop it silently), a pattern its grammar backend cannot compile, a parser
     it does not have."""
     body = {"model": WRONG, "messages": [{"role": "user", "content": "x"}]}
-    return {"commands": [["vllm", "serve", WRONG, "--guided-decoding-backend", "x"],
-                         ["vllm", "serve", WRONG, "--reasoning-parser", f"{WRONG}-parser"]],
-            "bodies": [{**body, "guided_regex": "a+"}, {**body, "structured_outputs": {"regex": "(?<=a)b"}},
-                       {**body, "temperature": "warm"}],
-            "reasoning_parsers": [f"{WRONG}-parser"], "tool_call_parsers": [f"{WRONG}-tools"],
-            "quantizations": [f"{WRONG}-int3"]}
+    return {
+        "commands": [
+            ["vllm", "serve", WRONG, "--guided-decoding-backend", "x"],
+            ["vllm", "serve", WRONG, "--reasoning-parser", f"{WRONG}-parser"],
+        ],
+        "bodies": [
+            {**body, "guided_regex": "a+"},
+            {**body, "structured_outputs": {"regex": "(?<=a)b"}},
+            {**body, "temperature": "warm"},
+        ],
+        "reasoning_parsers": [f"{WRONG}-parser"],
+        "tool_call_parsers": [f"{WRONG}-tools"],
+        "quantizations": [f"{WRONG}-int3"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +114,15 @@ def contract(tmp_path_factory):
     # vLLM under HF_HUB_OFFLINE (which the test session sets) resolves each model id to a cached
     # snapshot before checking anything; these checks are of the arguments, not of the weights
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    proc = subprocess.run([str(VLLM_PYTHON), str(REPO / "tests" / "vllm_contract.py"), str(out)],
-                          input=json.dumps(given), capture_output=True, text=True, timeout=600, check=False, env=env)
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests" / "vllm_contract.py"), str(out)],
+        input=json.dumps(given),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
     assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
     return mine, bad, json.loads(out.read_text())
 

@@ -34,8 +34,10 @@ VLLM = vllm_executable(VLLMOptions())
 RECORDER = REPO / "tests" / "vllm_recorder.py"  # the real vllm behind a proxy that keeps its bytes
 # the tiny models as trained (float32), uncompiled: a server starts in seconds, not a minute
 SERVED = {"dtype": "float32", "enforce_eager": True}
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(VLLM is None, reason="no vLLM here: make vllm-env (scripts/vllm-env.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(VLLM is None, reason="no vLLM here: make vllm-env (scripts/vllm-env.sh)"),
+]
 
 
 def tiny_qwen3(dest: Path, head_dim: int = 32) -> Path:
@@ -43,9 +45,19 @@ def tiny_qwen3(dest: Path, head_dim: int = 32) -> Path:
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
-    return make_tiny_model(dest, arch="qwen3", hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=head_dim, vocab_size=1024, max_position_embeddings=4096,
-                           chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL)
+    return make_tiny_model(
+        dest,
+        arch="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,20 +103,33 @@ def test_the_trained_student_serves_on_vllm_with_the_prompt_it_was_trained_on(sm
 
     project, _ = smoke_build
     ckpt = (project / "results" / "smoke" / "sft").resolve()
-    traces = pq.read_table(project / "results" / "smoke" / "trace_filter" / "kept.parquet",
-                           columns=["conversations"]).column("conversations").to_pylist()[:2]
-    thinking = [[{**m, "content": f"<think>Turn {i}: what does the task ask?</think>\n{m['content']}"}
-                 if m["role"] == "assistant" else m for i, m in enumerate(conv)] for conv in traces]
+    traces = (
+        pq.read_table(project / "results" / "smoke" / "trace_filter" / "kept.parquet", columns=["conversations"])
+        .column("conversations")
+        .to_pylist()[:2]
+    )
+    thinking = [
+        [
+            {**m, "content": f"<think>Turn {i}: what does the task ask?</think>\n{m['content']}"}
+            if m["role"] == "assistant"
+            else m
+            for i, m in enumerate(conv)
+        ]
+        for conv in traces
+    ]
 
     async def check() -> int:
-        async with make_engine(LLM(engine="vllm", model=str(ckpt), temperature=0, max_tokens=24,
-                                   engine_args=SERVED)) as engine:
+        async with make_engine(
+            LLM(engine="vllm", model=str(ckpt), temperature=0, max_tokens=24, engine_args=SERVED)
+        ) as engine:
             root = engine.base_url.removesuffix("/v1")
             async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
 
                 async def tokens(messages, generation_prompt: bool) -> list[int]:
-                    r = await http.post(f"{root}/tokenize", json={
-                        "model": engine.model, "messages": messages, "add_generation_prompt": generation_prompt})
+                    r = await http.post(
+                        f"{root}/tokenize",
+                        json={"model": engine.model, "messages": messages, "add_generation_prompt": generation_prompt},
+                    )
                     assert r.status_code == 200, r.text
                     return r.json()["tokens"]
 
@@ -115,8 +140,11 @@ def test_the_trained_student_serves_on_vllm_with_the_prompt_it_was_trained_on(sm
                         sent = []
                         for m in conv:
                             reasoning, answer = split_reasoning(m["content"])
-                            sent.append({"role": m["role"], "content": answer} if reasoning is None or mode == "qwen3"
-                                        else {"role": m["role"], "content": answer, "reasoning": reasoning})
+                            sent.append(
+                                {"role": m["role"], "content": answer}
+                                if reasoning is None or mode == "qwen3"
+                                else {"role": m["role"], "content": answer, "reasoning": reasoning}
+                            )
                         starts = [i for i in range(len(ids)) if supervised[i] and (i == 0 or not supervised[i - 1])]
                         turns = [k for k, m in enumerate(sent) if m["role"] == "assistant"]
                         assert len(starts) == len(turns) >= 5
@@ -125,17 +153,27 @@ def test_the_trained_student_serves_on_vllm_with_the_prompt_it_was_trained_on(sm
                             checked += 1
                         assert await tokens(sent, False) == ids.tolist(), mode
                 first = [m for m in traces[0] if m["role"] != "assistant"][:1]
-                served = await http.post(f"{engine.base_url}/chat/completions", json={
-                    "model": engine.model, "messages": first, "temperature": 0, "max_tokens": 24,
-                    "logprobs": True, "return_tokens_as_token_ids": True})
+                served = await http.post(
+                    f"{engine.base_url}/chat/completions",
+                    json={
+                        "model": engine.model,
+                        "messages": first,
+                        "temperature": 0,
+                        "max_tokens": 24,
+                        "logprobs": True,
+                        "return_tokens_as_token_ids": True,
+                    },
+                )
             assert served.status_code == 200, served.text
-            got = [int(t["token"].removeprefix("token_id:")) for t in served.json()["choices"][0]["logprobs"]["content"]]
+            got = [
+                int(t["token"].removeprefix("token_id:")) for t in served.json()["choices"][0]["logprobs"]["content"]
+            ]
             tok, _ = load_tokenizer(ckpt, "qwen3")
             prompt = tok.apply_chat_template(first, add_generation_prompt=True, return_tensors="pt", return_dict=True)
             model = load_model(ckpt)
             with torch.no_grad():
                 out = model.generate(**prompt, max_new_tokens=len(got), do_sample=False)
-            assert out[0, prompt["input_ids"].shape[1]:].tolist()[:len(got)] == got
+            assert out[0, prompt["input_ids"].shape[1] :].tolist()[: len(got)] == got
             return checked
 
     assert asyncio.run(check()) >= 20
@@ -174,12 +212,24 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
     monkeypatch.setenv("VLLM_RECORD", str(record))
     end_think = AutoTokenizer.from_pretrained(qwen3).convert_tokens_to_ids("</think>")
     settings = RolloutSettings(
-        engine="vllm", model=str(qwen3), temperature=1.0, seed=11, max_tokens=40, max_episodes=12, concurrency=2,
-        sandbox="bwrap", keep_reasoning=keep_reasoning,
+        engine="vllm",
+        model=str(qwen3),
+        temperature=1.0,
+        seed=11,
+        max_tokens=40,
+        max_episodes=12,
+        concurrency=2,
+        sandbox="bwrap",
+        keep_reasoning=keep_reasoning,
         extra_body={"logit_bias": {str(end_think): 4.0}},  # a random model closes its think block now and then
-        engine_args={"reasoning_parser": "qwen3", **SERVED, "max_model_len": 2000,
-                     "vllm_executable": str(RECORDER),  # seeded requests: no chunked prefill on the CPU build
-                     "extra_args": ["--max-num-batched-tokens", "8192"]})
+        engine_args={
+            "reasoning_parser": "qwen3",
+            **SERVED,
+            "max_model_len": 2000,
+            "vllm_executable": str(RECORDER),  # seeded requests: no chunked prefill on the CPU build
+            "extra_args": ["--max-num-batched-tokens", "8192"],
+        },
+    )
     out = tmp_path / "rollout"
     run_shard(settings, [synthetic_tasks(tmp_path / "tasks.parquet", 2)], out, 0)
     rows = pq.read_table(out / "shards" / "0-of-1.parquet").to_pylist()
@@ -214,18 +264,33 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
 
     project, _ = smoke_build
     ckpt = (project / "results" / "smoke" / "rl").resolve()
-    cfg = EvalSettings(engine="vllm", model=str(ckpt), model_label=f"vllm:{ckpt}", serves_checkpoint=True,
-                       samples_per_task=1, max_tokens=128, max_episodes=3, temperature=0.7, agent_timeout_sec=10,
-                       engine_args=SERVED,
-                       extra_body={"structured_outputs": {"regex": protocol.ANSWER_REGEX}})
-    inputs = Inputs.of(tasks=[synthetic_tasks(tmp_path / "tasks.parquet", 3, seed=999)],
-                       checkpoint=[ckpt / "checkpoint.json"])
+    cfg = EvalSettings(
+        engine="vllm",
+        model=str(ckpt),
+        model_label=f"vllm:{ckpt}",
+        serves_checkpoint=True,
+        samples_per_task=1,
+        max_tokens=128,
+        max_episodes=3,
+        temperature=0.7,
+        agent_timeout_sec=10,
+        engine_args=SERVED,
+        extra_body={"structured_outputs": {"regex": protocol.ANSWER_REGEX}},
+    )
+    inputs = Inputs.of(
+        tasks=[synthetic_tasks(tmp_path / "tasks.parquet", 3, seed=999)], checkpoint=[ckpt / "checkpoint.json"]
+    )
     out = tmp_path / "eval"
     eval_stage.run_shard(cfg, inputs, out, 0)
     stats = eval_stage.run(cfg, inputs, out)
     assert stats["engines"] == {f"vllm:{ckpt}": "0.32.0"} and stats["trials"] == 3
-    answers = [m["content"] for r in pq.read_table(out / "traces.parquet").to_pylist()
-               for m in r["conversations"] if m["role"] == "assistant"]
+    answers = [
+        m["content"]
+        for r in pq.read_table(out / "traces.parquet").to_pylist()
+        for m in r["conversations"]
+        if m["role"] == "assistant"
+    ]
+
     def framed(answer: str):  # inside the frame, or a prefix of it (cut at max_tokens)
         return regex.fullmatch(protocol.ANSWER_REGEX, answer, partial=True)
 
@@ -248,9 +313,19 @@ def test_a_server_killed_mid_shard_is_restarted_and_its_trials_run_again(tmp_pat
     from otbuild.stages.rollout import run_shard
 
     log = tmp_path / "vllm.log"
-    settings = RolloutSettings(engine="vllm", model=str(qwen3), temperature=0.7, seed=1, max_tokens=160,
-                               max_episodes=3, concurrency=1, sandbox="bwrap", prompt="compact", backoff_sec=0.2,
-                               engine_args={**SERVED, "max_model_len": 2048, "log_path": str(log)})
+    settings = RolloutSettings(
+        engine="vllm",
+        model=str(qwen3),
+        temperature=0.7,
+        seed=1,
+        max_tokens=160,
+        max_episodes=3,
+        concurrency=1,
+        sandbox="bwrap",
+        prompt="compact",
+        backoff_sec=0.2,
+        engine_args={**SERVED, "max_model_len": 2048, "log_path": str(log)},
+    )
     out = tmp_path / "rollout"
     partial = out / "shards" / "0-of-1.partial.jsonl"
     failed: list[BaseException] = []
@@ -322,16 +397,29 @@ def test_a_model_vllm_cannot_serve_fails_the_shard_naming_the_servers_log(tmp_pa
     from otbuild.stages.rollout import run_shard
 
     narrow = tiny_qwen3(tmp_path / "narrow", head_dim=16)
-    settings = RolloutSettings(engine="vllm", model=str(narrow), max_tokens=8, max_episodes=2, sandbox="bwrap",
-                               engine_args={**SERVED, "max_model_len": 2048})
+    settings = RolloutSettings(
+        engine="vllm",
+        model=str(narrow),
+        max_tokens=8,
+        max_episodes=2,
+        sandbox="bwrap",
+        engine_args={**SERVED, "max_model_len": 2048},
+    )
     started = time.monotonic()
     with pytest.raises(StageError, match=r"(?s)the first request failed.*exited with code.*head_dim"):
         run_shard(settings, [synthetic_tasks(tmp_path / "tasks.parquet", 2)], tmp_path / "rollout", 0)
     assert time.monotonic() - started < 240
     with pytest.raises(EngineError, match=r"(?s)exited with code \d+ before it was ready.*last lines:\n.+"):
         (tmp_path / "not-a-model").mkdir()
-        asyncio.run(open_engine(LLM(engine="vllm", model=str(tmp_path / "not-a-model"),
-                                    engine_args={"env": {"HF_HUB_OFFLINE": "1"}, "enforce_eager": True})))
+        asyncio.run(
+            open_engine(
+                LLM(
+                    engine="vllm",
+                    model=str(tmp_path / "not-a-model"),
+                    engine_args={"env": {"HF_HUB_OFFLINE": "1"}, "enforce_eager": True},
+                )
+            )
+        )
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(tmp_path) in p[1]]
 
 
@@ -339,15 +427,18 @@ def test_no_vllm_outlives_a_job_killed_with_its_process_group(tmp_path, qwen3):
     """kill -9 of the job's whole process group (the server runs in a group of its own, so the
     kill does not reach it): the guard that leads the server's group ends it and removes its
     temporary dir; nothing of vLLM is left."""
-    script = ("import asyncio\n"
-              "from otbuild.engines import LLM, open_engine\n"
-              "async def main():\n"
-              f"    e = await open_engine(LLM(engine='vllm', model={str(qwen3)!r}, engine_args={{'max_model_len': 512, 'enforce_eager': True}}))\n"
-              "    print(e._server.proc.pid, e._server.tmpdir, flush=True)\n"
-              "    await asyncio.sleep(600)\n"
-              "asyncio.run(main())\n")
-    job = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                           start_new_session=True)
+    script = (
+        "import asyncio\n"
+        "from otbuild.engines import LLM, open_engine\n"
+        "async def main():\n"
+        f"    e = await open_engine(LLM(engine='vllm', model={str(qwen3)!r}, engine_args={{'max_model_len': 512, 'enforce_eager': True}}))\n"
+        "    print(e._server.proc.pid, e._server.tmpdir, flush=True)\n"
+        "    await asyncio.sleep(600)\n"
+        "asyncio.run(main())\n"
+    )
+    job = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
+    )
     try:
         guard, tmpdir = job.stdout.readline().split()
         members = group_members(int(guard))
@@ -380,6 +471,8 @@ def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
     logs = sorted(p.relative_to(project / "logs").as_posix() for p in (project / "logs").rglob("*.vllm-serve.log"))
     assert [p.split("/")[0] for p in logs] == ["eval", "eval", "rl"], logs  # the student's, its base's; RL
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
+
+
 async def _served_turn(policy, server, messages):
     """One sampled answer of the served policy, as an RL trial records it."""
     from otbuild.train.rl.policy import ServedPolicyEngine
@@ -414,14 +507,22 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
         x = torch.tensor([prompt])
         with torch.no_grad():
             out = policy.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12)
-        return out[0, len(prompt):].tolist()
+        return out[0, len(prompt) :].tolist()
 
     async def served(server) -> list[int]:
         client = server.client()
         try:
-            r = await client._http().post(f"{server.base_url}/chat/completions", json={
-                "model": "policy", "messages": messages, "temperature": 0, "max_tokens": 12,
-                "logprobs": True, "return_tokens_as_token_ids": True})
+            r = await client._http().post(
+                f"{server.base_url}/chat/completions",
+                json={
+                    "model": "policy",
+                    "messages": messages,
+                    "temperature": 0,
+                    "max_tokens": 12,
+                    "logprobs": True,
+                    "return_tokens_as_token_ids": True,
+                },
+            )
         finally:
             await client.aclose()
         return [int(t["token"].removeprefix("token_id:")) for t in r.json()["choices"][0]["logprobs"]["content"]]
@@ -488,8 +589,22 @@ def test_no_one_else_reaches_the_rl_servers_weight_endpoints(tmp_path, qwen3):
         assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.geteuid()
         if os.geteuid() == 0:  # another user of the node connects to it (then POSTs to /collective_rpc)
             connect = f"import socket; socket.socket(socket.AF_UNIX).connect({str(sock)!r})"
-            other = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                                    "/usr/bin/python3", "-c", connect], capture_output=True, text=True, check=False)
+            other = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid",
+                    "65534",
+                    "--regid",
+                    "65534",
+                    "--clear-groups",
+                    "/usr/bin/python3",
+                    "-c",
+                    connect,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             assert other.returncode == 1 and "PermissionError" in other.stderr, other
         assert server.sync(policy, 1) == "reload"
         turn = asyncio.run(_served_turn(policy, server, [{"role": "user", "content": "count the files in /app"}]))
@@ -508,9 +623,12 @@ def _tcp_listeners(pids: list[int]) -> list[int]:
                 inodes.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
             except OSError:
                 pass
-    return [int(f[1].rsplit(":", 1)[1], 16) for table in ("tcp", "tcp6")
-            for f in (line.split() for line in Path("/proc/net", table).read_text().splitlines()[1:])
-            if f[3] == "0A" and f[9] in inodes]  # 0A: LISTEN
+    return [
+        int(f[1].rsplit(":", 1)[1], 16)
+        for table in ("tcp", "tcp6")
+        for f in (line.split() for line in Path("/proc/net", table).read_text().splitlines()[1:])
+        if f[3] == "0A" and f[9] in inodes
+    ]  # 0A: LISTEN
 
 
 def _answers_http(port: int) -> bool:

@@ -76,7 +76,9 @@ def test_audit_proves_and_catches_drift(project):
     mix_dir = next((project / "artifacts" / "mix").iterdir())
     record = json.loads((mix_dir / "provenance.json").read_text())
     assert record["rule"] == "mix" and record["settings"]["total"] == 10
-    assert {i["stage"] for i in record["inputs"]} == {"source"} and all(len(i["sha256"]) == 64 for i in record["inputs"])
+    assert {i["stage"] for i in record["inputs"]} == {"source"} and all(
+        len(i["sha256"]) == 64 for i in record["inputs"]
+    )
     assert record["outputs"][0]["rows"] == 10 and "duckdb" in record["packages"]
 
     assert {"otbuild/stages/mix.py", "otbuild/sql/mix.sql", "otbuild/duck.py"} <= record["code"].keys()
@@ -118,9 +120,14 @@ def _start(project, *args):
     whatever this test run was started with (default_signals)."""
     from otbuild.harness.terminal import default_signals
 
-    return subprocess.Popen([*default_signals(), sys.executable, "-m", "snakemake", *args], cwd=project,
-                            start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [*default_signals(), sys.executable, "-m", "snakemake", *args],
+        cwd=project,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _kill_snakemake_and_wait_for_its_jobs(proc):
@@ -192,8 +199,12 @@ def test_a_path_that_does_not_exist_stops_the_build_before_any_job(project):
     """Issue 26.1: `validate` warns (data may come later); `snakemake NAME` and `otbuild build
     NAME` print the warnings, then refuse before any job or lock: exit 2, naming the file that
     set the key (an `extends` parent here), the key and the path. A dry run only warns."""
-    _write(project, "base", "sources:\n  mine: {kind: harbor-dir, rank: 1, path: data/nothere}\n"
-                            "teacher: {engine: oracle}\ntrace_filter: {}\n")
+    _write(
+        project,
+        "base",
+        "sources:\n  mine: {kind: harbor-dir, rank: 1, path: data/nothere}\n"
+        "teacher: {engine: oracle}\ntrace_filter: {}\n",
+    )
     _write(project, "r", "extends: base\ntrace_filter: {min_turns: 1}\n")
     said = f"{project}/recipes/base.yaml: sources.mine.path: {project}/data/nothere does not exist"
     res = otbuild(project, "validate", "r")
@@ -216,8 +227,12 @@ def test_ctrl_c_names_each_interrupted_job_and_how_to_resume(project):
 
     _write(project, "r", ROLLOUT)
     proc = _start(project, "r")
-    _wait_for(lambda: sum(p.read_text().count("\n") for p in
-                          (project / "artifacts" / "rollout").glob("*/shards/*.partial.jsonl")) >= 1)
+    _wait_for(
+        lambda: (
+            sum(p.read_text().count("\n") for p in (project / "artifacts" / "rollout").glob("*/shards/*.partial.jsonl"))
+            >= 1
+        )
+    )
     os.killpg(proc.pid, signal.SIGINT)
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
@@ -232,7 +247,9 @@ def test_ctrl_c_names_each_interrupted_job_and_how_to_resume(project):
 
 def test_invalid_recipe_stops_snakemake_before_anything_runs(project):
     _write(project, "r", RECIPE.replace("order: round_robin", "ordr: round_robin"))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "r"], cwd=project, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "r"], cwd=project, capture_output=True, text=True, check=False
+    )
     assert proc.returncode != 0
     assert "mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
     assert not (project / "artifacts").exists()
@@ -247,12 +264,15 @@ def test_an_invalid_recipe_blocks_only_its_own_target(project):
     _write(project, "deep", "description: " + "[" * 20000 + "]" * 20000 + "\n")
     ran, log = snakemake(project, "r")
     assert ran == {"source": 2, "mix": 1, "task_filter": 1, "report": 1, "results_manifest": 1, "r": 1}
-    assert "warning: recipes/bad.yaml is not valid, so target 'bad' cannot be built (the others can): " \
-           f"{project}/recipes/bad.yaml: mix.ordr: unknown key" in log
+    assert (
+        "warning: recipes/bad.yaml is not valid, so target 'bad' cannot be built (the others can): "
+        f"{project}/recipes/bad.yaml: mix.ordr: unknown key" in log
+    )
     assert "target 'child' cannot be built" in log and "target 'deep' cannot be built" in log
     for target in ("bad", "child"):
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", target], cwd=project, capture_output=True,
-                              text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "snakemake", "-n", target], cwd=project, capture_output=True, text=True, check=False
+        )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert f"otbuild: {project}/recipes/bad.yaml: mix.ordr: unknown key; did you mean 'order'?" in proc.stderr
 
@@ -271,25 +291,46 @@ def test_snakemake_warns_when_another_installation_s_otbuild_would_run(project, 
     (env_a / "bin" / "otbuild").write_text(f"#!{env_a}/bin/python -E\nimport sys\n")  # -E: not our PYTHONPATH
     (env_a / "bin" / "otbuild").chmod(0o755)
     _write(project, "r", RECIPE)
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "r"], cwd=project, capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{env_a}/bin:{os.environ['PATH']}"}, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "r"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{env_a}/bin:{os.environ['PATH']}"},
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     said = " ".join(proc.stderr.split())
-    assert (f"otbuild: warning: the `otbuild` on your PATH ({env_a}/bin/otbuild: otbuild 9.9 from {other}/otbuild) "
-            f"is another installation than the one this snakemake runs") in said, proc.stderr
+    assert (
+        f"otbuild: warning: the `otbuild` on your PATH ({env_a}/bin/otbuild: otbuild 9.9 from {other}/otbuild) "
+        f"is another installation than the one this snakemake runs"
+    ) in said, proc.stderr
     _, log = snakemake(project, "-n", "r")
     assert "otbuild: warning" not in log  # the same installation: nothing to say
     elsewhere = tmp_path / "elsewhere"
     assert installation.problems(project, elsewhere)[0].startswith(
         f"this workflow was loaded from {elsewhere}, but its jobs (`{sys.executable} -m otbuild` in {project}) "
-        f"import otbuild")
+        f"import otbuild"
+    )
 
 
 def test_smoke_recipe_builds(smoke_build):
     project, ran = smoke_build
-    assert ran == {"source": 3, "mix": 1, "task_filter": 1, "rollout": 2, "rollout_merge": 1,
-                   "trace_filter": 1, "sft": 2, "rl": 1, "eval": 2, "eval_merge": 2, "report": 1,
-                   "results_manifest": 1, "smoke": 1}  # sft and eval: the student's and its untrained base's
+    assert ran == {
+        "source": 3,
+        "mix": 1,
+        "task_filter": 1,
+        "rollout": 2,
+        "rollout_merge": 1,
+        "trace_filter": 1,
+        "sft": 2,
+        "rl": 1,
+        "eval": 2,
+        "eval_merge": 2,
+        "report": 1,
+        "results_manifest": 1,
+        "smoke": 1,
+    }  # sft and eval: the student's and its untrained base's
     res = otbuild(project, "show", "results/smoke/task_filter/kept.parquet")
     assert res.returncode == 0 and "synthetic-" in res.stdout
     traces = pq.read_table(project / "results" / "smoke" / "teacher" / "traces.parquet").to_pylist()
@@ -300,7 +341,9 @@ def test_smoke_recipe_builds(smoke_build):
     # the student: trained, RLOO-tuned, evaluated on held-out tasks (n = 3), reported
     sft_log = (project / "results" / "smoke" / "sft" / "train_log.jsonl").read_text().splitlines()
     assert sft_log and all("loss" in json.loads(line) for line in sft_log)
-    rl_log = [json.loads(line) for line in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
+    rl_log = [
+        json.loads(line) for line in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()
+    ]
     assert len(rl_log) == 2 and all("reward_mean" in r for r in rl_log)
     summary = pq.read_table(project / "results" / "smoke" / "eval" / "summary.parquet").to_pylist()
     assert [(s["benchmark"], s["repeats"], s["n_tasks"], s["n_exceptions"]) for s in summary] == [("heldout", 3, 12, 0)]
@@ -308,7 +351,9 @@ def test_smoke_recipe_builds(smoke_build):
     assert [(s["benchmark"], s["repeats"], s["n_tasks"]) for s in base] == [("heldout", 3, 12)]
     assert summary[0]["mean"] > base[0]["mean"]  # the thesis: the student passes tasks its base does not
     assert json.loads((project / "results" / "smoke" / "base" / "sft" / "checkpoint.json").read_text())["steps"] == 0
-    heldout = {r["task_id"] for r in pq.read_table(project / "results" / "smoke" / "eval" / "scores.parquet").to_pylist()}
+    heldout = {
+        r["task_id"] for r in pq.read_table(project / "results" / "smoke" / "eval" / "scores.parquet").to_pylist()
+    }
     trained = {t["task_id"] for t in traces}
     assert heldout and not heldout & trained  # held-out tasks never enter training
     html = (project / "results" / "smoke" / "report" / "report.html").read_text()
@@ -342,8 +387,11 @@ def test_snakemake_report_and_summary_know_otbuild_s_results_and_logs(smoke_buil
     assert "Manifest of recipe <strong>smoke</strong>" in data and "Eval summary" in data and "SFT training log" in data
     assert "runtimes" in data.lower()  # Snakemake's own statistics
     _, summary = snakemake(project, "--summary", "smoke")
-    for label, log_path in (("teacher", "logs/rollout/{id}/0-of-2.log"), ("sft", "logs/sft/{id}.log"),
-                            ("report", "logs/report/{id}.log")):
+    for label, log_path in (
+        ("teacher", "logs/rollout/{id}/0-of-2.log"),
+        ("sft", "logs/sft/{id}.log"),
+        ("report", "logs/report/{id}.log"),
+    ):
         assert log_path.format(id=node[label].id) in summary, (label, summary[-3000:])
 
 
@@ -371,22 +419,34 @@ def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
     plan = plan_recipe(load_recipe("smoke", project))
     node = {n.label: n for n in plan.nodes}
     for shard in (0, 1):  # the rollout shards: named by label, with done/total and the log
-        assert re.search(rf"otbuild: teacher, shard {shard + 1} of 2: trials \d+/55 \(\d+%\).*; follow it: "
-                         rf"tail -f logs/rollout/{node['teacher'].id}/{shard}-of-2.log", log), shard
-    assert re.search(rf"otbuild: sft: SFT steps \d+/1,500 \(\d+%\).*; follow it: tail -f logs/sft/{node['sft'].id}.log",
-                     log)
+        assert re.search(
+            rf"otbuild: teacher, shard {shard + 1} of 2: trials \d+/55 \(\d+%\).*; follow it: "
+            rf"tail -f logs/rollout/{node['teacher'].id}/{shard}-of-2.log",
+            log,
+        ), shard
+    assert re.search(
+        rf"otbuild: sft: SFT steps \d+/1,500 \(\d+%\).*; follow it: tail -f logs/sft/{node['sft'].id}.log", log
+    )
     assert re.search(r"otbuild: sft: SFT steps [\d,]+/1,500 \(\d+%\), loss [\d.]+", log)
-    said = log[log.index("otbuild: smoke is built in "):]
+    said = log[log.index("otbuild: smoke is built in ") :]
     report = json.loads((project / "results" / "smoke" / "report" / "provenance.json").read_text())["stats"]["costs"]
-    score, base = (pq.read_table(project / "results" / "smoke" / label / "summary.parquet").to_pylist()[0]
-                   for label in ("eval", "base/eval"))
-    for line in ("  results      results/smoke/  (manifest.json", "  report       results/smoke/report/report.html",
-                 "  tasks kept   110 (task_filter)", "  traces kept  110 (trace_filter)",
-                 (f"  pass@1       heldout student {num(score['mean'])} ± {num(score['stderr'])} "
-                  f"vs base {num(base['mean'])} ± {num(base['stderr'])} (3 repeats x 12 tasks"),
-                 f"  tokens       {report['input_tokens']:,} in, {report['output_tokens']:,} out "
-                 f"({report['requests']:,} requests); cost – (no prices: set `prices:` in the recipe)",
-                 "  job time     "):
+    score, base = (
+        pq.read_table(project / "results" / "smoke" / label / "summary.parquet").to_pylist()[0]
+        for label in ("eval", "base/eval")
+    )
+    for line in (
+        "  results      results/smoke/  (manifest.json",
+        "  report       results/smoke/report/report.html",
+        "  tasks kept   110 (task_filter)",
+        "  traces kept  110 (trace_filter)",
+        (
+            f"  pass@1       heldout student {num(score['mean'])} ± {num(score['stderr'])} "
+            f"vs base {num(base['mean'])} ± {num(base['stderr'])} (3 repeats x 12 tasks"
+        ),
+        f"  tokens       {report['input_tokens']:,} in, {report['output_tokens']:,} out "
+        f"({report['requests']:,} requests); cost – (no prices: set `prices:` in the recipe)",
+        "  job time     ",
+    ):
         assert line in said, (line, said)
     assert score["mean"] > base["mean"] and "warning:" not in said, said
     rl = [json.loads(x) for x in (project / "results" / "smoke" / "rl" / "train_log.jsonl").read_text().splitlines()]
@@ -397,19 +457,34 @@ def test_smoke_build_says_what_it_made_and_shows_progress(smoke_build):
 GPU_RULES = {s.name for s in STAGES.values() if s.gpu}  # a sharded stage's shard jobs; its merge on a CPU
 
 
-@pytest.mark.parametrize("recipe", ["otagent_v2_100k", "otagent_v2_10k", "ablate_mixing", "ablate_task_filter",
-                                    "ablate_teacher", "ablate_trace_filter"])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "otagent_v2_100k",
+        "otagent_v2_10k",
+        "ablate_mixing",
+        "ablate_task_filter",
+        "ablate_teacher",
+        "ablate_trace_filter",
+    ],
+)
 def test_slurm_dry_run_from_the_repo_root(recipe):
     """The literal user command; the `slurm` link makes the profile resolvable from here.
     Every GPU rule lands on GPU resources (GPUs per node), the CPU rules do not; multi-node
     rules run their own srun (`mpi`), or the plugin would squeeze them into `srun -n1`."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "slurm", recipe, "-n"],
-                          cwd=REPO, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "slurm", recipe, "-n"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "slurm_partition=<cpu-partition>" in log and "This was a dry-run" in log
-    assert ("otbuild: warning: profile slurm (slurm/config.yaml) still has placeholders: <account> (line "
-            in log)  # issue 26.7
+    assert (
+        "otbuild: warning: profile slurm (slurm/config.yaml) still has placeholders: <account> (line " in log
+    )  # issue 26.7
     jobs: dict[str, set] = {}  # rule -> the resources lines of its jobs, from the dry run
     for block in log.split("\nrule ")[1:]:
         name = block.split(":", 1)[0].strip()

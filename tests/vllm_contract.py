@@ -46,11 +46,19 @@ def check_command(parser, serve, argv: list[str]) -> str | None:
         EngineArgs.from_cli_args(args)
     except Exception as e:  # noqa: BLE001  (any refusal is the finding)
         return f"vLLM refuses it: {type(e).__name__}: {e}"
-    names = [("--quantization", args.quantization, known_quantizations()),
-             ("--reasoning-parser", args.reasoning_parser, known_reasoning_parsers()),
-             ("--tool-call-parser", args.tool_call_parser, known_tool_parsers())]
-    return next((f"{flag} {name!r} is not in vLLM {version('vllm')}" for flag, name, known in names
-                 if name and name not in known), None)
+    names = [
+        ("--quantization", args.quantization, known_quantizations()),
+        ("--reasoning-parser", args.reasoning_parser, known_reasoning_parsers()),
+        ("--tool-call-parser", args.tool_call_parser, known_tool_parsers()),
+    ]
+    return next(
+        (
+            f"{flag} {name!r} is not in vLLM {version('vllm')}"
+            for flag, name, known in names
+            if name and name not in known
+        ),
+        None,
+    )
 
 
 def known_quantizations() -> set[str]:
@@ -110,9 +118,13 @@ def response() -> dict:
     from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
     message = ChatMessage(role="assistant", content='{"analysis": "a"}', reasoning="first, think")
-    return json.loads(ChatCompletionResponse(
-        model="m", choices=[ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")],
-        usage=UsageInfo(prompt_tokens=12, completion_tokens=7, total_tokens=19)).model_dump_json())
+    return json.loads(
+        ChatCompletionResponse(
+            model="m",
+            choices=[ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")],
+            usage=UsageInfo(prompt_tokens=12, completion_tokens=7, total_tokens=19),
+        ).model_dump_json()
+    )
 
 
 def context_error() -> str:
@@ -130,13 +142,16 @@ def main(out: str) -> None:
     parser, serve = serve_parser()
     problems = [f"{' '.join(argv)}: {p}" for argv in given["commands"] if (p := check_command(parser, serve, argv))]
     problems += [f"{json.dumps(body)[:300]}: {p}" for body in given["bodies"] if (p := check_body(body))]
-    for what, names, known in (("reasoning_parser", given["reasoning_parsers"], known_reasoning_parsers()),
-                               ("tool_call_parser", given["tool_call_parsers"], known_tool_parsers()),
-                               ("quantization", given["quantizations"], known_quantizations())):
+    for what, names, known in (
+        ("reasoning_parser", given["reasoning_parsers"], known_reasoning_parsers()),
+        ("tool_call_parser", given["tool_call_parsers"], known_tool_parsers()),
+        ("quantization", given["quantizations"], known_quantizations()),
+    ):
         problems += [f"{what} {n!r} is not in vLLM {version('vllm')}" for n in names if n not in known]
     with open(out, "w") as f:
-        json.dump({"vllm": version("vllm"), "problems": problems, "response": response(),
-                   "context_error": context_error()}, f)
+        json.dump(
+            {"vllm": version("vllm"), "problems": problems, "response": response(), "context_error": context_error()}, f
+        )
 
 
 if __name__ == "__main__":

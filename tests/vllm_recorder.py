@@ -49,8 +49,9 @@ def serve(port: int, inner: int, record) -> None:
                 conn.close()
             if self.path == "/v1/chat/completions":
                 with lock:
-                    record.write(json.dumps({"request": json.loads(body), "status": status,
-                                             "response": data.decode()}) + "\n")
+                    record.write(
+                        json.dumps({"request": json.loads(body), "status": status, "response": data.decode()}) + "\n"
+                    )
                     record.flush()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -81,5 +81,15 @@ async def open_engine(llm: LLM) -> Engine:
     return engine
 
 
-__all__ = ["ENGINES", "LLM", "Completion", "ContextLengthExceededError", "Engine", "EngineError",
-           "make_engine", "open_engine", "register", "resolve_auto"]
+__all__ = [
+    "ENGINES",
+    "LLM",
+    "Completion",
+    "ContextLengthExceededError",
+    "Engine",
+    "EngineError",
+    "make_engine",
+    "open_engine",
+    "register",
+    "resolve_auto",
+]

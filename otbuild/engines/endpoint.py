@@ -38,14 +38,21 @@ class EndpointError(StageError):
 def refused(e: EngineError) -> bool:
     """A 4xx about the request itself (its key, model, fields), not about this one conversation
     (too long for the context) nor a rate limit."""
-    return e.status is not None and 400 <= e.status < 500 and e.status != 429 \
+    return (
+        e.status is not None
+        and 400 <= e.status < 500
+        and e.status != 429
         and not isinstance(e, ContextLengthExceededError)
+    )
 
 
 def endpoint_error(e: EngineError, first: bool) -> EndpointError:
     what = "the first request" if first else f"a request (HTTP {e.status}: nothing later can succeed)"
-    hints: dict[int | None, str] = {401: " (check the API key: api_key_env)", 403: " (the key may not use this model)",
-                                    404: " (check `model` and `base_url`)"}
+    hints: dict[int | None, str] = {
+        401: " (check the API key: api_key_env)",
+        403: " (the key may not use this model)",
+        404: " (check `model` and `base_url`)",
+    }
     hint = hints.get(e.status, "")
     return EndpointError(f"{what} failed, so the run stops{hint}: {e}", status=e.status)
 

@@ -43,7 +43,7 @@ class RegexConstraint:
     def __call__(self, input_ids, scores):
         import torch
 
-        text = self.tok.decode(input_ids[0, self.prompt_len:].tolist())
+        text = self.tok.decode(input_ids[0, self.prompt_len :].tolist())
         done = self.rx.fullmatch(text) is not None
         keep = []
         for token in torch.argsort(scores[0], descending=True).tolist():

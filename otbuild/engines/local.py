@@ -32,20 +32,48 @@ def start_local_server(
     base_url ends in /v1. The server is stopped when starting it fails; `stop()` is idempotent.
     """
     base_url, server = launch_local_server(
-        model_dir, host=host, port=port, device=device, served_model_name=served_model_name,
-        startup_timeout_sec=startup_timeout_sec, log_path=log_path, env=env)
+        model_dir,
+        host=host,
+        port=port,
+        device=device,
+        served_model_name=served_model_name,
+        startup_timeout_sec=startup_timeout_sec,
+        log_path=log_path,
+        env=env,
+    )
     return base_url, server.stop
 
 
-def launch_local_server(model_dir, *, host: str, port: int, device: str, served_model_name: str | None,
-                        startup_timeout_sec: float, log_path, env: dict | None) -> tuple[str, ServerProcess]:
+def launch_local_server(
+    model_dir,
+    *,
+    host: str,
+    port: int,
+    device: str,
+    served_model_name: str | None,
+    startup_timeout_sec: float,
+    log_path,
+    env: dict | None,
+) -> tuple[str, ServerProcess]:
     """start_local_server's server: (base_url, its ServerProcess)."""
-    argv = [sys.executable, "-m", "otbuild.serve", str(model_dir), "--host", host,
-            "--port", str(port), "--device", device]
+    argv = [
+        sys.executable,
+        "-m",
+        "otbuild.serve",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--device",
+        device,
+    ]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     server = ServerProcess(
-        argv, name="otbuild serve", log_path=log_path,
+        argv,
+        name="otbuild serve",
+        log_path=log_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     ).start()
     try:
@@ -69,7 +97,12 @@ class TransformersEngine(ManagedServerEngine):
     def _launch(self) -> tuple[str, ServerProcess]:
         s = self.options
         return launch_local_server(
-            self.settings.model, host=s.host, port=s.port or 0, device=s.device,
-            served_model_name=s.served_model_name, startup_timeout_sec=s.startup_timeout_sec,
-            log_path=s.log_path, env=s.env,
+            self.settings.model,
+            host=s.host,
+            port=s.port or 0,
+            device=s.device,
+            served_model_name=s.served_model_name,
+            startup_timeout_sec=s.startup_timeout_sec,
+            log_path=s.log_path,
+            env=s.env,
         )

@@ -72,16 +72,24 @@ class ManagedServerEngine:
                     return
                 await self._close()
                 if self.restarts >= self.options.max_restarts:
-                    self._gone = ServerGoneError(f"the server died {self.restarts + 1} time(s), more than "
-                                               f"max_restarts ({self.options.max_restarts}) allows: {why}")
+                    self._gone = ServerGoneError(
+                        f"the server died {self.restarts + 1} time(s), more than "
+                        f"max_restarts ({self.options.max_restarts}) allows: {why}"
+                    )
                     raise self._gone
                 self.restarts += 1
             install_sigterm_cleanup()  # here: signal handlers need the main thread
             base_url, self._server = await asyncio.to_thread(self._launch)
             self.base_url = base_url
             self.version = await asyncio.to_thread(server_version, base_url.removesuffix("/v1"))
-            self._client = OpenAIEngine(self.client_settings, base_url=self.base_url, name=self.name,
-                                        provider=self.provider, trust_env=False, alive=self._alive)
+            self._client = OpenAIEngine(
+                self.client_settings,
+                base_url=self.base_url,
+                name=self.name,
+                provider=self.provider,
+                trust_env=False,
+                alive=self._alive,
+            )
 
     def _alive(self) -> None:
         if (why := self.died()) is not None:

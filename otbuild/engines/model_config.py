@@ -67,26 +67,33 @@ def checkpoint_format(model: str, config: dict | None) -> str | None:
     return tags[0] if len(tags) == 1 else None
 
 
-def check_vllm_model(model: str, quantization: str | None, max_model_len: int | None,
-                     hf_overrides: dict | None) -> None:
+def check_vllm_model(
+    model: str, quantization: str | None, max_model_len: int | None, hf_overrides: dict | None
+) -> None:
     """Raise ConfigError when vLLM would refuse to serve `model` with these settings."""
     config = model_config(model)
     fmt = checkpoint_format(model, config)
     evidence = "its config.json" if config is not None else "its name"
     wanted = next((f for f in FORMATS if (quantization or "").lower().startswith(f)), None)
     if wanted and fmt and wanted != fmt:
-        raise ConfigError(f"quantization {quantization!r} does not fit {model!r}: by {evidence} it is saved as "
-                          f"{fmt.upper()}; leave quantization unset (vLLM reads the checkpoint's own)")
+        raise ConfigError(
+            f"quantization {quantization!r} does not fit {model!r}: by {evidence} it is saved as "
+            f"{fmt.upper()}; leave quantization unset (vLLM reads the checkpoint's own)"
+        )
     if wanted in NEEDS_CHECKPOINT and not fmt and (config is not None or _names_a_model(model)):
-        raise ConfigError(f"quantization {quantization!r} needs a checkpoint saved as {wanted.upper()}; by {evidence}, "
-                          f"{model!r} is not: leave quantization unset, or serve a model saved as {wanted.upper()}")
+        raise ConfigError(
+            f"quantization {quantization!r} needs a checkpoint saved as {wanted.upper()}; by {evidence}, "
+            f"{model!r} is not: leave quantization unset, or serve a model saved as {wanted.upper()}"
+        )
     limit, source = context_limit(model, config)
     scaled = (hf_overrides or {}).get("rope_scaling") or (config or {}).get("rope_scaling")
     if max_model_len and limit and max_model_len > limit and not scaled:
-        raise ConfigError(f"max_model_len {max_model_len} exceeds {model!r}'s max_position_embeddings {limit} "
-                          f"(by {source}): lower it, or add rope scaling, e.g. hf_overrides: {{rope_scaling: "
-                          f"{{rope_type: yarn, factor: {max_model_len / limit:g}, "
-                          f"original_max_position_embeddings: {limit}}}}}")
+        raise ConfigError(
+            f"max_model_len {max_model_len} exceeds {model!r}'s max_position_embeddings {limit} "
+            f"(by {source}): lower it, or add rope scaling, e.g. hf_overrides: {{rope_scaling: "
+            f"{{rope_type: yarn, factor: {max_model_len / limit:g}, "
+            f"original_max_position_embeddings: {limit}}}}}"
+        )
 
 
 def context_limit(model: str, config: dict | None) -> tuple[int | None, str]:

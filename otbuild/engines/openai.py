@@ -24,8 +24,11 @@ from otbuild.settings.engines import LLM, concurrency
 # How OpenAI-compatible servers say a request is over the context window: vLLM and OpenAI
 # ("maximum context length", "context_length_exceeded"), vLLM's "maximum model length",
 # SGLang ("the model's context length"), Anthropic-style gateways ("prompt is too long").
-CONTEXT_OVERFLOW = re.compile(r"context[ _]length|maximum model length|prompt is too long|"
-                              r"context window", re.IGNORECASE)
+CONTEXT_OVERFLOW = re.compile(
+    r"context[ _]length|maximum model length|prompt is too long|"
+    r"context window",
+    re.IGNORECASE,
+)
 
 
 class OpenAIEngine:
@@ -126,9 +129,7 @@ class OpenAIEngine:
             retry_after = _seconds(r.headers.get("retry-after"))
         self.stats["errors"] += 1
         self._alive()
-        raise EngineError(
-            f"{self._who()}: no answer after {attempts} attempt(s); last error: {last}", status=status
-        )
+        raise EngineError(f"{self._who()}: no answer after {attempts} attempt(s); last error: {last}", status=status)
 
     def _who(self) -> str:
         return f"engine {self.name} ({self.model} at {self.base_url}{f' on {self._uds}' if self._uds else ''})"
@@ -164,8 +165,7 @@ def request_body(settings: LLM, messages: list[dict], kw: dict) -> dict:
     for key in ("max_tokens", "top_p", "seed"):
         if getattr(settings, key) is not None:
             body[key] = getattr(settings, key)
-    return request_policy.apply(settings.request_params, settings.model,
-                                {**body, **settings.extra_body, **kw})
+    return request_policy.apply(settings.request_params, settings.model, {**body, **settings.extra_body, **kw})
 
 
 def _seconds(value: str | None) -> float | None:

@@ -36,8 +36,15 @@ class ServerProcess:
     listens on (its command line names it), in a folder of its own that only this user may enter
     (`private_socket()`), which is then its temporary dir; None: it listens on a TCP port."""
 
-    def __init__(self, argv: list[str], *, name: str, log_path: str | Path | None = None,
-                 env: dict | None = None, uds: str | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        name: str,
+        log_path: str | Path | None = None,
+        env: dict | None = None,
+        uds: str | None = None,
+    ):
         self.argv, self.name, self.env, self.uds = argv, name, env, uds
         slug = name.replace(" ", "-")
         if log_path is None and (job_log := os.environ.get(LOG_ENV)):
@@ -59,7 +66,10 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", str(GUARD), str(os.getpid()), self.tmpdir, "--", *self.argv],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
                 start_new_session=True,
             )
         with _LIVE_LOCK:

@@ -51,12 +51,24 @@ def refusal(model: str, body: dict) -> tuple[str, str, str] | None:
     if not is_reasoning_model(model):
         return None
     if "max_tokens" in body:
-        return ("max_tokens", "unsupported_parameter", ("Unsupported parameter: 'max_tokens' is not supported "
-                "with this model. Use 'max_completion_tokens' instead."))
+        return (
+            "max_tokens",
+            "unsupported_parameter",
+            (
+                "Unsupported parameter: 'max_tokens' is not supported "
+                "with this model. Use 'max_completion_tokens' instead."
+            ),
+        )
     for key, default in SAMPLING_DEFAULTS.items():
         if key in body and body[key] != default:
-            return (key, "unsupported_value", (f"Unsupported value: '{key}' does not support {body[key]} with "
-                    f"this model. Only the default ({default:g}) value is supported."))
+            return (
+                key,
+                "unsupported_value",
+                (
+                    f"Unsupported value: '{key}' does not support {body[key]} with "
+                    f"this model. Only the default ({default:g}) value is supported."
+                ),
+            )
     for key in SAMPLING_ONLY:
         if key in body:
             return (key, "unsupported_parameter", f"Unsupported parameter: '{key}' is not supported with this model.")

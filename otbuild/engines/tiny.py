@@ -36,9 +36,16 @@ def corpus() -> list[str]:
 TOKENIZERS = ("bytelevel", "names")
 
 
-def train_tokenizer(texts, *, vocab_size: int, special_tokens: list[str] | None = None,
-                    chat_template: str = CHAT_TEMPLATE, eos_token: str = "<|im_end|>",
-                    pad_token: str = "<|endoftext|>", kind: str = "bytelevel"):
+def train_tokenizer(
+    texts,
+    *,
+    vocab_size: int,
+    special_tokens: list[str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+    eos_token: str = "<|im_end|>",
+    pad_token: str = "<|endoftext|>",
+    kind: str = "bytelevel",
+):
     """A byte-level BPE tokenizer trained on `texts` (deterministic for the same texts).
 
     `kind`: `bytelevel` (GPT-2's pre-tokenizer: a word carries the space before it) or
@@ -52,35 +59,53 @@ def train_tokenizer(texts, *, vocab_size: int, special_tokens: list[str] | None 
 
     bpe = Tokenizer(models.BPE())
     if kind == "names":
-        bpe.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(r"\p{N}+|[^\p{L}\p{N}_]"), "isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        bpe.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(r"\p{N}+|[^\p{L}\p{N}_]"), "isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     elif kind == "bytelevel":
         bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
         raise ValueError(f"unknown tokenizer kind {kind!r}; choose from {list(TOKENIZERS)}")
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(special_tokens or SPECIAL), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens or SPECIAL),
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(texts, trainer)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token=eos_token, pad_token=pad_token,
-        bos_token=None, unk_token=None,
+        tokenizer_object=bpe,
+        eos_token=eos_token,
+        pad_token=pad_token,
+        bos_token=None,
+        unk_token=None,
     )
     tok.chat_template = chat_template
     return tok
 
 
-def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384, texts=None,
-                    arch: str = "qwen2", chat_template: str | None = None,
-                    special_tokens: list[str] | None = None, hidden_size: int = 32,
-                    intermediate_size: int = 64, num_hidden_layers: int = 2,
-                    num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                    max_position_embeddings: int = 1024, tokenizer: str = "bytelevel",
-                    head_dim: int | None = None) -> Path:
+def make_tiny_model(
+    dest: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 384,
+    texts=None,
+    arch: str = "qwen2",
+    chat_template: str | None = None,
+    special_tokens: list[str] | None = None,
+    hidden_size: int = 32,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    max_position_embeddings: int = 1024,
+    tokenizer: str = "bytelevel",
+    head_dim: int | None = None,
+) -> Path:
     """Write a model dir (config, weights, tokenizer, chat template) to `dest`; return it.
 
     `texts` (default: `corpus()`) trains the tokenizer (`tokenizer`: its kind, see
@@ -91,18 +116,28 @@ def make_tiny_model(dest: str | Path, *, seed: int = 0, vocab_size: int = 384, t
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     dest = Path(dest)
-    tok = train_tokenizer(corpus() if texts is None else texts, vocab_size=vocab_size,
-                          special_tokens=special_tokens, chat_template=chat_template or CHAT_TEMPLATE,
-                          kind=tokenizer)
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    tok = train_tokenizer(
+        corpus() if texts is None else texts,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        chat_template=chat_template or CHAT_TEMPLATE,
+        kind=tokenizer,
+    )
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
     extra = {"head_dim": head_dim or hidden_size // num_attention_heads} if arch == "qwen3" else {}
     config = config_cls(
-        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        bos_token_id=None, **extra,
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        **extra,
     )
     torch.manual_seed(seed)
     model = model_cls(config)

@@ -41,8 +41,9 @@ def vllm_executable(s: VLLMOptions) -> str | None:
 WEIGHT_SYNC_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
-def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0, key: str | None = None,
-                   uds: str | None = None) -> None:
+def reload_weights(
+    root: str, weights_dir: str, timeout: float = 3600.0, key: str | None = None, uds: str | None = None
+) -> None:
     """Move the weights saved in `weights_dir` (safetensors, the served model's architecture)
     into the live server at `root` (its URL without /v1, on its unix socket `uds` if it has one,
     started with WEIGHT_SYNC_ENV):
@@ -57,8 +58,10 @@ def reload_weights(root: str, weights_dir: str, timeout: float = 3600.0, key: st
         def post(path: str, body: dict | None = None) -> None:
             r = http.post(root + path, json=body) if body else http.post(root + path)
             if r.status_code != 200:
-                raise EngineError(f"vllm: {path} answered HTTP {r.status_code} while loading {weights_dir}: "
-                                  f"{r.text[:500]} (is the server started with {WEIGHT_SYNC_ENV}?)")
+                raise EngineError(
+                    f"vllm: {path} answered HTTP {r.status_code} while loading {weights_dir}: "
+                    f"{r.text[:500]} (is the server started with {WEIGHT_SYNC_ENV}?)"
+                )
 
         post("/pause")
         try:
@@ -73,9 +76,16 @@ def vllm_command(llm: LLM, port: int | None, uds: str | None = None) -> list[str
     on `port` of its `host`, or on the unix socket `uds` (vLLM then ignores host and port)."""
     s = cast(VLLMOptions, llm.launch)  # a vllm section's
     address = ["--uds", uds] if uds else ["--host", s.host, "--port", str(port)]
-    cmd = [vllm_executable(s) or "vllm", "serve", llm.model, *address,
-           "--tensor-parallel-size", str(s.tensor_parallel_size),
-           "--data-parallel-size", str(s.data_parallel_size)]
+    cmd = [
+        vllm_executable(s) or "vllm",
+        "serve",
+        llm.model,
+        *address,
+        "--tensor-parallel-size",
+        str(s.tensor_parallel_size),
+        "--data-parallel-size",
+        str(s.data_parallel_size),
+    ]
     options = {
         "--served-model-name": s.served_model_name,
         "--max-model-len": s.max_model_len,
@@ -89,8 +99,11 @@ def vllm_command(llm: LLM, port: int | None, uds: str | None = None) -> list[str
         "--hf-overrides": json.dumps(s.hf_overrides) if s.hf_overrides else None,
     }
     cmd += [x for flag, v in options.items() if v is not None for x in (flag, str(v))]
-    cmd += [flag for flag, on in (("--enable-auto-tool-choice", s.enable_auto_tool_choice),
-                                  ("--enforce-eager", s.enforce_eager)) if on]
+    cmd += [
+        flag
+        for flag, on in (("--enable-auto-tool-choice", s.enable_auto_tool_choice), ("--enforce-eager", s.enforce_eager))
+        if on
+    ]
     return cmd + [str(a) for a in s.extra_args]
 
 
@@ -108,15 +121,20 @@ class VLLMEngine(ManagedServerEngine):
         for the RL policy server, whose development endpoints take no API key (docs/security.md)."""
         s = self.options
         if vllm_executable(s) is None:
-            raise EngineError("vllm: no `vllm` executable: not on PATH, and no .venv-vllm here or in otbuild's "
-                              "checkout; install it with `make vllm-env` (scripts/vllm-env.sh) or name one in "
-                              "engine_args.vllm_executable")
+            raise EngineError(
+                "vllm: no `vllm` executable: not on PATH, and no .venv-vllm here or in otbuild's "
+                "checkout; install it with `make vllm-env` (scripts/vllm-env.sh) or name one in "
+                "engine_args.vllm_executable"
+            )
         client_host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
         uds = private_socket("vllm-serve") if private else None
         port = None if uds else s.port or free_port(client_host)
         server = ServerProcess(
-            vllm_command(self.settings, port, uds), name="vllm serve", log_path=s.log_path,
-            env={**os.environ, **{k: str(v) for k, v in s.env.items()}}, uds=uds,
+            vllm_command(self.settings, port, uds),
+            name="vllm serve",
+            log_path=s.log_path,
+            env={**os.environ, **{k: str(v) for k, v in s.env.items()}},
+            uds=uds,
         )
         root = "http://localhost" if uds else f"http://{client_host}:{port}"
         try:

@@ -1,13 +1,13 @@
 """What a recipe will cost before it runs (`otbuild plan --estimate`), calibrated by pilots.
 
-  span.py     a figure with its range, and the intervals a pilot's sample size gives
-  rates.py    the rates an estimate uses and the documented defaults (assumptions)
-  pilot.py    calibration: the rates a built pilot recipe measured, from its artifacts
-  profile.py  what a Snakemake profile grants each rule's jobs
-  model.py    the count model: counts, requests, tokens, cost, GPU-hours and time per stage
-  check.py    jobs whose estimated time exceeds what the profile grants
-  run.py      `estimate()`: all of the above for one plan, with how far each assumption moves the total
-  record.py   where an estimate is saved (.otbuild/estimates/RECIPE.json) and its comparison with
-              what a build measured (the report shows both; docs/estimate.md)
-  show.py     the console tables
+span.py     a figure with its range, and the intervals a pilot's sample size gives
+rates.py    the rates an estimate uses and the documented defaults (assumptions)
+pilot.py    calibration: the rates a built pilot recipe measured, from its artifacts
+profile.py  what a Snakemake profile grants each rule's jobs
+model.py    the count model: counts, requests, tokens, cost, GPU-hours and time per stage
+check.py    jobs whose estimated time exceeds what the profile grants
+run.py      `estimate()`: all of the above for one plan, with how far each assumption moves the total
+record.py   where an estimate is saved (.otbuild/estimates/RECIPE.json) and its comparison with
+            what a build measured (the report shows both; docs/estimate.md)
+show.py     the console tables
 """

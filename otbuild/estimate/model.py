@@ -78,8 +78,15 @@ class Model:
         self.small: dict[str, list[str]] = {}  # a pilot's rates taken from fewer than SMALL_PILOT items
 
     # -- rates -------------------------------------------------------------------------------
-    def rate(self, e: StageEstimate, node, name: str, cap: float | None = None, scale: float = 1.0,
-             fallback: Rate | None = None) -> Span:
+    def rate(
+        self,
+        e: StageEstimate,
+        node,
+        name: str,
+        cap: float | None = None,
+        scale: float = 1.0,
+        fallback: Rate | None = None,
+    ) -> Span:
         m = match(node)
         for p in self.pilots:
             if found := p.find(node.stage, m, name):
@@ -91,13 +98,17 @@ class Model:
         value = self._assume(e, (node.stage, name), fallback or default(node.stage, name), cap, scale)
         for p in self.pilots:
             for their, meas in p.other(node.stage, name):
-                why = (f"it measured {their}, this is {m}" if not STAGES[node.stage].filter
-                       else "other rules or another teacher")
+                why = (
+                    f"it measured {their}, this is {m}"
+                    if not STAGES[node.stage].filter
+                    else "other rules or another teacher"
+                )
                 e.notes.append(f"rates of {meas.source.split(' (')[0]} not taken: {why}")
         return value
 
-    def _assume(self, e: StageEstimate, key: tuple[str, str], r: Rate, cap: float | None = None,
-                scale: float = 1.0) -> Span:
+    def _assume(
+        self, e: StageEstimate, key: tuple[str, str], r: Rate, cap: float | None = None, scale: float = 1.0
+    ) -> Span:
         """A default rate (`key`: its place in DEFAULTS, or its stage and name), recorded as assumed
         (at one end of its range when `force` says so)."""
         value = r.value.cap(cap) * scale
@@ -188,7 +199,7 @@ class Model:
 
         cfg = n.config
         held = len(cfg.decontaminate.against) if cfg.decontaminate else 0
-        tasks_in = sum((self.rows.get(i.id, ZERO) for i in n.inputs[:len(n.inputs) - held]), ZERO)
+        tasks_in = sum((self.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
         kept = (tasks_in * self.rate(e, n, "keep_rate")).ceil()
         if cfg.score and cfg.score.top_k:
             kept = kept.cap(cfg.score.top_k)
@@ -238,9 +249,19 @@ class Model:
         e.output_tokens = requests * self.rate(e, n, "output_tokens_per_request", cap=max_tokens)
         price = price_of(model, self.prices)
         if price is not None:
-            e.cost = Span(*(cost({"input_tokens": getattr(e.input_tokens, k),  # priced: never None
-                                  "output_tokens": getattr(e.output_tokens, k)}, price) or 0.0
-                            for k in ("estimate", "low", "high")))
+            e.cost = Span(
+                *(
+                    cost(
+                        {
+                            "input_tokens": getattr(e.input_tokens, k),  # priced: never None
+                            "output_tokens": getattr(e.output_tokens, k),
+                        },
+                        price,
+                    )
+                    or 0.0
+                    for k in ("estimate", "low", "high")
+                )
+            )
         elif e.input_tokens.high + e.output_tokens.high > 0 and model.startswith("openai:"):  # served: GPU-hours
             e.notes.append(f"no price for {model}: set `prices:` in the recipe")
 
@@ -269,13 +290,17 @@ class Model:
 
         if getattr(n.config, "verify", True) or not self._measured(n, "verifier_s_per_trial"):
             if getattr(n.config, "verify", True) is False:
-                e.notes.append("teacher.verify: false: no pilot measured a verifier, so its trials' time is "
-                               "taken as the pilot's (or the default) as it stands")
+                e.notes.append(
+                    "teacher.verify: false: no pilot measured a verifier, so its trials' time is "
+                    "taken as the pilot's (or the default) as it stands"
+                )
             return self.rate(e, n, "seconds_per_trial")
         saved = self.rate(e, n, "verifier_s_per_trial")
         hours = (trials * saved / concurrency(n.config)).estimate / 3600 * max(self._grant(n.stage).gpus, 1)
-        e.notes.append(f"teacher.verify: false: no verifier runs; the pilot's took {saved.estimate:,.1f} s per "
-                       f"trial, {hours:,.1f} {'GPU' if self._grant(n.stage).gpus else 'job'}-hours saved here")
+        e.notes.append(
+            f"teacher.verify: false: no verifier runs; the pilot's took {saved.estimate:,.1f} s per "
+            f"trial, {hours:,.1f} {'GPU' if self._grant(n.stage).gpus else 'job'}-hours saved here"
+        )
         return self.rate(e, n, "unverified_seconds_per_trial")
 
     def _rollout(self, n, e: StageEstimate) -> None:
@@ -300,10 +325,17 @@ class Model:
         traces = self._in(n)
         keep = self.plan.recipe.recipe.task_filter
         planned = keep.score.keep_rate if keep and keep.score and keep.score.budget else None
-        fallback = None if planned is None else Rate(
-            "keep_rate", Span(planned, planned * 0.6, planned), "kept / in",
-            "the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); "
-            "x0.6 at the low end", True)
+        fallback = (
+            None
+            if planned is None
+            else Rate(
+                "keep_rate",
+                Span(planned, planned * 0.6, planned),
+                "kept / in",
+                "the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); x0.6 at the low end",
+                True,
+            )
+        )
         if n.config.dedup and any(i.id in self.distinct for i in n.inputs):
             distinct = sum((self.distinct.get(i.id, self.rows.get(i.id, ZERO)) for i in n.inputs), ZERO)
             e.notes.append("dedup: the oracle's samples of a task are one conversation, so one of them is kept")
@@ -330,8 +362,16 @@ class Model:
             if other:  # a pretrained model trained on GPUs: its rate x the ratio of parameters (6N FLOPs a token)
                 r = other[0].rate()
                 ratio = found[0] / (other[0].per or 1.0)  # `per` is set: filtered above
-                e.rates.append(Rate(r.name, r.value * ratio, r.unit, f"{r.source}, a {other[0].per:g}B model: "
-                                    f"x {ratio:g} for {found[0]:g}B parameters", False, r.n))
+                e.rates.append(
+                    Rate(
+                        r.name,
+                        r.value * ratio,
+                        r.unit,
+                        f"{r.source}, a {other[0].per:g}B model: x {ratio:g} for {found[0]:g}B parameters",
+                        False,
+                        r.n,
+                    )
+                )
                 return r.value * ratio
             e.notes.append(f"{found[0]:g}B parameters ({found[1]}): the paper's 8B figure x {found[0] / 8:g}")
         return self.rate(e, n, "gpu_seconds_per_token") * params
@@ -365,8 +405,14 @@ class Model:
         grown = fixed * per_epoch.estimate / found.per if found.per else fixed
         lo, hi = sorted((fixed, grown))
         span = Span((fixed + grown) / 2, lo, hi)
-        e.rates[-1] = Rate("overhead_s", span, "s per job", e.rates[-1].source + ": fixed to grown with the tokens",
-                           False, e.rates[-1].n)
+        e.rates[-1] = Rate(
+            "overhead_s",
+            span,
+            "s per job",
+            e.rates[-1].source + ": fixed to grown with the tokens",
+            False,
+            e.rates[-1].n,
+        )
         return span
 
     def _rl(self, n, e: StageEstimate) -> None:
@@ -403,8 +449,10 @@ class Model:
 # Every stage is estimated by a method of its own (`_STAGE`) or the one it names (`StageDef.estimate`):
 # a stage without one fails at import, never falls back to a guess.
 if unestimated := [n for n, d in STAGES.items() if not callable(getattr(Model, f"_{d.estimate or n}", None))]:
-    raise ImportError(f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} "
-                      "(Model._STAGE, or StageDef.estimate naming one)")
+    raise ImportError(
+        f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} "
+        "(Model._STAGE, or StageDef.estimate naming one)"
+    )
 
 
 def _known_rows(n, root: Path) -> Span | None:

@@ -85,11 +85,14 @@ def calibrate(plan, root: Path) -> Pilot:
     Every artifact but the report must be built (ConfigError naming those that are not)."""
     name = plan.recipe.name
     records = {n.id: _record(root / n.dir) for n in plan.nodes}
-    missing = [f"{n.label} ({n.dir / PROVENANCE})" for n in plan.nodes
-               if records[n.id] is None and n is not plan.nodes[-1]]  # the last: its report
+    missing = [
+        f"{n.label} ({n.dir / PROVENANCE})" for n in plan.nodes if records[n.id] is None and n is not plan.nodes[-1]
+    ]  # the last: its report
     if missing:
-        raise ConfigError(f"--from {name} ({plan.recipe.path}): the pilot is not built; missing in {root}: "
-                          f"{', '.join(dict.fromkeys(missing))}. Build it first (`otbuild build {name}`)")
+        raise ConfigError(
+            f"--from {name} ({plan.recipe.path}): the pilot is not built; missing in {root}: "
+            f"{', '.join(dict.fromkeys(missing))}. Build it first (`otbuild build {name}`)"
+        )
     pilot = Pilot(name, root)
     seen = set()
     for n in plan.nodes:
@@ -153,11 +156,17 @@ class _Measure:
     def task_filter(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
         out = {}
         total = stats.get("kept", 0) + stats.get("rejected", 0)
-        capped = sum(v for k, v in (stats.get("rejected_by_reason") or {}).items()
-                     if k in ("not_sampled", "below_top_k"))
+        capped = sum(
+            v for k, v in (stats.get("rejected_by_reason") or {}).items() if k in ("not_sampled", "below_top_k")
+        )
         if total:
-            out["keep_rate"] = Measured("keep_rate", "kept / in (before sample)", f"{source} ({total} tasks)",
-                                        span=rate_span(stats["kept"] + capped, total), n=total)
+            out["keep_rate"] = Measured(
+                "keep_rate",
+                "kept / in (before sample)",
+                f"{source} ({total} tasks)",
+                span=rate_span(stats["kept"] + capped, total),
+                n=total,
+            )
         return out
 
     @staticmethod
@@ -168,8 +177,9 @@ class _Measure:
         total = stats.get("kept", 0) + stats.get("rejected", 0) - reasons.get("duplicate", 0)
         if total > 0:
             kept = stats.get("kept", 0) + reasons.get("not_sampled", 0)
-            out["keep_rate"] = Measured("keep_rate", "kept / distinct in", f"{source} ({total} traces)",
-                                        span=rate_span(kept, total), n=total)
+            out["keep_rate"] = Measured(
+                "keep_rate", "kept / distinct in", f"{source} ({total} traces)", span=rate_span(kept, total), n=total
+            )
         return out
 
 
@@ -180,33 +190,50 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
     path = root / n.main_output.parent / "traces.parquet"
     if not path.exists():
         return {}
-    rows = duck.connect().execute(
-        f"SELECT n_turns + CASE WHEN {FAILED_REQUEST} THEN 1 ELSE 0 END, coalesce(n_input_tokens, 0), "
-        f"coalesce(n_output_tokens, 0), coalesce(duration_s, 0), "
-        "coalesce(try_cast(json_extract_string(metadata, '$.verifier_s') AS DOUBLE), 0) "
-        f"FROM read_parquet({duck.sql_literal(path)}) "
-        "WHERE NOT coalesce(is_subagent, false)").fetchall()
+    rows = (
+        duck.connect()
+        .execute(
+            f"SELECT n_turns + CASE WHEN {FAILED_REQUEST} THEN 1 ELSE 0 END, coalesce(n_input_tokens, 0), "
+            f"coalesce(n_output_tokens, 0), coalesce(duration_s, 0), "
+            "coalesce(try_cast(json_extract_string(metadata, '$.verifier_s') AS DOUBLE), 0) "
+            f"FROM read_parquet({duck.sql_literal(path)}) "
+            "WHERE NOT coalesce(is_subagent, false)"
+        )
+        .fetchall()
+    )
     if not rows:
         return {}
     k = len(rows)
     src = f"{source} ({k} trials)"
     reqs = [max(r[0], 1) for r in rows]
-    out = {"turns_per_trial": Measured("turns_per_trial", "turns", src, values=[float(r[0]) for r in rows], n=k),
-           "input_tokens_per_request": Measured("input_tokens_per_request", "tokens", src,
-                                                values=[r[1] / q for r, q in zip(rows, reqs)], n=k),
-           "output_tokens_per_request": Measured("output_tokens_per_request", "tokens", src,
-                                                 values=[r[2] / q for r, q in zip(rows, reqs)], n=k),
-           "seconds_per_trial": Measured("seconds_per_trial", "s per concurrent slot", src,
-                                         values=[float(r[3]) for r in rows], n=k)}
+    out = {
+        "turns_per_trial": Measured("turns_per_trial", "turns", src, values=[float(r[0]) for r in rows], n=k),
+        "input_tokens_per_request": Measured(
+            "input_tokens_per_request", "tokens", src, values=[r[1] / q for r, q in zip(rows, reqs)], n=k
+        ),
+        "output_tokens_per_request": Measured(
+            "output_tokens_per_request", "tokens", src, values=[r[2] / q for r, q in zip(rows, reqs)], n=k
+        ),
+        "seconds_per_trial": Measured(
+            "seconds_per_trial", "s per concurrent slot", src, values=[float(r[3]) for r in rows], n=k
+        ),
+    }
     if any(r[4] for r in rows):  # the verifier ran: its share, and a trial without it (teacher.verify: false)
-        out["verifier_s_per_trial"] = Measured("verifier_s_per_trial", "s per trial", src,
-                                               values=[float(r[4]) for r in rows], n=k)
-        out["unverified_seconds_per_trial"] = Measured("unverified_seconds_per_trial", "s per concurrent slot", src,
-                                                       values=[max(float(r[3] - r[4]), 0.0) for r in rows], n=k)
+        out["verifier_s_per_trial"] = Measured(
+            "verifier_s_per_trial", "s per trial", src, values=[float(r[4]) for r in rows], n=k
+        )
+        out["unverified_seconds_per_trial"] = Measured(
+            "unverified_seconds_per_trial",
+            "s per concurrent slot",
+            src,
+            values=[max(float(r[3] - r[4]), 0.0) for r in rows],
+            n=k,
+        )
     if work:  # what a shard job spends besides its trials: start-up, a server's load, writing
         busy = sum(r[3] for r in rows) / concurrency(n.config) / len(work)
-        out["overhead_s"] = Measured("overhead_s", "s per job", f"{source} ({len(work)} job(s))",
-                                     values=[max(s - busy, 0.0) for s in work])
+        out["overhead_s"] = Measured(
+            "overhead_s", "s per job", f"{source} ({len(work)} job(s))", values=[max(s - busy, 0.0) for s in work]
+        )
     return out
 
 
@@ -218,14 +245,19 @@ def _requests(n, stats: dict, source: str, work: list[float]) -> dict[str, Measu
         return {}
     q = usage["requests"]
     src = f"{source} ({q} requests)"
-    out = {"input_tokens_per_request": Measured("input_tokens_per_request", "tokens", src,
-                                                span=Span.of(usage["input_tokens"] / q), n=q),
-           "output_tokens_per_request": Measured("output_tokens_per_request", "tokens", src,
-                                                 span=Span.of(usage["output_tokens"] / q), n=q)}
+    out = {
+        "input_tokens_per_request": Measured(
+            "input_tokens_per_request", "tokens", src, span=Span.of(usage["input_tokens"] / q), n=q
+        ),
+        "output_tokens_per_request": Measured(
+            "output_tokens_per_request", "tokens", src, span=Span.of(usage["output_tokens"] / q), n=q
+        ),
+    }
     if work:
         per = sum(work) * concurrency(n.config) / q
-        out["seconds_per_request"] = Measured("seconds_per_request", "s per concurrent slot", src,
-                                              span=Span(per, per * 0.5, per * 1.5), n=q)
+        out["seconds_per_request"] = Measured(
+            "seconds_per_request", "s per concurrent slot", src, span=Span(per, per * 0.5, per * 1.5), n=q
+        )
     return out
 
 
@@ -235,8 +267,13 @@ def _sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float
     out = {}
     if data.get("traces") and data.get("tokens"):
         per = data["tokens"] / data["traces"]
-        out["tokens_per_trace"] = Measured("tokens_per_trace", "tokens", f"{source} ({data['traces']} traces)",
-                                           span=Span(per, per * 0.9, per * 1.1), n=data["traces"])
+        out["tokens_per_trace"] = Measured(
+            "tokens_per_trace",
+            "tokens",
+            f"{source} ({data['traces']} traces)",
+            span=Span(per, per * 0.9, per * 1.1),
+            n=data["traces"],
+        )
     seen, secs = stats.get("tokens_seen"), stats.get("train_seconds")
     if seen and secs:
         jobs = [j for p in benchmark_files(n.stage, n.id, root) for j in read_benchmark(p)]
@@ -245,14 +282,27 @@ def _sft(n, record: dict, stats: dict, root: Path, source: str, work: list[float
         steps = _step_rates(root / n.dir / "train_log.jsonl")
         spread = mean_span(steps) if len(steps) > 1 else Span(per, per * 0.8, per * 1.25)
         scale = per / spread.estimate if spread.estimate else 1.0
-        params = model_params_b(n.settings.get("model")) if n.settings.get("model", {}).get("kind") == "pretrained" \
-            and any(j["gpus"] for j in jobs) else None  # on GPUs: scalable to another model's size
+        params = (
+            model_params_b(n.settings.get("model"))
+            if n.settings.get("model", {}).get("kind") == "pretrained" and any(j["gpus"] for j in jobs)
+            else None
+        )  # on GPUs: scalable to another model's size
         out["gpu_seconds_per_token"] = Measured(
-            "gpu_seconds_per_token", "device-s per token", f"{source} ({seen:,} tokens on {devices} device(s))",
-            span=Span(per, spread.low * scale, spread.high * scale), n=len(steps), per=params[0] if params else None)
+            "gpu_seconds_per_token",
+            "device-s per token",
+            f"{source} ({seen:,} tokens on {devices} device(s))",
+            span=Span(per, spread.low * scale, spread.high * scale),
+            n=len(steps),
+            per=params[0] if params else None,
+        )
         if work:  # start-up, the tokenizer, tokenization, saving: partly growing with the data
-            out["overhead_s"] = Measured("overhead_s", "s per job", f"{source} (job less training)",
-                                         values=[max(s - secs, 0.0) for s in work], per=data.get("tokens"))
+            out["overhead_s"] = Measured(
+                "overhead_s",
+                "s per job",
+                f"{source} (job less training)",
+                values=[max(s - secs, 0.0) for s in work],
+                per=data.get("tokens"),
+            )
     return out
 
 
@@ -281,12 +331,15 @@ def _rl(n, stats: dict, source: str, work: list[float]) -> dict[str, Measured]:
     if usage and usage.get("requests"):
         q = usage["requests"]
         out["turns_per_trial"] = Measured("turns_per_trial", "turns", src, span=Span.of(q / trials), n=trials)
-        out["input_tokens_per_request"] = Measured("input_tokens_per_request", "tokens", src,
-                                                   span=Span.of(usage["input_tokens"] / q), n=trials)
-        out["output_tokens_per_request"] = Measured("output_tokens_per_request", "tokens", src,
-                                                    span=Span.of(usage["output_tokens"] / q), n=trials)
+        out["input_tokens_per_request"] = Measured(
+            "input_tokens_per_request", "tokens", src, span=Span.of(usage["input_tokens"] / q), n=trials
+        )
+        out["output_tokens_per_request"] = Measured(
+            "output_tokens_per_request", "tokens", src, span=Span.of(usage["output_tokens"] / q), n=trials
+        )
     if work:
         per = sum(work) / trials
-        out["seconds_per_trial"] = Measured("seconds_per_trial", "s per trial (job)", src,
-                                            span=Span(per, per * 0.8, per * 1.25), n=trials)
+        out["seconds_per_trial"] = Measured(
+            "seconds_per_trial", "s per trial (job)", src, span=Span(per, per * 0.8, per * 1.25), n=trials
+        )
     return out

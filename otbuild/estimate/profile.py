@@ -40,8 +40,14 @@ class Profile:
         res = rule_resources(self.path, rule) if self.path else {}
         plain = {k: v for k, (v, _) in res.items()}
         runtime = res.get("runtime")
-        return Grant(rule, gpus(plain), float(runtime[0]) * 60 if runtime else None,
-                     runtime[1] if runtime else "", 1 + self.retries, int(plain.get("nodes") or 1))
+        return Grant(
+            rule,
+            gpus(plain),
+            float(runtime[0]) * 60 if runtime else None,
+            runtime[1] if runtime else "",
+            1 + self.retries,
+            int(plain.get("nodes") or 1),
+        )
 
 
 def find_profile(name: str | None, root: Path) -> Profile:
@@ -58,5 +64,6 @@ def find_profile(name: str | None, root: Path) -> Profile:
         raise ConfigError(f"--profile {name}: no profiles/{name}/config.yaml or {name}/config.yaml")
     cfg = {**profile_config(where), **base}  # the workflow profile's keys win
     parallel = cfg.get("jobs") or (os.cpu_count() or 1)
-    return Profile(name, where, int(parallel) if str(parallel).isdigit() else os.cpu_count() or 1,
-                   int(cfg.get("retries", 0) or 0))
+    return Profile(
+        name, where, int(parallel) if str(parallel).isdigit() else os.cpu_count() or 1, int(cfg.get("retries", 0) or 0)
+    )

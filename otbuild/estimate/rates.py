@@ -17,8 +17,9 @@ from otbuild.stages import STAGES
 # scales with the model's parameters (6N FLOPs per token) and the tokens trained on.
 PAPER_SFT_GPU_HOURS, PAPER_SFT_TRACES, PAPER_SFT_EPOCHS, PAPER_SFT_PARAMS_B = 160.0, 10_000, 7, 8.0
 TOKENS_PER_TRACE = 16_000  # assumed length of a paper trace (32K context, cut at cutoff_len)
-SFT_GPU_S_PER_TOKEN_PER_B = PAPER_SFT_GPU_HOURS * 3600 / (
-    PAPER_SFT_TRACES * PAPER_SFT_EPOCHS * TOKENS_PER_TRACE * PAPER_SFT_PARAMS_B)
+SFT_GPU_S_PER_TOKEN_PER_B = (
+    PAPER_SFT_GPU_HOURS * 3600 / (PAPER_SFT_TRACES * PAPER_SFT_EPOCHS * TOKENS_PER_TRACE * PAPER_SFT_PARAMS_B)
+)
 
 
 @dataclass(frozen=True)
@@ -37,29 +38,38 @@ _TRIAL = "no figure in the paper: long terminal sessions of a large model"
 # eval and rl; "requests" augment and task_score.
 DEFAULTS: dict[tuple[str, str], Default] = {
     ("trials", "turns_per_trial"): _d(30, 10, 60, "turns", _TRIAL + "; capped at max_episodes"),
-    ("trials", "input_tokens_per_request"): _d(12_000, 4_000, 32_000, "tokens",
-                                               "the conversation so far: half a 32K context on average"),
-    ("trials", "output_tokens_per_request"): _d(1_500, 500, 4_000, "tokens",
-                                                "reasoning and a JSON answer; capped at max_tokens"),
-    ("trials", "seconds_per_trial"): _d(600, 200, 1_800, "s per concurrent slot",
-                                        _TRIAL + "; 30 turns of ~20 s (generation and commands)"),
+    ("trials", "input_tokens_per_request"): _d(
+        12_000, 4_000, 32_000, "tokens", "the conversation so far: half a 32K context on average"
+    ),
+    ("trials", "output_tokens_per_request"): _d(
+        1_500, 500, 4_000, "tokens", "reasoning and a JSON answer; capped at max_tokens"
+    ),
+    ("trials", "seconds_per_trial"): _d(
+        600, 200, 1_800, "s per concurrent slot", _TRIAL + "; 30 turns of ~20 s (generation and commands)"
+    ),
     ("requests", "input_tokens_per_request"): _d(800, 300, 2_000, "tokens", "a task instruction and a prompt"),
-    ("requests", "output_tokens_per_request"): _d(1_000, 300, 4_000, "tokens",
-                                                  "capped at max_tokens (a reasoning model uses more)"),
+    ("requests", "output_tokens_per_request"): _d(
+        1_000, 300, 4_000, "tokens", "capped at max_tokens (a reasoning model uses more)"
+    ),
     ("requests", "seconds_per_request"): _d(20, 5, 60, "s per concurrent slot", "a short answer of a served model"),
-    ("sft", "tokens_per_trace"): _d(TOKENS_PER_TRACE, 6_000, 32_768, "tokens",
-                                    "a long agentic trace; capped at cutoff_len"),
-    ("sft", "gpu_seconds_per_token"): _d(SFT_GPU_S_PER_TOKEN_PER_B, SFT_GPU_S_PER_TOKEN_PER_B * 0.75,
-                                         SFT_GPU_S_PER_TOKEN_PER_B * 2.0, "GPU-s per token per B params",
-                                         "the paper: ~160 GPU-hours per 10K-trace 8B SFT (7 epochs) on GH200, at "
-                                         f"{TOKENS_PER_TRACE:,} tokens per trace; x0.75-2 for other GPUs (A100: ~2x)"),
+    ("sft", "tokens_per_trace"): _d(
+        TOKENS_PER_TRACE, 6_000, 32_768, "tokens", "a long agentic trace; capped at cutoff_len"
+    ),
+    ("sft", "gpu_seconds_per_token"): _d(
+        SFT_GPU_S_PER_TOKEN_PER_B,
+        SFT_GPU_S_PER_TOKEN_PER_B * 0.75,
+        SFT_GPU_S_PER_TOKEN_PER_B * 2.0,
+        "GPU-s per token per B params",
+        "the paper: ~160 GPU-hours per 10K-trace 8B SFT (7 epochs) on GH200, at "
+        f"{TOKENS_PER_TRACE:,} tokens per trace; x0.75-2 for other GPUs (A100: ~2x)",
+    ),
     ("rl", "seconds_per_trial"): _d(300, 100, 900, "GPU-s per trial", "rollout and update of one sample"),
     ("trace_filter", "keep_rate"): _d(0.7, 0.4, 1.0, "kept / in", "min_turns drops short traces"),
-    ("task_filter", "keep_rate"): _d(1.0, 0.9, 1.0, "kept / in (before sample)",
-                                     "dedup and bounds drop few tasks"),
+    ("task_filter", "keep_rate"): _d(1.0, 0.9, 1.0, "kept / in (before sample)", "dedup and bounds drop few tasks"),
     ("source", "tasks"): _d(1_000, 500, 2_000, "tasks", "the data is not there to count"),
-    ("benchmark", "tasks"): _d(100, 89, 100, "tasks",
-                               "the data is not there to count; the paper's benchmarks hold 89-100 tasks"),
+    ("benchmark", "tasks"): _d(
+        100, 89, 100, "tasks", "the data is not there to count; the paper's benchmarks hold 89-100 tasks"
+    ),
     ("job", "overhead_s"): _d(30, 10, 120, "s per job", "start-up and writing outputs"),
     ("job", "merge_s"): _d(30, 10, 120, "s per merge job", "reading the shards and writing one table"),
     ("server", "overhead_s"): _d(900, 300, 1_800, "s per job", "loading a large model into vLLM"),
@@ -79,8 +89,14 @@ class Rate:
     n: int | None = None  # the pilot's sample size behind it
 
     def json(self) -> dict:
-        return {"rate": self.name, **self.value.json(), "unit": self.unit, "source": self.source,
-                "assumed": self.assumed, **({"n": self.n} if self.n is not None else {})}
+        return {
+            "rate": self.name,
+            **self.value.json(),
+            "unit": self.unit,
+            "source": self.source,
+            "assumed": self.assumed,
+            **({"n": self.n} if self.n is not None else {}),
+        }
 
 
 def default(stage: str, name: str) -> Rate:
@@ -126,6 +142,8 @@ def _spec_key(spec: dict | None) -> str:
     if spec.get("kind") == "pretrained":
         return str(spec.get("path")).rstrip("/").rsplit("/", 2)[-1] if "/" in str(spec.get("path")) else spec["path"]
     if spec.get("kind") == "tiny":
-        return (f"tiny(hidden {spec.get('hidden_size')}, layers {spec.get('num_hidden_layers')}, "
-                f"vocab {spec.get('vocab_size')}, seed {spec.get('seed')}, {spec.get('tokenizer')})")
+        return (
+            f"tiny(hidden {spec.get('hidden_size')}, layers {spec.get('num_hidden_layers')}, "
+            f"vocab {spec.get('vocab_size')}, seed {spec.get('seed')}, {spec.get('tokenizer')})"
+        )
     return ",".join(f"{k}={spec[k]}" for k in sorted(spec) if k != "chat_template")

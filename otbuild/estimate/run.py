@@ -36,32 +36,64 @@ class Estimate:
             return v.json() if isinstance(v, Span) else None
 
         return {
-            "recipe": self.recipe, "made_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "profile": {"name": self.profile.name, "parallel_jobs": self.profile.parallel,
-                        "attempts": 1 + self.profile.retries},
+            "recipe": self.recipe,
+            "made_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "profile": {
+                "name": self.profile.name,
+                "parallel_jobs": self.profile.parallel,
+                "attempts": 1 + self.profile.retries,
+            },
             "pilots": [p.name for p in self.pilots],
-            "stages": {s.label: {
-                "stage": s.stage, "id": s.id, "built": s.built,
-                "counts": {k: v.json() for k, v in s.counts.items()},
-                "requests": s.requests.json(), "input_tokens": s.input_tokens.json(),
-                "output_tokens": s.output_tokens.json(), "cost": span(s.cost), "model": s.model,
-                "gpu_hours": s.gpu_hours.json(), "job_seconds": s.job_seconds.json(), "wall_seconds": s.wall_s.json(),
-                "jobs": [{"rule": j.rule, "count": j.count, "seconds": j.seconds.json(), "gpus": j.grant.gpus,
-                          "runtime_s": j.grant.runtime_s, "attempts": j.grant.attempts} for j in s.jobs],
-                "rates": [r.json() for r in s.rates], "notes": s.notes} for s in self.stages},
+            "stages": {
+                s.label: {
+                    "stage": s.stage,
+                    "id": s.id,
+                    "built": s.built,
+                    "counts": {k: v.json() for k, v in s.counts.items()},
+                    "requests": s.requests.json(),
+                    "input_tokens": s.input_tokens.json(),
+                    "output_tokens": s.output_tokens.json(),
+                    "cost": span(s.cost),
+                    "model": s.model,
+                    "gpu_hours": s.gpu_hours.json(),
+                    "job_seconds": s.job_seconds.json(),
+                    "wall_seconds": s.wall_s.json(),
+                    "jobs": [
+                        {
+                            "rule": j.rule,
+                            "count": j.count,
+                            "seconds": j.seconds.json(),
+                            "gpus": j.grant.gpus,
+                            "runtime_s": j.grant.runtime_s,
+                            "attempts": j.grant.attempts,
+                        }
+                        for j in s.jobs
+                    ],
+                    "rates": [r.json() for r in s.rates],
+                    "notes": s.notes,
+                }
+                for s in self.stages
+            },
             "total": {k: span(v) for k, v in self.total.items()},
             **({"worst": {k: span(v) for k, v in self.worst.items()}} if self.worst else {}),
-            "assumptions": self.sensitivity, "warnings": self.warnings, "profile_flags": self.flags,
+            "assumptions": self.sensitivity,
+            "warnings": self.warnings,
+            "profile_flags": self.flags,
         }
 
 
 def totals(model: Model) -> dict[str, Span | None]:
     st = model.stages
     costs = [s.cost for s in st if s.cost is not None]
-    return {"requests": sum((s.requests for s in st), ZERO), "input_tokens": sum((s.input_tokens for s in st), ZERO),
-            "output_tokens": sum((s.output_tokens for s in st), ZERO),
-            "cost": sum(costs, ZERO) if costs else None, "gpu_hours": sum((s.gpu_hours for s in st), ZERO),
-            "job_seconds": sum((s.job_seconds for s in st), ZERO), "wall_s": model.critical_path()}
+    return {
+        "requests": sum((s.requests for s in st), ZERO),
+        "input_tokens": sum((s.input_tokens for s in st), ZERO),
+        "output_tokens": sum((s.output_tokens for s in st), ZERO),
+        "cost": sum(costs, ZERO) if costs else None,
+        "gpu_hours": sum((s.gpu_hours for s in st), ZERO),
+        "job_seconds": sum((s.job_seconds for s in st), ZERO),
+        "wall_s": model.critical_path(),
+    }
 
 
 def estimate(plan, pilots: list[Pilot], profile: Profile, root: Path = Path(".")) -> Estimate:
@@ -74,11 +106,21 @@ def estimate(plan, pilots: list[Pilot], profile: Profile, root: Path = Path(".")
             t = totals(Model(plan, pilots, profile, root, force={(stage, name): side}).run())
             moves[side] = {k: (v.estimate if (v := t[k]) is not None else None) for k in METRICS}
         swing = {k: (moves["high"][k] or 0) - (moves["low"][k] or 0) for k in METRICS}
-        est.sensitivity.append({"stage": stage, **rate.json(), "totals_at_low": moves["low"],
-                                "totals_at_high": moves["high"], "swing": swing})
+        est.sensitivity.append(
+            {
+                "stage": stage,
+                **rate.json(),
+                "totals_at_low": moves["low"],
+                "totals_at_high": moves["high"],
+                "swing": swing,
+            }
+        )
     est.sensitivity.sort(key=lambda a: tuple(-_share(a["swing"][k], total[k]) for k in METRICS))
-    est.warnings = [f"{source}: too few items to say much ({', '.join(dict.fromkeys(names))}): the ranges are wide; "
-                    f"a pilot of at least {SMALL_PILOT} says more" for source, names in base.small.items()]
+    est.warnings = [
+        f"{source}: too few items to say much ({', '.join(dict.fromkeys(names))}): the ranges are wide; "
+        f"a pilot of at least {SMALL_PILOT} says more"
+        for source, names in base.small.items()
+    ]
     est.warnings += _count_warnings(plan, base)
     est.flags = profile_flags(base.stages)
     if plan.search:
@@ -91,8 +133,9 @@ def _worst(plan, pilots: list[Pilot], profile: Profile, root: Path) -> dict[str,
     inputs, its ranking and decision), so nothing is shared between stages."""
     from otbuild.plan import Plan, topological
 
-    parts = [totals(Model(Plan(plan.recipe, topological([s.decide])), pilots, profile, root).run())
-             for s in plan.search]
+    parts = [
+        totals(Model(Plan(plan.recipe, topological([s.decide])), pilots, profile, root).run()) for s in plan.search
+    ]
     out: dict[str, Span | None] = {}
     for k in parts[0]:
         values = [v for p in parts if (v := p[k]) is not None]
@@ -111,13 +154,17 @@ def _count_warnings(plan, model: Model) -> list[str]:
         if STAGES[s.stage].traces and STAGES[s.stage].filter and not s.built and keep is not None:
             kept, cap = s.counts["traces_kept"], plan_sample(plan)
             if cap and kept.estimate < cap:
-                out.append(f"{s.label}: sample.n asks for {cap:,} traces but about {kept.estimate:,.0f} "
-                           f"({kept.low:,.0f}-{kept.high:,.0f}) will be left at a keep rate of "
-                           f"{keep.value.estimate:.2f} ({keep.source}); set task_filter.score.keep_rate to the "
-                           "rate a pilot measures")
+                out.append(
+                    f"{s.label}: sample.n asks for {cap:,} traces but about {kept.estimate:,.0f} "
+                    f"({kept.low:,.0f}-{kept.high:,.0f}) will be left at a keep rate of "
+                    f"{keep.value.estimate:.2f} ({keep.source}); set task_filter.score.keep_rate to the "
+                    "rate a pilot measures"
+                )
             elif keep.assumed:
-                out.append(f"{s.label}: its keep rate is assumed ({keep.value.estimate:.2f}): no pilot measured "
-                           "it with this teacher and these rules; a pilot of this recipe's teacher would")
+                out.append(
+                    f"{s.label}: its keep rate is assumed ({keep.value.estimate:.2f}): no pilot measured "
+                    "it with this teacher and these rules; a pilot of this recipe's teacher would"
+                )
     return out
 
 

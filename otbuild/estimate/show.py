@@ -34,9 +34,11 @@ def _t(v: Span | None) -> str:
 
 
 def show(est: Estimate, out: Console) -> None:
-    table = Table(title=f"estimate: {est.recipe} (profile {est.profile.name}, {est.profile.parallel} jobs at once, "
-                        f"pilots: {', '.join(p.name for p in est.pilots) or 'none'})",
-                  caption="estimate (low–high); built artifacts cost nothing")
+    table = Table(
+        title=f"estimate: {est.recipe} (profile {est.profile.name}, {est.profile.parallel} jobs at once, "
+        f"pilots: {', '.join(p.name for p in est.pilots) or 'none'})",
+        caption="estimate (low–high); built artifacts cost nothing",
+    )
     for col in ("stage", "counts", "requests", "tokens in / out", "cost", "GPU-hours", "wall"):
         table.add_column(col, overflow="fold", justify="left" if col in ("stage", "counts") else "right")
     for s in est.stages:
@@ -45,15 +47,36 @@ def show(est: Estimate, out: Console) -> None:
             table.add_row(escape(s.label), counts, "", "", "", "", "[green]built[/]")
             continue
         tokens = f"{_n(s.input_tokens)}\n{_n(s.output_tokens)}" if s.input_tokens.high or s.output_tokens.high else ""
-        table.add_row(escape(s.label), counts, _n(s.requests) if s.requests.high else "", tokens,
-                      _n(s.cost, money=True), _n(s.gpu_hours) if s.gpu_hours.high else "", _t(s.wall_s))
+        table.add_row(
+            escape(s.label),
+            counts,
+            _n(s.requests) if s.requests.high else "",
+            tokens,
+            _n(s.cost, money=True),
+            _n(s.gpu_hours) if s.gpu_hours.high else "",
+            _t(s.wall_s),
+        )
     t = est.total
-    table.add_row("[bold]total[/]", "", _n(t["requests"]), f"{_n(t['input_tokens'])}\n{_n(t['output_tokens'])}",
-                  _n(t["cost"], money=True), _n(t["gpu_hours"]), _t(t["wall_s"]), style="bold")
+    table.add_row(
+        "[bold]total[/]",
+        "",
+        _n(t["requests"]),
+        f"{_n(t['input_tokens'])}\n{_n(t['output_tokens'])}",
+        _n(t["cost"], money=True),
+        _n(t["gpu_hours"]),
+        _t(t["wall_s"]),
+        style="bold",
+    )
     if worst := est.worst:
-        table.add_row("[bold]worst case[/] (search: no stage's default wins)", "", _n(worst["requests"]),
-                      f"{_n(worst['input_tokens'])}\n{_n(worst['output_tokens'])}", _n(worst["cost"], money=True),
-                      _n(worst["gpu_hours"]), _t(worst["wall_s"]))
+        table.add_row(
+            "[bold]worst case[/] (search: no stage's default wins)",
+            "",
+            _n(worst["requests"]),
+            f"{_n(worst['input_tokens'])}\n{_n(worst['output_tokens'])}",
+            _n(worst["cost"], money=True),
+            _n(worst["gpu_hours"]),
+            _t(worst["wall_s"]),
+        )
     out.print(table)
 
     rates = Table(title="rates used (per stage) and where each came from")
@@ -72,14 +95,19 @@ def show(est: Estimate, out: Console) -> None:
         for a in est.sensitivity[:SHOWN]:
             lo, hi = a["totals_at_low"], a["totals_at_high"]
             cost = "–" if lo["cost"] is None else f"{lo['cost']:,.2f}–{hi['cost']:,.2f}"
-            sens.add_row(f"{a['stage']}.{a['rate']}",
-                         f"{num(a['estimate'])} ({num(a['low'])}–{num(a['high'])}) {a['unit']}",
-                         f"{lo['gpu_hours']:,.1f}–{hi['gpu_hours']:,.1f}", cost,
-                         f"{duration(lo['wall_s'])}–{duration(hi['wall_s'])}", escape(a["source"]))
+            sens.add_row(
+                f"{a['stage']}.{a['rate']}",
+                f"{num(a['estimate'])} ({num(a['low'])}–{num(a['high'])}) {a['unit']}",
+                f"{lo['gpu_hours']:,.1f}–{hi['gpu_hours']:,.1f}",
+                cost,
+                f"{duration(lo['wall_s'])}–{duration(hi['wall_s'])}",
+                escape(a["source"]),
+            )
         out.print(sens)
         if len(est.sensitivity) > SHOWN:
-            out.print(f"[dim]{len(est.sensitivity) - SHOWN} more assumptions move the total less "
-                      "(all of them: --json)[/]")
+            out.print(
+                f"[dim]{len(est.sensitivity) - SHOWN} more assumptions move the total less (all of them: --json)[/]"
+            )
     for s in est.stages:
         for note in dict.fromkeys(s.notes):
             if not note.startswith("built"):
@@ -102,6 +130,8 @@ def headline(est: Estimate) -> str:
         return f(v.estimate) if v.fixed() else f"{f(v.estimate)} ({f(v.low)}-{f(v.high)})"
 
     cost = "no API cost priced" if t["cost"] is None else f"API cost {span(t['cost'], lambda x: f'{x:,.2f}')}"
-    return (f"[bold]{est.recipe}[/]: about {span(t['gpu_hours'], lambda x: f'{x:,.0f}')} GPU-hours, {cost}, "
-            f"{span(t['wall_s'], _days)} of wall time on profile {est.profile.name}; "
-            f"{sum(r.assumed for r in rates)} of {len(rates)} rates assumed")
+    return (
+        f"[bold]{est.recipe}[/]: about {span(t['gpu_hours'], lambda x: f'{x:,.0f}')} GPU-hours, {cost}, "
+        f"{span(t['wall_s'], _days)} of wall time on profile {est.profile.name}; "
+        f"{sum(r.assumed for r in rates)} of {len(rates)} rates assumed"
+    )

@@ -59,9 +59,14 @@ def _run(req):
     env.update(req.get("env") or {})
     try:
         proc = subprocess.Popen(
-            ["/bin/bash", "-c", req["cmd"]], cwd=req.get("cwd") or None, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True)
+            ["/bin/bash", "-c", req["cmd"]],
+            cwd=req.get("cwd") or None,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as e:
         _send({"id": rid, "rc": 127, "stdout": "", "stderr": f"{e}\n", "timed_out": False})
         return
@@ -69,8 +74,10 @@ def _run(req):
         _procs[rid] = proc
     cap = int(req.get("cap") or 10_000_000)
     outs, errs = [], []
-    readers = [threading.Thread(target=_read_capped, args=(proc.stdout, cap, outs), daemon=True),
-               threading.Thread(target=_read_capped, args=(proc.stderr, cap, errs), daemon=True)]
+    readers = [
+        threading.Thread(target=_read_capped, args=(proc.stdout, cap, outs), daemon=True),
+        threading.Thread(target=_read_capped, args=(proc.stderr, cap, errs), daemon=True),
+    ]
     for t in readers:
         t.start()
     timeout = req.get("timeout")
@@ -98,8 +105,15 @@ def _run(req):
             s += f"\n[output truncated at {len(data)} of {total} bytes]\n"
         return s
 
-    _send({"id": rid, "rc": proc.returncode if proc.returncode is not None else -9,
-           "stdout": text(outs), "stderr": text(errs), "timed_out": timed_out})
+    _send(
+        {
+            "id": rid,
+            "rc": proc.returncode if proc.returncode is not None else -9,
+            "stdout": text(outs),
+            "stderr": text(errs),
+            "timed_out": timed_out,
+        }
+    )
 
 
 def main():

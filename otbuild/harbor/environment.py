@@ -75,9 +75,18 @@ class OtbuildEnvironment(BaseEnvironment):
     trial root after stop).
     """
 
-    def __init__(self, *args, backend: str = "bwrap", allow_run: Any = False,
-                 workdir: str | None = None, memory_mb: Any = None, max_processes: Any = None,
-                 wall_seconds: Any = None, keep: Any = False, **kwargs):
+    def __init__(
+        self,
+        *args,
+        backend: str = "bwrap",
+        allow_run: Any = False,
+        workdir: str | None = None,
+        memory_mb: Any = None,
+        max_processes: Any = None,
+        wall_seconds: Any = None,
+        keep: Any = False,
+        **kwargs,
+    ):
         self._backend = str(backend)
         self._allow_run = _as_bool(allow_run)
         self._workdir_opt = workdir
@@ -121,13 +130,15 @@ class OtbuildEnvironment(BaseEnvironment):
             if (env_dir / compose).exists():
                 raise EnvironmentDefinitionError(
                     f"task {name!r}: environment/{compose} needs Docker Compose; the otbuild "
-                    "environment runs a single local sandbox (use -e docker)")
+                    "environment runs a single local sandbox (use -e docker)"
+                )
         dockerfile = env_dir / "Dockerfile"
         if not dockerfile.exists() and self.task_env_config.docker_image and not self._allow_run:
             raise EnvironmentDefinitionError(
                 f"task {name!r} runs in the prebuilt image {self.task_env_config.docker_image!r};"
                 " the otbuild environment has no images (use -e docker, or --ek allow_run=true"
-                " to run it on the host's tools)")
+                " to run it on the host's tools)"
+            )
         if dockerfile.exists():
             problems = local_problems(dockerfile.read_text(errors="replace"))
             skippable = all(p.skippable for p in problems)  # allow_run leaves them out
@@ -136,7 +147,8 @@ class OtbuildEnvironment(BaseEnvironment):
                 raise EnvironmentDefinitionError(
                     f"task {name!r}: a local sandbox cannot run its Dockerfile without building "
                     f"the image: {'; '.join(map(str, problems[:3]))}"
-                    f"{'; ...' if len(problems) > 3 else ''}. Use -e docker{hint if skippable else ''}")
+                    f"{'; ...' if len(problems) > 3 else ''}. Use -e docker{hint if skippable else ''}"
+                )
         try:
             self._task = TaskDir.from_dir(task_dir)
             self._layout = plan(self._task)
@@ -148,9 +160,11 @@ class OtbuildEnvironment(BaseEnvironment):
     def _validate_network_policy_support(self):
         super()._validate_network_policy_support()
         if self.network_policy.network_mode != NetworkMode.NO_NETWORK:
-            self.logger.warning("otbuild environment: task %s asks for network mode %r; the "
-                                "sandbox has no network", self.environment_name,
-                                self.network_policy.network_mode.value)
+            self.logger.warning(
+                "otbuild environment: task %s asks for network mode %r; the sandbox has no network",
+                self.environment_name,
+                self.network_policy.network_mode.value,
+            )
 
     async def start(self, force_build: bool) -> None:
         if self._problem is not None:
@@ -175,20 +189,32 @@ class OtbuildEnvironment(BaseEnvironment):
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(safefs.remove_path, box.root)
 
-    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
-                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
         if self._proc is None or self._proc.returncode is not None:
-            raise RuntimeError(f"otbuild environment {self.environment_name} is not running"
-                               + (f": {self._stderr_tail.decode(errors='replace')[-500:]}"
-                                  if self._stderr_tail else ""))
+            raise RuntimeError(
+                f"otbuild environment {self.environment_name} is not running"
+                + (f": {self._stderr_tail.decode(errors='replace')[-500:]}" if self._stderr_tail else "")
+            )
         assert self._box is not None and self._layout is not None  # running: start() opened the box
         self._agent_ran = True  # until the verifier's tests arrive, a command may be the agent's
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        request = {"id": rid, "cmd": command, "cwd": cwd or self._layout.workdir,
-                   "env": self._merge_env(env) or {}, "timeout": timeout_sec,
-                   "cap": self._box.limits.output_bytes}
+        request = {
+            "id": rid,
+            "cmd": command,
+            "cwd": cwd or self._layout.workdir,
+            "env": self._merge_env(env) or {},
+            "timeout": timeout_sec,
+            "cap": self._box.limits.output_bytes,
+        }
         try:
             self._send(request)
             reply = await fut
@@ -198,8 +224,7 @@ class OtbuildEnvironment(BaseEnvironment):
             raise
         if reply["timed_out"]:
             raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
-        return ExecResult(stdout=reply["stdout"] or None, stderr=reply["stderr"] or None,
-                          return_code=reply["rc"])
+        return ExecResult(stdout=reply["stdout"] or None, stderr=reply["stderr"] or None, return_code=reply["rc"])
 
     async def upload_file(self, source_path: Path | str, target_path: str):
         await self._upload(Path(source_path), target_path)
@@ -224,17 +249,24 @@ class OtbuildEnvironment(BaseEnvironment):
         safefs.clear(box.root, "tests")
         self._stderr_tail = b""
         self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=box.root,
-            limit=1 << 30)
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            cwd=box.root,
+            limit=1 << 30,
+        )
         stdout, stderr = cast(asyncio.StreamReader, self._proc.stdout), cast(asyncio.StreamReader, self._proc.stderr)
         first = await asyncio.wait_for(stdout.readline(), 60)  # both pipes, as started
         if not first.startswith(b'{"ready"'):
             err = await stderr.read()
             await self.stop(delete=True)
-            raise RuntimeError(f"otbuild sandbox did not start for {self.environment_name}: "
-                               f"{(first + err).decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"otbuild sandbox did not start for {self.environment_name}: "
+                f"{(first + err).decode(errors='replace')[-2000:]}"
+            )
         self._reader = asyncio.create_task(self._read_replies())
         asyncio.create_task(self._drain_stderr())
 
@@ -276,18 +308,20 @@ class OtbuildEnvironment(BaseEnvironment):
         def reset() -> None:
             reset_verifier(box.root, box.owner)
             safefs.clear(box.root, "tests")
+
         await asyncio.to_thread(reset)
         await self._start_server()
         self._agent_ran = False
 
     def _open(self) -> None:
-        limits = _limits(self._memory_mb, self._max_processes,
-                         self._wall_seconds)
-        workdir = Path(self._workdir_opt) if self._workdir_opt else \
-            private_dir(Path(tempfile.gettempdir()) / f"otbuild-harbor-{os.geteuid()}")
+        limits = _limits(self._memory_mb, self._max_processes, self._wall_seconds)
+        workdir = (
+            Path(self._workdir_opt)
+            if self._workdir_opt
+            else private_dir(Path(tempfile.gettempdir()) / f"otbuild-harbor-{os.geteuid()}")
+        )
         assert self._task is not None  # _check_definition read it (else start raised its problem)
-        box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits,
-                                       with_solution=True)
+        box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits, with_solution=True)
         safefs.clear(box.root, "solution")  # the oracle uploads it; other agents see nothing
 
     def _send(self, obj: dict, quiet: bool = False) -> None:
@@ -295,8 +329,7 @@ class OtbuildEnvironment(BaseEnvironment):
             self._proc.stdin.write((json.dumps(obj) + "\n").encode())  # type: ignore[union-attr]  # None: below
         except (AttributeError, ConnectionError, RuntimeError):
             if not quiet:
-                raise RuntimeError(f"otbuild environment {self.environment_name}: the sandbox "
-                                   "ended") from None
+                raise RuntimeError(f"otbuild environment {self.environment_name}: the sandbox ended") from None
 
     async def _read_replies(self) -> None:
         try:
@@ -311,9 +344,12 @@ class OtbuildEnvironment(BaseEnvironment):
         finally:
             for fut in self._pending.values():
                 if not fut.done():
-                    fut.set_exception(RuntimeError(
-                        f"otbuild sandbox for {self.environment_name} ended: "
-                        f"{self._stderr_tail.decode(errors='replace')[-500:]}"))
+                    fut.set_exception(
+                        RuntimeError(
+                            f"otbuild sandbox for {self.environment_name} ended: "
+                            f"{self._stderr_tail.decode(errors='replace')[-500:]}"
+                        )
+                    )
 
     async def _drain_stderr(self) -> None:
         proc = self._proc
@@ -343,7 +379,8 @@ class OtbuildEnvironment(BaseEnvironment):
         if not rel or rel.split("/")[0] not in tops:
             raise RuntimeError(
                 f"otbuild environment: cannot place files at {target}: the sandbox's own dirs are "
-                f"/{', /'.join(sorted(tops))} (the rest of / is the host's, read-only)")
+                f"/{', /'.join(sorted(tops))} (the rest of / is the host's, read-only)"
+            )
         if rel.split("/")[0] == "tests" and self._agent_ran:  # the verifier's tests: its phase begins
             await self._fresh_for_verifier()
         root = self._root()
@@ -365,6 +402,9 @@ def _limits(memory_mb, max_processes, wall_seconds) -> Limits:
     default: a ceiling the task's own memory_mb never raises (otbuild.sandbox.task_limits); and
     a wall clock Harbor's timeouts fit under."""
     mem = int(memory_mb) if memory_mb is not None else Limits().memory_mb
-    return Limits(memory_mb=mem, max_processes=int(max_processes or 512),
-                  cpu_seconds=24 * 3600,
-                  wall_seconds=float(wall_seconds) if wall_seconds is not None else 24 * 3600.0)
+    return Limits(
+        memory_mb=mem,
+        max_processes=int(max_processes or 512),
+        cpu_seconds=24 * 3600,
+        wall_seconds=float(wall_seconds) if wall_seconds is not None else 24 * 3600.0,
+    )

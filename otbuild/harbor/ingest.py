@@ -60,8 +60,7 @@ def trial_dirs(job_dir: Path) -> list[Path]:
     return sorted(p for p in job_dir.iterdir() if p.is_dir() and _is_trial_result(p))
 
 
-def read_job(job_dir: Path, *, task_root: Path | None = None,
-             subagents: bool = False) -> Iterator[dict]:
+def read_job(job_dir: Path, *, task_root: Path | None = None, subagents: bool = False) -> Iterator[dict]:
     """Trace rows of every trial in a Harbor job dir (sample_idx: the attempt number per
     task). `subagents` adds one row per subagent trajectory (is_subagent)."""
     job_dir = Path(job_dir)
@@ -77,8 +76,7 @@ def read_job(job_dir: Path, *, task_root: Path | None = None,
                 yield sub
 
 
-def read_trial(trial_dir: Path, *, task_root: Path | None = None,
-               run_id: str | None = None) -> dict:
+def read_trial(trial_dir: Path, *, task_root: Path | None = None, run_id: str | None = None) -> dict:
     """One trace row (TRACE_SCHEMA's keys) from a Harbor trial dir."""
     trial_dir = Path(trial_dir)
     result = _json(trial_dir / "result.json") or {}
@@ -90,8 +88,7 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
     exc = result.get("exception_info") or {}
     exc_type = exc.get("exception_type")
     if not exc_type and (trial_dir / "exception.txt").is_file():
-        exc_type = _exception_from_traceback((trial_dir / "exception.txt").read_text(
-            errors="replace"))
+        exc_type = _exception_from_traceback((trial_dir / "exception.txt").read_text(errors="replace"))
     task = result.get("task_name") or _task_name(config, trial_dir)
     task_path = _task_path(config, trial_dir, task_root)
     instruction = _instruction(task_path)
@@ -123,8 +120,9 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
         "environment": (config.get("environment") or {}).get("import_path")
         or (config.get("environment") or {}).get("type"),
         "trajectories": trajectories,
-        "timings": {k: _duration(result.get(k)) for k in
-                    ("environment_setup", "agent_setup", "agent_execution", "verifier")},
+        "timings": {
+            k: _duration(result.get(k)) for k in ("environment_setup", "agent_setup", "agent_execution", "verifier")
+        },
         "task_path": str(task_path) if task_path else None,
     }
     verifier = [_duration(r.get("verifier")) for r in result.get("step_results") or [result]]
@@ -147,7 +145,8 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None,
         "result": exc_type or ("" if reward is None else reward_text(reward)),
         "task_id": task,
         "source": "harbor",
-        "teacher": f"{agent_info.get('name') or agent_cfg.get('name')}:{model}" if model
+        "teacher": f"{agent_info.get('name') or agent_cfg.get('name')}:{model}"
+        if model
         else agent_info.get("name") or agent_cfg.get("name"),
         "sample_idx": 0,
         "n_turns": count_turns(conversations),
@@ -175,16 +174,19 @@ def job_scores(job_dir: Path) -> list[dict]:
         task = result.get("task_name") or _task_name(config, trial)
         counts[task] = rep = counts.get(task, -1) + 1
         exc = (result.get("exception_info") or {}).get("exception_type")
-        out.append({
-            "model": model_info.get("name") or (config.get("agent") or {}).get("model_name")
-            or (result.get("agent_info") or {}).get("name"),
-            "benchmark": result.get("source") or (config.get("task") or {}).get("source"),
-            "repeat": rep,
-            "task": task,
-            "reward": _reward((result.get("verifier_result") or {}).get("rewards"), trial),
-            "exception": exc,
-            "duration": _seconds(result.get("started_at"), result.get("finished_at")),
-        })
+        out.append(
+            {
+                "model": model_info.get("name")
+                or (config.get("agent") or {}).get("model_name")
+                or (result.get("agent_info") or {}).get("name"),
+                "benchmark": result.get("source") or (config.get("task") or {}).get("source"),
+                "repeat": rep,
+                "task": task,
+                "reward": _reward((result.get("verifier_result") or {}).get("rewards"), trial),
+                "exception": exc,
+                "duration": _seconds(result.get("started_at"), result.get("finished_at")),
+            }
+        )
     return out
 
 
@@ -208,13 +210,17 @@ def _conversation(agent: Path) -> tuple[list[dict], int, list[str]]:
         used.append(path.name)
         steps = data.get("steps") or []
         messages, _ = _atif_messages(steps)
-        episodes += sum(1 for st in steps if isinstance(st, dict) and st.get("source") == "agent"
-                        and not st.get("is_copied_context"))
+        episodes += sum(
+            1
+            for st in steps
+            if isinstance(st, dict) and st.get("source") == "agent" and not st.get("is_copied_context")
+        )
     return messages, episodes, used
 
 
-def _trial_conversation(agent: Path, result: dict, task_path: Path | None, step: dict | None = None
-                        ) -> tuple[list[dict], int, list[str]]:
+def _trial_conversation(
+    agent: Path, result: dict, task_path: Path | None, step: dict | None = None
+) -> tuple[list[dict], int, list[str]]:
     """The conversation of a trial's agent dir (`agent/`, or a step's `steps/NAME/agent/`, `step`
     its step result): its trajectory; the oracle's (which has none) is the solution it ran."""
     conversation, episodes, used = _conversation(agent)
@@ -226,8 +232,9 @@ def _trial_conversation(agent: Path, result: dict, task_path: Path | None, step:
     return conversation, episodes, used
 
 
-def _step_conversations(trial_dir: Path, result: dict, task_path: Path | None
-                        ) -> tuple[list[dict], int, list[str], list[dict]]:
+def _step_conversations(
+    trial_dir: Path, result: dict, task_path: Path | None
+) -> tuple[list[dict], int, list[str], list[dict]]:
     """A multi-step trial's conversation (each step's, from `steps/NAME/agent/`, in the order
     run), its episodes and trajectory files, and the trace metadata's `steps`: per step its
     name, reward, the verifier's rewards, turns, where its conversation starts and its error."""
@@ -238,9 +245,16 @@ def _step_conversations(trial_dir: Path, result: dict, task_path: Path | None
         messages, n, files = _trial_conversation(trial_dir / "steps" / name / "agent", result, task_path, sr)
         ensure_task_text(messages, _read(task_path / "steps" / name / "instruction.md") if task_path else None)
         rewards = (sr.get("verifier_result") or {}).get("rewards")
-        steps.append({"name": name, "reward": _reward(rewards, trial_dir / "-") if rewards else None,
-                      "rewards": rewards, "n_turns": count_turns(messages), "first_message": len(conversation),
-                      "exception_type": (sr.get("exception_info") or {}).get("exception_type")})
+        steps.append(
+            {
+                "name": name,
+                "reward": _reward(rewards, trial_dir / "-") if rewards else None,
+                "rewards": rewards,
+                "n_turns": count_turns(messages),
+                "first_message": len(conversation),
+                "exception_type": (sr.get("exception_info") or {}).get("exception_type"),
+            }
+        )
         conversation += messages
         episodes += n
         used += [f"steps/{name}/agent/{f}" for f in files]
@@ -252,8 +266,11 @@ def _main_trajectories(agent: Path) -> list[Path]:
     main = agent / "trajectory.json"
     if not main.is_file():
         return []
-    conts = [(int(n), p) for p in agent.glob("trajectory.cont-*.json")
-             if (n := p.name[len("trajectory.cont-"):-len(".json")]).isdigit()]
+    conts = [
+        (int(n), p)
+        for p in agent.glob("trajectory.cont-*.json")
+        if (n := p.name[len("trajectory.cont-") : -len(".json")]).isdigit()
+    ]
     return [main] + [p for _, p in sorted(conts)]
 
 
@@ -271,14 +288,18 @@ def _atif_messages(steps: list) -> tuple[list[dict], int]:
             # raw content (what otbuild's jobs record): the message is the model's answer; a
             # trajectory Harbor rewrote has its commands as tool calls, kept as its export has them
             parts = [_text(step.get("message"))] if step.get("message") else []
-            parts += ["<tool_call>\n" + json.dumps(
-                {"name": call.get("function_name"), "arguments": call.get("arguments", {})},
-                ensure_ascii=False) + "\n</tool_call>" for call in step.get("tool_calls") or []]
+            parts += [
+                "<tool_call>\n"
+                + json.dumps(
+                    {"name": call.get("function_name"), "arguments": call.get("arguments", {})}, ensure_ascii=False
+                )
+                + "\n</tool_call>"
+                for call in step.get("tool_calls") or []
+            ]
             content = assistant_turn("\n".join(parts), step.get("reasoning_content"))
             out.append({"role": "assistant", "content": content})
             results = ((step.get("observation") or {}).get("results")) or []
-            texts = [_text(r.get("content")) for r in results if isinstance(r, dict)
-                     and r.get("content") is not None]
+            texts = [_text(r.get("content")) for r in results if isinstance(r, dict) and r.get("content") is not None]
             if texts:
                 out.append({"role": "user", "content": "\n".join(texts)})
     while out and out[-1]["role"] != "assistant" and n_agent:
@@ -289,8 +310,15 @@ def _atif_messages(steps: list) -> tuple[list[dict], int]:
 def _oracle_conversation(solutions: list[Path]) -> list[dict]:
     """The oracle has no model: its one turn is the reference solution it ran (the first of
     `solutions`, solution dirs, that has a solve script)."""
-    script = next((f.read_text(errors="replace") for d in solutions
-                   for name in ("solve.sh", "solve.ps1", "solve.bat", "solve.cmd") if (f := d / name).is_file()), None)
+    script = next(
+        (
+            f.read_text(errors="replace")
+            for d in solutions
+            for name in ("solve.sh", "solve.ps1", "solve.bat", "solve.cmd")
+            if (f := d / name).is_file()
+        ),
+        None,
+    )
     content = f"```bash\n{script.rstrip()}\n```" if script else "[oracle: solution/solve.sh]"
     return [{"role": "user", "content": ""}, {"role": "assistant", "content": content}]
 
@@ -307,12 +335,15 @@ def _subagent_rows(trial_dir: Path, parent: dict) -> Iterator[dict]:
         if not msgs:
             continue
         row = dict(parent)
-        row.update(conversations=msgs, n_turns=count_turns(msgs), is_subagent=True,
-                   episode=f"episode-{max(n - 1, 0)}",
-                   trial_name=f"{parent['trial_name']}/{path.stem}",
-                   n_input_tokens=(data.get("final_metrics") or {}).get("total_prompt_tokens"),
-                   n_output_tokens=(data.get("final_metrics") or {}).get(
-                       "total_completion_tokens"))
+        row.update(
+            conversations=msgs,
+            n_turns=count_turns(msgs),
+            is_subagent=True,
+            episode=f"episode-{max(n - 1, 0)}",
+            trial_name=f"{parent['trial_name']}/{path.stem}",
+            n_input_tokens=(data.get("final_metrics") or {}).get("total_prompt_tokens"),
+            n_output_tokens=(data.get("final_metrics") or {}).get("total_completion_tokens"),
+        )
         yield row
 
 
@@ -332,7 +363,7 @@ def _task_path(config: dict, trial_dir: Path, task_root: Path | None) -> Path | 
         candidates.append(Path(task_root) / p.name)
     if not p.is_absolute():
         candidates += [Path.cwd() / p]
-        jobs_dir = (config.get("trials_dir"))
+        jobs_dir = config.get("trials_dir")
         # trials_dir is relative to where harbor ran, as is the task path
         if jobs_dir and not Path(jobs_dir).is_absolute():
             depth = len(Path(jobs_dir).parts)
@@ -391,11 +422,8 @@ def _text(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # multimodal parts: keep the text ones
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict)
-                         and p.get("type", "text") == "text")
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
     return json.dumps(content, ensure_ascii=False)
-
-
 
 
 def _parse_time(s: str | None) -> datetime | None:

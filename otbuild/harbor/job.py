@@ -38,17 +38,32 @@ def harbor_bin(path: str | Path | None = None) -> Path:
     if not (p.is_file() and os.access(p, os.X_OK)):
         raise HarborNotInstalled(
             f"Harbor is not installed at {p}: run scripts/harbor-env.sh (or `make harbor-env`) "
-            "to create .venv-harbor/ with Python 3.12 and harbor, or set OTBUILD_HARBOR")
+            "to create .venv-harbor/ with Python 3.12 and harbor, or set OTBUILD_HARBOR"
+        )
     return p
 
 
-def job_config(tasks_dir: Path, jobs_dir: Path, job_name: str, *, agent: str = "oracle",
-               model: str | None = None, base_url: str | None = None,
-               environment: str = OTBUILD_ENV, n_attempts: int = 1, n_concurrent: int = 4,
-               agent_kwargs: dict | None = None, environment_kwargs: dict | None = None,
-               timeout_multiplier: float = 1.0, agent_timeout_sec: float | None = None,
-               max_timeout_sec: float | None = None, task_names: list[str] | None = None,
-               max_retries: int = 0, api_key_env: str | None = None, verify: bool = True) -> dict:
+def job_config(
+    tasks_dir: Path,
+    jobs_dir: Path,
+    job_name: str,
+    *,
+    agent: str = "oracle",
+    model: str | None = None,
+    base_url: str | None = None,
+    environment: str = OTBUILD_ENV,
+    n_attempts: int = 1,
+    n_concurrent: int = 4,
+    agent_kwargs: dict | None = None,
+    environment_kwargs: dict | None = None,
+    timeout_multiplier: float = 1.0,
+    agent_timeout_sec: float | None = None,
+    max_timeout_sec: float | None = None,
+    task_names: list[str] | None = None,
+    max_retries: int = 0,
+    api_key_env: str | None = None,
+    verify: bool = True,
+) -> dict:
     """A Harbor JobConfig (schema: `harbor job schema`) as a dict.
 
     `environment`: a Harbor environment type (docker, daytona, modal, ...), `otbuild` (ours,
@@ -119,8 +134,10 @@ def trajectory_config(given: dict | None = None) -> dict:
     continued by `continued_trajectory_ref`; OpenThoughts-Agent's trace configs set both)."""
     given = dict(given or {})
     if given.get("raw_content") is False:
-        raise ValueError("trajectory_config.raw_content: false would store Harbor's rewrite of the model's "
-                         "answers instead of what it said; otbuild's traces need raw_content")
+        raise ValueError(
+            "trajectory_config.raw_content: false would store Harbor's rewrite of the model's "
+            "answers instead of what it said; otbuild's traces need raw_content"
+        )
     return {"linear_history": True, **given, "raw_content": True}
 
 
@@ -132,8 +149,7 @@ def write_job_config(path: Path, config: dict) -> Path:
     return path
 
 
-def harbor_command(config_path: Path, *, harbor: str | Path | None = None,
-                   check_installed: bool = True) -> list[str]:
+def harbor_command(config_path: Path, *, harbor: str | Path | None = None, check_installed: bool = True) -> list[str]:
     """`harbor run -c CONFIG -y` (-y: no interactive prompts)."""
     exe = harbor_bin(harbor) if check_installed else Path(harbor or DEFAULT_HARBOR)
     return [str(exe), "run", "-c", str(config_path), "-y"]
@@ -142,9 +158,28 @@ def harbor_command(config_path: Path, *, harbor: str | Path | None = None,
 # what Harbor's process gets of otbuild's environment without the recipe naming it: how to find
 # programs, files, the locale and the container engine; never a credential. Harbor fills a task's
 # `${VAR}` from its own environment, so whatever else it got, any task could ask for.
-HARBOR_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
-                   "XDG_RUNTIME_DIR", "PYTHONPATH", "VIRTUAL_ENV", "DOCKER_HOST", "CONTAINER_HOST",
-                   "CONTAINERS_CONF", "SOURCE_DATE_EPOCH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+HARBOR_BASE_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "DOCKER_HOST",
+    "CONTAINER_HOST",
+    "CONTAINERS_CONF",
+    "SOURCE_DATE_EPOCH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
 HARBOR_BASE_PREFIXES = ("LC_", "OTBUILD_")
 
 
@@ -178,15 +213,30 @@ def prepare_tasks(tasks: str | Path, dest: Path) -> Path:
     return dest
 
 
-def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "oracle",
-                   model: str | None = None, base_url: str | None = None,
-                   environment: str = OTBUILD_ENV, n_attempts: int = 1, n_concurrent: int = 4,
-                   job_name: str = "job", agent_kwargs: dict | None = None,
-                   environment_kwargs: dict | None = None, timeout_multiplier: float = 1.0,
-                   agent_timeout_sec: float | None = None, max_timeout_sec: float | None = None,
-                   harbor: str | Path | None = None, max_retries: int = 0,
-                   api_key_env: str | None = None, timeout_sec: float | None = None,
-                   log: Path | None = None, verify: bool = True, host_env: Collection[str] = ()) -> Path:
+def run_harbor_job(
+    tasks: str | Path,
+    workdir: str | Path,
+    *,
+    agent: str = "oracle",
+    model: str | None = None,
+    base_url: str | None = None,
+    environment: str = OTBUILD_ENV,
+    n_attempts: int = 1,
+    n_concurrent: int = 4,
+    job_name: str = "job",
+    agent_kwargs: dict | None = None,
+    environment_kwargs: dict | None = None,
+    timeout_multiplier: float = 1.0,
+    agent_timeout_sec: float | None = None,
+    max_timeout_sec: float | None = None,
+    harbor: str | Path | None = None,
+    max_retries: int = 0,
+    api_key_env: str | None = None,
+    timeout_sec: float | None = None,
+    log: Path | None = None,
+    verify: bool = True,
+    host_env: Collection[str] = (),
+) -> Path:
     """Run one Harbor job over `tasks` (a task parquet, or a dir of Harbor task dirs) and
     return its job dir (`workdir/jobs/<job_name>/`); ingest it with `read_job`. An existing
     job dir of that name is replaced. Raises HarborNotInstalled, or RuntimeError when
@@ -198,12 +248,25 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
     job_dir = jobs_dir / job_name
     if job_dir.exists():
         shutil.rmtree(job_dir)
-    cfg = job_config(tasks_dir, jobs_dir, job_name, agent=agent, model=model, base_url=base_url,
-                     environment=environment, n_attempts=n_attempts, n_concurrent=n_concurrent,
-                     agent_kwargs=agent_kwargs, environment_kwargs=environment_kwargs,
-                     timeout_multiplier=timeout_multiplier, agent_timeout_sec=agent_timeout_sec,
-                     max_timeout_sec=max_timeout_sec, max_retries=max_retries, api_key_env=api_key_env,
-                     verify=verify)
+    cfg = job_config(
+        tasks_dir,
+        jobs_dir,
+        job_name,
+        agent=agent,
+        model=model,
+        base_url=base_url,
+        environment=environment,
+        n_attempts=n_attempts,
+        n_concurrent=n_concurrent,
+        agent_kwargs=agent_kwargs,
+        environment_kwargs=environment_kwargs,
+        timeout_multiplier=timeout_multiplier,
+        agent_timeout_sec=agent_timeout_sec,
+        max_timeout_sec=max_timeout_sec,
+        max_retries=max_retries,
+        api_key_env=api_key_env,
+        verify=verify,
+    )
     env = harbor_env(api_key_env=api_key_env, host_env=host_env)
     path = write_job_config(workdir / f"{job_name}.harbor.json", cfg)
     log = Path(log or workdir / f"{job_name}.harbor.log")
@@ -211,10 +274,10 @@ def run_harbor_job(tasks: str | Path, workdir: str | Path, *, agent: str = "orac
     # the tools installed beside harbor come first (podman-compose, for `-e podman`)
     env["PATH"] = os.pathsep.join([str(Path(command[0]).parent), env.get("PATH", "/usr/bin:/bin")])
     with open(log, "wb") as out:
-        proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                              timeout=timeout_sec, env=env, check=False)
+        proc = subprocess.run(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, timeout=timeout_sec, env=env, check=False
+        )
     if proc.returncode != 0 or not (job_dir / "result.json").is_file():
         tail = log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"harbor run exited with {proc.returncode} (config {path}, log "
-                           f"{log}):\n{tail}")
+        raise RuntimeError(f"harbor run exited with {proc.returncode} (config {path}, log {log}):\n{tail}")
     return job_dir

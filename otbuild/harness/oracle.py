@@ -26,9 +26,14 @@ class OracleEngine:
         steps = _steps(task.text(SOLUTION) or "")
         turn = sum(1 for m in messages if m["role"] == "assistant")
         if style is protocol.Compact:  # short analysis/plan: the commands carry the trace
-            answer = {"analysis": "", "plan": f"step {turn + 1}" if turn < len(steps) else "done",
-                      "commands": [{"keystrokes": steps[turn] + "\n", "duration": ORACLE_DURATION}]
-                      if turn < len(steps) else [], "task_complete": turn >= len(steps)}
+            answer = {
+                "analysis": "",
+                "plan": f"step {turn + 1}" if turn < len(steps) else "done",
+                "commands": [{"keystrokes": steps[turn] + "\n", "duration": ORACLE_DURATION}]
+                if turn < len(steps)
+                else [],
+                "task_complete": turn >= len(steps),
+            }
         elif turn < len(steps):
             answer = {
                 "analysis": f"Step {turn + 1} of {len(steps)} of the reference solution.",
@@ -37,8 +42,12 @@ class OracleEngine:
                 "task_complete": False,
             }
         else:
-            answer = {"analysis": "The reference solution has been run.", "plan": "Mark the task complete.",
-                      "commands": [], "task_complete": True}
+            answer = {
+                "analysis": "The reference solution has been run.",
+                "plan": "Mark the task complete.",
+                "commands": [],
+                "task_complete": True,
+            }
         text = style.format_answer(answer)
         return Completion(text, 0, 0, "stop")
 

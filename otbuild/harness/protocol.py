@@ -51,9 +51,11 @@ def _answer_regex() -> str:
     w = r"[ \n]{0,8}"
     string = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"'
     key = lambda name: f'{w}"{name}"{w}:{w}'
-    command = rf'{w}\{{{key("keystrokes")}{string}{w},{key("duration")}[0-9]{{1,3}}(?:\.[0-9]{{1,2}})?{w}\}}'
-    return (rf'{w}\{{{key("analysis")}{string}{w},{key("plan")}{string}{w},{key("commands")}\['
-            rf'(?:{command}(?:{w},{command})*)?{w}\]{w},{key("task_complete")}(?:true|false){w}\}}')
+    command = rf"{w}\{{{key('keystrokes')}{string}{w},{key('duration')}[0-9]{{1,3}}(?:\.[0-9]{{1,2}})?{w}\}}"
+    return (
+        rf"{w}\{{{key('analysis')}{string}{w},{key('plan')}{string}{w},{key('commands')}\["
+        rf"(?:{command}(?:{w},{command})*)?{w}\]{w},{key('task_complete')}(?:true|false){w}\}}"
+    )
 
 
 ANSWER_REGEX = _answer_regex()
@@ -189,12 +191,19 @@ def prompt_style(name: str):
 
 
 # otbuild's terminus2 texts, and Harbor's terminus-2 ones (traces that Harbor ran or exported)
-_T2_FIRST = re.compile(r"(?:The task|Task Description):\n(.*)\n\n(?:The terminal now|Current terminal state):\n(.*)\Z",
-                       re.DOTALL)
-_T2_ERROR = re.compile(r"(?:Your last answer could not be read|Previous response had parsing errors):\nERROR: (.*)"
-                       r"\n\n(?:Answer again|Please fix)", re.DOTALL)
-_T2_CONFIRM = re.compile(r"(?:The terminal now|Current terminal state):\n(.*)\n\n"
-                         r"(?:Marking the task complete|Are you sure you want)", re.DOTALL)
+_T2_FIRST = re.compile(
+    r"(?:The task|Task Description):\n(.*)\n\n(?:The terminal now|Current terminal state):\n(.*)\Z", re.DOTALL
+)
+_T2_ERROR = re.compile(
+    r"(?:Your last answer could not be read|Previous response had parsing errors):\nERROR: (.*)"
+    r"\n\n(?:Answer again|Please fix)",
+    re.DOTALL,
+)
+_T2_CONFIRM = re.compile(
+    r"(?:The terminal now|Current terminal state):\n(.*)\n\n"
+    r"(?:Marking the task complete|Are you sure you want)",
+    re.DOTALL,
+)
 _T2_OUTPUT = "New Terminal Output:\n"
 
 
@@ -217,7 +226,7 @@ def _compact_user(text: str, first: bool) -> str:
     if first and (m := _T2_FIRST.search(text)):
         return Compact.first_prompt(m.group(1), m.group(2).removesuffix("\n"))  # the template adds it
     if text.startswith(_T2_OUTPUT):
-        return Compact.observation_reply(text[len(_T2_OUTPUT):])
+        return Compact.observation_reply(text[len(_T2_OUTPUT) :])
     if m := _T2_ERROR.match(text):
         return Compact.parse_error_reply(m.group(1))
     if m := _T2_CONFIRM.match(text):
@@ -230,15 +239,19 @@ def _compact_answer(text: str) -> str:
         a = parse_answer(text)
     except ParseError:
         return text
-    return Compact.format_answer({
-        "analysis": _short(a.analysis), "plan": _short(a.plan),
-        "commands": [{"keystrokes": c.keystrokes, "duration": c.duration} for c in a.commands],
-        "task_complete": a.task_complete})
+    return Compact.format_answer(
+        {
+            "analysis": _short(a.analysis),
+            "plan": _short(a.plan),
+            "commands": [{"keystrokes": c.keystrokes, "duration": c.duration} for c in a.commands],
+            "task_complete": a.task_complete,
+        }
+    )
 
 
 def _short(text: str) -> str:
     first = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
-    return first[:Compact.ANALYSIS_CHARS]
+    return first[: Compact.ANALYSIS_CHARS]
 
 
 def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) -> Iterator[list]:
@@ -262,6 +275,8 @@ def conversations_of(batch, prompt: str = PROMPTS[0]) -> list[tuple[int, list | 
     `prompt` is compact."""
     convs = batch.column("conversations").to_pylist()
     metas = batch.column("metadata").to_pylist() if "metadata" in batch.schema.names else [None] * len(convs)
-    return [(i, compact_conversation(c) if c and prompt == "compact" else c)
-            for i, (conv, meta) in enumerate(zip(convs, metas, strict=True))
-            for c in (step_conversations(conv, meta) if conv else [conv])]
+    return [
+        (i, compact_conversation(c) if c and prompt == "compact" else c)
+        for i, (conv, meta) in enumerate(zip(convs, metas, strict=True))
+        for c in (step_conversations(conv, meta) if conv else [conv])
+    ]

@@ -35,6 +35,8 @@ def default_signals() -> list[str]:
         return []
     probe = subprocess.run([env, "--default-signal=INT,QUIT", "true"], capture_output=True, check=False)
     return [env, "--default-signal=INT,QUIT"] if probe.returncode == 0 else []
+
+
 SHELL_ENV = {
     "PS1": r"\u@sandbox:\w# \[\e]777;otbuild-ready\a\]",  # the marker ends every prompt
     "TERM": "dumb",
@@ -42,9 +44,21 @@ SHELL_ENV = {
 }
 
 KEYS = {
-    "Enter": "\r", "C-m": "\r", "Escape": "\x1b", "Tab": "\t", "BSpace": "\x7f", "Space": " ",
-    "Up": "\x1b[A", "Down": "\x1b[B", "Right": "\x1b[C", "Left": "\x1b[D",
-    "Home": "\x1b[H", "End": "\x1b[F", "DC": "\x1b[3~", "PageUp": "\x1b[5~", "PageDown": "\x1b[6~",
+    "Enter": "\r",
+    "C-m": "\r",
+    "Escape": "\x1b",
+    "Tab": "\t",
+    "BSpace": "\x7f",
+    "Space": " ",
+    "Up": "\x1b[A",
+    "Down": "\x1b[B",
+    "Right": "\x1b[C",
+    "Left": "\x1b[D",
+    "Home": "\x1b[H",
+    "End": "\x1b[F",
+    "DC": "\x1b[3~",
+    "PageUp": "\x1b[5~",
+    "PageDown": "\x1b[6~",
 }
 KEYS.update({f"C-{c}": chr(ord(c) - 96) for c in "abcdefghijklnopqrstuvwxyz"})
 KEYS.update({"C-[": "\x1b", "C-\\": "\x1c", "C-]": "\x1d", "C-@": "\x00", "^C": "\x03", "^D": "\x04"})
@@ -73,13 +87,19 @@ class Terminal:
         # `setsid --ctty` does it after the exec: a preexec_fn would fork all of this process
         # (~15 ms for a big one) where Popen otherwise uses vfork.
         if SETSID:
-            self.proc = subprocess.Popen([*default_signals(), SETSID, "--ctty", *argv], stdin=slave, stdout=slave,
-                                         stderr=slave, close_fds=True)
+            self.proc = subprocess.Popen(
+                [*default_signals(), SETSID, "--ctty", *argv], stdin=slave, stdout=slave, stderr=slave, close_fds=True
+            )
         else:  # pragma: no cover (util-linux is there wherever the sandbox runs)
-            self.proc = subprocess.Popen([*default_signals(), *argv], stdin=slave, stdout=slave, stderr=slave,
-                                         close_fds=True,
-                                         start_new_session=True,
-                                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509 - one ioctl, no locks
+            self.proc = subprocess.Popen(
+                [*default_signals(), *argv],
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # noqa: PLW1509 - one ioctl, no locks
+            )
         os.close(slave)
         self.fd = master
         self.read_cap = read_cap  # bytes kept per read; the rest is drained and dropped
@@ -126,4 +146,3 @@ class Terminal:
                 self.proc.kill()
         self.proc.wait()
         os.close(self.fd)
-

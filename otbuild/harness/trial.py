@@ -108,9 +108,19 @@ class RewardFileNotFoundError(Exception):
 
 # what a trial records as its exception (outcome infrastructure or verifier_error:
 # otbuild/traces/outcome.py); anything else raised is a bug
-INFRASTRUCTURE_ERRORS = (EngineError, SandboxError, VerifierTimeoutError, VerifierOutputParseError,
-                         RewardFileNotFoundError, VerifierEnvError, TaskFormatError, TaskKeyNotSupported,
-                         TaskEnvError, HostEnvNotAllowed, StepSetupError)
+INFRASTRUCTURE_ERRORS = (
+    EngineError,
+    SandboxError,
+    VerifierTimeoutError,
+    VerifierOutputParseError,
+    RewardFileNotFoundError,
+    VerifierEnvError,
+    TaskFormatError,
+    TaskKeyNotSupported,
+    TaskEnvError,
+    HostEnvNotAllowed,
+    StepSetupError,
+)
 # why the agent stopped: the trace's metadata.stop_reason
 DONE = "task_complete"
 TIMEOUT = "agent_timeout"
@@ -154,8 +164,17 @@ class StepRun:
         return None if self.rewards is None else _reward(self.rewards.get("reward", self.rewards))[0]
 
 
-async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings, workdir: Path,
-                    *, sample_idx: int = 0, run_id: str = "", source: str = "") -> dict:
+async def run_trial(
+    task: TaskDir,
+    task_id: str,
+    engine,
+    settings: TrialSettings,
+    workdir: Path,
+    *,
+    sample_idx: int = 0,
+    run_id: str = "",
+    source: str = "",
+) -> dict:
     """One trial. A multi-step task (`[[steps]]`) runs its steps in order in one sandbox, as
     Harbor does: each step a fresh conversation on the step's instruction, then the step's
     verifier; a step below its `min_reward` ends the trial; the trial's reward is the steps'
@@ -171,7 +190,8 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         if unsupported := harness_unsupported(config):
             raise TaskKeyNotSupported(
                 f"task {task.name!r}: task.toml {', '.join(unsupported)} ({unsupported_reason(unsupported[0])}) "
-                "is not run by otbuild's harness; run the task with sandbox: harbor")
+                "is not run by otbuild's harness; run the task with sandbox: harbor"
+            )
         if refusal := host_env_refusal(task.name, config, settings.trials.host_env):
             raise HostEnvNotAllowed(refusal)
         environ = settings.host_environ
@@ -185,8 +205,15 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
         # the sandbox's watchdog bounds the whole trial: agents, verifiers and a margin
         limits = replace(settings.limits, wall_seconds=agent_timeout + verifier_timeout + 60)
         # in a thread: podman may build the task's image first
-        with await thread(open_sandbox, task, workdir, backend=settings.trials.sandbox,
-                          limits=limits, with_solution=solution, cleanup=True) as box:
+        with await thread(
+            open_sandbox,
+            task,
+            workdir,
+            backend=settings.trials.sandbox,
+            limits=limits,
+            with_solution=solution,
+            cleanup=True,
+        ) as box:
             for (step, view), (a_timeout, v_timeout) in zip(steps, timeouts, strict=True):
                 run = StepRun(step.name if step is not None else None)
                 runs.append(run)
@@ -196,12 +223,24 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
                         await _step_setup(box, view, step.name, a_timeout, agent_env, thread)
                     verifier_env = {**task_env, **config.verifier.env, **(step.verifier.env if step else {})}
                     seed_key = f"{run_id}:{task_id}:{sample_idx}" + (f":{step.name}" if step else "")
-                    await _run_step(box, view, engine, settings, run, a_timeout,
-                                    v_timeout if settings.verify else 0.0, agent_env, verifier_env, seed_key, thread)
+                    await _run_step(
+                        box,
+                        view,
+                        engine,
+                        settings,
+                        run,
+                        a_timeout,
+                        v_timeout if settings.verify else 0.0,
+                        agent_env,
+                        verifier_env,
+                        seed_key,
+                        thread,
+                    )
                 except TaskSetupError as e:
                     _setup_failed(run, e)
                 if run.stop in (CONTEXT_EXCEEDED, DISK_EXCEEDED, SETUP_FAILED) or (
-                        step and settings.verify and _below(run.rewards, step.min_reward)):
+                    step and settings.verify and _below(run.rewards, step.min_reward)
+                ):
                     break
         reward = _trial_reward(runs, config.multi_step_reward_strategy)
         if not settings.verify:
@@ -222,22 +261,57 @@ async def run_trial(task: TaskDir, task_id: str, engine, settings: TrialSettings
     else:
         details.update(last.details)
     completions = [c for r in runs for c in r.completions]
-    return _trace_row(task, task_id, engine, started, t0, _conversation_of(runs, settings), completions,
-                      reward, exception, {"stop_reason": last.stop, "verifier_timeout_sec": verifier_timeout,
-                                          **details}, last.stop == TIMEOUT,
-                      agent_timeout, sample_idx, run_id, source, failure=last.failure)
+    return _trace_row(
+        task,
+        task_id,
+        engine,
+        started,
+        t0,
+        _conversation_of(runs, settings),
+        completions,
+        reward,
+        exception,
+        {"stop_reason": last.stop, "verifier_timeout_sec": verifier_timeout, **details},
+        last.stop == TIMEOUT,
+        agent_timeout,
+        sample_idx,
+        run_id,
+        source,
+        failure=last.failure,
+    )
 
 
-async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: StepRun, agent_timeout: float,
-                    verifier_timeout: float, agent_env: dict[str, str], verifier_env: dict[str, str],
-                    seed_key: str, thread: TrialThread) -> None:
+async def _run_step(
+    box,
+    task: TaskDir,
+    engine,
+    settings: TrialSettings,
+    run: StepRun,
+    agent_timeout: float,
+    verifier_timeout: float,
+    agent_env: dict[str, str],
+    verifier_env: dict[str, str],
+    seed_key: str,
+    thread: TrialThread,
+) -> None:
     """The agent on `task`'s instruction, then (with `settings.verify`) its verifier, into `run`."""
     # the verifier's sandbox started now, its command run after the agent
     environ = settings.host_environ
     verifier = await thread(_park_verifier, box, verifier_env, environ) if settings.verify else None
     try:
-        run.stop = await _agent(box, task, engine, settings, agent_timeout, run.messages, run.completions,
-                                env=agent_env, seed_key=seed_key, keep=verifier, thread=thread)
+        run.stop = await _agent(
+            box,
+            task,
+            engine,
+            settings,
+            agent_timeout,
+            run.messages,
+            run.completions,
+            env=agent_env,
+            seed_key=seed_key,
+            keep=verifier,
+            thread=thread,
+        )
     except ContextLengthExceededError as e:
         run.stop, run.failure, run.details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
     finally:
@@ -251,8 +325,10 @@ async def _run_step(box, task: TaskDir, engine, settings: TrialSettings, run: St
         run.details.update(extra)
     if box.disk_exceeded:  # the trial filled its writable space: everything was killed
         run.stop, run.failure, run.rewards = DISK_EXCEEDED, "DiskLimitExceededError", {"reward": 0.0}
-        run.details["stop_message"] = (f"the trial reached its disk limit of {box.limits.storage_mb} MB "
-                                       "(task.toml storage_mb, else limits.storage_mb); every process was killed")
+        run.details["stop_message"] = (
+            f"the trial reached its disk limit of {box.limits.storage_mb} MB "
+            "(task.toml storage_mb, else limits.storage_mb); every process was killed"
+        )
 
 
 def _setup_failed(run: StepRun, error: TaskSetupError) -> StepRun:
@@ -263,16 +339,17 @@ def _setup_failed(run: StepRun, error: TaskSetupError) -> StepRun:
     return run
 
 
-async def _step_setup(box, step: TaskDir, name: str, timeout: float, env: dict[str, str], thread: TrialThread
-                      ) -> None:
+async def _step_setup(box, step: TaskDir, name: str, timeout: float, env: dict[str, str], thread: TrialThread) -> None:
     """The step's staged workdir/setup.sh, run in the working dir before its agent, as Harbor."""
     if f"{WORKDIR}/setup.sh" not in step.files:
         return
     result = await thread(box.run, ["bash", f"{box.workdir.rstrip('/')}/setup.sh"], timeout=timeout, env=env)
     if result.exit_code != 0 or result.timed_out:
-        raise StepSetupError(f"task {step.name!r}: step {name!r}: workdir/setup.sh "
-                             f"{'timed out' if result.timed_out else f'exited {result.exit_code}'}; "
-                             f"its output ends: {result.output[-1500:]}")
+        raise StepSetupError(
+            f"task {step.name!r}: step {name!r}: workdir/setup.sh "
+            f"{'timed out' if result.timed_out else f'exited {result.exit_code}'}; "
+            f"its output ends: {result.output[-1500:]}"
+        )
 
 
 def _below(rewards: dict | None, min_reward: float | dict | None) -> bool:
@@ -302,9 +379,17 @@ def _step_records(runs: list[StepRun], settings: TrialSettings) -> list[dict]:
     out, first = [], 0
     for r in runs:
         n = len(_conversation(r.messages, r.completions, settings))
-        out.append({"name": r.name, "reward": r.reward, "rewards": r.rewards, "n_turns": len(r.completions),
-                    "first_message": first, "stop_reason": r.stop,
-                    **{k: v for k, v in r.details.items() if k != "reward_json"}})
+        out.append(
+            {
+                "name": r.name,
+                "reward": r.reward,
+                "rewards": r.rewards,
+                "n_turns": len(r.completions),
+                "first_message": first,
+                "stop_reason": r.stop,
+                **{k: v for k, v in r.details.items() if k != "reward_json"},
+            }
+        )
         first += n
     return out
 
@@ -317,8 +402,9 @@ def _conversation_of(runs: list[StepRun], settings: TrialSettings) -> list[dict]
 VERIFIER = ["bash", "/tests/test.sh"]
 
 
-def _task_env(task: TaskDir, config: TaskConfig, environ: dict[str, str], *, solution: bool
-              ) -> tuple[dict[str, str], dict[str, str]]:
+def _task_env(
+    task: TaskDir, config: TaskConfig, environ: dict[str, str], *, solution: bool
+) -> tuple[dict[str, str], dict[str, str]]:
     """`[environment].env` (every phase's processes, as Harbor's environment has it) and the
     agent's: that plus, for the oracle replaying solve.sh, `[solution].env`; host `${VAR}`s
     resolved from `environ` (the recipe's host_env). TaskEnvError naming the task, the table and
@@ -341,8 +427,9 @@ def _park_verifier(box, env: dict[str, str], environ: dict[str, str]):
     return box.park(VERIFIER, with_tests=True, env=env)
 
 
-async def _verify(box, timeout: float, env: dict[str, str], environ: dict[str, str], parked, thread: TrialThread
-                  ) -> tuple[float | None, dict]:
+async def _verify(
+    box, timeout: float, env: dict[str, str], environ: dict[str, str], parked, thread: TrialThread
+) -> tuple[float | None, dict]:
     """tests/test.sh with the task's `[verifier].env` (host `${VAR}`s resolved, as Harbor)."""
     started = time.monotonic()
     if parked is not None:
@@ -361,8 +448,10 @@ async def _verify(box, timeout: float, env: dict[str, str], environ: dict[str, s
     except ValueError as e:
         raise VerifierOutputParseError(str(e)) from e
     if value is None:
-        raise RewardFileNotFoundError(f"the verifier (exit {result.exit_code}) wrote no /logs/verifier/reward.txt "
-                                      f"or reward.json; its output ends: {result.output[-1500:]}")
+        raise RewardFileNotFoundError(
+            f"the verifier (exit {result.exit_code}) wrote no /logs/verifier/reward.txt "
+            f"or reward.json; its output ends: {result.output[-1500:]}"
+        )
     reward, extra = _reward(value)
     return reward, {**extra, **seconds}
 
@@ -374,8 +463,7 @@ def effective_timeout(base_sec: float | None, multiplier: float, cap_sec: float)
     return cap_sec if base_sec is None else min(cap_sec, base_sec * multiplier)
 
 
-def trial_timeouts(config: TaskConfig, settings: TrialSettings, step: StepConfig | None = None
-                   ) -> tuple[float, float]:
+def trial_timeouts(config: TaskConfig, settings: TrialSettings, step: StepConfig | None = None) -> tuple[float, float]:
     """The agent's and the verifier's limits, in seconds. As Harbor: the agent has none of the
     task's own unless `[agent] timeout_sec` (or the recipe's agent_timeout_sec) sets one, the
     verifier `[verifier] timeout_sec` (600 s by default), and the recipe's timeout_multiplier
@@ -385,22 +473,58 @@ def trial_timeouts(config: TaskConfig, settings: TrialSettings, step: StepConfig
     trials = settings.trials
     agent = step.agent.timeout_sec if step and step.agent.timeout_sec is not None else config.agent.timeout_sec
     verifier = (step or config).verifier.timeout_sec
-    return (effective_timeout(trials.agent_timeout_sec or agent, trials.timeout_multiplier, trials.timeout_cap_sec),
-            effective_timeout(settings.verifier_timeout_sec or verifier, trials.timeout_multiplier,
-                              trials.timeout_cap_sec))
+    return (
+        effective_timeout(trials.agent_timeout_sec or agent, trials.timeout_multiplier, trials.timeout_cap_sec),
+        effective_timeout(settings.verifier_timeout_sec or verifier, trials.timeout_multiplier, trials.timeout_cap_sec),
+    )
 
 
-def not_runnable_trace(task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "",
-                       source: str = "") -> dict:
+def not_runnable_trace(
+    task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "", source: str = ""
+) -> dict:
     """The row for a task that needs its container image: recorded as an infrastructure
     exception (the trace filter drops it with that reason), never run on the host."""
-    return _trace_row(task, task_id, engine, datetime.now(UTC), time.monotonic(), [], [], None,
-                      "TaskNotRunnableLocally", {"exception_message": "the task needs its container image; run "
-                      "it with sandbox: podman or auto, or through harbor"}, False, 0.0, sample_idx, run_id, source)
+    return _trace_row(
+        task,
+        task_id,
+        engine,
+        datetime.now(UTC),
+        time.monotonic(),
+        [],
+        [],
+        None,
+        "TaskNotRunnableLocally",
+        {
+            "exception_message": "the task needs its container image; run "
+            "it with sandbox: podman or auto, or through harbor"
+        },
+        False,
+        0.0,
+        sample_idx,
+        run_id,
+        source,
+    )
 
 
-def _trace_row(task, task_id, engine, started, t0, conversations, completions, reward, exception, details,
-               timed_out, agent_timeout, sample_idx, run_id, source, *, failure=None) -> dict:
+def _trace_row(
+    task,
+    task_id,
+    engine,
+    started,
+    t0,
+    conversations,
+    completions,
+    reward,
+    exception,
+    details,
+    timed_out,
+    agent_timeout,
+    sample_idx,
+    run_id,
+    source,
+    *,
+    failure=None,
+) -> dict:
     """`failure` names a task failure that is not a wrong answer (ContextLengthExceededError):
     the row's `result`, as in Harbor's export."""
     episodes = len(completions)
@@ -427,8 +551,11 @@ def _trace_row(task, task_id, engine, started, t0, conversations, completions, r
         "n_input_tokens": sum(c.n_input_tokens for c in completions),
         "n_output_tokens": sum(c.n_output_tokens for c in completions),
         "duration_s": round(time.monotonic() - t0, 3),
-        "metadata": json.dumps({"agent_timeout_sec": agent_timeout, "episodes": episodes, **details,
-                                **_engine_version(engine)}, sort_keys=True, default=str),
+        "metadata": json.dumps(
+            {"agent_timeout_sec": agent_timeout, "episodes": episodes, **details, **_engine_version(engine)},
+            sort_keys=True,
+            default=str,
+        ),
     }
 
 
@@ -445,9 +572,20 @@ def request_seed(seed_key: str, turn: int) -> int:
     return int(hashlib.sha256(f"{seed_key}:{turn}".encode()).hexdigest()[:8], 16)
 
 
-async def _agent(box, task: TaskDir, engine, settings: TrialSettings, timeout: float,
-                 messages: list[dict], completions: list[Completion], *, env: dict[str, str], seed_key: str,
-                 keep, thread: TrialThread) -> str:
+async def _agent(
+    box,
+    task: TaskDir,
+    engine,
+    settings: TrialSettings,
+    timeout: float,
+    messages: list[dict],
+    completions: list[Completion],
+    *,
+    env: dict[str, str],
+    seed_key: str,
+    keep,
+    thread: TrialThread,
+) -> str:
     """Terminus-2 turns, recorded in `messages` and `completions`. Returns why they stopped;
     a context overflow raises ContextLengthExceededError. `keep`: the parked verifier, which
     ending the terminal leaves be. `env`: the task's variables in the agent's shell."""

@@ -81,8 +81,12 @@ class Node:
     def id(self) -> str:
         d = STAGES[self.stage]
         return settings_hash(
-            {"stage": self.stage, "version": d.version, "settings": self.identity,
-             "inputs": [n.id for n in self.inputs]}
+            {
+                "stage": self.stage,
+                "version": d.version,
+                "settings": self.identity,
+                "inputs": [n.id for n in self.inputs],
+            }
         )
 
     @property
@@ -114,8 +118,10 @@ class Node:
             "stage": self.stage,
             "id": self.id,
             "settings": self.settings,
-            "inputs": [{"id": n.id, "stage": n.stage, "path": str(n.main_output), "name": name}
-                       for n, name in zip(self.inputs, self.input_names, strict=True)],
+            "inputs": [
+                {"id": n.id, "stage": n.stage, "path": str(n.main_output), "name": name}
+                for n, name in zip(self.inputs, self.input_names, strict=True)
+            ],
             "outdir": str(self.dir),
         }
 
@@ -158,8 +164,9 @@ def plan_recipe(loaded: LoadedRecipe, assume_defaults: bool = False) -> Plan:
     return _with_report(loaded, topological([*finals, rank]))
 
 
-def _ranked(loaded: LoadedRecipe, cands: list[tuple[str, LoadedRecipe]], prefix: str,
-            label: str) -> tuple[list[Node], Node]:
+def _ranked(
+    loaded: LoadedRecipe, cands: list[tuple[str, LoadedRecipe]], prefix: str, label: str
+) -> tuple[list[Node], Node]:
     """Each candidate's nodes (labels under PREFIX/NAME/) and the ranking of their evals."""
     evals, finals = [], []
     for name, cand in cands:
@@ -197,13 +204,19 @@ def _plan_search(loaded: LoadedRecipe, assume_defaults: bool = False) -> Plan:
     for step in range(1, len(loaded.recipe.search) + 1):
         cands, default = search_stage(loaded, step, fixed)
         nodes, rank = _ranked(loaded, [(n, c) for n, _, c in cands], f"search/{step}/", f"search/{step}/ranking")
-        config = {**rules, "step": step, "default": default, "metric": rank.config.metric,
-                  "candidates": [{"name": n, "values": v} for n, v, _ in cands]}
+        config = {
+            **rules,
+            "step": step,
+            "default": default,
+            "metric": rank.config.metric,
+            "candidates": [{"name": n, "values": v} for n, v, _ in cands],
+        }
         decide = _node("decide", f"search/{step}/decision", config, [rank, *rank.inputs])
         finals += [*nodes, decide]
         decision = read_decision(loaded.root / decide.dir)
-        steps.append(SearchStep(step, loaded.recipe.search[step - 1], [n for n, _, _ in cands], default, decide,
-                                decision))
+        steps.append(
+            SearchStep(step, loaded.recipe.search[step - 1], [n for n, _, _ in cands], default, decide, decision)
+        )
         if decision is None and not assume_defaults:
             break
         fixed |= decision["values"] if decision else dict(next(v for n, v, _ in cands if n == default))
@@ -221,16 +234,23 @@ def _with_report(loaded: LoadedRecipe, nodes: list[Node]) -> Plan:
     return Plan(loaded, [*nodes, report_node(loaded.name, nodes, prices, loaded.recipe.description or "", resolved)])
 
 
-def report_settings(recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "",
-                    resolved: dict | None = None) -> ReportSettings:
+def report_settings(
+    recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "", resolved: dict | None = None
+) -> ReportSettings:
     """The report stage's settings for a plan's nodes (topological order), the recipe's token
     prices, description and resolved document (recipe.resolved.yaml's), each only when set."""
-    return ReportSettings(recipe=recipe, description=description, prices=prices or None, resolved=resolved or {},
-                          nodes=[{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes])
+    return ReportSettings(
+        recipe=recipe,
+        description=description,
+        prices=prices or None,
+        resolved=resolved or {},
+        nodes=[{"label": n.label, "stage": n.stage, "id": n.id, "dir": str(n.dir)} for n in nodes],
+    )
 
 
-def report_node(recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "",
-                resolved: dict | None = None) -> Node:
+def report_node(
+    recipe: str, nodes: list[Node], prices: dict | None = None, description: str = "", resolved: dict | None = None
+) -> Node:
     """The `report` node of a plan: every node's main output is an input (one per id), so the
     report is rebuilt exactly when an artifact changes; its id follows from theirs (and from the
     prices, description and recipe text it shows)."""
@@ -336,11 +356,18 @@ def _plan_training(w: _Wiring, d: StageDef, section) -> list[Node]:
 # How the plan makes a stage's nodes, by the stage's `StageDef.plan` ("" = its settings are its
 # recipe section, over the data it consumes)
 PLANNERS: dict[str, Callable[[_Wiring, StageDef, Any], list[Node]]] = {
-    "": _planned_section, "named": _plan_named, "per_source": _plan_per_source, "top_n": _plan_top_n,
-    "decontaminating": _plan_decontaminating, "training": _plan_training}
+    "": _planned_section,
+    "named": _plan_named,
+    "per_source": _plan_per_source,
+    "top_n": _plan_top_n,
+    "decontaminating": _plan_decontaminating,
+    "training": _plan_training,
+}
 if unplanned := [n for n, d in STAGES.items() if d.plan not in PLANNERS]:
-    raise ImportError(f"otbuild.plan: stage(s) {', '.join(unplanned)} name no planner (StageDef.plan: one of "
-                      f"{', '.join(map(repr, PLANNERS))})")
+    raise ImportError(
+        f"otbuild.plan: stage(s) {', '.join(unplanned)} name no planner (StageDef.plan: one of "
+        f"{', '.join(map(repr, PLANNERS))})"
+    )
 
 
 def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:
@@ -348,9 +375,12 @@ def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:
     input: an eval benchmark (the same node the eval reads) or else a source, as built."""
     r = loaded.recipe
     benchmarks = r.eval.benchmarks if r.eval else {}
-    return [_source_node(loaded, name, benchmarks[name], group="benchmarks") if name in benchmarks
-            else _source_node(loaded, name, r.sources[name])
-            for name in (decontaminate.against if decontaminate else [])]
+    return [
+        _source_node(loaded, name, benchmarks[name], group="benchmarks")
+        if name in benchmarks
+        else _source_node(loaded, name, r.sources[name])
+        for name in (decontaminate.against if decontaminate else [])
+    ]
 
 
 def _local_model(loaded: LoadedRecipe, spec: dict) -> dict:
@@ -362,8 +392,15 @@ def _local_model(loaded: LoadedRecipe, spec: dict) -> dict:
 
 def _relabel(node: Node, prefix: str) -> Node:
     """The same node (same id) under a candidate's label prefix, inputs included."""
-    return Node(node.stage, prefix + node.label, node.config, tuple(_relabel(i, prefix) for i in node.inputs),
-                node.missing, node.found, node.roles)
+    return Node(
+        node.stage,
+        prefix + node.label,
+        node.config,
+        tuple(_relabel(i, prefix) for i in node.inputs),
+        node.missing,
+        node.found,
+        node.roles,
+    )
 
 
 def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None, label: str = "eval") -> Node:
@@ -376,16 +413,32 @@ def _eval_node(loaded: LoadedRecipe, ev, checkpoint: Node | None, label: str = "
     elif checkpoint is None:  # recipe/checks.py refuses this: an eval without a model trains none
         raise ConfigError(f"{loaded.path}: eval.model: required key is missing (the recipe trains no model)")
     else:  # the checkpoint is an input: its id is in this node's id
-        model = {"engine": ev.serve_with, "model": str(checkpoint.dir), "temperature": ev.temperature,
-                 "max_tokens": ev.max_tokens, "engine_args": ev.engine_args, "serves_checkpoint": True}
+        model = {
+            "engine": ev.serve_with,
+            "model": str(checkpoint.dir),
+            "temperature": ev.temperature,
+            "max_tokens": ev.max_tokens,
+            "engine_args": ev.engine_args,
+            "serves_checkpoint": True,
+        }
         if loaded.recipe.harness.constrained_decoding:
             from otbuild.harness.protocol import ANSWER_REGEX
 
             model["extra_body"] = {"structured_outputs": {"regex": ANSWER_REGEX}}
         benchmarks.append(checkpoint)
     served = f"{model['engine']}:{model.get('model') or model['engine']}"
-    return _node("eval", label, {**model, **trials, "samples_per_task": ev.repeats, "model_label": served,
-                                 "prompt": loaded.recipe.harness.prompt}, benchmarks)
+    return _node(
+        "eval",
+        label,
+        {
+            **model,
+            **trials,
+            "samples_per_task": ev.repeats,
+            "model_label": served,
+            "prompt": loaded.recipe.harness.prompt,
+        },
+        benchmarks,
+    )
 
 
 def _node(stage: str, label: str, settings: dict, inputs=()) -> Node:

@@ -59,8 +59,11 @@ def _harbor(config, resolve) -> tuple[Any, dict, list]:
     from otbuild.sources import locate_harbor
     from otbuild.sources.harbor_dataset import HARBOR_TASK_CACHE, tasks_digest
 
-    update = {key: str(resolve(str(Path(v).expanduser())).resolve())
-              for key in ("registry", "path") if (v := getattr(config, key))}
+    update = {
+        key: str(resolve(str(Path(v).expanduser())).resolve())
+        for key in ("registry", "path")
+        if (v := getattr(config, key))
+    }
     update["root"] = update.get("path") or str(HARBOR_TASK_CACHE.expanduser())
     config = config.model_copy(update=update)
     dataset, dirs, missing = locate_harbor(config)  # StageError: the registry does not name it

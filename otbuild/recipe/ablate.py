@@ -47,8 +47,10 @@ def grid_candidates(loaded: LoadedRecipe, data: dict, grid: dict, what: str) -> 
             set_value(cand, key, value, loaded)
         name = point_name(grid, values)
         if any(name == n for n, _, _ in out):
-            raise ConfigError(f"{loaded.path}: {what}: two candidates are both named [{name}] "
-                              "(a mapping is named by its first setting: make those differ)")
+            raise ConfigError(
+                f"{loaded.path}: {what}: two candidates are both named [{name}] "
+                "(a mapping is named by its first setting: make those differ)"
+            )
         recipe = validate(cand, {}, loaded.path, context=f"{what} candidate [{name}]: ")
         out.append((name, dict(zip(grid, values)), replace(loaded, data=cand, recipe=recipe)))
     return out

@@ -65,8 +65,9 @@ class Checker:
             for name, info in type(value).model_fields.items():
                 v = getattr(value, name)
                 if field_extra(info).get(RE2) and v is not None and (error := regex_error(v)):
-                    raise self.error((*loc, name), f"not a valid regular expression for DuckDB (RE2 syntax: "
-                                     f"{error}); found {v!r}")
+                    raise self.error(
+                        (*loc, name), f"not a valid regular expression for DuckDB (RE2 syntax: {error}); found {v!r}"
+                    )
                 self.regexes(v, (*loc, name))
         elif isinstance(value, dict):
             for k, v in value.items():
@@ -78,9 +79,12 @@ class Checker:
     def sections(self, recipe: Recipe) -> None:
         """What relates the recipe's sections, and what needs the world."""
         self._inputs(recipe)
-        llms = {"teacher": recipe.teacher, "augment": recipe.augment,
-                "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
-                "eval.model": recipe.eval.model if recipe.eval else None}
+        llms = {
+            "teacher": recipe.teacher,
+            "augment": recipe.augment,
+            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
+            "eval.model": recipe.eval.model if recipe.eval else None,
+        }
         for key, section in llms.items():
             if section is not None and section.engine != "oracle":
                 self._engine(section, key)
@@ -95,36 +99,52 @@ class Checker:
             self._engine(LLM(engine="vllm", model=model, engine_args=ev.engine_args), "eval.engine_args")
         unknown = sorted(set(recipe.augment.sources or []) - set(recipe.sources)) if recipe.augment else []
         if unknown:
-            raise self.error(("augment", "sources"), f"no source(s) {', '.join(unknown)}"
-                             + suggest(unknown[0], sorted(recipe.sources), "sources"))
+            raise self.error(
+                ("augment", "sources"),
+                f"no source(s) {', '.join(unknown)}" + suggest(unknown[0], sorted(recipe.sources), "sources"),
+            )
         if (size := math.prod(len(v) for v in recipe.ablate.values())) > recipe.max_candidates:
             axes = " x ".join(str(len(v)) for v in recipe.ablate.values())
-            raise self.error(("ablate",), f"the grid has {axes} = {size} candidates, expected at most "
-                             f"max_candidates ({recipe.max_candidates}): shrink the grid, or raise "
-                             "`max_candidates` if you mean it")
+            raise self.error(
+                ("ablate",),
+                f"the grid has {axes} = {size} candidates, expected at most "
+                f"max_candidates ({recipe.max_candidates}): shrink the grid, or raise "
+                "`max_candidates` if you mean it",
+            )
         self._search(recipe)
         if recipe.ablate and not recipe.eval:
             raise self.error(("ablate",), "candidates are ranked by their eval scores: add an `eval` section")
         if recipe.eval and recipe.eval.model is None and not recipe.sft:
-            raise ConfigError(f"{self.where(('eval',))}: eval.model: required key is missing (the recipe "
-                              "trains no model: name an engine, e.g. {engine: oracle} for the ceiling)")
+            raise ConfigError(
+                f"{self.where(('eval',))}: eval.model: required key is missing (the recipe "
+                "trains no model: name an engine, e.g. {engine: oracle} for the ceiling)"
+            )
         if recipe.eval and recipe.eval.base and recipe.eval.model is not None:
-            raise self.error(("eval", "base"), "compares the recipe's own checkpoint with its untrained base; "
-                             "eval.model names another model: remove one")
+            raise self.error(
+                ("eval", "base"),
+                "compares the recipe's own checkpoint with its untrained base; "
+                "eval.model names another model: remove one",
+            )
         if recipe.harness.constrained_decoding and not (recipe.eval and recipe.eval.model is None):
-            raise self.error(("harness", "constrained_decoding"), "applies to the eval of the recipe's own "
-                             "checkpoint (no eval.model); here it would constrain nothing: remove it")
+            raise self.error(
+                ("harness", "constrained_decoding"),
+                "applies to the eval of the recipe's own "
+                "checkpoint (no eval.model); here it would constrain nothing: remove it",
+            )
         self._sft_context(recipe)
         self._reward_known(recipe)
         self._one_harness(recipe)
         self._paths(recipe)
         unranked = sorted(n for n, s in recipe.sources.items() if s.rank is None)
         if recipe.mix and unranked:
-            raise ConfigError(f"{self.where(('sources', unranked[0]))}: sources.{unranked[0]}.rank: "
-                              "required key is missing (mix picks the Top-N sources by rank)")
+            raise ConfigError(
+                f"{self.where(('sources', unranked[0]))}: sources.{unranked[0]}.rank: "
+                "required key is missing (mix picks the Top-N sources by rank)"
+            )
         if recipe.mix and recipe.mix.n > len(recipe.sources):
-            raise self.error(("mix", "n"), f"found {recipe.mix.n}, expected at most the number of sources "
-                             f"({len(recipe.sources)})")
+            raise self.error(
+                ("mix", "n"), f"found {recipe.mix.n}, expected at most the number of sources ({len(recipe.sources)})"
+            )
 
     def _inputs(self, recipe: Recipe) -> None:
         """What the pipeline's shape does not say (the plan checks that: otbuild/stages/shape.py):
@@ -135,8 +155,11 @@ class Checker:
             known = [*(recipe.eval.benchmarks if recipe.eval else {}), *recipe.sources]
             for name in recipe.task_filter.decontaminate.against:
                 if name not in known:
-                    raise self.error(("task_filter", "decontaminate", "against"), f"{name!r} is neither a "
-                                     f"benchmark in eval.benchmarks nor a source (known: {', '.join(known) or 'none'})")
+                    raise self.error(
+                        ("task_filter", "decontaminate", "against"),
+                        f"{name!r} is neither a "
+                        f"benchmark in eval.benchmarks nor a source (known: {', '.join(known) or 'none'})",
+                    )
 
     def _engine(self, llm: LLM, key: str) -> None:
         """The engine's settings against its model (otbuild/settings/engines.py), before anything runs."""
@@ -160,20 +183,27 @@ class Checker:
             return
         where = self.where(("search",))
         if recipe.ablate:
-            raise ConfigError(f"{where}: search: a recipe has `ablate` or `search`, not both (a one-stage search "
-                              "is an ablation): remove one")
+            raise ConfigError(
+                f"{where}: search: a recipe has `ablate` or `search`, not both (a one-stage search "
+                "is an ablation): remove one"
+            )
         if not recipe.eval:
-            raise ConfigError(f"{where}: search: each stage's candidates are ranked by their eval scores: add an "
-                              "`eval` section")
+            raise ConfigError(
+                f"{where}: search: each stage's candidates are ranked by their eval scores: add an `eval` section"
+            )
         seen: dict[str, int] = {}
         for step, grid in enumerate(recipe.search, 1):
             if (size := math.prod(len(v) for v in grid.values())) > recipe.max_candidates:
-                raise ConfigError(f"{where}: search[{step - 1}]: the grid has {size} candidates, expected at "
-                                  f"most max_candidates ({recipe.max_candidates})")
+                raise ConfigError(
+                    f"{where}: search[{step - 1}]: the grid has {size} candidates, expected at "
+                    f"most max_candidates ({recipe.max_candidates})"
+                )
             for key in grid:
                 if key in seen:
-                    raise ConfigError(f"{where}: search[{step - 1}].{key}: stage {seen[key]} already searches "
-                                      "it (a stage's winner is fixed for the stages after it): search it once")
+                    raise ConfigError(
+                        f"{where}: search[{step - 1}].{key}: stage {seen[key]} already searches "
+                        "it (a stage's winner is fixed for the stages after it): search it once"
+                    )
                 seen[key] = step
 
     def _one_harness(self, recipe: Recipe) -> None:
@@ -189,7 +219,8 @@ class Checker:
                     f"{self.where(('eval', 'sandbox'))}: eval: the checkpoint is evaluated with the "
                     f"{evaluated} prompt but {key} rollouts use {trained} (sandbox/harbor.agent/harness.prompt): "
                     "use one harness end to end (Harbor's terminus-2 text: sandbox: harbor in both), or set "
-                    "eval.allow_prompt_mismatch: true")
+                    "eval.allow_prompt_mismatch: true"
+                )
 
     def _sft_context(self, recipe: Recipe) -> None:
         """Traces from a teacher with a longer context than SFT's cutoff get cut: the recipe must
@@ -201,16 +232,19 @@ class Checker:
                 f"{self.where(('sft',))}: sft.truncation: required key is missing: the teacher runs at "
                 f"{context} positions (teacher.engine_args.max_model_len) but sft.cutoff_len is {sft.cutoff_len}, "
                 "so longer traces are cut; say how: `right` keeps each trace's first cutoff_len tokens (its ending, "
-                "where the task gets solved, is lost), `drop` leaves the trace out (both counted in the provenance)")
+                "where the task gets solved, is lost), `drop` leaves the trace out (both counted in the provenance)"
+            )
 
     def _reward_known(self, recipe: Recipe) -> None:
         """A reward rule needs rewards: a teacher that skips the verifier leaves every trace's unknown."""
         teacher, rules = recipe.teacher, recipe.trace_filter
         if teacher and not teacher.verify and rules and rules.min_reward is not None:
             raise self.error(
-                ("trace_filter", "min_reward"), "keeps traces by their reward, but teacher.verify is false: no "
+                ("trace_filter", "min_reward"),
+                "keeps traces by their reward, but teacher.verify is false: no "
                 "verifier runs, so no teacher trace has a reward and every one would be dropped; set "
-                "teacher.verify: true, or remove trace_filter.min_reward")
+                "teacher.verify: true, or remove trace_filter.min_reward",
+            )
 
     def _paths(self, recipe: Recipe) -> None:
         """A path that exists must be what its key reads (data still to come is fine)."""
@@ -225,8 +259,11 @@ class Checker:
                 if src.kind == "harbor-dataset":
                     checks[(*group.split("."), name, "registry")] = (root / src.registry, _registry_problem, src.kind)
                 elif isinstance(src, AtPath):  # every kind but synthetic and hf-dataset
-                    checks[(*group.split("."), name, "path")] = (root / src.path, partial(path_problem, src.kind),
-                                                                 src.kind)
+                    checks[(*group.split("."), name, "path")] = (
+                        root / src.path,
+                        partial(path_problem, src.kind),
+                        src.kind,
+                    )
         for name, imp in recipe.trace_imports.items():
             loc = ("trace_imports", name)
             if imp.kind == "hf-dataset":

@@ -19,9 +19,11 @@ _SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd|credentials?)"
 SECRET_NAME = re.compile(rf"(?:^|[-_]){_SECRET_WORD}(?:$|[-_])", re.IGNORECASE)  # HF_TOKEN, not TOKENIZERS_...
 SECRET_FLAG = re.compile(rf"^--?(?:[\w-]*[-_])?{_SECRET_WORD}(?:$|[-_=])", re.IGNORECASE)  # --api-key, --hf-token=
 URL_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s:]*:[^/@\s]+@", re.IGNORECASE)
-REMEDY = ("a recipe is published as written (recipe.resolved.yaml, provenance): name an environment variable "
-          "instead (api_key_env for an endpoint's key; a server otbuild starts inherits its environment, so "
-          "export the variable there)")
+REMEDY = (
+    "a recipe is published as written (recipe.resolved.yaml, provenance): name an environment variable "
+    "instead (api_key_env for an endpoint's key; a server otbuild starts inherits its environment, so "
+    "export the variable there)"
+)
 
 
 def credentials(value: Any, loc: tuple = ()) -> Iterator[tuple[tuple, str]]:

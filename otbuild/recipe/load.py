@@ -76,8 +76,10 @@ def _with_added(data: dict, origin: dict, path: Path) -> dict:
     """The document with the sections of stages added by installed packages (a StageDef outside
     otbuild's own, no field of Recipe) moved under `added`, each validated by its stage's model."""
     if isinstance(data, dict) and "added" in data:
-        raise ConfigError(f"{file_for(('added',), origin, path)}: added: not a recipe key: an added stage's "
-                          "section is written at the top level, under the stage's name")
+        raise ConfigError(
+            f"{file_for(('added',), origin, path)}: added: not a recipe key: an added stage's "
+            "section is written at the top level, under the stage's name"
+        )
     keys = added_sections() if isinstance(data, dict) else {}
     sections = {k: v for k, v in data.items() if k in keys and k not in Recipe.model_fields}
     added = {}
@@ -85,6 +87,7 @@ def _with_added(data: dict, origin: dict, path: Path) -> dict:
         try:
             added[key] = keys[key].model_validate(value or {})
         except ValidationError as e:
-            raise ConfigError("\n".join(format_error({**err, "loc": (key, *err["loc"])}, origin, path)
-                                        for err in e.errors())) from None
+            raise ConfigError(
+                "\n".join(format_error({**err, "loc": (key, *err["loc"])}, origin, path) for err in e.errors())
+            ) from None
     return {**{k: v for k, v in data.items() if k not in sections}, **({"added": added} if added else {})}

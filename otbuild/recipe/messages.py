@@ -70,7 +70,8 @@ def _describe(err: Mapping[str, Any], model: type[BaseModel] | None, loc: tuple,
         return f"{file}: {where}: unknown {key} {err['ctx']['tag']!r}" + suggest(err["ctx"]["tag"], tags, f"{key}s")
     if kind == "literal_error" and isinstance(found, str):  # one of a few values: say which is close
         return f"{file}: {where}: unknown value {found!r}" + suggest(
-            found, re.findall(r"'([^']*)'", err["ctx"]["expected"]), "expected one of")
+            found, re.findall(r"'([^']*)'", err["ctx"]["expected"]), "expected one of"
+        )
     msg = err["msg"].removeprefix("Value error, ")
     return f"{file}: {where}: {msg}; found {found!r}"
 

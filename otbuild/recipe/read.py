@@ -26,7 +26,8 @@ class RecipeLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.depth >= MAX_YAML_DEPTH:
             raise yaml.composer.ComposerError(
-                None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+                None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark
+            )
         self.depth += 1
         try:
             return super().compose_node(parent, index)
@@ -44,7 +45,8 @@ class RecipeLoader(yaml.SafeLoader):
                 key, line = self.construct_scalar(key_node), key_node.start_mark.line + 1
                 if key in first:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}, first set on line {first[key]}", key_node.start_mark)
+                        None, None, f"duplicate key {key!r}, first set on line {first[key]}", key_node.start_mark
+                    )
                 first[key] = line
         return super().construct_mapping(node, deep)
 
@@ -56,13 +58,17 @@ def _expanded_size(node: yaml.Node, sizes: dict, open_: set) -> int:
     if id(node) in open_:
         raise yaml.constructor.ConstructorError(None, None, "an alias refers to itself", node.start_mark)
     open_.add(id(node))
-    kids = [x for kv in node.value for x in kv] if isinstance(node, yaml.MappingNode) else (
-        node.value if isinstance(node, yaml.SequenceNode) else [])
+    kids = (
+        [x for kv in node.value for x in kv]
+        if isinstance(node, yaml.MappingNode)
+        else (node.value if isinstance(node, yaml.SequenceNode) else [])
+    )
     n = 1 + sum(_expanded_size(k, sizes, open_) for k in kids)
     open_.discard(id(node))
     if n > MAX_YAML_VALUES:
         raise yaml.constructor.ConstructorError(
-            None, None, f"aliases expand to more than {MAX_YAML_VALUES} values", node.start_mark)
+            None, None, f"aliases expand to more than {MAX_YAML_VALUES} values", node.start_mark
+        )
     sizes[id(node)] = n
     return n
 

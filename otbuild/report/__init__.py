@@ -49,9 +49,12 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
         with atomic_path(outdir / name) as tmp:
             tmp.write_text(text, encoding="utf-8")
     sections = {
-        "funnel": any(g.funnel for g in rep.groups), "mix": any(g.mix for g in rep.groups),
-        "traces": any(g.traces for g in rep.groups), "sft": any(g.sft for g in rep.groups),
-        "rl": any(g.rl for g in rep.groups), "eval": any(g.eval for g in rep.groups),
+        "funnel": any(g.funnel for g in rep.groups),
+        "mix": any(g.mix for g in rep.groups),
+        "traces": any(g.traces for g in rep.groups),
+        "sft": any(g.sft for g in rep.groups),
+        "rl": any(g.rl for g in rep.groups),
+        "eval": any(g.eval for g in rep.groups),
         "ranking": bool(rep.ranking),
     }
     missing = [a.label for a in rep.artifacts if a.record is None]
@@ -59,8 +62,14 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     for counts in {s["path"]: s["found"] for g in rep.groups for s in g.secrets}.values():
         for k, n in counts.items():
             found[k] = found.get(k, 0) + n
-    return {"groups": len(rep.groups), "sections": sections, "artifacts": len(rep.artifacts),
-            "flags": rep.headline.warnings,
-            "artifacts_without_record": missing, "secrets_found": found,
-            "costs": rep.costs.total, "html_bytes": len(html.encode()),
-            "card_bytes": len(card.encode())}
+    return {
+        "groups": len(rep.groups),
+        "sections": sections,
+        "artifacts": len(rep.artifacts),
+        "flags": rep.headline.warnings,
+        "artifacts_without_record": missing,
+        "secrets_found": found,
+        "costs": rep.costs.total,
+        "html_bytes": len(html.encode()),
+        "card_bytes": len(card.encode()),
+    }

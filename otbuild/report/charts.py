@@ -49,14 +49,14 @@ def _svg(width: float, height: float, title: str, body: list[str]) -> Markup:
     return Markup(
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width:.0f} {height:.0f}" '
         f'width="{width:.0f}" height="{height:.0f}" role="img" aria-label="{t}"><title>{t}</title>'
-        + "".join(body) + "</svg>"
+        + "".join(body)
+        + "</svg>"
     )
 
 
 def _text(x: float, y: float, s: str, anchor: str = "start", cls: str = "c-label", full: str | None = None) -> str:
     tip = f"<title>{escape(full)}</title>" if full and full != s else ""
-    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" class="{cls}">'
-            f"{tip}{escape(s)}</text>")
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" class="{cls}">{tip}{escape(s)}</text>'
 
 
 def _clip(s: str, chars: int) -> str:
@@ -101,12 +101,16 @@ def bars(
         y = top + i * row + (row - bar_h) / 2
         x0, x1 = sorted((x(0), x(v)))
         cls = "c-bar-neg" if v < 0 else "c-bar"
-        body.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 0.5):.1f}" height="{bar_h}" '
-                    f'class="{cls}"><title>{escape(label)}: {escape(_value(v, e, fmt))}</title></rect>')
+        body.append(
+            f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 0.5):.1f}" height="{bar_h}" '
+            f'class="{cls}"><title>{escape(label)}: {escape(_value(v, e, fmt))}</title></rect>'
+        )
         if e:
             cy = y + bar_h / 2
-            body.append(f'<path d="M{x(v - e):.1f} {cy:.1f}H{x(v + e):.1f}M{x(v - e):.1f} {cy - 5:.1f}v10'
-                        f'M{x(v + e):.1f} {cy - 5:.1f}v10" class="c-err"/>')
+            body.append(
+                f'<path d="M{x(v - e):.1f} {cy:.1f}H{x(v + e):.1f}M{x(v - e):.1f} {cy - 5:.1f}v10'
+                f'M{x(v + e):.1f} {cy - 5:.1f}v10" class="c-err"/>'
+            )
         body.append(_text(label_w - 6, y + bar_h - 3, _clip(label, chars), "end", full=label))
         body.append(_text(label_w + plot_w + 6, y + bar_h - 3, _value(v, e, fmt), "start", "c-value"))
     if lo < 0 < hi:
@@ -146,8 +150,10 @@ def columns(
         body.append(_text(left - 6, y(t) + 4, num(t), "end", "c-tick"))
     for i, (label, v) in enumerate(items):
         x0 = left + i * slot + slot * 0.1
-        body.append(f'<rect x="{x0:.1f}" y="{y(v):.1f}" width="{slot * 0.8:.1f}" height="{plot_h - (y(v) - top):.1f}" '
-                    f'class="c-bar"><title>{escape(label)}: {escape(num(v))}</title></rect>')
+        body.append(
+            f'<rect x="{x0:.1f}" y="{y(v):.1f}" width="{slot * 0.8:.1f}" height="{plot_h - (y(v) - top):.1f}" '
+            f'class="c-bar"><title>{escape(label)}: {escape(num(v))}</title></rect>'
+        )
         if n <= 30 and v:
             body.append(_text(x0 + slot * 0.4, y(v) - 3, num(v), "middle", "c-value"))
         if i % every == 0:
@@ -198,8 +204,11 @@ def line(
         path = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in pts)
         body.append(f'<polyline points="{path}" class="c-line"/>')
         if len(pts) <= 60:
-            body += [f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="2.5" class="c-dot">'
-                     f"<title>{escape(num(a))}: {escape(num(b, 4))}</title></circle>" for a, b in pts]
+            body += [
+                f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="2.5" class="c-dot">'
+                f"<title>{escape(num(a))}: {escape(num(b, 4))}</title></circle>"
+                for a, b in pts
+            ]
     body += _axis_labels(left, plot_w, top, plot_h, height, xlabel, ylabel)
     return _svg(width, height, title, body)
 
@@ -216,6 +225,8 @@ def _axis_labels(left, plot_w, top, plot_h, height, xlabel, ylabel) -> list[str]
         out.append(_text(left + plot_w / 2, height - 6, xlabel, "middle", "c-axis-label"))
     if ylabel:
         cy = top + plot_h / 2
-        out.append(f'<text x="12" y="{cy:.1f}" text-anchor="middle" class="c-axis-label" '
-                   f'transform="rotate(-90 12 {cy:.1f})">{escape(ylabel)}</text>')
+        out.append(
+            f'<text x="12" y="{cy:.1f}" text-anchor="middle" class="c-axis-label" '
+            f'transform="rotate(-90 12 {cy:.1f})">{escape(ylabel)}</text>'
+        )
     return out

@@ -70,11 +70,12 @@ class Costs:
     @property
     def total(self) -> dict:
         priced = [u.cost for u in self.usage if u.cost is not None]
-        return {**{k: sum(getattr(u, k) for u in self.usage) for k in KEYS},
-                "cost": sum(priced) if priced else None,
-                "seconds": sum(r.seconds for r in self.runtimes),
-                "gpu_hours": sum(r.gpu_hours for r in self.runtimes)}
-
+        return {
+            **{k: sum(getattr(u, k) for u in self.usage) for k in KEYS},
+            "cost": sum(priced) if priced else None,
+            "seconds": sum(r.seconds for r in self.runtimes),
+            "gpu_hours": sum(r.gpu_hours for r in self.runtimes),
+        }
 
 
 def collect(artifacts, prices: dict[str, Price] | None, root: Path = Path(".")) -> Costs:
@@ -93,8 +94,19 @@ def collect(artifacts, prices: dict[str, Price] | None, root: Path = Path(".")) 
             if price is None and u.get("input_tokens", 0) + u.get("output_tokens", 0) > 0:
                 out.unpriced.append(model)
             requests, errors, input_tokens, output_tokens = (int(u.get(k, 0)) for k in KEYS)
-            out.usage.append(Usage(a.label, a.stage, model, requests, errors, input_tokens, output_tokens,
-                                   cost(u, price), served_by(a.stats, model)))
+            out.usage.append(
+                Usage(
+                    a.label,
+                    a.stage,
+                    model,
+                    requests,
+                    errors,
+                    input_tokens,
+                    output_tokens,
+                    cost(u, price),
+                    served_by(a.stats, model),
+                )
+            )
         if runtime := _runtime(a, root):
             out.runtimes.append(runtime)
     out.unpriced = sorted(set(out.unpriced))
@@ -125,8 +137,16 @@ def _runtime(a, root: Path) -> Runtime | None:
     if not jobs:
         return None
     rss = [j["max_rss"] for j in jobs if j["max_rss"] is not None]
-    return Runtime(a.label, a.stage, a.id, len(jobs), sum(j["s"] for j in jobs), max(rss) if rss else None,
-                   max(j["gpus"] for j in jobs), sum(j["s"] * j["gpus"] for j in jobs) / 3600)
+    return Runtime(
+        a.label,
+        a.stage,
+        a.id,
+        len(jobs),
+        sum(j["s"] for j in jobs),
+        max(rss) if rss else None,
+        max(j["gpus"] for j in jobs),
+        sum(j["s"] * j["gpus"] for j in jobs) / 3600,
+    )
 
 
 def read_benchmark(path: Path) -> list[dict]:
@@ -134,8 +154,10 @@ def read_benchmark(path: Path) -> list[dict]:
     GPUs of the job's resources (0 in the plain format, which has none)."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    return [{"s": float(r["s"]), "max_rss": _number(r.get("max_rss")), "gpus": gpus(_dict(r.get("resources")))}
-            for r in rows]
+    return [
+        {"s": float(r["s"]), "max_rss": _number(r.get("max_rss")), "gpus": gpus(_dict(r.get("resources")))}
+        for r in rows
+    ]
 
 
 def gpus(resources: dict) -> int:

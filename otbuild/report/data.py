@@ -182,9 +182,9 @@ def artifacts(nodes, root: Path = Path(".")) -> list[Artifact]:
         d = root / n.dir
         local, name = n.label, None
         if local.startswith(CANDIDATES):
-            name, _, local = local[len(CANDIDATES):].partition("/")
+            name, _, local = local[len(CANDIDATES) :].partition("/")
         elif local.startswith(SEARCH) and local.count("/") > 2:
-            step, name, local = local[len(SEARCH):].split("/", 2)
+            step, name, local = local[len(SEARCH) :].split("/", 2)
             name = f"stage {step}: {name}"
         arts.append(Artifact(n.label, local, n.stage, n.id, d, _record(d), name))
     return arts
@@ -195,23 +195,32 @@ def load(cfg, root: Path = Path(".")) -> Report:
     con = duck.connect()
     scans: dict[Path, dict[str, int]] = {}  # a table candidates share is scanned once
     groups = [_group(con, name, members, scans) for name, members in by_candidate(arts)]
-    rep = Report(cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root),
-                 resolved=cfg.resolved)
+    rep = Report(
+        cfg.recipe, cfg.description, arts, groups, costs=costs.collect(arts, cfg.prices, root), resolved=cfg.resolved
+    )
     from otbuild.report.estimate import compare, load_saved
 
     if saved := load_saved(cfg.recipe, root):  # not an input: shown as volatile (docs/estimate.md)
         rep.estimate, rep.estimate_made_at = compare(saved, arts, rep.costs, root), saved.get("made_at")
-        rep.estimate_notes = [(label, note) for label, st in (saved.get("stages") or {}).items()
-                              for note in dict.fromkeys(st.get("notes") or []) if not note.startswith("built")]
-    rep.search = [{"label": a.label, **json.loads((a.dir / a.main_output.name).read_text())}
-                  for a in arts if STAGES[a.stage].checkpoint and a.record is not None]
+        rep.estimate_notes = [
+            (label, note)
+            for label, st in (saved.get("stages") or {}).items()
+            for note in dict.fromkeys(st.get("notes") or [])
+            if not note.startswith("built")
+        ]
+    rep.search = [
+        {"label": a.label, **json.loads((a.dir / a.main_output.name).read_text())}
+        for a in arts
+        if STAGES[a.stage].checkpoint and a.record is not None
+    ]
     rank = next((a for a in arts if a.stage == "rank"), None)
     if rank and not rep.search:  # a search's rankings are in its decisions
         outs = STAGES["rank"].outputs
         rep.ranking_label = rank.label
         rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
-        rep.zscores = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) "
-                                 "ORDER BY candidate, benchmark")
+        rep.zscores = _rows(
+            con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[1])}) ORDER BY candidate, benchmark"
+        )
     return rep
 
 
@@ -281,17 +290,33 @@ def _group(con, name: str | None, arts: list[Artifact], scans: dict[Path, dict[s
                 reasons[k] = reasons.get(k, 0) + v
         group = nodes[0].local.split("/")[0] if "/" in nodes[0].local else stage  # sources/NAME: "sources"
         step_name = nodes[0].local if len(nodes) == 1 else f"{group} ({len(nodes)})"
-        g.funnel.append(Step(step_name, stage, [a.local for a in nodes],
-                             total_rows(rows), sum(rejected) if rejected else None, reasons))
+        g.funnel.append(
+            Step(
+                step_name,
+                stage,
+                [a.local for a in nodes],
+                total_rows(rows),
+                sum(rejected) if rejected else None,
+                reasons,
+            )
+        )
     g.sources = [_source_info(con, a) for a in line if STAGES[a.stage].brings == "tasks"]
     g.filters = [a for a in line if STAGES[a.stage].filter]
     g.teachers = [a for a in line if STAGES[a.stage].traces and not STAGES[a.stage].filter]
     mix = next((a for a in line if a.stage == "mix"), None)
     if mix and mix.main_output.exists():
-        g.mix = {"label": mix.local, "settings": mix.settings, "sources": _rows(con, (
-            "SELECT source, count(*) AS rows, count(*) FILTER (WHERE mix_copy > 0) AS upsampled_copies, "
-            f"min(mix_rank) AS rank FROM read_parquet({_lit(mix.main_output)}) GROUP BY source ORDER BY rank, source"
-        ))}
+        g.mix = {
+            "label": mix.local,
+            "settings": mix.settings,
+            "sources": _rows(
+                con,
+                (
+                    "SELECT source, count(*) AS rows, count(*) FILTER (WHERE mix_copy > 0) AS upsampled_copies, "
+                    f"min(mix_rank) AS rank FROM read_parquet({_lit(mix.main_output)}) "
+                    "GROUP BY source ORDER BY rank, source"
+                ),
+            ),
+        }
     if trace_final := final_traces(arts):
         g.traces = _traces(con, trace_final)
     g.tasks = final_tasks(arts)
@@ -321,8 +346,9 @@ def secrets(tables: list[Artifact], scans: dict[Path, dict[str, int]]) -> list[d
             continue
         if path not in scans:
             scans[path] = scan(path)
-        out.append({"label": a.local, "path": str(path), "rows": a.rows,
-                    "found": {k: n for k, n in scans[path].items() if n}})
+        out.append(
+            {"label": a.local, "path": str(path), "rows": a.rows, "found": {k: n for k, n in scans[path].items() if n}}
+        )
     return out
 
 
@@ -344,11 +370,17 @@ def total_rows(counts: list[int | None]) -> int | None:
 def _source_info(con, a: Artifact) -> dict:
     """A source for the card: kind and settings, rows, quarantine, licences named in task metadata."""
     s, licences = a.settings, source_licences(con, a)
-    return {"label": a.local, "name": s.get("name", a.local.split("/")[-1]), "kind": s.get("kind", "?"),
-            "rows": a.rows, "quarantined": a.stats.get("quarantined", 0),
-            "quarantined_by_reason": a.stats.get("quarantined_by_reason") or {},
-            "settings": {k: v for k, v in s.items() if k not in ("name", "kind") and v is not None},
-            "licences": licences, "id": a.id}
+    return {
+        "label": a.local,
+        "name": s.get("name", a.local.split("/")[-1]),
+        "kind": s.get("kind", "?"),
+        "rows": a.rows,
+        "quarantined": a.stats.get("quarantined", 0),
+        "quarantined_by_reason": a.stats.get("quarantined_by_reason") or {},
+        "settings": {k: v for k, v in s.items() if k not in ("name", "kind") and v is not None},
+        "licences": licences,
+        "id": a.id,
+    }
 
 
 def source_licences(con, a: Artifact) -> list[tuple[str, int]]:
@@ -374,16 +406,20 @@ def _traces(con, nodes: list[Artifact]) -> TraceSet | None:
     src = f"read_parquet([{', '.join(_lit(p) for p in paths)}], union_by_name = true)"
     cols = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
     rows = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
-    turns = con.execute(f"SELECT n_turns, count(*) FROM {src} WHERE n_turns IS NOT NULL GROUP BY 1 ORDER BY 1"
-                        ).fetchall() if "n_turns" in cols else []
+    turns = (
+        con.execute(f"SELECT n_turns, count(*) FROM {src} WHERE n_turns IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
+        if "n_turns" in cols
+        else []
+    )
     rewards, rsum = [], {}
     if "reward" in cols:
         lo, hi, mean, med, n = con.execute(
-            f"SELECT min(reward), max(reward), avg(reward), median(reward), count(reward) FROM {src}").fetchone()
-        rsum = {"traces": n, "mean": mean, "median": med, "min": lo, "max": hi,
-                "missing": rows - n}
-        distinct = con.execute(f"SELECT reward, count(*) FROM {src} WHERE reward IS NOT NULL GROUP BY 1 ORDER BY 1"
-                               ).fetchall()
+            f"SELECT min(reward), max(reward), avg(reward), median(reward), count(reward) FROM {src}"
+        ).fetchone()
+        rsum = {"traces": n, "mean": mean, "median": med, "min": lo, "max": hi, "missing": rows - n}
+        distinct = con.execute(
+            f"SELECT reward, count(*) FROM {src} WHERE reward IS NOT NULL GROUP BY 1 ORDER BY 1"
+        ).fetchall()
         if len(distinct) <= 12:  # few values (pass/fail, partial credit): one bin per value
             rewards = [(_fmt(v), c) for v, c in distinct]
         else:
@@ -394,17 +430,32 @@ def _traces(con, nodes: list[Artifact]) -> TraceSet | None:
         tsum = {"traces": n, "mean": sum(t * c for t, c in turns) / n, "min": turns[0][0], "max": turns[-1][0]}
     who = next((c for c in ("teacher", "model") if c in cols), None)
     teachers = con.execute(f"SELECT {who}, count(*) FROM {src} GROUP BY 1 ORDER BY 2 DESC, 1").fetchall() if who else []
-    sources = con.execute(f"SELECT source, count(*) FROM {src} GROUP BY 1 ORDER BY 2 DESC, 1").fetchall() \
-        if "source" in cols else []
-    return TraceSet([a.local for a in nodes], paths, rows, turns, rewards, rsum, tsum,
-                    [(str(t), c) for t, c in teachers], [(str(s), c) for s, c in sources])
+    sources = (
+        con.execute(f"SELECT source, count(*) FROM {src} GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()
+        if "source" in cols
+        else []
+    )
+    return TraceSet(
+        [a.local for a in nodes],
+        paths,
+        rows,
+        turns,
+        rewards,
+        rsum,
+        tsum,
+        [(str(t), c) for t, c in teachers],
+        [(str(s), c) for s, c in sources],
+    )
 
 
 def _bins(con, src: str, lo: float, hi: float, k: int) -> list[tuple[str, int]]:
     width = (hi - lo) / k
-    counts = dict(con.execute(
-        f"SELECT least(CAST(floor((reward - {lo!r}) / {width!r}) AS INTEGER), {k - 1}) AS b, count(*) "
-        f"FROM {src} WHERE reward IS NOT NULL GROUP BY 1").fetchall())
+    counts = dict(
+        con.execute(
+            f"SELECT least(CAST(floor((reward - {lo!r}) / {width!r}) AS INTEGER), {k - 1}) AS b, count(*) "
+            f"FROM {src} WHERE reward IS NOT NULL GROUP BY 1"
+        ).fetchall()
+    )
     return [(f"{_fmt(lo + i * width)}–{_fmt(lo + (i + 1) * width)}", counts.get(i, 0)) for i in range(k)]
 
 
@@ -423,8 +474,12 @@ def _curve(a: Artifact, keys: tuple[str, ...]) -> Curve | None:
     pts = _points(lines, metric)
     ys = [y for _, y in pts]
     summary = {"steps": len(pts), "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys)}
-    for k, shown in (("epoch", "epoch"), ("tokens_seen", "tokens_seen"),
-                     ("supervised_tokens_seen", "supervised_tokens_seen"), ("time", "time (s)")):
+    for k, shown in (
+        ("epoch", "epoch"),
+        ("tokens_seen", "tokens_seen"),
+        ("supervised_tokens_seen", "supervised_tokens_seen"),
+        ("time", "time (s)"),
+    ):
         if lines and k in lines[-1]:
             summary[shown] = lines[-1][k]
     every = max(1, math.ceil(len(lines) / 10))

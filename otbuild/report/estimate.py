@@ -67,8 +67,15 @@ def compare(saved: dict, arts, costs, root: Path = Path(".")) -> list[dict]:
         if est is None or actual is None:
             return
         err = (est["estimate"] - actual) / actual if actual else None
-        rows.append({"label": label, "metric": metric, **{k: est[k] for k in ("estimate", "low", "high")},
-                     "actual": actual, "error": err})
+        rows.append(
+            {
+                "label": label,
+                "metric": metric,
+                **{k: est[k] for k in ("estimate", "low", "high")},
+                "actual": actual,
+                "error": err,
+            }
+        )
 
     by_label = {a.label: a for a in arts}
     usage: dict[str, dict] = {}
@@ -79,8 +86,11 @@ def compare(saved: dict, arts, costs, root: Path = Path(".")) -> list[dict]:
         if u.cost is not None:
             d["cost"] = (d["cost"] or 0) + u.cost
     runtime = {r.label: r for r in costs.runtimes}
-    pending = [label for label, s in saved.get("stages", {}).items()
-               if not s.get("built") and (a := by_label.get(label)) is not None and a.record is not None]
+    pending = [
+        label
+        for label, s in saved.get("stages", {}).items()
+        if not s.get("built") and (a := by_label.get(label)) is not None and a.record is not None
+    ]
     for label in pending:  # built since the estimate (what was built before cost nothing there)
         s, a = saved["stages"][label], by_label[label]
         for name, est in s["counts"].items():

@@ -80,8 +80,7 @@ class Headline:
 
 def headline(recipe: str, arts: list[Artifact], costs: costs_mod.Costs, ranking: list[dict] | None = None) -> Headline:
     parts = [_part(name, members) for name, members in by_candidate(arts)]
-    return Headline(recipe, parts, costs.total, costs.unpriced,
-                    best=ranking[0]["candidate"] if ranking else None)
+    return Headline(recipe, parts, costs.total, costs.unpriced, best=ranking[0]["candidate"] if ranking else None)
 
 
 def _part(name: str | None, arts: list[Artifact]) -> Part:
@@ -114,18 +113,28 @@ def eval_scores(ev: Artifact) -> list[Score]:
 
     out = []
     for r in pq.read_table(ev.main_output).to_pylist():
-        out.append(Score(r["benchmark"], r.get("model") or "", r.get("mean"), r.get("stderr"),
-                         int(r.get("repeats") or 0), int(r.get("n_tasks") or 0),
-                         int((r.get("n_exceptions") or 0) + (r.get("n_task_failures") or 0)),
-                         int(r.get("n_excluded") or 0)))
+        out.append(
+            Score(
+                r["benchmark"],
+                r.get("model") or "",
+                r.get("mean"),
+                r.get("stderr"),
+                int(r.get("repeats") or 0),
+                int(r.get("n_tasks") or 0),
+                int((r.get("n_exceptions") or 0) + (r.get("n_task_failures") or 0)),
+                int(r.get("n_excluded") or 0),
+            )
+        )
     return out
 
 
 def unscored_flag(s: Score) -> str | None:
     trials = s.repeats * s.tasks
     if s.mean is None or (trials and s.excluded >= trials):
-        return (f"{s.benchmark}: no trial was scored: all {trials} were left out as infrastructure "
-                "failures or not run (the eval's log says why).")
+        return (
+            f"{s.benchmark}: no trial was scored: all {trials} were left out as infrastructure "
+            "failures or not run (the eval's log says why)."
+        )
     return None
 
 
@@ -133,14 +142,17 @@ def score_flag(s: Score) -> str | None:
     if text := unscored_flag(s):
         return text
     if s.mean == 0:
-        why = (f"{s.failed} of them failed (verifier errors, task failures)" if s.failed
-               else "none passed its verifier")
-        return (f"{s.benchmark}: every trial scored 0 ({s.repeats} repeats x {s.tasks} tasks; {why}): "
-                "this score says nothing about the model.")
+        why = f"{s.failed} of them failed (verifier errors, task failures)" if s.failed else "none passed its verifier"
+        return (
+            f"{s.benchmark}: every trial scored 0 ({s.repeats} repeats x {s.tasks} tasks; {why}): "
+            "this score says nothing about the model."
+        )
     b = s.base
     if b is not None and b.mean is not None and s.mean is not None and s.mean <= b.mean:
-        return (f"{s.benchmark}: the student ({num(s.mean)} ± {num(s.stderr)}) does not score above its "
-                f"untrained base ({num(b.mean)} ± {num(b.stderr)}): training did not help on it.")
+        return (
+            f"{s.benchmark}: the student ({num(s.mean)} ± {num(s.stderr)}) does not score above its "
+            f"untrained base ({num(b.mean)} ± {num(b.stderr)}): training did not help on it."
+        )
     return None
 
 
@@ -155,11 +167,19 @@ def training_flag(a: Artifact) -> Flag | None:
             return None
         key = next((k for k in REWARD_KEYS if any(k in r for r in lines)), None)
         rewards = {r.get(key) for r in lines}
-        why = (f"{key} is 0 at every step: no rollout passed" if key and rewards == {0} else
-               f"{key} is {rewards.pop()} at every step" if key and len(rewards) == 1 else
-               "each task's samples got the same reward")
-        return Flag("rl", a.local, f"No learning signal: loss and grad norm are 0 at all {len(lines)} steps "
-                                   f"({why}, so every advantage is 0): the policy did not change.")
+        why = (
+            f"{key} is 0 at every step: no rollout passed"
+            if key and rewards == {0}
+            else f"{key} is {rewards.pop()} at every step"
+            if key and len(rewards) == 1
+            else "each task's samples got the same reward"
+        )
+        return Flag(
+            "rl",
+            a.local,
+            f"No learning signal: loss and grad norm are 0 at all {len(lines)} steps "
+            f"({why}, so every advantage is 0): the policy did not change.",
+        )
     key = next((k for k in LOSS_KEYS if any(k in r for r in lines)), None)
     if key and not all(isinstance(r[key], int | float) and math.isfinite(r[key]) for r in lines if key in r):
         return Flag("sft", a.local, f"The {key} is not a finite number at some steps: the run diverged.")

@@ -24,23 +24,35 @@ TEMPLATES = Path(__file__).parent / "templates"
 # jobs' runtimes and throughput, the rebuild results) sits between these markers, which
 # `otbuild audit --rebuild` sets aside (docs/reproducibility.md).
 VOLATILE_BEGIN, VOLATILE_END = "<!-- otbuild:volatile -->", "<!-- /otbuild:volatile -->"
-_html = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                           undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-_md = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False,
-                         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                         keep_trailing_newline=True)
+_html = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_md = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    autoescape=False,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
 for _env in (_html, _md):
     _env.filters["num"] = charts.num
-    _env.globals.update(volatile_begin=Markup(VOLATILE_BEGIN), volatile_end=Markup(VOLATILE_END),
-                        volatile_log_keys=tuple(VOLATILE_LOG_KEYS))
+    _env.globals.update(
+        volatile_begin=Markup(VOLATILE_BEGIN),
+        volatile_end=Markup(VOLATILE_END),
+        volatile_log_keys=tuple(VOLATILE_LOG_KEYS),
+    )
 
 
 def _md_cell(value) -> str:
     """Text from data in a markdown table cell: one line, pipes and HTML escaped."""
     s = "" if value is None else str(value)
     s = re.sub(r"\s+", " ", s).strip()
-    return s.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;") \
-        .replace("`", "\\`")
+    return s.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("`", "\\`")
 
 
 _md.filters["cell"] = _md_cell
@@ -55,12 +67,20 @@ def render_html(rep: Report, up: str | None = None) -> str:
     groups = [_group_charts(g) for g in rep.groups]
     ranking = None
     if rep.ranking:
-        ranking = charts.bars([(r["candidate"], r["mean_z"] or 0.0) for r in rep.ranking],
-                              title="mean z-score per candidate")
-    search = [charts.bars([(("chosen: " if c["name"] == d["winner"] else "") + c["name"], c["score"] or 0.0)
-                           for c in d["candidates"]], errors=[c["stderr"] for c in d["candidates"]],
-                          title=f"stage {d['step']}: {d['metric']} per candidate (mean ± standard error)")
-              for d in rep.search]
+        ranking = charts.bars(
+            [(r["candidate"], r["mean_z"] or 0.0) for r in rep.ranking], title="mean z-score per candidate"
+        )
+    search = [
+        charts.bars(
+            [
+                (("chosen: " if c["name"] == d["winner"] else "") + c["name"], c["score"] or 0.0)
+                for c in d["candidates"]
+            ],
+            errors=[c["stderr"] for c in d["candidates"]],
+            title=f"stage {d['step']}: {d['metric']} per candidate (mean ± standard error)",
+        )
+        for d in rep.search
+    ]
     head = rep.headline
     flags: dict[tuple, list[str]] = {}
     for name, f in head.flags:
@@ -73,10 +93,21 @@ def render_html(rep: Report, up: str | None = None) -> str:
 
     resolved = yaml.safe_dump(rep.resolved, sort_keys=True, allow_unicode=True) if rep.resolved else ""
     return _html.get_template("report.html.j2").render(
-        rep=rep, groups=groups, ranking_chart=ranking, search_charts=search,
+        rep=rep,
+        groups=groups,
+        ranking_chart=ranking,
+        search_charts=search,
         css=Markup((TEMPLATES / "report.css").read_text()),
-        version=otbuild.__version__, anchor=_anchor, amount=amount, duration=duration, head=head,
-        flags=flags, benchmarks=benchmarks, record=record, resolved=resolved)
+        version=otbuild.__version__,
+        anchor=_anchor,
+        amount=amount,
+        duration=duration,
+        head=head,
+        flags=flags,
+        benchmarks=benchmarks,
+        record=record,
+        resolved=resolved,
+    )
 
 
 def amount(v: float | None) -> str:
@@ -95,20 +126,25 @@ def _group_charts(g: Group) -> dict:
     if g.mix:
         c["mix"] = charts.bars([(r["source"], r["rows"]) for r in g.mix["sources"]], title="mixed tasks per source")
     if g.traces and g.traces.turns:
-        c["turns"] = charts.columns([(str(t), n) for t, n in g.traces.turns], title="traces per turn count",
-                                    xlabel="turns", ylabel="traces")
+        c["turns"] = charts.columns(
+            [(str(t), n) for t, n in g.traces.turns], title="traces per turn count", xlabel="turns", ylabel="traces"
+        )
     if g.traces and g.traces.rewards:
         c["rewards"] = charts.columns(g.traces.rewards, title="traces per reward", xlabel="reward", ylabel="traces")
     for key, name in (("sft", "SFT"), ("rl", "RL")):
         if cv := getattr(g, key):
             c[key] = charts.line(cv.points, title=f"{name} {cv.metric} per step", xlabel="step", ylabel=cv.metric)
-            c[f"{key}_panels"] = [charts.line(pts, title=f"{name} {k} per step", xlabel="step", ylabel=k,
-                                              width=360, height=220)
-                                  for k, pts in cv.panels]
+            c[f"{key}_panels"] = [
+                charts.line(pts, title=f"{name} {k} per step", xlabel="step", ylabel=k, width=360, height=220)
+                for k, pts in cv.panels
+            ]
     if g.eval:
         c["eval"] = charts.bars(
-            [(_bench_label(r, g.eval), r["mean"] or 0.0) for r in g.eval], errors=[r["stderr"] for r in g.eval],
-            title="eval score per benchmark (mean ± standard error)", domain=(0.0, 1.0))
+            [(_bench_label(r, g.eval), r["mean"] or 0.0) for r in g.eval],
+            errors=[r["stderr"] for r in g.eval],
+            title="eval score per benchmark (mean ± standard error)",
+            domain=(0.0, 1.0),
+        )
     return c
 
 
@@ -131,24 +167,41 @@ def render_card(rep: Report) -> str:
     }
     best = rep.ranking[0]["candidate"] if rep.ranking else None
     return _md.get_template("dataset_card.md.j2").render(
-        rep=rep, front=yaml.safe_dump(front, sort_keys=False).strip(), best=best, licences=licences,
-        version=otbuild.__version__, nonnull=_nonnull)
+        rep=rep,
+        front=yaml.safe_dump(front, sort_keys=False).strip(),
+        best=best,
+        licences=licences,
+        version=otbuild.__version__,
+        nonnull=_nonnull,
+    )
 
 
 def hub_metadata(licences: list[str]) -> dict:
     """A dataset card's Hub metadata (huggingface_hub's DatasetCardData names): `license` is the
     one licence the sources record, all of them when they differ, `unknown` when none does;
     agentic tasks and traces are English text generation."""
-    return {"license": licences[0] if len(licences) == 1 else (licences or "unknown"),
-            "task_categories": ["text-generation"], "language": ["en"]}
+    return {
+        "license": licences[0] if len(licences) == 1 else (licences or "unknown"),
+        "task_categories": ["text-generation"],
+        "language": ["en"],
+    }
 
 
 # The Hub's size_categories (dataset-card metadata), by upper bound. Its names leave the bounds
 # open and the Hub sets no rule for a count on one: here a bucket holds its lower bound
 # (10_000_000 rows: "10M<n<100M"), so every count has exactly one name.
-SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
-                   (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B"),
-                   (10_000_000_000, "1B<n<10B"), (100_000_000_000, "10B<n<100B"), (1_000_000_000_000, "100B<n<1T"))
+SIZE_CATEGORIES = (
+    (1_000, "n<1K"),
+    (10_000, "1K<n<10K"),
+    (100_000, "10K<n<100K"),
+    (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"),
+    (100_000_000, "10M<n<100M"),
+    (1_000_000_000, "100M<n<1B"),
+    (10_000_000_000, "1B<n<10B"),
+    (100_000_000_000, "10B<n<100B"),
+    (1_000_000_000_000, "100B<n<1T"),
+)
 
 
 def size_category(rows: int) -> str:
@@ -158,4 +211,3 @@ def size_category(rows: int) -> str:
 
 def _nonnull(settings: dict, skip: tuple[str, ...] = ()) -> dict:
     return {k: v for k, v in settings.items() if v not in (None, False, {}, []) and k not in skip}
-

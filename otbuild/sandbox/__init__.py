@@ -1,9 +1,9 @@
 """Local sandbox in which agent commands and verifiers run (see docs/sandbox.md).
 
-    with open_sandbox(task, workdir) as box:
-        box.run("bash /solution/solve.sh", timeout=60)        # or box.argv([...]) for a pty
-        box.run("bash /tests/test.sh", timeout=60, with_tests=True)
-        reward = read_reward(box.root)
+with open_sandbox(task, workdir) as box:
+    box.run("bash /solution/solve.sh", timeout=60)        # or box.argv([...]) for a pty
+    box.run("bash /tests/test.sh", timeout=60, with_tests=True)
+    reward = read_reward(box.root)
 """
 
 from __future__ import annotations
@@ -32,9 +32,24 @@ from otbuild.tasks.base_image import host_compatible
 from otbuild.tasks.task_toml import runnable_locally, task_config
 from otbuild.tasks.taskdir import TaskDir, TaskFormatError
 
-__all__ = ["BACKENDS", "LayoutError", "Limits", "RunResult", "Sandbox", "SandboxError", "SandboxUnavailable",
-           "TaskNotRunnableLocally", "TaskSetupError", "backend_for", "backend_problem", "head_tail", "needs_image",
-           "open_sandbox", "read_reward", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "LayoutError",
+    "Limits",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxUnavailable",
+    "TaskNotRunnableLocally",
+    "TaskSetupError",
+    "backend_for",
+    "backend_problem",
+    "head_tail",
+    "needs_image",
+    "open_sandbox",
+    "read_reward",
+    "resolve_backend",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +81,11 @@ def backend_for(task: TaskDir, backend: str) -> str:
         return "bwrap"
     problem = backend_problem("podman")
     if problem is not None:
-        raise TaskNotRunnableLocally(f"task {task.name!r} needs its container image (RUN lines, a "
-                                     f"prebuilt image or a FROM the host is not) and podman cannot "
-                                     f"run it here: {problem}")
+        raise TaskNotRunnableLocally(
+            f"task {task.name!r} needs its container image (RUN lines, a "
+            f"prebuilt image or a FROM the host is not) and podman cannot "
+            f"run it here: {problem}"
+        )
     return "podman"
 
 
@@ -82,8 +99,10 @@ def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {backend!r} (one of {', '.join(BACKENDS)})")
     if backend == "none":
-        log.warning("sandbox backend 'none': commands run on the host WITHOUT isolation "
-                    "(no private filesystem, network or process namespace)")
+        log.warning(
+            "sandbox backend 'none': commands run on the host WITHOUT isolation "
+            "(no private filesystem, network or process namespace)"
+        )
         return backend
     problem = backend_problem(backend)
     if problem is None:
@@ -93,16 +112,23 @@ def resolve_backend(backend: str) -> str:
         return "unshare"
     if backend == "podman":
         raise SandboxUnavailable(f"sandbox podman: {problem}")
-    raise SandboxUnavailable(problem if backend == "unshare" else
-                             f"{problem}; unshare fallback: {backend_problem('unshare')}")
+    raise SandboxUnavailable(
+        problem if backend == "unshare" else f"{problem}; unshare fallback: {backend_problem('unshare')}"
+    )
 
 
 DEFAULT_LIMITS = Limits()
 
 
-def open_sandbox(task: TaskDir, workdir: Path, *, backend: str = "bwrap",
-                 limits: Limits = DEFAULT_LIMITS, with_solution: bool = False,
-                 cleanup: bool = False) -> Sandbox:
+def open_sandbox(
+    task: TaskDir,
+    workdir: Path,
+    *,
+    backend: str = "bwrap",
+    limits: Limits = DEFAULT_LIMITS,
+    with_solution: bool = False,
+    cleanup: bool = False,
+) -> Sandbox:
     """Materialise a new trial root under `workdir` and return its sandbox.
 
     The root holds the environment files where the Dockerfile puts them, private /tmp,
@@ -144,8 +170,15 @@ def task_limits(task: TaskDir, backend: str, limits: Limits) -> Limits:
     return replace(limits, storage_mb=asked(env.storage_mb, limits.storage_mb), memory_mb=max(memory, 64))
 
 
-def _materialised(task: TaskDir, workdir: Path, backend: str, limits: Limits, layout: Layout | None,
-                  with_solution: bool, cleanup: bool) -> Sandbox:
+def _materialised(
+    task: TaskDir,
+    workdir: Path,
+    backend: str,
+    limits: Limits,
+    layout: Layout | None,
+    with_solution: bool,
+    cleanup: bool,
+) -> Sandbox:
     workdir.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.name)[:60] or "trial"
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))

@@ -22,8 +22,12 @@ def available() -> str | None:
     # host where other trials' tmpfs roots come and go ("Unable to apply mount flags"), and one
     # failed probe would send this whole process to the unshare backend
     try:
-        proc = subprocess.run([path, *_mount_args(system_mounts()), "--unshare-net", "--unshare-pid",
-                               *_userns(), "true"], check=False, capture_output=True, timeout=20)
+        proc = subprocess.run(
+            [path, *_mount_args(system_mounts()), "--unshare-net", "--unshare-pid", *_userns(), "true"],
+            check=False,
+            capture_output=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap does not run: {e}"
     if proc.returncode != 0:
@@ -53,9 +57,18 @@ def _mount_args(mounts: list[Mount]) -> list[str]:
 
 
 def argv(inv: Invocation) -> list[str]:
-    a = [shutil.which(BWRAP) or BWRAP, "--unshare-net", "--unshare-pid", "--unshare-ipc",
-         "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--clearenv",
-         "--hostname", "sandbox"]
+    a = [
+        shutil.which(BWRAP) or BWRAP,
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--clearenv",
+        "--hostname",
+        "sandbox",
+    ]
     if not inv.privileged:  # an unprivileged user needs a user namespace; no nested ones
         a += ["--unshare-user"] + (["--disable-userns"] if _supports("--disable-userns") else [])
     if not inv.tty:

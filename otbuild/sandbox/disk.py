@@ -38,8 +38,10 @@ def mount_scratch(root: Path, mb: int) -> bool:
     leaves nothing for good (`remove_leaked_scratch`); True when mounted."""
     if os.geteuid() != 0:
         return False
-    return _libc().mount(f"{SCRATCH}:{owner()}".encode(), os.fsencode(root), b"tmpfs", 0,
-                         f"size={mb}m,mode=0755".encode()) == 0
+    return (
+        _libc().mount(f"{SCRATCH}:{owner()}".encode(), os.fsencode(root), b"tmpfs", 0, f"size={mb}m,mode=0755".encode())
+        == 0
+    )
 
 
 @functools.cache
@@ -58,7 +60,7 @@ def remove_leaked_scratch() -> int:
         return 0
     for line in lines:
         source, mountpoint = line.split()[:2]
-        if source.startswith(SCRATCH + ":") and owner_is_gone(source[len(SCRATCH) + 1:]):
+        if source.startswith(SCRATCH + ":") and owner_is_gone(source[len(SCRATCH) + 1 :]):
             leaked.append(mountpoint.replace("\\040", " "))
     for mountpoint in leaked:
         unmount_scratch(Path(mountpoint))
@@ -82,8 +84,13 @@ def unmount_scratch(root: Path, keep_files: bool = False) -> None:
 
 @functools.cache
 def _storage_opt_works(image: str) -> bool:
-    r = subprocess.run(["podman", "create", "--rm", "--storage-opt", "size=64m", image, "true"],
-                       capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        ["podman", "create", "--rm", "--storage-opt", "size=64m", image, "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if r.returncode == 0:
         subprocess.run(["podman", "rm", "-f", r.stdout.strip()], capture_output=True, check=False)
     return r.returncode == 0

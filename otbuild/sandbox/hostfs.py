@@ -19,10 +19,31 @@ from otbuild.rundir import private_dir, runtime_dir
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # /etc entries programs need. passwd, group, hosts and hostname are generated per trial.
 ETC_ALLOW = (
-    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version",
-    "gai.conf", "host.conf", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "locale.alias", "localtime", "magic", "magic.mime", "mime.types", "nsswitch.conf",
-    "os-release", "profile", "protocols", "python3", "services", "ssl", "terminfo", "timezone",
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "protocols",
+    "python3",
+    "services",
+    "ssl",
+    "terminfo",
+    "timezone",
 )
 ETC_GENERATED = ("passwd", "group", "hosts", "hostname")
 HOSTNAME = "sandbox"
@@ -108,8 +129,9 @@ def _copy_entry(src: Path, dest: Path) -> None:
     if not src.is_dir():
         shutil.copy2(src, dest)  # follows a symlink, as the bind of it did
         return
-    shutil.copytree(src, dest, symlinks=True,
-                    ignore=lambda d, names: names if Path(d) == Path("/etc/ssl/private") else [])
+    shutil.copytree(
+        src, dest, symlinks=True, ignore=lambda d, names: names if Path(d) == Path("/etc/ssl/private") else []
+    )
 
 
 def write_etc(root: Path, uid: int, gid: int) -> None:

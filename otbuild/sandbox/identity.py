@@ -39,8 +39,14 @@ class Identity:
         if not has_caps:
             return []
         ids = ["--reuid", str(self.uid), "--regid", str(self.gid), "--clear-groups"]
-        return ["/usr/bin/setpriv", *(ids if self.privileged else []),
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return [
+            "/usr/bin/setpriv",
+            *(ids if self.privileged else []),
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
 
     def release(self, clean: bool = False) -> None:
         """Give the uid back; `clean`: none of its processes is left (the sandbox saw them all

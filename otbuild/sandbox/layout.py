@@ -76,9 +76,7 @@ def plan(task: TaskDir) -> Layout:
     """Read `environment/Dockerfile` (WORKDIR, COPY, ENV); without one, the environment
     files go to /app. LayoutError, naming the task, for what a local sandbox cannot lay out."""
     context = {
-        rel[len(ENV_PREFIX):]: (f.data, f.executable)
-        for rel, f in task.files.items()
-        if rel.startswith(ENV_PREFIX)
+        rel[len(ENV_PREFIX) :]: (f.data, f.executable) for rel, f in task.files.items() if rel.startswith(ENV_PREFIX)
     }
     layout = Layout()
     text = task.text(DOCKERFILE)
@@ -92,8 +90,10 @@ def plan(task: TaskDir) -> Layout:
             raise LayoutError(f"task {task.name!r}: {e}") from None
     for path in [layout.workdir, *layout.files]:
         if system_path(path):  # `COPY dir/ /` with dir/etc/... in the build context
-            raise LayoutError(f"task {task.name!r}: {path} is where a local sandbox has the "
-                              "host's own dirs (/usr, /etc, ...) or the root")
+            raise LayoutError(
+                f"task {task.name!r}: {path} is where a local sandbox has the "
+                "host's own dirs (/usr, /etc, ...) or the root"
+            )
     return layout
 
 
@@ -101,8 +101,7 @@ def _apply_dockerfile(layout: Layout, text: str, context: dict[str, tuple[bytes,
     instructions = parse(text)
     refused = [str(p) for p in local_problems(instructions) if not p.skippable]
     if refused:
-        raise LayoutError(f"its Dockerfile asks for what a local sandbox cannot lay out: "
-                          f"{'; '.join(refused)}")
+        raise LayoutError(f"its Dockerfile asks for what a local sandbox cannot lay out: {'; '.join(refused)}")
     layout.workdir = "/"
     for ins in instructions:
         if ins.keyword == "WORKDIR":
@@ -173,8 +172,11 @@ def materialise(layout: Layout, root: Path) -> None:
 def write_subtree(task: TaskDir, prefix: str, root: Path, rel: str = "", owner: safefs.Owner = None) -> None:
     """Copy the task's `prefix/` files (tests/, solution/, a podman build context) to `root/rel`
     (`safefs.write_tree`: through no link the trial left), at the fixed time."""
-    files = [(name[len(prefix) + 1:], f.data, f.executable) for name, f in sorted(task.files.items())
-             if name.startswith(prefix + "/")]
+    files = [
+        (name[len(prefix) + 1 :], f.data, f.executable)
+        for name, f in sorted(task.files.items())
+        if name.startswith(prefix + "/")
+    ]
     safefs.write_tree(root, rel, files, owner=owner, mtime=file_time())
 
 

@@ -50,14 +50,17 @@ def parts(rel: str | PurePosixPath) -> list[str]:
 def _unsafe(e: OSError, rel: str | PurePosixPath) -> OSError:
     """`e` as an UnsafePathError naming `rel` when the trial's files made it; else as it is."""
     if e.errno in SHAPE_ERRORS and not isinstance(e, UnsafePathError):
-        return UnsafePathError(e.errno, f"{rel}: {os.strerror(e.errno or 0)} (not followed: a link, a file "
-                                        "where a folder goes, or a special file)")
+        return UnsafePathError(
+            e.errno,
+            f"{rel}: {os.strerror(e.errno or 0)} (not followed: a link, a file where a folder goes, or a special file)",
+        )
     return e
 
 
 @contextmanager
-def opened_dir(root: Path, rel: str | PurePosixPath = "", *, create: bool = False, owner: Owner = None
-               ) -> Iterator[int]:
+def opened_dir(
+    root: Path, rel: str | PurePosixPath = "", *, create: bool = False, owner: Owner = None
+) -> Iterator[int]:
     """A file descriptor of the folder `root/rel`, every part opened with O_NOFOLLOW relative to
     the last; with `create`, missing folders are made (mode 0755, given to `owner`)."""
     fd = os.open(root, DIR_FLAGS)
@@ -102,8 +105,15 @@ def _split(rel: str | PurePosixPath) -> tuple[list[str], str]:
     return names[:-1], names[-1]
 
 
-def write_file(root: Path, rel: str | PurePosixPath, data: bytes, *, mode: int = 0o644, owner: Owner = None,
-               mtime: int | None = None) -> None:
+def write_file(
+    root: Path,
+    rel: str | PurePosixPath,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    owner: Owner = None,
+    mtime: int | None = None,
+) -> None:
     """`root/rel` made anew with `data` (what was there, a link or a pipe included, is removed
     first; a folder there is refused); missing folders are made."""
     folders, name = _split(rel)
@@ -116,7 +126,7 @@ def write_file(root: Path, rel: str | PurePosixPath, data: bytes, *, mode: int =
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fchmod(fd, mode)
             if owner is not None:
                 os.fchown(fd, *owner)
@@ -133,8 +143,9 @@ def _unlink(d: int, name: str) -> None:
         pass
 
 
-def write_tree(root: Path, rel: str, files: Iterable[tuple[str, bytes, bool]], *, owner: Owner = None,
-               mtime: int | None = None) -> None:
+def write_tree(
+    root: Path, rel: str, files: Iterable[tuple[str, bytes, bool]], *, owner: Owner = None, mtime: int | None = None
+) -> None:
     """Files (path below `rel`, data, executable) written under `root/rel`, which is made even
     when there are none; with `mtime`, every file and folder of it is given that time."""
     with opened_dir(root, rel, create=True, owner=owner):

@@ -31,18 +31,28 @@ LAUNCHERS = {"bwrap", "unshare", "env"}  # argv[0] of the host process that star
 
 @dataclass(frozen=True)
 class RunResult:
-    exit_code: int      # the command's status; 128+N or -N when a signal ended it
-    output: str         # stdout and stderr interleaved, at most `Limits.output_bytes` (+ a note)
-    timed_out: bool     # the command's timeout or the trial's wall clock ran out
-    truncated: bool     # the output passed the cap and the command was killed
+    exit_code: int  # the command's status; 128+N or -N when a signal ended it
+    output: str  # stdout and stderr interleaved, at most `Limits.output_bytes` (+ a note)
+    timed_out: bool  # the command's timeout or the trial's wall clock ran out
+    truncated: bool  # the output passed the cap and the command was killed
     duration_s: float
 
 
 class Sandbox:
     """A materialised trial. Use as a context manager; `close()` kills every process."""
 
-    def __init__(self, task: TaskDir, root: Path, backend: str, limits: Limits, layout: Layout,
-                 identity: Identity, with_solution: bool, cleanup: bool, scratch: bool = False):
+    def __init__(
+        self,
+        task: TaskDir,
+        root: Path,
+        backend: str,
+        limits: Limits,
+        layout: Layout,
+        identity: Identity,
+        with_solution: bool,
+        cleanup: bool,
+        scratch: bool = False,
+    ):
         self.task, self.root, self.backend, self.limits = task, root, backend, limits
         self.workdir = layout.workdir
         self._layout, self._identity = layout, identity
@@ -79,14 +89,29 @@ class Sandbox:
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment commands get: a clean base, the Dockerfile's ENV, then `extra`."""
         user = "root" if self.uid == 0 else "agent"
-        base = {"PATH": PATH, "HOME": "/root", "USER": user, "LOGNAME": user,
-                "SHELL": "/bin/bash", "TERM": "dumb", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+        base = {
+            "PATH": PATH,
+            "HOME": "/root",
+            "USER": user,
+            "LOGNAME": user,
+            "SHELL": "/bin/bash",
+            "TERM": "dumb",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+        }
         if self.backend == "none":
             base["OTBUILD_SANDBOX_ROOT"] = str(self.root)  # how kill_all finds them
         return {**base, **self._layout.env, **(extra or {})}
 
-    def argv(self, command: list[str], *, with_tests: bool = False, cwd: str | None = None,
-             env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
+    def argv(
+        self,
+        command: list[str],
+        *,
+        with_tests: bool = False,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        tty: bool = False,
+    ) -> list[str]:
         """The host argv that runs `command` in the sandbox, limits applied. For callers
         that run the process themselves (`tty=True` keeps the controlling terminal, for
         `bash -i` under a pty). Its processes end when `command` ends, and at `kill_all`;
@@ -94,8 +119,15 @@ class Sandbox:
         self._handed_out += 1
         return self._argv(command, with_tests=with_tests, cwd=cwd, env=env, tty=tty)
 
-    def _argv(self, command: list[str], *, with_tests: bool = False, cwd: str | None = None,
-              env: dict[str, str] | None = None, tty: bool = False) -> list[str]:
+    def _argv(
+        self,
+        command: list[str],
+        *,
+        with_tests: bool = False,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        tty: bool = False,
+    ) -> list[str]:
         self._check_open()
         if with_tests:
             self._ensure_tests()
@@ -105,27 +137,35 @@ class Sandbox:
         if self._closed:
             raise RuntimeError("sandbox is closed")
         if time.monotonic() >= self.deadline:
-            raise WallClockExceeded(f"trial {self.root.name}: its wall clock "
-                               f"({self.limits.wall_seconds:g}s) ran out")
+            raise WallClockExceeded(f"trial {self.root.name}: its wall clock ({self.limits.wall_seconds:g}s) ran out")
 
-    def _command_argv(self, command: list[str], *, with_tests: bool, cwd: str | None,
-                      env: dict[str, str] | None, tty: bool) -> list[str]:
+    def _command_argv(
+        self, command: list[str], *, with_tests: bool, cwd: str | None, env: dict[str, str] | None, tty: bool
+    ) -> list[str]:
         """The backend's host argv for one command (checks done)."""
         has_caps = self._identity.privileged or self.backend == "unshare"
-        prefix = self.limits.prlimit() + (
-            [] if self.backend == "none" else self._identity.drop(has_caps=has_caps))
-        mounts = self._system + trial_mounts(self.root, self._layout.tops(), tests=with_tests,
-                                             solution=self._with_solution)
-        inv = Invocation(self.root, mounts, cwd or self.workdir, self.env(env), prefix,
-                         list(command), tty, self._identity.privileged)
+        prefix = self.limits.prlimit() + ([] if self.backend == "none" else self._identity.drop(has_caps=has_caps))
+        mounts = self._system + trial_mounts(
+            self.root, self._layout.tops(), tests=with_tests, solution=self._with_solution
+        )
+        inv = Invocation(
+            self.root, mounts, cwd or self.workdir, self.env(env), prefix, list(command), tty, self._identity.privileged
+        )
         if self.backend == "bwrap":
             return bwrap.argv(inv)
         if self.backend == "unshare":
             return unshare.argv(inv)
         return none.argv(inv, str(self.root / (cwd or self.workdir).lstrip("/")))
 
-    def run(self, command: str | list[str], *, timeout: float, with_tests: bool = False,
-            cwd: str | None = None, env: dict[str, str] | None = None) -> RunResult:
+    def run(
+        self,
+        command: str | list[str],
+        *,
+        timeout: float,
+        with_tests: bool = False,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> RunResult:
         """Run one command (a string goes to `bash -c`) to its end, the timeout, or the
         output cap; everything it started is gone when this returns."""
         if isinstance(command, str):
@@ -162,11 +202,15 @@ class Sandbox:
         """The step's workdir/ files written into the working dir, owned by the trial's uid."""
         for rel, f in sorted(step.files.items()):
             if rel.startswith(f"{WORKDIR}/"):
-                safefs.write_file(self.root, f"{self.workdir}/{rel[len(WORKDIR) + 1:]}", f.data,
-                                  mode=file_mode(f.executable), owner=self.owner)
+                safefs.write_file(
+                    self.root,
+                    f"{self.workdir}/{rel[len(WORKDIR) + 1 :]}",
+                    f.data,
+                    mode=file_mode(f.executable),
+                    owner=self.owner,
+                )
 
-    def park(self, command: list[str], *, with_tests: bool = False, env: dict[str, str] | None = None
-             ) -> Parked | None:
+    def park(self, command: list[str], *, with_tests: bool = False, env: dict[str, str] | None = None) -> Parked | None:
         """Start `command`'s sandbox now, held before the command itself runs, until
         `Parked.run`: what starting a command costs (namespaces, mounts, the limits and uid
         prefix) is paid while something else runs (the harness parks the verifier while the
@@ -180,14 +224,22 @@ class Sandbox:
             with safefs.opened_dir(self.root, "tests", create=True):  # bound now, filled at run
                 pass
         held = ["/bin/sh", "-c", 'read -r _ && exec "$@"', "parked", *command]
-        proc = self._spawn(self._command_argv(held, with_tests=with_tests, cwd=None, env=env, tty=False),
-                           stdin=subprocess.PIPE)
+        proc = self._spawn(
+            self._command_argv(held, with_tests=with_tests, cwd=None, env=env, tty=False), stdin=subprocess.PIPE
+        )
         return Parked(self, proc, with_tests)
 
     def _spawn(self, args: list[str], stdin=subprocess.DEVNULL) -> subprocess.Popen:
         try:
-            proc = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={"PATH": PATH}, cwd=self.root)
+            proc = subprocess.Popen(
+                args,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={"PATH": PATH},
+                cwd=self.root,
+            )
         except OSError as e:  # no fork, no pipe: the host is out of something
             raise SandboxError(f"trial {self.root.name}: could not start {args[0]}: {e}") from e
         with self._lock:
@@ -199,8 +251,7 @@ class Sandbox:
         deadline = min(start + timeout, self.deadline)
         stdout = cast(IO[bytes], proc.stdout)  # started with stdout=PIPE
         try:
-            data, over, timed_out = read_bounded(stdout.fileno(), self.limits.output_bytes,
-                                                 deadline)
+            data, over, timed_out = read_bounded(stdout.fileno(), self.limits.output_bytes, deadline)
             if over or timed_out:
                 self._kill_tree(proc)
             try:
@@ -260,8 +311,11 @@ class Sandbox:
 
         def find() -> set[int]:
             table = scan()
-            tops = {pid for pid, (_, args) in table.items() if args
-                    and os.path.basename(args[0]) in LAUNCHERS and any(marker in a for a in args)}
+            tops = {
+                pid
+                for pid, (_, args) in table.items()
+                if args and os.path.basename(args[0]) in LAUNCHERS and any(marker in a for a in args)
+            }
             with self._lock:
                 tops |= {p.pid for p in self._procs if p.poll() is None}
             if kept is not None:

@@ -35,8 +35,17 @@ def available() -> str | None:
 
 def _unshare() -> list[str]:
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [shutil.which("unshare") or "unshare", *user, "--mount", "--net", "--pid", "--ipc",
-            "--uts", "--fork", "--kill-child=SIGKILL"]
+    return [
+        shutil.which("unshare") or "unshare",
+        *user,
+        "--mount",
+        "--net",
+        "--pid",
+        "--ipc",
+        "--uts",
+        "--fork",
+        "--kill-child=SIGKILL",
+    ]
 
 
 def argv(inv: Invocation) -> list[str]:
@@ -46,8 +55,7 @@ def argv(inv: Invocation) -> list[str]:
     lines = [
         "set -e",
         "export PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-        ("ro() { mount -o remount,bind,ro \"$1\" 2>/dev/null"
-         " || mount -o remount,bind,ro,nosuid,nodev \"$1\"; }"),
+        ('ro() { mount -o remount,bind,ro "$1" 2>/dev/null || mount -o remount,bind,ro,nosuid,nodev "$1"; }'),
         f"mkdir -p {n}",
         f"mount -t tmpfs -o mode=0755 sandbox {n}",
     ]
@@ -70,14 +78,19 @@ def argv(inv: Invocation) -> list[str]:
     lines += [
         f"mkdir -p {n}/proc {n}/dev && mount -t proc proc {n}/proc",
         f"mount -t tmpfs -o mode=0755,nosuid tmpfs {n}/dev",
-        (f"for d in null zero full random urandom tty; do touch {n}/dev/$d;"
-         f" mount --bind /dev/$d {n}/dev/$d; done"),
-        (f"mkdir {n}/dev/pts {n}/dev/shm && mount -t tmpfs"
-         f" -o mode={SHM_MODE},size={SHM_BYTES},nosuid,nodev tmpfs {n}/dev/shm"),
-        (f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {n}/dev/pts"
-         f" && ln -s pts/ptmx {n}/dev/ptmx || true"),
-        (f"ln -s /proc/self/fd {n}/dev/fd; ln -s /proc/self/fd/0 {n}/dev/stdin;"
-         f" ln -s /proc/self/fd/1 {n}/dev/stdout; ln -s /proc/self/fd/2 {n}/dev/stderr"),
+        (f"for d in null zero full random urandom tty; do touch {n}/dev/$d; mount --bind /dev/$d {n}/dev/$d; done"),
+        (
+            f"mkdir {n}/dev/pts {n}/dev/shm && mount -t tmpfs"
+            f" -o mode={SHM_MODE},size={SHM_BYTES},nosuid,nodev tmpfs {n}/dev/shm"
+        ),
+        (
+            f"mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts {n}/dev/pts"
+            f" && ln -s pts/ptmx {n}/dev/ptmx || true"
+        ),
+        (
+            f"ln -s /proc/self/fd {n}/dev/fd; ln -s /proc/self/fd/0 {n}/dev/stdin;"
+            f" ln -s /proc/self/fd/1 {n}/dev/stdout; ln -s /proc/self/fd/2 {n}/dev/stderr"
+        ),
         "hostname sandbox 2>/dev/null || true",
         "if command -v ip >/dev/null; then ip link set lo up; fi",
         f"cd {n} && mkdir .oldroot && pivot_root . .oldroot && cd /",
@@ -86,8 +99,7 @@ def argv(inv: Invocation) -> list[str]:
         f"cd {q(inv.cwd)}",
         "set +e",
         # pid 1 stays this shell; the command is its child (not exec'd)
-        " ".join(["env -i", *(q(f"{k}={v}") for k, v in inv.env.items()),
-                  *(q(a) for a in inv.prefix), '"$@"']),
+        " ".join(["env -i", *(q(f"{k}={v}") for k, v in inv.env.items()), *(q(a) for a in inv.prefix), '"$@"']),
         "exit $?",
     ]
     script = "\n".join(lines)

@@ -71,8 +71,9 @@ def re2(**kwargs) -> Any:
 class Sharded(Strict):
     """A stage whose work is split into shard jobs (each resumes where it stopped), then merged."""
 
-    shards: int = execution_only(1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume "
-                                 "(Slurm fans them out)")
+    shards: int = execution_only(
+        1, ge=1, le=MAX_SHARDS, description="separate Snakemake jobs that resume (Slurm fans them out)"
+    )
 
 
 def role(info: FieldInfo) -> str | None:

@@ -40,7 +40,8 @@ class ServerOptions(Strict):
     log_path: str | None = execution_only(None, description="the server's stdout+stderr; None: a temporary file")
     env: dict[str, Any] = Field(default_factory=dict, description="extra environment variables for the server")
     max_restarts: int = execution_only(
-        2, ge=0, description="times a server that died is started again before the stage fails")
+        2, ge=0, description="times a server that died is started again before the stage fails"
+    )
 
 
 class TransformersOptions(ServerOptions):
@@ -57,31 +58,41 @@ class VLLMOptions(ServerOptions):
     tensor_parallel_size: int = execution_only(1, ge=1)
     data_parallel_size: int = execution_only(1, ge=1)
     max_model_len: int | None = Field(
-        default=None, ge=1, description="beyond the model's own context: rope scaling in hf_overrides")
+        default=None, ge=1, description="beyond the model's own context: rope scaling in hf_overrides"
+    )
     quantization: str | None = Field(default=None, description="e.g. awq; unset: the checkpoint's own")
     hf_overrides: dict[str, Any] | None = Field(
-        default=None, description="e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}")
+        default=None, description="e.g. {rope_scaling: {rope_type: yarn, factor: 2.0, ...}}"
+    )
     gpu_memory_utilization: float | None = execution_only(None, gt=0, le=1)
     enable_auto_tool_choice: bool = False
     enforce_eager: bool = execution_only(
-        False, description="no torch.compile and no CUDA graphs: a start in seconds instead of a minute, "
-        "slower decoding; for tiny models and vLLM's CPU build")
+        False,
+        description="no torch.compile and no CUDA graphs: a start in seconds instead of a minute, "
+        "slower decoding; for tiny models and vLLM's CPU build",
+    )
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
-    dtype: str | None = Field(default=None, description="e.g. float32, bfloat16; unset: vLLM's choice for the "
-                              "checkpoint (`--dtype auto`)")
+    dtype: str | None = Field(
+        default=None, description="e.g. float32, bfloat16; unset: vLLM's choice for the checkpoint (`--dtype auto`)"
+    )
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] | None = Field(
-        default=None, description="what `logprobs` returns; RL's rollouts ask processed_logprobs (after temperature)")
+        default=None, description="what `logprobs` returns; RL's rollouts ask processed_logprobs (after temperature)"
+    )
     extra_args: list[str | int | float] = Field(default_factory=list, description="appended to the command line as is")
     vllm_executable: str | None = execution_only(
-        None, min_length=1, description="None: `vllm` on PATH, else the project's .venv-vllm/bin/vllm (make setup)")
+        None, min_length=1, description="None: `vllm` on PATH, else the project's .venv-vllm/bin/vllm (make setup)"
+    )
 
 
 # engine -> the model of its launch options (the keys of an `engine_args` mapping), for each
 # engine that starts a server
 # (`auto` takes vLLM's: those a fallback to transformers cannot use are left out there)
 LAUNCH_OPTIONS: dict[str, type[VLLMOptions | TransformersOptions]] = {
-    "vllm": VLLMOptions, "transformers": TransformersOptions, AUTO: VLLMOptions}
+    "vllm": VLLMOptions,
+    "transformers": TransformersOptions,
+    AUTO: VLLMOptions,
+}
 
 
 class LaunchOptionsError(ValueError):
@@ -98,8 +109,10 @@ def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions
     options = LAUNCH_OPTIONS.get(engine)
     if options is None:
         if args:
-            raise ValueError(f"engine {engine!r} starts no server: engine_args holds the launch options "
-                             f"of {' or '.join(LAUNCH_OPTIONS)}")
+            raise ValueError(
+                f"engine {engine!r} starts no server: engine_args holds the launch options "
+                f"of {' or '.join(LAUNCH_OPTIONS)}"
+            )
         return None
     try:
         return options.model_validate(args)
@@ -119,7 +132,8 @@ class Sampling(Strict):
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=4096, ge=1, description="per answer")
     concurrency: int | None = execution_only(
-        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)")
+        None, ge=1, description="requests (trials) in flight per job; default: the engine's own (docs/engines.md)"
+    )
 
 
 class LLM(Sampling):
@@ -132,13 +146,16 @@ class LLM(Sampling):
     base_url: str | None = None  # openai: the endpoint, e.g. https://api.example.com/v1
     api_key_env: str | None = None  # openai: the NAME of the env var holding the key
     request_params: Literal["auto", "standard", "reasoning"] = Field(
-        default="auto", description="which body fields the model takes: auto picks by model name "
-        "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md")
+        default="auto",
+        description="which body fields the model takes: auto picks by model name "
+        "(reasoning models: max_completion_tokens, no sampling knobs); docs/engines.md",
+    )
     max_retries: int = execution_only(5, ge=0, description="after the first attempt (transport errors, 429, 5xx)")
     request_timeout_sec: float = execution_only(600, gt=0)
     engine_args: dict[str, Any] = engine_args(of="engine")  # a managed server's launch options
-    provider: str | None = Field(default=None, min_length=1, description="the trace's model_provider; "
-                                 "default: the engine's")
+    provider: str | None = Field(
+        default=None, min_length=1, description="the trace's model_provider; default: the engine's"
+    )
     top_p: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request body")

@@ -41,20 +41,33 @@ class Limits:
     wall_seconds: float = 900
     output_bytes: int = _setting(10_000_000, ge=10_000)
     network: Literal["task", "none"] = _setting(
-        "task", "podman: the network task.toml's policy allows each phase (Harbor's default: public; "
-        "`network_mode = \"no-network\"` or `allow_internet = false`: none; an allowlist is refused, never "
-        "widened), or none for every task (bwrap trials always have loopback only)")
+        "task",
+        "podman: the network task.toml's policy allows each phase (Harbor's default: public; "
+        '`network_mode = "no-network"` or `allow_internet = false`: none; an allowlist is refused, never '
+        "widened), or none for every task (bwrap trials always have loopback only)",
+    )
     pull: Literal["never", "missing", "always"] = _setting(
-        "missing", "podman: fetch a task's base image from its registry when not present locally",
-        execution_only=True)
+        "missing", "podman: fetch a task's base image from its registry when not present locally", execution_only=True
+    )
     build_network: Literal["none", "public"] = "none"  # the recipe's trials' `build_network` (settings/trials.py)
-    storage_mb: int = _setting(10240, "a trial's writable space, for tasks whose task.toml sets no storage_mb; "
-                               "reaching it ends the trial as a task failure (otbuild/sandbox/disk.py)", ge=16)
+    storage_mb: int = _setting(
+        10240,
+        "a trial's writable space, for tasks whose task.toml sets no storage_mb; "
+        "reaching it ends the trial as a task failure (otbuild/sandbox/disk.py)",
+        ge=16,
+    )
 
-    cpus: float | None = _setting(None, "podman: the most CPUs a trial gets (a task's [environment] cpus, "
-                                  "default 1, may ask for fewer); default: the host's", gt=0)
-    tasks_may_raise: bool = _setting(False, "a task's [environment] memory_mb, storage_mb and cpus may ask for more "
-                                     "than these limits (by default they are ceilings a task may only lower)")
+    cpus: float | None = _setting(
+        None,
+        "podman: the most CPUs a trial gets (a task's [environment] cpus, "
+        "default 1, may ask for fewer); default: the host's",
+        gt=0,
+    )
+    tasks_may_raise: bool = _setting(
+        False,
+        "a task's [environment] memory_mb, storage_mb and cpus may ask for more "
+        "than these limits (by default they are ceilings a task may only lower)",
+    )
 
     def prlimit(self) -> list[str]:
         """`prlimit ... --`: soft = hard limit for the command that follows, each clamped to

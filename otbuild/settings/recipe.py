@@ -61,8 +61,12 @@ class HubDataset(Strict):
 
     repo: str = external(pattern=HF_REPO_RE, description="ORG/NAME of a dataset repository")
     revision: str = external("main", min_length=1, description="a branch, tag or commit")
-    split: str | None = external(None, pattern=NAME_RE, description="the split's files as `datasets` finds them "
-                                  "(the card's configs, then its name in file or dir names)")
+    split: str | None = external(
+        None,
+        pattern=NAME_RE,
+        description="the split's files as `datasets` finds them "
+        "(the card's configs, then its name in file or dir names)",
+    )
     files: list[str] | None = external(None, min_length=1, description="glob patterns of repo files")
 
 
@@ -90,8 +94,9 @@ class SourceSample(Strict):
 
     n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
-    stratify: str | None = Field(default=None, pattern=NAME_RE,
-                                 description="a task metadata key (e.g. repo), or the column path or source")
+    stratify: str | None = Field(
+        default=None, pattern=NAME_RE, description="a task metadata key (e.g. repo), or the column path or source"
+    )
     pattern: str | None = re2(description="the stratum is its first group's match in the value")
 
     @model_validator(mode="after")
@@ -121,27 +126,21 @@ class SweInstancesSource(TaskFileSource, AtPath):
         default="auto",
         description="SWE-smith convention (oracle = reverse patch); auto: by repo/image/id naming",
     )
-    image_namespace: str | None = Field(
-        default=None, min_length=1, description="prefixed to an image_name without one"
-    )
+    image_namespace: str | None = Field(default=None, min_length=1, description="prefixed to an image_name without one")
 
 
 class StackExchangeSource(TaskFileSource, AtPath):
     """Stack Exchange Posts.xml dumps or CSV/JSONL exports: otbuild/sources/stackexchange.py."""
 
     kind: Literal["stackexchange"]
-    site: str | None = Field(
-        default=None, min_length=1, description="default: the row's site, or the dump's folder"
-    )
+    site: str | None = Field(default=None, min_length=1, description="default: the row's site, or the dump's folder")
 
 
 class Nl2BashSource(TaskFileSource, AtPath):
     """Natural-language/command pairs (all.nl + all.cm, or JSONL nl/cmd): otbuild/sources/nl2bash.py."""
 
     kind: Literal["nl2bash"]
-    verifier: bool = Field(
-        default=True, description="add tests where the command is safe and deterministic"
-    )
+    verifier: bool = Field(default=True, description="add tests where the command is safe and deterministic")
 
 
 class TableColumns(Strict):
@@ -173,11 +172,16 @@ class HarborDatasetSource(TaskFileSource):
     swebench-verified@1.0): read offline from Harbor's task cache (docs/sources.md)."""
 
     kind: Literal["harbor-dataset"]
-    dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$",
-                         description="NAME or NAME@VERSION")
+    dataset: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*(@[A-Za-z0-9._-]+)?$", description="NAME or NAME@VERSION"
+    )
     registry: str = external(min_length=1, description="a local copy of Harbor's registry.json (or its folder)")
-    path: str | None = external(None, min_length=1, description="where Harbor downloaded the tasks: its "
-                             "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)")
+    path: str | None = external(
+        None,
+        min_length=1,
+        description="where Harbor downloaded the tasks: its "
+        "cache (default ~/.cache/harbor/tasks) or an export dir (harbor datasets download -o)",
+    )
 
 
 Source = Annotated[
@@ -223,8 +227,13 @@ class Score(Strict):
     column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
     top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
     budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
-    keep_rate: float = Field(default=1.0, gt=0, le=1, description="the trace filter's measured keep rate: the "
-                             "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned")
+    keep_rate: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="the trace filter's measured keep rate: the "
+        "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned",
+    )
 
     @model_validator(mode="after")
     def _one_mode(self):
@@ -241,15 +250,23 @@ class Decontaminate(Strict):
     ratio of at least `fuzzy` among the pairs the pre-filter keeps (docs/task-filter.md)."""
 
     against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
-        min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out")
+        min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out"
+    )
     ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
     min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
-    fuzzy: float | None = Field(default=None, gt=0, le=1, description=(
-        "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
-        "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"))
+    fuzzy: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
+            "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"
+        ),
+    )
     fuzzy_ngram: int = Field(default=5, ge=1, le=64, description="pre-filter: words per n-gram a pair must share")
-    fuzzy_min_shared: int = Field(default=2, ge=1,
-                                  description="pre-filter: distinct fuzzy_ngram-grams a pair must share")
+    fuzzy_min_shared: int = Field(
+        default=2, ge=1, description="pre-filter: distinct fuzzy_ngram-grams a pair must share"
+    )
 
     @model_validator(mode="after")
     def _fuzzy_knobs(self):
@@ -276,8 +293,6 @@ class TaskFilter(Strict):
     sample: Sample | None = None
 
 
-
-
 class TraceFilter(Strict):
     """Keep traces worth training on. Paper: keep >= 5 turns (+3.5pp at equal tokens)."""
 
@@ -287,8 +302,11 @@ class TraceFilter(Strict):
     drop_exceptions: bool = True  # outcomes not_run, infrastructure, verifier_error (docs/failures.md)
     min_reward: float | None = None  # success-only: keep traces whose reward >= this
     dedup: bool = True  # identical conversations
-    sample: Sample | None = Field(default=None, description="keep exactly n of what is left (a seeded choice): "
-                                  "the kept-traces target of a budget planned with task_filter.score.keep_rate")
+    sample: Sample | None = Field(
+        default=None,
+        description="keep exactly n of what is left (a seeded choice): "
+        "the kept-traces target of a budget planned with task_filter.score.keep_rate",
+    )
 
 
 class Teacher(LLM, ShardedTrials):
@@ -298,9 +316,12 @@ class Teacher(LLM, ShardedTrials):
     engine: Literal["oracle", "openai", "vllm", "transformers"]  # type: ignore[assignment]
     model: str | None = Field(default=None, description="not needed for the oracle")  # type: ignore[assignment]
     samples_per_task: int = Field(default=1, ge=1, le=MAX_REPEATS)
-    verify: bool = Field(default=True, description="run each task's verifier after the agent; false skips it "
-                         "(OpenThoughts-Agent's trace generation, `verifier.disable`): the reward is unknown "
-                         "(outcome `unverified`), so trace_filter.min_reward cannot apply")
+    verify: bool = Field(
+        default=True,
+        description="run each task's verifier after the agent; false skips it "
+        "(OpenThoughts-Agent's trace generation, `verifier.disable`): the reward is unknown "
+        "(outcome `unverified`), so trace_filter.min_reward cannot apply",
+    )
 
     @model_validator(mode="after")
     def _model_needed(self):
@@ -331,8 +352,11 @@ class TaskScorer(LLM, Sharded):
 class SweTrajectoryOptions(Strict):
     """What the SWE trajectory importers read beside the trajectories (otbuild/traces/imports/)."""
 
-    labels: str | None = external(None, description="JSON/JSONL of {instance_id, resolved}: the reward "
-                                  "(mini-swe-agent: labels.jsonl beside the trajectories when there is one)")
+    labels: str | None = external(
+        None,
+        description="JSON/JSONL of {instance_id, resolved}: the reward "
+        "(mini-swe-agent: labels.jsonl beside the trajectories when there is one)",
+    )
     tasks: str | None = external(None, description="a task parquet to look task ids up in")
     instances: str | None = external(None, description="SWE instances, for an empty task message")
     run_id: str | None = Field(default=None, description="default: the trajectories' folder name")
@@ -418,8 +442,10 @@ class HfTraceImport(FileSource, HubDataset):
         return self
 
 
-TraceImport = Annotated[MiniSweAgentImport | SweAgentImport | MessagesImport | HarborTracesImport | HfTraceImport,
-                        Field(discriminator="kind")]
+TraceImport = Annotated[
+    MiniSweAgentImport | SweAgentImport | MessagesImport | HarborTracesImport | HfTraceImport,
+    Field(discriminator="kind"),
+]
 
 
 class Eval(ShardedTrials, Sampling):
@@ -432,17 +458,25 @@ class Eval(ShardedTrials, Sampling):
     repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
     model: Teacher | None = None
     serve_with: Literal["transformers", "vllm", "auto"] = Field(
-        default="transformers", description="for the trained checkpoint; auto: vllm where it is installed, "
-        "else transformers (decided by the job, named in the stage's provenance)")
+        default="transformers",
+        description="for the trained checkpoint; auto: vllm where it is installed, "
+        "else transformers (decided by the job, named in the stage's provenance)",
+    )
     engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
     rank_by: RankBy = Field(
-        default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)")
+        default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)"
+    )
     base: bool = Field(
-        default=False, description="also evaluate the untrained base (the sft section with max_steps 0: same "
+        default=False,
+        description="also evaluate the untrained base (the sft section with max_steps 0: same "
         "model, tokenizer and traces) with these settings, labelled base/sft and base/eval; the headline says "
-        "`student X ± s vs base Y ± s`")
-    allow_prompt_mismatch: bool = execution_only(False, description="evaluate the checkpoint with another "
-                                                 "harness prompt than its rollouts' (validate refuses it otherwise)")
+        "`student X ± s vs base Y ± s`",
+    )
+    allow_prompt_mismatch: bool = execution_only(
+        False,
+        description="evaluate the checkpoint with another "
+        "harness prompt than its rollouts' (validate refuses it otherwise)",
+    )
 
 
 # the harness's prompt styles (otbuild/harness/protocol.py); the first is the default
@@ -454,16 +488,20 @@ class PromptStyle(Strict):
     (rollouts, SFT, RL, eval) is given beside its own section."""
 
     prompt: Literal[PROMPTS] = Field(  # type: ignore[valid-type]
-        default=PROMPTS[0], description="terminus2: otbuild's words for terminus-2's protocol; "
-        "compact: a short system text and compact JSON, for tiny students")
+        default=PROMPTS[0],
+        description="terminus2: otbuild's words for terminus-2's protocol; "
+        "compact: a short system text and compact JSON, for tiny students",
+    )
 
 
 class Harness(PromptStyle):
     """How the terminus-2 harness talks to the model, the same for rollouts, SFT, RL and eval."""
 
     constrained_decoding: bool = Field(
-        default=False, description="eval of a served checkpoint: every answer is decoded inside the JSON "
-        "frame (the request's structured_outputs.regex; otbuild serve and vLLM honour it)")
+        default=False,
+        description="eval of a served checkpoint: every answer is decoded inside the JSON "
+        "frame (the request's structured_outputs.regex; otbuild serve and vLLM honour it)",
+    )
 
 
 class Price(Strict):
@@ -481,12 +519,23 @@ Grid = dict[SettingPath, Annotated[list[Any], Field(min_length=1)]]
 class Decision(Strict):
     """How each stage of a search picks its winner (docs/search.md)."""
 
-    min_trials: int = Field(default=150, ge=0, description="scored eval trials the top two candidates each need "
-                            "(OpenThoughts-Agent's eval guide: 150); fewer: the stage is undecided")
-    margin_se: float = Field(default=2.0, ge=0, description="the leader's score must exceed the runner-up's by "
-                             "more than this many standard errors of their difference; else undecided")
-    strict: bool = Field(default=False, description="an undecided stage stops the search (else it keeps the "
-                         "default: the recipe's own value where the grid has it, else the grid's first)")
+    min_trials: int = Field(
+        default=150,
+        ge=0,
+        description="scored eval trials the top two candidates each need "
+        "(OpenThoughts-Agent's eval guide: 150); fewer: the stage is undecided",
+    )
+    margin_se: float = Field(
+        default=2.0,
+        ge=0,
+        description="the leader's score must exceed the runner-up's by "
+        "more than this many standard errors of their difference; else undecided",
+    )
+    strict: bool = Field(
+        default=False,
+        description="an undecided stage stops the search (else it keeps the "
+        "default: the recipe's own value where the grid has it, else the grid's first)",
+    )
 
 
 class Recipe(Strict):
@@ -518,4 +567,3 @@ class Recipe(Strict):
     # the sections of stages that installed packages add (otbuild.stages entry points), each
     # validated by its stage's settings model; the loader moves them here from the top level
     added: dict[str, Any] = Field(default_factory=dict)
-

@@ -44,8 +44,9 @@ class Named(Strict):
 
 
 class HubFilesPlanned(Strict):
-    hub: dict[str, str] | None = resolved(description="the commit and files the plan resolved "
-                                          "(otbuild/hub.py: HubFiles.planned())")
+    hub: dict[str, str] | None = resolved(
+        description="the commit and files the plan resolved (otbuild/hub.py: HubFiles.planned())"
+    )
 
 
 class HarborTasksPlanned(Strict):
@@ -58,6 +59,7 @@ PLANNED = {"hf-dataset": (HubFilesPlanned,), "harbor-dataset": (HarborTasksPlann
 
 def _named_union(union) -> Any:
     """Each kind of a discriminated union of sections, with its name and what the plan resolves."""
+
     def planned(section) -> tuple:
         kinds = typing.get_args(section.model_fields["kind"].annotation)
         return next((PLANNED[k] for k in kinds if k in PLANNED), ())
@@ -119,8 +121,10 @@ class EvalSettings(Teacher, PromptStyle):
                 ident["serve_with"] = engine
             return ident
         own = {*ShardedTrials.model_fields, *PromptStyle.model_fields, "repeats"}
-        return {**{k: v for k, v in ident.items() if k in own},
-                "model": {k: v for k, v in ident.items() if k not in own}}
+        return {
+            **{k: v for k, v in ident.items() if k in own},
+            "model": {k: v for k, v in ident.items() if k not in own},
+        }
 
 
 # the sections whose shards run the teacher's trials (otbuild/stagekit/trials.py: run_trials_shard)

@@ -34,6 +34,7 @@ def _limits_section() -> type[Strict]:
 
 
 if typing.TYPE_CHECKING:
+
     class SandboxLimits(Strict):
         """What the checker sees of the model built from `Limits` at import: its fields are Limits'."""
 
@@ -65,22 +66,30 @@ class Trials(Strict):
     verifier's (`[verifier] timeout_sec`, default 600 s) is scaled and capped alike."""
 
     sandbox: Literal[(*BACKENDS, HARBOR)] = Field(  # type: ignore[valid-type]
-        default="bwrap", description="a local sandbox (docs/sandbox.md), or harbor: Harbor's CLI runs the trials")
+        default="bwrap", description="a local sandbox (docs/sandbox.md), or harbor: Harbor's CLI runs the trials"
+    )
     limits: SandboxLimits = SandboxLimits()
     max_episodes: int = Field(default=50, ge=1, le=MAX_EPISODES, description="agent turns per trial")
     agent_timeout_sec: float | None = Field(default=None, gt=0, description="default: the task's own")
     timeout_multiplier: float = Field(default=1.0, gt=0)
     timeout_cap_sec: float = Field(default=7200, gt=0, description="effective = min(cap, task timeout x multiplier)")
-    keep_reasoning: bool = Field(default=True, description="a reasoning parser's text stays in the traces, "
-                                 "before the answer in <think>...</think> (as Harbor exports it)")
+    keep_reasoning: bool = Field(
+        default=True,
+        description="a reasoning parser's text stays in the traces, "
+        "before the answer in <think>...</think> (as Harbor exports it)",
+    )
     build_network: Literal["none", "public"] = execution_only(
-        "none", description="podman: whether a task image's RUN lines may reach the network while it is built "
+        "none",
+        description="podman: whether a task image's RUN lines may reach the network while it is built "
         "(they are the task's own commands, run on the host's podman; OT-Agent's Dockerfiles `apt-get install`: "
-        "public); base images are pulled as limits.pull says either way")
+        "public); base images are pulled as limits.pull says either way",
+    )
     host_env: tuple[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ...] = Field(
-        default=(), description="host environment variables a task.toml's `${VAR}` may read (none by default: "
+        default=(),
+        description="host environment variables a task.toml's `${VAR}` may read (none by default: "
         "a task naming any other fails as HostEnvNotAllowed); with sandbox: harbor, the only ones Harbor gets "
-        "beside its own (docs/security.md)")
+        "beside its own (docs/security.md)",
+    )
 
 
 class ShardedTrials(Trials, Sharded):
@@ -88,16 +97,28 @@ class ShardedTrials(Trials, Sharded):
     Snakemake jobs, run by otbuild's harness or by Harbor's."""
 
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
-    infra_retries: int = execution_only(10, ge=0, le=100, description="reruns of a trial that failed for "
-                                        "infrastructure reasons (docs/failures.md), waiting backoff_sec, doubling")
-    max_infra_failures: float = execution_only(0.05, ge=0, le=1, description="a shard with more infrastructure "
-                                               "failures (a fraction of its trials, after retries) fails, naming them")
+    infra_retries: int = execution_only(
+        10,
+        ge=0,
+        le=100,
+        description="reruns of a trial that failed for "
+        "infrastructure reasons (docs/failures.md), waiting backoff_sec, doubling",
+    )
+    max_infra_failures: float = execution_only(
+        0.05,
+        ge=0,
+        le=1,
+        description="a shard with more infrastructure "
+        "failures (a fraction of its trials, after retries) fails, naming them",
+    )
 
     @model_validator(mode="after")
     def _reasoning_switch(self):
         if self.sandbox == HARBOR and not self.keep_reasoning:
-            raise ValueError("keep_reasoning: false applies to otbuild's own harness; with sandbox: "
-                             "harbor the traces are what Harbor exports (reasoning included)")
+            raise ValueError(
+                "keep_reasoning: false applies to otbuild's own harness; with sandbox: "
+                "harbor the traces are what Harbor exports (reasoning included)"
+            )
         return self
 
 
@@ -114,6 +135,7 @@ class PolicyTrials(Trials):
     @model_validator(mode="after")
     def _local(self):
         if self.sandbox == HARBOR:
-            raise ValueError(f"sandbox: harbor runs teacher and eval trials; rl's run in a local sandbox "
-                             f"({', '.join(BACKENDS)})")
+            raise ValueError(
+                f"sandbox: harbor runs teacher and eval trials; rl's run in a local sandbox ({', '.join(BACKENDS)})"
+            )
         return self

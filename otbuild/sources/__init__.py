@@ -115,6 +115,12 @@ def locate_harbor(cfg) -> tuple[str, list[Path], str | None]:
         return cfg.dataset, [], f"Harbor's registry {registry}"
     dataset, dirs, absent = locate(cfg.dataset, registry, root)
     if absent:
-        return dataset, dirs, (f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
-                               f"in {root} (`harbor datasets download {dataset}`)")
+        return (
+            dataset,
+            dirs,
+            (
+                f"{dataset}: {len(absent)} of {len(dirs) + len(absent)} tasks (e.g. {absent[0]}) "
+                f"in {root} (`harbor datasets download {dataset}`)"
+            ),
+        )
     return dataset, dirs, None

@@ -36,9 +36,7 @@ class _Md(HTMLParser):
         text = "".join(self.line)
         self.line = []
         text = re.sub(r"[ \t\r\n\xa0]+", " ", text).strip()
-        text = re.sub(r" ?\x01 ?", "\n" + self._prefix() + "   " * len(self.lists), text).strip(
-            "\n"
-        )
+        text = re.sub(r" ?\x01 ?", "\n" + self._prefix() + "   " * len(self.lists), text).strip("\n")
         if self.pending_item is not None:
             indent = "   " * (len(self.lists) - 1)
             text = f"{indent}{self.pending_item} {text}".rstrip()

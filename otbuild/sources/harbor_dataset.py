@@ -52,8 +52,10 @@ def locate(dataset: str, registry: Path, root: Path) -> tuple[str, list[Path], l
     version = version or _harbor_version([str(d.get("version")) for d in specs])
     spec = next((d for d in specs if str(d.get("version")) == version), None)
     if spec is None:
-        raise StageError(f"{registry}: dataset {name!r} has no version {version!r} "
-                         f"(it has {', '.join(sorted(str(d.get('version')) for d in specs))})")
+        raise StageError(
+            f"{registry}: dataset {name!r} has no version {version!r} "
+            f"(it has {', '.join(sorted(str(d.get('version')) for d in specs))})"
+        )
     found, missing = [], []
     for task in spec.get("tasks") or []:
         dir_ = _task_dir(task, root, registry.parent)
@@ -84,11 +86,10 @@ def harbor_cache_key(git_url: str, git_commit_id: str | None, path: str) -> str:
 def _task_dir(task: dict, root: Path, registry_dir: Path) -> Path | None:
     path = str(task.get("path") or "")
     if not task.get("git_url"):  # a local task: its own path
-        local = (registry_dir / Path(path).expanduser())
+        local = registry_dir / Path(path).expanduser()
         return local if local.is_dir() else None
     leaf = PurePosixPath(path).name
-    for candidate in (root / harbor_cache_key(task["git_url"], task.get("git_commit_id"), path) / leaf,
-                      root / leaf):
+    for candidate in (root / harbor_cache_key(task["git_url"], task.get("git_commit_id"), path) / leaf, root / leaf):
         if candidate.is_dir():
             return candidate
     return None

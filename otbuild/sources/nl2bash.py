@@ -84,6 +84,7 @@ FIXTURE: dict[str, tuple[str, bool]] = {
 }
 DOCKERFILE_TEXT = "FROM python:3.12-slim\nWORKDIR /app\nCOPY work/ /app/work/\n"
 
+
 # -- rows --------------------------------------------------------------------------------
 def _pairs(path: Path) -> Iterator[Row]:
     path = Path(path)
@@ -121,8 +122,11 @@ def read(cfg: Nl2BashSource) -> Iterator[TaskRecord | Quarantined]:
     seen, verifier = Dedup(), cfg.verifier
     rows = enumerate(_pairs(Path(cfg.path)))
     while batch := list(itertools.islice(rows, PROBE_BATCH)):
-        safe = {c for _, r in batch if verifier and r.data and (c := first_text(r.data, CMD_KEYS))
-                and check_command(c.strip()) is None}
+        safe = {
+            c
+            for _, r in batch
+            if verifier and r.data and (c := first_text(r.data, CMD_KEYS)) and check_command(c.strip()) is None
+        }
         silent = silent_references(sorted(c.strip() for c in safe)) if safe else set()
         for n, row in batch:
             if row.data is None:
@@ -130,9 +134,7 @@ def read(cfg: Nl2BashSource) -> Iterator[TaskRecord | Quarantined]:
                 continue
             item = convert(row.data, row.where, n, verifier, silent)
             if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
-                item = Quarantined(
-                    item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
-                )
+                item = Quarantined(item.task.name, "duplicate id", f"{row.where}: first seen at {first}")
             yield item
 
 
@@ -148,8 +150,10 @@ def silent_references(commands: list[str]) -> set[str]:
         probe.add(f"environment/work/{rel}", text, executable=exe)
     for i, cmd in enumerate(commands):
         probe.add(f"environment/probe/{i}.sh", cmd + "\n")
-    with tempfile.TemporaryDirectory(prefix="nl2bash-probe-") as tmp, \
-            open_sandbox(probe, Path(tmp), limits=Limits(wall_seconds=60 + 20 * len(commands)), cleanup=True) as box:
+    with (
+        tempfile.TemporaryDirectory(prefix="nl2bash-probe-") as tmp,
+        open_sandbox(probe, Path(tmp), limits=Limits(wall_seconds=60 + 20 * len(commands)), cleanup=True) as box,
+    ):
         res = box.run(PROBE_SH.replace("@N@", str(len(commands))), timeout=60 + 20 * len(commands))
     printed = dict(line.split() for line in res.output.splitlines() if re.fullmatch(r"\d+ [01]", line))
     if res.exit_code != 0 or len(printed) != len(commands):

@@ -171,9 +171,7 @@ def _check_simple(argv: list[str]) -> None:
                               (o[1:2] != "-" and ("o" in o[1:] or "R" in o[1:])) for o in opts):  # fmt: skip
         raise Unsafe("sort -o / -R")
     if prog == "sed":
-        if any(
-            o.startswith(("-i", "--in-place")) or (o[1:2] != "-" and "i" in o[1:]) for o in opts
-        ):
+        if any(o.startswith(("-i", "--in-place")) or (o[1:2] != "-" and "i" in o[1:]) for o in opts):
             raise Unsafe("sed -i")
         scripts = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-e", "--expression")]
         scripts = scripts or operands[:1]
@@ -214,11 +212,7 @@ def _check_find(args: list[str]) -> None:
             continue
         if a in ("-printf",) and i + 1 < len(args) and re.search(r"%[aActTi]", args[i + 1]):
             raise Unsafe("find -printf with times or inodes")
-        if (
-            not a.startswith("-")
-            and i == 0
-            or (not a.startswith(("-", "(", ")", "!")) and _is_start(args, i))
-        ):
+        if not a.startswith("-") and i == 0 or (not a.startswith(("-", "(", ")", "!")) and _is_start(args, i)):
             _check_path(a)
         i += 1
 

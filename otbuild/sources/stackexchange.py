@@ -68,9 +68,7 @@ COLUMNS = {
     "score": ("question_score", "score", "Score"),
     "answer_score": ("answer_score", "accepted_answer_score"),
 }
-HTML_HINT = re.compile(
-    r"<(p|pre|code|a|br|ul|ol|li|blockquote|strong|em|h\d|div|img)\b", re.IGNORECASE
-)
+HTML_HINT = re.compile(r"<(p|pre|code|a|br|ul|ol|li|blockquote|strong|em|h\d|div|img)\b", re.IGNORECASE)
 
 
 def read(cfg: StackExchangeSource) -> Iterator[TaskRecord | Quarantined]:
@@ -80,9 +78,7 @@ def read(cfg: StackExchangeSource) -> Iterator[TaskRecord | Quarantined]:
     for f in record_files(Path(cfg.path), cast(tuple[str, ...], PATH_FORMS["stackexchange"])):
         items = _posts_xml(f, site) if f.suffix.lower() == ".xml" else _export(f, site)
         for item in items:
-            if isinstance(item, TaskRecord) and (
-                first := seen.first(item.task.name, item.metadata["where"])
-            ):
+            if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, item.metadata["where"])):
                 item = Quarantined(
                     item.task.name,
                     "duplicate id",
@@ -94,11 +90,7 @@ def read(cfg: StackExchangeSource) -> Iterator[TaskRecord | Quarantined]:
 # -- exports -------------------------------------------------------------------------
 def _pick(row: dict, field: str):
     for key in COLUMNS[field]:
-        if (
-            key in row
-            and as_text(row[key]) is not None
-            or (key in row and isinstance(row[key], list))
-        ):
+        if key in row and as_text(row[key]) is not None or (key in row and isinstance(row[key], list)):
             return row[key]
     return None
 
@@ -218,9 +210,5 @@ def question(where, qid, title, body, tags, answer, site, extra) -> TaskRecord |
             "has_body": bool(body_md.strip()), "has_reference_answer": bool(answer_md.strip()),
             "reference_answer": answer_md or None, "verifier": "none (LLM judge against reference_answer)",
             "where": where}  # fmt: skip
-    meta |= {
-        k: v
-        for k, v in extra.items()
-        if v is not None and (not isinstance(v, float) or not math.isnan(v))
-    }
+    meta |= {k: v for k, v in extra.items() if v is not None and (not isinstance(v, float) or not math.isnan(v))}
     return TaskRecord(task, runnable_locally=True, metadata=meta)

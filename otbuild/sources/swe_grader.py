@@ -26,9 +26,7 @@ DIFF_SOURCE = re.compile(r"^--- a/(.+)$", re.MULTILINE)
 
 
 def runner(config):
-    if config.get("repo", "").endswith("django/django") or "/django__django" in config.get(
-        "repo", ""
-    ):
+    if config.get("repo", "").endswith("django/django") or "/django__django" in config.get("repo", ""):
         return "django"
     if "sympy/sympy" in config.get("repo", "") or "sympy__sympy" in config.get("repo", ""):
         return "sympy"
@@ -48,9 +46,7 @@ def command(config, kind):
             if f.startswith("tests/"):
                 labels.append(f[len("tests/") : -len(".py")].replace("/", "."))
         if not labels:
-            labels = sorted(
-                {m.group(1) for t in tests for m in [re.search(r"\(([\w.]+)\)", t)] if m}
-            )
+            labels = sorted({m.group(1) for t in tests for m in [re.search(r"\(([\w.]+)\)", t)] if m})
         return [
             "python",
             "./tests/runtests.py",
@@ -114,9 +110,7 @@ def main(argv):
     test_patch = config.get("test_patch") or ""
     if test_patch:
         for f in patch_files(test_patch):
-            subprocess.call(
-                ["git", "checkout", config["base_commit"], "--", f], stderr=subprocess.DEVNULL
-            )
+            subprocess.call(["git", "checkout", config["base_commit"], "--", f], stderr=subprocess.DEVNULL)
         with open("/tmp/otbuild_test.patch", "w") as fh:
             fh.write(test_patch if test_patch.endswith("\n") else test_patch + "\n")
         if subprocess.call(["git", "apply", "-v", "/tmp/otbuild_test.patch"]) != 0:

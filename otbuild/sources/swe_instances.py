@@ -94,9 +94,7 @@ def read(cfg: SweInstancesSource) -> Iterator[TaskRecord | Quarantined]:
             continue
         item = convert(row.data, row.where, cfg.patch_introduces_bug, cfg.image_namespace)
         if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
-            item = Quarantined(
-                item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
-            )
+            item = Quarantined(item.task.name, "duplicate id", f"{row.where}: first seen at {first}")
         yield item
 
 
@@ -109,14 +107,10 @@ def convert(
     name = task_name(iid)
     problem = as_text(row.get("problem_statement"))
     if problem is None:
-        return Quarantined(
-            name, "empty instruction", f"{where}: problem_statement is missing or blank"
-        )
+        return Quarantined(name, "empty instruction", f"{where}: problem_statement is missing or blank")
     for key in ("repo", "base_commit", "patch", "test_patch", "image_name"):
         if row.get(key) is not None and not isinstance(row[key], str):
-            return Quarantined(
-                name, "bad field", f"{where}: {key} is a {type(row[key]).__name__}, not a string"
-            )
+            return Quarantined(name, "bad field", f"{where}: {key} is a {type(row[key]).__name__}, not a string")
     try:
         f2p = [str(t) for t in as_list(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS")]
         p2p = [str(t) for t in as_list(row.get("PASS_TO_PASS"), "PASS_TO_PASS")]
@@ -129,9 +123,7 @@ def convert(
     patch = as_text(row.get("patch"))
     test_patch = as_text(row.get("test_patch"))
     if test_patch and not base_commit:
-        return Quarantined(
-            name, "missing field", f"{where}: base_commit (needed to apply test_patch)"
-        )
+        return Quarantined(name, "missing field", f"{where}: base_commit (needed to apply test_patch)")
     swesmith = is_swesmith(row) if patch_introduces_bug == "auto" else bool(patch_introduces_bug)
     if swesmith and not patch:
         return Quarantined(

@@ -37,9 +37,7 @@ def read(cfg: TableSource) -> Iterator[TaskRecord | Quarantined]:
             continue
         item = convert(row.data, row.where, n, cfg.columns, cfg.image, cfg.docker_image)
         if isinstance(item, TaskRecord) and (first := seen.first(item.task.name, row.where)):
-            item = Quarantined(
-                item.task.name, "duplicate id", f"{row.where}: first seen at {first}"
-            )
+            item = Quarantined(item.task.name, "duplicate id", f"{row.where}: first seen at {first}")
         yield item
 
 
@@ -50,9 +48,7 @@ def convert(
     id_col = cols.id
     rid = as_text(d.get(id_col)) if id_col else None
     if id_col and rid is None:
-        return Quarantined(
-            where, "missing field", f"{where}: id column {id_col!r} is missing or blank"
-        )
+        return Quarantined(where, "missing field", f"{where}: id column {id_col!r} is missing or blank")
     name = task_name(rid if rid is not None else f"{stem}-{n}")
     ic = cols.instruction
     if ic not in d:
@@ -76,9 +72,7 @@ def convert(
         if not col or d.get(col) is None or as_text(d.get(col)) is None:
             continue
         if not isinstance(d[col], str):
-            return Quarantined(
-                name, "bad field", f"{where}: {part} column {col!r} is a {type(d[col]).__name__}"
-            )
+            return Quarantined(name, "bad field", f"{where}: {part} column {col!r} is a {type(d[col]).__name__}")
         task.add(rel, d[col], executable=True)
     meta = {c: d.get(c) for c in cols.metadata if c in d}
     if rid is not None:

@@ -86,9 +86,7 @@ def convert(src: TaskDir) -> tuple[TaskDir, dict] | Quarantined:
     compose = _yaml(src, "docker-compose.yaml") if "docker-compose.yaml" in src.files else {}
     for fname, doc in (("task.yaml", spec), ("docker-compose.yaml", compose)):
         if not isinstance(doc, dict):
-            return Quarantined(
-                name, f"bad {fname}", doc if isinstance(doc, str) else "not a mapping"
-            )
+            return Quarantined(name, f"bad {fname}", doc if isinstance(doc, str) else "not a mapping")
     spec, compose = cast(dict, spec), cast(dict, compose)  # both mappings, checked just above
     instruction = spec.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
@@ -142,8 +140,10 @@ def _copied(dockerfile: str) -> set[str]:
     context (so they go to environment/ too)."""
     return {
         PurePosixPath(source).parts[0]
-        for ins in parse(dockerfile) if ins.keyword in ("COPY", "ADD") and "from" not in ins.flags
-        for source in ins.args[:-1] if PurePosixPath(source).parts
+        for ins in parse(dockerfile)
+        if ins.keyword in ("COPY", "ADD") and "from" not in ins.flags
+        for source in ins.args[:-1]
+        if PurePosixPath(source).parts
     } & {"tests", "solution.sh"}
 
 

@@ -51,7 +51,6 @@ class RunShard(Protocol[Cfg_contra]):
     def __call__(self, cfg: Cfg_contra, inputs: Inputs, outdir: Path, shard: int, /) -> None: ...
 
 
-
 def stage_run(fn: Run[Cfg_contra]) -> Run[Cfg_contra]:
     """Marks a stage's `run`; the type checker verifies it is one (tests/test_settings.py checks
     that every stage's is marked)."""

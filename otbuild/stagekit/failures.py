@@ -59,10 +59,12 @@ class FailureCount:
     def describe(self) -> str:
         counts = ", ".join(f"{name} x{n}" for name, n in self.by_type.most_common())
         name = self.by_type.most_common(1)[0][0]
-        return (f"{self.shard}: {self.failures} of {self.n_trials} trials failed for infrastructure reasons "
-                f"after their retries, more than max_infra_failures allows ({self.allowed}): {counts}; "
-                f"e.g. {name}: {self.messages[name] or '(no message)'}. The finished trials are kept: "
-                "a rerun runs only the failed ones again")
+        return (
+            f"{self.shard}: {self.failures} of {self.n_trials} trials failed for infrastructure reasons "
+            f"after their retries, more than max_infra_failures allows ({self.allowed}): {counts}; "
+            f"e.g. {name}: {self.messages[name] or '(no message)'}. The finished trials are kept: "
+            "a rerun runs only the failed ones again"
+        )
 
     def stats(self) -> dict:
         return {"infra_failures": self.failures, "infra_failures_by_type": dict(self.by_type)}
@@ -98,7 +100,8 @@ def outcome_stats(con, traces: Path) -> dict:
     rows = con.execute(
         "SELECT otb_outcome(result, exception, timed_out, reward), otb_error(result, exception), count(*)"
         f" FROM read_parquet({duck.sql_literal(traces)}) WHERE NOT coalesce(is_subagent, false)"
-        " GROUP BY ALL ORDER BY ALL").fetchall()
+        " GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
     outcomes: Counter = Counter()
     infra: Counter = Counter()
     for outcome, error, n in rows:

@@ -75,20 +75,41 @@ async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: i
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
             names.update(zip(task_rows_n, export_names(tasks)))
             job = await asyncio.to_thread(
-                run_harbor_job, tasks, work, model=f"openai/{model}" if model else None,
-                base_url=base_url, n_attempts=n, n_concurrent=concurrency(cfg),
-                job_name=f"attempts-{n}", api_key_env=cfg.api_key_env, host_env=cfg.host_env,
-                max_retries=cfg.infra_retries, log=work / f"attempts-{n}.log", **options)
+                run_harbor_job,
+                tasks,
+                work,
+                model=f"openai/{model}" if model else None,
+                base_url=base_url,
+                n_attempts=n,
+                n_concurrent=concurrency(cfg),
+                job_name=f"attempts-{n}",
+                api_key_env=cfg.api_key_env,
+                host_env=cfg.host_env,
+                max_retries=cfg.infra_retries,
+                log=work / f"attempts-{n}.log",
+                **options,
+            )
             job_rows += read_job(job, subagents=True)
     finally:
         watching.cancel()
         if engine is not None:
             await engine.aclose()
-    ids = [{"task": rows[t.row]["path"], "task_id": rows[t.row]["task_id"], "source": rows[t.row]["source"],
-            "sample_idx": t.sample_idx, "run_id": outdir.name,
-            "teacher": f"{cfg.engine}:{cfg.model or 'oracle'}"} for t in trials]
-    not_run = {i: not_run_row(rows[t.row]["path"], HOST_ENV_NOT_ALLOWED, refused[t.row], options["agent"], cfg.model)
-               for i, t in enumerate(trials) if t.row in refused}
+    ids = [
+        {
+            "task": rows[t.row]["path"],
+            "task_id": rows[t.row]["task_id"],
+            "source": rows[t.row]["source"],
+            "sample_idx": t.sample_idx,
+            "run_id": outdir.name,
+            "teacher": f"{cfg.engine}:{cfg.model or 'oracle'}",
+        }
+        for t in trials
+    ]
+    not_run = {
+        i: not_run_row(rows[t.row]["path"], HOST_ENV_NOT_ALLOWED, refused[t.row], options["agent"], cfg.model)
+        for i, t in enumerate(trials)
+        if t.row in refused
+    }
     return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
 
 
@@ -107,12 +128,31 @@ def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:
 def not_run_row(task: str, exception: str, message: str, agent: str, model: str | None) -> dict:
     """A trace row for a trial never handed to Harbor (its outcome `not_run`), as otbuild's
     harness writes one: no conversation, the error's name, its message in the metadata."""
-    return {"conversations": [], "agent": agent, "model": model, "model_provider": "openai" if model else None,
-            "date": datetime.now(UTC).isoformat(timespec="seconds"), "task": task, "episode": "episode-0",
-            "run_id": "", "trial_name": task, "result": exception, "task_id": task, "source": "",
-            "teacher": agent, "sample_idx": 0, "n_turns": 0, "reward": None, "timed_out": False,
-            "exception": exception, "is_subagent": False, "n_input_tokens": 0, "n_output_tokens": 0,
-            "duration_s": 0.0, "metadata": json.dumps({"exception_message": message[:2000]}, sort_keys=True)}
+    return {
+        "conversations": [],
+        "agent": agent,
+        "model": model,
+        "model_provider": "openai" if model else None,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "task": task,
+        "episode": "episode-0",
+        "run_id": "",
+        "trial_name": task,
+        "result": exception,
+        "task_id": task,
+        "source": "",
+        "teacher": agent,
+        "sample_idx": 0,
+        "n_turns": 0,
+        "reward": None,
+        "timed_out": False,
+        "exception": exception,
+        "is_subagent": False,
+        "n_input_tokens": 0,
+        "n_output_tokens": 0,
+        "duration_s": 0.0,
+        "metadata": json.dumps({"exception_message": message[:2000]}, sort_keys=True),
+    }
 
 
 async def _show_progress(work: Path, total: int, every: float = 2.0) -> None:
@@ -126,8 +166,9 @@ async def _show_progress(work: Path, total: int, every: float = 2.0) -> None:
         progress.finish()
 
 
-def shard_rows(names: list[str], ids: list[dict], job_rows: list[dict],
-               not_run: Mapping[int, dict] | None = None) -> list[dict]:
+def shard_rows(
+    names: list[str], ids: list[dict], job_rows: list[dict], not_run: Mapping[int, dict] | None = None
+) -> list[dict]:
     """One row per trial (its task dir `names[i]`, its columns `ids[i]`) from the Harbor jobs'
     rows: the j-th trial of a task takes the task's j-th attempt; a trial never handed to
     Harbor takes its row in `not_run` (by position). Subagent rows follow all the trials, so
@@ -168,10 +209,20 @@ def harbor_options(cfg: TrialRunSettings) -> dict:
         kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
         context = getattr(cfg.launch, "max_model_len", None)
         if context:
-            kwargs["model_info"] = {"max_input_tokens": context, "max_output_tokens": cfg.max_tokens,
-                                    "input_cost_per_token": 0, "output_cost_per_token": 0,
-                                    **(kwargs.get("model_info") or {})}
-    return {"agent": agent, "agent_kwargs": kwargs or None, "environment": hb.environment,
-            "environment_kwargs": hb.environment_kwargs or None, "timeout_multiplier": cfg.timeout_multiplier,
-            "agent_timeout_sec": cfg.agent_timeout_sec, "max_timeout_sec": cfg.timeout_cap_sec / cfg.timeout_multiplier,
-            "verify": cfg.verify}
+            kwargs["model_info"] = {
+                "max_input_tokens": context,
+                "max_output_tokens": cfg.max_tokens,
+                "input_cost_per_token": 0,
+                "output_cost_per_token": 0,
+                **(kwargs.get("model_info") or {}),
+            }
+    return {
+        "agent": agent,
+        "agent_kwargs": kwargs or None,
+        "environment": hb.environment,
+        "environment_kwargs": hb.environment_kwargs or None,
+        "timeout_multiplier": cfg.timeout_multiplier,
+        "agent_timeout_sec": cfg.agent_timeout_sec,
+        "max_timeout_sec": cfg.timeout_cap_sec / cfg.timeout_multiplier,
+        "verify": cfg.verify,
+    }

@@ -38,19 +38,38 @@ from otbuild.stagekit.partials import append, drop_torn_tail, partial_files
 
 # (request number, messages, body overrides such as a seed)
 Request = tuple[int, list[dict], dict]
-ANSWER_COLUMNS = {"request": "BIGINT", "text": "VARCHAR", "error": "VARCHAR", "n_output_tokens": "BIGINT",
-                  "usage_reported": "BOOLEAN", "n_input_tokens": "BIGINT"}
-ANSWER_SCHEMA = pa.schema([("request", pa.int64()), ("text", pa.string()), ("error", pa.string()),
-                           ("n_output_tokens", pa.int64()), ("usage_reported", pa.bool_()),
-                           ("n_input_tokens", pa.int64())])
+ANSWER_COLUMNS = {
+    "request": "BIGINT",
+    "text": "VARCHAR",
+    "error": "VARCHAR",
+    "n_output_tokens": "BIGINT",
+    "usage_reported": "BOOLEAN",
+    "n_input_tokens": "BIGINT",
+}
+ANSWER_SCHEMA = pa.schema(
+    [
+        ("request", pa.int64()),
+        ("text", pa.string()),
+        ("error", pa.string()),
+        ("n_output_tokens", pa.int64()),
+        ("usage_reported", pa.bool_()),
+        ("n_input_tokens", pa.int64()),
+    ]
+)
 
 
 class RefusedRequest(RuntimeError):
     """The endpoint refused the first request (a 4xx): every other would fail the same way."""
 
 
-def run_shard(stage: str, cfg, requests: Callable[[Callable[[int], bool]], Iterable[Request]], total: int,
-              outdir: Path, shard: int) -> None:
+def run_shard(
+    stage: str,
+    cfg,
+    requests: Callable[[Callable[[int], bool]], Iterable[Request]],
+    total: int,
+    outdir: Path,
+    shard: int,
+) -> None:
     """Answer shard K's requests (those not answered yet) and write its parquet. `requests(wanted)`
     yields the stage's requests whose numbers `wanted` accepts, in order, built as they go;
     `total`: how many the stage has (all shards), for the run's console (otbuild/progress.py)."""
@@ -59,8 +78,12 @@ def run_shard(stage: str, cfg, requests: Callable[[Callable[[int], bool]], Itera
     partial = dest.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     drop_torn_tail(partial)
-    done = {r for (r,) in duck.connect().execute(
-        f"SELECT request FROM ({_answers_sql(outdir)}) WHERE error IS NULL").fetchall()}
+    done = {
+        r
+        for (r,) in duck.connect()
+        .execute(f"SELECT request FROM ({_answers_sql(outdir)}) WHERE error IS NULL")
+        .fetchall()
+    }
     todo = iter(requests(lambda r: r % n == shard and r not in done))
     print(f"{stage} shard {shard} of {n}: {len(done)} requests already answered (all shards)", flush=True)
     mine = len(range(shard, total, n))
@@ -93,14 +116,27 @@ async def _answer(stage: str, cfg, todo: Iterator[Request], partial: Path, progr
                 number, messages, overrides = request
                 try:
                     c = await engine.complete(messages, **overrides)
-                    rec = {"request": number, "text": c.text, "error": None, "n_output_tokens": c.n_output_tokens,
-                           "usage_reported": c.usage_reported, "n_input_tokens": c.n_input_tokens}
+                    rec = {
+                        "request": number,
+                        "text": c.text,
+                        "error": None,
+                        "n_output_tokens": c.n_output_tokens,
+                        "usage_reported": c.usage_reported,
+                        "n_input_tokens": c.n_input_tokens,
+                    }
                 except EngineError as e:
                     if request is first and refused(e):
-                        raise RefusedRequest(f"{stage}: the endpoint refused the first request, so it would "
-                                             f"refuse them all: {e}") from None
-                    rec = {"request": number, "text": None, "error": f"[{type(e).__name__}] {e}",
-                           "n_output_tokens": None, "usage_reported": None, "n_input_tokens": None}
+                        raise RefusedRequest(
+                            f"{stage}: the endpoint refused the first request, so it would refuse them all: {e}"
+                        ) from None
+                    rec = {
+                        "request": number,
+                        "text": None,
+                        "error": f"[{type(e).__name__}] {e}",
+                        "n_output_tokens": None,
+                        "usage_reported": None,
+                        "n_input_tokens": None,
+                    }
                 append(out, rec)
                 tally[rec["error"] is None] += 1
                 progress.update(progress.first + tally.total(), f"{tally[False]} failed" if tally[False] else "")
@@ -122,7 +158,7 @@ def _write_shard(outdir: Path, n: int, shard: int, dest: Path) -> None:
     restart with another N keeps the answers it had)."""
     con = duck.connect()
     with atomic_path(dest) as tmp:
-        con.execute(f"""COPY (SELECT {', '.join(ANSWER_COLUMNS)} FROM ({_answers_sql(outdir)})
+        con.execute(f"""COPY (SELECT {", ".join(ANSWER_COLUMNS)} FROM ({_answers_sql(outdir)})
                               WHERE request % {n} = {shard} ORDER BY request)
                         TO {duck.sql_literal(tmp)} (FORMAT parquet, COMPRESSION zstd)""")
 
@@ -140,8 +176,11 @@ def _answers_sql(outdir: Path) -> str:
         src = f"read_parquet({_list(finished)}, union_by_name = true)"
         have = {r[0] for r in duck.connect().execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
         # shards written before input tokens were kept have no such column: NULL there
-        parts.append("SELECT " + ", ".join(c if c in have else f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items())
-                     + f" FROM {src}")
+        parts.append(
+            "SELECT "
+            + ", ".join(c if c in have else f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items())
+            + f" FROM {src}"
+        )
     if not parts:
         return "SELECT " + ", ".join(f"NULL::{t} AS {c}" for c, t in ANSWER_COLUMNS.items()) + " WHERE false"
     return f"SELECT DISTINCT ON (request) * FROM ({' UNION ALL '.join(parts)}) ORDER BY request, error IS NOT NULL"
@@ -151,16 +190,19 @@ def answers(outdir: Path, shards: int, expected: int, batch_rows: int = 1024) ->
     """Every shard's answers in request order (streamed); each request 0..expected-1 exactly once."""
     files = [shard_path(outdir, shards, k) for k in range(shards)]
     con = duck.connect()
-    reader = con.sql(f"SELECT * FROM read_parquet({_list(files)}, union_by_name = true) ORDER BY request"
-                     ).to_arrow_reader(batch_rows)
+    reader = con.sql(
+        f"SELECT * FROM read_parquet({_list(files)}, union_by_name = true) ORDER BY request"
+    ).to_arrow_reader(batch_rows)
     want = 0
     for batch in reader:
         for row in batch.to_pylist():
             if want >= expected:
                 raise RuntimeError(f"shards of {outdir}: more answers than the {expected} requests")
             if row["request"] != want:
-                raise RuntimeError(f"shards of {outdir}: expected the answer to request {want}, found request "
-                                   f"{row['request']} (a shard lost or repeated answers)")
+                raise RuntimeError(
+                    f"shards of {outdir}: expected the answer to request {want}, found request "
+                    f"{row['request']} (a shard lost or repeated answers)"
+                )
             want += 1
             yield row
     if want != expected:

@@ -98,11 +98,24 @@ def run_trials_shard(cfg: TrialRunSettings, inputs: Inputs, outdir: Path, shard:
     done = _finished_trials(partial)
     rerun = sum(1 for t in trials if t.index in done and done[t.index][1] == oc.INFRASTRUCTURE)
     todo = [t for t in trials if t.index not in done or done[t.index][1] == oc.INFRASTRUCTURE]
-    print(f"shard {shard}: {len(trials)} trials, {len(trials) - len(todo)} already done, {len(todo)} to run"
-          + (f" ({rerun} of them failed for infrastructure reasons before)" if rerun else ""), flush=True)
+    print(
+        f"shard {shard}: {len(trials)} trials, {len(trials) - len(todo)} already done, {len(todo)} to run"
+        + (f" ({rerun} of them failed for infrastructure reasons before)" if rerun else ""),
+        flush=True,
+    )
     if todo:
-        asyncio.run(_run_trials(cfg, inputs, todo, partial, run_id=outdir.name, total=len(trials),
-                                already=len(trials) - len(todo), failures=failures))
+        asyncio.run(
+            _run_trials(
+                cfg,
+                inputs,
+                todo,
+                partial,
+                run_id=outdir.name,
+                total=len(trials),
+                already=len(trials) - len(todo),
+                failures=failures,
+            )
+        )
         done = _finished_trials(partial)
     missing = [t.index for t in trials if t.index not in done]
     if missing:
@@ -133,8 +146,7 @@ def merge_shards(n: int, outdir: Path) -> list[dict]:
     shards = [shard_path(outdir, n, k) for k in range(n)]
     step = merge_step(len(shards))
     readers = [parquet_batches(p, step) for p in shards]
-    with atomic_path(outdir / "traces.parquet") as tmp, \
-            pq.ParquetWriter(tmp, TRACE_SCHEMA, **WRITE_OPTIONS) as out:
+    with atomic_path(outdir / "traces.parquet") as tmp, pq.ParquetWriter(tmp, TRACE_SCHEMA, **WRITE_OPTIONS) as out:
         while parts := [b for b in (next(r, None) for r in readers) if b is not None and b.num_rows]:
             table = pa.Table.from_batches([b.select(TRACE_SCHEMA.names) for b in parts]).cast(TRACE_SCHEMA)
             # row pos of part k sits at offset(k) + pos; interleave: pos-major, then shard
@@ -203,8 +215,17 @@ def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
         os.fsync(out.fileno())
 
 
-async def _run_trials(cfg: TrialRunSettings, inputs: list[Path], todo: list[Trial], partial: Path, *,
-                      run_id: str, total: int, already: int, failures: FailureCount) -> None:
+async def _run_trials(
+    cfg: TrialRunSettings,
+    inputs: list[Path],
+    todo: list[Trial],
+    partial: Path,
+    *,
+    run_id: str,
+    total: int,
+    already: int,
+    failures: FailureCount,
+) -> None:
     """Run `todo`, appending each trial's record to `partial` once it has its outcome: a trial
     that failed for infrastructure reasons is first rerun (infra_retries, with backoff), and
     the shard stops as soon as more of them failed than it allows (`failures`), or when the
@@ -293,9 +314,12 @@ def check_podman(backend: str, need_image: list[dict]) -> None:
 
     if (backend == "podman" or need_image) and (problem := backend_problem("podman")):
         names = sorted({r["path"] for r in need_image})
-        which = (f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
-                 "image (RUN lines, a prebuilt image or a FROM the host is not)" if need_image
-                 else "the recipe asks for it")
+        which = (
+            f"tasks {', '.join(names[:5])}{' ...' if len(names) > 5 else ''} need their container "
+            "image (RUN lines, a prebuilt image or a FROM the host is not)"
+            if need_image
+            else "the recipe asks for it"
+        )
         raise RuntimeError(f"sandbox {backend}: {which}, but podman cannot run here: {problem}")
 
 
@@ -314,8 +338,14 @@ class Progress:
         self.console = Console(stderr=True)
         self.bar = None
         if self.console.is_terminal:
-            self.bar = Bar(TextColumn("rollouts"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                           TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=self.console)
+            self.bar = Bar(
+                TextColumn("rollouts"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
             self.task = self.bar.add_task("", total=total, completed=already, stats="")
             self.bar.start()
 
@@ -327,7 +357,7 @@ class Progress:
         elapsed = time.monotonic() - self.start
         rate = self.run_now / elapsed if elapsed else 0.0
         left = eta(self.run_now, self.total - self.done, elapsed)
-        stats = (f"pass {self.passed / self.run_now:.0%}  errors {self.errors}  {rate:.2f} trials/s")
+        stats = f"pass {self.passed / self.run_now:.0%}  errors {self.errors}  {rate:.2f} trials/s"
         self.job.update(self.done, f"pass {self.passed / self.run_now:.0%}, errors {self.errors}")
         if self.bar:
             self.bar.update(self.task, completed=self.done, stats=stats)

@@ -51,8 +51,11 @@ def requests(cfg, inputs: list[Path]):
             for kind, j in forms:
                 if wanted(number):
                     partner = instructions[partners[i]].as_py() if kind == "combine" else None
-                    yield number, _prompt(row["instruction"], kind, partner), \
-                        {"seed": _seed(cfg.seed, row["task_id"], kind, j)}
+                    yield (
+                        number,
+                        _prompt(row["instruction"], kind, partner),
+                        {"seed": _seed(cfg.seed, row["task_id"], kind, j)},
+                    )
                 number += 1
 
     return wanted_requests
@@ -98,8 +101,11 @@ def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:
                     continue
                 task = TaskDir.unpack(name, parent["task_binary"])
                 task.add(INSTRUCTION, text.rstrip() + "\n")
-                meta = {**json.loads(parent["metadata"] or "{}"), "augmentation": kind,
-                        "parent_task_id": parent["task_id"]}
+                meta = {
+                    **json.loads(parent["metadata"] or "{}"),
+                    "augmentation": kind,
+                    "parent_task_id": parent["task_id"],
+                }
                 if kind == "combine":
                     assert partner_ids is not None and partners is not None  # read for combine (above)
                     meta["partner_task_id"] = partner_ids[partners[i]].as_py()
@@ -113,11 +119,18 @@ def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:
     reasons = dict(Counter(q.reason for q in quarantined))
     if quarantined and not new:
         (outdir / "tasks.parquet").unlink()
-        raise RuntimeError(f"augment: all {len(quarantined)} answers were quarantined ({reasons}); "
-                           f"first: {quarantined[0].reason}: {quarantined[0].detail[:300]}")
-    return {"tasks": kept, "new": new, "quarantined": len(quarantined), "quarantined_by_reason": reasons,
-            "shards": llm_requests.shard_records(outdir, cfg.shards),
-            "llm_usage": llm_requests.llm_usage(cfg, outdir)}
+        raise RuntimeError(
+            f"augment: all {len(quarantined)} answers were quarantined ({reasons}); "
+            f"first: {quarantined[0].reason}: {quarantined[0].detail[:300]}"
+        )
+    return {
+        "tasks": kept,
+        "new": new,
+        "quarantined": len(quarantined),
+        "quarantined_by_reason": reasons,
+        "shards": llm_requests.shard_records(outdir, cfg.shards),
+        "llm_usage": llm_requests.llm_usage(cfg, outdir),
+    }
 
 
 def _prompt(instruction: str, kind: str, partner: str | None) -> list[dict]:
@@ -158,5 +171,6 @@ def _rows(inputs: list[Path], columns: list[str]):
 
 def _column(inputs: list[Path], name: str) -> pa.Array:
     """One narrow column of every input (instructions or ids for combine's partners), in arrow."""
-    return pa.chunked_array([c for p in inputs for c in pq.read_table(p, columns=[name]).column(name).chunks],
-                            pa.string())
+    return pa.chunked_array(
+        [c for p in inputs for c in pq.read_table(p, columns=[name]).column(name).chunks], pa.string()
+    )

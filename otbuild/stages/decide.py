@@ -30,8 +30,10 @@ DECISION = "decision.json"
 def run(cfg: DecideSettings, inputs: Inputs, outdir: Path) -> dict:
     decision = derive(cfg, inputs)
     if cfg.strict and not decision["decided"]:
-        raise StageError(f"search stage {cfg.step} is undecided ({decision['reason']}) and decision.strict is "
-                         "true: widen the grid's gap, score more trials, or set decision.strict: false")
+        raise StageError(
+            f"search stage {cfg.step} is undecided ({decision['reason']}) and decision.strict is "
+            "true: widen the grid's gap, score more trials, or set decision.strict: false"
+        )
     with atomic_path(outdir / DECISION) as tmp:
         tmp.write_text(json.dumps(decision, indent=2, sort_keys=True) + "\n")
     return {k: decision[k] for k in ("step", "winner", "decided", "reason", "margin")}
@@ -45,8 +47,10 @@ def derive(cfg: DecideSettings, inputs: Inputs) -> dict:
     if len(evals) != len(cfg.candidates):
         raise StageError(f"decide: {len(cfg.candidates)} candidates but {len(evals)} eval inputs")
     ranked = {r["candidate"]: r for r in pq.read_table(ranking).to_pylist()}
-    rows = [_candidate(c.name, c.values, ranked.get(c.name, {}), path, cfg.metric)
-            for c, path in zip(cfg.candidates, evals, strict=True)]
+    rows = [
+        _candidate(c.name, c.values, ranked.get(c.name, {}), path, cfg.metric)
+        for c, path in zip(cfg.candidates, evals, strict=True)
+    ]
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["name"]))
     return decide(cfg, rows)
 
@@ -65,16 +69,31 @@ def decide(cfg: DecideSettings, rows: list[dict]) -> dict:
     else:
         margin = _margin(leader, runner)
         decided = margin > cfg.margin_se
-        lead = "leads with exact scores (standard error 0)" if math.isinf(margin) else \
-            f"leads by {margin:.2f} standard errors"
-        reason = (f"{lead}, more than decision.margin_se ({cfg.margin_se:g})" if decided else
-                  f"{lead}, not more than decision.margin_se ({cfg.margin_se:g})")
+        lead = (
+            "leads with exact scores (standard error 0)"
+            if math.isinf(margin)
+            else f"leads by {margin:.2f} standard errors"
+        )
+        reason = (
+            f"{lead}, more than decision.margin_se ({cfg.margin_se:g})"
+            if decided
+            else f"{lead}, not more than decision.margin_se ({cfg.margin_se:g})"
+        )
         margin = margin if math.isfinite(margin) else None
     winner = leader if decided else default
-    return {"step": cfg.step, "winner": winner["name"], "values": winner["values"], "decided": decided,
-            "reason": reason, "margin": margin, "leader": leader["name"], "default": cfg.default,
-            "metric": cfg.metric, "rules": {"min_trials": cfg.min_trials, "margin_se": cfg.margin_se},
-            "candidates": rows}
+    return {
+        "step": cfg.step,
+        "winner": winner["name"],
+        "values": winner["values"],
+        "decided": decided,
+        "reason": reason,
+        "margin": margin,
+        "leader": leader["name"],
+        "default": cfg.default,
+        "metric": cfg.metric,
+        "rules": {"min_trials": cfg.min_trials, "margin_se": cfg.margin_se},
+        "candidates": rows,
+    }
 
 
 def _candidate(name: str, values: dict, ranked: dict, summary: Path, metric: str) -> dict:
@@ -86,10 +105,16 @@ def _candidate(name: str, values: dict, ranked: dict, summary: Path, metric: str
     errors = [r.get(error) for r in rows]
     score = sum(means) / len(means) if rows and None not in means else None
     stderr = math.sqrt(sum(e * e for e in errors)) / len(errors) if rows and None not in errors else None
-    trials = sum(int(r.get("repeats") or 0) * int(r.get("n_tasks") or 0) - int(r.get("n_excluded") or 0)
-                 for r in rows)
-    return {"name": name, "values": values, "rank": ranked.get("rank"), "mean_z": ranked.get("mean_z"),
-            "score": score, "stderr": stderr, "trials": trials}
+    trials = sum(int(r.get("repeats") or 0) * int(r.get("n_tasks") or 0) - int(r.get("n_excluded") or 0) for r in rows)
+    return {
+        "name": name,
+        "values": values,
+        "rank": ranked.get("rank"),
+        "mean_z": ranked.get("mean_z"),
+        "score": score,
+        "stderr": stderr,
+        "trials": trials,
+    }
 
 
 def _margin(leader: dict, runner: dict) -> float:

@@ -31,16 +31,24 @@ def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> No
 def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
-    duck.run_template(con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label,
-                      outcome=outcome.sql_context())
+    duck.run_template(
+        con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label, outcome=outcome.sql_context()
+    )
     duck.copy_to_parquet(con, "SELECT * FROM ev_scores", outdir / "scores.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM ev_summary", outdir / "summary.parquet")
     summary = con.execute("SELECT benchmark, mean, stderr, n_exceptions, n_excluded FROM ev_summary").fetchall()
-    trials = cast(tuple, con.execute(  # an aggregate: one row
-        "SELECT count(*) FILTER (NOT coalesce(is_subagent, false)) FROM read_parquet("
-        f"{duck.sql_literal(outdir / 'traces.parquet')})").fetchone())[0]
-    return {"trials": trials, "shards": shards, **outcome_stats(con, outdir / "traces.parquet"),
-            "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x}
-                           for b, m, s, e, x in summary},
-            "llm_usage": usage.of_traces(outdir / "traces.parquet"),
-            "engines": usage.engines_of_traces(outdir / "traces.parquet")}
+    trials = cast(
+        tuple,
+        con.execute(  # an aggregate: one row
+            "SELECT count(*) FILTER (NOT coalesce(is_subagent, false)) FROM read_parquet("
+            f"{duck.sql_literal(outdir / 'traces.parquet')})"
+        ).fetchone(),
+    )[0]
+    return {
+        "trials": trials,
+        "shards": shards,
+        **outcome_stats(con, outdir / "traces.parquet"),
+        "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x} for b, m, s, e, x in summary},
+        "llm_usage": usage.of_traces(outdir / "traces.parquet"),
+        "engines": usage.engines_of_traces(outdir / "traces.parquet"),
+    }

@@ -18,8 +18,9 @@ def run(cfg: RankSettings, inputs: Inputs, outdir: Path) -> dict:
     metric = cfg.metric
     column, error = METRICS[metric]
     errors = [error if error in pq.ParquetFile(p).schema_arrow.names else "NULL" for p in inputs]
-    duck.run_template(con, "rank.sql", inputs=[str(p) for p in inputs], candidates=cfg.candidates,
-                      column=column, errors=errors)
+    duck.run_template(
+        con, "rank.sql", inputs=[str(p) for p in inputs], candidates=cfg.candidates, column=column, errors=errors
+    )
     duck.copy_to_parquet(con, "SELECT * FROM rk_ranking", outdir / "ranking.parquet")
     duck.copy_to_parquet(con, "SELECT * FROM rk_z", outdir / "zscores.parquet")
     top = con.execute("SELECT candidate, mean_z FROM rk_ranking WHERE rank = 1").fetchall()

@@ -20,6 +20,7 @@ def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
 
         manifest = train(cfg, inputs, outdir)
         return {k: manifest[k] for k in ("steps", "world_size", "files", "skyrl")}
+
     def here() -> dict:
         from otbuild.train.rl.trainer import train
 

@@ -25,14 +25,24 @@ def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
     con = duck.connect()
     outcomes = outcome_stats(con, outdir / "traces.parquet")
-    trials, subagents, passed, exceptions, timed_out = cast(tuple, con.execute(  # aggregates: one row
-        "SELECT count(*) FILTER (NOT sub), count(*) FILTER (sub), count(*) FILTER (NOT sub AND reward >= 1.0),"
-        " count(*) FILTER (NOT sub AND coalesce(exception, '') <> ''),"
-        " count(*) FILTER (NOT sub AND coalesce(timed_out, false))"
-        " FROM (SELECT coalesce(is_subagent, false) AS sub, reward, exception, timed_out"
-        f" FROM read_parquet({duck.sql_literal(outdir / 'traces.parquet')}))"
-    ).fetchone())
-    return {"trials": trials, "subagent_traces": subagents, "shards": shards, "passed": passed,
-            "exceptions": exceptions, "timed_out": timed_out, **outcomes,
-            "llm_usage": usage.of_traces(outdir / "traces.parquet"),
-            "engines": usage.engines_of_traces(outdir / "traces.parquet")}
+    trials, subagents, passed, exceptions, timed_out = cast(
+        tuple,
+        con.execute(  # aggregates: one row
+            "SELECT count(*) FILTER (NOT sub), count(*) FILTER (sub), count(*) FILTER (NOT sub AND reward >= 1.0),"
+            " count(*) FILTER (NOT sub AND coalesce(exception, '') <> ''),"
+            " count(*) FILTER (NOT sub AND coalesce(timed_out, false))"
+            " FROM (SELECT coalesce(is_subagent, false) AS sub, reward, exception, timed_out"
+            f" FROM read_parquet({duck.sql_literal(outdir / 'traces.parquet')}))"
+        ).fetchone(),
+    )
+    return {
+        "trials": trials,
+        "subagent_traces": subagents,
+        "shards": shards,
+        "passed": passed,
+        "exceptions": exceptions,
+        "timed_out": timed_out,
+        **outcomes,
+        "llm_usage": usage.of_traces(outdir / "traces.parquet"),
+        "engines": usage.engines_of_traces(outdir / "traces.parquet"),
+    }

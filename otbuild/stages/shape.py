@@ -32,8 +32,11 @@ def section_of(recipe: Any, key: str) -> Any:
 
 def planned(recipe: Any) -> list[tuple[StageDef, Any]]:
     """(stage, its recipe section) of each data stage the recipe sets, in pipeline order."""
-    return [(d, section) for d in STAGES.values()
-            if d.produces and (section := section_of(recipe, section_key(d))) is not None]
+    return [
+        (d, section)
+        for d in STAGES.values()
+        if d.produces and (section := section_of(recipe, section_key(d))) is not None
+    ]
 
 
 def bringers(kind: str) -> list[str]:
@@ -58,8 +61,9 @@ def gaps(recipe: Any) -> list[Gap]:
     what the recipe ends with."""
     stages = planned(recipe)
     if not any(not d.consumes for d, _ in stages):
-        starts = " or ".join(f"`{section_key(d)}` ({d.produces})" for d in STAGES.values()
-                             if d.produces and not d.consumes)
+        starts = " or ".join(
+            f"`{section_key(d)}` ({d.produces})" for d in STAGES.values() if d.produces and not d.consumes
+        )
         return [Gap("", f"nothing to build from: add {starts}")]
     out: list[Gap] = []
     origin: dict[str | None, str] = {}  # kind -> the section that brought it in
@@ -72,8 +76,14 @@ def gaps(recipe: Any) -> list[Gap]:
         origin.setdefault(d.produces, section_key(d))
         unused[d.produces] = origin[d.produces]
     last = stages[-1][0].produces
-    out += [Gap(key, f"no stage uses these {kind} (the recipe ends in {last}): add {_either(users(kind))}, "
-                     f"or remove `{key}`") for kind, key in unused.items() if kind != last]
+    out += [
+        Gap(
+            key,
+            f"no stage uses these {kind} (the recipe ends in {last}): add {_either(users(kind))}, or remove `{key}`",
+        )
+        for kind, key in unused.items()
+        if kind != last
+    ]
     return out
 
 

@@ -53,8 +53,12 @@ def run(cfg: SourceSettings, inputs: Inputs, outdir: Path) -> dict:
             except StageError as e:
                 raise StageError(f"source {name!r}: {e}") from e
             n = stats["sample"]["kept"]
-    return {"tasks": n, "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
-            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}
+    return {
+        "tasks": n,
+        "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
+        "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)),
+        **stats,
+    }
 
 
 STRATIFY_COLUMNS = ("path", "source")  # task columns `stratify` may name; any other name is a metadata key
@@ -69,18 +73,37 @@ def sample_tasks(src: Path, dest: Path, sample: SourceSample) -> dict:
 
     n, seed, stratify, pattern = sample.n, sample.seed, sample.stratify, sample.pattern
     con = duck.connect()
-    duck.run_template(con, "source_sample.sql", tasks=str(src), n=n, seed=seed, stratify=stratify, pattern=pattern,
-                      columns=STRATIFY_COLUMNS)
+    duck.run_template(
+        con,
+        "source_sample.sql",
+        tasks=str(src),
+        n=n,
+        seed=seed,
+        stratify=stratify,
+        pattern=pattern,
+        columns=STRATIFY_COLUMNS,
+    )
     all_blank = "SELECT count(*) > 0 AND bool_and(stratum = '') FROM sample_keys"  # an aggregate: one row
     if stratify and cast(tuple, con.execute(all_blank).fetchone())[0]:
         what = f"{stratify} matching {pattern!r}" if pattern else stratify
-        raise StageError(f"sample.stratify: no task has a value for {what} "
-                         f"({'a column' if stratify in STRATIFY_COLUMNS else 'a metadata key'}); "
-                         "a sample stratified by nothing is not what was asked")
+        raise StageError(
+            f"sample.stratify: no task has a value for {what} "
+            f"({'a column' if stratify in STRATIFY_COLUMNS else 'a metadata key'}); "
+            "a sample stratified by nothing is not what was asked"
+        )
     kept = duck.copy_to_parquet(
-        con, f"SELECT * EXCLUDE (file_row_number) FROM read_parquet({sql_literal(src)}, file_row_number = true) "
-        "WHERE file_row_number IN (SELECT _row FROM sample_rows) ORDER BY file_row_number", dest)
-    strata = {s: [size, quota] for s, size, quota in con.execute(
-        "SELECT stratum, size, quota FROM sample_strata ORDER BY stratum").fetchall()}
-    return {"read": sum(v[0] for v in strata.values()), "kept": kept, "seed": seed,
-            **({"stratify": stratify, "strata": strata} if stratify else {})}
+        con,
+        f"SELECT * EXCLUDE (file_row_number) FROM read_parquet({sql_literal(src)}, file_row_number = true) "
+        "WHERE file_row_number IN (SELECT _row FROM sample_rows) ORDER BY file_row_number",
+        dest,
+    )
+    strata = {
+        s: [size, quota]
+        for s, size, quota in con.execute("SELECT stratum, size, quota FROM sample_strata ORDER BY stratum").fetchall()
+    }
+    return {
+        "read": sum(v[0] for v in strata.values()),
+        "kept": kept,
+        "seed": seed,
+        **({"stratify": stratify, "strata": strata} if stratify else {}),
+    }

@@ -35,26 +35,44 @@ def run(cfg: TaskFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     tasks, refs = inputs.named("tasks"), inputs.named("held_out")
     if cfg.decontaminate:
-        duck.run_template(con, "decontaminate.sql", inputs=[str(p) for p in tasks], offsets=duck.input_offsets(tasks),
-                          refs=[str(p) for p in refs], **cfg.decontaminate.model_dump())
+        duck.run_template(
+            con,
+            "decontaminate.sql",
+            inputs=[str(p) for p in tasks],
+            offsets=duck.input_offsets(tasks),
+            refs=[str(p) for p in refs],
+            **cfg.decontaminate.model_dump(),
+        )
         if cfg.decontaminate.fuzzy:
             add_fuzzy_hits(con, cfg.decontaminate.fuzzy)
     budget = planned_rollouts(cfg.score)
     t = cfg.model_dump()  # the template's view
     duck.run_template(
-        con, "task_filter.sql", inputs=[str(p) for p in tasks], offsets=duck.input_offsets(tasks), dedup=cfg.dedup,
-        decontaminate=t["decontaminate"], chars=t["instruction_chars"], include_regex=cfg.include_regex,
-        exclude_regex=cfg.exclude_regex, score=t["score"], sample=t["sample"],
-        score_expr=score_expr(cfg.score.column) if cfg.score else None, rollouts=budget,
+        con,
+        "task_filter.sql",
+        inputs=[str(p) for p in tasks],
+        offsets=duck.input_offsets(tasks),
+        dedup=cfg.dedup,
+        decontaminate=t["decontaminate"],
+        chars=t["instruction_chars"],
+        include_regex=cfg.include_regex,
+        exclude_regex=cfg.exclude_regex,
+        score=t["score"],
+        sample=t["sample"],
+        score_expr=score_expr(cfg.score.column) if cfg.score else None,
+        rollouts=budget,
     )
     if budget:
         kept = con.execute("SELECT count(*) FROM task_decided WHERE reason IS NULL").fetchall()[0][0]
         if budget < kept:
-            raise ValueError(f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
-                             "every task gets at least one, so the budget must be at least the task count")
+            raise ValueError(
+                f"task_filter.score.budget: {budget} rollouts for {kept} kept tasks; "
+                "every task gets at least one, so the budget must be at least the task count"
+            )
     extra = ("score", "weight", "n_rollouts") if budget else ("score",) if cfg.score else ()
-    stats = duck.stream_split(con, "task_decided", tasks, outdir, rejected_by="task_filter", kept_columns=extra,
-                              batch_rows=BATCH_ROWS)  # task rows are small: bigger batches, fewer row groups
+    stats = duck.stream_split(
+        con, "task_decided", tasks, outdir, rejected_by="task_filter", kept_columns=extra, batch_rows=BATCH_ROWS
+    )  # task rows are small: bigger batches, fewer row groups
     check_not_emptied(stats)
     if cfg.decontaminate:
         stats["contaminated"] = contaminated_counts(con, cfg.decontaminate.against)
@@ -87,9 +105,16 @@ def add_fuzzy_hits(con, threshold: float, batch_rows: int = 4096) -> None:
         for ord_, bench, path, words, ref_words in rows:
             if (m := fuzzy_match(words, ref_words, threshold)) and (ord_ not in hits or m[1] > hits[ord_][2]):
                 hits[ord_] = (bench, m[0], m[1], path)
-    found = pa.table({"_ord": pa.array(list(hits), pa.int64()), "benchmark": [h[0] for h in hits.values()],
-                      "contamination": [f"contaminated by {bench}: fuzzy {name} {score:.2f} with task {path}"
-                                        for bench, name, score, path in hits.values()]})
+    found = pa.table(
+        {
+            "_ord": pa.array(list(hits), pa.int64()),
+            "benchmark": [h[0] for h in hits.values()],
+            "contamination": [
+                f"contaminated by {bench}: fuzzy {name} {score:.2f} with task {path}"
+                for bench, name, score, path in hits.values()
+            ],
+        }
+    )
     con.register("dc_fuzzy_found", found)
     con.execute("INSERT INTO dc_hits SELECT _ord, benchmark, contamination FROM dc_fuzzy_found")
     con.unregister("dc_fuzzy_found")
@@ -116,10 +141,17 @@ def contaminated_counts(con, against: list[str]) -> dict[str, dict[str, int]]:
 
 # The steps in the order they run, with the reasons (the text before ':', or how it starts) they
 # reject with.
-STEPS = (("instruction present", ("empty_instruction",)), ("instruction_chars", ("too_short", "too_long")),
-         ("include_regex", ("include_regex",)), ("exclude_regex", ("exclude_regex",)),
-         ("decontaminate", ("contaminated by ",)), ("score", ("score",)),
-         ("dedup", ("duplicate",)), ("score.top_k", ("below_top_k",)), ("sample", ("not_sampled",)))
+STEPS = (
+    ("instruction present", ("empty_instruction",)),
+    ("instruction_chars", ("too_short", "too_long")),
+    ("include_regex", ("include_regex",)),
+    ("exclude_regex", ("exclude_regex",)),
+    ("decontaminate", ("contaminated by ",)),
+    ("score", ("score",)),
+    ("dedup", ("duplicate",)),
+    ("score.top_k", ("below_top_k",)),
+    ("sample", ("not_sampled",)),
+)
 
 
 def check_not_emptied(stats: dict) -> None:
@@ -136,7 +168,8 @@ def check_not_emptied(stats: dict) -> None:
             raise RuntimeError(
                 f"task_filter: step {step} left 0 of the {total} tasks "
                 f"({', '.join(f'{r}: {n}' for r, n in dropped.items())}; all rejections: {by_reason}); "
-                "see rejected.parquet for each task's reason")
+                "see rejected.parquet for each task's reason"
+            )
 
 
 def _rejects_with(reasons: tuple[str, ...], reason: str) -> bool:

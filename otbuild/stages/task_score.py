@@ -65,18 +65,26 @@ def run(cfg: TaskScoreSettings, inputs: Inputs, outdir: Path) -> dict:
                 outcomes["engine_errors" if a["error"] else "scored" if s is not None else "unscored"] += 1
                 first_error = first_error or a["error"]
             texts = [a["error"] or a["text"][:2000] for a in got]
-            w.write_table(pa.Table.from_batches([batch]).append_column("llm_score", pa.array(scores, pa.float64()))
-                          .append_column("llm_response", pa.array(texts, pa.string())))
+            w.write_table(
+                pa.Table.from_batches([batch])
+                .append_column("llm_score", pa.array(scores, pa.float64()))
+                .append_column("llm_response", pa.array(texts, pa.string()))
+            )
     next(answers, None)  # runs the answers' own check: exactly one per task
     if total and not outcomes["scored"]:
         (outdir / "tasks.parquet").unlink()
-        why = (f"{outcomes['engine_errors']} engine errors (first: {first_error[:300]})" if first_error else "")
+        why = f"{outcomes['engine_errors']} engine errors (first: {first_error[:300]})" if first_error else ""
         why += ("; " if why and outcomes["unscored"] else "") + (
-            f"{outcomes['unscored']} answers without a {cfg.kind} score" if outcomes["unscored"] else "")
+            f"{outcomes['unscored']} answers without a {cfg.kind} score" if outcomes["unscored"] else ""
+        )
         raise RuntimeError(f"task_score: no task of {total} got a score: {why}")
-    return {"tasks": total, "scored": outcomes["scored"], "engine_errors": outcomes["engine_errors"],
-            "shards": llm_requests.shard_records(outdir, cfg.shards),
-            "llm_usage": llm_requests.llm_usage(cfg, outdir)}
+    return {
+        "tasks": total,
+        "scored": outcomes["scored"],
+        "engine_errors": outcomes["engine_errors"],
+        "shards": llm_requests.shard_records(outdir, cfg.shards),
+        "llm_usage": llm_requests.llm_usage(cfg, outdir),
+    }
 
 
 def score(kind: str, answer: dict) -> float | None:
@@ -95,7 +103,9 @@ def _batches(inputs: list[Path], columns: list[str], schema: pa.Schema | None = 
         present = [c for c in columns if c in pq.ParquetFile(path).schema_arrow.names]
         for batch in llm_requests.input_batches([path], present, rows):
             if schema is not None:
-                arrays = [batch.column(n) if n in present else pa.nulls(batch.num_rows, f.type)
-                          for n, f in zip(schema.names, schema)]
+                arrays = [
+                    batch.column(n) if n in present else pa.nulls(batch.num_rows, f.type)
+                    for n, f in zip(schema.names, schema)
+                ]
                 batch = pa.RecordBatch.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
             yield batch

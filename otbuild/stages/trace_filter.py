@@ -16,8 +16,14 @@ from otbuild.traces import outcome
 @stage_run
 def run(cfg: TraceFilterSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
-    duck.run_template(con, "trace_filter.sql", inputs=[str(p) for p in inputs],
-                      offsets=duck.input_offsets(inputs), outcome=outcome.sql_context(), **cfg.model_dump())
+    duck.run_template(
+        con,
+        "trace_filter.sql",
+        inputs=[str(p) for p in inputs],
+        offsets=duck.input_offsets(inputs),
+        outcome=outcome.sql_context(),
+        **cfg.model_dump(),
+    )
     stats = duck.stream_split(con, "trace_decided", inputs, outdir, rejected_by="trace_filter")
     total = stats["kept"] + stats["rejected"]
     capped = stats["rejected_by_reason"].get("not_sampled", 0)

@@ -31,6 +31,9 @@ def run(cfg: TraceImportSettings, inputs: Inputs, outdir: Path) -> dict:
     written = write_traces(outdir / "traces.parquet", traces())
     check_not_empty(f"trace_imports.{cfg.name}", where(cfg), written, quarantined, cfg.allow_empty)
     name = f"import:{cfg.name}"
-    return {"traces": written,
-            "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
-            "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)), **stats}
+    return {
+        "traces": written,
+        "quarantined": write_quarantine(outdir / "quarantine.parquet", quarantined, name),
+        "quarantined_by_reason": dict(Counter(q.reason for q in quarantined)),
+        **stats,
+    }

@@ -56,7 +56,7 @@ def normalise(ref: str) -> str:
     """`docker.io/library/ubuntu` -> `ubuntu:latest`; digests and other registries kept."""
     for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/"):
         if ref.startswith(prefix):
-            ref = ref[len(prefix):]
+            ref = ref[len(prefix) :]
             break
     last = ref.rsplit("/", 1)[-1]
     return ref if ":" in last or "@" in ref else f"{ref}:latest"
@@ -75,15 +75,22 @@ def task_base_images(task: TaskDir) -> list[str]:
 def host_images() -> tuple[str, ...]:
     """Patterns of images the host can stand in for (see the module's docstring)."""
     release = _os_release()
-    distro, version, codename = release.get("ID", ""), release.get("VERSION_ID", ""), \
-        release.get("VERSION_CODENAME", "")
+    distro, version, codename = (
+        release.get("ID", ""),
+        release.get("VERSION_ID", ""),
+        release.get("VERSION_CODENAME", ""),
+    )
     out = []
     for tag in filter(None, {version, codename}):
         out += [f"{distro}:{tag}", f"{distro}:{tag}-slim"]
     python = _host_python()
     if python and codename:
-        out += [f"python:{python}-{codename}", f"python:{python}-slim-{codename}",
-                f"python:{python}.*-{codename}", f"python:{python}.*-slim-{codename}"]
+        out += [
+            f"python:{python}-{codename}",
+            f"python:{python}-slim-{codename}",
+            f"python:{python}.*-{codename}",
+            f"python:{python}.*-slim-{codename}",
+        ]
     out += os.environ.get("OTBUILD_HOST_IMAGES", "").split()
     return tuple(normalise(p) for p in out if p)
 
@@ -92,8 +99,11 @@ def host_compatible(task: TaskDir) -> bool:
     """True when a sandbox on the host's root filesystem gives the task what its image would:
     no Dockerfile, the task says so, or its final FROM matches `host_images()`."""
     meta = task_config(task).metadata
-    if (meta.get("host_compatible") is True or meta.get("generator") in HOST_GENERATORS
-            or meta.get("source") in HOST_SOURCES):
+    if (
+        meta.get("host_compatible") is True
+        or meta.get("generator") in HOST_GENERATORS
+        or meta.get("source") in HOST_SOURCES
+    ):
         return True
     text = task.text(DOCKERFILE)
     if text is None:
@@ -113,8 +123,13 @@ def _os_release() -> dict[str, str]:
 def _host_python() -> str | None:
     """X.Y of /usr/bin/python3 (what the sandbox binds in), or None."""
     try:
-        out = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+        out = subprocess.run(
+            ["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.strip()
     except OSError:
         return None
     return out or None

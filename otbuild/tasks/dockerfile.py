@@ -47,8 +47,7 @@ from pathlib import PurePosixPath
 from typing import cast
 
 # Top-level dirs a local sandbox takes from the host (read-only) or makes itself.
-SYSTEM_TOPS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc",
-                         "dev", "sys"})
+SYSTEM_TOPS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sys"})
 # Instructions a local sandbox lays out (WORKDIR, ENV, COPY) or may ignore.
 LOCAL_KEYWORDS = frozenset({"FROM", "ARG", "LABEL", "USER", "WORKDIR", "ENV", "COPY"})
 LOCAL_COPY_FLAGS = frozenset({"chown", "chmod", "link"})
@@ -144,7 +143,7 @@ def _instruction(logical: str, line: int, lines: list[str], i: int) -> tuple[Ins
     flags: dict[str, str | None] = {}
     while keyword in FLAGGED and (m := _FLAG.match(rest)):
         flags[m[1].lower()] = m[2]
-        rest = rest[m.end():]
+        rest = rest[m.end() :]
     heredocs = []
     if keyword in HEREDOC_KEYWORDS:
         for word in rest.split():
@@ -208,8 +207,7 @@ def local_problems(dockerfile: str | list[Instruction]) -> list[Problem]:
     workdir, stages = "/", 0
 
     def refuse(ins: Instruction, what: str, why: str = "", skippable: bool = False) -> None:
-        problems.append(Problem(ins.line, f"{what} {ins.at()}" + (f" ({why})" if why else ""),
-                                skippable))
+        problems.append(Problem(ins.line, f"{what} {ins.at()}" + (f" ({why})" if why else ""), skippable))
 
     for ins in instructions:
         key = ins.keyword

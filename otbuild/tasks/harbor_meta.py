@@ -32,11 +32,7 @@ def task_subdirs(path: Path) -> list[Path]:
     if not path.is_dir():
         raise NotADirectoryError(f"task source is not a directory: {path}")
     return sorted(
-        (
-            p
-            for p in path.iterdir()
-            if not p.name.startswith(".") and (p.is_dir() or p.is_symlink())
-        ),
+        (p for p in path.iterdir() if not p.name.startswith(".") and (p.is_dir() or p.is_symlink())),
         key=lambda p: p.name,
     )
 
@@ -73,8 +69,9 @@ def harbor_record(task: TaskDir, extra_metadata: dict | None = None) -> TaskReco
         if not view.instruction.strip():
             return Quarantined(name, "empty instruction", f"{step}instruction.md")
         if TESTS not in view.files:
-            return Quarantined(name, "missing tests/test.sh", f"neither {step}tests/test.sh nor tests/test.sh"
-                               if step else "")
+            return Quarantined(
+                name, "missing tests/test.sh", f"neither {step}tests/test.sh nor tests/test.sh" if step else ""
+            )
     meta = task_metadata(config) | (extra_metadata or {})
     return TaskRecord(task, runnable_locally(task, config), meta)
 

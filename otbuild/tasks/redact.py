@@ -47,8 +47,11 @@ def secret_kind(text: str) -> str | None:
 
 def describe(found: dict[str, int]) -> str:
     """A Redactor's `found()` in words, for a command's report."""
-    return (f"redacted {sum(found.values())} secret(s): " + ", ".join(f"{k} {n}" for k, n in found.items())
-            if found else "no secrets found to redact")
+    return (
+        f"redacted {sum(found.values())} secret(s): " + ", ".join(f"{k} {n}" for k, n in found.items())
+        if found
+        else "no secrets found to redact"
+    )
 
 
 class Redactor:
@@ -75,8 +78,10 @@ class Redactor:
         """`batch` with every string redacted (and each task_binary's task files)."""
         import pyarrow as pa
 
-        columns = [self._task_binaries(col) if name == TASK_BINARY else self._array(col)
-                   for name, col in zip(batch.schema.names, batch.columns)]
+        columns = [
+            self._task_binaries(col) if name == TASK_BINARY else self._array(col)
+            for name, col in zip(batch.schema.names, batch.columns)
+        ]
         return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
     def count(self, batch: pa.RecordBatch) -> None:

@@ -91,11 +91,16 @@ def check_not_empty(what: str, path: str, kept: int, quarantined: list[Quarantin
     for q in quarantined:
         first.setdefault(q.reason, q)
     counts = Counter(q.reason for q in quarantined)
-    why = "; ".join(f"{n} {reason}, e.g. {q.name}" + (f": {q.detail}" if q.detail else "")
-                    for reason, n in counts.most_common() if (q := first[reason]))
-    raise StageError(f"{what}: no usable item in {path}: "
-                     + (f"{len(quarantined)} quarantined ({why})" if quarantined else "nothing there to read")
-                     + "; set `allow_empty: true` on it if that is expected")
+    why = "; ".join(
+        f"{n} {reason}, e.g. {q.name}" + (f": {q.detail}" if q.detail else "")
+        for reason, n in counts.most_common()
+        if (q := first[reason])
+    )
+    raise StageError(
+        f"{what}: no usable item in {path}: "
+        + (f"{len(quarantined)} quarantined ({why})" if quarantined else "nothing there to read")
+        + "; set `allow_empty: true` on it if that is expected"
+    )
 
 
 QUARANTINE_SCHEMA = pa.schema(
@@ -110,8 +115,9 @@ def write_quarantine(dest: Path, items: list[Quarantined], source: str) -> int:
     return len(rows)
 
 
-def task_rows(inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source",
-                                                                "runnable_locally")) -> dict[int, dict]:
+def task_rows(
+    inputs: list[Path], wanted: set[int], columns=("path", "task_binary", "task_id", "source", "runnable_locally")
+) -> dict[int, dict]:
     """The task rows (by position across the inputs) that trials need, streamed."""
     rows: dict[int, dict] = {}
     i = 0

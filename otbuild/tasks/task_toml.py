@@ -160,19 +160,28 @@ def refused_host_env(config: TaskConfig, allowed: Collection[str]) -> list[str]:
     """`TABLE KEY: VAR` for each `${VAR}` of the task's env tables (`[environment]`, `[solution]`,
     `[verifier]`, each step's `[verifier]`) whose VAR is not in `allowed` (the recipe's
     `host_env`): a task names a host variable only the recipe may hand it, defaults or not."""
-    tables = [("[environment].env", config.environment.env), ("[solution].env", config.solution_env),
-              ("[verifier].env", config.verifier.env)]
+    tables = [
+        ("[environment].env", config.environment.env),
+        ("[solution].env", config.solution_env),
+        ("[verifier].env", config.verifier.env),
+    ]
     tables += [(f"[steps.{s.name}.verifier].env", s.verifier.env) for s in config.steps]
-    return [f"{table} {key}: {m[1]}" for table, env in tables for key, value in env.items()
-            if (m := _ENV_TEMPLATE.fullmatch(value)) and m[1] not in allowed]
+    return [
+        f"{table} {key}: {m[1]}"
+        for table, env in tables
+        for key, value in env.items()
+        if (m := _ENV_TEMPLATE.fullmatch(value)) and m[1] not in allowed
+    ]
 
 
 def host_env_refusal(task_name: str, config: TaskConfig, allowed: Collection[str]) -> str | None:
     """Why the task is not run (`HostEnvNotAllowed`'s message), where its task.toml asks for a host
     variable `allowed` (the recipe's `host_env`) does not name; None when it asks for none other."""
     if refused := refused_host_env(config, allowed):
-        return (f"task {task_name!r}: task.toml asks for host variables the recipe does not allow "
-                f"({'; '.join(refused)}); name them in the recipe's host_env to hand them to tasks")
+        return (
+            f"task {task_name!r}: task.toml asks for host variables the recipe does not allow "
+            f"({'; '.join(refused)}); name them in the recipe's host_env to hand them to tasks"
+        )
     return None
 
 
@@ -180,9 +189,11 @@ def task_metadata(config: TaskConfig) -> dict:
     """The `[metadata]` table plus agent/verifier timeouts and docker_image where task.toml
     sets them (as written)."""
     meta = dict(config.metadata)
-    for key, (table, name) in (("agent_timeout_sec", ("agent", "timeout_sec")),
-                               ("verifier_timeout_sec", ("verifier", "timeout_sec")),
-                               ("docker_image", ("environment", "docker_image"))):
+    for key, (table, name) in (
+        ("agent_timeout_sec", ("agent", "timeout_sec")),
+        ("verifier_timeout_sec", ("verifier", "timeout_sec")),
+        ("docker_image", ("environment", "docker_image")),
+    ):
         value = config.toml.get(table, {}).get(name)
         if value is not None:
             meta[key] = value
@@ -195,7 +206,7 @@ HARNESS_UNSUPPORTED = {
     "artifacts": "artifacts to collect after the trial",
     "verifier.collect": "commands that collect files for the verifier ([[verifier.collect]])",
     "verifier.environment": "a separate verifier environment",
-    "verifier.environment_mode": "a separate verifier environment (environment_mode = \"separate\")",
+    "verifier.environment_mode": 'a separate verifier environment (environment_mode = "separate")',
 }
 # and, in a `[[steps]]` entry, these (refused as `steps.NAME.KEY`)
 STEP_UNSUPPORTED = {
@@ -274,8 +285,11 @@ class _Reader:
         value = t.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                integer and not float(value).is_integer()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (integer and not float(value).is_integer())
+        ):
             self.fail(f"[{table}] {key}", f"is not {'an integer' if integer else 'a number'}: {value!r}")
         if positive and not value > 0:
             self.fail(f"[{table}] {key}", f"must be positive: {value!r}")
@@ -316,7 +330,7 @@ class _Reader:
             if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
                 self.fail(f"[{table}] allowed_hosts", f"is not a list of strings: {hosts!r}")
             if mode != ALLOWLIST:
-                self.fail(f"[{table}] allowed_hosts", "is only valid with network_mode = \"allowlist\"")
+                self.fail(f"[{table}] allowed_hosts", 'is only valid with network_mode = "allowlist"')
             hosts = tuple(self.host(h, table) for h in hosts)
         if mode is not None:
             return NetworkPolicy(mode, hosts or ())
@@ -332,8 +346,11 @@ class _Reader:
         h = host.strip().lower().rstrip(".")
 
         def bad():
-            self.fail(f"[{table}] allowed_hosts", f"entry {host!r} is not a hostname, a leading '*.' "
-                      "wildcard, an IP address or a CIDR range (no URLs, ports or paths)")
+            self.fail(
+                f"[{table}] allowed_hosts",
+                f"entry {host!r} is not a hostname, a leading '*.' "
+                "wildcard, an IP address or a CIDR range (no URLs, ports or paths)",
+            )
 
         if "/" in h or ":" in h:
             try:
@@ -354,8 +371,11 @@ class _Reader:
         return AgentConfig(self.number(t, table, "timeout_sec", None), self.policy(t, table, baseline=False))
 
     def verifier(self, t: dict, table: str) -> VerifierConfig:
-        return VerifierConfig(self.number(t, table, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC),
-                              self.env(t, table), self.policy(t, table, baseline=False))
+        return VerifierConfig(
+            self.number(t, table, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_SEC),
+            self.env(t, table),
+            self.policy(t, table, baseline=False),
+        )
 
     def steps(self, data: dict) -> tuple[StepConfig, ...]:
         """`[[steps]]`: each a table with a portable, unique `name` (as Harbor checks it)."""
@@ -367,8 +387,13 @@ class _Reader:
         out, seen = [], set()
         for i, step in enumerate(steps):
             name = step.get("name")
-            if not isinstance(name, str) or not name.strip() or name in (".", "..") or \
-                    name.endswith((".", " ")) or _STEP_NAME_BAD.search(name):
+            if (
+                not isinstance(name, str)
+                or not name.strip()
+                or name in (".", "..")
+                or name.endswith((".", " "))
+                or _STEP_NAME_BAD.search(name)
+            ):
                 self.fail(f"[[steps]] {i + 1} name", f"is not a portable directory name: {name!r}")
             if name.casefold() in seen:
                 self.fail(f"[[steps]] {i + 1} name", f"repeats an earlier step's: {name!r}")
@@ -376,19 +401,26 @@ class _Reader:
             where = f"steps.{name}"
             min_reward = step.get("min_reward")
             if min_reward is not None and not (
-                    isinstance(min_reward, (int, float)) and not isinstance(min_reward, bool) or
-                    isinstance(min_reward, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                         for v in min_reward.values())):
+                isinstance(min_reward, (int, float))
+                and not isinstance(min_reward, bool)
+                or isinstance(min_reward, dict)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in min_reward.values())
+            ):
                 self.fail(f"[{where}] min_reward", f"is not a number or a table of numbers: {min_reward!r}")
-            out.append(StepConfig(name, self.agent(self.table(step, "agent"), f"{where}.agent"),
-                                  self.verifier(self.table(step, "verifier"), f"{where}.verifier"),
-                                  dict(min_reward) if isinstance(min_reward, dict) else min_reward))
+            out.append(
+                StepConfig(
+                    name,
+                    self.agent(self.table(step, "agent"), f"{where}.agent"),
+                    self.verifier(self.table(step, "verifier"), f"{where}.verifier"),
+                    dict(min_reward) if isinstance(min_reward, dict) else min_reward,
+                )
+            )
         return tuple(out)
 
     def strategy(self, data: dict) -> str:
         value = data.get("multi_step_reward_strategy", MEAN)
         if value not in (MEAN, FINAL):
-            self.fail("multi_step_reward_strategy", f"must be \"{MEAN}\" or \"{FINAL}\": {value!r}")
+            self.fail("multi_step_reward_strategy", f'must be "{MEAN}" or "{FINAL}": {value!r}')
         return value
 
     def config(self, data: dict) -> TaskConfig:
@@ -405,7 +437,8 @@ class _Reader:
                 memory_mb=self.size_mb(env, "environment", "memory_mb", "memory"),
                 storage_mb=self.size_mb(env, "environment", "storage_mb", "storage"),
                 network=cast(NetworkPolicy, self.policy(env, "environment", baseline=True)),  # baseline: never None
-                env=self.env(env, "environment")),
+                env=self.env(env, "environment"),
+            ),
             solution_env=self.env(tables["solution"], "solution"),
             steps=self.steps(data),
             multi_step_reward_strategy=self.strategy(data),

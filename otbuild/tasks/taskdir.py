@@ -75,14 +75,16 @@ class TaskDir:
         shared ones; its files to stage under workdir/; everything else (task.toml,
         environment/) the task's."""
         own = f"{STEPS}/{name}/"
-        view = TaskDir(self.name, {rel: f for rel, f in self.files.items()
-                                   if not rel.startswith(f"{STEPS}/") and rel != INSTRUCTION})
+        view = TaskDir(
+            self.name,
+            {rel: f for rel, f in self.files.items() if not rel.startswith(f"{STEPS}/") and rel != INSTRUCTION},
+        )
         for shared in ("tests", "solution"):
             if any(rel.startswith(f"{own}{shared}/") for rel in self.files):
                 view.files = {rel: f for rel, f in view.files.items() if not rel.startswith(f"{shared}/")}
         for rel, f in self.files.items():
             if rel.startswith(own):
-                view.files[rel[len(own):]] = f
+                view.files[rel[len(own) :]] = f
         return view
 
     # -- disk ---------------------------------------------------------------
@@ -137,7 +139,7 @@ class TaskDir:
                 prefix = _common_prefix(name, [m.name for m in members])
                 for m in members:
                     fobj = cast(IO[bytes], tar.extractfile(m))  # a regular file member: never None
-                    rel = m.name[len(prefix):] if prefix else m.name
+                    rel = m.name[len(prefix) :] if prefix else m.name
                     task.add(rel.removeprefix("./"), fobj.read(), bool(m.mode & stat.S_IXUSR))
         except (tarfile.TarError, OSError, EOFError) as e:
             raise TaskFormatError(f"task {name!r}: corrupt task_binary ({e})") from e

@@ -45,13 +45,29 @@ PASSED = "passed"
 FAILED = "failed"
 OUTCOMES = (NOT_RUN, INFRASTRUCTURE, VERIFIER_ERROR, TIMED_OUT, TASK_FAILURE, UNVERIFIED, PASSED, FAILED)
 
-NOT_RUN_ERRORS = ("TaskNotRunnableLocally", "EnvironmentDefinitionError", "NetworkPolicyError", "TaskFormatError",
-                  "TaskKeyNotSupported", "TaskEnvError", "HostEnvNotAllowed")
-VERIFIER_ERRORS = ("VerifierTimeoutError", "VerifierOutputParseError", "RewardFileNotFoundError",
-                   "RewardFileEmptyError", "VerifierEnvError")
+NOT_RUN_ERRORS = (
+    "TaskNotRunnableLocally",
+    "EnvironmentDefinitionError",
+    "NetworkPolicyError",
+    "TaskFormatError",
+    "TaskKeyNotSupported",
+    "TaskEnvError",
+    "HostEnvNotAllowed",
+)
+VERIFIER_ERRORS = (
+    "VerifierTimeoutError",
+    "VerifierOutputParseError",
+    "RewardFileNotFoundError",
+    "RewardFileEmptyError",
+    "VerifierEnvError",
+)
 TIMEOUT_ERRORS = ("AgentTimeoutError",)
-TASK_FAILURE_ERRORS = ("ContextLengthExceededError", "DiskLimitExceededError", "OutputLengthExceededError",
-                       "TaskSetupError")
+TASK_FAILURE_ERRORS = (
+    "ContextLengthExceededError",
+    "DiskLimitExceededError",
+    "OutputLengthExceededError",
+    "TaskSetupError",
+)
 KNOWN_ERRORS = NOT_RUN_ERRORS + VERIFIER_ERRORS + TIMEOUT_ERRORS + TASK_FAILURE_ERRORS
 
 # eval: these have no score (left out of the mean, counted as n_excluded); task failures and
@@ -104,8 +120,12 @@ def sql_in(values) -> str:
 
 def sql_context() -> dict:
     """What a SQL template that asks how trials ended gets as `outcome` (eval.sql, trace_filter.sql)."""
-    return {"macros": sql_macros(), "excluded": sql_in(EXCLUDED_FROM_SCORES),
-            "scored_zero": sql_in(SCORED_ZERO_ERRORS), "dropped": sql_in(DROPPED_AS_EXCEPTIONS)}
+    return {
+        "macros": sql_macros(),
+        "excluded": sql_in(EXCLUDED_FROM_SCORES),
+        "scored_zero": sql_in(SCORED_ZERO_ERRORS),
+        "dropped": sql_in(DROPPED_AS_EXCEPTIONS),
+    }
 
 
 def sql_macros() -> str:

@@ -86,9 +86,19 @@ def step_conversations(conversation: list[dict], metadata: str | None) -> list[l
         steps = json.loads(metadata or "{}").get("steps")
     except (ValueError, AttributeError):
         return [conversation]
-    starts = sorted({s["first_message"] for s in steps if isinstance(s, dict) and
-                     isinstance(s.get("first_message"), int) and 0 < s["first_message"] < len(conversation)}
-                    ) if isinstance(steps, list) else []
+    starts = (
+        sorted(
+            {
+                s["first_message"]
+                for s in steps
+                if isinstance(s, dict)
+                and isinstance(s.get("first_message"), int)
+                and 0 < s["first_message"] < len(conversation)
+            }
+        )
+        if isinstance(steps, list)
+        else []
+    )
     bounds = [0, *starts, len(conversation)]
     return [conversation[a:b] for a, b in itertools.pairwise(bounds)]
 
@@ -110,8 +120,7 @@ def write_traces(dest: Path, rows: Iterable[dict], batch_rows: int = BATCH_ROWS)
     """Write trace rows (dicts with TRACE_SCHEMA's keys) atomically, `batch_rows` at a time;
     returns the count."""
     with atomic_path(dest) as tmp, pq.ParquetWriter(tmp, TRACE_SCHEMA, **WRITE_OPTIONS) as out:
-        return sum(out.write_table(pa.Table.from_pylist(b, TRACE_SCHEMA)) or len(b)
-                   for b in batched(rows, batch_rows))
+        return sum(out.write_table(pa.Table.from_pylist(b, TRACE_SCHEMA)) or len(b) for b in batched(rows, batch_rows))
 
 
 def batched(items: Iterable, n: int) -> Iterator[list]:

@@ -18,8 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outdir", type=Path, required=True)
     p.add_argument("--settings", default="{}", help="JSON object, or @FILE")
     p.add_argument("--name", default="otbuild_sft", help="export: the dataset's name")
-    p.add_argument("--chat-template", default="qwen3_thinking", choices=["qwen3_thinking", "qwen3"],
-                   help="export: reasoning kept (LLaMA-Factory's qwen3) or removed (its qwen3_nothink)")
+    p.add_argument(
+        "--chat-template",
+        default="qwen3_thinking",
+        choices=["qwen3_thinking", "qwen3"],
+        help="export: reasoning kept (LLaMA-Factory's qwen3) or removed (its qwen3_nothink)",
+    )
     a = p.parse_args(argv)
     if a.command == "export-llamafactory":
         from otbuild.train.export import export_llamafactory
@@ -32,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     model = SftSettings if a.command == "sft" else RlSettings  # the stage's model: the schema's defaults
     cfg = model.model_validate(json.loads(raw))
     a.outdir.mkdir(parents=True, exist_ok=True)
+
     def log(s: str) -> None:
         print(s, flush=True)
 

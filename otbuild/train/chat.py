@@ -26,8 +26,17 @@ from typing import Any
 import numpy as np
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "templates" / "qwen3_chat.j2"
-QWEN3_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-                 "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+QWEN3_SPECIAL = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 TEMPLATES = ("auto", "qwen3", "qwen3_thinking")
 
 
@@ -80,8 +89,9 @@ def for_template(conversation, source: str) -> list[dict]:
 
 
 def render(tokenizer, conversation: list[dict], *, add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(clean(conversation), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(
+        clean(conversation), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 def assistant_spans(text: str, conversation: list[dict], eos: str | None) -> list[tuple[int, int]]:
@@ -107,7 +117,7 @@ def span_mask(starts: np.ndarray, spans) -> np.ndarray:
     """Tokens whose first character lies in one of `spans` (starts: non-decreasing offsets)."""
     mask = np.zeros(len(starts), dtype=bool)
     for a, b in spans:
-        mask[np.searchsorted(starts, a):np.searchsorted(starts, b)] = True
+        mask[np.searchsorted(starts, a) : np.searchsorted(starts, b)] = True
     return mask
 
 
@@ -143,8 +153,11 @@ def byte_lengths(tokenizer) -> np.ndarray | None:
     spec = json.loads(backend.to_str())
     pre = spec.get("pre_tokenizer") or {}
     kinds = {p.get("type") for p in pre.get("pretokenizers", [pre])}
-    if spec["model"].get("type") != "BPE" or "ByteLevel" not in kinds or \
-            (spec.get("decoder") or {}).get("type") != "ByteLevel":
+    if (
+        spec["model"].get("type") != "BPE"
+        or "ByteLevel" not in kinds
+        or (spec.get("decoder") or {}).get("type") != "ByteLevel"
+    ):
         return None
     vocab = backend.get_vocab(with_added_tokens=True)
     table = np.zeros(max(vocab.values()) + 1, dtype=np.int64)
@@ -165,8 +178,7 @@ def _byte_spans(text: str, spans) -> list[tuple[int, int]]:
     return [(int(ends[a]), int(ends[b])) for a, b in spans]
 
 
-def tokenize_batch(tokenizer, conversations, source: str = "model",
-                   lengths: np.ndarray | None = None) -> list:
+def tokenize_batch(tokenizer, conversations, source: str = "model", lengths: np.ndarray | None = None) -> list:
     """(input_ids int32, supervised bool) for each conversation, or the TemplateMismatch that
     made it unusable. One batched call of the fast tokenizer (in Rust, on every core).
 
@@ -207,10 +219,11 @@ def tokenize_batch(tokenizer, conversations, source: str = "model",
             starts = ends - lengths[ids]
             out[at[k]] = (ids.astype(np.int32), span_mask(starts, _byte_spans(texts[k], out[at[k]])))
     if redo:
-        for k, enc in zip(redo, backend.encode_batch([texts[k] for k in redo], add_special_tokens=False),
-                          strict=True):
-            out[at[k]] = (np.asarray(enc.ids, dtype=np.int32), _encoding_mask(enc, out[at[k]]) if enc.ids else
-                          np.zeros(0, dtype=bool))
+        for k, enc in zip(redo, backend.encode_batch([texts[k] for k in redo], add_special_tokens=False), strict=True):
+            out[at[k]] = (
+                np.asarray(enc.ids, dtype=np.int32),
+                _encoding_mask(enc, out[at[k]]) if enc.ids else np.zeros(0, dtype=bool),
+            )
     return out
 
 

@@ -55,8 +55,11 @@ class Dataset:
             m = m.copy()
             m[0] = False  # never predict a trace's first token from the previous trace
             masks.append(m)
-        return Row(np.concatenate([ids for ids, _ in parts]), np.concatenate(masks),
-                   np.concatenate([np.arange(len(ids), dtype=np.int64) for ids, _ in parts]))
+        return Row(
+            np.concatenate([ids for ids, _ in parts]),
+            np.concatenate(masks),
+            np.concatenate([np.arange(len(ids), dtype=np.int64) for ids, _ in parts]),
+        )
 
 
 def read_conversations(paths) -> list[list[dict]]:
@@ -67,8 +70,9 @@ def read_conversations(paths) -> list[list[dict]]:
     return out
 
 
-def build(seqs: TokenizedSet, *, cutoff_len: int, packing: bool = False, token_budget: int | None = None,
-          seed: int = 0) -> Dataset:
+def build(
+    seqs: TokenizedSet, *, cutoff_len: int, packing: bool = False, token_budget: int | None = None, seed: int = 0
+) -> Dataset:
     """The rows to train on: a token budget's selection of the sequences, packed or one a row."""
     lengths = seqs.lengths
     stats = {**seqs.stats, "over_budget": 0, "token_budget": token_budget}
@@ -90,7 +94,7 @@ def build(seqs: TokenizedSet, *, cutoff_len: int, packing: bool = False, token_b
     if packing:
         members = [keep[b] for b in pack(lengths[keep], cutoff_len)]
     else:
-        members = [keep[i:i + 1] for i in range(len(keep))]
+        members = [keep[i : i + 1] for i in range(len(keep))]
     tokens = np.asarray([int(lengths[m].sum()) for m in members], dtype=np.int64)
     supervised = np.asarray([int(seqs.supervised[m].sum()) for m in members], dtype=np.int64)
     stats["rows"] = len(members)

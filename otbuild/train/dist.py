@@ -36,7 +36,8 @@ def grad_accum_steps(global_batch: int, world_size: int, per_device: int) -> int
         raise BatchSizeError(
             f"global_batch_size {global_batch} is not divisible by world_size {world_size} x "
             f"per_device_batch_size {per_device} = {per_step}; use a global batch of "
-            f"{lo or per_step} or {lo + per_step}, or another per_device_batch_size")
+            f"{lo or per_step} or {lo + per_step}, or another per_device_batch_size"
+        )
     return global_batch // per_step
 
 
@@ -70,8 +71,9 @@ def slurm_hosts(env: dict) -> list[str]:
     before it runs a rule, so without SLURM_JOB_NODELIST the list comes from squeue."""
     spec = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not spec:
-        spec = subprocess.run(["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%N"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        spec = subprocess.run(
+            ["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%N"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     return expand_hostlist(spec)
 
 
@@ -90,23 +92,36 @@ def launch_command(cfg: Launch, env: dict, argv: list[str] | None = None) -> lis
         n = len(hosts)
         per_node = str(gpus) if gpus else "${SLURM_GPUS_ON_NODE:-1}"
         # --overlap: the rule itself already runs in the job's batch step
-        srun = ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=1"]
+        srun = ["srun", "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
         if launcher == "deepspeed":
             # the deepspeed launcher's --no_ssh mode: one launcher per node, given its rank
-            node = ["deepspeed", "--no_ssh", f"--num_nodes={n}", f"--num_gpus={per_node}",
-                    "--node_rank=$SLURM_NODEID", f"--master_addr={hosts[0]}", f"--master_port={port}",
-                    "--module", *map(shlex.quote, argv[2:])]
+            node = [
+                "deepspeed",
+                "--no_ssh",
+                f"--num_nodes={n}",
+                f"--num_gpus={per_node}",
+                "--node_rank=$SLURM_NODEID",
+                f"--master_addr={hosts[0]}",
+                f"--master_port={port}",
+                "--module",
+                *map(shlex.quote, argv[2:]),
+            ]
         else:
-            node = [shlex.quote(argv[0]), "-m", "torch.distributed.run", f"--nnodes={n}",
-                    f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={hosts[0]}:{port}", f"--rdzv-id={env['SLURM_JOB_ID']}",
-                    *map(shlex.quote, argv[1:])]
+            node = [
+                shlex.quote(argv[0]),
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={n}",
+                f"--nproc-per-node={per_node}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={hosts[0]}:{port}",
+                f"--rdzv-id={env['SLURM_JOB_ID']}",
+                *map(shlex.quote, argv[1:]),
+            ]
         return srun + ["bash", "-c", " ".join(["exec", *node])]
     gpus = gpus or slurm_gpus_per_node(env)
     if launcher in ("torchrun", "auto") and (gpus or 0) > 1:
-        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                *argv[1:]]
+        return [argv[0], "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", *argv[1:]]
     return argv
 
 
@@ -123,10 +138,15 @@ def slurm_gpus_per_node(env: Mapping[str, str]) -> int | None:
 def placement(device) -> dict:
     """Where this rank runs: its node, the GPUs Slurm gave the node, the device it trains on."""
     env = os.environ
-    return {"rank": int(env.get("RANK", 0)), "local_rank": int(env.get("LOCAL_RANK", 0)),
-            "node": env.get("SLURMD_NODENAME") or socket.gethostname(), "slurm_job_id": env.get("SLURM_JOB_ID"),
-            "gpus_on_node": slurm_gpus_per_node(env), "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
-            "device": str(device)}
+    return {
+        "rank": int(env.get("RANK", 0)),
+        "local_rank": int(env.get("LOCAL_RANK", 0)),
+        "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
+        "slurm_job_id": env.get("SLURM_JOB_ID"),
+        "gpus_on_node": slurm_gpus_per_node(env),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "device": str(device),
+    }
 
 
 def free_port() -> int:
@@ -176,12 +196,14 @@ def client_adamw(params, cfg: Sft | Rl):
     """The client optimizer: torch AdamW with the recipe's learning rate, betas, eps and decay."""
     import torch
 
-    return torch.optim.AdamW(params, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                             weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(
+        params, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+    )
 
 
-def ds_config(cfg: Sft | Rl, *, global_batch: int, per_device: int, world_size: int, on_gpu: bool,
-              client_optimizer: bool) -> dict:
+def ds_config(
+    cfg: Sft | Rl, *, global_batch: int, per_device: int, world_size: int, on_gpu: bool, client_optimizer: bool
+) -> dict:
     """DeepSpeed's config: `global_batch` sequences per optimizer step, `per_device` per micro
     batch, the rest (ZeRO stage, precision, clipping, AdamW) from the section."""
     accum = grad_accum_steps(global_batch, world_size, per_device)
@@ -189,15 +211,27 @@ def ds_config(cfg: Sft | Rl, *, global_batch: int, per_device: int, world_size: 
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
     zero: dict = {"stage": stage}
     if stage == 3:
-        zero.update({
-            "overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
-            "stage3_prefetch_bucket_size": 5e8, "stage3_param_persistence_threshold": 1e6,
-            "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
-            "stage3_gather_16bit_weights_on_model_save": True,
-        })
+        zero.update(
+            {
+                "overlap_comm": on_gpu,
+                "contiguous_gradients": True,
+                "reduce_bucket_size": 5e8,
+                "stage3_prefetch_bucket_size": 5e8,
+                "stage3_param_persistence_threshold": 1e6,
+                "stage3_max_live_parameters": 1e9,
+                "stage3_max_reuse_distance": 1e9,
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
     elif stage in (1, 2):
-        zero.update({"overlap_comm": on_gpu, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
-                     "allgather_bucket_size": 5e8})
+        zero.update(
+            {
+                "overlap_comm": on_gpu,
+                "contiguous_gradients": True,
+                "reduce_bucket_size": 5e8,
+                "allgather_bucket_size": 5e8,
+            }
+        )
     conf = {
         "train_batch_size": global_batch,
         "train_micro_batch_size_per_gpu": per_device,
@@ -211,7 +245,13 @@ def ds_config(cfg: Sft | Rl, *, global_batch: int, per_device: int, world_size: 
     if client_optimizer:
         conf["zero_allow_untested_optimizer"] = True
     else:
-        conf["optimizer"] = {"type": "AdamW", "params": {
-            "lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": cfg.adam_eps,
-            "weight_decay": cfg.weight_decay}}
+        conf["optimizer"] = {
+            "type": "AdamW",
+            "params": {
+                "lr": cfg.learning_rate,
+                "betas": list(cfg.adam_betas),
+                "eps": cfg.adam_eps,
+                "weight_decay": cfg.weight_decay,
+            },
+        }
     return conf

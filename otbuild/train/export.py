@@ -31,8 +31,14 @@ from otbuild.settings.recipe import PROMPTS
 from otbuild.tasks.redact import Redactor
 from otbuild.train.chat import for_template
 
-ROLE_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-             "assistant_tag": "assistant", "observation_tag": "tool", "system_tag": "system"}
+ROLE_TAGS = {
+    "role_tag": "role",
+    "content_tag": "content",
+    "user_tag": "user",
+    "assistant_tag": "assistant",
+    "observation_tag": "tool",
+    "system_tag": "system",
+}
 # otbuild's chat_template -> LLaMA-Factory's template (llamafactory/data/template.py) rendering
 # the exported messages as otbuild's own template renders them: `qwen3` (reasoning, the 32B)
 # keeps each turn's <think> block; `qwen3_nothink` (the 8B) renders the answers alone, where
@@ -52,13 +58,18 @@ def llamafactory_template(chat_template: str) -> str:
     return LLAMAFACTORY_TEMPLATES[export_template(chat_template)]
 
 
-def export_llamafactory(inputs: list[Path], outdir: Path, name: str = "otbuild_sft", *,
-                        chat_template: str = "qwen3_thinking", prompt: str = PROMPTS[0]) -> dict:
+def export_llamafactory(
+    inputs: list[Path],
+    outdir: Path,
+    name: str = "otbuild_sft",
+    *,
+    chat_template: str = "qwen3_thinking",
+    prompt: str = PROMPTS[0],
+) -> dict:
     """Streamed: one batch of conversations in memory at a time, whatever the row count."""
     outdir = Path(outdir)
     source = export_template(chat_template)
-    stats = {"rows": 0, "merged_turns": 0, "trailing_turns_dropped": 0, "dropped": 0,
-             "turns_without_reasoning": 0}
+    stats = {"rows": 0, "merged_turns": 0, "trailing_turns_dropped": 0, "dropped": 0, "turns_without_reasoning": 0}
     redactor = Redactor()
     with atomic_path(outdir / f"{name}.json") as tmp, open(tmp, "w") as out:
         out.write("[")
@@ -68,14 +79,21 @@ def export_llamafactory(inputs: list[Path], outdir: Path, name: str = "otbuild_s
                 stats["dropped"] += 1
                 continue
             if source == "qwen3_thinking":
-                stats["turns_without_reasoning"] += sum(m["role"] == "assistant" and "</think>" not in m["content"]
-                                                        for m in msgs)
+                stats["turns_without_reasoning"] += sum(
+                    m["role"] == "assistant" and "</think>" not in m["content"] for m in msgs
+                )
             msgs = [{**m, "content": redactor.text(m["content"])} for m in msgs]
             out.write((", " if stats["rows"] else "") + json.dumps({"messages": msgs}, ensure_ascii=False))
             stats["rows"] += 1
         out.write("]")
-    info = {name: {"file_name": f"{name}.json", "formatting": "sharegpt", "columns": {"messages": "messages"},
-                   "tags": ROLE_TAGS}}
+    info = {
+        name: {
+            "file_name": f"{name}.json",
+            "formatting": "sharegpt",
+            "columns": {"messages": "messages"},
+            "tags": ROLE_TAGS,
+        }
+    }
     write_json(outdir / "dataset_info.json", info)
     return {**stats, "file": str(outdir / f"{name}.json"), "redacted": redactor.found()}
 
@@ -88,7 +106,7 @@ def alternating(msgs: list[dict], stats: dict) -> list[dict] | None:
     the first turn is one."""
     head = msgs[:1] if msgs and msgs[0]["role"] == "system" else []
     turns: list[dict] = []
-    for m in msgs[len(head):]:
+    for m in msgs[len(head) :]:
         role = "user" if m["role"] == "system" else m["role"]
         if turns and (turns[-1]["role"] == "assistant") == (role == "assistant"):
             content = m["content"]
@@ -103,7 +121,7 @@ def alternating(msgs: list[dict], stats: dict) -> list[dict] | None:
     if not last or turns[0]["role"] == "assistant":  # no answer, or an answer first
         return None
     stats["trailing_turns_dropped"] += len(turns) - 1 - last
-    return head + turns[:last + 1]
+    return head + turns[: last + 1]
 
 
 def _as_user(role: str, content: str) -> str:

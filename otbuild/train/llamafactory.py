@@ -23,16 +23,37 @@ from otbuild.train.export import export_llamafactory, export_template, llamafact
 
 # The DeepSpeed config LLaMA-Factory's examples ship (examples/deepspeed/ds_zN_config.json):
 # "auto" values are filled in by the trainer from the YAML's batch and precision settings.
-_AUTO = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "zero_allow_untested_optimizer": True,
-         "bf16": {"enabled": "auto"}}
+_AUTO = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "zero_allow_untested_optimizer": True,
+    "bf16": {"enabled": "auto"},
+}
 _ZERO = {
-    2: {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 5e8, "overlap_comm": False,
-        "reduce_scatter": True, "reduce_bucket_size": 5e8, "contiguous_gradients": True, "round_robin_gradients": True},
-    3: {"stage": 3, "overlap_comm": False, "contiguous_gradients": True, "sub_group_size": 1e9,
-        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
-        "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
+    2: {
+        "stage": 2,
+        "allgather_partitions": True,
+        "allgather_bucket_size": 5e8,
+        "overlap_comm": False,
+        "reduce_scatter": True,
+        "reduce_bucket_size": 5e8,
+        "contiguous_gradients": True,
+        "round_robin_gradients": True,
+    },
+    3: {
+        "stage": 3,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
 }
 
 
@@ -56,12 +77,12 @@ SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant_with
 # what the export changed for LLaMA-Factory (its stats), noted in the YAML's header
 MENDED = {
     "merged_turns": "turn(s) joined to the turn before them, both prompt or both answer (LLaMA-Factory drops a "
-                    "conversation whose turns do not alternate)",
+    "conversation whose turns do not alternate)",
     "trailing_turns_dropped": "turn(s) after a conversation's last answer left out (LLaMA-Factory drops a "
-                              "conversation that does not end with one; otbuild trains nothing there)",
+    "conversation that does not end with one; otbuild trains nothing there)",
     "dropped": "conversation(s) left out: no answer, or an answer first",
     "turns_without_reasoning": "answer(s) without reasoning: LLaMA-Factory's qwen3 template trains an empty "
-                               "<think> block before each (otbuild's qwen3_thinking does not)",
+    "<think> block before each (otbuild's qwen3_thinking does not)",
 }
 
 
@@ -71,25 +92,45 @@ def training_args(sft: Sft, dataset: str, gpus: int, model: str, speed: tuple[st
     `speed`: names of SPEED to apply."""
     per_step = gpus * sft.per_device_batch_size
     if sft.global_batch_size % per_step:
-        raise ValueError(f"sft.global_batch_size {sft.global_batch_size} is not a multiple of {gpus} GPUs x "
-                         f"per_device_batch_size {sft.per_device_batch_size}: choose --gpus to divide it")
+        raise ValueError(
+            f"sft.global_batch_size {sft.global_batch_size} is not a multiple of {gpus} GPUs x "
+            f"per_device_batch_size {sft.per_device_batch_size}: choose --gpus to divide it"
+        )
     args = {
-        "model_name_or_path": model, "trust_remote_code": True,
-        "stage": "sft", "do_train": True, "finetuning_type": "full",
+        "model_name_or_path": model,
+        "trust_remote_code": True,
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
         **({"deepspeed": f"ds_z{max(sft.zero_stage, 2)}_config.json"} if sft.zero_stage else {}),
-        "dataset": dataset, "dataset_dir": ".", "template": llamafactory_template(sft.model.chat_template),
+        "dataset": dataset,
+        "dataset_dir": ".",
+        "template": llamafactory_template(sft.model.chat_template),
         # LLaMA-Factory packs into rows of cutoff_len - 1 (hparams/data_args.py): one more keeps otbuild's rows
-        "cutoff_len": sft.cutoff_len + sft.packing, "train_on_prompt": sft.train_on_prompt,
-        "packing": sft.packing, "neat_packing": sft.packing, "overwrite_cache": True,
-        "output_dir": f"saves/{dataset}", "logging_steps": 1, "save_steps": sft.save_steps,
-        "save_total_limit": sft.save_total_limit, "plot_loss": True, "report_to": report_to(sft),
+        "cutoff_len": sft.cutoff_len + sft.packing,
+        "train_on_prompt": sft.train_on_prompt,
+        "packing": sft.packing,
+        "neat_packing": sft.packing,
+        "overwrite_cache": True,
+        "output_dir": f"saves/{dataset}",
+        "logging_steps": 1,
+        "save_steps": sft.save_steps,
+        "save_total_limit": sft.save_total_limit,
+        "plot_loss": True,
+        "report_to": report_to(sft),
         "per_device_train_batch_size": sft.per_device_batch_size,
         "gradient_accumulation_steps": sft.global_batch_size // per_step,
-        "learning_rate": sft.learning_rate, "num_train_epochs": float(sft.epochs),
-        "lr_scheduler_type": SCHEDULERS[sft.lr_scheduler], "warmup_ratio": sft.warmup_ratio,
-        "optim": OPTIMIZERS[sft.optimizer], "max_grad_norm": sft.max_grad_norm,
-        "adam_beta1": sft.adam_betas[0], "adam_beta2": sft.adam_betas[1],
-        "adam_epsilon": sft.adam_eps, "weight_decay": sft.weight_decay, "seed": sft.seed,
+        "learning_rate": sft.learning_rate,
+        "num_train_epochs": float(sft.epochs),
+        "lr_scheduler_type": SCHEDULERS[sft.lr_scheduler],
+        "warmup_ratio": sft.warmup_ratio,
+        "optim": OPTIMIZERS[sft.optimizer],
+        "max_grad_norm": sft.max_grad_norm,
+        "adam_beta1": sft.adam_betas[0],
+        "adam_beta2": sft.adam_betas[1],
+        "adam_epsilon": sft.adam_eps,
+        "weight_decay": sft.weight_decay,
+        "seed": sft.seed,
         "bf16": sft.precision != "fp32",
         "disable_gradient_checkpointing": not sft.gradient_checkpointing,
     }
@@ -111,24 +152,42 @@ def report_to(sft: Sft) -> list[str] | str:
     return [k for k in ("tensorboard", "wandb") if getattr(sft.tracking, k)] or "none"
 
 
-def write_handoff(traces: list[Path], outdir: Path, sft: Sft, model: str, gpus: int, name: str = "otbuild_sft",
-                  header: str = "", speed: tuple[str, ...] = ()) -> dict:
+def write_handoff(
+    traces: list[Path],
+    outdir: Path,
+    sft: Sft,
+    model: str,
+    gpus: int,
+    name: str = "otbuild_sft",
+    header: str = "",
+    speed: tuple[str, ...] = (),
+) -> dict:
     """Data, dataset_info.json, DeepSpeed config and training YAML under `outdir`. `sft`: the
     stage's settings (its `prompt`, when it has one, is the style the traces are exported in)."""
     outdir = Path(outdir)
     # a bad --gpus fails before anything is written
     args = training_args(sft, name, gpus, model_path(model), speed)
-    stats = export_llamafactory(traces, outdir, name, chat_template=sft.model.chat_template,
-                                **({"prompt": sft.prompt} if hasattr(sft, "prompt") else {}))
+    stats = export_llamafactory(
+        traces,
+        outdir,
+        name,
+        chat_template=sft.model.chat_template,
+        **({"prompt": sft.prompt} if hasattr(sft, "prompt") else {}),
+    )
     if ds := deepspeed_config(sft.zero_stage):
         write_json(outdir / args["deepspeed"], ds)
-    notes = [f"otbuild's token_budget has no LLaMA-Factory counterpart and is not applied: {sft.token_budget}"
-             ] if sft.token_budget is not None else []
+    notes = (
+        [f"otbuild's token_budget has no LLaMA-Factory counterpart and is not applied: {sft.token_budget}"]
+        if sft.token_budget is not None
+        else []
+    )
     if sft.truncation == "drop":
         notes.append("otbuild drops traces longer than cutoff_len; LLaMA-Factory truncates them")
     else:
-        notes.append("LLaMA-Factory truncates a trace over cutoff_len turn by turn (the last turn kept is cut, "
-                     "its prompt and answer in proportion); otbuild keeps its first cutoff_len tokens")
+        notes.append(
+            "LLaMA-Factory truncates a trace over cutoff_len turn by turn (the last turn kept is cut, "
+            "its prompt and answer in proportion); otbuild keeps its first cutoff_len tokens"
+        )
     if sft.packing:
         notes.append(f"cutoff_len is otbuild's {sft.cutoff_len} + 1: LLaMA-Factory packs rows of cutoff_len - 1")
     if sft.model.chat_template == "auto":
@@ -139,8 +198,13 @@ def write_handoff(traces: list[Path], outdir: Path, sft: Sft, model: str, gpus: 
     if sft.copy_loss_weight:
         notes.append("otbuild's copy_loss_weight (an auxiliary objective for tiny students) is not applied")
     if wb := sft.tracking.wandb:
-        env = {"WANDB_PROJECT": wb.project, "WANDB_ENTITY": wb.entity, "WANDB_MODE": wb.mode, "WANDB_DIR": wb.dir,
-               "WANDB_NAME": wb.name}
+        env = {
+            "WANDB_PROJECT": wb.project,
+            "WANDB_ENTITY": wb.entity,
+            "WANDB_MODE": wb.mode,
+            "WANDB_DIR": wb.dir,
+            "WANDB_NAME": wb.name,
+        }
         notes.append("wandb (sft.tracking.wandb): export " + " ".join(f"{k}={v}" for k, v in env.items() if v))
     text = "".join(f"# {line}\n" for line in [*header.splitlines(), *notes])
     text += f"# run from this folder on {gpus} GPU(s): FORCE_TORCHRUN=1 llamafactory-cli train train_{name}.yaml\n"

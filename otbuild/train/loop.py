@@ -89,8 +89,14 @@ def run(t: Trainer, outdir: Path, log) -> dict:
     if rank == 0:
         truncate_log(outdir / LOG, step)
     logf = open(outdir / LOG, "a") if rank == 0 else None  # noqa: SIM115
-    tracker = Tracker(t.cfg.tracking, stage=t.kind, outdir=outdir, first_step=step + 1,
-                      config=t.cfg.model_dump(mode="json"), active=rank == 0)
+    tracker = Tracker(
+        t.cfg.tracking,
+        stage=t.kind,
+        outdir=outdir,
+        first_step=step + 1,
+        config=t.cfg.model_dump(mode="json"),
+        active=rank == 0,
+    )
     progress = StepProgress(t.kind.upper(), t.total_steps, step, log if rank == 0 else None, every=t.log_every)
     try:
         while step < t.total_steps:
@@ -121,8 +127,14 @@ def run(t: Trainer, outdir: Path, log) -> dict:
         tok.save_pretrained(outdir)
         if not t.keep_checkpoints:
             shutil.rmtree(ckdir, ignore_errors=True)
-        manifest = {"kind": t.kind, **t.finish(outdir), "steps": step, "world_size": world, "placement": places,
-                    "tracking": tracked}
+        manifest = {
+            "kind": t.kind,
+            **t.finish(outdir),
+            "steps": step,
+            "world_size": world,
+            "placement": places,
+            "tracking": tracked,
+        }
         manifest["files"] = {p.name: file_sha256(p) for p in top_files(outdir) if p.name != MANIFEST}
         write_json(outdir / MANIFEST, manifest)
     dist.barrier()

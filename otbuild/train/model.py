@@ -30,7 +30,7 @@ def sample_texts(traces, prompt: str = PROMPTS[0], max_chars: int = TOKENIZER_SA
         for conv in convs:
             if conv and i % stride == 0:
                 texts += [m.get("content") or "" for m in conv]
-                chars += sum(map(len, texts[-len(conv):]))
+                chars += sum(map(len, texts[-len(conv) :]))
             i += 1
             if chars >= max_chars:
                 return texts
@@ -41,9 +41,12 @@ def _conversation_bytes(path) -> int:
     import pyarrow.parquet as pq
 
     meta = pq.ParquetFile(path).metadata
-    return sum(meta.row_group(g).column(c).total_uncompressed_size
-               for g in range(meta.num_row_groups) for c in range(meta.num_columns)
-               if meta.row_group(g).column(c).path_in_schema.startswith("conversations"))
+    return sum(
+        meta.row_group(g).column(c).total_uncompressed_size
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+        if meta.row_group(g).column(c).path_in_schema.startswith("conversations")
+    )
 
 
 def materialise(spec: ModelSpec, dest: Path, traces=None, prompt: str = PROMPTS[0]) -> Path:
@@ -55,11 +58,28 @@ def materialise(spec: ModelSpec, dest: Path, traces=None, prompt: str = PROMPTS[
         if (dest / "config.json").exists() and (dest / "tokenizer.json").exists():
             return dest
         texts = sample_texts(traces, prompt) if traces else []
-        size = spec.model_dump(include={"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                        "num_key_value_heads", "max_position_embeddings", "head_dim"})
-        return make_tiny_model(dest, seed=spec.seed, vocab_size=spec.vocab_size, texts=texts or None, arch="qwen3",
-                               chat_template=qwen3_template(), special_tokens=QWEN3_SPECIAL, tokenizer=spec.tokenizer,
-                               **size)
+        size = spec.model_dump(
+            include={
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "max_position_embeddings",
+                "head_dim",
+            }
+        )
+        return make_tiny_model(
+            dest,
+            seed=spec.seed,
+            vocab_size=spec.vocab_size,
+            texts=texts or None,
+            arch="qwen3",
+            chat_template=qwen3_template(),
+            special_tokens=QWEN3_SPECIAL,
+            tokenizer=spec.tokenizer,
+            **size,
+        )
     return Path(spec.path)  # a dir, or an HF id resolved from the local cache
 
 

@@ -45,6 +45,7 @@ COPY_TARGETS = COPY_BATCH * (COPY_SPAN - 1)  # the repeat less its first token, 
 
 def lr_lambda(kind: str, warmup: int, total: int):
     """transformers' schedules: linear warmup, then cosine / linear decay to 0, or constant."""
+
     def f(step: int) -> float:
         if step < warmup:
             return step / max(1, warmup)
@@ -54,6 +55,7 @@ def lr_lambda(kind: str, warmup: int, total: int):
         if kind == "linear":
             return max(0.0, 1.0 - progress)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
     return f
 
 
@@ -69,15 +71,15 @@ def _loss_module(model):
             self.model = model
 
         def forward(self, input_ids, target_mask, attention_mask=None, position_ids=None):
-            hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask,
-                                      position_ids=position_ids, use_cache=False).last_hidden_state
+            hidden = self.model.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
             sel = target_mask[:, 1:]
             h = hidden[:, :-1][sel]
             y = input_ids[:, 1:][sel]
             total = hidden.new_zeros((), dtype=torch.float32)
             for a in range(0, len(y), LOSS_CHUNK):
-                total = total + checkpoint(self._ce, h[a:a + LOSS_CHUNK], y[a:a + LOSS_CHUNK],
-                                           use_reentrant=False)
+                total = total + checkpoint(self._ce, h[a : a + LOSS_CHUNK], y[a : a + LOSS_CHUNK], use_reentrant=False)
             if not len(y):  # keep every parameter in the graph (ZeRO hooks expect it)
                 total = total + hidden.sum() * 0.0
             return total
@@ -108,7 +110,7 @@ def copy_batch(tok, step: int, seed: int, rank: int, allowed=None) -> dict:
     x = allowed[torch.randint(len(allowed), (COPY_BATCH, COPY_SPAN), generator=g)]
     ids = torch.cat([x, x], 1)
     mask = torch.zeros_like(ids, dtype=torch.bool)
-    mask[:, COPY_SPAN + 1:] = True  # the first token of the repeat cannot be known yet
+    mask[:, COPY_SPAN + 1 :] = True  # the first token of the repeat cannot be known yet
     return {"input_ids": ids, "target_mask": mask}
 
 
@@ -141,9 +143,18 @@ class SftTrainer(Trainer):
         if rank == 0:  # the tokenized set is built once, by one rank; every rank (and resume) reads it
             base = materialise(spec, self.base_dir, inputs, cfg.prompt)
             tok, template = load_tokenizer(base, spec.chat_template)
-            build_tokenized_set(inputs, tok, template, cfg.cutoff_len, self.tokenized, truncation=cfg.truncation,
-                                train_on_prompt=cfg.train_on_prompt, prompt=cfg.prompt,
-                                workers=cfg.tokenize_workers, log=log)
+            build_tokenized_set(
+                inputs,
+                tok,
+                template,
+                cfg.cutoff_len,
+                self.tokenized,
+                truncation=cfg.truncation,
+                train_on_prompt=cfg.train_on_prompt,
+                prompt=cfg.prompt,
+                workers=cfg.tokenize_workers,
+                log=log,
+            )
         dist.barrier()
         if rank:
             base = materialise(spec, self.base_dir, inputs, cfg.prompt)  # built by rank 0: found, not rebuilt
@@ -151,20 +162,28 @@ class SftTrainer(Trainer):
         self.tok, self.template = tok, template
         seqs = TokenizedSet(self.tokenized)
         check_dropped(seqs.stats, cfg.max_dropped_fraction, inputs)
-        self.ds = ds = build_dataset(seqs, cutoff_len=cfg.cutoff_len, packing=cfg.packing,
-                                     token_budget=cfg.token_budget, seed=cfg.seed)
+        self.ds = ds = build_dataset(
+            seqs, cutoff_len=cfg.cutoff_len, packing=cfg.packing, token_budget=cfg.token_budget, seed=cfg.seed
+        )
         if not len(ds):
             raise SftDataError(f"{', '.join(map(str, inputs))}: no trainable traces: {ds.stats}")
 
         global_batch, per_device = cfg.global_batch_size, cfg.per_device_batch_size
         client_opt = uses_client_optimizer(cfg, on_gpu)
-        self.conf = conf = ds_config(cfg, global_batch=global_batch, per_device=per_device, world_size=world,
-                                     on_gpu=on_gpu, client_optimizer=client_opt)
+        self.conf = conf = ds_config(
+            cfg,
+            global_batch=global_batch,
+            per_device=per_device,
+            world_size=world,
+            on_gpu=on_gpu,
+            client_optimizer=client_opt,
+        )
         self.zero = conf["zero_optimization"]["stage"]
         self.accum = accum = conf["gradient_accumulation_steps"]
         self.per_epoch = steps_per_epoch(len(ds), global_batch)
-        self.total_steps = cfg.max_steps if cfg.max_steps is not None \
-            else max(1, math.ceil(cfg.epochs * self.per_epoch))
+        self.total_steps = (
+            cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * self.per_epoch))
+        )
         warmup = math.ceil(cfg.warmup_ratio * self.total_steps)
 
         dschf = None
@@ -180,12 +199,18 @@ class SftTrainer(Trainer):
         optimizer = client_adamw(module.parameters(), cfg) if client_opt else None
         sched = lr_lambda(cfg.lr_scheduler, warmup, self.total_steps)
         self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=module, model_parameters=None if client_opt else module.parameters(), optimizer=optimizer,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched), config=conf)
+            model=module,
+            model_parameters=None if client_opt else module.parameters(),
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched),
+            config=conf,
+        )
         self.save_limit, self.keep_checkpoints = cfg.save_total_limit, cfg.keep_checkpoints
-        log(f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {self.total_steps} steps "
+        log(
+            f"sft: {len(ds)} rows, {ds.stats['tokens']} tokens, {self.total_steps} steps "
             f"({self.per_epoch}/epoch), world {world} x micro {per_device} x accum {accum} = {global_batch}, "
-            f"zero {self.zero}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}")
+            f"zero {self.zero}, {'bf16' if conf['bf16']['enabled'] else 'fp32'}"
+        )
         self.copyable = copyable_tokens(tok) if cfg.copy_loss_weight else None
         self.tokens_seen = self.sup_seen = 0
         self.t0 = time.monotonic()
@@ -195,8 +220,11 @@ class SftTrainer(Trainer):
         self.t0 = time.monotonic() - client["elapsed"]
 
     def client_state(self) -> dict:
-        return {"tokens_seen": self.tokens_seen, "supervised_tokens_seen": self.sup_seen,
-                "elapsed": time.monotonic() - self.t0}
+        return {
+            "tokens_seen": self.tokens_seen,
+            "supervised_tokens_seen": self.sup_seen,
+            "elapsed": time.monotonic() - self.t0,
+        }
 
     def step(self, step: int) -> dict:
         import torch
@@ -208,11 +236,11 @@ class SftTrainer(Trainer):
         t_step = time.monotonic()
         idx = global_batch_rows(len(ds), step, cfg.global_batch_size, cfg.seed)
         n_sup, n_tok = int(ds.supervised[idx].sum()), int(ds.tokens[idx].sum())
-        mine = [ds.row(i) for i in idx[rank * per_rank:(rank + 1) * per_rank]]  # this rank's slice
+        mine = [ds.row(i) for i in idx[rank * per_rank : (rank + 1) * per_rank]]  # this rank's slice
         lr = self.scheduler.get_last_lr()[0]
         loss_sum, gn_local, copy_loss = 0.0, None, None
         for m in range(accum):
-            batch = collate(mine[m * per_device:(m + 1) * per_device], self.tok.pad_token_id)
+            batch = collate(mine[m * per_device : (m + 1) * per_device], self.tok.pad_token_id)
             batch.pop("n_tokens")
             batch = {k: v.to(engine.device) for k, v in batch.items()}
             total = engine(**batch)
@@ -236,11 +264,19 @@ class SftTrainer(Trainer):
         gn = engine.get_global_grad_norm()
         if gn is None and self.zero == 0:
             gn = gn_local  # before clipping, as DeepSpeed reports it for ZeRO
-        rec = {"step": step + 1, "epoch": round((step + 1) / self.per_epoch, 4), "loss": loss_sum / max(n_sup, 1),
-               "lr": lr, "grad_norm": None if gn is None else float(gn), "tokens": n_tok,
-               "tokens_per_second": round(n_tok / max(time.monotonic() - t_step, 1e-9), 1),
-               "supervised_tokens": n_sup, "tokens_seen": self.tokens_seen,
-               "supervised_tokens_seen": self.sup_seen, "time": round(time.monotonic() - self.t0, 3)}
+        rec = {
+            "step": step + 1,
+            "epoch": round((step + 1) / self.per_epoch, 4),
+            "loss": loss_sum / max(n_sup, 1),
+            "lr": lr,
+            "grad_norm": None if gn is None else float(gn),
+            "tokens": n_tok,
+            "tokens_per_second": round(n_tok / max(time.monotonic() - t_step, 1e-9), 1),
+            "supervised_tokens": n_sup,
+            "tokens_seen": self.tokens_seen,
+            "supervised_tokens_seen": self.sup_seen,
+            "time": round(time.monotonic() - self.t0, 3),
+        }
         if copy_loss is not None:
             rec["copy_loss"] = float(copy_loss.detach())
         return rec
@@ -250,8 +286,9 @@ class SftTrainer(Trainer):
 
     def weights(self):
         self.train_time = time.monotonic() - self.t0
-        state = self.engine._zero3_consolidated_16bit_state_dict() if self.zero == 3 \
-            else self.engine.module.state_dict()
+        state = (
+            self.engine._zero3_consolidated_16bit_state_dict() if self.zero == 3 else self.engine.module.state_dict()
+        )
         if self.rank == 0:
             state = {k.removeprefix("model."): v for k, v in state.items()}
         return self.model, self.tok, state
@@ -262,12 +299,19 @@ class SftTrainer(Trainer):
             shutil.rmtree(self.base_dir, ignore_errors=True)
         remove_tokenized_set(self.tokenized)
         return {
-            "base_model": cfg.model.model_dump(mode="json"), "chat_template": self.template,
-            "total_steps": self.total_steps, "steps_per_epoch": self.per_epoch, "epochs": cfg.epochs,
-            "gradient_accumulation_steps": self.accum, "global_batch_size": cfg.global_batch_size,
-            "tokens_seen": self.tokens_seen, "supervised_tokens_seen": self.sup_seen,
-            "train_seconds": round(self.train_time, 3), "wall_seconds": round(time.monotonic() - self.t_start, 3),
-            "data": self.ds.stats, "deepspeed": self.conf,
+            "base_model": cfg.model.model_dump(mode="json"),
+            "chat_template": self.template,
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.per_epoch,
+            "epochs": cfg.epochs,
+            "gradient_accumulation_steps": self.accum,
+            "global_batch_size": cfg.global_batch_size,
+            "tokens_seen": self.tokens_seen,
+            "supervised_tokens_seen": self.sup_seen,
+            "train_seconds": round(self.train_time, 3),
+            "wall_seconds": round(time.monotonic() - self.t_start, 3),
+            "data": self.ds.stats,
+            "deepspeed": self.conf,
         }
 
 
@@ -280,10 +324,16 @@ def check_dropped(stats: dict, max_fraction: float, inputs) -> None:
     dropped = {k: v for k, v in stats["dropped"].items() if v}
     n = sum(dropped.values())
     if n and n > max_fraction * stats["traces"]:
-        hint = (" (the model's own chat template rewrites assistant turns: Qwen3's strips the reasoning "
-                "before the last user message; set sft.model.chat_template: qwen3_thinking to keep it "
-                "in every turn, or qwen3 to train without it)" if dropped.get("template_mismatch") else "")
+        hint = (
+            " (the model's own chat template rewrites assistant turns: Qwen3's strips the reasoning "
+            "before the last user message; set sft.model.chat_template: qwen3_thinking to keep it "
+            "in every turn, or qwen3 to train without it)"
+            if dropped.get("template_mismatch")
+            else ""
+        )
         raise SftDataError(
             f"{', '.join(map(str, inputs))}: {n} of {stats['traces']} traces dropped "
             f"({n / stats['traces']:.1%}), more than sft.max_dropped_fraction {max_fraction}: "
-            + ", ".join(f"{k}: {v}" for k, v in dropped.items()) + hint)
+            + ", ".join(f"{k}: {v}" for k, v in dropped.items())
+            + hint
+        )

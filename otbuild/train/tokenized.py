@@ -53,8 +53,15 @@ FORMAT = 1  # bump when the layout or the tokenization changes: old sets are reb
 BATCH_ROWS = int(os.environ.get("OTBUILD_TOKENIZE_BATCH", "32"))
 COUNTS = ("traces", "sequences", "truncated", "tokens_cut", "tokens", "supervised_tokens")  # summed over batches
 DROP_REASONS = ("empty_conversation", "template_mismatch", "too_long", "no_assistant_tokens")
-SCHEMA = pa.schema([("trace", pa.int64()), ("input_ids", pa.list_(pa.int32())),
-                    ("mask", pa.list_(pa.uint8())), ("length", pa.int32()), ("supervised", pa.int32())])
+SCHEMA = pa.schema(
+    [
+        ("trace", pa.int64()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("mask", pa.list_(pa.uint8())),
+        ("length", pa.int32()),
+        ("supervised", pa.int32()),
+    ]
+)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -63,10 +70,20 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256((body + (tokenizer.chat_template or "")).encode()).hexdigest()
 
 
-def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: Path, *,
-                        truncation: str = "right", train_on_prompt: bool = False,
-                        prompt: str = PROMPTS[0], batch_rows: int = BATCH_ROWS, workers: int | str = "auto",
-                        log=None) -> dict:
+def build_tokenized_set(
+    traces,
+    tokenizer,
+    template: str,
+    cutoff_len: int,
+    out: Path,
+    *,
+    truncation: str = "right",
+    train_on_prompt: bool = False,
+    prompt: str = PROMPTS[0],
+    batch_rows: int = BATCH_ROWS,
+    workers: int | str = "auto",
+    log=None,
+) -> dict:
     """Tokenize the trace parquet(s) `traces` once into `out`; return its counts (meta.json's
     `stats`). `tokenizer`: a tokenizer or a model dir; `template`: auto | qwen3 | qwen3_thinking;
     `workers`: processes that tokenize (auto: one per available CPU; the output is the same)."""
@@ -78,9 +95,16 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
         source = ensure_template(tokenizer, template)
     out = Path(out)
     paths = [Path(traces)] if isinstance(traces, (str, Path)) else [Path(p) for p in traces]
-    key = {"format": FORMAT, "traces": [file_sha256(p) for p in paths],
-           "tokenizer": tokenizer_fingerprint(tokenizer), "template": source, "cutoff_len": cutoff_len,
-           "truncation": truncation, "train_on_prompt": train_on_prompt, "prompt": prompt}
+    key = {
+        "format": FORMAT,
+        "traces": [file_sha256(p) for p in paths],
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "template": source,
+        "cutoff_len": cutoff_len,
+        "truncation": truncation,
+        "train_on_prompt": train_on_prompt,
+        "prompt": prompt,
+    }
     if (out / META).exists():
         meta = json.loads((out / META).read_text())
         if meta.get("key") == key:
@@ -89,14 +113,27 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
             return meta["stats"]
     out.mkdir(parents=True, exist_ok=True)
     (out / META).unlink(missing_ok=True)  # a rebuild is not complete until its meta is back
-    stats = {"traces": 0, "sequences": 0, "dropped": dict.fromkeys(DROP_REASONS, 0), "truncated": 0,
-             "tokens_cut": 0, "tokens": 0, "supervised_tokens": 0, "cutoff_len": cutoff_len,
-             "truncation": truncation, "chat_template": source}
-    opts = {"source": source, "prompt": prompt, "cutoff_len": cutoff_len, "truncation": truncation,
-            "train_on_prompt": train_on_prompt}
+    stats = {
+        "traces": 0,
+        "sequences": 0,
+        "dropped": dict.fromkeys(DROP_REASONS, 0),
+        "truncated": 0,
+        "tokens_cut": 0,
+        "tokens": 0,
+        "supervised_tokens": 0,
+        "cutoff_len": cutoff_len,
+        "truncation": truncation,
+        "chat_template": source,
+    }
+    opts = {
+        "source": source,
+        "prompt": prompt,
+        "cutoff_len": cutoff_len,
+        "truncation": truncation,
+        "train_on_prompt": train_on_prompt,
+    }
     n_workers = worker_count(paths, batch_rows, workers)
-    with atomic_path(out / TOKENS) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
-            pa.ipc.new_file(sink, SCHEMA) as writer:
+    with atomic_path(out / TOKENS) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
         for batch, counts in _tokenized_batches(tokenizer, paths, batch_rows, n_workers, opts):
             _add_counts(stats, counts)
             if batch is not None:
@@ -104,9 +141,11 @@ def build_tokenized_set(traces, tokenizer, template: str, cutoff_len: int, out: 
     write_json(out / META, {"key": key, "stats": stats})
     if log:
         dropped = {k: v for k, v in stats["dropped"].items() if v}
-        log(f"sft: tokenized {stats['traces']} traces into {stats['sequences']} sequences, "
+        log(
+            f"sft: tokenized {stats['traces']} traces into {stats['sequences']} sequences, "
             f"{stats['tokens']} tokens (dropped: {dropped or 'none'}, truncated: {stats['truncated']}; "
-            f"{max(n_workers, 1)} process{'es' if n_workers > 1 else ''})")
+            f"{max(n_workers, 1)} process{'es' if n_workers > 1 else ''})"
+        )
     return stats
 
 
@@ -147,8 +186,12 @@ def _tokenized_batches(tokenizer, paths: list[Path], batch_rows: int, n_workers:
     # each worker's tokenizer gets the CPUs the workers leave (its Rust threads), at least one
     threads = max(1, resolve_workers("auto") // n_workers)
     payload = pickle.dumps((tokenizer, lengths, opts))
-    pool = ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(payload, threads))
+    pool = ProcessPoolExecutor(
+        n_workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(payload, threads),
+    )
     try:
         pending: deque = deque()
         for b in batches:
@@ -182,8 +225,18 @@ def _add_counts(stats: dict, counts: dict) -> None:
         stats["dropped"][k] += counts["dropped"][k]
 
 
-def _tokenize(tokenizer, lengths, batch: pa.RecordBatch, first: int, *, source: str, prompt: str,
-              cutoff_len: int, truncation: str, train_on_prompt: bool) -> tuple[pa.RecordBatch | None, dict]:
+def _tokenize(
+    tokenizer,
+    lengths,
+    batch: pa.RecordBatch,
+    first: int,
+    *,
+    source: str,
+    prompt: str,
+    cutoff_len: int,
+    truncation: str,
+    train_on_prompt: bool,
+) -> tuple[pa.RecordBatch | None, dict]:
     """One input batch (its `conversations` column; its first trace is row `first` of the
     inputs) -> the record batch of its kept sequences (None: none kept) and its counts."""
     pairs = conversations_of(batch, prompt)  # a multi-step trial: one sequence per step
@@ -192,8 +245,7 @@ def _tokenize(tokenizer, lengths, batch: pa.RecordBatch, first: int, *, source: 
     present = [(i, c) for i, c in pairs if c]
     stats["dropped"]["empty_conversation"] += sum(1 for _, c in pairs if not c)
     cols: dict[str, list] = {name: [] for name in SCHEMA.names}
-    for (i, _), res in zip(present, tokenize_batch(tokenizer, [c for _, c in present], source, lengths),
-                           strict=True):
+    for (i, _), res in zip(present, tokenize_batch(tokenizer, [c for _, c in present], source, lengths), strict=True):
         if isinstance(res, TemplateMismatch):
             stats["dropped"]["template_mismatch"] += 1
             continue
@@ -211,18 +263,29 @@ def _tokenize(tokenizer, lengths, batch: pa.RecordBatch, first: int, *, source: 
         if not supervised:
             stats["dropped"]["no_assistant_tokens"] += 1
             continue
-        for name, value in (("trace", first + i), ("input_ids", ids), ("mask", mask.astype(np.uint8)),
-                            ("length", len(ids)), ("supervised", supervised)):
+        for name, value in (
+            ("trace", first + i),
+            ("input_ids", ids),
+            ("mask", mask.astype(np.uint8)),
+            ("length", len(ids)),
+            ("supervised", supervised),
+        ):
             cols[name].append(value)
         stats["sequences"] += 1
         stats["tokens"] += len(ids)
         stats["supervised_tokens"] += supervised
     if not cols["trace"]:
         return None, stats
-    return pa.RecordBatch.from_arrays([
-        pa.array(cols["trace"], pa.int64()), _lists(cols["input_ids"], pa.int32()),
-        _lists(cols["mask"], pa.uint8()), pa.array(cols["length"], pa.int32()),
-        pa.array(cols["supervised"], pa.int32())], schema=SCHEMA), stats
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols["trace"], pa.int64()),
+            _lists(cols["input_ids"], pa.int32()),
+            _lists(cols["mask"], pa.uint8()),
+            pa.array(cols["length"], pa.int32()),
+            pa.array(cols["supervised"], pa.int32()),
+        ],
+        schema=SCHEMA,
+    ), stats
 
 
 def _lists(arrays: list[np.ndarray], type_) -> pa.ListArray:

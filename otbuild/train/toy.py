@@ -21,10 +21,12 @@ def conversation(instruction: str, steps: list[str], full_prompt: bool = True) -
     conv = [{"role": "user", "content": first}]
     for i, step in enumerate(steps + [""]):
         done = i == len(steps)
-        answer = {"analysis": f"Step {i + 1}." if not done else "Done.",
-                  "plan": f"Run: {step.splitlines()[0]}" if not done else "Finish.",
-                  "commands": [] if done else [{"keystrokes": step + "\n", "duration": 1.0}],
-                  "task_complete": done}
+        answer = {
+            "analysis": f"Step {i + 1}." if not done else "Done.",
+            "plan": f"Run: {step.splitlines()[0]}" if not done else "Finish.",
+            "commands": [] if done else [{"keystrokes": step + "\n", "duration": 1.0}],
+            "task_complete": done,
+        }
         conv.append({"role": "assistant", "content": json.dumps(answer, indent=2)})
         if not done:
             conv.append({"role": "user", "content": f"New Terminal Output:\n{step}\nroot@box:/app# "})
@@ -34,12 +36,20 @@ def conversation(instruction: str, steps: list[str], full_prompt: bool = True) -
 def trace_rows(n: int, seed: int = 0, full_prompt: bool = True) -> list[dict]:
     rows = []
     for i, rec in enumerate(generate(n, seed)):
-        conv = conversation(rec.task.instruction, split_commands(rec.task.text(SOLUTION) or ""),
-                            full_prompt)
+        conv = conversation(rec.task.instruction, split_commands(rec.task.text(SOLUTION) or ""), full_prompt)
         row: dict[str, Any] = {k: None for k in TRACE_SCHEMA.names}
-        row.update(conversations=conv, task=rec.task.name, task_id=rec.task.task_id(), reward=1.0,
-                   n_turns=sum(m["role"] == "assistant" for m in conv), sample_idx=0,
-                   trial_name=f"toy-{i}", source="toy", timed_out=False, is_subagent=False)
+        row.update(
+            conversations=conv,
+            task=rec.task.name,
+            task_id=rec.task.task_id(),
+            reward=1.0,
+            n_turns=sum(m["role"] == "assistant" for m in conv),
+            sample_idx=0,
+            trial_name=f"toy-{i}",
+            source="toy",
+            timed_out=False,
+            is_subagent=False,
+        )
         rows.append(row)
     return rows
 

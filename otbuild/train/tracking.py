@@ -42,8 +42,9 @@ def tag(key: str) -> str:
 
 
 class Tracker:
-    def __init__(self, tracking: Tracking, *, stage: str, outdir: Path, first_step: int,
-                 config: dict, active: bool = True):
+    def __init__(
+        self, tracking: Tracking, *, stage: str, outdir: Path, first_step: int, config: dict, active: bool = True
+    ):
         """`tracking`: the stage's `tracking` settings; `first_step`: the first step this run logs
         (1, or the resumed step + 1); `config`: the settings recorded with a wandb run."""
         self.stage, self.outdir = stage, Path(outdir)
@@ -55,11 +56,14 @@ class Tracker:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise ConfigError(f"{stage}.tracking.tensorboard: the `tensorboard` package is missing "
-                                  "(pip install 'otbuild[train]'), or set it to false") from e
+                raise ConfigError(
+                    f"{stage}.tracking.tensorboard: the `tensorboard` package is missing "
+                    "(pip install 'otbuild[train]'), or set it to false"
+                ) from e
             self._before = set(self.event_files())
-            self.writer = SummaryWriter(log_dir=str(self.outdir), purge_step=first_step if first_step > 1 else None,
-                                        filename_suffix=f".{stage}")
+            self.writer = SummaryWriter(
+                log_dir=str(self.outdir), purge_step=first_step if first_step > 1 else None, filename_suffix=f".{stage}"
+            )
         if tracking.wandb:
             self.run = _wandb_run(tracking.wandb, stage=stage, outdir=self.outdir, config=config)
 
@@ -68,8 +72,11 @@ class Tracker:
         if self.writer is None and self.run is None:
             return
         step = int(rec["step"])
-        values = {tag(k): float(v) for k, v in rec.items()
-                  if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+        values = {
+            tag(k): float(v)
+            for k, v in rec.items()
+            if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
         if self.writer is not None:
             for name, v in values.items():
                 self.writer.add_scalar(name, v, step)
@@ -89,11 +96,17 @@ class Tracker:
         out: dict[str, dict[str, Any]] = {}
         if self.writer is not None:
             self.writer.close()
-            out["tensorboard"] = {"files": self.event_files(),
-                                  "this_run": sorted(set(self.event_files()) - self._before)}
+            out["tensorboard"] = {
+                "files": self.event_files(),
+                "this_run": sorted(set(self.event_files()) - self._before),
+            }
         if self.run is not None:
-            out["wandb"] = {"project": self.run.project, "id": self.run.id, "dir": str(Path(self.run.dir).parent),
-                            "offline": bool(self.run.offline)}
+            out["wandb"] = {
+                "project": self.run.project,
+                "id": self.run.id,
+                "dir": str(Path(self.run.dir).parent),
+                "offline": bool(self.run.offline),
+            }
             self.run.finish()
         self.writer = self.run = None
         return out
@@ -103,12 +116,22 @@ def _wandb_run(wb: WandbTracking, *, stage: str, outdir: Path, config: dict):
     try:
         import wandb
     except ImportError as e:
-        raise ConfigError(f"{stage}.tracking.wandb is set but the `wandb` package is missing "
-                          "(pip install wandb), or remove the setting") from e
+        raise ConfigError(
+            f"{stage}.tracking.wandb is set but the `wandb` package is missing "
+            "(pip install wandb), or remove the setting"
+        ) from e
     root = Path(wb.dir or outdir)
     root.mkdir(parents=True, exist_ok=True)
     return wandb.init(
-        project=wb.project, entity=wb.entity, name=wb.name or f"{stage}-{outdir.name}",
-        tags=list(wb.tags) or None, dir=str(root), mode=wb.mode, config=config,
-        id=f"{stage}-{outdir.name}", resume="allow", job_type=stage,
-        settings=wandb.Settings(console="off", save_code=False, disable_git=True))
+        project=wb.project,
+        entity=wb.entity,
+        name=wb.name or f"{stage}-{outdir.name}",
+        tags=list(wb.tags) or None,
+        dir=str(root),
+        mode=wb.mode,
+        config=config,
+        id=f"{stage}-{outdir.name}",
+        resume="allow",
+        job_type=stage,
+        settings=wandb.Settings(console="off", save_code=False, disable_git=True),
+    )

@@ -22,20 +22,28 @@ def available() -> str | None:
     if shutil.which("podman") is None:
         return "podman is not installed (scripts/podman-setup.sh installs and configures it)"
     try:
-        r = subprocess.run(["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
-                           capture_output=True, text=True, timeout=120, check=False)
+        r = subprocess.run(
+            ["podman", "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return "`podman info` did not answer within 120 s"
     if r.returncode != 0:
         return f"`podman info` failed: {_tail(r.stderr, 500)}"
     if os.geteuid() != 0 and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
-        log.warning("podman runs rootless on cgroup v1: --memory, --pids-limit and --cpus are "
-                    "NOT enforced (run as root, or on cgroup v2)")
+        log.warning(
+            "podman runs rootless on cgroup v1: --memory, --pids-limit and --cpus are "
+            "NOT enforced (run as root, or on cgroup v2)"
+        )
     return None
 
 
-def _podman(*args: str, timeout: float = 120, check: bool = True, cwd: Path | None = None
-            ) -> subprocess.CompletedProcess:
+def _podman(
+    *args: str, timeout: float = 120, check: bool = True, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd)
     if check and r.returncode != 0:
         raise ContainerError(f"podman {args[0]} failed (exit {r.returncode}): {_tail(r.stderr, 2000)}")

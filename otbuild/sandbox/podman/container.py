@@ -51,8 +51,18 @@ OWNER_LABEL = "otbuild.owner"  # host:pid:start time of the process (the build's
 class PodmanSandbox(Sandbox):
     """A trial in its own container. Same interface and guarantees as the bwrap sandbox."""
 
-    def __init__(self, task: TaskDir, root: Path, image: str, limits: Limits, *, cpus: float,
-                 networks: TrialNetworks, with_solution: bool, cleanup: bool):
+    def __init__(
+        self,
+        task: TaskDir,
+        root: Path,
+        image: str,
+        limits: Limits,
+        *,
+        cpus: float,
+        networks: TrialNetworks,
+        with_solution: bool,
+        cleanup: bool,
+    ):
         self.task, self.root, self.backend, self.limits = task, root, "podman", limits
         self._with_solution, self._cleanup = with_solution, cleanup
         self.uid = 0
@@ -68,14 +78,39 @@ class PodmanSandbox(Sandbox):
             mounts += ["-v", f"{root / 'solution'}:/solution:ro"]
         mb, fsize = limits.memory_mb, limits.file_size_mb * MB
         try:  # a failed `run` can leave the container created: removed as well
-            _podman("run", "-d", "--init", "--name", self.container, f"--network={self.network}",
-                    "--hostname", "sandbox",
-                    f"--memory={mb}m", f"--memory-swap={mb}m", f"--pids-limit={limits.max_processes}",
-                    f"--cpus={cpus:g}", "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
-                    "--ulimit", f"fsize={fsize}:{fsize}", "--ulimit", "core=0:0", *_base_ulimits(),
-                    "--label", f"otbuild.trial={root}", "--label", f"{OWNER_LABEL}={owner()}", *mounts,
-                    *storage_opt(image, limits.storage_mb), "--entrypoint", "sleep", image, "infinity",
-                    timeout=300, cwd=root)  # conmon's cwd: it writes an `oom` file there on an OOM kill
+            _podman(
+                "run",
+                "-d",
+                "--init",
+                "--name",
+                self.container,
+                f"--network={self.network}",
+                "--hostname",
+                "sandbox",
+                f"--memory={mb}m",
+                f"--memory-swap={mb}m",
+                f"--pids-limit={limits.max_processes}",
+                f"--cpus={cpus:g}",
+                "--ulimit",
+                f"cpu={limits.cpu_seconds}:{limits.cpu_seconds}",
+                "--ulimit",
+                f"fsize={fsize}:{fsize}",
+                "--ulimit",
+                "core=0:0",
+                *_base_ulimits(),
+                "--label",
+                f"otbuild.trial={root}",
+                "--label",
+                f"{OWNER_LABEL}={owner()}",
+                *mounts,
+                *storage_opt(image, limits.storage_mb),
+                "--entrypoint",
+                "sleep",
+                image,
+                "infinity",
+                timeout=300,
+                cwd=root,
+            )  # conmon's cwd: it writes an `oom` file there on an OOM kill
             info = json.loads(_podman("inspect", self.container).stdout)[0]
             init = int(info["State"]["Pid"])
             self._pidns = os.readlink(f"/proc/{init}/ns/pid")
@@ -102,12 +137,23 @@ class PodmanSandbox(Sandbox):
         """The image's own environment (its ENV lines) plus TERM and `extra`."""
         return {"TERM": "dumb", **(extra or {})}
 
-    def _command_argv(self, command: list[str], *, with_tests: bool, cwd: str | None,
-                      env: dict[str, str] | None, tty: bool) -> list[str]:
+    def _command_argv(
+        self, command: list[str], *, with_tests: bool, cwd: str | None, env: dict[str, str] | None, tty: bool
+    ) -> list[str]:
         env_args = [a for k, v in self.env(env).items() for a in ("--env", f"{k}={v}")]
-        return ["podman", "exec", "-i", *(["-t"] if tty else []),
-                "--env", f"{MARKER}={secrets.token_hex(8)}", *env_args,
-                "--workdir", cwd or self.workdir, self.container, *command]
+        return [
+            "podman",
+            "exec",
+            "-i",
+            *(["-t"] if tty else []),
+            "--env",
+            f"{MARKER}={secrets.token_hex(8)}",
+            *env_args,
+            "--workdir",
+            cwd or self.workdir,
+            self.container,
+            *command,
+        ]
 
     def _command_ended(self, proc: subprocess.Popen) -> None:
         """What the command left running (the processes carrying its marker) is killed."""
@@ -170,8 +216,10 @@ class PodmanSandbox(Sandbox):
         settings = json.loads(_podman("inspect", self.container).stdout)[0]["NetworkSettings"]
         attached = set(settings.get("Networks") or {})
         if attached != (set() if network == "none" else {network}):
-            raise ContainerError(f"container {self.container}: the {phase} phase needs network {network!r}, "
-                                 f"but it is attached to {sorted(attached)}")
+            raise ContainerError(
+                f"container {self.container}: the {phase} phase needs network {network!r}, "
+                f"but it is attached to {sorted(attached)}"
+            )
         self.network = network
 
     # -- the end ------------------------------------------------------------------------
@@ -179,6 +227,7 @@ class PodmanSandbox(Sandbox):
         """SIGKILL every process in the container but the two that keep it up, and the
         `podman exec` clients on the host; return when none is left (`keep`: podman parks
         nothing)."""
+
         def find() -> set[int]:
             with self._lock:
                 clients = {p.pid for p in self._procs if p.poll() is None}
@@ -221,8 +270,11 @@ def _base_ulimits() -> tuple[str, ...]:
     """Any --ulimit replaces podman's default ulimits, and podman lowers its own nofile/nproc to
     those defaults, so they must be passed again: containers.conf's `default_ulimits` (which
     scripts/podman-setup.sh writes), else this process's hard limits."""
-    for conf in (os.environ.get("CONTAINERS_CONF"), "/etc/containers/containers.conf",
-                 "/usr/share/containers/containers.conf"):
+    for conf in (
+        os.environ.get("CONTAINERS_CONF"),
+        "/etc/containers/containers.conf",
+        "/usr/share/containers/containers.conf",
+    ):
         if conf is None:
             continue
         try:
@@ -249,20 +301,21 @@ def _keeper(init: int, timeout: float = 10.0) -> set[int]:
     raise ContainerError(f"the container's init (pid {init}) started no process in {timeout:g}s")
 
 
-def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool,
-                cleanup: bool) -> PodmanSandbox:
+def open_podman(task: TaskDir, root: Path, limits: Limits, *, with_solution: bool, cleanup: bool) -> PodmanSandbox:
     """Build (or reuse) the task's image and start its trial container in `root`: the task's cpus
     up to the recipe's `limits.cpus`, its build time up to BUILD_TIMEOUT_SEC.
     NetworkPolicyError, before anything is built, for a network policy podman cannot enforce."""
     config = task_config(task)
     networks = trial_networks(task.name, config, limits.network)
     env = config.environment
-    image = ensure_image(task, env.docker_image, limits.pull, min(env.build_timeout_sec, BUILD_TIMEOUT_SEC),
-                         limits.build_network)
+    image = ensure_image(
+        task, env.docker_image, limits.pull, min(env.build_timeout_sec, BUILD_TIMEOUT_SEC), limits.build_network
+    )
     host = float(os.cpu_count() or 1)
     cpus = min(float(env.cpus or 1), host if limits.tasks_may_raise else min(limits.cpus or host, host))
-    return PodmanSandbox(task, root, image, limits, cpus=cpus, networks=networks, with_solution=with_solution,
-                         cleanup=cleanup)
+    return PodmanSandbox(
+        task, root, image, limits, cpus=cpus, networks=networks, with_solution=with_solution, cleanup=cleanup
+    )
 
 
 # -- containers of dead builds --------------------------------------------------------------
@@ -271,8 +324,15 @@ def leaked_containers() -> list[str]:
     with kill -9, a lost job) is gone: nothing will ever close them."""
     if shutil.which("podman") is None:
         return []
-    r = _podman("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
-                f'{{{{.ID}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}', check=False)
+    r = _podman(
+        "ps",
+        "-a",
+        "--filter",
+        f"label={OWNER_LABEL}",
+        "--format",
+        f'{{{{.ID}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}',
+        check=False,
+    )
     return [cid for cid, _, label in (ln.partition(" ") for ln in r.stdout.splitlines()) if owner_is_gone(label)]
 
 

@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 IMAGE_REPO = "localhost/otbuild-env"
 BUILD_TIMEOUT_SEC = 3600
 LOCK_DIR: Path | None = None  # None: runtime_dir()/podman-builds
-LOAD_HINT = (" (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
-             "scripts/podman-setup.sh builds ubuntu, debian and python:3.12-slim ones)")
+LOAD_HINT = (
+    " (no registry reached: `otbuild images load DIR` imports `podman save` tarballs; "
+    "scripts/podman-setup.sh builds ubuntu, debian and python:3.12-slim ones)"
+)
 # host:pid:start time of the process (the build's job) running an image build: a build arg (no
 # Dockerfile declares it, so it changes no layer and no cache key) that buildah records in each
 # working container's buildah.json
@@ -56,8 +58,13 @@ def image_exists(ref: str) -> bool:
     return _podman("image", "exists", ref, check=False).returncode == 0
 
 
-def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "missing",
-                 timeout: float = BUILD_TIMEOUT_SEC, network: str = "none") -> str:
+def ensure_image(
+    task: TaskDir,
+    docker_image: str | None = None,
+    pull: str = "missing",
+    timeout: float = BUILD_TIMEOUT_SEC,
+    network: str = "none",
+) -> str:
     """The image a trial of `task` runs in, built when missing (one build per environment
     hash at a time, across processes). `pull` (never | missing | always) is podman's policy for
     base images and a prebuilt `docker_image`; `timeout` bounds the build or the pull (the
@@ -66,10 +73,15 @@ def ensure_image(task: TaskDir, docker_image: str | None = None, pull: str = "mi
     if DOCKERFILE not in task.files:
         if docker_image and (image_exists(docker_image) if pull == "never" else _pull(docker_image, pull, timeout)):
             return docker_image
-        raise ImageBuildError(f"task {task.name!r}: no environment/Dockerfile to build"
-                              + (f", and its image {docker_image!r} is not present locally"
-                                 f"{'' if pull == 'never' else ' nor could it be pulled'}{LOAD_HINT}"
-                                 if docker_image else ""))
+        raise ImageBuildError(
+            f"task {task.name!r}: no environment/Dockerfile to build"
+            + (
+                f", and its image {docker_image!r} is not present locally"
+                f"{'' if pull == 'never' else ' nor could it be pulled'}{LOAD_HINT}"
+                if docker_image
+                else ""
+            )
+        )
     tag = f"{IMAGE_REPO}:{environment_hash(task)[:24]}"
     if image_exists(tag):
         return tag
@@ -96,22 +108,44 @@ def _build(task: TaskDir, tag: str, pull: str, timeout: float, network: str) -> 
     with tempfile.TemporaryDirectory(prefix="otbuild-build-") as ctx:
         write_subtree(task, "environment", Path(ctx))
         try:
-            r = subprocess.run(["podman", "build", f"--pull={pull}", "--layers", "--quiet", "-t", tag,
-                                *(["--network=none"] if network == "none" else []),
-                                "--build-arg", f"{BUILD_OWNER_ARG}={owner()}",
-                                "-f", str(Path(ctx) / "Dockerfile"), ctx],
-                               capture_output=True, text=True, timeout=timeout, check=False)
+            r = subprocess.run(
+                [
+                    "podman",
+                    "build",
+                    f"--pull={pull}",
+                    "--layers",
+                    "--quiet",
+                    "-t",
+                    tag,
+                    *(["--network=none"] if network == "none" else []),
+                    "--build-arg",
+                    f"{BUILD_OWNER_ARG}={owner()}",
+                    "-f",
+                    str(Path(ctx) / "Dockerfile"),
+                    ctx,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
-            raise ImageBuildError(f"task {task.name!r}: podman build ran past {timeout:g}s "
-                                  "(its [environment] build_timeout_sec)") from None
+            raise ImageBuildError(
+                f"task {task.name!r}: podman build ran past {timeout:g}s (its [environment] build_timeout_sec)"
+            ) from None
     if r.returncode != 0:
-        missing = ("image not known" in r.stderr or "pull policy" in r.stderr
-                   or "initializing source" in r.stderr or "short-name" in r.stderr)
+        missing = (
+            "image not known" in r.stderr
+            or "pull policy" in r.stderr
+            or "initializing source" in r.stderr
+            or "short-name" in r.stderr
+        )
         hint = f"; a base image is missing{LOAD_HINT}" if missing else ""
         if network == "none":
             hint += "; its RUN lines had no network (a recipe lets them fetch with build_network: public)"
-        raise ImageBuildError(f"task {task.name!r}: podman build failed (exit {r.returncode}){hint}:\n"
-                              f"{_tail(r.stdout + r.stderr, 3000)}")
+        raise ImageBuildError(
+            f"task {task.name!r}: podman build failed (exit {r.returncode}){hint}:\n{_tail(r.stdout + r.stderr, 3000)}"
+        )
     log.info("built %s for task %s", tag, task.name)
 
 
@@ -123,8 +157,9 @@ def load_images(folder: Path) -> list[tuple[Path, str]]:
     for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
         r = _podman("load", "-i", str(path), check=False, timeout=BUILD_TIMEOUT_SEC)
         if r.returncode != 0:
-            raise ContainerError(f"{path}: not a docker-archive or OCI image tarball podman can load: "
-                                 f"{_tail(r.stderr, 1000)}")
+            raise ContainerError(
+                f"{path}: not a docker-archive or OCI image tarball podman can load: {_tail(r.stderr, 1000)}"
+            )
         names = [ln.split(":", 1)[1].strip() for ln in r.stdout.splitlines() if ln.startswith("Loaded image")]
         loaded.append((path, ", ".join(names)))
     return loaded
@@ -148,8 +183,9 @@ def leaked_build_containers() -> dict[str, str]:
     leaked = {}
     for cid in ids:
         try:
-            builder = json.loads((Path(store[0]) / f"{store[1]}-containers" / cid / "userdata" / "buildah.json")
-                                 .read_text())
+            builder = json.loads(
+                (Path(store[0]) / f"{store[1]}-containers" / cid / "userdata" / "buildah.json").read_text()
+            )
         except (OSError, ValueError):
             continue  # not a buildah working container, or not one we may read
         label = (builder.get("Args") or {}).get(BUILD_OWNER_ARG)

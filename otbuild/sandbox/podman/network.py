@@ -49,8 +49,9 @@ def trial_networks(task: str, config: TaskConfig, network: str = "task") -> Tria
             return public
         raise NetworkPolicyError(
             f"task {task!r}: its {phase} may reach only {', '.join(policy.allowed_hosts)} (network_mode = "
-            "\"allowlist\"); a podman trial cannot enforce an allowlist and never widens it to the whole "
+            '"allowlist"); a podman trial cannot enforce an allowlist and never widens it to the whole '
             "internet. Run it through Harbor on an environment that enforces allowlists (sandbox: harbor), "
-            "or offline (limits.network: none)")
+            "or offline (limits.network: none)"
+        )
 
     return TrialNetworks(one(config.agent_network, "agent"), one(config.verifier_network, "verifier"))

@@ -26,8 +26,9 @@ DIFFICULTIES: tuple[int, ...] = LEVELS
 __all__ = ["DIFFICULTIES", "FAMILIES", "GENERATOR", "generate", "solution_steps"]
 
 
-def generate(count: int, seed: int, families: Sequence[str] | None = FAMILIES,
-             difficulties: Sequence[int] | None = DIFFICULTIES) -> Iterator[TaskRecord]:
+def generate(
+    count: int, seed: int, families: Sequence[str] | None = FAMILIES, difficulties: Sequence[int] | None = DIFFICULTIES
+) -> Iterator[TaskRecord]:
     """Yield `count` tasks; task i cycles through the (family, difficulty) pairs selected
     (None: every one, as a synthetic source that names none)."""
     fams = _select("family", families, FAMILIES)
@@ -39,10 +40,18 @@ def generate(count: int, seed: int, families: Sequence[str] | None = FAMILIES,
         fam, level = combos[i % len(combos)]
         rng = random.Random(f"{seed}:{i}")
         task, variants = build_task(_FAMILIES[fam], level, seed, i, rng)
-        yield TaskRecord(task, runnable_locally=True, metadata={
-            "family": fam, "difficulty": level, "seed": seed, "index": i,
-            "n_solution_steps": solution_steps(task.text(SOLUTION) or ""), "variants": variants,
-        })
+        yield TaskRecord(
+            task,
+            runnable_locally=True,
+            metadata={
+                "family": fam,
+                "difficulty": level,
+                "seed": seed,
+                "index": i,
+                "n_solution_steps": solution_steps(task.text(SOLUTION) or ""),
+                "variants": variants,
+            },
+        )
 
 
 def solution_steps(script: str) -> int:

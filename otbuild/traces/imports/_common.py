@@ -60,11 +60,7 @@ def tool_calls_text(calls) -> str:
     out = []
     for c in calls or []:
         fn = (c or {}).get("function") or {}
-        out.append(
-            json.dumps(
-                {"name": fn.get("name"), "arguments": fn.get("arguments")}, ensure_ascii=False
-            )
-        )
+        out.append(json.dumps({"name": fn.get("name"), "arguments": fn.get("arguments")}, ensure_ascii=False))
     return "\n".join(f"<tool_call>{x}</tool_call>" for x in out)
 
 
@@ -117,11 +113,7 @@ def load_labels(path: Path | None, key: str = "instance_id") -> dict[str, dict]:
     """{instance id: label row} from a labels JSON/JSONL (e.g. mini-swe-agent's labels.jsonl)."""
     if path is None or not Path(path).exists():
         return {}
-    return {
-        str(r.data[key]): r.data
-        for r in iter_rows(Path(path))
-        if r.data and r.data.get(key) is not None
-    }
+    return {str(r.data[key]): r.data for r in iter_rows(Path(path)) if r.data and r.data.get(key) is not None}
 
 
 def iso(ts) -> str | None:
@@ -145,9 +137,7 @@ def reward_of(label: dict | None) -> float | None:
     return None
 
 
-def trace_row(
-    conversations: list[dict], *, kind: str, agent: str, task: str | None, **fields
-) -> dict:
+def trace_row(conversations: list[dict], *, kind: str, agent: str, task: str | None, **fields) -> dict:
     """A complete TRACE_SCHEMA row: every column present, typed columns derived."""
     reward, exception = fields.get("reward"), fields.get("exception")
     row: dict[str, Any] = {c: None for c in COLUMNS}
@@ -179,15 +169,15 @@ def quarantine(where: str, reason: str, detail: str = "") -> Quarantined:
     return Quarantined(where, reason, detail)
 
 
-def swe_trajectories(path: Path, suffix: str, labels: Path | None, tasks, instances, run_id: str | None
-                     ) -> Iterator[tuple[object, Path, dict[str, dict], dict[str, str], dict[str, Any], str]]:
+def swe_trajectories(
+    path: Path, suffix: str, labels: Path | None, tasks, instances, run_id: str | None
+) -> Iterator[tuple[object, Path, dict[str, dict], dict[str, str], dict[str, Any], str]]:
     """For each SWE trajectory file under `path`: (its JSON, the file, labels, task ids, problem
     statements, run id). Labels give the reward, task ids come from a task parquet, problem
     statements from SWE instances; all are looked up by instance id."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    problems = {k: v.get("problem_statement")
-                for k, v in load_labels(Path(instances) if instances else None).items()}
+    problems = {k: v.get("problem_statement") for k, v in load_labels(Path(instances) if instances else None).items()}
     context = (load_labels(labels), load_task_ids(tasks), problems, run_id or folder.name)
     for f in files(path, (suffix,)):
         yield (load_json(f), f, *context)

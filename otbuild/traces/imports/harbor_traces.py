@@ -34,10 +34,29 @@ from otbuild.traces.outcome import TIMEOUT_ERRORS
 KIND = "harbor-traces"
 SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".json")
 MAIN = "main"
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system", "tool": "tool"}
-USED = {"conversations", "conversations_sharegpt", "agent", "model", "model_provider", "date", "task",
-        "episode", "run_id", "trial_name", "result", "trace_source", "instruction"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+}
+USED = {
+    "conversations",
+    "conversations_sharegpt",
+    "agent",
+    "model",
+    "model_provider",
+    "date",
+    "task",
+    "episode",
+    "run_id",
+    "trial_name",
+    "result",
+    "trace_source",
+    "instruction",
+}
 KEYS = ("run_id", "trial_name", "trace_source", "episode")
 
 
@@ -74,11 +93,21 @@ def convert(d: dict, where: str, *, run_id, model, agent, task_ids) -> dict | Qu
     agent_name = agent or d.get("agent") or "unknown"
     source = d.get("trace_source") or MAIN
     return trace_row(
-        conv, kind=KIND, agent=agent_name, task=task, model=model_name, model_provider=d.get("model_provider"),
-        date=iso(d.get("date")), episode=d.get("episode") or None, run_id=run_id or d.get("run_id"),
-        trial_name=d.get("trial_name"), task_id=task_ids.get(task, task) if task else None,
-        teacher=f"{agent_name}:{model_name}" if model_name else None, reward=reward,
-        timed_out=exception in TIMEOUT_ERRORS, exception=None if exception in TIMEOUT_ERRORS else exception,
+        conv,
+        kind=KIND,
+        agent=agent_name,
+        task=task,
+        model=model_name,
+        model_provider=d.get("model_provider"),
+        date=iso(d.get("date")),
+        episode=d.get("episode") or None,
+        run_id=run_id or d.get("run_id"),
+        trial_name=d.get("trial_name"),
+        task_id=task_ids.get(task, task) if task else None,
+        teacher=f"{agent_name}:{model_name}" if model_name else None,
+        reward=reward,
+        timed_out=exception in TIMEOUT_ERRORS,
+        exception=None if exception in TIMEOUT_ERRORS else exception,
         is_subagent=source != MAIN,
         metadata={"where": where, "trace_source": source, **{k: v for k, v in d.items() if k not in USED}},
     ) | {"result": d.get("result")}  # as Harbor wrote it
@@ -90,14 +119,17 @@ def _conversation(d: dict) -> list[dict] | None:
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
     if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and m.get("role") for m in msgs):
-        return [{"role": str(m["role"]), "content": "" if m.get("content") is None else str(m["content"])}
-                for m in msgs]
+        return [
+            {"role": str(m["role"]), "content": "" if m.get("content") is None else str(m["content"])} for m in msgs
+        ]
     msgs = d.get("conversations_sharegpt")
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
     if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and m.get("from") in SHAREGPT_ROLES for m in msgs):
-        return [{"role": SHAREGPT_ROLES[m["from"]], "content": "" if m.get("value") is None else str(m["value"])}
-                for m in msgs]
+        return [
+            {"role": SHAREGPT_ROLES[m["from"]], "content": "" if m.get("value") is None else str(m["value"])}
+            for m in msgs
+        ]
     return None
 
 

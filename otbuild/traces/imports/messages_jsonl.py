@@ -65,9 +65,7 @@ def read(path: Path, cfg: MessagesOptions) -> Iterator[dict | Quarantined]:
         yield convert(row.data, row.where, cfg.agent, cfg.model, cfg.model_provider, cfg.run_id, task_ids)
 
 
-def convert(
-    d: dict, where: str, agent, model, model_provider, run_id, task_ids
-) -> dict | Quarantined:
+def convert(d: dict, where: str, agent, model, model_provider, run_id, task_ids) -> dict | Quarantined:
     msgs: Any = d.get("messages")  # a list, or an array (parquet) with tolist
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
@@ -78,9 +76,7 @@ def convert(
         return Quarantined(task or where, "bad messages", f"{where}: a message without a role")
     conv = normalise(msgs)
     if (err := ensure_task_text(conv, first_text(d, TEXT_KEYS))) is not None:
-        return Quarantined(
-            task or where, err, f"{where}: no task text to put in the first user message"
-        )
+        return Quarantined(task or where, err, f"{where}: no task text to put in the first user message")
     model_name = model or d.get("model")
     label = {k: d[k] for k in ("reward", "resolved") if k in d}
     file_stem = where.split(":", 1)[0].split("[", 1)[0].rsplit(".", 1)[0]

@@ -46,9 +46,7 @@ def read(path: Path, cfg: MiniSweAgentOptions) -> Iterator[dict | Quarantined]:
         yield convert(*item, cfg.model, cfg.agent)
 
 
-def convert(
-    d, f: Path, labels: dict, task_ids: dict, problems: dict, run_id: str, model, agent
-) -> dict | Quarantined:
+def convert(d, f: Path, labels: dict, task_ids: dict, problems: dict, run_id: str, model, agent) -> dict | Quarantined:
     name = f.name.removesuffix(".traj.json")
     if not isinstance(d, dict) or not isinstance(d.get("messages"), list):
         return Quarantined(name, "missing field", f"{f}: no messages list")
@@ -62,20 +60,14 @@ def convert(
     conv = normalise(d["messages"])
     problem = problems.get(iid)
     if (err := ensure_task_text(conv, problem)) is not None:
-        return Quarantined(
-            iid, err, f"{f}: the task text is not in the trajectory and no instances were given"
-        )
+        return Quarantined(iid, err, f"{f}: the task text is not in the trajectory and no instances were given")
     responses = [
-        ((m.get("extra") or {}).get("response") or {})
-        for m in d["messages"]
-        if isinstance(m.get("extra"), dict)
+        ((m.get("extra") or {}).get("response") or {}) for m in d["messages"] if isinstance(m.get("extra"), dict)
     ]
     usage = [r.get("usage") or {} for r in responses if isinstance(r, dict)]
     n_in = sum(u.get("prompt_tokens") or 0 for u in usage) if usage else None
     n_out = sum(u.get("completion_tokens") or 0 for u in usage) if usage else None
-    created = next(
-        (r.get("created") for r in responses if isinstance(r, dict) and r.get("created")), None
-    )
+    created = next((r.get("created") for r in responses if isinstance(r, dict) and r.get("created")), None)
     status = str(info.get("exit_status") or "")
     label = labels.get(iid)
     model_type = str(config.get("model_type") or "")

@@ -57,9 +57,7 @@ def _model_from_replay(d: dict) -> str | None:
     return None
 
 
-def convert(
-    d, f: Path, labels, task_ids, problems, run_id, model, agent
-) -> Iterator[dict | Quarantined]:
+def convert(d, f: Path, labels, task_ids, problems, run_id, model, agent) -> Iterator[dict | Quarantined]:
     name = f.name.removesuffix(".traj")
     if not isinstance(d, dict) or not isinstance(d.get("history"), list) or not d["history"]:
         yield Quarantined(name, "missing field", f"{f}: no history list")
@@ -78,9 +76,7 @@ def convert(
         conv = normalise(m for m in history if str(m.get("agent") or "main") == agent_name)
         trial = name if ai == 0 else f"{name}:{agent_name}"
         if (err := ensure_task_text(conv, problems.get(name))) is not None:
-            yield Quarantined(
-                trial, err, f"{f}: agent {agent_name!r}: the task text is not in the history"
-            )
+            yield Quarantined(trial, err, f"{f}: agent {agent_name!r}: the task text is not in the history")
             continue
         yield trace_row(
             conv, kind=KIND, agent=agent, task=name, model=model_name,

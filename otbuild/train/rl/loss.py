@@ -32,8 +32,9 @@ def masked_rloo_advantages(rewards: list[float], masked: list[bool], eps: float 
     return [None if m else next(adv) for m in masked]
 
 
-def ppo_clip_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                  n_tokens: int | None = None):
+def ppo_clip_loss(
+    logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2, n_tokens: int | None = None
+):
     """PPO-clip, summed over masked tokens and divided by n_tokens (default: the mask's count).
 
     Tensors are [B, T] (advantages [B] or [B, T]). Returns (loss, stats)."""
@@ -60,11 +61,13 @@ def k3_kl(logp, ref_logp):
     d = ref_logp - logp
     return torch.exp(d) - d - 1
 
+
 @dataclass
 class Turn:
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float] | None = None  # each completion token's log-prob as sampled (the behaviour policy)
+
 
 @dataclass
 class TokenSequence:
@@ -76,21 +79,27 @@ class TokenSequence:
     behaviour: list[float] | None = None  # the sampling log-probs of its masked tokens (None: not recorded)
     stale: bool = False  # sampled by weights older than the update's: the ratio is against `behaviour`
 
+
 def sequences(turns: list[Turn]) -> list[TokenSequence]:
     """Join turns whose prompt extends the previous prompt + completion; else start anew."""
     out: list[TokenSequence] = []
     for t in turns:
         cur = out[-1] if out else None
-        if cur is not None and t.prompt_ids[:len(cur.ids)] == cur.ids:
-            extra = t.prompt_ids[len(cur.ids):]
+        if cur is not None and t.prompt_ids[: len(cur.ids)] == cur.ids:
+            extra = t.prompt_ids[len(cur.ids) :]
             cur.ids += extra + t.completion_ids
             cur.mask += [False] * len(extra) + [True] * len(t.completion_ids)
             cur.behaviour = None if cur.behaviour is None or t.logprobs is None else cur.behaviour + t.logprobs
         else:
-            out.append(TokenSequence(list(t.prompt_ids) + list(t.completion_ids),
-                                     [False] * len(t.prompt_ids) + [True] * len(t.completion_ids),
-                                     behaviour=None if t.logprobs is None else list(t.logprobs)))
+            out.append(
+                TokenSequence(
+                    list(t.prompt_ids) + list(t.completion_ids),
+                    [False] * len(t.prompt_ids) + [True] * len(t.completion_ids),
+                    behaviour=None if t.logprobs is None else list(t.logprobs),
+                )
+            )
     return [s for s in out if any(s.mask)]
+
 
 def token_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id: int):
     """log p(token | prefix) at each sequence's masked positions: a list of 1-D tensors."""
@@ -101,15 +110,16 @@ def token_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id:
     attn = torch.zeros_like(ids)
     tmask = torch.zeros((len(seqs), width), dtype=torch.bool)
     for i, s in enumerate(seqs):
-        ids[i, :len(s.ids)] = torch.tensor(s.ids)
-        attn[i, :len(s.ids)] = 1
-        tmask[i, :len(s.ids)] = torch.tensor(s.mask)
+        ids[i, : len(s.ids)] = torch.tensor(s.ids)
+        attn[i, : len(s.ids)] = 1
+        tmask[i, : len(s.ids)] = torch.tensor(s.mask)
     ids, attn, tmask = (t.to(model.device) for t in (ids, attn, tmask))
     hidden = model.model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     sel = tmask[:, 1:]
     logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature
     lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][sel][:, None])[:, 0]
     return list(torch.split(lp, sel.sum(1).tolist()))
+
 
 def old_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id: int) -> float:
     """Each sequence's `old_logp`, the PPO ratio's denominator: the log-probs of the weights
@@ -126,6 +136,7 @@ def old_logprobs(model, seqs: list[TokenSequence], temperature: float, pad_id: i
             gap = max(gap, float((lp - s.old_logp).abs().max()))
     return gap
 
+
 def _micro_batches(seqs: list[TokenSequence], max_tokens: int) -> list[list[TokenSequence]]:
     seqs = sorted(seqs, key=lambda s: len(s.ids))
     out: list[list[TokenSequence]] = []
@@ -138,6 +149,7 @@ def _micro_batches(seqs: list[TokenSequence], max_tokens: int) -> list[list[Toke
     if cur:
         out.append(cur)
     return out
+
 
 def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=None) -> dict:
     """One RLOO/PPO update over a step's sequences; on several ranks each brings its own. The
@@ -156,8 +168,15 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
     counts = torch.tensor([local_tokens, len(micro)], dtype=torch.long, device=engine.device)
     n_tokens = int(_all_reduce(counts[:1], dist.ReduceOp.SUM))
     n_micro = int(_all_reduce(counts[1:], dist.ReduceOp.MAX))
-    stats: dict[str, Any] = {"loss": 0.0, "clipped_tokens": 0, "kl": 0.0, "assistant_tokens": local_tokens,
-             "active_sequences": len(active), "grad_norm": 0.0, "behaviour_gap": 0.0}
+    stats: dict[str, Any] = {
+        "loss": 0.0,
+        "clipped_tokens": 0,
+        "kl": 0.0,
+        "assistant_tokens": local_tokens,
+        "active_sequences": len(active),
+        "grad_norm": 0.0,
+        "behaviour_gap": 0.0,
+    }
     if n_micro == 0 or n_tokens == 0:
         return stats
     real = len(micro)
@@ -178,8 +197,15 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
             old = torch.cat([s.old_logp for s in mb])
             adv = torch.cat([torch.full_like(lp, s.advantage) for s, lp in zip(mb, lps, strict=True)])
             ones = torch.ones_like(logp)
-            loss, st = ppo_clip_loss(logp[None], old[None], adv[None], ones[None],
-                                     clip_low=cfg.clip_low, clip_high=cfg.clip_high, n_tokens=n_tokens)
+            loss, st = ppo_clip_loss(
+                logp[None],
+                old[None],
+                adv[None],
+                ones[None],
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                n_tokens=n_tokens,
+            )
             if kl_coef > 0:
                 kl = (k3_kl(logp, torch.cat([s.ref_logp for s in mb]))).sum() / n_tokens
                 loss = loss + kl_coef * kl
@@ -197,6 +223,7 @@ def update(engine, seqs: list[TokenSequence], cfg: Rl, pad_id: int, ref_model=No
         gn = engine.get_global_grad_norm()
         stats["loss"], stats["grad_norm"] = total, float(gn) if gn is not None else gn_local
     return stats
+
 
 def _all_reduce(t, op):
     import torch.distributed as dist

@@ -17,8 +17,9 @@ from otbuild.train.rl.loss import TokenSequence, Turn, token_logprobs
 class Policy:
     """The model being trained, shared by every rollout of a step (generation is serialised)."""
 
-    def __init__(self, model, tokenizer, *, temperature: float, max_tokens: int, max_context: int,
-                 name: str = "policy"):
+    def __init__(
+        self, model, tokenizer, *, temperature: float, max_tokens: int, max_context: int, name: str = "policy"
+    ):
         self.model, self.tok = model, tokenizer
         self.temperature, self.max_tokens, self.max_context = temperature, max_tokens, max_context
         self.name = name
@@ -43,17 +44,27 @@ class Policy:
             self.model.eval()
             x = torch.tensor([prompt_ids], device=self.model.device)
             out = self.model.generate(
-                x, attention_mask=torch.ones_like(x), do_sample=True, temperature=self.temperature,
-                top_k=0, top_p=1.0, max_new_tokens=budget, eos_token_id=self.tok.eos_token_id,
-                pad_token_id=self.tok.pad_token_id, output_scores=True, return_dict_in_generate=True)
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=True,
+                temperature=self.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=budget,
+                eos_token_id=self.tok.eos_token_id,
+                pad_token_id=self.tok.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
             self.model.train(was_training)
-        ids = out.sequences[0, len(prompt_ids):]
-        scores = torch.stack(out.scores[:len(ids)])[:, 0].float()  # the sampling step's logits / temperature
+        ids = out.sequences[0, len(prompt_ids) :]
+        scores = torch.stack(out.scores[: len(ids)])[:, 0].float()  # the sampling step's logits / temperature
         logprobs = torch.log_softmax(scores, -1).gather(-1, ids[:, None])[:, 0]
         return ids.tolist(), logprobs.tolist()
 
     def session(self, server=None):
         return PolicyEngine(self) if server is None else ServedPolicyEngine(self, server)
+
 
 class PolicyEngine:
     """One trial's view of the policy: an Engine that records its turns."""
@@ -81,6 +92,7 @@ class PolicyEngine:
     async def aclose(self) -> None:
         pass
 
+
 class ServedPolicyEngine(PolicyEngine):
     """One trial's view of the policy served by vLLM (rollout: vllm): the prompt's token ids as
     the trainer's chat template renders them, the completion's as the server sampled them with
@@ -99,8 +111,13 @@ class ServedPolicyEngine(PolicyEngine):
         prompt = p.prompt_ids(messages)
         if len(prompt) >= p.max_context:
             raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
-        c = await self.server.complete(messages, temperature=p.temperature, logprobs=True, return_token_ids=True,
-                                       max_tokens=min(p.max_tokens, p.max_context - len(prompt)))
+        c = await self.server.complete(
+            messages,
+            temperature=p.temperature,
+            logprobs=True,
+            return_token_ids=True,
+            max_tokens=min(p.max_tokens, p.max_context - len(prompt)),
+        )
         ids, logprobs = c.token_ids, c.logprobs
         if ids is None or logprobs is None or len(ids) != len(logprobs):  # not vLLM's answer: re-tokenised
             ids, logprobs = p.tok(c.text, add_special_tokens=False)["input_ids"], None
@@ -111,6 +128,7 @@ class ServedPolicyEngine(PolicyEngine):
             return Completion(c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason)
         return Completion(c.text, len(prompt), len(ids), c.finish_reason)
 
+
 def sequence_logprob(model, tokenizer, messages: list[dict], answer: str) -> float:
     """log p(answer + end-of-turn | messages) under `model` (temperature 1): for tests/evals."""
     import torch
@@ -119,9 +137,11 @@ def sequence_logprob(model, tokenizer, messages: list[dict], answer: str) -> flo
     prompt = policy.prompt_ids(messages)
     ans = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     with torch.no_grad():
-        lp = token_logprobs(model, [TokenSequence(prompt + ans, [False] * len(prompt) + [True] * len(ans))],
-                            1.0, tokenizer.pad_token_id)
+        lp = token_logprobs(
+            model, [TokenSequence(prompt + ans, [False] * len(prompt) + [True] * len(ans))], 1.0, tokenizer.pad_token_id
+        )
     return float(lp[0].sum())
+
 
 def save_served_copy(policy: Policy, dest: Path) -> None:
     """The policy as vLLM serves it: its weights in one safetensors file, its config and

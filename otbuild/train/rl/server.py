@@ -11,6 +11,7 @@ from otbuild.train.rl.policy import Policy, save_served_copy
 if TYPE_CHECKING:
     from otbuild.engines.process import ServerProcess
 
+
 class PolicyServer:
     """rollout: vllm. One `vllm serve` for the whole run, on a copy of the policy saved in
     `workroot/policy` (tensor/data parallel and the rest from `vllm_args`). `sync(policy,
@@ -34,9 +35,17 @@ class PolicyServer:
         self.cfg, self.dir = cfg, workroot / "policy"
         args = dict(cfg.vllm_args)
         # log-probs after temperature, as the trainer computes them (the behaviour policy's)
-        self.llm = LLM(engine="vllm", model=str(self.dir), concurrency=cfg.concurrency,
-                       engine_args={"served_model_name": "policy", "logprobs_mode": "processed_logprobs", **args,
-                                    "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV, "VLLM_API_KEY": self.key}})
+        self.llm = LLM(
+            engine="vllm",
+            model=str(self.dir),
+            concurrency=cfg.concurrency,
+            engine_args={
+                "served_model_name": "policy",
+                "logprobs_mode": "processed_logprobs",
+                **args,
+                "env": {**args.get("env", {}), **WEIGHT_SYNC_ENV, "VLLM_API_KEY": self.key},
+            },
+        )
         self.base_url: str | None = None
         self.server: ServerProcess | None = None
         self.version: int | None = None
@@ -49,8 +58,9 @@ class PolicyServer:
 
         save_served_copy(policy, self.dir)
         if self.server is not None and self.server.exit_code() is None and self.cfg.weight_sync == "reload":
-            reload_weights(cast(str, self.base_url).removesuffix("/v1"), str(self.dir), key=self.key,
-                           uds=self.server.uds)
+            reload_weights(
+                cast(str, self.base_url).removesuffix("/v1"), str(self.dir), key=self.key, uds=self.server.uds
+            )
             how = "reload"
         else:
             self.stop()
@@ -72,8 +82,16 @@ class PolicyServer:
             if (why := server.gone()) is not None:
                 raise ServerDiedError(why)
 
-        return OpenAIEngine(client_settings(self.llm), base_url=self.base_url, api_key=self.key, name="vllm",
-                            provider="hosted_vllm", trust_env=False, alive=alive, uds=server.uds)
+        return OpenAIEngine(
+            client_settings(self.llm),
+            base_url=self.base_url,
+            api_key=self.key,
+            name="vllm",
+            provider="hosted_vllm",
+            trust_env=False,
+            alive=alive,
+            uds=server.uds,
+        )
 
     @property
     def engine(self) -> str:

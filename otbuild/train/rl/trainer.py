@@ -29,6 +29,7 @@ from otbuild.train.rl.server import PolicyServer
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+
 @dataclass
 class Trajectory:
     task_index: int
@@ -39,6 +40,7 @@ class Trajectory:
     usage: dict = field(default_factory=dict)  # the trial's requests, errors and tokens (otbuild/usage.py)
     weight_version: int | None = None  # rollout: vllm: the optimizer step whose weights answered
 
+
 def read_tasks(path: Path) -> list[tuple[str, object]]:
     import pyarrow.parquet as pq
 
@@ -47,15 +49,28 @@ def read_tasks(path: Path) -> list[tuple[str, object]]:
     t = pq.read_table(path, columns=["path", "task_binary", "task_id"]).to_pylist()
     return [(r["task_id"], TaskDir.unpack(r["path"], r["task_binary"])) for r in t]
 
+
 def rollout_engine(cfg: RlSettings) -> str:
     """`rl.rollout` on this machine: `auto` is vllm where it is installed, else transformers."""
     from otbuild.engines import LLM, resolve_auto
 
-    return resolve_auto(LLM(engine=cfg.rollout, model="policy", engine_args=cfg.vllm_args)).engine \
-        if cfg.rollout == "auto" else cfg.rollout
+    return (
+        resolve_auto(LLM(engine=cfg.rollout, model="policy", engine_args=cfg.vllm_args)).engine
+        if cfg.rollout == "auto"
+        else cfg.rollout
+    )
 
-async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
-                         workroot: Path, run_id: str, server: PolicyServer) -> list[Trajectory]:
+
+async def served_rollout(
+    policy: Policy,
+    tasks,
+    indices: list[int],
+    k: int,
+    cfg: RlSettings,
+    workroot: Path,
+    run_id: str,
+    server: PolicyServer,
+) -> list[Trajectory]:
     """rollout: vllm: the step's trials against the live server (PolicyServer, synced already)."""
     client = server.client()
     try:
@@ -66,8 +81,10 @@ async def served_rollout(policy: Policy, tasks, indices: list[int], k: int, cfg:
         t.weight_version = server.version
     return trajs
 
-async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings,
-                  workroot: Path, run_id: str, server=None) -> list[Trajectory]:
+
+async def rollout(
+    policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings, workroot: Path, run_id: str, server=None
+) -> list[Trajectory]:
     from otbuild.harness.trial import TrialSettings, run_trial
 
     trial_settings = TrialSettings(cfg.sandbox, cfg.prompt)
@@ -77,13 +94,15 @@ async def rollout(policy: Policy, tasks, indices: list[int], k: int, cfg: RlSett
         task_id, task = tasks[ti]
         engine = policy.session(server)
         async with sem:
-            row = await run_trial(task, task_id, engine, trial_settings, workroot / f"{pos}-{s}", sample_idx=s,
-                                  run_id=run_id, source="rl")
+            row = await run_trial(
+                task, task_id, engine, trial_settings, workroot / f"{pos}-{s}", sample_idx=s, run_id=run_id, source="rl"
+            )
         reward = row["reward"] if row["reward"] is not None else 0.0
         return Trajectory(ti, float(reward), row["exception"], outcome(row), engine.turns, usage.of_trial(row))
 
     jobs = [one(pos, ti, s) for pos, ti in enumerate(indices) for s in range(k)]
     return list(await asyncio.gather(*jobs))
+
 
 def make_engine(cfg: Rl, model_dir: Path, *, on_gpu: bool):
     """DeepSpeed over this rank's replica of the model in model_dir: (engine, its config).
@@ -98,16 +117,19 @@ def make_engine(cfg: Rl, model_dir: Path, *, on_gpu: bool):
 
     world = dist.get_world_size()
     client_opt = uses_client_optimizer(cfg, on_gpu)
-    conf = ds_config(cfg, global_batch=world, per_device=1, world_size=world, on_gpu=on_gpu,
-                     client_optimizer=client_opt)
+    conf = ds_config(
+        cfg, global_batch=world, per_device=1, world_size=world, on_gpu=on_gpu, client_optimizer=client_opt
+    )
     conf["managed_gradient_accumulation"] = False
     if conf["zero_optimization"]["stage"] == 1:
         conf["zero_optimization"]["overlap_comm"] = False  # DeepSpeed: only stage 2 overlaps then
     model = load_model(model_dir, dtype=torch.bfloat16 if conf["bf16"]["enabled"] else torch.float32)
     opt = client_adamw(model.parameters(), cfg) if client_opt else None
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf,
-                                           model_parameters=None if client_opt else model.parameters())
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=opt, config=conf, model_parameters=None if client_opt else model.parameters()
+    )
     return engine, conf
+
 
 def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> dict:
     """RLOO on one process or on each of the ranks a launcher started (one per GPU): DeepSpeed
@@ -118,6 +140,7 @@ def train(cfg: RlSettings, inputs: list[Path], outdir: Path, *, log=print) -> di
     outdir.mkdir(parents=True, exist_ok=True)
     t = RlTrainer(cfg, inputs, outdir, log)
     return run(t, outdir, log if dist.get_rank() == 0 else (lambda _: None))
+
 
 class RlTrainer(Trainer):
     """RL's part of the loop (otbuild/train/loop.py): the policy under DeepSpeed, and a step of
@@ -140,8 +163,10 @@ class RlTrainer(Trainer):
         self.rank, self.world = rank, world = dist.get_rank(), dist.get_world_size()
         self.rollout = rollout_engine(cfg)
         if self.rollout == "vllm" and world > 1:
-            raise ConfigError(f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
-                              "were started; use gpus_per_node: 1 on one node, or rollout: transformers")
+            raise ConfigError(
+                f"rl: rollout: vllm serves the policy from one trainer process, but {world} "
+                "were started; use gpus_per_node: 1 on one node, or rollout: transformers"
+            )
         self.cfg, self.outdir, self.total_steps = cfg, outdir, cfg.steps
         self.sft_dir = sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])
         self.tasks = read_tasks(Path(inputs[1]))
@@ -153,10 +178,18 @@ class RlTrainer(Trainer):
         self.tok, self.template = load_tokenizer(sft_dir)
         self.ref = load_model(sft_dir, dtype=dtype).to(engine.device).eval() if cfg.kl_coef > 0 else None
         if rank == 0:
-            log(f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
-                f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}")
-        self.policy = Policy(model, self.tok, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                             max_context=cfg.max_context, name=str(sft_dir))
+            log(
+                f"rl: world {world}, zero {conf['zero_optimization']['stage']}, "
+                f"{'bf16' if conf['bf16']['enabled'] else 'fp32'}, on {engine.device}"
+            )
+        self.policy = Policy(
+            model,
+            self.tok,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            max_context=cfg.max_context,
+            name=str(sft_dir),
+        )
         self.workroot = Path(tempfile.mkdtemp(prefix="otbuild-rl-"))
         self.server = PolicyServer(cfg, self.workroot) if self.rollout == "vllm" else None
         self.ahead: dict = {}  # step -> the future of its rollouts, started early (max_staleness)
@@ -181,8 +214,8 @@ class RlTrainer(Trainer):
         seqs, groups_zero = [], 0
         masked = [t.outcome in EXCLUDED_FROM_SCORES for t in trajs]
         for g in range(len(mine)):
-            group = trajs[g * k:(g + 1) * k]
-            adv = masked_rloo_advantages([t.reward for t in group], masked[g * k:(g + 1) * k], cfg.std_eps)
+            group = trajs[g * k : (g + 1) * k]
+            adv = masked_rloo_advantages([t.reward for t in group], masked[g * k : (g + 1) * k], cfg.std_eps)
             groups_zero += all(not a for a in adv)
             for t, a in zip(group, adv, strict=True):
                 if a is None:  # masked: no sequences
@@ -192,42 +225,64 @@ class RlTrainer(Trainer):
                     seqs.append(s)
         st = update(self.engine, seqs, cfg, self.tok.pad_token_id, self.ref)
         parts: list[Any] = [None] * world  # each rank's stats, gathered
-        dist.all_gather_object(parts, {
-            **st, "rewards": [t.reward for t in trajs], "sequences": len(seqs), "zero": groups_zero,
-            "versions": [t.weight_version for t in trajs], "stale": sum(s.stale for s in seqs),
-            "errors": sum(1 for t in trajs if t.error), "masked": sum(masked), "rollout_seconds": t1 - t0,
-            **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS}})
+        dist.all_gather_object(
+            parts,
+            {
+                **st,
+                "rewards": [t.reward for t in trajs],
+                "sequences": len(seqs),
+                "zero": groups_zero,
+                "versions": [t.weight_version for t in trajs],
+                "stale": sum(s.stale for s in seqs),
+                "errors": sum(1 for t in trajs if t.error),
+                "masked": sum(masked),
+                "rollout_seconds": t1 - t0,
+                **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS},
+            },
+        )
         rewards = [r for p in parts for r in p["rewards"]]
-        total = {key: sum(p[key] for p in parts) for key in
-                 ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors", "masked")}
+        total = {
+            key: sum(p[key] for p in parts)
+            for key in ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors", "masked")
+        }
         shutil.rmtree(self.workroot / f"step-{step}", ignore_errors=True)
-        return {"step": step + 1, "reward_mean": sum(rewards) / len(rewards),
-                "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
-                "loss": total["loss"], "grad_norm": st["grad_norm"], "kl": total["kl"],
-                "clipped_tokens": total["clipped_tokens"], "assistant_tokens": total["assistant_tokens"],
-                "trajectories": len(rewards), "sequences": total["sequences"],
-                "zero_advantage_tasks": total["zero"], "errors": total["errors"],
-                "rollout_infra_masked": total["masked"],
-                "lr": self.engine.get_lr()[0], "rollout_engine": self.server.engine if self.server else "transformers",
-                **sync,
-                "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
-                "update_seconds": round(time.monotonic() - t2, 3),
-                "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
-                **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS},
-                **(self._staleness(step, parts) if cfg.max_staleness else {})}
+        return {
+            "step": step + 1,
+            "reward_mean": sum(rewards) / len(rewards),
+            "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "loss": total["loss"],
+            "grad_norm": st["grad_norm"],
+            "kl": total["kl"],
+            "clipped_tokens": total["clipped_tokens"],
+            "assistant_tokens": total["assistant_tokens"],
+            "trajectories": len(rewards),
+            "sequences": total["sequences"],
+            "zero_advantage_tasks": total["zero"],
+            "errors": total["errors"],
+            "rollout_infra_masked": total["masked"],
+            "lr": self.engine.get_lr()[0],
+            "rollout_engine": self.server.engine if self.server else "transformers",
+            **sync,
+            "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
+            "update_seconds": round(time.monotonic() - t2, 3),
+            "tokens_per_second": round(total["assistant_tokens"] / max(time.monotonic() - t0, 1e-9), 1),
+            **{f"rollout_{key}": sum(p[f"rollout_{key}"] for p in parts) for key in usage.KEYS},
+            **(self._staleness(step, parts) if cfg.max_staleness else {}),
+        }
 
     def _mine(self, step: int) -> list[int]:
         """This rank's tasks of `step`: whole tasks, so a task's k samples share a baseline."""
         indices = global_batch_rows(len(self.tasks), step, min(self.cfg.batch_size, len(self.tasks)), self.cfg.seed)
-        return indices[self.rank::self.world]
+        return indices[self.rank :: self.world]
 
     def _rollouts(self, step: int, policy: Policy, version: int) -> tuple[list[Trajectory], dict]:
         """`step`'s trials on `policy`, whose weights are those after `version` updates."""
         cfg, t0 = self.cfg, time.monotonic()
         work, run_id = self.workroot / f"step-{step}", f"{self.outdir.name}-{step}"
         if self.rollout != "vllm":
-            trajs = asyncio.run(rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work,
-                                        run_id=run_id))
+            trajs = asyncio.run(
+                rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work, run_id=run_id)
+            )
             for t in trajs:
                 t.weight_version = version
             return trajs, {}
@@ -235,8 +290,11 @@ class RlTrainer(Trainer):
         assert self.server is not None  # rollout: vllm (made in __init__)
         if self.server.version != version or self.server.server is None:  # this step's weights to the server
             sync = {"weight_sync": self.server.sync(policy, version), "sync_seconds": round(time.monotonic() - t0, 3)}
-        trajs = asyncio.run(served_rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work,
-                                           run_id=run_id, server=self.server))
+        trajs = asyncio.run(
+            served_rollout(
+                policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work, run_id=run_id, server=self.server
+            )
+        )
         return trajs, {**sync, "weight_versions": sorted({t.weight_version for t in trajs})}
 
     def _run_ahead(self, step: int) -> None:
@@ -255,8 +313,14 @@ class RlTrainer(Trainer):
         else:  # a copy of the weights before the update, for the rollouts alone
             snapshot = type(self.model)(self.model.config).to(device=self.model.device, dtype=self.model.dtype)
             snapshot.load_state_dict(self.model.state_dict())
-            policy = Policy(snapshot.eval(), self.tok, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens,
-                            max_context=self.cfg.max_context, name=self.policy.name)
+            policy = Policy(
+                snapshot.eval(),
+                self.tok,
+                temperature=self.cfg.temperature,
+                max_tokens=self.cfg.max_tokens,
+                max_context=self.cfg.max_context,
+                name=self.policy.name,
+            )
         if self.pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -269,9 +333,12 @@ class RlTrainer(Trainer):
         many updates old the oldest was, the sequences corrected off-policy, and the largest gap
         between a sampled token's log-prob and the same weights' recomputed one."""
         versions = [v for p in parts for v in p["versions"] if v is not None]
-        return {"weight_versions": sorted(set(versions)), "staleness": step - min(versions, default=step),
-                "off_policy_sequences": sum(p["stale"] for p in parts),
-                "behaviour_gap": round(max(p["behaviour_gap"] for p in parts), 6)}
+        return {
+            "weight_versions": sorted(set(versions)),
+            "staleness": step - min(versions, default=step),
+            "off_policy_sequences": sum(p["stale"] for p in parts),
+            "behaviour_gap": round(max(p["behaviour_gap"] for p in parts), 6),
+        }
 
     def note(self, rec: dict) -> str:
         return f"reward {rec['reward_mean']:.3f}, loss {rec['loss']:.4g}"
@@ -288,7 +355,11 @@ class RlTrainer(Trainer):
 
     def finish(self, outdir: Path) -> dict:
         last = [json.loads(x) for x in (outdir / LOG).read_text().splitlines()]
-        return {"algorithm": "rloo", "base_checkpoint": str(self.sft_dir), "chat_template": self.template,
-                "deepspeed": self.conf,
-                "reward_mean_first": last[0]["reward_mean"] if last else None,
-                "reward_mean_last": last[-1]["reward_mean"] if last else None}
+        return {
+            "algorithm": "rloo",
+            "base_checkpoint": str(self.sft_dir),
+            "chat_template": self.template,
+            "deepspeed": self.conf,
+            "reward_mean_first": last[0]["reward_mean"] if last else None,
+            "reward_mean_last": last[-1]["reward_mean"] if last else None,
+        }
