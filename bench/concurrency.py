@@ -3,7 +3,7 @@
     python bench/concurrency.py [--concurrency 1,2,4,8,16,32,64] [--latency 1.0] [--turns 5]
                                 [--rounds 2] [--target 0.85] [--out DIR]
 
-The model is the tests' stand-in endpoint (`tests/standin.py`: an OpenAI-compatible server on
+The model is the tests' stand-in endpoint (`tests/support/standin.py`: an OpenAI-compatible server on
 127.0.0.1), run by this parent process and answering every request after --latency seconds,
 as a served model whose answer takes that long. Its answers follow the terminus-2 protocol:
 request k (counted from the assistant turns in the conversation) runs `echo k >> /app/out.txt`
@@ -46,7 +46,7 @@ TARGET = 0.85
 
 def answer(body: dict, turns: int) -> tuple[int, dict]:
     """The stand-in model's reply to one request: the next step of a `turns`-request trial."""
-    from tests.standin import chat_answer
+    from tests.support.standin import chat_answer
 
     k = sum(1 for m in body["messages"] if m["role"] == "assistant") + 1
     steps = turns - 2
@@ -63,7 +63,7 @@ def answer(body: dict, turns: int) -> tuple[int, dict]:
 
 
 def start_endpoint(latency: float, turns: int):
-    from tests.standin import Scripted
+    from tests.support.standin import Scripted
 
     server = Scripted(lambda body: answer(body, turns), delay=latency)
     threading.Thread(target=server.serve_forever, daemon=True).start()

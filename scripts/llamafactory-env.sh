@@ -2,7 +2,7 @@
 # Create .venv-llamafactory/: the LLaMA-Factory release otbuild's handoff is tested against (the
 # `llamafactory` extra in pyproject.toml, the one pin) in an environment of its own, beside a
 # CPU torch (LLaMA-Factory pins its own transformers, datasets and peft, kept out of otbuild's).
-# tests/test_llamafactory_contract.py parses the exported YAML with LLaMA-Factory's argument
+# tests/contracts/test_llamafactory.py parses the exported YAML with LLaMA-Factory's argument
 # parser and loads the exported dataset with its own template code; no GPU needed.
 # A few minutes the first time, nothing after (scripts/pinned-env.sh: the cache, the link).
 # Env: LLAMAFACTORY_PYTHON (a python3 >= 3.11), LLAMAFACTORY_VENV (default: the cache dir),

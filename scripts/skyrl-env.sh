@@ -7,7 +7,7 @@
 # class and HarborTaskDataset) is not in the PyPI release: it is copied from SkyRL's git tag
 # skyrl-vVERSION into .venv-skyrl/skyrl-src/, from SKYRL_GIT (a clone, mirror or URL of SkyRL's repo)
 # when set, else the bundle of that folder in ../shared/data/skyrl/ (offline) when there, else GitHub.
-# tests/test_skyrl_contract.py runs that code on what otbuild writes; no GPU needed.
+# tests/contracts/test_skyrl.py runs that code on what otbuild writes; no GPU needed.
 # A few minutes the first time, nothing after (scripts/pinned-env.sh: the cache, the link).
 # Env: SKYRL_PYTHON (a python3 >= 3.11), SKYRL_VENV, SKYRL_GIT, TORCH, TORCH_INDEX.
 set -euo pipefail

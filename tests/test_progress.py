@@ -1,6 +1,6 @@
 """Long jobs' progress on the console of the Snakemake run (otbuild/progress.py), in process:
 a job's status file, the run's watcher lines (the log to follow first, then done/total, ETA),
-SFT's step lines in its log. The real run is checked on the smoke build (test_workflow.py)."""
+SFT's step lines in its log. The real run is checked on the smoke build (tests/e2e/test_workflow.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Recovery after a killed snakemake run: which locks go and which stay (the end-to-end kill -9
-check is tests/test_workflow.py::test_a_killed_build_recovers_by_itself)."""
+check is tests/e2e/test_workflow.py::test_a_killed_build_recovers_by_itself)."""
 
 import json
 import os

@@ -2,8 +2,8 @@
 own torch; the tested release is pyproject's `vllm` extra, its CUDA build on a GPU node and its
 CPU build elsewhere: scripts/vllm-env.sh), on a free port (RL's policy server: on a private unix
 socket), and the openai engine pointed at it.
-tests/test_vllm_contract.py checks these command lines and the request bodies against that
-release's own parser and request models; tests/test_vllm_live.py runs them on the real server."""
+tests/contracts/test_vllm.py checks these command lines and the request bodies against that
+release's own parser and request models; tests/engines/test_vllm_live.py runs them on the real server."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ CHAT_TEMPLATE: ChatTemplate = Field(
 # Attention head widths both of vLLM's attention paths serve: its CPU backend's
 # (`CPUAttentionBackend.get_supported_head_sizes`, vLLM 0.32) within FlashAttention's (multiples
 # of 8 up to 256 on a GPU). The tiny student is built with one of them, so the checkpoints
-# otbuild trains load in `vllm serve` as they are (tests/test_vllm_live.py).
+# otbuild trains load in `vllm serve` as they are (tests/engines/test_vllm_live.py).
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 

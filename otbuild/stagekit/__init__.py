@@ -52,7 +52,7 @@ class RunShard(Protocol[Cfg_contra]):
 
 
 def stage_run(fn: Run[Cfg_contra]) -> Run[Cfg_contra]:
-    """Marks a stage's `run`; the type checker verifies it is one (tests/test_settings.py checks
+    """Marks a stage's `run`; the type checker verifies it is one (tests/settings/test_settings.py checks
     that every stage's is marked)."""
     fn.stage_entry = "run"  # type: ignore[attr-defined]  # a marker the registry test reads
     return fn

@@ -2,7 +2,7 @@
 code is, the settings it receives, what kind of job it is, and what the other parts ask of it
 (the report's funnel, the rebuild's volatile fields, the counts an estimate is checked on).
 Everything that treats stages differently (the Snakemake rules, job sizes, the preflight, the
-estimate, the report, costs, rebuilds) asks this registry; tests/test_stage_registry.py fails
+estimate, the report, costs, rebuilds) asks this registry; tests/stages/test_registry.py fails
 when a stage does not answer one of them.
 
 Bump `version` by hand when a stage's output semantics change: it is part of every id of

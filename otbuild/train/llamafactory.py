@@ -7,7 +7,7 @@ under LLaMA-Factory's argument names. The data and DeepSpeed paths in the YAML a
 the folder (run it from there); a local model dir is written absolute, an HF id as it is.
 LLaMA-Factory's template follows `sft.model.chat_template` (otbuild/train/export.py), its
 `neat_packing` otbuild's `packing` (traces in a row attend only to themselves);
-tests/test_llamafactory_contract.py loads the folder with LLaMA-Factory's own code.
+tests/contracts/test_llamafactory.py loads the folder with LLaMA-Factory's own code.
 """
 
 from __future__ import annotations

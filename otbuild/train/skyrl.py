@@ -8,7 +8,7 @@ The handoff, under `workdir`:
 The stage runs the command inside the job's GPU allocation, then turns SkyRL's last HF export
 (`trainer.export_path/global_step_N/policy`) into the stage's artifact: weights, tokenizer and
 checkpoint.json (written last), as otbuild's own trainer lays it out.
-tests/test_skyrl_contract.py checks the handoff with the pinned SkyRL's own code.
+tests/contracts/test_skyrl.py checks the handoff with the pinned SkyRL's own code.
 """
 
 from __future__ import annotations

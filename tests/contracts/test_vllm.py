@@ -1,0 +1,162 @@
+"""otbuild against the real vLLM package: the pinned release (pyproject's `vllm` extra), in
+.venv-vllm (scripts/vllm-env.sh, `make vllm-env`), checks with its own code every `vllm serve`
+command line and request body otbuild builds for recipes/, and the reasoning parsers, tool
+call parsers and quantizations the recipes name (tests/support/vllm_contract.py). No GPU needed.
+A vLLM upgrade that renames a flag, a request field or a parser fails here, not in a 100K run."""
+
+import asyncio
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from otbuild.engines import LLM
+from otbuild.engines.openai import CONTEXT_OVERFLOW, OpenAIEngine, request_body
+from otbuild.settings.engines import client_settings
+from otbuild.engines.vllm import vllm_command
+from otbuild.harness import protocol
+from otbuild.plan import plan_recipe
+from otbuild.recipe.load import load_recipe
+from tests.conftest import REPO, pinned_release
+
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+needs_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON.is_file(), reason="vLLM is not installed in .venv-vllm: run scripts/vllm-env.sh (make vllm-env)"
+)
+NAMED = ("reasoning_parser", "tool_call_parser", "quantization")
+WRONG = "not-otbuilds"  # the model of the known-bad items below
+
+
+def test_the_vllm_extra_pins_one_release():
+    assert pinned_release("vllm").count(".") == 2  # e.g. 0.33.0: the release the contract test ran against
+
+
+def _turn(style: str) -> list[dict]:
+    """A harness conversation in the recipe's prompt style: the first prompt, an answer, a reply."""
+    s = protocol.prompt_style(style)
+    answer = s.format_answer(
+        {"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls\n", "duration": 1.0}], "task_complete": False}
+    )
+    return [
+        {"role": "user", "content": s.first_prompt("Do X.", "$ ")},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": s.observation_reply("a b\n$ ")},
+    ]
+
+
+def recipe_requests() -> dict:
+    """What otbuild would send vLLM for every recipe (ablation candidates included): each LLM
+    stage's `vllm serve` command line and request bodies (a harness turn for rollouts and eval,
+    one prompt for the task stages; bodies to other engines too: any of them may be a vLLM
+    server), and the parser and quantization names set anywhere in recipes/."""
+    commands, bodies, named = [], [], {k: set() for k in NAMED}
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        for node in plan_recipe(load_recipe(path.stem, REPO)).nodes:
+            llm = node.config
+            engine = llm.engine if isinstance(llm, LLM) else None
+            if engine in (None, "oracle"):
+                continue
+            if engine == "vllm":
+                commands.append(vllm_command(llm, 8000))
+            client = client_settings(llm)
+            if node.stage in ("rollout", "eval"):
+                bodies.append(request_body(client, _turn(llm.prompt), {}))
+            else:  # augment (seeded per request), task_score
+                bodies.append(request_body(client, [{"role": "user", "content": "Rewrite: do X."}], {"seed": 7}))
+        _names(yaml.safe_load(path.read_text()), named)
+    return {"commands": _unique(commands), "bodies": _unique(bodies), **{f"{k}s": sorted(v) for k, v in named.items()}}
+
+
+def _unique(items: list) -> list:
+    return list({json.dumps(i, sort_keys=True): i for i in items}.values())
+
+
+def _names(doc, named: dict) -> None:
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key in named and isinstance(value, str):
+                named[key].add(value)
+            _names(value, named)
+    elif isinstance(doc, list):
+        for value in doc:
+            _names(value, named)
+
+
+def known_bad() -> dict:
+    """What the check must refuse (proof that it can fail): a flag vLLM lacks, a renamed request
+    field (vLLM would drop it silently), a pattern its grammar backend cannot compile, a parser
+    it does not have."""
+    body = {"model": WRONG, "messages": [{"role": "user", "content": "x"}]}
+    return {
+        "commands": [
+            ["vllm", "serve", WRONG, "--guided-decoding-backend", "x"],
+            ["vllm", "serve", WRONG, "--reasoning-parser", f"{WRONG}-parser"],
+        ],
+        "bodies": [
+            {**body, "guided_regex": "a+"},
+            {**body, "structured_outputs": {"regex": "(?<=a)b"}},
+            {**body, "temperature": "warm"},
+        ],
+        "reasoning_parsers": [f"{WRONG}-parser"],
+        "tool_call_parsers": [f"{WRONG}-tools"],
+        "quantizations": [f"{WRONG}-int3"],
+    }
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    """One run of tests/support/vllm_contract.py in .venv-vllm over the recipes' requests and the known-bad ones."""
+    mine, bad = recipe_requests(), known_bad()
+    given = {k: mine[k] + bad[k] for k in mine}
+    out = tmp_path_factory.mktemp("vllm") / "answer.json"
+    # vLLM under HF_HUB_OFFLINE (which the test session sets) resolves each model id to a cached
+    # snapshot before checking anything; these checks are of the arguments, not of the weights
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / "vllm_contract.py"), str(out)],
+        input=json.dumps(given),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
+    return mine, bad, json.loads(out.read_text())
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_recipes_requests_pass_vllms_own_checks(contract):
+    mine, bad, answer = contract
+    assert answer["vllm"] == pinned_release("vllm")
+    assert len(mine["commands"]) >= 10 and len(mine["bodies"]) >= 20  # every recipe was planned
+    assert any("--reasoning-parser" in c for c in mine["commands"]) and "glm45" in mine["reasoning_parsers"]
+    assert any("structured_outputs" in b for b in mine["bodies"])  # thesis_smoke's constrained eval
+    ours = [p for p in answer["problems"] if WRONG not in p]
+    assert ours == [], "\n".join(ours)
+    caught = answer["problems"]
+    assert len(caught) == sum(len(v) for v in bad.values()), "\n".join(caught)
+    assert any("--guided-decoding-backend" in p and "unrecognized arguments" in p for p in caught)
+    assert any("would ignore field(s) guided_regex" in p for p in caught)
+    assert any("Lookbehind" in p for p in caught)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllms_answers_read_as_otbuild_expects(contract, scripted):
+    """A chat completion with reasoning, as vLLM's response models serialize it, read by the
+    openai engine; vLLM's context-window refusal is recognised as one (a failed task)."""
+    *_, answer = contract
+    srv = scripted([(200, answer["response"])])
+
+    async def ask():
+        async with OpenAIEngine(LLM(engine="openai", model="m", base_url=srv.base_url)) as engine:
+            return await engine.complete([{"role": "user", "content": "hi"}])
+
+    c = asyncio.run(ask())
+    assert (c.text, c.reasoning, c.finish_reason) == ('{"analysis": "a"}', "first, think", "length")
+    assert (c.n_input_tokens, c.n_output_tokens, c.usage_reported) == (12, 7, True)
+    assert "context length" in answer["context_error"] and CONTEXT_OVERFLOW.search(answer["context_error"])
