@@ -85,9 +85,10 @@ async def served_rollout(
 async def rollout(
     policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings, workroot: Path, run_id: str, server=None
 ) -> list[Trajectory]:
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
 
-    trial_settings = TrialSettings(cfg.sandbox, cfg.prompt)
+    trial_config = TrialConfig(cfg.sandbox, cfg.prompt)
     sem = asyncio.Semaphore(cfg.concurrency)
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
@@ -95,7 +96,7 @@ async def rollout(
         engine = policy.session(server)
         async with sem:
             row = await run_trial(
-                task, task_id, engine, trial_settings, workroot / f"{pos}-{s}", sample_idx=s, run_id=run_id, source="rl"
+                task, task_id, engine, trial_config, workroot / f"{pos}-{s}", sample_idx=s, run_id=run_id, source="rl"
             )
         reward = row["reward"] if row["reward"] is not None else 0.0
         return Trajectory(ti, float(reward), row["exception"], outcome(row), engine.turns, usage.of_trial(row))
