@@ -407,7 +407,7 @@ def test_an_infrastructure_failure_is_masked_in_the_step(tmp_path, monkeypatch):
         (0.0, "SandboxError", "infrastructure"),
     ]
 
-    async def rollout(policy, tasks, indices, k, *a, **kw):
+    async def rollout(policy, trials, *a, **kw):
         return [
             R.Trajectory(0, r, err, out, [Turn([1, 2, 3], [10 + i, 20 + i])]) for i, (r, err, out) in enumerate(ends)
         ]
