@@ -79,12 +79,13 @@ def child(args) -> None:
 
     from otbuild.engines.openai import OpenAIEngine
     from otbuild.settings.engines import LLM
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
     from otbuild.settings.trials import Trials
     from sandbox import make_task  # bench/sandbox.py's task
 
     c = args.child
-    settings = TrialSettings(Trials(sandbox="bwrap"), "terminus2")
+    settings = TrialConfig(Trials(sandbox="bwrap"), "terminus2")
     tasks = [make_task(i, args.turns - 2) for i in range(c * args.rounds)]
     work = args.work / "trials"
 

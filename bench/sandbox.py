@@ -112,10 +112,11 @@ class TimedEngine:
 async def run_batch(tasks, engine, concurrency: int, work: Path, backend: str) -> list[dict]:
     import asyncio
 
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
     from otbuild.settings.trials import Trials
 
-    settings = TrialSettings(Trials(sandbox=backend), "terminus2")
+    settings = TrialConfig(Trials(sandbox=backend), "terminus2")
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i, task):

@@ -476,7 +476,7 @@ def export_llamafactory_cmd(recipe, dest, gpus, model, name, speed):
         f"traces: {', '.join(f'{i.label} {i.id}' for i in node.inputs)}"
     )
     try:
-        stats = write_handoff(traces, dest, cfg, model or cfg.model.path, gpus, name, header, speed)
+        stats = write_handoff(traces, dest, cfg, model or cfg.model.path, gpus, name=name, header=header, speed=speed)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     mended = ", ".join(
@@ -521,7 +521,14 @@ def export_skyrl_cmd(recipe, dest, gpus_per_node, nodes, model, python):
     )
     try:
         h = write_handoff(
-            node.config, tasks, model or str(ckpt.parent.resolve()), dest, gpus_per_node, nodes, python, header
+            node.config,
+            tasks,
+            model or str(ckpt.parent.resolve()),
+            dest,
+            gpus_per_node,
+            nodes,
+            python=python,
+            header=header,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -1,7 +1,10 @@
 """The generated docs are what the code makes now: docs/recipe-reference.md (the settings
-models), docs/cli.md (the click commands) and README.md's stage table (the stage registry)."""
+models), docs/cli.md (the click commands), README.md's stage table and docs/architecture.md's
+stage map (the stage registry)."""
 
 from __future__ import annotations
+
+import sys
 
 from otbuild import docgen
 from otbuild.settings.recipe import Recipe
@@ -42,3 +45,20 @@ def test_the_stage_table_is_the_registry_in_order():
     assert "| `teacher` | `rollout` | `artifacts/rollout/<id>/`: traces.parquet | `RolloutSettings` |" in rows
     assert "| `task_filter.llm` | `task_score` |" in docgen.stage_table()
     assert rows[-1].startswith("| - | `report` |")  # no recipe key of its own
+
+
+def test_the_stage_map_is_the_registry_in_order_with_its_shape():
+    rows = docgen.stage_map().splitlines()[2:]
+    assert [r.split("|")[2].strip(" `") for r in rows] == [d.name for d in docgen.built_in_stages()]
+    for d, row in zip(docgen.built_in_stages(), rows, strict=True):
+        name, module = docgen.settings_model(d)
+        assert f"| `artifacts/{d.name}/<id>/` | `{name}` (`{module}`) |" in row
+        assert getattr(sys.modules[module], name) is d.settings
+        assert all(kind in row.split("|")[5] for kind in d.consumes)
+        assert f"`{d.outputs[0]}`" in row.split("|")[6]
+    rollout = next(r for r in rows if "| `rollout` |" in r)
+    assert rollout.startswith("| `teacher` | `rollout` |") and rollout.endswith("| tasks | traces: `traces.parquet` |")
+    assert "| checkpoint, tasks | checkpoint: `checkpoint.json`" in docgen.stage_map()
+    assert (
+        docgen.MAP_BEGIN + "\n" + docgen.stage_map() + docgen.MAP_END in (REPO / "docs" / "architecture.md").read_text()
+    )

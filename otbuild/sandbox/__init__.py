@@ -141,7 +141,9 @@ def open_sandbox(
     layout = None if backend == "podman" else plan(task)  # podman builds the image instead
     limits = task_limits(task, backend, limits)
     try:
-        return _materialised(task, Path(workdir).resolve(), backend, limits, layout, with_solution, cleanup)
+        return _materialised(
+            task, Path(workdir).resolve(), backend, limits, layout, with_solution=with_solution, cleanup=cleanup
+        )
     except safefs.UnsafePathError as e:  # its layout puts a file where a folder goes, or the reverse
         raise TaskSetupError(f"task {task.name!r}: its files cannot be laid out: {e}") from e
     except OSError as e:  # a full disk, a workdir we may not write, ...
@@ -176,6 +178,7 @@ def _materialised(
     backend: str,
     limits: Limits,
     layout: Layout | None,
+    *,
     with_solution: bool,
     cleanup: bool,
 ) -> Sandbox:
@@ -203,7 +206,17 @@ def _materialised(
         if identity.privileged:  # the trial's own dirs belong to the trial uid
             for top in layout.tops():
                 _chown_tree(root / top, identity.uid, identity.gid)
-        return Sandbox(task, root, backend, limits, layout, identity, with_solution, cleanup, scratch)
+        return Sandbox(
+            task,
+            root,
+            backend,
+            limits,
+            layout=layout,
+            identity=identity,
+            with_solution=with_solution,
+            cleanup=cleanup,
+            scratch=scratch,
+        )
     except BaseException:
         identity.release()
         if scratch:

@@ -47,6 +47,7 @@ class Sandbox:
         root: Path,
         backend: str,
         limits: Limits,
+        *,
         layout: Layout,
         identity: Identity,
         with_solution: bool,

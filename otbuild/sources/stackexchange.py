@@ -178,7 +178,7 @@ def to_markdown(text: str | None) -> str:
     return html_to_markdown(text) if HTML_HINT.search(text) else text.strip() + "\n"
 
 
-def question(where, qid, title, body, tags, answer, site, extra) -> TaskRecord | Quarantined:
+def question(*, where, qid, title, body, tags, answer, site, extra) -> TaskRecord | Quarantined:
     site = site or "stackexchange"
     qid = as_text(qid)
     if qid is None:

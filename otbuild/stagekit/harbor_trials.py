@@ -27,7 +27,7 @@ from otbuild.tasks.table import TASK_SCHEMA, task_rows
 from otbuild.tasks.task_toml import host_env_refusal, task_config
 from otbuild.tasks.taskdir import TaskDir
 
-HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/trial.py's exception (outcome not_run)
+HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/endings.py's exception (outcome not_run)
 
 
 def run_harbor_shard(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:

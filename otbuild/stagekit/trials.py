@@ -233,7 +233,8 @@ async def _run_trials(
     alone)."""
     from otbuild.engines import open_engine, resolve_auto
     from otbuild.engines.endpoint import FirstRequest
-    from otbuild.harness.trial import TrialSettings, not_runnable_trace, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import not_runnable_trace, run_trial
     from otbuild.settings.engines import concurrency
 
     in_flight = concurrency(cfg)  # as the plan counted them (auto's own)
@@ -249,7 +250,7 @@ async def _run_trials(
 
             if removed := remove_leaked_containers():
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
-    trial_settings = TrialSettings(cfg, cfg.prompt, verify=cfg.verify)
+    trial_config = TrialConfig(cfg, cfg.prompt, verify=cfg.verify)
     progress = Progress(total, already)
     sem = asyncio.Semaphore(in_flight)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
@@ -266,7 +267,7 @@ async def _run_trials(
                     if not (row["runnable_locally"] or containers):
                         return not_runnable_trace(task, row["task_id"], engine, **ids)
                     workdir = workroot / f"{t.index}-{n}"
-                    trace = await run_trial(task, row["task_id"], model, trial_settings, workdir, **ids)
+                    trace = await run_trial(task, row["task_id"], model, trial_config, workdir, **ids)
                     shutil.rmtree(workdir, ignore_errors=True)
                     return trace
 

@@ -4,7 +4,7 @@ its metadata; and whether a local sandbox can run the task without its image
 (`runnable_locally`; the Dockerfile's part is `dockerfile.local_problems`).
 
 Harbor's defaults: the agent has no time limit unless `[agent] timeout_sec` says one (the
-harness still caps it: otbuild/harness/trial.py), the verifier 600 s, the image build 600 s;
+harness still caps it: otbuild/harness/config.py), the verifier 600 s, the image build 600 s;
 the network is `public` unless `[environment] network_mode` says `no-network` or `allowlist`
 (with `allowed_hosts`), `allow_internet` being its deprecated form; `[agent]` and `[verifier]`
 may override the environment's policy for their phase (`TaskConfig.agent_network`,

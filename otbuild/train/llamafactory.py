@@ -158,6 +158,7 @@ def write_handoff(
     sft: Sft,
     model: str,
     gpus: int,
+    *,
     name: str = "otbuild_sft",
     header: str = "",
     speed: tuple[str, ...] = (),

@@ -202,6 +202,7 @@ def write_handoff(
     workdir: Path,
     gpus_per_node: int,
     nodes: int,
+    *,
     python: str = "python",
     header: str = "",
 ) -> dict:
@@ -314,7 +315,7 @@ def train(rl: Rl, inputs: list[Path], outdir: Path, log=print) -> dict:
     sft_dir = Path(inputs[0]).parent if Path(inputs[0]).is_file() else Path(inputs[0])
     workdir = outdir / "skyrl"
     try:
-        h = write_handoff(rl, Path(inputs[1]), str(sft_dir.resolve()), workdir, gpus, nodes, python)
+        h = write_handoff(rl, Path(inputs[1]), str(sft_dir.resolve()), workdir, gpus, nodes, python=python)
     except ValueError as e:
         raise StageError(str(e)) from None
     log("rl: SkyRL: " + " ".join(shlex.quote(a) for a in h["command"]))

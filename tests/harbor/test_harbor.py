@@ -951,11 +951,12 @@ def test_a_step_below_its_min_reward_ends_the_trial(tmp_path):
     import asyncio
 
     from otbuild.harness.oracle import OracleEngine
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
     from otbuild.settings.trials import Trials
 
     task = two_step_task("final", min_reward=2.0).task
-    row = asyncio.run(run_trial(task, task.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"), tmp_path))
+    row = asyncio.run(run_trial(task, task.task_id(), OracleEngine(), TrialConfig(Trials(), "terminus2"), tmp_path))
     steps = json.loads(row["metadata"])["steps"]
     assert [(s["name"], s["reward"]) for s in steps] == [("write", 1.0)] and row["reward"] == 1.0
     assert "data.txt" not in json.dumps(row["conversations"])

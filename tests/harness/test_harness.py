@@ -17,7 +17,8 @@ from otbuild.harness.oracle import OracleEngine
 from otbuild.harness import protocol
 from otbuild.harness.oracle_steps import split_commands
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.harness.trial import TrialSettings, run_trial
+from otbuild.harness.config import TrialConfig
+from otbuild.harness.trial import run_trial
 from otbuild.settings.trials import Trials
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
@@ -234,9 +235,7 @@ def test_compact_oracle_trial_and_partial_credit(tmp_path):
 # -- trials ---------------------------------------------------------------------------------
 def _trial(task, engine, tmp_path, prompt="terminus2", **trials):
     return asyncio.run(
-        run_trial(
-            task, task.task_id(), engine, TrialSettings(Trials(**trials), prompt), tmp_path / "w", run_id="r" * 16
-        )
+        run_trial(task, task.task_id(), engine, TrialConfig(Trials(**trials), prompt), tmp_path / "w", run_id="r" * 16)
     )
 
 
@@ -524,7 +523,7 @@ def test_the_model_is_sent_role_and_content_only(tmp_path, scripted):
 
     async def trial():
         async with make_engine(LLM(engine="openai", base_url=srv.base_url, model="m")) as engine:
-            return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
+            return await run_trial(task, task.task_id(), engine, TrialConfig(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())
     assert trace["exception"] is None and trace["reward"] == 0.0 and trace["n_turns"] == 3
@@ -565,7 +564,7 @@ def test_a_context_overflow_ends_the_trial_as_a_task_failure(tmp_path, tiny_mode
         async with make_engine(
             LLM(engine="openai", base_url=local_server, model=str(tiny_model), temperature=0.0, max_tokens=64)
         ) as engine:
-            return await run_trial(task, task.task_id(), engine, TrialSettings(Trials(), "terminus2"), tmp_path / "w")
+            return await run_trial(task, task.task_id(), engine, TrialConfig(Trials(), "terminus2"), tmp_path / "w")
 
     trace = asyncio.run(trial())
     meta = json.loads(trace["metadata"])
@@ -680,7 +679,7 @@ def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
                     rec.task,
                     rec.task.task_id(),
                     OracleEngine(),
-                    TrialSettings(Trials(), "terminus2"),
+                    TrialConfig(Trials(), "terminus2"),
                     tmp_path / str(i),
                 )
 
@@ -692,7 +691,7 @@ def test_oracle_passes_the_offline_terminal_bench_tasks(tmp_path):
 
 
 def test_timeout_aware_evaluation():
-    from otbuild.harness.trial import effective_timeout
+    from otbuild.harness.config import effective_timeout
 
     assert effective_timeout(900, 2, 7200) == 1800  # an 8B model: twice the task's timeout
     assert effective_timeout(900, 16, 7200) == 7200  # a 32B model: 4 h, capped at 2 h

@@ -335,7 +335,8 @@ def test_a_task_whose_own_files_collide_fails_its_trial_as_a_task_failure(tmp_pa
     import asyncio
 
     from otbuild.harness.oracle import OracleEngine
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
     from otbuild.settings.trials import Trials
 
     task = TaskDir("collide")
@@ -344,7 +345,7 @@ def test_a_task_whose_own_files_collide_fails_its_trial_as_a_task_failure(tmp_pa
     task.add("environment/a", "file")
     task.add("environment/b", "file below it")
     task.add("tests/test.sh", TEST_SH, executable=True)
-    row = asyncio.run(run_trial(task, task.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"), tmp_path))
+    row = asyncio.run(run_trial(task, task.task_id(), OracleEngine(), TrialConfig(Trials(), "terminus2"), tmp_path))
     assert (row["result"], row["exception"], row["reward"]) == ("TaskSetupError", None, 0.0)
     assert "app/x" in json.loads(row["metadata"])["stop_message"]
 

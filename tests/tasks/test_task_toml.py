@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from otbuild.harness.trial import TrialSettings, effective_timeout, trial_timeouts
+from otbuild.harness.config import TrialConfig, effective_timeout, trial_timeouts
 from otbuild.settings.trials import Trials
 from otbuild.sandbox import Limits, task_limits
 from otbuild.sandbox.podman.network import NetworkPolicyError, TrialNetworks, trial_networks
@@ -158,8 +158,8 @@ def test_verifier_env_resolves_host_variables_as_harbor():
 
 
 # -- what a trial makes of it ---------------------------------------------------------------
-def _settings(**trials) -> TrialSettings:
-    return TrialSettings(Trials(**trials), "terminus2")
+def _settings(**trials) -> TrialConfig:
+    return TrialConfig(Trials(**trials), "terminus2")
 
 
 def test_host_variables_a_task_asks_for_are_refused_unless_the_recipe_allows_them():
@@ -519,9 +519,7 @@ def test_keys_the_harness_does_not_run_refuse_the_trial_naming_the_key(tmp_path)
     for key, text in UNSUPPORTED_TOMLS.items():
         assert harness_unsupported(config(text)) == [key], key
         t = task(text, name=key.replace(".", "-"))
-        row = asyncio.run(
-            run_trial(t, t.task_id(), OracleEngine(), TrialSettings(Trials(), "terminus2"), tmp_path / key)
-        )
+        row = asyncio.run(run_trial(t, t.task_id(), OracleEngine(), TrialConfig(Trials(), "terminus2"), tmp_path / key))
         message = json.loads(row["metadata"])["exception_message"]
         assert row["exception"] == "TaskKeyNotSupported" and f"task.toml {key} (" in message, message
         assert "sandbox: harbor" in message and row["conversations"] == [] and row["reward"] is None
@@ -570,7 +568,7 @@ STEP_TOMLS = [  # multi-step task.tomls Harbor 0.26 loads
 
 def _our_steps(text: str) -> list:
     c = config(text)
-    settings = TrialSettings(Trials(timeout_cap_sec=10_000), "terminus2")
+    settings = TrialConfig(Trials(timeout_cap_sec=10_000), "terminus2")
     return [
         c.multi_step_reward_strategy,
         [[s.name, s.min_reward, *trial_timeouts(c, settings, s), s.verifier.env] for s in c.steps],

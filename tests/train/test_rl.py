@@ -178,7 +178,8 @@ class _Recorder:
 @pytest.mark.slow
 @needs_sandbox
 def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
-    from otbuild.harness.trial import TrialSettings, run_trial
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
     from otbuild.settings.trials import Trials
     from otbuild.tasks.table import TaskRecord, write_tasks
     from otbuild.traces.table import TRACE_SCHEMA, write_traces
@@ -189,7 +190,7 @@ def test_rloo_steps_raise_the_rewarded_answers_probability(tmp_path):
 
     task = _toy_task()
     rec = _Recorder()
-    row = asyncio.run(run_trial(task, "t0", rec, TrialSettings(Trials(max_episodes=1), "terminus2"), tmp_path / "w0"))
+    row = asyncio.run(run_trial(task, "t0", rec, TrialConfig(Trials(max_episodes=1), "terminus2"), tmp_path / "w0"))
     assert row["reward"] == 1.0  # the harness and verifier accept the correct answer
     prompt = [{"role": "user", "content": rec.first[0]["content"]}]
 
@@ -406,7 +407,7 @@ def test_an_infrastructure_failure_is_masked_in_the_step(tmp_path, monkeypatch):
         (0.0, "SandboxError", "infrastructure"),
     ]
 
-    async def rollout(policy, tasks, indices, k, *a, **kw):
+    async def rollout(policy, trials, *a, **kw):
         return [
             R.Trajectory(0, r, err, out, [Turn([1, 2, 3], [10 + i, 20 + i])]) for i, (r, err, out) in enumerate(ends)
         ]

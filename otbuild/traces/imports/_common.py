@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -169,15 +170,25 @@ def quarantine(where: str, reason: str, detail: str = "") -> Quarantined:
     return Quarantined(where, reason, detail)
 
 
+@dataclass(frozen=True)
+class SweRun:
+    """What each trajectory of an SWE import is read against, looked up by instance id: labels
+    (the reward), task ids (from a task parquet), problem statements (from SWE instances); and
+    the run id."""
+
+    labels: dict[str, dict]
+    task_ids: dict[str, str]
+    problems: dict[str, Any]
+    run_id: str
+
+
 def swe_trajectories(
     path: Path, suffix: str, labels: Path | None, tasks, instances, run_id: str | None
-) -> Iterator[tuple[object, Path, dict[str, dict], dict[str, str], dict[str, Any], str]]:
-    """For each SWE trajectory file under `path`: (its JSON, the file, labels, task ids, problem
-    statements, run id). Labels give the reward, task ids come from a task parquet, problem
-    statements from SWE instances; all are looked up by instance id."""
+) -> Iterator[tuple[object, Path, SweRun]]:
+    """For each SWE trajectory file under `path`: its JSON, the file and what it is read against."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     problems = {k: v.get("problem_statement") for k, v in load_labels(Path(instances) if instances else None).items()}
-    context = (load_labels(labels), load_task_ids(tasks), problems, run_id or folder.name)
+    run = SweRun(load_labels(labels), load_task_ids(tasks), problems, run_id or folder.name)
     for f in files(path, (suffix,)):
-        yield (load_json(f), f, *context)
+        yield load_json(f), f, run

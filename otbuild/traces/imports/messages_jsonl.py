@@ -62,10 +62,10 @@ def read(path: Path, cfg: MessagesOptions) -> Iterator[dict | Quarantined]:
         if row.data is None:
             yield Quarantined(row.where, row.reason, row.detail)
             continue
-        yield convert(row.data, row.where, cfg.agent, cfg.model, cfg.model_provider, cfg.run_id, task_ids)
+        yield convert(row.data, row.where, cfg, task_ids)
 
 
-def convert(d: dict, where: str, agent, model, model_provider, run_id, task_ids) -> dict | Quarantined:
+def convert(d: dict, where: str, cfg: MessagesOptions, task_ids: dict[str, str]) -> dict | Quarantined:
     msgs: Any = d.get("messages")  # a list, or an array (parquet) with tolist
     if hasattr(msgs, "tolist"):
         msgs = msgs.tolist()
@@ -77,16 +77,17 @@ def convert(d: dict, where: str, agent, model, model_provider, run_id, task_ids)
     conv = normalise(msgs)
     if (err := ensure_task_text(conv, first_text(d, TEXT_KEYS))) is not None:
         return Quarantined(task or where, err, f"{where}: no task text to put in the first user message")
-    model_name = model or d.get("model")
+    model_name = cfg.model or d.get("model")
+    provider = cfg.model_provider or (model_name.split("/", 1)[0] if model_name and "/" in model_name else None)
     label = {k: d[k] for k in ("reward", "resolved") if k in d}
     file_stem = where.split(":", 1)[0].split("[", 1)[0].rsplit(".", 1)[0]
     return trace_row(
-        conv, kind=KIND, agent=str(d.get("agent") or agent), task=task, model=model_name,
-        model_provider=model_provider or (model_name.split("/", 1)[0] if model_name and "/" in model_name else None),
-        date=iso(d.get("date") or d.get("created_at")), run_id=run_id or d.get("run_id") or file_stem,
+        conv, kind=KIND, agent=str(d.get("agent") or cfg.agent), task=task, model=model_name,
+        model_provider=provider,
+        date=iso(d.get("date") or d.get("created_at")), run_id=cfg.run_id or d.get("run_id") or file_stem,
         trial_name=d.get("trial_name") or (f"{task}" if task else where),
         task_id=task_ids.get(task, task) if task else None,
-        teacher=f"{d.get('agent') or agent}:{model_name}" if model_name else None,
+        teacher=f"{d.get('agent') or cfg.agent}:{model_name}" if model_name else None,
         reward=reward_of(label), timed_out=bool(d.get("timed_out")), exception=d.get("exception"),
         is_subagent=bool(d.get("is_subagent")), n_input_tokens=d.get("n_input_tokens"),
         n_output_tokens=d.get("n_output_tokens"), duration_s=d.get("duration_s"),

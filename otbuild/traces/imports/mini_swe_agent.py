@@ -27,6 +27,7 @@ from pathlib import Path
 from otbuild.settings.recipe import MiniSweAgentOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
+    SweRun,
     ensure_task_text,
     iso,
     normalise,
@@ -46,7 +47,7 @@ def read(path: Path, cfg: MiniSweAgentOptions) -> Iterator[dict | Quarantined]:
         yield convert(*item, cfg.model, cfg.agent)
 
 
-def convert(d, f: Path, labels: dict, task_ids: dict, problems: dict, run_id: str, model, agent) -> dict | Quarantined:
+def convert(d, f: Path, run: SweRun, model, agent) -> dict | Quarantined:
     name = f.name.removesuffix(".traj.json")
     if not isinstance(d, dict) or not isinstance(d.get("messages"), list):
         return Quarantined(name, "missing field", f"{f}: no messages list")
@@ -58,7 +59,7 @@ def convert(d, f: Path, labels: dict, task_ids: dict, problems: dict, run_id: st
     model_cfg = v if isinstance(v := config.get("model"), dict) else {}
     model_name = model or model_cfg.get("model_name")
     conv = normalise(d["messages"])
-    problem = problems.get(iid)
+    problem = run.problems.get(iid)
     if (err := ensure_task_text(conv, problem)) is not None:
         return Quarantined(iid, err, f"{f}: the task text is not in the trajectory and no instances were given")
     responses = [
@@ -69,7 +70,7 @@ def convert(d, f: Path, labels: dict, task_ids: dict, problems: dict, run_id: st
     n_out = sum(u.get("completion_tokens") or 0 for u in usage) if usage else None
     created = next((r.get("created") for r in responses if isinstance(r, dict) and r.get("created")), None)
     status = str(info.get("exit_status") or "")
-    label = labels.get(iid)
+    label = run.labels.get(iid)
     model_type = str(config.get("model_type") or "")
     provider = model_type.rsplit(".", 1)[-1].removesuffix("Model").lower() or None
     if not provider and model_name and "/" in model_name:
@@ -77,8 +78,8 @@ def convert(d, f: Path, labels: dict, task_ids: dict, problems: dict, run_id: st
     stats = info.get("model_stats") or {}
     return trace_row(
         conv, kind=KIND, agent=agent, task=iid,
-        model=model_name, model_provider=provider, date=iso(created), run_id=run_id, trial_name=name,
-        task_id=task_ids.get(iid, iid), teacher=f"{agent}:{model_name}" if model_name else None,
+        model=model_name, model_provider=provider, date=iso(created), run_id=run.run_id, trial_name=name,
+        task_id=run.task_ids.get(iid, iid), teacher=f"{agent}:{model_name}" if model_name else None,
         reward=reward_of(label), timed_out="timeout" in status.lower(),
         exception=None if status in AGENT_OUTCOMES or not status else status,
         n_input_tokens=n_in, n_output_tokens=n_out,

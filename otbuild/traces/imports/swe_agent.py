@@ -28,6 +28,7 @@ from pathlib import Path
 from otbuild.settings.recipe import SweAgentOptions
 from otbuild.tasks.table import Quarantined
 from otbuild.traces.imports._common import (
+    SweRun,
     ensure_task_text,
     normalise,
     reward_of,
@@ -57,7 +58,7 @@ def _model_from_replay(d: dict) -> str | None:
     return None
 
 
-def convert(d, f: Path, labels, task_ids, problems, run_id, model, agent) -> Iterator[dict | Quarantined]:
+def convert(d, f: Path, run: SweRun, model, agent) -> Iterator[dict | Quarantined]:
     name = f.name.removesuffix(".traj")
     if not isinstance(d, dict) or not isinstance(d.get("history"), list) or not d["history"]:
         yield Quarantined(name, "missing field", f"{f}: no history list")
@@ -75,15 +76,15 @@ def convert(d, f: Path, labels, task_ids, problems, run_id, model, agent) -> Ite
     for ai, agent_name in enumerate(agents):
         conv = normalise(m for m in history if str(m.get("agent") or "main") == agent_name)
         trial = name if ai == 0 else f"{name}:{agent_name}"
-        if (err := ensure_task_text(conv, problems.get(name))) is not None:
+        if (err := ensure_task_text(conv, run.problems.get(name))) is not None:
             yield Quarantined(trial, err, f"{f}: agent {agent_name!r}: the task text is not in the history")
             continue
         yield trace_row(
             conv, kind=KIND, agent=agent, task=name, model=model_name,
             model_provider=model_name.split("/", 1)[0] if model_name and "/" in model_name else None,
-            run_id=run_id, trial_name=trial, task_id=task_ids.get(name, name),
+            run_id=run.run_id, trial_name=trial, task_id=run.task_ids.get(name, name),
             teacher=f"{agent}:{model_name}" if model_name else None,
-            reward=reward_of(labels.get(name)), is_subagent=ai > 0,
+            reward=reward_of(run.labels.get(name)), is_subagent=ai > 0,
             timed_out="timeout" in status.lower(),
             exception=status if "error" in status.lower() else None,
             n_input_tokens=stats.get("tokens_sent") if calls else None,
@@ -91,7 +92,7 @@ def convert(d, f: Path, labels, task_ids, problems, run_id, model, agent) -> Ite
             metadata={
                 "file": f.name, "agent_name": agent_name, "exit_status": status or None,
                 "submission": info.get("submission"), "model_stats": stats, "environment": d.get("environment"),
-                "n_steps": len(d.get("trajectory") or []), "label": labels.get(name),
+                "n_steps": len(d.get("trajectory") or []), "label": run.labels.get(name),
                 "message_types": sorted({str(m.get("message_type")) for m in history if m.get("message_type")}),
             },
         )  # fmt: skip

@@ -61,20 +61,23 @@ def rollout_engine(cfg: RlSettings) -> str:
     )
 
 
-async def served_rollout(
-    policy: Policy,
-    tasks,
-    indices: list[int],
-    k: int,
-    cfg: RlSettings,
-    workroot: Path,
-    run_id: str,
-    server: PolicyServer,
-) -> list[Trajectory]:
+@dataclass(frozen=True)
+class StepTrials:
+    """One step's trials on a rank: the task rows (`(task_id, TaskDir)`), the rows it runs (each
+    `samples_per_task` times, a group that shares a baseline), the folder its trials work in and
+    the run id their traces carry."""
+
+    tasks: list
+    indices: list[int]
+    workroot: Path
+    run_id: str
+
+
+async def served_rollout(policy: Policy, trials: StepTrials, cfg: RlSettings, server: PolicyServer) -> list[Trajectory]:
     """rollout: vllm: the step's trials against the live server (PolicyServer, synced already)."""
     client = server.client()
     try:
-        trajs = await rollout(policy, tasks, indices, k, cfg, workroot, run_id, server=client)
+        trajs = await rollout(policy, trials, cfg, server=client)
     finally:
         await client.aclose()
     for t in trajs:
@@ -82,25 +85,31 @@ async def served_rollout(
     return trajs
 
 
-async def rollout(
-    policy: Policy, tasks, indices: list[int], k: int, cfg: RlSettings, workroot: Path, run_id: str, server=None
-) -> list[Trajectory]:
-    from otbuild.harness.trial import TrialSettings, run_trial
+async def rollout(policy: Policy, trials: StepTrials, cfg: RlSettings, server=None) -> list[Trajectory]:
+    from otbuild.harness.config import TrialConfig
+    from otbuild.harness.trial import run_trial
 
-    trial_settings = TrialSettings(cfg.sandbox, cfg.prompt)
+    trial_config = TrialConfig(cfg.sandbox, cfg.prompt)
     sem = asyncio.Semaphore(cfg.concurrency)
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
-        task_id, task = tasks[ti]
+        task_id, task = trials.tasks[ti]
         engine = policy.session(server)
         async with sem:
             row = await run_trial(
-                task, task_id, engine, trial_settings, workroot / f"{pos}-{s}", sample_idx=s, run_id=run_id, source="rl"
+                task,
+                task_id,
+                engine,
+                trial_config,
+                trials.workroot / f"{pos}-{s}",
+                sample_idx=s,
+                run_id=trials.run_id,
+                source="rl",
             )
         reward = row["reward"] if row["reward"] is not None else 0.0
         return Trajectory(ti, float(reward), row["exception"], outcome(row), engine.turns, usage.of_trial(row))
 
-    jobs = [one(pos, ti, s) for pos, ti in enumerate(indices) for s in range(k)]
+    jobs = [one(pos, ti, s) for pos, ti in enumerate(trials.indices) for s in range(cfg.samples_per_task)]
     return list(await asyncio.gather(*jobs))
 
 
@@ -278,11 +287,9 @@ class RlTrainer(Trainer):
     def _rollouts(self, step: int, policy: Policy, version: int) -> tuple[list[Trajectory], dict]:
         """`step`'s trials on `policy`, whose weights are those after `version` updates."""
         cfg, t0 = self.cfg, time.monotonic()
-        work, run_id = self.workroot / f"step-{step}", f"{self.outdir.name}-{step}"
+        trials = StepTrials(self.tasks, self._mine(step), self.workroot / f"step-{step}", f"{self.outdir.name}-{step}")
         if self.rollout != "vllm":
-            trajs = asyncio.run(
-                rollout(policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work, run_id=run_id)
-            )
+            trajs = asyncio.run(rollout(policy, trials, cfg))
             for t in trajs:
                 t.weight_version = version
             return trajs, {}
@@ -290,11 +297,7 @@ class RlTrainer(Trainer):
         assert self.server is not None  # rollout: vllm (made in __init__)
         if self.server.version != version or self.server.server is None:  # this step's weights to the server
             sync = {"weight_sync": self.server.sync(policy, version), "sync_seconds": round(time.monotonic() - t0, 3)}
-        trajs = asyncio.run(
-            served_rollout(
-                policy, self.tasks, self._mine(step), cfg.samples_per_task, cfg, work, run_id=run_id, server=self.server
-            )
-        )
+        trajs = asyncio.run(served_rollout(policy, trials, cfg, self.server))
         return trajs, {**sync, "weight_versions": sorted({t.weight_version for t in trajs})}
 
     def _run_ahead(self, step: int) -> None:

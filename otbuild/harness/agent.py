@@ -1,0 +1,103 @@
+"""A trial's agent: terminus-2 turns in the sandbox's terminal (the model answers, its commands
+run, the screen goes back) until it declares the task complete twice, runs out of time or
+episodes, or its shell exits."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+from otbuild.harness import protocol
+from otbuild.harness.config import StepPlan, TrialContext, TrialThread
+from otbuild.harness.endings import DONE, OUT_OF_EPISODES, SHELL_EXITED, TIMEOUT
+from otbuild.harness.record import StepRun
+from otbuild.harness.terminal import SHELL_ENV, Terminal
+from otbuild.sandbox import SandboxError
+
+SETTLE_SECONDS = 2.0  # wait for the first prompt
+
+
+def request_seed(seed_key: str, turn: int) -> int:
+    """The sampling seed of a trial's request `turn` for an engine that takes one per request
+    (`seeds_requests`: otbuild's own models, whose sampling is then the same whichever trial asks
+    first): from the run, the task, the sample and the turn alone."""
+    return int(hashlib.sha256(f"{seed_key}:{turn}".encode()).hexdigest()[:8], 16)
+
+
+async def run_agent(trial: TrialContext, step: StepPlan, run: StepRun, keep) -> str:
+    """Terminus-2 turns on the step's instruction, recorded in `run.messages` and
+    `run.completions`. Returns why they stopped; a context overflow raises
+    ContextLengthExceededError. `keep`: the parked verifier, which ending the terminal leaves be.
+    The agent's shell has the step's `agent_env`."""
+    box, engine, thread, task, messages = trial.box, trial.engine, trial.thread, step.task, run.messages
+    deadline = time.monotonic() + step.agent_timeout
+    style = protocol.prompt_style(trial.config.prompt)
+    term = await thread(_open_terminal, box, step.agent_env)
+    try:
+        screen = await thread(term.read, SETTLE_SECONDS)
+        messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
+        pending_complete = False
+        for turn in range(trial.config.trials.max_episodes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return TIMEOUT
+            try:
+                # the oracle reads the task's solution; a model's request gets the messages only
+                extra = {"task": task, "style": style} if getattr(engine, "needs_solution", False) else {}
+                if getattr(engine, "seeds_requests", False):
+                    extra["seed"] = request_seed(step.seed_key, turn)
+                completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
+            except TimeoutError:
+                return TIMEOUT
+            run.completions.append(completion)
+            messages.append({"role": "assistant", "content": completion.text})
+            try:
+                answer = protocol.parse_answer(completion.text)
+            except protocol.ParseError as e:
+                messages.append({"role": "user", "content": style.parse_error_reply(e)})
+                continue
+            if answer.task_complete and pending_complete:
+                return DONE
+            output = await _execute(term, answer.commands, deadline, thread)
+            if not term.alive:
+                messages.append({"role": "user", "content": style.observation_reply(output)})
+                return SHELL_EXITED
+            if answer.task_complete:
+                pending_complete = True
+                reply = style.confirm_reply(output)
+            else:
+                pending_complete = False
+                reply = style.observation_reply(output)
+            messages.append({"role": "user", "content": reply})
+        return OUT_OF_EPISODES
+    finally:
+        await thread(_close_terminal, box, term, keep)
+
+
+def _open_terminal(box, env: dict[str, str]) -> Terminal:
+    try:
+        term = Terminal(box.argv(["bash", "--noprofile", "--norc", "-i"], env={**env, **SHELL_ENV}, tty=True))
+    except OSError as e:  # no pty or no fork left on the host
+        raise SandboxError(f"could not start the agent's terminal: {e}") from e
+    box.adopt(term.proc)  # kill_all ends it with its pid namespace: no /proc scan
+    return term
+
+
+def _close_terminal(box, term: Terminal, keep=None) -> None:
+    """Everything the agent started ends with the terminal's namespace (kill_all), then the pty."""
+    box.kill_all(keep=keep)
+    term.close()
+
+
+async def _execute(term: Terminal, commands: list[protocol.Command], deadline: float, thread: TrialThread) -> str:
+    out = []
+    for c in commands:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        term.send(c.keystrokes)
+        out.append(await thread(term.read, min(c.duration, left)))
+    if not commands:  # nothing to run: what the terminal already shows (as tmux would capture)
+        out.append(term.read(0, False))
+    return protocol.cap_output("".join(out))
