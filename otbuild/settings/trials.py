@@ -1,6 +1,6 @@
 """The settings of agent trials, declared once for every section that runs them: the
 teacher's rollouts, eval, and RL's rollouts (`rl.sandbox`). The harness takes them as
-`TrialSettings(trials_of(section), prompt)` (otbuild/harness/trial.py).
+`TrialConfig(trials_of(section), prompt)` (otbuild/harness/config.py).
 
 The limits section is built from the sandbox's own `Limits` (otbuild/settings/limits.py: the
 sandbox is standard-library only, so its fields, bounds and descriptions are the one
