@@ -16,6 +16,7 @@ import inspect
 import re
 import sys
 import typing
+from importlib import import_module
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union
@@ -28,11 +29,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from otbuild.cli import main as cli_main
-from otbuild.settings import stages as stage_settings
+from otbuild.recipe.schema import Recipe
+from otbuild.settings import recipe as shared_recipe
+from otbuild.settings import stages as shared_stages
+from otbuild.settings import train as shared_train
 from otbuild.settings.added import added_stages
 from otbuild.settings.base import ENGINE_ARGS_OF, field_extra, role
 from otbuild.settings.engines import LAUNCH_OPTIONS
-from otbuild.settings.recipe import Recipe
 from otbuild.stages import STAGES, StageDef
 
 REGENERATE = "python -m otbuild.docgen"
@@ -47,8 +50,9 @@ holds what the plan found there); *plan only* is read by the plan, not by the st
 is filled in by the plan. The section of a stage that an installed package adds
 (docs/architecture.md, "Adding a stage") is checked by that stage's settings model."""
 STAGES_INTRO = """\
-A stage's settings model (`otbuild/settings/stages.py`, named by its `StageDef`) is what its
-job gets: a recipe model it extends, with the fields the plan fills in (the plan writes them into
+A stage's settings model (named by its `StageDef`, declared in the stage's module, or in
+`otbuild/settings/` where several stages or parts share it) is what its job gets: its recipe
+section, or a model that extends it with the fields the plan fills in (the plan writes them into
 the job's spec), or fields of its own where the recipe has no section for it."""
 CLI_INTRO = """\
 Every `otbuild` command as its `--help` says it. What each does on a build, with examples:
@@ -260,7 +264,10 @@ def recipe_key(d: StageDef) -> str:
 
 
 def settings_name(d: StageDef) -> str:
-    return next(name for name, value in vars(stage_settings).items() if value is d.settings)
+    """The name its settings model has where it is declared: the stage's module, or the settings
+    several stages share (otbuild/settings/)."""
+    homes = (import_module(d.module), shared_stages, shared_recipe, shared_train)
+    return next(name for m in homes for name, value in vars(m).items() if value is d.settings)
 
 
 def stage_table() -> str:

@@ -4,7 +4,7 @@ models), docs/cli.md (the click commands) and README.md's stage table (the stage
 from __future__ import annotations
 
 from otbuild import docgen
-from otbuild.settings.recipe import Recipe
+from otbuild.recipe.schema import Recipe
 from tests.conftest import REPO
 
 

@@ -31,13 +31,13 @@ from otbuild.settings.base import (
     re2,
 )
 from otbuild.settings.engines import LLM, Sampling
-from otbuild.settings.train import Rl, Sft
 from otbuild.settings.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
+Name = Annotated[str, Field(pattern=NAME_RE)]  # a key the recipe names (a source, a trace import, a benchmark)
 
 
 RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
@@ -538,19 +538,12 @@ class Decision(Strict):
     )
 
 
-class Recipe(Strict):
+class RecipeKeys(Strict):
+    """The recipe's keys that are no stage's section; the `Recipe` model adds each built-in stage's
+    key (`StageDef.recipe_field`) to them (otbuild/recipe/schema.py)."""
+
     description: str = ""
-    sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(default_factory=dict)
-    mix: Mix | None = None
-    augment: Augment | None = None
-    task_filter: TaskFilter | None = None
-    teacher: Teacher | None = None
-    trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
-    trace_filter: TraceFilter | None = None
     harness: Harness = Harness()
-    sft: Sft | None = None
-    rl: Rl | None = None
-    eval: Eval | None = None
     # setting path -> values, e.g. {"mix.n": [1, 2, 4]} (a mapping merges into a section, e.g.
     # {"teacher": [{model: A}, {model: B, engine_args: {...}}]}): the grid's candidates share every
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)
