@@ -380,35 +380,6 @@ class Model:
         self.trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
         self.rows[n.id] = Span.of(len([i for i in n.inputs if STAGES[i.stage].brings == "tasks"]))
 
-    def _trace_filter(self, n, e: StageEstimate) -> None:
-        traces = self.rows_in(n)
-        keep = self.plan.recipe.recipe.task_filter
-        planned = keep.score.keep_rate if keep and keep.score and keep.score.budget else None
-        fallback = (
-            None
-            if planned is None
-            else Rate(
-                "keep_rate",
-                Span(planned, planned * 0.6, planned),
-                "kept / in",
-                "the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); x0.6 at the low end",
-                True,
-            )
-        )
-        if n.config.dedup and any(i.id in self.distinct for i in n.inputs):
-            distinct = sum((self.distinct.get(i.id, self.rows.get(i.id, ZERO)) for i in n.inputs), ZERO)
-            e.notes.append("dedup: the oracle's samples of a task are one conversation, so one of them is kept")
-        else:
-            distinct = traces
-        kept = (distinct * self.rate(e, n, "keep_rate", fallback=fallback)).ceil()
-        kept = kept.cap(n.config.sample.n if n.config.sample else None)
-        self.table(n, e)
-        self.rows[n.id] = kept
-        e.counts["traces_in"] = traces
-        if distinct is not traces:
-            e.counts["distinct_traces"] = distinct
-        e.counts["traces_kept"] = kept
-
     def device_seconds_per_token(self, n, e: StageEstimate) -> Span:
         """A training job's device-seconds per token: a pilot's, else another pilot's scaled by the
         model's parameters, else the paper's 8B figure scaled."""

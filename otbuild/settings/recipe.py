@@ -293,22 +293,6 @@ class TaskFilter(Strict):
     sample: Sample | None = None
 
 
-class TraceFilter(Strict):
-    """Keep traces worth training on. Paper: keep >= 5 turns (+3.5pp at equal tokens)."""
-
-    min_turns: int = Field(default=5, ge=0)
-    drop_timed_out: bool = True
-    drop_subagent: bool = True
-    drop_exceptions: bool = True  # outcomes not_run, infrastructure, verifier_error (docs/failures.md)
-    min_reward: float | None = None  # success-only: keep traces whose reward >= this
-    dedup: bool = True  # identical conversations
-    sample: Sample | None = Field(
-        default=None,
-        description="keep exactly n of what is left (a seeded choice): "
-        "the kept-traces target of a budget planned with task_filter.score.keep_rate",
-    )
-
-
 class Teacher(LLM, ShardedTrials):
     """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh)."""
 

@@ -32,7 +32,6 @@ from otbuild.settings.recipe import (
     TaskFilter,
     TaskScorer,
     Teacher,
-    TraceFilter,
     TraceImport,
 )
 from otbuild.settings.train import Rl, Sft
@@ -84,10 +83,6 @@ class TaskScoreSettings(TaskScorer):
 
 
 class TaskFilterSettings(TaskFilter):
-    pass
-
-
-class TraceFilterSettings(TraceFilter):
     pass
 
 

@@ -28,7 +28,6 @@ from otbuild.settings.train import Rl, Sft
 from otbuild.stagekit import EVALUATION, RESULTS, TRAINING, StageDef
 from otbuild.stagekit.training import LOSS_KEYS, REWARD_KEYS, TRAIN_FILES, TRAINED
 from otbuild.stagekit.trials import TRACES
-from otbuild.traces.table import VOLATILE_COLUMNS as TRACE_VOLATILE
 
 __all__ = ["STAGES", "StageDef", "input_name"]
 
@@ -135,20 +134,7 @@ BUILT_IN: tuple[str | StageDef, ...] = (
         counts={"trials": "trials"},
         recipe_field=(r.Teacher | None, None),
     ),
-    StageDef(
-        "trace_filter",
-        2,
-        ("kept.parquet", "rejected.parquet"),
-        "otbuild.stages.trace_filter",
-        s.TraceFilterSettings,
-        consumes=("traces",),
-        produces="traces",
-        traces=True,
-        filter=True,
-        volatile={"*.parquet": tuple(TRACE_VOLATILE)},
-        counts={"traces_kept": "rows"},
-        recipe_field=(r.TraceFilter | None, None),
-    ),
+    "otbuild.stages.trace_filter",
     StageDef(
         "sft",
         3,
