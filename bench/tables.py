@@ -204,7 +204,7 @@ def generate(data_dir: Path, rows: int, seed: int) -> dict:
 def pipeline_settings(manifest: dict):
     """The typed settings the stages take (otbuild/settings/stages.py)."""
     from otbuild.settings.recipe import Bounds, Sample, TaskFilter
-    from otbuild.settings.stages import MixSettings
+    from otbuild.stages.mix import MixSettings
 
     rows = manifest["rows"]
     ranked = sorted(manifest["sources"], key=lambda s: s["rank"])[:TOP_N]

@@ -216,7 +216,7 @@ class Model:
         self.job(e, n.stage, 1, self.job_rate(e, n, "job_s"))
         self.rows[n.id] = self.rows_in(n)
 
-    _rank = _report = table
+    _report = table
 
     def measured(self, n, name: str) -> bool:
         """A pilot measured rate `name` for this node's work."""
@@ -242,11 +242,6 @@ class Model:
     def _trace_import(self, n, e: StageEstimate) -> None:
         self._source(n, e)
         e.counts["traces"] = e.counts.pop("tasks")
-
-    def _mix(self, n, e: StageEstimate) -> None:
-        self.table(n, e)
-        self.rows[n.id] = Span.of(n.config.total)
-        e.counts["tasks"] = self.rows[n.id]
 
     def _task_filter(self, n, e: StageEstimate) -> None:
         from otbuild.stages.task_filter import planned_rollouts

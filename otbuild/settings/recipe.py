@@ -197,13 +197,6 @@ Source = Annotated[
 ]
 
 
-class Mix(Strict):
-    n: int = Field(ge=1, description="Top-N sources by rank")
-    total: int = Field(ge=1, le=MAX_TASKS, description="tasks in the mix; total/n from each source")
-    order: Literal["shuffle", "round_robin"] = "shuffle"
-    seed: int = 0
-
-
 class Bounds(Strict):
     min: int | None = Field(default=None, ge=0)
     max: int | None = Field(default=None, ge=1)

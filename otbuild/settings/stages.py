@@ -22,12 +22,9 @@ from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
     Augment,
-    Decision,
     Eval,
-    Mix,
     Price,
     PromptStyle,
-    RankBy,
     Source,
     TaskFilter,
     TaskScorer,
@@ -86,10 +83,6 @@ class TaskFilterSettings(TaskFilter):
     pass
 
 
-class MixSettings(Mix):
-    sources: list[str] = Field(description="the Top-N sources, in input order")
-
-
 class RolloutSettings(Teacher, PromptStyle):
     pass
 
@@ -132,26 +125,6 @@ class SftSettings(Sft, PromptStyle):
 
 class RlSettings(Rl, PromptStyle):
     pass
-
-
-class RankSettings(Strict):
-    candidates: list[str] = Field(min_length=1)
-    metric: RankBy = "pass_at_1"
-
-
-class SearchCandidate(Strict):
-    name: str
-    values: dict[str, Any]  # setting path -> this candidate's value
-
-
-class DecideSettings(Decision):
-    """One stage of a search: the recipe's decision rules, its candidates (in the order of its
-    eval inputs) and the one kept when the stage is undecided."""
-
-    step: int = Field(ge=1)  # the search stage, from 1
-    candidates: list[SearchCandidate] = Field(min_length=1)
-    default: str
-    metric: RankBy = "pass_at_1"
 
 
 class ReportNode(Strict):
