@@ -17,8 +17,8 @@ import pytest
 from otbuild import duck
 from otbuild.report.data import Artifact, _group, final_tasks, funnel
 from otbuild.rebuild import compare
-from otbuild.settings import stages as s
 from otbuild.stages import STAGES, StageDef
+from otbuild.stages.task_filter import TaskFilter
 from tests.conftest import REPO
 
 DEDUPE = StageDef(
@@ -26,7 +26,7 @@ DEDUPE = StageDef(
     1,
     ("kept.parquet", "rejected.parquet"),
     "otbuild.stages.task_filter",
-    s.TaskFilter,
+    TaskFilter,
     tasks=True,
     filter=True,
     volatile={"kept.parquet": ("scored_at",)},

@@ -243,38 +243,6 @@ class Model:
         self._source(n, e)
         e.counts["traces"] = e.counts.pop("tasks")
 
-    def _task_filter(self, n, e: StageEstimate) -> None:
-        from otbuild.stages.task_filter import planned_rollouts
-
-        cfg = n.config
-        held = len(cfg.decontaminate.against) if cfg.decontaminate else 0
-        tasks_in = sum((self.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
-        kept = (tasks_in * self.rate(e, n, "keep_rate")).ceil()
-        if cfg.score and cfg.score.top_k:
-            kept = kept.cap(cfg.score.top_k)
-        if cfg.sample:
-            kept = kept.cap(cfg.sample.n)
-        self.table(n, e)
-        self.rows[n.id] = kept
-        e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
-        if (budget := planned_rollouts(cfg.score)) is not None:
-            self.rollouts[n.id] = Span.of(budget)
-            e.counts["rollouts_planned"] = Span.of(budget)
-
-    def _task_score(self, n, e: StageEstimate) -> None:
-        tasks = self.rows_in(n)
-        self.requests(n, e, tasks)
-        self.rows[n.id] = tasks
-        e.counts["tasks"] = tasks
-
-    def _augment(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        tasks = self.rows_in(n)
-        forms = cfg.k * len(cfg.kinds)
-        self.requests(n, e, tasks * forms)
-        self.rows[n.id] = tasks * (forms + int(cfg.keep_original))
-        e.counts.update(tasks_in=tasks, tasks_out=self.rows[n.id])
-
     def requests(self, n, e: StageEstimate, requests: Span) -> None:
         """A sharded stage that sends `requests` LLM requests (its settings an LLM section): their
         tokens and cost, its shard jobs and its merge."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from otbuild.settings.base import (
     MAX_REPEATS,
@@ -197,93 +197,9 @@ Source = Annotated[
 ]
 
 
-class Bounds(Strict):
-    min: int | None = Field(default=None, ge=0)
-    max: int | None = Field(default=None, ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self):
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
-        return self
-
-
 class Sample(Strict):
     n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
-
-
-class Score(Strict):
-    """Use a score: keep the `top_k` best, or spread a rollout `budget` by score (every task
-    at least one rollout; see docs/task-filter.md for the exact formula)."""
-
-    column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
-    top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
-    budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
-    keep_rate: float = Field(
-        default=1.0,
-        gt=0,
-        le=1,
-        description="the trace filter's measured keep rate: the "
-        "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned",
-    )
-
-    @model_validator(mode="after")
-    def _one_mode(self):
-        if (self.top_k is None) == (self.budget is None):
-            raise ValueError("set exactly one of top_k (keep the k best) or budget (rollouts by score)")
-        if self.keep_rate != 1.0 and self.budget is None:
-            raise ValueError("keep_rate scales a rollout budget: set budget with it")
-        return self
-
-
-class Decontaminate(Strict):
-    """Reject tasks whose instruction overlaps a benchmark's: the same normalised text, at
-    least `min_shared` shared word n-grams, or (with `fuzzy`) a rapidfuzz ratio or partial
-    ratio of at least `fuzzy` among the pairs the pre-filter keeps (docs/task-filter.md)."""
-
-    against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
-        min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out"
-    )
-    ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
-    min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
-    fuzzy: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description=(
-            "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
-            "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"
-        ),
-    )
-    fuzzy_ngram: int = Field(default=5, ge=1, le=64, description="pre-filter: words per n-gram a pair must share")
-    fuzzy_min_shared: int = Field(
-        default=2, ge=1, description="pre-filter: distinct fuzzy_ngram-grams a pair must share"
-    )
-
-    @model_validator(mode="after")
-    def _fuzzy_knobs(self):
-        if self.fuzzy is None and (self.fuzzy_ngram != 5 or self.fuzzy_min_shared != 2):
-            raise ValueError("fuzzy_ngram and fuzzy_min_shared tune the fuzzy pass: set fuzzy with them")
-        return self
-
-    @field_validator("against")
-    @classmethod
-    def _unique(cls, v):
-        if len(set(v)) < len(v):
-            raise ValueError(f"names a benchmark twice: {v}")
-        return v
-
-
-class TaskFilter(Strict):
-    llm: TaskScorer | None = plan_only(None, description="scores every task first (a stage of its own: task_score)")
-    decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
-    dedup: bool = True
-    instruction_chars: Bounds | None = None
-    include_regex: str | None = re2()
-    exclude_regex: str | None = re2()
-    score: Score | None = None
-    sample: Sample | None = None
 
 
 class Teacher(LLM, ShardedTrials):
@@ -305,17 +221,6 @@ class Teacher(LLM, ShardedTrials):
         if self.engine != "oracle" and not self.model:
             raise ValueError(f"engine {self.engine!r} needs `model`")
         return self
-
-
-class Augment(LLM, Sharded):
-    """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
-    Tezos 997 -> ~21K surface forms)."""
-
-    sources: list[str] | None = plan_only(None, description="sources to augment; default: all")
-    kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
-    k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
-    keep_original: bool = True
-    seed: int = 0
 
 
 class TaskScorer(LLM, Sharded):

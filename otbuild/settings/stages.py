@@ -21,13 +21,10 @@ from pydantic import Field, create_model
 from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
-    Augment,
     Eval,
     Price,
     PromptStyle,
     Source,
-    TaskFilter,
-    TaskScorer,
     Teacher,
     TraceImport,
 )
@@ -71,18 +68,6 @@ TraceImportSettings = _named_union(TraceImport)
 
 # Stages whose job settings are their recipe section as it is: one name per stage all the same
 # (STAGESettings), the section's model under it.
-class AugmentSettings(Augment):
-    pass
-
-
-class TaskScoreSettings(TaskScorer):
-    pass
-
-
-class TaskFilterSettings(TaskFilter):
-    pass
-
-
 class RolloutSettings(Teacher, PromptStyle):
     pass
 
