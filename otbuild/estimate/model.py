@@ -325,17 +325,6 @@ class Model:
         )
         return self.rate(e, n, "unverified_seconds_per_trial")
 
-    def _rollout(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        tasks = self.rows_in(n)
-        planned = [self.rollouts[i.id] for i in n.inputs if i.id in self.rollouts]
-        trials = sum(planned, ZERO) if planned else tasks * cfg.samples_per_task
-        e.counts["tasks"] = tasks
-        self.trials(n, e, trials, f"{cfg.engine}:{cfg.model or cfg.engine}", cfg.engine == "vllm")
-        self.rows[n.id] = trials
-        if cfg.engine == "oracle":  # it replays the same solution: a task's samples are one trace
-            self.distinct[n.id] = tasks
-
     def _eval(self, n, e: StageEstimate) -> None:
         cfg = n.config
         tasks = self.rows_in(n, ("source",))
@@ -371,24 +360,6 @@ class Model:
             e.notes.append(f"{found[0]:g}B parameters ({found[1]}): the paper's 8B figure x {found[0] / 8:g}")
         return self.rate(e, n, "gpu_seconds_per_token") * params
 
-    def _sft(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        traces = self.rows_in(n)
-        per_trace = self.rate(e, n, "tokens_per_trace", cap=cfg.cutoff_len)
-        per_epoch = (traces * per_trace).cap(cfg.token_budget)
-        if cfg.max_steps is not None:
-            trained = Span.of(cfg.max_steps * cfg.global_batch_size) * per_trace
-        else:
-            trained = per_epoch * cfg.epochs
-        e.counts.update(traces=traces, tokens_per_epoch=per_epoch, tokens_to_train_on=trained)
-        grant = self.grant("sft")
-        devices = max(grant.gpus, 1)
-        over = self.training_overhead(n, e, per_epoch)
-        e.jobs.append(Job("sft", 1, over + trained * self.device_seconds_per_token(n, e) / devices, grant))
-        if grant.gpus == 0 and n.settings.get("model", {}).get("kind") == "pretrained":
-            e.notes.append("the profile grants sft no GPU: its GPU-hours count 0 (pass --profile slurm)")
-        self.rows[n.id] = Span.of(1)
-
     def training_overhead(self, n, e: StageEstimate, per_epoch: Span) -> Span:
         """What a training job spends besides training. A pilot cannot tell how much of it is fixed
         (start-up, saving) and how much grows with the data (tokenizer, tokenization): the range
@@ -409,17 +380,6 @@ class Model:
             e.rates[-1].n,
         )
         return span
-
-    def _rl(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        trials = Span.of(cfg.steps * cfg.batch_size * cfg.samples_per_task)
-        turns = self.rate(e, n, "turns_per_trial", cap=cfg.sandbox.max_episodes)
-        e.requests = trials * turns
-        e.counts.update(steps=Span.of(cfg.steps), trials=trials, requests=e.requests)
-        self.tokens(n, e, e.requests, cfg.max_tokens, f"{cfg.rollout}:policy")
-        grant = self.grant("rl")
-        e.jobs.append(Job("rl", 1, trials * self.rate(e, n, "seconds_per_trial") / max(grant.gpus, 1), grant))
-        self.rows[n.id] = Span.of(1)
 
     # -- time --------------------------------------------------------------------------------
     def _wall(self, e: StageEstimate) -> Span:

@@ -66,10 +66,9 @@ SourceSettings = _named_union(Source)
 TraceImportSettings = _named_union(TraceImport)
 
 
-# Stages whose job settings are their recipe section as it is: one name per stage all the same
-# (STAGESettings), the section's model under it.
 class RolloutSettings(Teacher, PromptStyle):
-    pass
+    """The teacher's section with the harness's prompt style: what a shard of trials runs
+    (otbuild/stagekit/trials.py), the rollout's settings and the base of the eval's."""
 
 
 class EvalSettings(Teacher, PromptStyle):
@@ -105,11 +104,13 @@ TrialRunSettings = RolloutSettings | EvalSettings
 
 
 class SftSettings(Sft, PromptStyle):
-    pass
+    """The sft section with the harness's prompt style (the chat format it trains on): what the
+    sft stage and its training workers (otbuild/train/) read."""
 
 
 class RlSettings(Rl, PromptStyle):
-    pass
+    """The rl section with the harness's prompt style its rollouts use: what the rl stage and
+    its training workers (otbuild/train/rl/) read."""
 
 
 class ReportNode(Strict):

@@ -24,9 +24,7 @@ from pydantic import Field
 from otbuild.settings import recipe as r
 from otbuild.settings import stages as s
 from otbuild.settings.added import ENTRY_POINTS, added_stages
-from otbuild.settings.train import Rl, Sft
-from otbuild.stagekit import EVALUATION, RESULTS, TRAINING, StageDef
-from otbuild.stagekit.training import LOSS_KEYS, REWARD_KEYS, TRAIN_FILES, TRAINED
+from otbuild.stagekit import EVALUATION, RESULTS, StageDef
 from otbuild.stagekit.trials import TRACES
 
 __all__ = ["STAGES", "StageDef", "input_name"]
@@ -65,59 +63,10 @@ BUILT_IN: tuple[str | StageDef, ...] = (
         traces=True,
         recipe_field=(dict[r.Name, r.TraceImport], Field(default_factory=dict)),
     ),
-    StageDef(
-        "rollout",
-        3,
-        ("traces.parquet",),
-        "otbuild.stages.rollout",
-        s.RolloutSettings,
-        section="teacher",
-        consumes=("tasks",),
-        produces="traces",
-        sharded=True,
-        gpu=True,
-        trials=True,
-        llm=True,
-        traces=True,
-        volatile=TRACES,
-        counts={"trials": "trials"},
-        recipe_field=(r.Teacher | None, None),
-    ),
+    "otbuild.stages.rollout",
     "otbuild.stages.trace_filter",
-    StageDef(
-        "sft",
-        3,
-        TRAINED,
-        "otbuild.stages.sft",
-        s.SftSettings,
-        plan="training",
-        consumes=("traces",),
-        produces="checkpoint",
-        gpu=True,
-        training=True,
-        curve=LOSS_KEYS,
-        volatile=TRAIN_FILES,
-        counts={"traces": "data.traces", "tokens_to_train_on": "tokens_seen"},
-        reported=(("train_log.jsonl", TRAINING),),
-        recipe_field=(Sft | None, None),
-    ),
-    StageDef(
-        "rl",
-        4,
-        TRAINED,
-        "otbuild.stages.rl",
-        s.RlSettings,
-        consumes=("checkpoint", "tasks"),
-        produces="checkpoint",
-        gpu=True,
-        trials=True,
-        llm=True,
-        training=True,
-        curve=REWARD_KEYS,
-        volatile=TRAIN_FILES,
-        reported=(("train_log.jsonl", TRAINING),),
-        recipe_field=(Rl | None, None),
-    ),
+    "otbuild.stages.sft",
+    "otbuild.stages.rl",
     # the eval's model: `eval.model`, else the recipe's checkpoint (recipe/checks.py checks there is one)
     StageDef(
         "eval",
