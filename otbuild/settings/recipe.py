@@ -1,4 +1,7 @@
-"""The recipe schema: one strict pydantic model per stage's settings.
+"""The recipe's shared models: the keys that are no stage's section (`RecipeKeys`) and the
+sections or parts that several stages or parts use (task sources, trace import options, the
+teacher, the task scorer, the harness). A section only one stage uses is declared in its module
+(otbuild/stages/); the `Recipe` model is assembled from both in otbuild/recipe/schema.py.
 
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.

@@ -1,9 +1,12 @@
-"""What each stage receives: its settings model.
+"""The settings models that several stages' jobs (or the parts below the stages) share.
 
-A stage's settings are its recipe section (recipe.py, train.py, engines.py here: the one
-definition of every field, its default and its bounds) plus what the plan adds: a source's
-name, the files and dataset commits it resolved, the harness prompt style, the checkpoint an
-eval serves. Each stage names its model in the registry (otbuild/stages/: `StageDef.settings`).
+A stage's settings are its recipe section (the one definition of every field, its default and
+its bounds) as it is, or plus what the plan adds: a source's name, the files and dataset commits
+it resolved, the harness prompt style, the checkpoint an eval serves. Each stage names its model
+in its own module (`STAGE = StageDef(...)`, otbuild/stages/); a model only that stage uses is
+declared there. Here: what a named section gets (`_named_union`: sources, trace imports), the
+trial run the rollout is and the eval extends (stagekit's trials run it), the training stages'
+settings (their workers read them), and what the plan writes for the report.
 The plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them
 back into the model (`StageDef.config`), so `run(cfg, inputs, outdir)` and the training
 workers get typed settings with the schema's defaults, never a dict with defaults of their own.
