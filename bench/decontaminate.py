@@ -230,7 +230,7 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
     ]
     t0 = time.perf_counter()
     if impl == "duckdb":
-        from otbuild.settings.recipe import TaskFilter
+        from otbuild.stages.task_filter import TaskFilter
         from otbuild.stages import task_filter
         from otbuild.stagekit import Inputs
 

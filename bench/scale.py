@@ -115,7 +115,7 @@ def tokenizer_dir(out: Path) -> Path:
 
 
 def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "auto") -> None:
-    from otbuild.settings.recipe import TraceFilter
+    from otbuild.stages.trace_filter import TraceFilter
     from otbuild.settings.stages import RolloutSettings
 
     settings = RolloutSettings(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"])

@@ -202,9 +202,10 @@ def generate(data_dir: Path, rows: int, seed: int) -> dict:
 
 
 def pipeline_settings(manifest: dict):
-    """The typed settings the stages take (otbuild/settings/stages.py)."""
-    from otbuild.settings.recipe import Bounds, Sample, TaskFilter
-    from otbuild.settings.stages import MixSettings
+    """The typed settings the stages take (each declared by its stage's module)."""
+    from otbuild.settings.recipe import Sample
+    from otbuild.stages.mix import MixSettings
+    from otbuild.stages.task_filter import Bounds, TaskFilter
 
     rows = manifest["rows"]
     ranked = sorted(manifest["sources"], key=lambda s: s["rank"])[:TOP_N]

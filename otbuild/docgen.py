@@ -29,10 +29,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from otbuild.cli import main as cli_main
+from otbuild.recipe.schema import Recipe
 from otbuild.settings.added import added_stages
 from otbuild.settings.base import ENGINE_ARGS_OF, field_extra, role
 from otbuild.settings.engines import LAUNCH_OPTIONS
-from otbuild.settings.recipe import Recipe
 from otbuild.stages import STAGES, StageDef
 
 REGENERATE = "python -m otbuild.docgen"
@@ -48,8 +48,9 @@ holds what the plan found there); *plan only* is read by the plan, not by the st
 is filled in by the plan. The section of a stage that an installed package adds
 (docs/architecture.md, "Adding a stage") is checked by that stage's settings model."""
 STAGES_INTRO = """\
-A stage's settings model (`otbuild/settings/stages.py`, named by its `StageDef`) is what its
-job gets: a recipe model it extends, with the fields the plan fills in (the plan writes them into
+A stage's settings model (named by its `StageDef`, declared in the stage's module, or in
+`otbuild/settings/` where several stages or parts share it) is what its job gets: its recipe
+section, or a model that extends it with the fields the plan fills in (the plan writes them into
 the job's spec), or fields of its own where the recipe has no section for it."""
 CLI_INTRO = """\
 Every `otbuild` command as its `--help` says it. What each does on a build, with examples:

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import mix, source
-from otbuild.settings.stages import MixSettings
+from otbuild.stages.mix import MixSettings
 from otbuild.stages import STAGES
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import otbuild

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from otbuild import docgen
-from otbuild.settings.recipe import Recipe
+from otbuild.recipe.schema import Recipe
 from tests.conftest import REPO
 
 

@@ -132,6 +132,7 @@ FLOORS = (
     # settings: every model that describes a recipe; foundations that know nothing of otbuild
     (
         "settings",
+        "span",
         "artifact",
         "errors",
         "fsio",
@@ -150,12 +151,13 @@ FLOORS = (
     ("tasks", "engines", "duck", "hub", "serve", "show"),
     ("sandbox", "traces", "usage"),
     ("harness", "harbor", "sources"),
-    ("recipe", "train", "ingest"),
+    ("train", "ingest"),
     # what the stages are built from (their jobs' contract, trials and requests in shards), then the stages
     ("stagekit",),
     ("stages",),
-    # the build: plan, records, reports, and the commands over them
-    ("plan", "codehash", "recovery", "report", "profiles", "recipe_images"),
+    # the build: the recipe (its schema made of the stages' sections), the plan, records, reports,
+    # and the commands over them
+    ("recipe", "plan", "codehash", "recovery", "report", "profiles", "recipe_images"),
     ("provenance", "summary", "estimate", "search"),
     ("audit", "publish", "rebuild", "runner", "workflow"),
     ("cli", "__main__", "views"),
@@ -180,3 +182,15 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 def test_imports_go_down_the_floors():
     found = upward_imports(module_graph())
     assert not found, "imports up the house (move what is shared down, or the importer up):\n" + "\n".join(found)
+
+
+def test_no_stage_imports_another_stage_or_the_registry():
+    """A stage's module imports no other stage's module, and not the registry (which loads every
+    stage): what it shares with others lives below the stages (otbuild/stagekit/, settings), and
+    its code, as the audit hashes it (otbuild/codehash.py), is its own."""
+    from otbuild.stages import STAGES
+
+    graph = module_graph()
+    stages = {d.module for d in STAGES.values() if d.module in graph}
+    found = [f"{m} -> {dep}" for m in sorted(stages) for dep in sorted(graph[m] & (stages | {"otbuild.stages"}))]
+    assert not found, "a stage imports another stage or the registry:\n" + "\n".join(found)

@@ -24,8 +24,11 @@ from pathlib import Path
 from otbuild.estimate.pilot import SMALL_PILOT, Pilot, match
 from otbuild.estimate.profile import Grant, Profile
 from otbuild.estimate.rates import Rate, default, model_params_b
-from otbuild.estimate.span import ZERO, Span
+from otbuild.span import ZERO, Span
 from otbuild.stages import STAGES
+
+# the generic estimates a stage may name (`StageDef.estimate`), each a method of Model
+GENERIC = ("table",)
 
 
 @dataclass
@@ -95,7 +98,7 @@ class Model:
                 if r.n is not None and r.n < SMALL_PILOT:
                     self.small.setdefault(r.source, []).append(name)
                 return r.value * scale
-        value = self._assume(e, (node.stage, name), fallback or default(node.stage, name), cap, scale)
+        value = self.assume(e, (node.stage, name), fallback or default(node.stage, name), cap, scale)
         for p in self.pilots:
             for their, meas in p.other(node.stage, name):
                 why = (
@@ -106,11 +109,17 @@ class Model:
                 e.notes.append(f"rates of {meas.source.split(' (')[0]} not taken: {why}")
         return value
 
-    def _assume(
-        self, e: StageEstimate, key: tuple[str, str], r: Rate, cap: float | None = None, scale: float = 1.0
+    def assume(
+        self,
+        e: StageEstimate,
+        key: tuple[str, str],
+        r: Rate | None = None,
+        cap: float | None = None,
+        scale: float = 1.0,
     ) -> Span:
-        """A default rate (`key`: its place in DEFAULTS, or its stage and name), recorded as assumed
-        (at one end of its range when `force` says so)."""
+        """A rate assumed (`r`, else the default at `key`: its place in DEFAULTS, or its stage and
+        name), recorded as assumed (at one end of its range when `force` says so)."""
+        r = r or default(*key)
         value = r.value.cap(cap) * scale
         if side := self.force.get(key):
             value = Span.of(getattr(value, side))
@@ -130,10 +139,18 @@ class Model:
             if e.built:
                 self._built(n, e)
             else:
-                getattr(self, f"_{STAGES[n.stage].estimate or n.stage}")(n, e)  # checked below the class
+                self._estimate(n, e)
                 e.wall_s = self._wall(e)
             self.stages.append(e)
         return self
+
+    def _estimate(self, n, e: StageEstimate) -> None:
+        """The stage's own hook, or the generic estimate it names (checked below the class)."""
+        hook = STAGES[n.stage].estimate
+        if callable(hook):
+            hook(self, n, e)
+        else:
+            getattr(self, hook if hook in GENERIC else f"_{hook or n.stage}")(n, e)
 
     def _built(self, n, e: StageEstimate) -> None:
         from otbuild.provenance import read_record
@@ -151,94 +168,97 @@ class Model:
             self.rollouts[n.id] = Span.of(stats["rollouts_planned"])
         e.notes.append("built: reused, costs nothing")
 
-    def _in(self, n, stages: tuple[str, ...] | None = None) -> Span:
+    # -- helpers for the stages' hooks -------------------------------------------------------
+    def rows_in(self, n, stages: tuple[str, ...] | None = None) -> Span:
+        """The rows of the node's inputs (of those stages only, when given)."""
         return sum((self.rows.get(i.id, ZERO) for i in n.inputs if stages is None or i.stage in stages), ZERO)
 
-    def _grant(self, rule: str) -> Grant:
+    def grant(self, rule: str) -> Grant:
+        """What the profile grants a rule's jobs."""
         return self.profile.grant(rule)
 
-    def _table(self, n, e: StageEstimate) -> None:
-        """A stage whose time hardly grows with rows at these sizes (DuckDB over parquet, the
-        report, the ranking): its job time as a pilot measured it."""
-        e.jobs.append(Job(n.stage, 1, self._job_rate(e, n, "job_s"), self._grant(n.stage)))
-        self.rows[n.id] = self._in(n)
+    def job(self, e: StageEstimate, rule: str, count: int, seconds: Span) -> Grant:
+        """`count` jobs of `rule`, `seconds` each, with what the profile grants them."""
+        grant = self.grant(rule)
+        e.jobs.append(Job(rule, count, seconds, grant))
+        return grant
 
-    _rank = _report = _table
+    def assumed_rate(self, name: str, value: Span, unit: str, source: str) -> Rate:
+        """A rate the recipe assumes (a `fallback` for `rate`, where no pilot measured it)."""
+        return Rate(name, value, unit, source, True)
 
-    def _measured(self, n, name: str) -> bool:
+    def known_rows(self, n) -> Span | None:
+        """Rows a stage that brings data in will have, where its settings or its data say: a
+        synthetic count, a parquet's rows, Harbor task dirs; at most its `sample.n`. None: unknown."""
+        s = n.settings
+        rows = None
+        if s.get("kind") == "synthetic":
+            rows = s["count"]
+        elif s.get("path") and Path(s["path"]).exists():
+            p = Path(s["path"])
+            try:
+                if p.is_file() and p.suffix == ".parquet":
+                    import pyarrow.parquet as pq
+
+                    rows = pq.ParquetFile(p).metadata.num_rows
+                elif p.is_dir() and s.get("kind") in ("harbor-dir", "tb1-dir"):
+                    rows = sum(1 for d in p.iterdir() if d.is_dir())
+            except OSError:
+                rows = None
+        if rows is not None and (s.get("sample") or {}).get("n"):
+            rows = min(rows, s["sample"]["n"])
+        return Span.of(rows) if rows is not None else None
+
+    def table(self, n, e: StageEstimate) -> None:
+        """A generic estimate (`StageDef.estimate="table"`): a stage whose time hardly grows with
+        rows at these sizes (DuckDB over parquet, the report, the ranking), its job time as a
+        pilot measured it; its rows are its inputs'."""
+        self.job(e, n.stage, 1, self.job_rate(e, n, "job_s"))
+        self.rows[n.id] = self.rows_in(n)
+
+    _report = table
+
+    def measured(self, n, name: str) -> bool:
+        """A pilot measured rate `name` for this node's work."""
         return any(p.find(n.stage, match(n), name) for p in self.pilots)
 
-    def _job_rate(self, e: StageEstimate, n, name: str, server: bool = False, otherwise: str = "overhead_s") -> Span:
+    def job_rate(self, e: StageEstimate, n, name: str, server: bool = False, otherwise: str = "overhead_s") -> Span:
         """A job time a pilot measured for this work (`name`), else the default job overhead
         (`otherwise`; a vLLM server's load with `server`)."""
-        if self._measured(n, name):
+        if self.measured(n, name):
             return self.rate(e, n, name)
         key = ("server" if server else "job", otherwise)
-        return self._assume(e, key, default(*key))
+        return self.assume(e, key)
 
     def _source(self, n, e: StageEstimate) -> None:
-        rows = _known_rows(n, self.root)
+        rows = self.known_rows(n)
         if rows is None:
             kind = "benchmark" if "benchmarks/" in n.label else "source"
-            rows = self._assume(e, (kind, "tasks"), default(kind, "tasks"))
+            rows = self.assume(e, (kind, "tasks"))
         e.counts["tasks"] = rows
-        self._table(n, e)
+        self.table(n, e)
         self.rows[n.id] = rows
 
     def _trace_import(self, n, e: StageEstimate) -> None:
         self._source(n, e)
         e.counts["traces"] = e.counts.pop("tasks")
 
-    def _mix(self, n, e: StageEstimate) -> None:
-        self._table(n, e)
-        self.rows[n.id] = Span.of(n.config.total)
-        e.counts["tasks"] = self.rows[n.id]
-
-    def _task_filter(self, n, e: StageEstimate) -> None:
-        from otbuild.stages.task_filter import planned_rollouts
-
-        cfg = n.config
-        held = len(cfg.decontaminate.against) if cfg.decontaminate else 0
-        tasks_in = sum((self.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
-        kept = (tasks_in * self.rate(e, n, "keep_rate")).ceil()
-        if cfg.score and cfg.score.top_k:
-            kept = kept.cap(cfg.score.top_k)
-        if cfg.sample:
-            kept = kept.cap(cfg.sample.n)
-        self._table(n, e)
-        self.rows[n.id] = kept
-        e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
-        if (budget := planned_rollouts(cfg.score)) is not None:
-            self.rollouts[n.id] = Span.of(budget)
-            e.counts["rollouts_planned"] = Span.of(budget)
-
-    def _task_score(self, n, e: StageEstimate) -> None:
-        tasks = self._in(n)
-        self._requests(n, e, tasks)
-        self.rows[n.id] = tasks
-        e.counts["tasks"] = tasks
-
-    def _augment(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        tasks = self._in(n)
-        forms = cfg.k * len(cfg.kinds)
-        self._requests(n, e, tasks * forms)
-        self.rows[n.id] = tasks * (forms + int(cfg.keep_original))
-        e.counts.update(tasks_in=tasks, tasks_out=self.rows[n.id])
-
-    def _requests(self, n, e: StageEstimate, requests: Span) -> None:
+    def requests(self, n, e: StageEstimate, requests: Span) -> None:
+        """A sharded stage that sends `requests` LLM requests (its settings an LLM section): their
+        tokens and cost, its shard jobs and its merge."""
         from otbuild.settings.engines import concurrency
 
         cfg = n.config
         e.counts["requests"] = e.requests = requests
-        self._tokens(n, e, requests, cfg.max_tokens, f"{cfg.engine}:{cfg.model}")
+        self.tokens(n, e, requests, cfg.max_tokens, f"{cfg.engine}:{cfg.model}")
         shards = cfg.shards
         per = self.rate(e, n, "seconds_per_request")
-        over = self._job_rate(e, n, "overhead_s", server=cfg.engine == "vllm")
-        e.jobs.append(Job(n.stage, shards, over + requests / shards * per / concurrency(cfg), self._grant(n.stage)))
+        over = self.job_rate(e, n, "overhead_s", server=cfg.engine == "vllm")
+        self.job(e, n.stage, shards, over + requests / shards * per / concurrency(cfg))
         self._merge(n, e)
 
-    def _tokens(self, n, e: StageEstimate, requests: Span, max_tokens: int, model: str) -> None:
+    def tokens(self, n, e: StageEstimate, requests: Span, max_tokens: int, model: str) -> None:
+        """The tokens of `requests` to `model` (ENGINE:MODEL; output at most `max_tokens`), priced."""
         from otbuild.report.costs import price_of
         from otbuild.usage import cost
 
@@ -266,21 +286,23 @@ class Model:
             e.notes.append(f"no price for {model}: set `prices:` in the recipe")
 
     def _merge(self, n, e: StageEstimate) -> None:
-        merge = self._job_rate(e, n, "merge_s", otherwise="merge_s")
-        e.jobs.append(Job(f"{n.stage}_merge", 1, merge, self._grant(f"{n.stage}_merge")))
+        merge = self.job_rate(e, n, "merge_s", otherwise="merge_s")
+        self.job(e, f"{n.stage}_merge", 1, merge)
 
-    def _trials(self, n, e: StageEstimate, trials: Span, model: str, server: bool) -> None:
+    def trials(self, n, e: StageEstimate, trials: Span, model: str, server: bool) -> None:
+        """A sharded stage that runs `trials` agent trials with `model` (its settings the trial
+        settings; `server`: a vLLM server loads first): requests, tokens, shard jobs, merge."""
         from otbuild.settings.engines import concurrency
 
         cfg = n.config
         turns = self.rate(e, n, "turns_per_trial", cap=cfg.max_episodes)
         e.requests = trials * turns
         e.counts.update(trials=trials, requests=e.requests)
-        self._tokens(n, e, e.requests, cfg.max_tokens, model)
+        self.tokens(n, e, e.requests, cfg.max_tokens, model)
         per = self._seconds_per_trial(n, e, trials)
-        over = self._job_rate(e, n, "overhead_s", server)
+        over = self.job_rate(e, n, "overhead_s", server)
         shards = cfg.shards
-        e.jobs.append(Job(n.stage, shards, over + trials / shards * per / concurrency(cfg), self._grant(n.stage)))
+        self.job(e, n.stage, shards, over + trials / shards * per / concurrency(cfg))
         self._merge(n, e)
 
     def _seconds_per_trial(self, n, e: StageEstimate, trials: Span) -> Span:
@@ -288,7 +310,7 @@ class Model:
         that ran one gives its trials' time without it, and the note says what that saves."""
         from otbuild.settings.engines import concurrency
 
-        if getattr(n.config, "verify", True) or not self._measured(n, "verifier_s_per_trial"):
+        if getattr(n.config, "verify", True) or not self.measured(n, "verifier_s_per_trial"):
             if getattr(n.config, "verify", True) is False:
                 e.notes.append(
                     "teacher.verify: false: no pilot measured a verifier, so its trials' time is "
@@ -296,69 +318,31 @@ class Model:
                 )
             return self.rate(e, n, "seconds_per_trial")
         saved = self.rate(e, n, "verifier_s_per_trial")
-        hours = (trials * saved / concurrency(n.config)).estimate / 3600 * max(self._grant(n.stage).gpus, 1)
+        hours = (trials * saved / concurrency(n.config)).estimate / 3600 * max(self.grant(n.stage).gpus, 1)
         e.notes.append(
             f"teacher.verify: false: no verifier runs; the pilot's took {saved.estimate:,.1f} s per "
-            f"trial, {hours:,.1f} {'GPU' if self._grant(n.stage).gpus else 'job'}-hours saved here"
+            f"trial, {hours:,.1f} {'GPU' if self.grant(n.stage).gpus else 'job'}-hours saved here"
         )
         return self.rate(e, n, "unverified_seconds_per_trial")
 
-    def _rollout(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        tasks = self._in(n)
-        planned = [self.rollouts[i.id] for i in n.inputs if i.id in self.rollouts]
-        trials = sum(planned, ZERO) if planned else tasks * cfg.samples_per_task
-        e.counts["tasks"] = tasks
-        self._trials(n, e, trials, f"{cfg.engine}:{cfg.model or cfg.engine}", cfg.engine == "vllm")
-        self.rows[n.id] = trials
-        if cfg.engine == "oracle":  # it replays the same solution: a task's samples are one trace
-            self.distinct[n.id] = tasks
-
     def _eval(self, n, e: StageEstimate) -> None:
         cfg = n.config
-        tasks = self._in(n, ("source",))
+        tasks = self.rows_in(n, ("source",))
         e.counts["benchmark_tasks"] = tasks
-        self._trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
+        self.trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
         self.rows[n.id] = Span.of(len([i for i in n.inputs if STAGES[i.stage].brings == "tasks"]))
 
-    def _trace_filter(self, n, e: StageEstimate) -> None:
-        traces = self._in(n)
-        keep = self.plan.recipe.recipe.task_filter
-        planned = keep.score.keep_rate if keep and keep.score and keep.score.budget else None
-        fallback = (
-            None
-            if planned is None
-            else Rate(
-                "keep_rate",
-                Span(planned, planned * 0.6, planned),
-                "kept / in",
-                "the keep rate the recipe plans its rollouts with (task_filter.score.keep_rate); x0.6 at the low end",
-                True,
-            )
-        )
-        if n.config.dedup and any(i.id in self.distinct for i in n.inputs):
-            distinct = sum((self.distinct.get(i.id, self.rows.get(i.id, ZERO)) for i in n.inputs), ZERO)
-            e.notes.append("dedup: the oracle's samples of a task are one conversation, so one of them is kept")
-        else:
-            distinct = traces
-        kept = (distinct * self.rate(e, n, "keep_rate", fallback=fallback)).ceil()
-        kept = kept.cap(n.config.sample.n if n.config.sample else None)
-        self._table(n, e)
-        self.rows[n.id] = kept
-        e.counts["traces_in"] = traces
-        if distinct is not traces:
-            e.counts["distinct_traces"] = distinct
-        e.counts["traces_kept"] = kept
-
-    def _device_seconds_per_token(self, n, e: StageEstimate) -> Span:
-        if self._measured(n, "gpu_seconds_per_token"):
+    def device_seconds_per_token(self, n, e: StageEstimate) -> Span:
+        """A training job's device-seconds per token: a pilot's, else another pilot's scaled by the
+        model's parameters, else the paper's 8B figure scaled."""
+        if self.measured(n, "gpu_seconds_per_token"):
             return self.rate(e, n, "gpu_seconds_per_token")
         found = model_params_b(n.settings.get("model"))
         if found is None:
-            params = self._assume(e, ("model", "params_b"), default("model", "params_b"))
+            params = self.assume(e, ("model", "params_b"))
         else:
             params = Span.of(found[0])
-            other = [m for p in self.pilots for _, m in p.other("sft", "gpu_seconds_per_token") if m.per]
+            other = [m for p in self.pilots for _, m in p.other(n.stage, "gpu_seconds_per_token") if m.per]
             if other:  # a pretrained model trained on GPUs: its rate x the ratio of parameters (6N FLOPs a token)
                 r = other[0].rate()
                 ratio = found[0] / (other[0].per or 1.0)  # `per` is set: filtered above
@@ -376,31 +360,13 @@ class Model:
             e.notes.append(f"{found[0]:g}B parameters ({found[1]}): the paper's 8B figure x {found[0] / 8:g}")
         return self.rate(e, n, "gpu_seconds_per_token") * params
 
-    def _sft(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        traces = self._in(n)
-        per_trace = self.rate(e, n, "tokens_per_trace", cap=cfg.cutoff_len)
-        per_epoch = (traces * per_trace).cap(cfg.token_budget)
-        if cfg.max_steps is not None:
-            trained = Span.of(cfg.max_steps * cfg.global_batch_size) * per_trace
-        else:
-            trained = per_epoch * cfg.epochs
-        e.counts.update(traces=traces, tokens_per_epoch=per_epoch, tokens_to_train_on=trained)
-        grant = self._grant("sft")
-        devices = max(grant.gpus, 1)
-        over = self._sft_overhead(n, e, per_epoch)
-        e.jobs.append(Job("sft", 1, over + trained * self._device_seconds_per_token(n, e) / devices, grant))
-        if grant.gpus == 0 and n.settings.get("model", {}).get("kind") == "pretrained":
-            e.notes.append("the profile grants sft no GPU: its GPU-hours count 0 (pass --profile slurm)")
-        self.rows[n.id] = Span.of(1)
-
-    def _sft_overhead(self, n, e: StageEstimate, per_epoch: Span) -> Span:
-        """What an SFT job spends besides training. A pilot cannot tell how much of it is fixed
+    def training_overhead(self, n, e: StageEstimate, per_epoch: Span) -> Span:
+        """What a training job spends besides training. A pilot cannot tell how much of it is fixed
         (start-up, saving) and how much grows with the data (tokenizer, tokenization): the range
         spans both readings, the estimate is their middle."""
-        found = next((m for p in self.pilots if (m := p.find("sft", match(n), "overhead_s"))), None)
+        found = next((m for p in self.pilots if (m := p.find(n.stage, match(n), "overhead_s"))), None)
         if found is None:
-            return self._job_rate(e, n, "overhead_s")
+            return self.job_rate(e, n, "overhead_s")
         fixed = self.rate(e, n, "overhead_s").estimate
         grown = fixed * per_epoch.estimate / found.per if found.per else fixed
         lo, hi = sorted((fixed, grown))
@@ -414,17 +380,6 @@ class Model:
             e.rates[-1].n,
         )
         return span
-
-    def _rl(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        trials = Span.of(cfg.steps * cfg.batch_size * cfg.samples_per_task)
-        turns = self.rate(e, n, "turns_per_trial", cap=cfg.sandbox.max_episodes)
-        e.requests = trials * turns
-        e.counts.update(steps=Span.of(cfg.steps), trials=trials, requests=e.requests)
-        self._tokens(n, e, e.requests, cfg.max_tokens, f"{cfg.rollout}:policy")
-        grant = self._grant("rl")
-        e.jobs.append(Job("rl", 1, trials * self.rate(e, n, "seconds_per_trial") / max(grant.gpus, 1), grant))
-        self.rows[n.id] = Span.of(1)
 
     # -- time --------------------------------------------------------------------------------
     def _wall(self, e: StageEstimate) -> Span:
@@ -446,33 +401,15 @@ class Model:
         return Span(*(max([getattr(s, k) for s in finish.values()] + [0.0]) for k in ("estimate", "low", "high")))
 
 
-# Every stage is estimated by a method of its own (`_STAGE`) or the one it names (`StageDef.estimate`):
+# Every stage is estimated by its own hook or the generic estimate it names (`StageDef.estimate`):
 # a stage without one fails at import, never falls back to a guess.
-if unestimated := [n for n, d in STAGES.items() if not callable(getattr(Model, f"_{d.estimate or n}", None))]:
+if unestimated := [
+    n
+    for n, d in STAGES.items()
+    if not callable(d.estimate)
+    and not callable(getattr(Model, d.estimate if d.estimate in GENERIC else f"_{d.estimate or n}", None))
+]:
     raise ImportError(
         f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} "
-        "(Model._STAGE, or StageDef.estimate naming one)"
+        f"(StageDef.estimate: the stage's hook, or one of {', '.join(GENERIC)})"
     )
-
-
-def _known_rows(n, root: Path) -> Span | None:
-    """Tasks a source will have, where the recipe or its data says: a synthetic count, a
-    parquet's rows, Harbor task dirs; at most its `sample.n`."""
-    s = n.settings
-    rows = None
-    if s.get("kind") == "synthetic":
-        rows = s["count"]
-    elif s.get("path") and Path(s["path"]).exists():
-        p = Path(s["path"])
-        try:
-            if p.is_file() and p.suffix == ".parquet":
-                import pyarrow.parquet as pq
-
-                rows = pq.ParquetFile(p).metadata.num_rows
-            elif p.is_dir() and s.get("kind") in ("harbor-dir", "tb1-dir"):
-                rows = sum(1 for d in p.iterdir() if d.is_dir())
-        except OSError:
-            rows = None
-    if rows is not None and (s.get("sample") or {}).get("n"):
-        rows = min(rows, s["sample"]["n"])
-    return Span.of(rows) if rows is not None else None

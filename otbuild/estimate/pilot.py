@@ -25,8 +25,8 @@ from otbuild import duck
 from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError
 from otbuild.estimate.rates import Rate, model_key, model_params_b
-from otbuild.estimate.span import Span, mean_span, rate_span
 from otbuild.report.costs import benchmark_files, read_benchmark
+from otbuild.span import Span, mean_span, rate_span
 from otbuild.stages import STAGES
 
 SMALL_PILOT = 30  # items below which a pilot's rate is flagged as saying little

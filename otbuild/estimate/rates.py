@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from otbuild.estimate.span import Span
+from otbuild.span import Span
 from otbuild.stages import STAGES
 
 # The paper's SFT figure: about 160 GPU-hours per 10K traces of its 8B SFT (7 epochs, the

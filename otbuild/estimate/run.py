@@ -11,7 +11,7 @@ from otbuild.estimate.check import profile_flags
 from otbuild.estimate.model import Model, StageEstimate
 from otbuild.estimate.pilot import SMALL_PILOT, Pilot
 from otbuild.estimate.profile import Profile
-from otbuild.estimate.span import ZERO, Span
+from otbuild.span import ZERO, Span
 from otbuild.stages import STAGES
 
 METRICS = ("gpu_hours", "cost", "wall_s")

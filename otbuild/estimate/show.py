@@ -8,9 +8,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from otbuild.estimate.run import Estimate
-from otbuild.estimate.span import Span
 from otbuild.progress import duration
 from otbuild.report.charts import num
+from otbuild.span import Span
 
 SHOWN = 8  # assumptions shown, those that move the total most first
 

@@ -24,6 +24,7 @@ from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError, StageError
 from otbuild.hashing import settings_hash
 from otbuild.plan.external import find
+from otbuild.plan.shape import gaps, planned, section_key
 from otbuild.recipe.load import LoadedRecipe
 from otbuild.settings.base import PLAN_ONLY, fields_with
 from otbuild.settings.identity import identity
@@ -32,7 +33,6 @@ from otbuild.settings.stages import ReportSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.stagekit import shard_path
 from otbuild.stages import STAGES, StageDef, input_name
-from otbuild.stages.shape import gaps, planned, section_key
 
 ARTIFACTS = Path("artifacts")
 RESULTS = Path("results")
@@ -260,7 +260,7 @@ def report_node(
 
 def _finals(loaded: LoadedRecipe, prefix: str = "") -> list[Node]:
     """The last nodes of one recipe (labels under `prefix`); their inputs hold the rest. The
-    recipe's stages are wired by the pipeline's shape (otbuild/stages/shape.py): each takes the
+    recipe's stages are wired by the pipeline's shape (otbuild/plan/shape.py): each takes the
     data of the kinds it consumes as the stages before it left them."""
     if gap := next(iter(gaps(loaded.recipe)), None):
         where = f"{loaded.file_for(gap.key)}: {gap.key}: " if gap.key else f"{loaded.path}: "

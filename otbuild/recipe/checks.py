@@ -18,9 +18,10 @@ from otbuild.engines.model_config import check_fits_model
 from otbuild.errors import ConfigError
 from otbuild.recipe.credentials import REMEDY, credentials
 from otbuild.recipe.messages import file_for, launch_errors, suggest
+from otbuild.recipe.schema import Recipe
 from otbuild.settings.base import RE2, field_extra
 from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
-from otbuild.settings.recipe import AtPath, Eval, Recipe, Teacher
+from otbuild.settings.recipe import AtPath, Eval, Source, Teacher
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, ShardedTrials, harbor_agent, trials_of
 
@@ -147,7 +148,7 @@ class Checker:
             )
 
     def _inputs(self, recipe: Recipe) -> None:
-        """What the pipeline's shape does not say (the plan checks that: otbuild/stages/shape.py):
+        """What the pipeline's shape does not say (the plan checks that: otbuild/plan/shape.py):
         RL's one task set, the task sets a decontamination names."""
         if recipe.rl and not (recipe.mix or recipe.task_filter) and len(recipe.sources) > 1:
             raise self.error(("rl",), "draws its tasks from one task set: add `mix` or `task_filter`")
@@ -253,7 +254,10 @@ class Checker:
 
         root = self.path.resolve().parent.parent
         checks: dict[tuple, tuple[Path, typing.Callable, str | None]] = {}  # key path -> (path, check, kind)
-        groups = {"sources": recipe.sources, "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {}}
+        groups: dict[str, dict[str, Source]] = {
+            "sources": recipe.sources,
+            "eval.benchmarks": recipe.eval.benchmarks if recipe.eval else {},
+        }
         for group, sources in groups.items():
             for name, src in sources.items():
                 if src.kind == "harbor-dataset":

@@ -13,8 +13,9 @@ from otbuild.errors import ConfigError
 from otbuild.recipe.checks import Checker
 from otbuild.recipe.messages import file_for, format_error, suggest
 from otbuild.recipe.read import read_chain
+from otbuild.recipe.schema import Recipe
 from otbuild.settings.added import added_sections
-from otbuild.settings.recipe import NAME_RE, Recipe
+from otbuild.settings.recipe import NAME_RE
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from otbuild.recipe.schema import Recipe
 from otbuild.settings.engines import LaunchOptionsError
-from otbuild.settings.recipe import Recipe
 
 
 def file_for(loc: tuple, origin: dict, default: Path) -> Path:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from otbuild.report import costs as costs_mod
 from otbuild.report.charts import num
 from otbuild.report.data import Artifact, by_candidate, evals, final_tasks, final_traces, is_base, total_rows, train_log
-from otbuild.stages import LOSS_KEYS, REWARD_KEYS, STAGES
+from otbuild.stagekit.training import LOSS_KEYS, REWARD_KEYS
+from otbuild.stages import STAGES
 
 
 @dataclass

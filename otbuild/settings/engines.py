@@ -1,10 +1,11 @@
 """Engine settings, each declared once, in the recipe schema's terms.
 
-`LLM` is the section every LLM stage of a recipe shares (otbuild/settings/recipe.py extends it:
-`Teacher`, `Augment`, `TaskScorer`): every setting an engine's client reads. An engine that
-starts its own server reads its launch options from `engine_args`, a mapping checked against
-that engine's model of them (`VLLMOptions`, `TransformersOptions`). Engines take the `LLM` (or
-a subclass: they read only its fields): `make_engine(llm)` in otbuild/engines/__init__.py.
+`LLM` is the section every LLM stage of a recipe shares (`Teacher` and `TaskScorer` in
+otbuild/settings/recipe.py, `Augment` in otbuild/stages/augment.py extend it): every setting an
+engine's client reads. An engine that starts its own server reads its launch options from
+`engine_args`, a mapping checked against that engine's model of them (`VLLMOptions`,
+`TransformersOptions`). Engines take the `LLM` (or a subclass: they read only its fields):
+`make_engine(llm)` in otbuild/engines/__init__.py.
 
 Content ids follow the rule of otbuild/settings/identity.py: fields made with
 `execution_only(...)` change how requests are sent or a server runs (concurrency, retries,

@@ -1,4 +1,7 @@
-"""The recipe schema: one strict pydantic model per stage's settings.
+"""The recipe's shared models: the keys that are no stage's section (`RecipeKeys`) and the
+sections or parts that several stages or parts use (task sources, trace import options, the
+teacher, the task scorer, the harness). A section only one stage uses is declared in its module
+(otbuild/stages/); the `Recipe` model is assembled from both in otbuild/recipe/schema.py.
 
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from otbuild.settings.base import (
     MAX_REPEATS,
@@ -31,13 +34,13 @@ from otbuild.settings.base import (
     re2,
 )
 from otbuild.settings.engines import LLM, Sampling
-from otbuild.settings.train import Rl, Sft
 from otbuild.settings.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
+Name = Annotated[str, Field(pattern=NAME_RE)]  # a key the recipe names (a source, a trace import, a benchmark)
 
 
 RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
@@ -197,116 +200,9 @@ Source = Annotated[
 ]
 
 
-class Mix(Strict):
-    n: int = Field(ge=1, description="Top-N sources by rank")
-    total: int = Field(ge=1, le=MAX_TASKS, description="tasks in the mix; total/n from each source")
-    order: Literal["shuffle", "round_robin"] = "shuffle"
-    seed: int = 0
-
-
-class Bounds(Strict):
-    min: int | None = Field(default=None, ge=0)
-    max: int | None = Field(default=None, ge=1)
-
-    @model_validator(mode="after")
-    def _ordered(self):
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
-        return self
-
-
 class Sample(Strict):
     n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
-
-
-class Score(Strict):
-    """Use a score: keep the `top_k` best, or spread a rollout `budget` by score (every task
-    at least one rollout; see docs/task-filter.md for the exact formula)."""
-
-    column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
-    top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
-    budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
-    keep_rate: float = Field(
-        default=1.0,
-        gt=0,
-        le=1,
-        description="the trace filter's measured keep rate: the "
-        "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned",
-    )
-
-    @model_validator(mode="after")
-    def _one_mode(self):
-        if (self.top_k is None) == (self.budget is None):
-            raise ValueError("set exactly one of top_k (keep the k best) or budget (rollouts by score)")
-        if self.keep_rate != 1.0 and self.budget is None:
-            raise ValueError("keep_rate scales a rollout budget: set budget with it")
-        return self
-
-
-class Decontaminate(Strict):
-    """Reject tasks whose instruction overlaps a benchmark's: the same normalised text, at
-    least `min_shared` shared word n-grams, or (with `fuzzy`) a rapidfuzz ratio or partial
-    ratio of at least `fuzzy` among the pairs the pre-filter keeps (docs/task-filter.md)."""
-
-    against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
-        min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out"
-    )
-    ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
-    min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
-    fuzzy: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description=(
-            "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
-            "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"
-        ),
-    )
-    fuzzy_ngram: int = Field(default=5, ge=1, le=64, description="pre-filter: words per n-gram a pair must share")
-    fuzzy_min_shared: int = Field(
-        default=2, ge=1, description="pre-filter: distinct fuzzy_ngram-grams a pair must share"
-    )
-
-    @model_validator(mode="after")
-    def _fuzzy_knobs(self):
-        if self.fuzzy is None and (self.fuzzy_ngram != 5 or self.fuzzy_min_shared != 2):
-            raise ValueError("fuzzy_ngram and fuzzy_min_shared tune the fuzzy pass: set fuzzy with them")
-        return self
-
-    @field_validator("against")
-    @classmethod
-    def _unique(cls, v):
-        if len(set(v)) < len(v):
-            raise ValueError(f"names a benchmark twice: {v}")
-        return v
-
-
-class TaskFilter(Strict):
-    llm: TaskScorer | None = plan_only(None, description="scores every task first (a stage of its own: task_score)")
-    decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
-    dedup: bool = True
-    instruction_chars: Bounds | None = None
-    include_regex: str | None = re2()
-    exclude_regex: str | None = re2()
-    score: Score | None = None
-    sample: Sample | None = None
-
-
-class TraceFilter(Strict):
-    """Keep traces worth training on. Paper: keep >= 5 turns (+3.5pp at equal tokens)."""
-
-    min_turns: int = Field(default=5, ge=0)
-    drop_timed_out: bool = True
-    drop_subagent: bool = True
-    drop_exceptions: bool = True  # outcomes not_run, infrastructure, verifier_error (docs/failures.md)
-    min_reward: float | None = None  # success-only: keep traces whose reward >= this
-    dedup: bool = True  # identical conversations
-    sample: Sample | None = Field(
-        default=None,
-        description="keep exactly n of what is left (a seeded choice): "
-        "the kept-traces target of a budget planned with task_filter.score.keep_rate",
-    )
 
 
 class Teacher(LLM, ShardedTrials):
@@ -328,17 +224,6 @@ class Teacher(LLM, ShardedTrials):
         if self.engine != "oracle" and not self.model:
             raise ValueError(f"engine {self.engine!r} needs `model`")
         return self
-
-
-class Augment(LLM, Sharded):
-    """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
-    Tezos 997 -> ~21K surface forms)."""
-
-    sources: list[str] | None = plan_only(None, description="sources to augment; default: all")
-    kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
-    k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
-    keep_original: bool = True
-    seed: int = 0
 
 
 class TaskScorer(LLM, Sharded):
@@ -538,19 +423,12 @@ class Decision(Strict):
     )
 
 
-class Recipe(Strict):
+class RecipeKeys(Strict):
+    """The recipe's keys that are no stage's section; the `Recipe` model adds each built-in stage's
+    key (`StageDef.recipe_field`) to them (otbuild/recipe/schema.py)."""
+
     description: str = ""
-    sources: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(default_factory=dict)
-    mix: Mix | None = None
-    augment: Augment | None = None
-    task_filter: TaskFilter | None = None
-    teacher: Teacher | None = None
-    trace_imports: dict[Annotated[str, Field(pattern=NAME_RE)], TraceImport] = Field(default_factory=dict)
-    trace_filter: TraceFilter | None = None
     harness: Harness = Harness()
-    sft: Sft | None = None
-    rl: Rl | None = None
-    eval: Eval | None = None
     # setting path -> values, e.g. {"mix.n": [1, 2, 4]} (a mapping merges into a section, e.g.
     # {"teacher": [{model: A}, {model: B, engine_args: {...}}]}): the grid's candidates share every
     # common upstream artifact and are ranked by their eval scores (cross-benchmark z-score)

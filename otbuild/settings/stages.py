@@ -1,9 +1,12 @@
-"""What each stage receives: its settings model.
+"""The settings models that several stages' jobs (or the parts below the stages) share.
 
-A stage's settings are its recipe section (recipe.py, train.py, engines.py here: the one
-definition of every field, its default and its bounds) plus what the plan adds: a source's
-name, the files and dataset commits it resolved, the harness prompt style, the checkpoint an
-eval serves. Each stage names its model in the registry (otbuild/stages/: `StageDef.settings`).
+A stage's settings are its recipe section (the one definition of every field, its default and
+its bounds) as it is, or plus what the plan adds: a source's name, the files and dataset commits
+it resolved, the harness prompt style, the checkpoint an eval serves. Each stage names its model
+in its own module (`STAGE = StageDef(...)`, otbuild/stages/); a model only that stage uses is
+declared there. Here: what a named section gets (`_named_union`: sources, trace imports), the
+trial run the rollout is and the eval extends (stagekit's trials run it), the training stages'
+settings (their workers read them), and what the plan writes for the report.
 The plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them
 back into the model (`StageDef.config`), so `run(cfg, inputs, outdir)` and the training
 workers get typed settings with the schema's defaults, never a dict with defaults of their own.
@@ -21,18 +24,11 @@ from pydantic import Field, create_model
 from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
-    Augment,
-    Decision,
     Eval,
-    Mix,
     Price,
     PromptStyle,
-    RankBy,
     Source,
-    TaskFilter,
-    TaskScorer,
     Teacher,
-    TraceFilter,
     TraceImport,
 )
 from otbuild.settings.train import Rl, Sft
@@ -73,30 +69,9 @@ SourceSettings = _named_union(Source)
 TraceImportSettings = _named_union(TraceImport)
 
 
-# Stages whose job settings are their recipe section as it is: one name per stage all the same
-# (STAGESettings), the section's model under it.
-class AugmentSettings(Augment):
-    pass
-
-
-class TaskScoreSettings(TaskScorer):
-    pass
-
-
-class TaskFilterSettings(TaskFilter):
-    pass
-
-
-class TraceFilterSettings(TraceFilter):
-    pass
-
-
-class MixSettings(Mix):
-    sources: list[str] = Field(description="the Top-N sources, in input order")
-
-
 class RolloutSettings(Teacher, PromptStyle):
-    pass
+    """The teacher's section with the harness's prompt style: what a shard of trials runs
+    (otbuild/stagekit/trials.py), the rollout's settings and the base of the eval's."""
 
 
 class EvalSettings(Teacher, PromptStyle):
@@ -132,31 +107,13 @@ TrialRunSettings = RolloutSettings | EvalSettings
 
 
 class SftSettings(Sft, PromptStyle):
-    pass
+    """The sft section with the harness's prompt style (the chat format it trains on): what the
+    sft stage and its training workers (otbuild/train/) read."""
 
 
 class RlSettings(Rl, PromptStyle):
-    pass
-
-
-class RankSettings(Strict):
-    candidates: list[str] = Field(min_length=1)
-    metric: RankBy = "pass_at_1"
-
-
-class SearchCandidate(Strict):
-    name: str
-    values: dict[str, Any]  # setting path -> this candidate's value
-
-
-class DecideSettings(Decision):
-    """One stage of a search: the recipe's decision rules, its candidates (in the order of its
-    eval inputs) and the one kept when the stage is undecided."""
-
-    step: int = Field(ge=1)  # the search stage, from 1
-    candidates: list[SearchCandidate] = Field(min_length=1)
-    default: str
-    metric: RankBy = "pass_at_1"
+    """The rl section with the harness's prompt style its rollouts use: what the rl stage and
+    its training workers (otbuild/train/rl/) read."""
 
 
 class ReportNode(Strict):

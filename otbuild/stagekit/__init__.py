@@ -1,12 +1,17 @@
-"""What the stages are built from: the contract of a stage's job (its `Inputs`, its `run` and
-`run_shard`, where a shard writes), and the machinery several stages share (trials in shards,
+"""What the stages are built from: the contract of a stage's job (its `StageDef`, its `Inputs`,
+its `run` and `run_shard`, where a shard writes), and the machinery several stages share (trials in shards,
 LLM requests in shards, partial files, failure counts, training launches). A stage added by
 a package builds on it as the built-in ones do; no stage imports another."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from pydantic import TypeAdapter
 
 
 class Inputs(list[Path]):
@@ -62,3 +67,68 @@ def stage_run_shard(fn: RunShard[Cfg_contra]) -> RunShard[Cfg_contra]:
     """Marks a sharded stage's `run_shard`, verified as `stage_run`'s."""
     fn.stage_entry = "run_shard"  # type: ignore[attr-defined]
     return fn
+
+
+@dataclass(frozen=True)
+class StageDef:
+    name: str
+    version: int
+    outputs: tuple[str, ...]  # files in the artifact dir; the first feeds downstream stages
+    module: str  # defines `run` (a `Run`) and, sharded, `run_shard` (a `RunShard`)
+    settings: Any  # the model of `cfg`: its recipe section's, or one that says what the plan adds
+    sharded: bool = False  # run_shard(cfg, inputs, outdir, shard) per shard job, then run() merges
+    gpu: bool = False  # may serve a model or train: a GPU job on a cluster (profiles/slurm)
+    trials: bool = False  # runs agent trials in a sandbox; its settings are (or hold) the trial settings
+    llm: bool = False  # asks an LLM: records `llm_usage` (requests, tokens) in its stats
+    tasks: bool = False  # its main output is a task table: a step of the report's funnel
+    traces: bool = False  # its main output is a trace table: a step of the report's funnel
+    filter: bool = False  # keeps some of its input rows and records why it dropped the others
+    training: bool = False  # trains a checkpoint
+    checkpoint: bool = False  # what it writes decides what the plan builds next (a Snakemake checkpoint)
+    curve: tuple[str, ...] = ()  # training: the log keys the report plots, the first one logged
+    # `audit --rebuild`: output file pattern -> its fields (parquet columns, `column.key` of a JSON
+    # column, top-level JSON keys) that measure the run (docs/reproducibility.md)
+    volatile: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the estimate's counts a build's record holds, checked in the report: name -> "rows" (of the
+    # main output) or a dotted path into the record's stats
+    counts: Mapping[str, str] = field(default_factory=dict)
+    # the pipeline's shape (otbuild/plan/shape.py): the recipe section that plans it (a dotted key
+    # for a subsection; "" = the stage's name), the kinds of data it consumes (in the order its
+    # inputs are given) and the kind its main output is
+    section: str = ""
+    # a built-in stage's top-level recipe key (the section above): its annotation and default, as
+    # pydantic's create_model takes a field; the Recipe model (otbuild/recipe/schema.py) is made of
+    # them. None: the stage has no key of its own (a subsection, planned from other keys, or added:
+    # an added stage's section is validated by its `settings`)
+    recipe_field: tuple[Any, Any] | None = None
+    plan: str = ""  # how the plan makes its nodes (otbuild/plan/, PLANNERS): "" = from its section alone
+    consumes: tuple[str, ...] = ()
+    produces: str | None = None
+    # outputs flagged for `snakemake --report`, each with its category there (captions:
+    # otbuild/report/captions/STAGE.FILE.rst); not part of any id
+    reported: tuple[tuple[str, str], ...] = ()
+    # how `plan --estimate` counts its work: the stage's own hook, `estimate(m, n, e)` (m: the
+    # estimate's Model, otbuild/estimate/model.py, whose public helpers it calls; n: the plan node;
+    # e: its StageEstimate), or the name of a generic one (`table`: rows in, rows out)
+    estimate: str | Callable[[Any, Any, Any], None] = ""
+    # a stage added outside otbuild (the `otbuild.stages` entry points): the stage it follows in
+    # pipeline order
+    after: str = ""
+
+    @property
+    def brings(self) -> str | None:
+        """The kind of data it brings into the pipeline from outside (sources: tasks), if any."""
+        return self.produces if self.produces and self.produces not in self.consumes and not self.consumes else None
+
+    @cached_property
+    def _adapter(self) -> TypeAdapter:
+        return TypeAdapter(self.settings)
+
+    def config(self, settings: dict) -> Any:
+        """The typed settings from a spec's plain settings (a ValidationError names the field when a
+        spec does not fit: a plan and its stage out of step)."""
+        return self._adapter.validate_python(settings)
+
+
+# the categories of `snakemake --report` (docs/reports.md); the results' manifest is in RESULTS too
+RESULTS, EVALUATION, TRAINING = "Results", "Evaluation", "Training"

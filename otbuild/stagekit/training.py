@@ -10,7 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otbuild.settings.stages import RlSettings, SftSettings
+from otbuild.train.checkpoint import LOG, MANIFEST, VOLATILE_LOG_KEYS, VOLATILE_MANIFEST_KEYS
 from otbuild.train.dist import free_port, launch_command
+
+# what a training stage writes (checkpoint.json last: it feeds downstream), and the fields of its
+# manifest and log that measure the run (`StageDef.volatile`)
+TRAINED = ("checkpoint.json", "model.safetensors", "train_log.jsonl")
+TRAIN_FILES = {MANIFEST: tuple(VOLATILE_MANIFEST_KEYS), LOG: tuple(VOLATILE_LOG_KEYS)}
+# the log keys the report plots for a training stage, the first one logged (`StageDef.curve`)
+LOSS_KEYS = ("loss", "policy_loss", "train_loss")
+REWARD_KEYS = ("reward_mean", "reward", "mean_reward", "rewards/mean")
 
 
 def run_training(

@@ -52,7 +52,10 @@ from otbuild.stagekit.partials import append, drop_torn_tail
 from otbuild.tasks.table import task_rows
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces import outcome as oc
-from otbuild.traces.table import TRACE_SCHEMA, WRITE_OPTIONS, write_traces
+from otbuild.traces.table import TRACE_SCHEMA, VOLATILE_COLUMNS, WRITE_OPTIONS, write_traces
+
+# a stage that runs trials: the fields of its traces that measure the run (`StageDef.volatile`)
+TRACES = {"traces.parquet": tuple(VOLATILE_COLUMNS)}
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,31 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
-from otbuild.settings.stages import AugmentSettings
-from otbuild.stagekit import Inputs, llm_requests, stage_run, stage_run_shard
+from otbuild.settings.base import MAX_REPEATS, Sharded, plan_only
+from otbuild.settings.engines import LLM
+from otbuild.stagekit import Inputs, StageDef, llm_requests, stage_run, stage_run_shard
 from otbuild.tasks.table import TASK_SCHEMA, Quarantined, TaskRecord, write_quarantine
 from otbuild.tasks.taskdir import INSTRUCTION, TaskDir
+
+
+class Augment(LLM, Sharded):
+    """LLM rewrites of task instructions, per source, before the mix (paper: StackExchange
+    Tezos 997 -> ~21K surface forms)."""
+
+    sources: list[str] | None = plan_only(None, description="sources to augment; default: all")
+    kinds: list[Literal["rewrite", "harden", "combine"]] = Field(default=["rewrite"], min_length=1)
+    k: int = Field(default=1, ge=1, le=MAX_REPEATS, description="surface forms per task and kind")
+    keep_original: bool = True
+    seed: int = 0
+
 
 SCHEMA = TASK_SCHEMA.append(pa.field("parent_task_id", pa.string())).append(pa.field("augmentation", pa.string()))
 THINK, END_THINK = "<think>", "</think>"
@@ -62,13 +77,13 @@ def requests(cfg, inputs: list[Path]):
 
 
 @stage_run_shard
-def run_shard(cfg: AugmentSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
+def run_shard(cfg: Augment, inputs: Inputs, outdir: Path, shard: int) -> None:
     total = llm_requests.input_rows(inputs) * len(_forms(cfg))
     llm_requests.run_shard("augment", cfg, requests(cfg, inputs), total, outdir, shard)
 
 
 @stage_run
-def run(cfg: AugmentSettings, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: Augment, inputs: Inputs, outdir: Path) -> dict:
     """Merge: the parents (with keep_original), then each parent's new forms in request order."""
     forms = _forms(cfg)
     n_rows = llm_requests.input_rows(inputs)
@@ -174,3 +189,31 @@ def _column(inputs: list[Path], name: str) -> pa.Array:
     return pa.chunked_array(
         [c for p in inputs for c in pq.read_table(p, columns=[name]).column(name).chunks], pa.string()
     )
+
+
+def estimate(m, n, e) -> None:
+    """One request per task, kind and surface form; the originals kept beside them."""
+    cfg = n.config
+    tasks = m.rows_in(n)
+    forms = cfg.k * len(cfg.kinds)
+    m.requests(n, e, tasks * forms)
+    m.rows[n.id] = tasks * (forms + int(cfg.keep_original))
+    e.counts.update(tasks_in=tasks, tasks_out=m.rows[n.id])
+
+
+STAGE = StageDef(
+    "augment",
+    2,
+    ("tasks.parquet", "quarantine.parquet"),
+    __name__,
+    Augment,
+    plan="per_source",
+    consumes=("tasks",),
+    produces="tasks",
+    sharded=True,
+    gpu=True,
+    llm=True,
+    tasks=True,
+    recipe_field=(Augment | None, None),
+    estimate=estimate,
+)

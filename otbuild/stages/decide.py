@@ -14,16 +14,36 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from otbuild.errors import StageError
 from otbuild.fsio import atomic_path
-from otbuild.settings.stages import DecideSettings
-from otbuild.stagekit import Inputs, stage_run
+from otbuild.settings.base import Strict
+from otbuild.settings.recipe import Decision, RankBy
+from otbuild.stagekit import Inputs, StageDef, stage_run
 from otbuild.stagekit.metrics import METRICS
 
 DECISION = "decision.json"
+
+
+class SearchCandidate(Strict):
+    """A candidate of a search stage: its name and the values it sets."""
+
+    name: str
+    values: dict[str, Any]  # setting path -> this candidate's value
+
+
+class DecideSettings(Decision):
+    """One stage of a search: the recipe's decision rules, its candidates (in the order of its
+    eval inputs) and the one kept when the stage is undecided."""
+
+    step: int = Field(ge=1)  # the search stage, from 1
+    candidates: list[SearchCandidate] = Field(min_length=1)
+    default: str
+    metric: RankBy = "pass_at_1"
 
 
 @stage_run
@@ -134,3 +154,14 @@ def read_decision(artifact: Path) -> dict | None:
     if not (artifact / PROVENANCE).is_file():
         return None
     return json.loads((artifact / DECISION).read_text())
+
+
+STAGE = StageDef(
+    "decide",
+    1,
+    ("decision.json",),
+    __name__,
+    DecideSettings,
+    checkpoint=True,
+    estimate="table",
+)

@@ -5,11 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from otbuild import duck
-from otbuild.settings.stages import RankSettings
-from otbuild.stagekit import Inputs, stage_run
+from otbuild.settings.base import Strict
+from otbuild.settings.recipe import RankBy
+from otbuild.stagekit import EVALUATION, Inputs, StageDef, stage_run
 from otbuild.stagekit.metrics import METRICS
+
+
+class RankSettings(Strict):
+    """An ablation's candidates (in the order of its eval inputs) and the score they are ranked by."""
+
+    candidates: list[str] = Field(min_length=1)
+    metric: RankBy = "pass_at_1"
 
 
 @stage_run
@@ -26,3 +35,14 @@ def run(cfg: RankSettings, inputs: Inputs, outdir: Path) -> dict:
     top = con.execute("SELECT candidate, mean_z FROM rk_ranking WHERE rank = 1").fetchall()
     incomplete = con.execute("SELECT candidate FROM rk_ranking WHERE NOT complete").fetchall()
     return {"best": [c for c, _ in top], "incomplete": [c for (c,) in incomplete], "metric": metric}
+
+
+STAGE = StageDef(
+    "rank",
+    2,
+    ("ranking.parquet", "zscores.parquet"),
+    __name__,
+    RankSettings,
+    reported=(("ranking.parquet", EVALUATION),),
+    estimate="table",
+)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from otbuild import usage
 from otbuild.settings.stages import RlSettings
-from otbuild.stagekit import Inputs, stage_run
-from otbuild.stagekit.training import run_training
+from otbuild.settings.train import Rl
+from otbuild.span import Span
+from otbuild.stagekit import TRAINING, Inputs, StageDef, stage_run
+from otbuild.stagekit.training import REWARD_KEYS, TRAIN_FILES, TRAINED, run_training
 
 
 @stage_run
@@ -38,3 +40,36 @@ def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
 def rollout_engine_name(engines: list[str], rollout: str) -> str:
     """The engine of the rollouts ("vllm 0.32.0" -> vllm), else the recipe's `rollout`."""
     return engines[-1].split()[0] if engines else rollout
+
+
+def estimate(m, n, e) -> None:
+    """steps x batch x samples trials of the policy, each of its turns a request, at a pilot's
+    seconds per trial (else the default) over the GPUs granted."""
+    cfg = n.config
+    trials = Span.of(cfg.steps * cfg.batch_size * cfg.samples_per_task)
+    turns = m.rate(e, n, "turns_per_trial", cap=cfg.sandbox.max_episodes)
+    e.requests = trials * turns
+    e.counts.update(steps=Span.of(cfg.steps), trials=trials, requests=e.requests)
+    m.tokens(n, e, e.requests, cfg.max_tokens, f"{cfg.rollout}:policy")
+    m.job(e, n.stage, 1, trials * m.rate(e, n, "seconds_per_trial") / max(m.grant(n.stage).gpus, 1))
+    m.rows[n.id] = Span.of(1)
+
+
+STAGE = StageDef(
+    "rl",
+    4,
+    TRAINED,
+    __name__,
+    RlSettings,
+    consumes=("checkpoint", "tasks"),
+    produces="checkpoint",
+    gpu=True,
+    trials=True,
+    llm=True,
+    training=True,
+    curve=REWARD_KEYS,
+    volatile=TRAIN_FILES,
+    reported=(("train_log.jsonl", TRAINING),),
+    recipe_field=(Rl | None, None),
+    estimate=estimate,
+)

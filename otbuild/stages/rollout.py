@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import cast
 
 from otbuild import duck, usage
+from otbuild.settings.recipe import Teacher
 from otbuild.settings.stages import RolloutSettings
-from otbuild.stagekit import Inputs, stage_run, stage_run_shard
+from otbuild.span import ZERO
+from otbuild.stagekit import Inputs, StageDef, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
-from otbuild.stagekit.trials import merge_shards, run_trials_shard
+from otbuild.stagekit.trials import TRACES, merge_shards, run_trials_shard
 
 
 @stage_run_shard
@@ -46,3 +48,38 @@ def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
         "llm_usage": usage.of_traces(outdir / "traces.parquet"),
         "engines": usage.engines_of_traces(outdir / "traces.parquet"),
     }
+
+
+def estimate(m, n, e) -> None:
+    """The rollouts a task filter planned, else tasks x samples_per_task trials (an oracle's
+    samples of a task are one conversation)."""
+    cfg = n.config
+    tasks = m.rows_in(n)
+    planned = [m.rollouts[i.id] for i in n.inputs if i.id in m.rollouts]
+    trials = sum(planned, ZERO) if planned else tasks * cfg.samples_per_task
+    e.counts["tasks"] = tasks
+    m.trials(n, e, trials, f"{cfg.engine}:{cfg.model or cfg.engine}", cfg.engine == "vllm")
+    m.rows[n.id] = trials
+    if cfg.engine == "oracle":  # it replays the same solution: a task's samples are one trace
+        m.distinct[n.id] = tasks
+
+
+STAGE = StageDef(
+    "rollout",
+    3,
+    ("traces.parquet",),
+    __name__,
+    RolloutSettings,
+    section="teacher",
+    consumes=("tasks",),
+    produces="traces",
+    sharded=True,
+    gpu=True,
+    trials=True,
+    llm=True,
+    traces=True,
+    volatile=TRACES,
+    counts={"trials": "trials"},
+    recipe_field=(Teacher | None, None),
+    estimate=estimate,
+)

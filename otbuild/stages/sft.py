@@ -14,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.settings.stages import SftSettings
-from otbuild.stagekit import Inputs, stage_run
-from otbuild.stagekit.training import run_training
+from otbuild.settings.train import Sft
+from otbuild.span import Span
+from otbuild.stagekit import TRAINING, Inputs, StageDef, stage_run
+from otbuild.stagekit.training import LOSS_KEYS, TRAIN_FILES, TRAINED, run_training
 
 
 @stage_run
@@ -26,3 +28,43 @@ def run(cfg: SftSettings, inputs: Inputs, outdir: Path) -> dict:
         return train(cfg, inputs, outdir)
 
     return run_training("sft", cfg, inputs, outdir, here)
+
+
+def estimate(m, n, e) -> None:
+    """Traces x tokens per trace (at most cutoff_len) x epochs (or max_steps x batch), at the
+    device-seconds per token a pilot measured (else the paper's figure), over the GPUs granted."""
+    cfg = n.config
+    traces = m.rows_in(n)
+    per_trace = m.rate(e, n, "tokens_per_trace", cap=cfg.cutoff_len)
+    per_epoch = (traces * per_trace).cap(cfg.token_budget)
+    if cfg.max_steps is not None:
+        trained = Span.of(cfg.max_steps * cfg.global_batch_size) * per_trace
+    else:
+        trained = per_epoch * cfg.epochs
+    e.counts.update(traces=traces, tokens_per_epoch=per_epoch, tokens_to_train_on=trained)
+    devices = max(m.grant(n.stage).gpus, 1)
+    over = m.training_overhead(n, e, per_epoch)
+    grant = m.job(e, n.stage, 1, over + trained * m.device_seconds_per_token(n, e) / devices)
+    if grant.gpus == 0 and n.settings.get("model", {}).get("kind") == "pretrained":
+        e.notes.append("the profile grants sft no GPU: its GPU-hours count 0 (pass --profile slurm)")
+    m.rows[n.id] = Span.of(1)
+
+
+STAGE = StageDef(
+    "sft",
+    3,
+    TRAINED,
+    __name__,
+    SftSettings,
+    plan="training",
+    consumes=("traces",),
+    produces="checkpoint",
+    gpu=True,
+    training=True,
+    curve=LOSS_KEYS,
+    volatile=TRAIN_FILES,
+    counts={"traces": "data.traces", "tokens_to_train_on": "tokens_seen"},
+    reported=(("train_log.jsonl", TRAINING),),
+    recipe_field=(Sft | None, None),
+    estimate=estimate,
+)

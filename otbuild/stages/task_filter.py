@@ -6,11 +6,100 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
 
 from otbuild import duck
-from otbuild.settings.stages import TaskFilterSettings
-from otbuild.stagekit import Inputs, stage_run
+from otbuild.settings.base import MAX_TASKS, Strict, plan_only, re2
+from otbuild.settings.recipe import NAME_RE, SCORE_COLUMN_RE, Sample, TaskScorer
+from otbuild.span import ZERO, Span
+from otbuild.stagekit import Inputs, StageDef, stage_run
 from otbuild.tasks.table import BATCH_ROWS
+
+
+class Bounds(Strict):
+    min: int | None = Field(default=None, ge=0)
+    max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class Score(Strict):
+    """Use a score: keep the `top_k` best, or spread a rollout `budget` by score (every task
+    at least one rollout; see docs/task-filter.md for the exact formula)."""
+
+    column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
+    top_k: int | None = Field(default=None, ge=1, le=MAX_TASKS)
+    budget: int | None = Field(default=None, ge=1, le=MAX_TASKS, description="total rollouts: sets n_rollouts per task")
+    keep_rate: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="the trace filter's measured keep rate: the "
+        "budget counts kept traces and ceil(budget / keep_rate) rollouts are planned",
+    )
+
+    @model_validator(mode="after")
+    def _one_mode(self):
+        if (self.top_k is None) == (self.budget is None):
+            raise ValueError("set exactly one of top_k (keep the k best) or budget (rollouts by score)")
+        if self.keep_rate != 1.0 and self.budget is None:
+            raise ValueError("keep_rate scales a rollout budget: set budget with it")
+        return self
+
+
+class Decontaminate(Strict):
+    """Reject tasks whose instruction overlaps a benchmark's: the same normalised text, at
+    least `min_shared` shared word n-grams, or (with `fuzzy`) a rapidfuzz ratio or partial
+    ratio of at least `fuzzy` among the pairs the pre-filter keeps (docs/task-filter.md)."""
+
+    against: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(
+        min_length=1, description="names in eval.benchmarks (or sources): their instructions are held out"
+    )
+    ngram: int = Field(default=13, ge=1, le=64, description="words per n-gram (13: GPT-3's decontamination)")
+    min_shared: int = Field(default=1, ge=1, description="distinct n-grams shared with one benchmark task")
+    fuzzy: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "also reject a task whose rapidfuzz ratio or partial_ratio / 100 with a benchmark task is at least this "
+            "(OpenThoughts-Agent: 0.8); only pairs the pre-filter keeps are scored"
+        ),
+    )
+    fuzzy_ngram: int = Field(default=5, ge=1, le=64, description="pre-filter: words per n-gram a pair must share")
+    fuzzy_min_shared: int = Field(
+        default=2, ge=1, description="pre-filter: distinct fuzzy_ngram-grams a pair must share"
+    )
+
+    @model_validator(mode="after")
+    def _fuzzy_knobs(self):
+        if self.fuzzy is None and (self.fuzzy_ngram != 5 or self.fuzzy_min_shared != 2):
+            raise ValueError("fuzzy_ngram and fuzzy_min_shared tune the fuzzy pass: set fuzzy with them")
+        return self
+
+    @field_validator("against")
+    @classmethod
+    def _unique(cls, v):
+        if len(set(v)) < len(v):
+            raise ValueError(f"names a benchmark twice: {v}")
+        return v
+
+
+class TaskFilter(Strict):
+    llm: TaskScorer | None = plan_only(None, description="scores every task first (a stage of its own: task_score)")
+    decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
+    dedup: bool = True
+    instruction_chars: Bounds | None = None
+    include_regex: str | None = re2()
+    exclude_regex: str | None = re2()
+    score: Score | None = None
+    sample: Sample | None = None
 
 
 def score_expr(column: str) -> str:
@@ -29,7 +118,7 @@ def planned_rollouts(score) -> int | None:
 
 
 @stage_run
-def run(cfg: TaskFilterSettings, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
     """`inputs`: the task tables (`tasks`) and, with `decontaminate`, one per name in its
     `against` (`held_out`)."""
     con = duck.connect()
@@ -175,3 +264,39 @@ def check_not_emptied(stats: dict) -> None:
 def _rejects_with(reasons: tuple[str, ...], reason: str) -> bool:
     """A reason is a step's when it is one of its names, or starts with one ending in a space."""
     return any(reason == r or (r.endswith(" ") and reason.startswith(r)) for r in reasons)
+
+
+def estimate(m, n, e) -> None:
+    """Tasks in (the held-out benchmarks apart) x the keep rate, at most `top_k` and `sample.n`;
+    the rollouts a score budget plans."""
+    cfg = n.config
+    held = len(cfg.decontaminate.against) if cfg.decontaminate else 0
+    tasks_in = sum((m.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
+    kept = (tasks_in * m.rate(e, n, "keep_rate")).ceil()
+    if cfg.score and cfg.score.top_k:
+        kept = kept.cap(cfg.score.top_k)
+    if cfg.sample:
+        kept = kept.cap(cfg.sample.n)
+    m.table(n, e)
+    m.rows[n.id] = kept
+    e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+    if (budget := planned_rollouts(cfg.score)) is not None:
+        m.rollouts[n.id] = Span.of(budget)
+        e.counts["rollouts_planned"] = Span.of(budget)
+
+
+STAGE = StageDef(
+    "task_filter",
+    2,
+    ("kept.parquet", "rejected.parquet"),
+    __name__,
+    TaskFilter,
+    plan="decontaminating",
+    consumes=("tasks",),
+    produces="tasks",
+    tasks=True,
+    filter=True,
+    counts={"tasks_kept": "rows"},
+    recipe_field=(TaskFilter | None, None),
+    estimate=estimate,
+)

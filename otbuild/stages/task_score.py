@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path
 from otbuild.prompts import render
-from otbuild.settings.stages import TaskScoreSettings
-from otbuild.stagekit import Inputs, llm_requests, stage_run, stage_run_shard
+from otbuild.settings.recipe import TaskScorer
+from otbuild.stagekit import Inputs, StageDef, llm_requests, stage_run, stage_run_shard
 
 TEMPLATES = {"askllm": "askllm.j2", "response_length": "response_length.j2"}
 
@@ -44,12 +44,12 @@ def requests(cfg, inputs: list[Path]):
 
 
 @stage_run_shard
-def run_shard(cfg: TaskScoreSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
+def run_shard(cfg: TaskScorer, inputs: Inputs, outdir: Path, shard: int) -> None:
     llm_requests.run_shard("task_score", cfg, requests(cfg, inputs), llm_requests.input_rows(inputs), outdir, shard)
 
 
 @stage_run
-def run(cfg: TaskScoreSettings, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: TaskScorer, inputs: Inputs, outdir: Path) -> dict:
     """Merge: the input rows, streamed, with each one's answer as `llm_score`, `llm_response`."""
     total = llm_requests.input_rows(inputs)
     answers = llm_requests.answers(outdir, cfg.shards, total)
@@ -109,3 +109,27 @@ def _batches(inputs: list[Path], columns: list[str], schema: pa.Schema | None = 
                 ]
                 batch = pa.RecordBatch.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
             yield batch
+
+
+def estimate(m, n, e) -> None:
+    """One request per task."""
+    tasks = m.rows_in(n)
+    m.requests(n, e, tasks)
+    m.rows[n.id] = tasks
+    e.counts["tasks"] = tasks
+
+
+STAGE = StageDef(
+    "task_score",
+    1,
+    ("tasks.parquet",),
+    __name__,
+    TaskScorer,
+    section="task_filter.llm",
+    consumes=("tasks",),
+    produces="tasks",
+    sharded=True,
+    llm=True,
+    tasks=True,
+    estimate=estimate,
+)

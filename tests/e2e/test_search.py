@@ -19,7 +19,7 @@ import yaml
 from otbuild.errors import StageError
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
-from otbuild.settings.stages import DecideSettings
+from otbuild.stages.decide import DecideSettings
 from otbuild.stagekit import Inputs
 from otbuild.stages.decide import read_decision, run
 from tests.conftest import REPO, job_counts, otbuild, snakemake

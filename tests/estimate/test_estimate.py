@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from otbuild.estimate.span import Span, mean_span, rate_span
+from otbuild.span import Span, mean_span, rate_span
 from tests.conftest import REPO, make_project, otbuild, snakemake
 
 

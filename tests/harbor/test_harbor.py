@@ -175,7 +175,7 @@ def test_subagent_trajectories_are_rows_the_trace_filter_drops(tmp_path):
     """terminus-2's context summarization writes subagent trajectories beside the main one
     (harbor 0.26: agent/trajectory.summarization-N-{summary,questions,answers}.json, agent
     name terminus-2-summarization-*); Harbor rollouts keep them as is_subagent rows."""
-    from otbuild.settings.recipe import TraceFilter
+    from otbuild.stages.trace_filter import TraceFilter
     from otbuild.stages import trace_filter
     from otbuild.stagekit.harbor_trials import shard_rows
     from otbuild.traces.table import write_traces

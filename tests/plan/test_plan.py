@@ -159,8 +159,10 @@ def test_a_new_defaulted_field_keeps_every_id():
     from pydantic import Field
 
     from otbuild.settings.identity import identity
-    from otbuild.settings.recipe import Mix, Teacher, TraceFilter
+    from otbuild.settings.recipe import Teacher
     from otbuild.settings.train import Sft
+    from otbuild.stages.mix import Mix
+    from otbuild.stages.trace_filter import TraceFilter
 
     cases = [
         (Mix, {"n": 2, "total": 10}),

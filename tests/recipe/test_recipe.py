@@ -241,7 +241,7 @@ def _plan_error(root, name) -> str:
 
 
 def test_the_pipeline_shape_names_what_is_missing_or_unused(recipes, tmp_path):
-    """From the stages' declared inputs (otbuild/stages/shape.py): the first stage whose input no
+    """From the stages' declared inputs (otbuild/plan/shape.py): the first stage whose input no
     earlier section brings, data brought that no stage uses, a recipe with nothing to start from."""
     imports = "trace_imports:\n  m: {kind: messages-jsonl, path: chats.jsonl}\ntrace_filter: {}\n"
     root = _write(recipes, "unused", BASE + imports)

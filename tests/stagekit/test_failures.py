@@ -103,7 +103,7 @@ def test_every_way_a_trial_ends_classifies_alike_in_python_and_sql(tmp_path):
 def test_the_trace_filter_drops_by_outcome_whichever_harness_wrote_the_row(tmp_path):
     """A disk-limit or context-overflow trial is a failed task (kept, reward 0) from either
     harness; infrastructure and verifier errors are dropped naming the error."""
-    from otbuild.settings.recipe import TraceFilter
+    from otbuild.stages.trace_filter import TraceFilter
     from otbuild.stages import trace_filter
 
     write_traces(

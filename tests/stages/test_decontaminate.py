@@ -15,7 +15,7 @@ from bench.decontaminate import reference  # the rule pair by pair, in plain Pyt
 from otbuild.errors import ConfigError
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
-from otbuild.settings.recipe import TaskFilter
+from otbuild.stages.task_filter import TaskFilter
 from otbuild.sources import read_source
 from otbuild.stages import task_filter
 from otbuild.stagekit import Inputs

@@ -12,7 +12,8 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.settings.recipe import Augment, TaskScorer
+from otbuild.settings.recipe import TaskScorer
+from otbuild.stages.augment import Augment
 from otbuild.stages import augment, task_score
 from otbuild.stagekit.llm_requests import RefusedRequest
 from otbuild.tasks.taskdir import TaskDir

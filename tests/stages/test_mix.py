@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from otbuild.stages import mix
-from otbuild.settings.stages import MixSettings
+from otbuild.stages.mix import MixSettings
 from tests.conftest import write_source
 
 

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from otbuild.stages import rank
-from otbuild.settings.stages import RankSettings
+from otbuild.stages.rank import RankSettings
 
 
 def _summaries(tmp_path, table: dict[str, dict[str, float]]) -> list:

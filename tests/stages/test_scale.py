@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.settings.recipe import TraceFilter
+from otbuild.stages.trace_filter import TraceFilter
 from otbuild.stages import rollout, trace_filter, trace_import
 from otbuild.stagekit import shard_path
 from otbuild.settings.stages import RolloutSettings

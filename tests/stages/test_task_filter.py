@@ -3,7 +3,7 @@
 import duckdb
 import pytest
 
-from otbuild.settings.recipe import TaskFilter
+from otbuild.stages.task_filter import TaskFilter
 from otbuild.stages import task_filter
 from otbuild.stagekit import Inputs
 from tests.conftest import write_source

@@ -2,7 +2,7 @@
 
 import duckdb
 
-from otbuild.settings.recipe import TraceFilter
+from otbuild.stages.trace_filter import TraceFilter
 from otbuild.stages import trace_filter
 from otbuild.traces.table import write_traces
 
