@@ -85,6 +85,8 @@ class StageDef:
     filter: bool = False  # keeps some of its input rows and records why it dropped the others
     training: bool = False  # trains a checkpoint
     checkpoint: bool = False  # what it writes decides what the plan builds next (a Snakemake checkpoint)
+    ranks: bool = False  # its main output ranks a grid's candidates (`rank`, `candidate`): the report's ranking
+    local: bool = False  # cheap, reads what other jobs built: runs in Snakemake's own process, not as a job
     curve: tuple[str, ...] = ()  # training: the log keys the report plots, the first one logged
     # `audit --rebuild`: output file pattern -> its fields (parquet columns, `column.key` of a JSON
     # column, top-level JSON keys) that measure the run (docs/reproducibility.md)
@@ -102,6 +104,10 @@ class StageDef:
     # an added stage's section is validated by its `settings`)
     recipe_field: tuple[Any, Any] | None = None
     plan: str = ""  # how the plan makes its nodes (otbuild/plan/, PLANNERS): "" = from its section alone
+    # what the plan makes its nodes over: "" = its recipe section and the data the stages before it
+    # left; "grid" = an ablation's or a search step's candidates (each one's last nodes), once per
+    # grid; "plan" = every node of the plan, once, last
+    over: str = ""
     consumes: tuple[str, ...] = ()
     produces: str | None = None
     # outputs flagged for `snakemake --report`, each with its category there (captions:

@@ -74,6 +74,7 @@ BUILT_IN: tuple[str | StageDef, ...] = (
         ("summary.parquet", "scores.parquet", "traces.parquet"),
         "otbuild.stages.eval",
         s.EvalSettings,
+        plan="model_under_test",
         sharded=True,
         gpu=True,
         trials=True,
@@ -93,6 +94,9 @@ BUILT_IN: tuple[str | StageDef, ...] = (
         ("report.html", "dataset_card.md"),
         "otbuild.report",
         s.ReportSettings,
+        plan="every_node",
+        over="plan",
+        local=True,
         reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS)),
     ),
 )

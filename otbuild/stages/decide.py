@@ -162,6 +162,9 @@ STAGE = StageDef(
     ("decision.json",),
     __name__,
     DecideSettings,
+    plan="search_step",
+    over="grid",
     checkpoint=True,
+    local=True,
     estimate="table",
 )

@@ -43,6 +43,9 @@ STAGE = StageDef(
     ("ranking.parquet", "zscores.parquet"),
     __name__,
     RankSettings,
+    plan="candidates",
+    over="grid",
+    ranks=True,
     reported=(("ranking.parquet", EVALUATION),),
     estimate="table",
 )
