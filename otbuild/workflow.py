@@ -73,7 +73,7 @@ class Workflow:
 
         return fail
 
-    def target(self, name: str, dryrun: Callable[[], bool], decided: Callable[[str], object]) -> Callable:
+    def target(self, name: str, dryrun: Callable[[], bool], decided: Callable[[Node], object]) -> Callable:
         """The input function of recipe NAME's target: every artifact of its plan. Asked for, it
         first prints validate's warnings; a path the recipe names that does not exist ends the
         run (exit 2) before any job or lock, naming the file and key (a dry run only warns).
@@ -99,16 +99,16 @@ class Workflow:
 
         return inputs
 
-    def settled_files(self, name: str, decided: Callable[[str], object]) -> list[str]:
+    def settled_files(self, name: str, decided: Callable[[Node], object]) -> list[str]:
         """Recipe NAME's artifact files. A search is planned again once its pending decision is
-        built; while a stage is pending, `decided(ID)` (the decide checkpoint) raises until that
-        decision is built, and Snakemake asks again: nothing past a pending stage (the report, the
-        manifest) is built before the search has got there."""
+        built; while a stage is pending, `decided(NODE)` (its Snakemake checkpoint) raises until
+        that decision is built, and Snakemake asks again: nothing past a pending stage (the report,
+        the manifest) is built before the search has got there."""
         plan = self.plans[name]
         if (step := plan.pending) is not None and read_record(step.decide.dir) is not None:
             plan = self.replan(name)  # its pending decision is built now: plan what follows it
         if (step := plan.pending) is not None:
-            decided(step.decide.id)
+            decided(step.decide)
         return self.artifact_files(name)
 
     def artifact_files(self, name: str) -> list[str]:

@@ -27,8 +27,8 @@ def reported_output(stage, name, path, category):
     """`path` flagged for Snakemake's report with its caption (captions/STAGE.NAME.rst): the
     results under the recipe's name, evaluation and training under the artifact's label."""
     if category == RESULTS:
-        sub = report_recipe
-        labels = lambda wc: {"recipe": report_recipe(wc), "file": name}
+        sub = lambda wc: WF.node(stage, wc.id).config.recipe
+        labels = lambda wc: {"recipe": sub(wc), "file": name}
     else:
         sub = lambda wc: WF.node(stage, wc.id).label
         labels = lambda wc: {"artifact": WF.node(stage, wc.id).label, "file": name}
@@ -82,12 +82,13 @@ def merge_inputs(stage):
     return lambda wc: WF.shard_inputs(stage, wc.id)
 
 
-def report_recipe(wc):
-    """The recipe a report artifact is of (its captions and subcategory in Snakemake's report)."""
-    return WF.node("report", wc.id).config.recipe
+def decided(node):
+    """A pending search step's decision (`node`, of a checkpoint stage): raises until it is
+    built, and Snakemake asks again (otbuild/workflow.py: Workflow.settled_files)."""
+    return getattr(checkpoints, node.stage).get(id=node.id)
 
 
 def manifest_inputs(wc):
     """What results/RECIPE/manifest.json is made from: every artifact file and record of the
     recipe (the target rule refreshes the recipe file's sha256 in it on every build)."""
-    return WF.settled_files(wc.recipe, lambda id: checkpoints.decide.get(id=id))
+    return WF.settled_files(wc.recipe, decided)

@@ -17,7 +17,7 @@ for _name in WF.plans:
         name:
             _name
         input:
-            WF.target(_name, lambda: workflow.dryrun, lambda id: checkpoints.decide.get(id=id)),
+            WF.target(_name, lambda: workflow.dryrun, decided),
             manifest=f"results/{_name}/manifest.json",
         params:
             recipe=_name,

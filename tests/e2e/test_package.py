@@ -68,7 +68,7 @@ def test_the_wheel_holds_every_file_of_the_package(tmp_path):
     assert source - shipped == set()
     for must in (
         "otbuild/Snakefile",
-        "otbuild/rules/report.smk",
+        "otbuild/rules/stages.smk",
         "otbuild/report/templates/report.html.j2",
         "otbuild/report/templates/dataset_card.md.j2",
         "otbuild/project_template/recipes/smoke.yaml",

@@ -175,33 +175,59 @@ NAMED = {
 }
 
 
+def python_source(path: Path) -> str:
+    """A module's source; a Snakefile's (`Snakefile`, `*.smk`) as the Python Snakemake compiles it
+    to (a rule `NAME:` is `@workflow.rule(name='NAME', ...)`, its directives calls)."""
+    if path.suffix == ".py":
+        return path.read_text()
+    from types import SimpleNamespace
+
+    from snakemake.parser import parse
+
+    source = SimpleNamespace(get_path_or_uri=lambda secret_free=True: str(path))
+    workflow = SimpleNamespace(sourcecache=SimpleNamespace(open=lambda _: path.open()))
+    return parse(source, workflow, {})[0]
+
+
 def stage_switches(root: Path) -> Counter:
-    """(file, stage) -> how often code outside otbuild/stages/ switches on a stage's name: a
-    literal compared with something named *stage*, a key of STAGES (or of anything *stage*), an
-    argument of a *stage* function, or one of two or more stage names in a tuple, list, set or
-    dict's keys (a table by stage)."""
+    """(file, stage) -> how often code outside otbuild/stages/ (the Snakemake rules included)
+    switches on a stage's name: a literal compared with something named *stage* or with a
+    `.name`, a key of STAGES (or of anything *stage*), an argument of a *stage* function, a
+    *stage* keyword, a node made or looked up by its stage (a *node* function), a rule named
+    after a stage or Snakemake's `checkpoints.NAME`, or one of two or more stage names in a
+    tuple, list, set or dict's keys (a table by stage)."""
     names, out = set(STAGES), Counter()
-    for path in sorted(root.rglob("*.py")):
+    files = [*root.rglob("*.py"), *root.rglob("*.smk"), *root.rglob("Snakefile")]
+    for path in sorted(files):
         if path.parent.name == "stages":
             continue
-        src = path.read_text()
+        src = python_source(path)
         tree = ast.parse(src)
 
         def text(n: ast.AST) -> str:
-            return (ast.get_source_segment(src, n) or "").lower()  # noqa: B023
+            return ast.unparse(n).lower()
 
         def lits(n: ast.AST) -> list[ast.Constant]:
             return [c for c in ast.walk(n) if isinstance(c, ast.Constant) and c.value in names]
 
+        def about_stage(x: ast.AST) -> bool:
+            return "stage" in text(x) or (isinstance(x, ast.Attribute) and x.attr == "name")
+
         found: dict[int, ast.Constant] = {}
         for n in ast.walk(tree):
             hits: list[ast.Constant] = []
-            if isinstance(n, ast.Compare) and any("stage" in text(x) for x in (n.left, *n.comparators)):
+            if isinstance(n, ast.Compare) and any(about_stage(x) for x in (n.left, *n.comparators)):
                 hits = [c for x in (n.left, *n.comparators) for c in lits(x)]
             elif isinstance(n, ast.Subscript) and "stage" in text(n.value):
                 hits = lits(n.slice)
-            elif isinstance(n, ast.Call) and "stage" in text(n.func):
+            elif isinstance(n, ast.Call) and any(w in text(n.func).rsplit(".", 1)[-1] for w in ("stage", "node")):
                 hits = [a for a in (*n.args, *(k.value for k in n.keywords)) if a in lits(a)]
+            elif isinstance(n, ast.Call) and text(n.func) in ("workflow.rule", "workflow.checkpoint"):
+                hits = [c for k in n.keywords if k.arg == "name" for c in lits(k.value)]
+            elif isinstance(n, ast.keyword) and "stage" in (n.arg or ""):
+                hits = lits(n.value)
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "checkpoints":
+                hits = [ast.Constant(n.attr)] if n.attr in names else []
             elif isinstance(n, ast.Tuple | ast.List | ast.Set | ast.Dict):
                 elts = n.keys if isinstance(n, ast.Dict) else n.elts
                 firsts = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in elts]
@@ -229,4 +255,12 @@ def test_the_switch_finder_sees_each_form(tmp_path):
         'if n.stage == "mix": pass\nSTAGES["sft"]\nrun_stage("rl")\n'
         'RATES = {("eval", "k"): 1, ("rank", "k"): 2}\nrow = {"source": 1}\n'
     )
-    assert stage_switches(pkg) == Counter({("otbuild/x.py", s): 1 for s in ("mix", "sft", "rl", "eval", "rank")})
+    (pkg / "rules").mkdir()
+    (pkg / "rules" / "x.smk").write_text(
+        'for d in (d for d in STAGES.values() if d.name != "report"):\n    pass\n\n\n'
+        'rule decide:\n    params:\n        stage="decide",\n    run:\n'
+        '        WF.node("augment", 1)\n        checkpoints.task_score.get()\n'
+    )
+    smk = {("otbuild/rules/x.smk", s): n for s, n in (("report", 1), ("decide", 2), ("augment", 1), ("task_score", 1))}
+    py = {("otbuild/x.py", s): 1 for s in ("mix", "sft", "rl", "eval", "rank")}
+    assert stage_switches(pkg) == Counter(py | smk)
