@@ -369,19 +369,19 @@ def _rerender_report(plan: Plan, console: Console) -> None:
     """The recipe's report, when built, rendered again in place so that it shows the rebuild
     records: only when a render in scratch differs from it in its volatile regions alone (its id
     and every other byte stay; a report that differs otherwise is left as built)."""
-    report = plan.nodes[-1]
-    if report.stage != "report" or check(report.dir, "report").status != "ok":
+    report = plan.nodes[-1]  # a stage over every node of the plan: its report
+    if STAGES[report.stage].over != "plan" or check(report.dir, report.stage).status != "ok":
         return
     spec = report.spec()
-    scratch = SCRATCH / "report" / f"{report.id}.render"
+    scratch = SCRATCH / report.stage / f"{report.id}.render"
     shutil.rmtree(scratch, ignore_errors=True)
-    ok = _run_stage("report", {**spec, "outdir": str(scratch)}, None, scratch.with_suffix(".log")) == 0
+    ok = _run_stage(report.stage, {**spec, "outdir": str(scratch)}, None, scratch.with_suffix(".log")) == 0
     if (
         ok
         and (built := read_record(report.dir)) is not None
-        and not compare("report", built, report.dir, scratch).is_finding
+        and not compare(report.stage, built, report.dir, scratch).is_finding
     ):
-        ok = _run_stage("report", spec, None, scratch.with_suffix(".log")) == 0
+        ok = _run_stage(report.stage, spec, None, scratch.with_suffix(".log")) == 0
         shutil.rmtree(scratch, ignore_errors=True)
         if ok:
             scratch.with_suffix(".log").unlink(missing_ok=True)

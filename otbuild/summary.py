@@ -16,6 +16,7 @@ from otbuild.report.charts import num
 from otbuild.report.data import artifacts
 from otbuild.report.headline import Headline, Part, headline
 from otbuild.report.page import amount
+from otbuild.stages import STAGES
 
 
 def recipe_headline(plan: Plan, root: Path = Path(".")) -> Headline:
@@ -23,7 +24,7 @@ def recipe_headline(plan: Plan, root: Path = Path(".")) -> Headline:
     cfg = plan.nodes[-1].config  # the report's settings: every node, and the prices
     arts = artifacts(cfg.nodes, root)
     ranking = []
-    rank = next((a for a in arts if a.stage == "rank"), None)
+    rank = next((a for a in arts if STAGES[a.stage].ranks), None)
     if rank and rank.main_output.exists():
         import pyarrow.parquet as pq
 

@@ -7,6 +7,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from otbuild.stages import STAGES
+
 
 def plan_table(p, out: Console) -> None:
     """`otbuild plan`: each artifact (a heading per candidate of an ablation or a search), its id,
@@ -31,7 +33,7 @@ def plan_table(p, out: Console) -> None:
         label = n.label.removeprefix(prefix)
         named = n.stage in (label.rsplit("/", 1)[-1], label.split("/")[0].removesuffix("s"))
         name = ("  " if prefix else "") + escape(label) + ("" if named else f" [dim]({n.stage})[/]")
-        inputs = "every artifact above" if n.stage == "report" else _input_labels(n, prefix)
+        inputs = "every artifact above" if STAGES[n.stage].over == "plan" else _input_labels(n, prefix)
         table.add_row(name, n.id, f"[{style}]{shown}[/]", escape(inputs))
     out.print(table)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from otbuild.settings.stages import ReportSettings
 from otbuild.stagekit import Inputs, stage_run
+from otbuild.stages import STAGES
 
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
@@ -52,8 +53,7 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
         "funnel": any(g.funnel for g in rep.groups),
         "mix": any(g.mix for g in rep.groups),
         "traces": any(g.traces for g in rep.groups),
-        "sft": any(g.sft for g in rep.groups),
-        "rl": any(g.rl for g in rep.groups),
+        **{n: any(getattr(g, n, None) for g in rep.groups) for n, d in STAGES.items() if d.training},
         "eval": any(g.eval for g in rep.groups),
         "ranking": bool(rep.ranking),
     }

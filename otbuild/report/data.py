@@ -213,9 +213,9 @@ def load(cfg, root: Path = Path(".")) -> Report:
         for a in arts
         if STAGES[a.stage].checkpoint and a.record is not None
     ]
-    rank = next((a for a in arts if a.stage == "rank"), None)
+    rank = next((a for a in arts if STAGES[a.stage].ranks), None)
     if rank and not rep.search:  # a search's rankings are in its decisions
-        outs = STAGES["rank"].outputs
+        outs = STAGES[rank.stage].outputs
         rep.ranking_label = rank.label
         rep.ranking = _rows(con, f"SELECT * FROM read_parquet({_lit(rank.dir / outs[0])}) ORDER BY rank, candidate")
         rep.zscores = _rows(
@@ -227,7 +227,7 @@ def load(cfg, root: Path = Path(".")) -> Report:
 def by_candidate(arts: list[Artifact]) -> list[tuple[str | None, list[Artifact]]]:
     """The artifacts of each candidate of an ablation or a search (None: a plain recipe's), in
     plan order."""
-    names = list(dict.fromkeys(a.candidate for a in arts if a.stage != "rank" and not STAGES[a.stage].checkpoint))
+    names = list(dict.fromkeys(a.candidate for a in arts if STAGES[a.stage].over != "grid"))
     return [(name, [a for a in arts if a.candidate == name]) for name in names]
 
 

@@ -17,6 +17,7 @@ from otbuild.artifact import PROVENANCE
 from otbuild.progress import duration
 from otbuild.report import charts
 from otbuild.report.data import Group, Report
+from otbuild.stages import STAGES
 from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -120,7 +121,8 @@ def _anchor(*parts) -> str:
 
 
 def _group_charts(g: Group) -> dict:
-    c: dict = dict.fromkeys(("funnel", "mix", "turns", "rewards", "sft", "rl", "eval")) | {"g": g}
+    training = [n for n, d in STAGES.items() if d.training]  # a curve each, its section named as it
+    c: dict = dict.fromkeys(("funnel", "mix", "turns", "rewards", *training, "eval")) | {"g": g}
     if g.funnel:
         c["funnel"] = charts.bars([(s.name, s.rows or 0) for s in g.funnel], title="rows per stage")
     if g.mix:
@@ -131,8 +133,9 @@ def _group_charts(g: Group) -> dict:
         )
     if g.traces and g.traces.rewards:
         c["rewards"] = charts.columns(g.traces.rewards, title="traces per reward", xlabel="reward", ylabel="traces")
-    for key, name in (("sft", "SFT"), ("rl", "RL")):
-        if cv := getattr(g, key):
+    for key in training:
+        if cv := getattr(g, key, None):
+            name = key.upper()
             c[key] = charts.line(cv.points, title=f"{name} {cv.metric} per step", xlabel="step", ylabel=cv.metric)
             c[f"{key}_panels"] = [
                 charts.line(pts, title=f"{name} {k} per step", xlabel="step", ylabel=k, width=360, height=220)
