@@ -16,7 +16,6 @@ from pathlib import Path
 
 from otbuild.settings.stages import ReportSettings
 from otbuild.stagekit import Inputs, stage_run
-from otbuild.stages import STAGES
 
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
@@ -37,7 +36,7 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     """Write OUTDIR/report.html and OUTDIR/dataset_card.md for the report stage's settings
     (otbuild/settings/stages.py: ReportSettings); return the stage's stats."""
     from otbuild.fsio import atomic_path
-    from otbuild.report.data import load
+    from otbuild.report.data import load, trained
     from otbuild.report.headline import headline
     from otbuild.report.page import render_card, render_html
 
@@ -53,7 +52,7 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
         "funnel": any(g.funnel for g in rep.groups),
         "mix": any(g.mix for g in rep.groups),
         "traces": any(g.traces for g in rep.groups),
-        **{n: any(getattr(g, n, None) for g in rep.groups) for n, d in STAGES.items() if d.training},
+        **{n: any(getattr(g, n, None) for g in rep.groups) for n in trained()},
         "eval": any(g.eval for g in rep.groups),
         "ranking": bool(rep.ranking),
     }

@@ -357,6 +357,11 @@ def is_base(a: Artifact) -> bool:
     return a.local.startswith(BASE)
 
 
+def trained() -> list[str]:
+    """The stages that train a checkpoint: a section each, its curve (Group.sft, Group.rl)."""
+    return [n for n, d in STAGES.items() if d.training]
+
+
 def evals(arts: list[Artifact]) -> list[Artifact]:
     """The student's eval, then the untrained base's (`eval.base`), of those that are planned."""
     return sorted((a for a in arts if a.stage == "eval"), key=is_base)

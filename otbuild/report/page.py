@@ -16,8 +16,7 @@ import otbuild
 from otbuild.artifact import PROVENANCE
 from otbuild.progress import duration
 from otbuild.report import charts
-from otbuild.report.data import Group, Report
-from otbuild.stages import STAGES
+from otbuild.report.data import Group, Report, trained
 from otbuild.train.checkpoint import VOLATILE_LOG_KEYS
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -121,7 +120,7 @@ def _anchor(*parts) -> str:
 
 
 def _group_charts(g: Group) -> dict:
-    training = [n for n, d in STAGES.items() if d.training]  # a curve each, its section named as it
+    training = trained()
     c: dict = dict.fromkeys(("funnel", "mix", "turns", "rewards", *training, "eval")) | {"g": g}
     if g.funnel:
         c["funnel"] = charts.bars([(s.name, s.rows or 0) for s in g.funnel], title="rows per stage")
