@@ -124,17 +124,25 @@ class Workflow:
     def node(self, stage: str, id: str) -> Node:
         return self.nodes[(stage, id)]
 
-    def describe_log(self, log: str) -> str:
-        """A job named by its recipe label from its log path (`teacher, shard 1 of 2`)."""
+    def describe_log(self, log: str, targets: tuple[str, ...] = ()) -> str:
+        """A job named by its recipe label from its log path (`teacher, shard 1 of 2`): its label
+        in the first of `targets` (the recipes being built) that plans it, else in any recipe (an
+        artifact two recipes share has one id and a label in each)."""
         from otbuild.progress import describe_log
 
-        return describe_log(log, lambda stage, id: n.label if (n := self.nodes.get((stage, id))) else None)
+        wanted = {
+            (n.stage, n.id): n for name in reversed(targets) if name in self.plans for n in self.plans[name].nodes
+        }
+        return describe_log(
+            log, lambda stage, id: n.label if (n := wanted.get((stage, id)) or self.nodes.get((stage, id))) else None
+        )
 
-    def watch(self, out) -> None:
-        """When the run starts: show the running jobs' progress on its console (otbuild/progress.py)."""
+    def watch(self, out, targets: list[str]) -> None:
+        """When the run starts: show the running jobs' progress on its console (otbuild/progress.py),
+        each job by its label in the recipes asked for."""
         from otbuild.progress import Watcher
 
-        self.watcher = Watcher(self.root, self.describe_log, out).start()
+        self.watcher = Watcher(self.root, lambda log: self.describe_log(log, tuple(targets)), out).start()
 
     def summaries(self, targets) -> list[str]:
         """When the run succeeded: what it made, for each recipe it was asked for (otbuild/summary.py)."""

@@ -62,3 +62,23 @@ def test_training_steps_on_the_console_and_in_the_log(tmp_path, monkeypatch):
     steps.finish()
     assert not list((tmp_path / progress.DIR).iterdir())
     assert describe_log("logs/eval/" + "ef" * 8 + "/1-of-3.log", lambda s, i: None) == f"eval {'ef' * 8}, shard 2 of 3"
+
+
+def test_a_job_two_recipes_share_is_named_by_its_label_in_the_recipe_being_built(project):
+    """The smoke and a recipe that extends it share the teacher's rollouts (one id); building
+    the smoke, its console names them as the smoke labels them, not as the other recipe does."""
+    import shutil
+
+    from otbuild.workflow import Workflow
+    from tests.conftest import REPO
+
+    shutil.copy(REPO / "recipes" / "smoke.yaml", project / "recipes")
+    (project / "recipes" / "thesis.yaml").write_text("extends: smoke\nsearch:\n  - {sft.max_steps: [0, 1500]}\n")
+    wf = Workflow(project)
+    (teacher,) = [n for n in wf.plans["smoke"].nodes if n.label == "teacher"]
+    assert any(n.id == teacher.id and n.label != "teacher" for n in wf.plans["thesis"].nodes)
+    log = f"logs/rollout/{teacher.id}/0-of-2.log"
+    assert wf.describe_log(log, ("smoke",)) == "teacher, shard 1 of 2"
+    assert wf.describe_log(log, ("thesis",)).startswith("search/1/") and "teacher, shard 1 of 2" in wf.describe_log(
+        log, ("thesis",)
+    )
