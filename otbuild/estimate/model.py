@@ -230,18 +230,18 @@ class Model:
         key = ("server" if server else "job", otherwise)
         return self.assume(e, key)
 
-    def _source(self, n, e: StageEstimate) -> None:
+    def brought(self, n, e: StageEstimate, assumed: tuple[str, str]) -> Span:
+        """The rows a stage that brings data in will have (`known_rows`), else the rate assumed
+        at `assumed` (a place in DEFAULTS); its job a table stage's (`table`)."""
         rows = self.known_rows(n)
         if rows is None:
-            kind = "benchmark" if "benchmarks/" in n.label else "source"
-            rows = self.assume(e, (kind, "tasks"))
-        e.counts["tasks"] = rows
+            rows = self.assume(e, assumed)
         self.table(n, e)
         self.rows[n.id] = rows
+        return rows
 
     def _trace_import(self, n, e: StageEstimate) -> None:
-        self._source(n, e)
-        e.counts["traces"] = e.counts.pop("tasks")
+        e.counts["traces"] = self.brought(n, e, ("source", "tasks"))
 
     def requests(self, n, e: StageEstimate, requests: Span) -> None:
         """A sharded stage that sends `requests` LLM requests (its settings an LLM section): their

@@ -4,7 +4,7 @@ A stage's settings are its recipe section (the one definition of every field, it
 its bounds) as it is, or plus what the plan adds: a source's name, the files and dataset commits
 it resolved, the harness prompt style, the checkpoint an eval serves. Each stage names its model
 in its own module (`STAGE = StageDef(...)`, otbuild/stages/); a model only that stage uses is
-declared there. Here: what a named section gets (`_named_union`: sources, trace imports), the
+declared there. Here: what a named section gets (`named_union`: the source's and the trace import's), the
 trial run the rollout is and the eval extends (stagekit's trials run it), the training stages'
 settings (their workers read them), and what the plan writes for the report.
 The plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them
@@ -27,7 +27,6 @@ from otbuild.settings.recipe import (
     Eval,
     Price,
     PromptStyle,
-    Source,
     Teacher,
     TraceImport,
 )
@@ -53,7 +52,7 @@ class HarborTasksPlanned(Strict):
 PLANNED = {"hf-dataset": (HubFilesPlanned,), "harbor-dataset": (HarborTasksPlanned,)}
 
 
-def _named_union(union) -> Any:
+def named_union(union) -> Any:
     """Each kind of a discriminated union of sections, with its name and what the plan resolves."""
 
     def planned(section) -> tuple:
@@ -65,8 +64,7 @@ def _named_union(union) -> Any:
     return Annotated[Union[jobs], Field(discriminator="kind")]  # noqa: UP007
 
 
-SourceSettings = _named_union(Source)
-TraceImportSettings = _named_union(TraceImport)
+TraceImportSettings = named_union(TraceImport)
 
 
 class RolloutSettings(Teacher, PromptStyle):

@@ -34,19 +34,7 @@ __all__ = ["STAGES", "StageDef", "input_name"]
 # this order): each is the module that declares it (its `STAGE`), loaded as an added stage's
 # entry point is.
 BUILT_IN: tuple[str | StageDef, ...] = (
-    StageDef(
-        "source",
-        2,
-        ("tasks.parquet", "quarantine.parquet"),
-        "otbuild.stages.source",
-        s.SourceSettings,
-        section="sources",
-        plan="named",
-        produces="tasks",
-        tasks=True,
-        counts={"tasks": "rows"},
-        recipe_field=(dict[r.Name, r.Source], Field(default_factory=dict)),
-    ),
+    "otbuild.stages.source",
     "otbuild.stages.augment",
     "otbuild.stages.mix",
     "otbuild.stages.task_score",
