@@ -240,9 +240,6 @@ class Model:
         self.rows[n.id] = rows
         return rows
 
-    def _trace_import(self, n, e: StageEstimate) -> None:
-        e.counts["traces"] = self.brought(n, e, ("source", "tasks"))
-
     def requests(self, n, e: StageEstimate, requests: Span) -> None:
         """A sharded stage that sends `requests` LLM requests (its settings an LLM section): their
         tokens and cost, its shard jobs and its merge."""

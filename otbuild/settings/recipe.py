@@ -283,56 +283,6 @@ IMPORT_OPTIONS: dict[str, type[Strict]] = {
 }  # fmt: skip
 
 
-class MiniSweAgentImport(FileSource, AtPath, MiniSweAgentOptions):
-    """mini-swe-agent `.traj.json` files (a file or a folder)."""
-
-    kind: Literal["mini-swe-agent"]
-
-
-class SweAgentImport(FileSource, AtPath, SweAgentOptions):
-    """SWE-agent `.traj` files (a file or a folder)."""
-
-    kind: Literal["swe-agent"]
-
-
-class MessagesImport(FileSource, AtPath, MessagesOptions):
-    """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
-
-    kind: Literal["messages-jsonl"]
-
-
-class HarborTracesImport(FileSource, AtPath, HarborTracesOptions):
-    """Harbor's trace export (`harbor traces export`: what OpenThoughts-Agent publishes its SFT
-    sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
-
-    kind: Literal["harbor-traces"]
-
-
-class HfTraceImport(FileSource, HubDataset):
-    """Trace files of a dataset on the Hugging Face Hub (or its local cache), read by one of
-    the importers above (`format`); the revision is resolved to a commit when planned."""
-
-    kind: Literal["hf-dataset"]
-    format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
-    # the format's options: None leaves the format's default (IMPORT_OPTIONS)
-    episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces (default: its)")
-    run_id: str | None = Field(default=None, description="default: the format's")
-    model: str | None = Field(default=None, description="default: the format's")
-    agent: str | None = Field(default=None, description="default: the format's")
-
-    @model_validator(mode="after")
-    def _episodes_for_harbor(self):
-        if self.episodes is not None and self.format != "harbor-traces":
-            raise ValueError(f"episodes applies to format harbor-traces, not {self.format}")
-        return self
-
-
-TraceImport = Annotated[
-    MiniSweAgentImport | SweAgentImport | MessagesImport | HarborTracesImport | HfTraceImport,
-    Field(discriminator="kind"),
-]
-
-
 class Eval(ShardedTrials, Sampling):
     """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
     task sources; `model` is the recipe's last trained checkpoint (sft, else rl: served by

@@ -28,7 +28,6 @@ from otbuild.settings.recipe import (
     Price,
     PromptStyle,
     Teacher,
-    TraceImport,
 )
 from otbuild.settings.train import Rl, Sft
 from otbuild.settings.trials import ShardedTrials
@@ -62,9 +61,6 @@ def named_union(union) -> Any:
     sections = typing.get_args(typing.get_args(union)[0])
     jobs = tuple(create_model(s.__name__, __base__=(s, Named, *planned(s))) for s in sections)
     return Annotated[Union[jobs], Field(discriminator="kind")]  # noqa: UP007
-
-
-TraceImportSettings = named_union(TraceImport)
 
 
 class RolloutSettings(Teacher, PromptStyle):

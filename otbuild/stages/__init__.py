@@ -19,8 +19,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from pydantic import Field
-
 from otbuild.settings import recipe as r
 from otbuild.settings import stages as s
 from otbuild.settings.added import ENTRY_POINTS, added_stages
@@ -39,18 +37,7 @@ BUILT_IN: tuple[str | StageDef, ...] = (
     "otbuild.stages.mix",
     "otbuild.stages.task_score",
     "otbuild.stages.task_filter",
-    StageDef(
-        "trace_import",
-        2,
-        ("traces.parquet", "quarantine.parquet"),
-        "otbuild.stages.trace_import",
-        s.TraceImportSettings,
-        section="trace_imports",
-        plan="named",
-        produces="traces",
-        traces=True,
-        recipe_field=(dict[r.Name, r.TraceImport], Field(default_factory=dict)),
-    ),
+    "otbuild.stages.trace_import",
     "otbuild.stages.rollout",
     "otbuild.stages.trace_filter",
     "otbuild.stages.sft",
