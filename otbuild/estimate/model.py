@@ -169,9 +169,17 @@ class Model:
         e.notes.append("built: reused, costs nothing")
 
     # -- helpers for the stages' hooks -------------------------------------------------------
-    def rows_in(self, n, stages: tuple[str, ...] | None = None) -> Span:
-        """The rows of the node's inputs (of those stages only, when given)."""
-        return sum((self.rows.get(i.id, ZERO) for i in n.inputs if stages is None or i.stage in stages), ZERO)
+    def rows_in(self, n, name: str | None = None) -> Span:
+        """The rows of the node's inputs (those the plan names `name` only, when given: the names
+        a job's `Inputs` has them by)."""
+        return sum(
+            (
+                self.rows.get(i.id, ZERO)
+                for i, named in zip(n.inputs, n.input_names, strict=True)
+                if name in (None, named)
+            ),
+            ZERO,
+        )
 
     def grant(self, rule: str) -> Grant:
         """What the profile grants a rule's jobs."""
@@ -321,13 +329,6 @@ class Model:
             f"trial, {hours:,.1f} {'GPU' if self.grant(n.stage).gpus else 'job'}-hours saved here"
         )
         return self.rate(e, n, "unverified_seconds_per_trial")
-
-    def _eval(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        tasks = self.rows_in(n, ("source",))
-        e.counts["benchmark_tasks"] = tasks
-        self.trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
-        self.rows[n.id] = Span.of(len([i for i in n.inputs if STAGES[i.stage].brings == "tasks"]))
 
     def device_seconds_per_token(self, n, e: StageEstimate) -> Span:
         """A training job's device-seconds per token: a pilot's, else another pilot's scaled by the

@@ -27,13 +27,12 @@ from otbuild.settings.base import (
     MAX_TASKS,
     Sharded,
     Strict,
-    engine_args,
     execution_only,
     external,
     plan_only,
     re2,
 )
-from otbuild.settings.engines import LLM, Sampling
+from otbuild.settings.engines import LLM
 from otbuild.settings.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -281,37 +280,6 @@ IMPORT_OPTIONS: dict[str, type[Strict]] = {
     "mini-swe-agent": MiniSweAgentOptions, "swe-agent": SweAgentOptions, "messages-jsonl": MessagesOptions,
     "harbor-traces": HarborTracesOptions,
 }  # fmt: skip
-
-
-class Eval(ShardedTrials, Sampling):
-    """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
-    task sources; `model` is the recipe's last trained checkpoint (sft, else rl: served by
-    `serve_with`) unless an engine section names another (an API model, the oracle ceiling).
-    The trial settings are the eval's own, whichever model answers."""
-
-    benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
-    repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
-    model: Teacher | None = None
-    serve_with: Literal["transformers", "vllm", "auto"] = Field(
-        default="transformers",
-        description="for the trained checkpoint; auto: vllm where it is installed, "
-        "else transformers (decided by the job, named in the stage's provenance)",
-    )
-    engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
-    rank_by: RankBy = Field(
-        default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)"
-    )
-    base: bool = Field(
-        default=False,
-        description="also evaluate the untrained base (the sft section with max_steps 0: same "
-        "model, tokenizer and traces) with these settings, labelled base/sft and base/eval; the headline says "
-        "`student X ± s vs base Y ± s`",
-    )
-    allow_prompt_mismatch: bool = execution_only(
-        False,
-        description="evaluate the checkpoint with another "
-        "harness prompt than its rollouts' (validate refuses it otherwise)",
-    )
 
 
 # the harness's prompt styles (otbuild/harness/protocol.py); the first is the default

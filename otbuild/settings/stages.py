@@ -17,20 +17,18 @@ A new setting is declared once, in its recipe section; the stage reads it as `cf
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 from pydantic import Field, create_model
 
 from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
-    Eval,
     Price,
     PromptStyle,
     Teacher,
 )
 from otbuild.settings.train import Rl, Sft
-from otbuild.settings.trials import ShardedTrials
 
 
 class Named(Strict):
@@ -66,38 +64,6 @@ def named_union(union) -> Any:
 class RolloutSettings(Teacher, PromptStyle):
     """The teacher's section with the harness's prompt style: what a shard of trials runs
     (otbuild/stagekit/trials.py), the rollout's settings and the base of the eval's."""
-
-
-class EvalSettings(Teacher, PromptStyle):
-    """The model's engine settings (an engine section, or the checkpoint served by the eval's
-    `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
-
-    # auto: serve_with's, for the checkpoint (pydantic narrows a field by redeclaring it: Teacher's, with auto)
-    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # type: ignore[assignment]
-    model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
-    serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")
-
-    def identity_view(self, ident: dict) -> dict:
-        """The eval's id is its recipe section's: `repeats`; the served checkpoint's engine as
-        `serve_with` (the checkpoint is an input: its id is in this one), or a named model's
-        settings under `model`, apart from the eval's own trial settings."""
-        ident = {k: v for k, v in ident.items() if k not in ("model_label", "samples_per_task")}
-        if self.samples_per_task != Eval.model_fields["repeats"].default:
-            ident["repeats"] = self.samples_per_task
-        if self.serves_checkpoint:
-            ident.pop("model")
-            if (engine := ident.pop("engine")) != Eval.model_fields["serve_with"].default:
-                ident["serve_with"] = engine
-            return ident
-        own = {*ShardedTrials.model_fields, *PromptStyle.model_fields, "repeats"}
-        return {
-            **{k: v for k, v in ident.items() if k in own},
-            "model": {k: v for k, v in ident.items() if k not in own},
-        }
-
-
-# the sections whose shards run the teacher's trials (otbuild/stagekit/trials.py: run_trials_shard)
-TrialRunSettings = RolloutSettings | EvalSettings
 
 
 class SftSettings(Sft, PromptStyle):

@@ -19,11 +19,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from otbuild.settings import recipe as r
 from otbuild.settings import stages as s
 from otbuild.settings.added import ENTRY_POINTS, added_stages
-from otbuild.stagekit import EVALUATION, RESULTS, StageDef
-from otbuild.stagekit.trials import TRACES
+from otbuild.stagekit import RESULTS, StageDef
 
 __all__ = ["STAGES", "StageDef", "input_name"]
 
@@ -42,24 +40,7 @@ BUILT_IN: tuple[str | StageDef, ...] = (
     "otbuild.stages.trace_filter",
     "otbuild.stages.sft",
     "otbuild.stages.rl",
-    # the eval's model: `eval.model`, else the recipe's checkpoint (recipe/checks.py checks there is one)
-    StageDef(
-        "eval",
-        4,
-        ("summary.parquet", "scores.parquet", "traces.parquet"),
-        "otbuild.stages.eval",
-        s.EvalSettings,
-        plan="model_under_test",
-        sharded=True,
-        gpu=True,
-        trials=True,
-        llm=True,
-        counts={"trials": "trials"},
-        # scores.parquet's `duration` is the trial's duration_s
-        volatile={**TRACES, "scores.parquet": ("duration",)},
-        reported=(("summary.parquet", EVALUATION),),
-        recipe_field=(r.Eval | None, None),
-    ),
+    "otbuild.stages.eval",
     "otbuild.stages.rank",
     # a search's stage winner, from its ranking and its candidates' evals (docs/search.md)
     "otbuild.stages.decide",
