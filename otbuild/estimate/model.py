@@ -150,7 +150,7 @@ class Model:
         if callable(hook):
             hook(self, n, e)
         else:
-            getattr(self, hook if hook in GENERIC else f"_{hook or n.stage}")(n, e)
+            getattr(self, hook)(n, e)
 
     def _built(self, n, e: StageEstimate) -> None:
         from otbuild.provenance import read_record
@@ -223,8 +223,6 @@ class Model:
         pilot measured it; its rows are its inputs'."""
         self.job(e, n.stage, 1, self.job_rate(e, n, "job_s"))
         self.rows[n.id] = self.rows_in(n)
-
-    _report = table
 
     def measured(self, n, name: str) -> bool:
         """A pilot measured rate `name` for this node's work."""
@@ -401,12 +399,7 @@ class Model:
 
 # Every stage is estimated by its own hook or the generic estimate it names (`StageDef.estimate`):
 # a stage without one fails at import, never falls back to a guess.
-if unestimated := [
-    n
-    for n, d in STAGES.items()
-    if not callable(d.estimate)
-    and not callable(getattr(Model, d.estimate if d.estimate in GENERIC else f"_{d.estimate or n}", None))
-]:
+if unestimated := [n for n, d in STAGES.items() if not callable(d.estimate) and d.estimate not in GENERIC]:
     raise ImportError(
         f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} "
         f"(StageDef.estimate: the stage's hook, or one of {', '.join(GENERIC)})"

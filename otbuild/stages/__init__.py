@@ -19,9 +19,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from otbuild.settings import stages as s
 from otbuild.settings.added import ENTRY_POINTS, added_stages
-from otbuild.stagekit import RESULTS, StageDef
+from otbuild.stagekit import StageDef
 
 __all__ = ["STAGES", "StageDef", "input_name"]
 
@@ -29,7 +28,7 @@ __all__ = ["STAGES", "StageDef", "input_name"]
 # The built-in stages in pipeline order (the report's funnel shows its task and trace stages in
 # this order): each is the module that declares it (its `STAGE`), loaded as an added stage's
 # entry point is.
-BUILT_IN: tuple[str | StageDef, ...] = (
+BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.source",
     "otbuild.stages.augment",
     "otbuild.stages.mix",
@@ -44,17 +43,7 @@ BUILT_IN: tuple[str | StageDef, ...] = (
     "otbuild.stages.rank",
     # a search's stage winner, from its ranking and its candidates' evals (docs/search.md)
     "otbuild.stages.decide",
-    StageDef(
-        "report",
-        2,
-        ("report.html", "dataset_card.md"),
-        "otbuild.report",
-        s.ReportSettings,
-        plan="every_node",
-        over="plan",
-        local=True,
-        reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS)),
-    ),
+    "otbuild.report",
 )
 
 
@@ -91,6 +80,4 @@ def input_name(stage: str) -> str:
 
 
 # an added stage's module imports what is above
-STAGES: dict[str, StageDef] = _registered(
-    tuple(_declared(m) if isinstance(m, str) else m for m in BUILT_IN), added_stages()
-)
+STAGES: dict[str, StageDef] = _registered(tuple(_declared(m) for m in BUILT_IN), added_stages())
