@@ -1,7 +1,14 @@
-"""The recipe's shared models: the keys that are no stage's section (`RecipeKeys`) and the
-sections or parts that several stages or parts use (task sources, trace import options, the
-teacher, the task scorer, the harness). A section only one stage uses is declared in its module
-(otbuild/stages/); the `Recipe` model is assembled from both in otbuild/recipe/schema.py.
+"""The recipe's shared models: the keys that are no stage's section (`RecipeKeys`, with the
+`harness`, `decision` and `prices` they hold) and the sections or parts that several stages or
+parts use, each with who shares it: the task sources (`Source`: the `sources` section and the
+eval's `benchmarks`, read by otbuild/sources/), the bases a source and a trace import share
+(`FileSource`, `AtPath`, `HubDataset`), the trace importers' options (otbuild/traces/imports/ and
+the trace_import stage), the teacher (the rollout's section and the eval's `model`), the task
+scorer (the task_score stage's settings and the task_filter section's `llm`), `Sample` (the task
+and trace filters'), `RankBy` (the eval's, the ranking's and the search's metric) and the prompt
+style (every stage that runs or renders harness turns). A section only one stage uses is
+declared in its module (otbuild/stages/); the `Recipe` model is assembled from both in
+otbuild/recipe/schema.py.
 
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
@@ -37,12 +44,11 @@ from otbuild.settings.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
 Name = Annotated[str, Field(pattern=NAME_RE)]  # a key the recipe names (a source, a trace import, a benchmark)
 
 
-RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
+RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares (eval, rank, decide)
 
 
 class Ranked(Strict):
@@ -186,6 +192,7 @@ class HarborDatasetSource(TaskFileSource):
     )
 
 
+# a task source: an entry of the `sources` section or of the eval's `benchmarks`
 Source = Annotated[
     SyntheticSource
     | PathSource
@@ -200,12 +207,15 @@ Source = Annotated[
 
 
 class Sample(Strict):
+    """Exactly `n` of what is left, a seeded choice: the task filter's and the trace filter's `sample`."""
+
     n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
 
 
 class Teacher(LLM, ShardedTrials):
-    """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh)."""
+    """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh): the `teacher`
+    section, and an eval's named `model`."""
 
     # pydantic narrows a field by redeclaring it: LLM's engine and model, with the oracle (which needs no model)
     engine: Literal["oracle", "openai", "vllm", "transformers"]  # type: ignore[assignment]
@@ -228,7 +238,8 @@ class Teacher(LLM, ShardedTrials):
 class TaskScorer(LLM, Sharded):
     """An LLM score per task, into the `llm_score` column: `askllm` (a 1-100 rating of the
     task's value for training) or `response_length` (a small model answers the task; the
-    score is its answer's length in tokens: longer answers mark harder tasks)."""
+    score is its answer's length in tokens: longer answers mark harder tasks). The task_filter
+    section's `llm`, and the task_score stage's settings."""
 
     kind: Literal["askllm", "response_length"]
 
@@ -320,7 +331,8 @@ Grid = dict[SettingPath, Annotated[list[Any], Field(min_length=1)]]
 
 
 class Decision(Strict):
-    """How each stage of a search picks its winner (docs/search.md)."""
+    """How each stage of a search picks its winner (docs/search.md): the recipe's `decision`
+    key, which the decide stage reads."""
 
     min_trials: int = Field(
         default=150,

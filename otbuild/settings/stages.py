@@ -4,9 +4,17 @@ A stage's settings are its recipe section (the one definition of every field, it
 its bounds) as it is, or plus what the plan adds: a source's name, the files and dataset commits
 it resolved, the harness prompt style, the checkpoint an eval serves. Each stage names its model
 in its own module (`STAGE = StageDef(...)`, otbuild/stages/); a model only that stage uses is
-declared there. Here: what a named section gets (`named_union`: the source's and the trace import's), the
-trial run the rollout is and the eval extends (stagekit's trials run it), the training stages'
-settings (their workers read them), and what the plan writes for the report.
+declared there (`SourceSettings`, `TraceImportSettings`, `EvalSettings`, ...). Here, each with who
+shares it:
+- `named_union` and what it adds (`Named`, the `*Planned` fields): a section of named entries as
+  its job gets it, the source's and the trace import's settings;
+- `RolloutSettings`: the rollout's settings, what stagekit's trials run (otbuild/stagekit/trials.py)
+  and the base of the eval's;
+- `SftSettings`, `RlSettings`: the training stages' settings, which their workers (otbuild/train/)
+  read too;
+- `ReportSettings`: what the plan writes (otbuild/plan/: report_settings) and the report stage
+  reads; it cannot live in otbuild/report/, which imports the plan (report/data.py: BASE), without
+  the two importing each other.
 The plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them
 back into the model (`StageDef.config`), so `run(cfg, inputs, outdir)` and the training
 workers get typed settings with the schema's defaults, never a dict with defaults of their own.
@@ -77,6 +85,8 @@ class RlSettings(Rl, PromptStyle):
 
 
 class ReportNode(Strict):
+    """A node of the recipe's plan, as the report reads its artifacts."""
+
     label: str
     stage: str
     id: str
@@ -84,6 +94,9 @@ class ReportNode(Strict):
 
 
 class ReportSettings(Strict):
+    """The report stage's settings: what the plan makes them of (otbuild/plan/: report_settings)
+    and the report (otbuild/report/) reads."""
+
     recipe: str
     description: str = ""
     nodes: list[ReportNode]
