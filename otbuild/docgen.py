@@ -17,6 +17,7 @@ import inspect
 import re
 import sys
 import typing
+from importlib import import_module
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union
@@ -263,11 +264,14 @@ def recipe_key(d: StageDef) -> str:
 
 def settings_model(d: StageDef) -> tuple[str, str]:
     """The name of a stage's settings model and the module it is declared in: a class's own, or
-    for a union of models (a source's kinds) the name it goes by beside them."""
+    for a union of models (a source's kinds) the name it goes by beside them, else in the stage's
+    module."""
     if isinstance(d.settings, type):
         return d.settings.__name__, d.settings.__module__
-    module = sys.modules[models_in(d.settings)[0].__module__]
-    return next(n for n, v in vars(module).items() if v is d.settings), module.__name__
+    for module in (sys.modules[models_in(d.settings)[0].__module__], import_module(d.module)):
+        if name := next((n for n, v in vars(module).items() if v is d.settings), None):
+            return name, module.__name__
+    raise LookupError(f"{d.name}: its settings are named in neither {d.module} nor beside its models")
 
 
 def settings_name(d: StageDef) -> str:

@@ -150,7 +150,7 @@ class Model:
         if callable(hook):
             hook(self, n, e)
         else:
-            getattr(self, hook if hook in GENERIC else f"_{hook or n.stage}")(n, e)
+            getattr(self, hook)(n, e)
 
     def _built(self, n, e: StageEstimate) -> None:
         from otbuild.provenance import read_record
@@ -169,9 +169,17 @@ class Model:
         e.notes.append("built: reused, costs nothing")
 
     # -- helpers for the stages' hooks -------------------------------------------------------
-    def rows_in(self, n, stages: tuple[str, ...] | None = None) -> Span:
-        """The rows of the node's inputs (of those stages only, when given)."""
-        return sum((self.rows.get(i.id, ZERO) for i in n.inputs if stages is None or i.stage in stages), ZERO)
+    def rows_in(self, n, name: str | None = None) -> Span:
+        """The rows of the node's inputs (those the plan names `name` only, when given: the names
+        a job's `Inputs` has them by)."""
+        return sum(
+            (
+                self.rows.get(i.id, ZERO)
+                for i, named in zip(n.inputs, n.input_names, strict=True)
+                if name in (None, named)
+            ),
+            ZERO,
+        )
 
     def grant(self, rule: str) -> Grant:
         """What the profile grants a rule's jobs."""
@@ -216,8 +224,6 @@ class Model:
         self.job(e, n.stage, 1, self.job_rate(e, n, "job_s"))
         self.rows[n.id] = self.rows_in(n)
 
-    _report = table
-
     def measured(self, n, name: str) -> bool:
         """A pilot measured rate `name` for this node's work."""
         return any(p.find(n.stage, match(n), name) for p in self.pilots)
@@ -230,18 +236,15 @@ class Model:
         key = ("server" if server else "job", otherwise)
         return self.assume(e, key)
 
-    def _source(self, n, e: StageEstimate) -> None:
+    def brought(self, n, e: StageEstimate, assumed: tuple[str, str]) -> Span:
+        """The rows a stage that brings data in will have (`known_rows`), else the rate assumed
+        at `assumed` (a place in DEFAULTS); its job a table stage's (`table`)."""
         rows = self.known_rows(n)
         if rows is None:
-            kind = "benchmark" if "benchmarks/" in n.label else "source"
-            rows = self.assume(e, (kind, "tasks"))
-        e.counts["tasks"] = rows
+            rows = self.assume(e, assumed)
         self.table(n, e)
         self.rows[n.id] = rows
-
-    def _trace_import(self, n, e: StageEstimate) -> None:
-        self._source(n, e)
-        e.counts["traces"] = e.counts.pop("tasks")
+        return rows
 
     def requests(self, n, e: StageEstimate, requests: Span) -> None:
         """A sharded stage that sends `requests` LLM requests (its settings an LLM section): their
@@ -325,13 +328,6 @@ class Model:
         )
         return self.rate(e, n, "unverified_seconds_per_trial")
 
-    def _eval(self, n, e: StageEstimate) -> None:
-        cfg = n.config
-        tasks = self.rows_in(n, ("source",))
-        e.counts["benchmark_tasks"] = tasks
-        self.trials(n, e, tasks * cfg.samples_per_task, cfg.model_label, cfg.engine == "vllm")
-        self.rows[n.id] = Span.of(len([i for i in n.inputs if STAGES[i.stage].brings == "tasks"]))
-
     def device_seconds_per_token(self, n, e: StageEstimate) -> Span:
         """A training job's device-seconds per token: a pilot's, else another pilot's scaled by the
         model's parameters, else the paper's 8B figure scaled."""
@@ -403,12 +399,7 @@ class Model:
 
 # Every stage is estimated by its own hook or the generic estimate it names (`StageDef.estimate`):
 # a stage without one fails at import, never falls back to a guess.
-if unestimated := [
-    n
-    for n, d in STAGES.items()
-    if not callable(d.estimate)
-    and not callable(getattr(Model, d.estimate if d.estimate in GENERIC else f"_{d.estimate or n}", None))
-]:
+if unestimated := [n for n, d in STAGES.items() if not callable(d.estimate) and d.estimate not in GENERIC]:
     raise ImportError(
         f"otbuild.estimate.model: no estimate for stage(s) {', '.join(unestimated)} "
         f"(StageDef.estimate: the stage's hook, or one of {', '.join(GENERIC)})"

@@ -21,9 +21,10 @@ from otbuild.recipe.messages import file_for, launch_errors, suggest
 from otbuild.recipe.schema import Recipe
 from otbuild.settings.base import RE2, field_extra
 from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
-from otbuild.settings.recipe import AtPath, Eval, Source, Teacher
+from otbuild.settings.recipe import AtPath, Source, Teacher
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, ShardedTrials, harbor_agent, trials_of
+from otbuild.stages.eval import Eval
 
 
 class Checker:

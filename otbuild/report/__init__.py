@@ -1,8 +1,10 @@
 """Reports: one self-contained HTML page per recipe (row-count funnel, per-source mix, turn
 and reward distributions, training curves, eval scores, ablation ranking) and a dataset card
 for its trace set (or task set). See docs/reports.md. This package is also the `report` stage
-(`run`): its settings name every node of the recipe's plan, its inputs are their main outputs
-(so the report is rebuilt exactly when an artifact changes).
+(`run`, `STAGE`, registered in otbuild/stages/): its settings name every node of the recipe's
+plan, its inputs are their main outputs (so the report is rebuilt exactly when an artifact
+changes). The registry imports this module: what it needs beyond its settings is imported
+inside `build`.
 
   data.py    what the page shows, read from artifact dirs (provenance, parquet, train logs)
   charts.py  inline SVG charts (bars with error bars, columns, lines)
@@ -15,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.settings.stages import ReportSettings
-from otbuild.stagekit import Inputs, stage_run
+from otbuild.stagekit import RESULTS, Inputs, StageDef, stage_run
 
 CAPTIONS = Path(__file__).parent / "captions"
 HTML = "report.html"
@@ -28,13 +30,13 @@ RECORD_LINKS_UP = "../../../"
 
 @stage_run
 def run(cfg: ReportSettings, inputs: Inputs, outdir: Path) -> dict:
-    """The report stage (otbuild/stages/): the inputs are read through the settings' nodes."""
+    """The report stage: the inputs are read through the settings' nodes."""
     return build(cfg, Path(outdir))
 
 
 def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
     """Write OUTDIR/report.html and OUTDIR/dataset_card.md for the report stage's settings
-    (otbuild/settings/stages.py: ReportSettings); return the stage's stats."""
+    (ReportSettings, made by `otbuild.plan.report_settings`); return the stage's stats."""
     from otbuild.fsio import atomic_path
     from otbuild.report.data import load, trained
     from otbuild.report.headline import headline
@@ -72,3 +74,18 @@ def build(cfg, outdir: Path, root: Path = Path(".")) -> dict:
         "html_bytes": len(html.encode()),
         "card_bytes": len(card.encode()),
     }
+
+
+# every recipe ends in its report, over every node of its plan (otbuild/plan/planners.py: every_node)
+STAGE = StageDef(
+    "report",
+    2,
+    (HTML, CARD),
+    __name__,
+    ReportSettings,
+    plan="every_node",
+    over="plan",
+    local=True,
+    reported=((HTML, RESULTS), (CARD, RESULTS)),
+    estimate="table",
+)

@@ -1,7 +1,14 @@
-"""The recipe's shared models: the keys that are no stage's section (`RecipeKeys`) and the
-sections or parts that several stages or parts use (task sources, trace import options, the
-teacher, the task scorer, the harness). A section only one stage uses is declared in its module
-(otbuild/stages/); the `Recipe` model is assembled from both in otbuild/recipe/schema.py.
+"""The recipe's shared models: the keys that are no stage's section (`RecipeKeys`, with the
+`harness`, `decision` and `prices` they hold) and the sections or parts that several stages or
+parts use, each with who shares it: the task sources (`Source`: the `sources` section and the
+eval's `benchmarks`, read by otbuild/sources/), the bases a source and a trace import share
+(`FileSource`, `AtPath`, `HubDataset`), the trace importers' options (otbuild/traces/imports/ and
+the trace_import stage), the teacher (the rollout's section and the eval's `model`), the task
+scorer (the task_score stage's settings and the task_filter section's `llm`), `Sample` (the task
+and trace filters'), `RankBy` (the eval's, the ranking's and the search's metric) and the prompt
+style (every stage that runs or renders harness turns). A section only one stage uses is
+declared in its module (otbuild/stages/); the `Recipe` model is assembled from both in
+otbuild/recipe/schema.py.
 
 Unknown keys are errors everywhere (`extra="forbid"`); the loader turns pydantic's errors into
 messages that name the file, the key path, what was found and what was expected.
@@ -27,23 +34,21 @@ from otbuild.settings.base import (
     MAX_TASKS,
     Sharded,
     Strict,
-    engine_args,
     execution_only,
     external,
     plan_only,
     re2,
 )
-from otbuild.settings.engines import LLM, Sampling
+from otbuild.settings.engines import LLM
 from otbuild.settings.trials import ShardedTrials
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"
 FAMILIES = ("files", "text", "data", "archive", "python")
 Name = Annotated[str, Field(pattern=NAME_RE)]  # a key the recipe names (a source, a trace import, a benchmark)
 
 
-RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares
+RankBy = Literal["pass_at_1", "partial_credit"]  # an eval score a ranking compares (eval, rank, decide)
 
 
 class Ranked(Strict):
@@ -187,6 +192,7 @@ class HarborDatasetSource(TaskFileSource):
     )
 
 
+# a task source: an entry of the `sources` section or of the eval's `benchmarks`
 Source = Annotated[
     SyntheticSource
     | PathSource
@@ -201,12 +207,15 @@ Source = Annotated[
 
 
 class Sample(Strict):
+    """Exactly `n` of what is left, a seeded choice: the task filter's and the trace filter's `sample`."""
+
     n: int = Field(ge=1, le=MAX_TASKS)
     seed: int = 0
 
 
 class Teacher(LLM, ShardedTrials):
-    """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh)."""
+    """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh): the `teacher`
+    section, and an eval's named `model`."""
 
     # pydantic narrows a field by redeclaring it: LLM's engine and model, with the oracle (which needs no model)
     engine: Literal["oracle", "openai", "vllm", "transformers"]  # type: ignore[assignment]
@@ -229,7 +238,8 @@ class Teacher(LLM, ShardedTrials):
 class TaskScorer(LLM, Sharded):
     """An LLM score per task, into the `llm_score` column: `askllm` (a 1-100 rating of the
     task's value for training) or `response_length` (a small model answers the task; the
-    score is its answer's length in tokens: longer answers mark harder tasks)."""
+    score is its answer's length in tokens: longer answers mark harder tasks). The task_filter
+    section's `llm`, and the task_score stage's settings."""
 
     kind: Literal["askllm", "response_length"]
 
@@ -283,87 +293,6 @@ IMPORT_OPTIONS: dict[str, type[Strict]] = {
 }  # fmt: skip
 
 
-class MiniSweAgentImport(FileSource, AtPath, MiniSweAgentOptions):
-    """mini-swe-agent `.traj.json` files (a file or a folder)."""
-
-    kind: Literal["mini-swe-agent"]
-
-
-class SweAgentImport(FileSource, AtPath, SweAgentOptions):
-    """SWE-agent `.traj` files (a file or a folder)."""
-
-    kind: Literal["swe-agent"]
-
-
-class MessagesImport(FileSource, AtPath, MessagesOptions):
-    """OpenAI-style chats: JSONL (or parquet) rows with a `messages` list."""
-
-    kind: Literal["messages-jsonl"]
-
-
-class HarborTracesImport(FileSource, AtPath, HarborTracesOptions):
-    """Harbor's trace export (`harbor traces export`: what OpenThoughts-Agent publishes its SFT
-    sets as): parquet or JSONL rows, one per episode of each trial (otbuild/traces/imports/harbor_traces.py)."""
-
-    kind: Literal["harbor-traces"]
-
-
-class HfTraceImport(FileSource, HubDataset):
-    """Trace files of a dataset on the Hugging Face Hub (or its local cache), read by one of
-    the importers above (`format`); the revision is resolved to a commit when planned."""
-
-    kind: Literal["hf-dataset"]
-    format: Literal["messages-jsonl", "mini-swe-agent", "swe-agent", "harbor-traces"] = "messages-jsonl"
-    # the format's options: None leaves the format's default (IMPORT_OPTIONS)
-    episodes: Literal["last", "all"] | None = Field(default=None, description="format harbor-traces (default: its)")
-    run_id: str | None = Field(default=None, description="default: the format's")
-    model: str | None = Field(default=None, description="default: the format's")
-    agent: str | None = Field(default=None, description="default: the format's")
-
-    @model_validator(mode="after")
-    def _episodes_for_harbor(self):
-        if self.episodes is not None and self.format != "harbor-traces":
-            raise ValueError(f"episodes applies to format harbor-traces, not {self.format}")
-        return self
-
-
-TraceImport = Annotated[
-    MiniSweAgentImport | SweAgentImport | MessagesImport | HarborTracesImport | HfTraceImport,
-    Field(discriminator="kind"),
-]
-
-
-class Eval(ShardedTrials, Sampling):
-    """model x benchmark x repeat through the harness (paper: n = 3 repeats). Benchmarks are
-    task sources; `model` is the recipe's last trained checkpoint (sft, else rl: served by
-    `serve_with`) unless an engine section names another (an API model, the oracle ceiling).
-    The trial settings are the eval's own, whichever model answers."""
-
-    benchmarks: dict[Annotated[str, Field(pattern=NAME_RE)], Source] = Field(min_length=1)
-    repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
-    model: Teacher | None = None
-    serve_with: Literal["transformers", "vllm", "auto"] = Field(
-        default="transformers",
-        description="for the trained checkpoint; auto: vllm where it is installed, "
-        "else transformers (decided by the job, named in the stage's provenance)",
-    )
-    engine_args: dict[str, Any] = engine_args(of="serve_with")  # vllm serve args for the checkpoint
-    rank_by: RankBy = Field(
-        default="pass_at_1", description="the score an ablation's ranking compares (mean over repeats)"
-    )
-    base: bool = Field(
-        default=False,
-        description="also evaluate the untrained base (the sft section with max_steps 0: same "
-        "model, tokenizer and traces) with these settings, labelled base/sft and base/eval; the headline says "
-        "`student X ± s vs base Y ± s`",
-    )
-    allow_prompt_mismatch: bool = execution_only(
-        False,
-        description="evaluate the checkpoint with another "
-        "harness prompt than its rollouts' (validate refuses it otherwise)",
-    )
-
-
 # the harness's prompt styles (otbuild/harness/protocol.py); the first is the default
 PROMPTS = ("terminus2", "compact")
 
@@ -402,7 +331,8 @@ Grid = dict[SettingPath, Annotated[list[Any], Field(min_length=1)]]
 
 
 class Decision(Strict):
-    """How each stage of a search picks its winner (docs/search.md)."""
+    """How each stage of a search picks its winner (docs/search.md): the recipe's `decision`
+    key, which the decide stage reads."""
 
     min_trials: int = Field(
         default=150,

@@ -4,9 +4,17 @@ A stage's settings are its recipe section (the one definition of every field, it
 its bounds) as it is, or plus what the plan adds: a source's name, the files and dataset commits
 it resolved, the harness prompt style, the checkpoint an eval serves. Each stage names its model
 in its own module (`STAGE = StageDef(...)`, otbuild/stages/); a model only that stage uses is
-declared there. Here: what a named section gets (`_named_union`: sources, trace imports), the
-trial run the rollout is and the eval extends (stagekit's trials run it), the training stages'
-settings (their workers read them), and what the plan writes for the report.
+declared there (`SourceSettings`, `TraceImportSettings`, `EvalSettings`, ...). Here, each with who
+shares it:
+- `named_union` and what it adds (`Named`, the `*Planned` fields): a section of named entries as
+  its job gets it, the source's and the trace import's settings;
+- `RolloutSettings`: the rollout's settings, what stagekit's trials run (otbuild/stagekit/trials.py)
+  and the base of the eval's;
+- `SftSettings`, `RlSettings`: the training stages' settings, which their workers (otbuild/train/)
+  read too;
+- `ReportSettings`: what the plan writes (otbuild/plan/: report_settings) and the report stage
+  reads; it cannot live in otbuild/report/, which imports the plan (report/data.py: BASE), without
+  the two importing each other.
 The plan writes them into the job's spec as JSON (`Node.spec()`); the runner validates them
 back into the model (`StageDef.config`), so `run(cfg, inputs, outdir)` and the training
 workers get typed settings with the schema's defaults, never a dict with defaults of their own.
@@ -17,22 +25,18 @@ A new setting is declared once, in its recipe section; the stage reads it as `cf
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 from pydantic import Field, create_model
 
 from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
-    Eval,
     Price,
     PromptStyle,
-    Source,
     Teacher,
-    TraceImport,
 )
 from otbuild.settings.train import Rl, Sft
-from otbuild.settings.trials import ShardedTrials
 
 
 class Named(Strict):
@@ -53,7 +57,7 @@ class HarborTasksPlanned(Strict):
 PLANNED = {"hf-dataset": (HubFilesPlanned,), "harbor-dataset": (HarborTasksPlanned,)}
 
 
-def _named_union(union) -> Any:
+def named_union(union) -> Any:
     """Each kind of a discriminated union of sections, with its name and what the plan resolves."""
 
     def planned(section) -> tuple:
@@ -65,45 +69,9 @@ def _named_union(union) -> Any:
     return Annotated[Union[jobs], Field(discriminator="kind")]  # noqa: UP007
 
 
-SourceSettings = _named_union(Source)
-TraceImportSettings = _named_union(TraceImport)
-
-
 class RolloutSettings(Teacher, PromptStyle):
     """The teacher's section with the harness's prompt style: what a shard of trials runs
     (otbuild/stagekit/trials.py), the rollout's settings and the base of the eval's."""
-
-
-class EvalSettings(Teacher, PromptStyle):
-    """The model's engine settings (an engine section, or the checkpoint served by the eval's
-    `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
-
-    # auto: serve_with's, for the checkpoint (pydantic narrows a field by redeclaring it: Teacher's, with auto)
-    engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # type: ignore[assignment]
-    model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
-    serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")
-
-    def identity_view(self, ident: dict) -> dict:
-        """The eval's id is its recipe section's: `repeats`; the served checkpoint's engine as
-        `serve_with` (the checkpoint is an input: its id is in this one), or a named model's
-        settings under `model`, apart from the eval's own trial settings."""
-        ident = {k: v for k, v in ident.items() if k not in ("model_label", "samples_per_task")}
-        if self.samples_per_task != Eval.model_fields["repeats"].default:
-            ident["repeats"] = self.samples_per_task
-        if self.serves_checkpoint:
-            ident.pop("model")
-            if (engine := ident.pop("engine")) != Eval.model_fields["serve_with"].default:
-                ident["serve_with"] = engine
-            return ident
-        own = {*ShardedTrials.model_fields, *PromptStyle.model_fields, "repeats"}
-        return {
-            **{k: v for k, v in ident.items() if k in own},
-            "model": {k: v for k, v in ident.items() if k not in own},
-        }
-
-
-# the sections whose shards run the teacher's trials (otbuild/stagekit/trials.py: run_trials_shard)
-TrialRunSettings = RolloutSettings | EvalSettings
 
 
 class SftSettings(Sft, PromptStyle):
@@ -117,6 +85,8 @@ class RlSettings(Rl, PromptStyle):
 
 
 class ReportNode(Strict):
+    """A node of the recipe's plan, as the report reads its artifacts."""
+
     label: str
     stage: str
     id: str
@@ -124,6 +94,9 @@ class ReportNode(Strict):
 
 
 class ReportSettings(Strict):
+    """The report stage's settings: what the plan makes them of (otbuild/plan/: report_settings)
+    and the report (otbuild/report/) reads."""
+
     recipe: str
     description: str = ""
     nodes: list[ReportNode]

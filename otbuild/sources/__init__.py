@@ -1,7 +1,7 @@
 """Source adapters: each turns some input into Harbor task records (or quarantined items).
 
 A PATH_ADAPTERS module has `read(cfg) -> Iterator[TaskRecord | Quarantined]`, `cfg` being its
-source's settings (otbuild/settings/stages.py SourceSettings: its recipe section, whose fields
+source's settings (otbuild/stages/source.py SourceSettings: its recipe section, whose fields
 hold every option's default). Adapters are imported lazily so that planning a DAG never pays for them."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ PATH_FORMS: dict[str, tuple[str, ...] | None] = {
 
 
 def read_source(cfg) -> Iterator[TaskRecord | Quarantined]:
-    """The items of a source (its settings: otbuild/settings/stages.py SourceSettings)."""
+    """The items of a source (its settings: otbuild/stages/source.py SourceSettings)."""
     if cfg.kind == "synthetic":
         from otbuild.sources.synthetic import generate
 

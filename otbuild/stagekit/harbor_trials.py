@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
-from otbuild.settings.stages import TrialRunSettings
+from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA, task_rows
 from otbuild.tasks.task_toml import host_env_refusal, task_config
@@ -30,11 +30,11 @@ from otbuild.tasks.taskdir import TaskDir
 HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/endings.py's exception (outcome not_run)
 
 
-def run_harbor_shard(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+def run_harbor_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
-async def _run(cfg: TrialRunSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
     from otbuild.tasks.export import export_names
@@ -195,7 +195,7 @@ def shard_rows(
     return out + subs
 
 
-def harbor_options(cfg: TrialRunSettings) -> dict:
+def harbor_options(cfg: RolloutSettings) -> dict:
     """The trial settings as `run_harbor_job` options: the agent, its timeout and the cap
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens, and for a server otbuild

@@ -44,7 +44,7 @@ from otbuild.errors import StageError
 from otbuild.fsio import atomic_path, parquet_batches
 from otbuild.hashing import file_sha256
 from otbuild.progress import JobProgress, duration, eta
-from otbuild.settings.stages import TrialRunSettings
+from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import HARBOR
 from otbuild.stagekit import Inputs, shard_path
 from otbuild.stagekit.failures import FailureCount, retry_delay, with_attempts
@@ -79,7 +79,7 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
-def run_trials_shard(cfg: TrialRunSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
+def run_trials_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """One shard's trials, for the teacher's rollouts and for eval (otbuild/stages/eval.py)."""
     n = cfg.shards
     trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
@@ -219,7 +219,7 @@ def _adopt_stale_trials(partial: Path, n: int, shard: int) -> None:
 
 
 async def _run_trials(
-    cfg: TrialRunSettings,
+    cfg: RolloutSettings,
     inputs: list[Path],
     todo: list[Trial],
     partial: Path,

@@ -19,13 +19,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from pydantic import Field
-
-from otbuild.settings import recipe as r
-from otbuild.settings import stages as s
 from otbuild.settings.added import ENTRY_POINTS, added_stages
-from otbuild.stagekit import EVALUATION, RESULTS, StageDef
-from otbuild.stagekit.trials import TRACES
+from otbuild.stagekit import StageDef
 
 __all__ = ["STAGES", "StageDef", "input_name"]
 
@@ -33,72 +28,22 @@ __all__ = ["STAGES", "StageDef", "input_name"]
 # The built-in stages in pipeline order (the report's funnel shows its task and trace stages in
 # this order): each is the module that declares it (its `STAGE`), loaded as an added stage's
 # entry point is.
-BUILT_IN: tuple[str | StageDef, ...] = (
-    StageDef(
-        "source",
-        2,
-        ("tasks.parquet", "quarantine.parquet"),
-        "otbuild.stages.source",
-        s.SourceSettings,
-        section="sources",
-        plan="named",
-        produces="tasks",
-        tasks=True,
-        counts={"tasks": "rows"},
-        recipe_field=(dict[r.Name, r.Source], Field(default_factory=dict)),
-    ),
+BUILT_IN: tuple[str, ...] = (
+    "otbuild.stages.source",
     "otbuild.stages.augment",
     "otbuild.stages.mix",
     "otbuild.stages.task_score",
     "otbuild.stages.task_filter",
-    StageDef(
-        "trace_import",
-        2,
-        ("traces.parquet", "quarantine.parquet"),
-        "otbuild.stages.trace_import",
-        s.TraceImportSettings,
-        section="trace_imports",
-        plan="named",
-        produces="traces",
-        traces=True,
-        recipe_field=(dict[r.Name, r.TraceImport], Field(default_factory=dict)),
-    ),
+    "otbuild.stages.trace_import",
     "otbuild.stages.rollout",
     "otbuild.stages.trace_filter",
     "otbuild.stages.sft",
     "otbuild.stages.rl",
-    # the eval's model: `eval.model`, else the recipe's checkpoint (recipe/checks.py checks there is one)
-    StageDef(
-        "eval",
-        4,
-        ("summary.parquet", "scores.parquet", "traces.parquet"),
-        "otbuild.stages.eval",
-        s.EvalSettings,
-        plan="model_under_test",
-        sharded=True,
-        gpu=True,
-        trials=True,
-        llm=True,
-        counts={"trials": "trials"},
-        # scores.parquet's `duration` is the trial's duration_s
-        volatile={**TRACES, "scores.parquet": ("duration",)},
-        reported=(("summary.parquet", EVALUATION),),
-        recipe_field=(r.Eval | None, None),
-    ),
+    "otbuild.stages.eval",
     "otbuild.stages.rank",
     # a search's stage winner, from its ranking and its candidates' evals (docs/search.md)
     "otbuild.stages.decide",
-    StageDef(
-        "report",
-        2,
-        ("report.html", "dataset_card.md"),
-        "otbuild.report",
-        s.ReportSettings,
-        plan="every_node",
-        over="plan",
-        local=True,
-        reported=(("report.html", RESULTS), ("dataset_card.md", RESULTS)),
-    ),
+    "otbuild.report",
 )
 
 
@@ -135,6 +80,4 @@ def input_name(stage: str) -> str:
 
 
 # an added stage's module imports what is above
-STAGES: dict[str, StageDef] = _registered(
-    tuple(_declared(m) if isinstance(m, str) else m for m in BUILT_IN), added_stages()
-)
+STAGES: dict[str, StageDef] = _registered(tuple(_declared(m) for m in BUILT_IN), added_stages())

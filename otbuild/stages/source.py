@@ -8,13 +8,15 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+from pydantic import Field
 
 from otbuild.errors import StageError
-from otbuild.settings.recipe import SourceSample, TaskFileSource
-from otbuild.settings.stages import SourceSettings
+from otbuild.settings.recipe import Name, Source, SourceSample, TaskFileSource
+from otbuild.settings.stages import named_union
 from otbuild.sources import hub_files, read_source, where
-from otbuild.stagekit import Inputs, stage_run
+from otbuild.stagekit import Inputs, StageDef, stage_run
 from otbuild.tasks.table import (
     Quarantined,
     TaskRecord,
@@ -22,6 +24,13 @@ from otbuild.tasks.table import (
     write_quarantine,
     write_tasks,
 )
+
+# a source's section, as the recipe names it (`sources.NAME`, `eval.benchmarks.NAME`), with its
+# name and what the plan resolves: a Hub dataset's commit and files, a Harbor dataset's task dirs
+if TYPE_CHECKING:  # made at run time (pydantic's create_model): Any to the type checker
+    SourceSettings: TypeAlias = Any
+else:
+    SourceSettings = named_union(Source)
 
 
 @stage_run
@@ -107,3 +116,25 @@ def sample_tasks(src: Path, dest: Path, sample: SourceSample) -> dict:
         "seed": seed,
         **({"stratify": stratify, "strata": strata} if stratify else {}),
     }
+
+
+def estimate(m, n, e) -> None:
+    """The tasks its settings or its data say (a synthetic count, a parquet's rows, Harbor task
+    dirs: at most `sample.n`), else the default of a source's (or a benchmark's) tasks."""
+    e.counts["tasks"] = m.brought(n, e, ("benchmark" if "benchmarks/" in n.label else "source", "tasks"))
+
+
+STAGE = StageDef(
+    "source",
+    2,
+    ("tasks.parquet", "quarantine.parquet"),
+    __name__,
+    SourceSettings,
+    section="sources",
+    plan="named",
+    produces="tasks",
+    tasks=True,
+    counts={"tasks": "rows"},
+    recipe_field=(dict[Name, Source], Field(default_factory=dict)),
+    estimate=estimate,
+)

@@ -12,10 +12,12 @@ from pydantic import Field, field_validator, model_validator
 
 from otbuild import duck
 from otbuild.settings.base import MAX_TASKS, Strict, plan_only, re2
-from otbuild.settings.recipe import NAME_RE, SCORE_COLUMN_RE, Sample, TaskScorer
+from otbuild.settings.recipe import NAME_RE, Sample, TaskScorer
 from otbuild.span import ZERO, Span
 from otbuild.stagekit import Inputs, StageDef, stage_run
 from otbuild.tasks.table import BATCH_ROWS
+
+SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"  # a task column, or metadata.KEY
 
 
 class Bounds(Strict):

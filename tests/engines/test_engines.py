@@ -119,7 +119,7 @@ def test_each_engine_setting_is_declared_once():
     """One place per setting: a launch option is not also a client key, no model declares again
     a key of what it extends (but the sections above, knowingly), docs/engines.md names every
     key, and each engine's default concurrency is the one it states."""
-    import otbuild.settings.recipe  # noqa: F401 (the recipe's LLM sections)
+    import otbuild.stages  # noqa: F401 (the LLM sections and settings of the recipe and its stages)
 
     for options in (VLLMOptions, TransformersOptions):
         assert not set(options.model_fields) & set(LLM.model_fields), options

@@ -259,7 +259,7 @@ def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_pa
     answer of the trained student inside the harness's JSON frame (as in the smoke's own evals,
     which set it: the student's and its untrained base's); the scores name vLLM."""
     from otbuild.harness import protocol
-    from otbuild.settings.stages import EvalSettings
+    from otbuild.stages.eval import EvalSettings
     from otbuild.stages import eval as eval_stage
 
     project, _ = smoke_build

@@ -15,7 +15,8 @@ from otbuild.sources.synthetic import generate
 from otbuild.stages import eval as eval_stage
 from otbuild.stages import rollout
 from otbuild.stagekit.failures import InfraFailuresExceeded
-from otbuild.settings.stages import EvalSettings, RolloutSettings
+from otbuild.settings.stages import RolloutSettings
+from otbuild.stages.eval import EvalSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.traces import outcome as oc
 from otbuild.traces.table import write_traces

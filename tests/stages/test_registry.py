@@ -55,8 +55,7 @@ def test_every_stage_answers_the_registry_hooks():
     from otbuild.traces.table import VOLATILE_COLUMNS
 
     for name, d in STAGES.items():
-        legacy = f"_{d.estimate or name}"  # TODO(stage-modules): gone once every stage has its hook
-        assert callable(d.estimate) or callable(getattr(Model, d.estimate if d.estimate in GENERIC else legacy)), name
+        assert callable(d.estimate) or (d.estimate in GENERIC and callable(getattr(Model, d.estimate))), name
         assert not (d.tasks and d.traces), f"{name}: a task table or a trace table, not both"
         if d.training:
             assert d.curve and "train_log.jsonl" in d.volatile, name
@@ -184,7 +183,8 @@ def python_source(path: Path) -> str:
 def stage_switches(root: Path) -> Counter:
     """(file, stage) -> how often code outside otbuild/stages/ (the Snakemake rules included)
     switches on a stage's name: a literal compared with something named *stage* or with a
-    `.name`, a key of STAGES (or of anything *stage*), an argument of a *stage* function, a
+    `.name`, a key of STAGES (or of anything *stage*), an argument of a *stage* function (but a
+    StageDef's own name: declaring a stage, as the report's module does, is no switch on it), a
     *stage* keyword, a node made or looked up by its stage (a *node* function), a rule named
     after a stage or Snakemake's `checkpoints.NAME`, or one of two or more stage names in a
     tuple, list, set or dict's keys (a table by stage)."""
@@ -212,7 +212,11 @@ def stage_switches(root: Path) -> Counter:
                 hits = [c for x in (n.left, *n.comparators) for c in lits(x)]
             elif isinstance(n, ast.Subscript) and "stage" in text(n.value):
                 hits = lits(n.slice)
-            elif isinstance(n, ast.Call) and any(w in text(n.func).rsplit(".", 1)[-1] for w in ("stage", "node")):
+            elif (
+                isinstance(n, ast.Call)
+                and text(n.func) != "stagedef"
+                and any(w in text(n.func).rsplit(".", 1)[-1] for w in ("stage", "node"))
+            ):
                 hits = [a for a in (*n.args, *(k.value for k in n.keywords)) if a in lits(a)]
             elif isinstance(n, ast.Call) and text(n.func) in ("workflow.rule", "workflow.checkpoint"):
                 hits = [c for k in n.keywords if k.arg == "name" for c in lits(k.value)]
@@ -245,7 +249,7 @@ def test_the_switch_finder_sees_each_form(tmp_path):
     pkg.mkdir()
     (pkg / "x.py").write_text(
         'if n.stage == "mix": pass\nSTAGES["sft"]\nrun_stage("rl")\n'
-        'RATES = {("eval", "k"): 1, ("rank", "k"): 2}\nrow = {"source": 1}\n'
+        'RATES = {("eval", "k"): 1, ("rank", "k"): 2}\nrow = {"source": 1}\nSTAGE = StageDef("report", 1)\n'
     )
     (pkg / "rules").mkdir()
     (pkg / "rules" / "x.smk").write_text(

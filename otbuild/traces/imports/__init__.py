@@ -40,7 +40,7 @@ def importer(kind: str):
 
 
 def read_traces(cfg, paths: list[Path] | None = None) -> Iterator[dict | Quarantined]:
-    """The rows of one import (its settings: otbuild/settings/stages.py TraceImportSettings):
+    """The rows of one import (its settings: otbuild/stages/trace_import.py TraceImportSettings):
     the trajectory files (or folders of them) of its `path`, or `paths` (an hf-dataset's files,
     read by the importer its `format` names)."""
     if cfg.kind == "hf-dataset":
