@@ -5,7 +5,7 @@ Exit codes: 0 ok, 1 findings (audit) or a failed build/stage, 2 usage or config 
 
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +19,15 @@ from otbuild.errors import EXIT_FINDINGS, EXIT_USAGE, ConfigError, StageError
 from otbuild.stages import STAGES
 from otbuild.views import costs_tables, images_table, plan_table, versus_table
 
-# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default, unless
-# COLUMNS says how wide.
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
-out = Console(width=_WIDTH)
-err = Console(stderr=True, width=_WIDTH)
+out = Console()
+err = Console(stderr=True)
+
+
+def _fit_width() -> None:
+    """Each command's tables as wide as COLUMNS says, else the terminal; piped output (CI logs,
+    files) gets 160 columns instead of rich's 80. Decided per command, not when the module was
+    first imported (a process may run several, as tests do)."""
+    out.width = err.width = shutil.get_terminal_size(fallback=(160, 24)).columns
 
 
 class Group(click.Group):
@@ -31,6 +35,7 @@ class Group(click.Group):
     exit code 1)."""
 
     def invoke(self, ctx):
+        _fit_width()
         try:
             return super().invoke(ctx)
         except (ConfigError, StageError) as e:

@@ -292,7 +292,7 @@ SMOKE_GROUP = "smoke_build"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test's group
 def pytest_collection_modifyitems(config, items) -> None:
-    if config.getoption("dist", "no") == "no":
+    if not getattr(config.option, "loadgroup", False):  # xdist's workers collect with it set, not `dist`
         return
     files = {item.nodeid.split("::")[0] for item in items}
     readers = {item.nodeid.split("::")[0] for item in items if "smoke_build" in getattr(item, "fixturenames", ())}
