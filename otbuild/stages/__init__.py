@@ -49,6 +49,7 @@ BUILT_IN: tuple[str | StageDef, ...] = (
     ),
     "otbuild.stages.augment",
     "otbuild.stages.mix",
+    "otbuild.stages.near_dedup",
     "otbuild.stages.task_score",
     "otbuild.stages.task_filter",
     StageDef(
