@@ -73,9 +73,10 @@ test-fast: setup  ## ruff (lint and format) and mypy, then the suite without the
 
 # every script in bench/ but tracegen.py (the trace generator scale.py uses); each runs in the
 # test suite at a small size (tests/bench/test_*.py)
-bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale, rollouts against vLLM's ceiling, RL weight sync (restart vs in place)
+bench: setup  ## every benchmark: table stages vs pandas, decontamination vs Python, near-dedup vs exact dedup, sandbox vs Harbor, trials/s against concurrency, SFT vs TRL, SFT data prep (1 vs 2 workers), LLM-stage merge, tracking, the trace path at scale, rollouts against vLLM's ceiling, RL weight sync (restart vs in place)
 	$(PYTHON) bench/tables.py
 	$(PYTHON) bench/decontaminate.py
+	$(PYTHON) bench/near_dedup.py
 	$(PYTHON) bench/sandbox.py
 	$(PYTHON) bench/concurrency.py
 	$(PYTHON) bench/sft.py

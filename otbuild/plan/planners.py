@@ -105,8 +105,9 @@ def _plan_top_n(w: Wiring, d: StageDef, section) -> list[Node]:
 
 
 def _plan_decontaminating(w: Wiring, d: StageDef, section) -> list[Node]:
-    """Its task input, then the held-out sets it decontaminates against (input name `held_out`)."""
-    tasks, held_out = w.inputs(d), _held_out(w.loaded, section.decontaminate)
+    """Its task input, then the held-out sets it checks against (input name `held_out`): those
+    of a task filter's `decontaminate.against`, or of a section's own `against` (near_dedup)."""
+    tasks, held_out = w.inputs(d), _held_out(w.loaded, getattr(section, "decontaminate", section))
     node = section_node(d.name, section_key(d), section, [*tasks, *held_out])
     return [replace(node, roles=("tasks",) * len(tasks) + ("held_out",) * len(held_out))]
 

@@ -150,18 +150,24 @@ class Checker:
 
     def _inputs(self, recipe: Recipe) -> None:
         """What the pipeline's shape does not say (the plan checks that: otbuild/plan/shape.py):
-        RL's one task set, the task sets a decontamination names."""
+        RL's one task set, the task sets a decontamination or a near-dedup names."""
         if recipe.rl and not (recipe.mix or recipe.task_filter) and len(recipe.sources) > 1:
             raise self.error(("rl",), "draws its tasks from one task set: add `mix` or `task_filter`")
+        known = [*(recipe.eval.benchmarks if recipe.eval else {}), *recipe.sources]
         if recipe.task_filter and recipe.task_filter.decontaminate:
-            known = [*(recipe.eval.benchmarks if recipe.eval else {}), *recipe.sources]
-            for name in recipe.task_filter.decontaminate.against:
-                if name not in known:
-                    raise self.error(
-                        ("task_filter", "decontaminate", "against"),
-                        f"{name!r} is neither a "
-                        f"benchmark in eval.benchmarks nor a source (known: {', '.join(known) or 'none'})",
-                    )
+            self._held_out(("task_filter", "decontaminate", "against"), recipe.task_filter.decontaminate.against, known)
+        if recipe.near_dedup:
+            self._held_out(("near_dedup", "against"), recipe.near_dedup.against, known)
+
+    def _held_out(self, key: tuple[str, ...], against: list[str], known: list[str]) -> None:
+        """Each name a stage holds out is a benchmark in eval.benchmarks or a source."""
+        for name in against:
+            if name not in known:
+                raise self.error(
+                    key,
+                    f"{name!r} is neither a "
+                    f"benchmark in eval.benchmarks nor a source (known: {', '.join(known) or 'none'})",
+                )
 
     def _engine(self, llm: LLM, key: str) -> None:
         """The engine's settings against its model (otbuild/settings/engines.py), before anything runs."""

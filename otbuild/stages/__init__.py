@@ -32,6 +32,7 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.source",
     "otbuild.stages.augment",
     "otbuild.stages.mix",
+    "otbuild.stages.near_dedup",
     "otbuild.stages.task_score",
     "otbuild.stages.task_filter",
     "otbuild.stages.trace_import",

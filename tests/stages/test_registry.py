@@ -65,6 +65,7 @@ def test_every_stage_answers_the_registry_hooks():
         "source",
         "augment",
         "mix",
+        "near_dedup",
         "task_score",
         "task_filter",
         "trace_import",
