@@ -9,6 +9,8 @@ files a rollout leaves when every trial has finished (a restart after a kill), t
 stage with default settings in its own fresh child process (peak RSS from that child's own
 wait4 rusage, taken by a small launcher process):
 
+- near_dedup: the near-duplicate filter's defaults (MinHash LSH, candidates checked exactly) over
+  a task table of N tasks with planted twins (bench/near_dedup.py's generator), its drop guard off;
 - rollout shards: the 64 shard jobs, one after the other in one process (each turns its own
   partial file into shards/K-of-64.parquet);
 - rollout merge: `otbuild.stages.rollout.run` (the shards -> traces.parquet and its summary);
@@ -43,7 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
-STAGES = ("rollout shards", "rollout merge", "trace_filter", "sft data", "sharegpt export")
+STAGES = ("near_dedup", "rollout shards", "rollout merge", "trace_filter", "sft data", "sharegpt export")
 RSS_TARGET_MB = 2048
 
 
@@ -90,6 +92,9 @@ def generate(data: Path, n: int, shards: int) -> dict:
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     pq.write_table(pa.table({"task_id": [f"{i:016x}" for i in range(n)]}), data / "tasks.parquet")
+    from near_dedup import generate as task_table  # bench/near_dedup.py: tasks with planted twins
+
+    task_table(data / "task_table.parquet", n)
     t0 = time.perf_counter()
     size = write_partials(data / "partials", n, shards)
     manifest = {"n": n, "shards": shards, "bytes": size, "generate_s": time.perf_counter() - t0}
@@ -122,7 +127,15 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
     rollout_dir, tasks = work / "rollout", [data / "tasks.parquet"]
     kept = work / "trace_filter" / "kept.parquet"
     t0, extra = time.perf_counter(), {}
-    if stage == "rollout shards":
+    if stage == "near_dedup":
+        from otbuild.stagekit import Inputs
+        from otbuild.stages.near_dedup import NearDedup
+        from otbuild.stages.near_dedup import run as near_dedup
+
+        near_dedup(
+            NearDedup(max_dropped_fraction=1.0), Inputs.of(tasks=[data / "task_table.parquet"]), work / "near_dedup"
+        )
+    elif stage == "rollout shards":
         from otbuild.stages.rollout import run_shard
 
         for k in range(settings.shards):

@@ -4,7 +4,7 @@
         completion = await engine.complete(messages)
 
 or `engine = await open_engine(llm)` ... `await engine.aclose()`. `llm` is a recipe's LLM
-section (`otbuild.settings.engines.LLM`) or a subclass of it (a Teacher, ...): the engines read
+section (`otbuild.settings.engines.LLM`) or a subclass of it (an AgentModel, ...): the engines read
 its LLM fields: a stage passes its own typed settings (its StageDef's settings model).
 
 `ENGINES` maps a section's `engine` to a factory `LLM -> Engine`, as a callable or a lazy

@@ -5,7 +5,8 @@ import mimetypes
 from otbuild.progress import LOG_ENV
 from otbuild.artifact import PROVENANCE
 from otbuild.report import CAPTIONS
-from otbuild.stages import RESULTS, STAGES
+from otbuild.stagekit import RESULTS
+from otbuild.stages import STAGES
 from otbuild.workflow import OTBUILD
 
 # parquet results are offered for download in Snakemake's report, never shown as text

@@ -1,6 +1,6 @@
 """Engine settings, each declared once, in the recipe schema's terms.
 
-`LLM` is the section every LLM stage of a recipe shares (`Teacher` and `TaskScorer` in
+`LLM` is the section every LLM stage of a recipe shares (`AgentModel` and `TaskScorer` in
 otbuild/settings/recipe.py, `Augment` in otbuild/stages/augment.py extend it): every setting an
 engine's client reads. An engine that starts its own server reads its launch options from
 `engine_args`, a mapping checked against that engine's model of them (`VLLMOptions`,

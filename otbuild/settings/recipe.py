@@ -213,9 +213,10 @@ class Sample(Strict):
     seed: int = 0
 
 
-class Teacher(LLM, ShardedTrials):
-    """Teacher rollouts in the terminus-2 harness (engine `oracle` replays solve.sh): the `teacher`
-    section, and an eval's named `model`."""
+class AgentModel(LLM, ShardedTrials):
+    """A model acting as the agent of trials in the terminus-2 harness (engine `oracle` replays
+    solve.sh): the `teacher` section (its rollouts), and an eval's named `model` (the model under
+    test)."""
 
     # pydantic narrows a field by redeclaring it: LLM's engine and model, with the oracle (which needs no model)
     engine: Literal["oracle", "openai", "vllm", "transformers"]  # type: ignore[assignment]

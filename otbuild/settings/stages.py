@@ -32,9 +32,9 @@ from pydantic import Field, create_model
 from otbuild.settings.base import Strict, resolved
 from otbuild.settings.recipe import (
     NAME_RE,
+    AgentModel,
     Price,
     PromptStyle,
-    Teacher,
 )
 from otbuild.settings.train import Rl, Sft
 
@@ -69,7 +69,7 @@ def named_union(union) -> Any:
     return Annotated[Union[jobs], Field(discriminator="kind")]  # noqa: UP007
 
 
-class RolloutSettings(Teacher, PromptStyle):
+class RolloutSettings(AgentModel, PromptStyle):
     """The teacher's section with the harness's prompt style: what a shard of trials runs
     (otbuild/stagekit/trials.py), the rollout's settings and the base of the eval's."""
 

@@ -18,7 +18,7 @@ from pydantic import Field
 from otbuild import duck, usage
 from otbuild.settings.base import MAX_REPEATS, engine_args, execution_only, resolved
 from otbuild.settings.engines import Sampling
-from otbuild.settings.recipe import Name, PromptStyle, RankBy, Source, Teacher
+from otbuild.settings.recipe import AgentModel, Name, PromptStyle, RankBy, Source
 from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.span import Span
@@ -36,7 +36,7 @@ class Eval(ShardedTrials, Sampling):
 
     benchmarks: dict[Name, Source] = Field(min_length=1)
     repeats: int = Field(default=3, ge=1, le=MAX_REPEATS)
-    model: Teacher | None = None
+    model: AgentModel | None = None
     serve_with: Literal["transformers", "vllm", "auto"] = Field(
         default="transformers",
         description="for the trained checkpoint; auto: vllm where it is installed, "
@@ -63,7 +63,7 @@ class EvalSettings(RolloutSettings):
     """The model's engine settings (an engine section, or the checkpoint served by the eval's
     `serve_with`) with the eval's trial settings; `samples_per_task` is the eval's repeats."""
 
-    # auto: serve_with's, for the checkpoint (pydantic narrows a field by redeclaring it: Teacher's, with auto)
+    # auto: serve_with's, for the checkpoint (pydantic narrows a field by redeclaring it: AgentModel's, with auto)
     engine: Literal["oracle", "openai", "vllm", "transformers", "auto"]  # type: ignore[assignment]
     model_label: str = Field(description="ENGINE:MODEL, as the scores name it")
     serves_checkpoint: bool = resolved(False, description="the model is the recipe's checkpoint (an input)")

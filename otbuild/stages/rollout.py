@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import cast
 
 from otbuild import duck, usage
-from otbuild.settings.recipe import Teacher
+from otbuild.settings.recipe import AgentModel
 from otbuild.settings.stages import RolloutSettings
 from otbuild.span import ZERO
 from otbuild.stagekit import Inputs, StageDef, stage_run, stage_run_shard
@@ -80,6 +80,6 @@ STAGE = StageDef(
     traces=True,
     volatile=TRACES,
     counts={"trials": "trials"},
-    recipe_field=(Teacher | None, None),
+    recipe_field=(AgentModel | None, None),
     estimate=estimate,
 )

@@ -28,14 +28,14 @@ from otbuild.engines import (
     make_engine,
     register,
 )
-from otbuild.engines.process import free_port
 from otbuild.engines.model_config import check_fits_model
+from otbuild.engines.process import free_port
 from otbuild.engines.vllm import vllm_command
 from otbuild.errors import ConfigError
-from otbuild.settings.recipe import Teacher
-from otbuild.settings.stages import RolloutSettings
 from otbuild.serve import READY
 from otbuild.settings.engines import CONCURRENCY, ServerOptions, TransformersOptions, VLLMOptions
+from otbuild.settings.recipe import AgentModel
+from otbuild.settings.stages import RolloutSettings
 from tests.conftest import REPO
 
 psutil = pytest.importorskip("psutil")
@@ -89,7 +89,7 @@ def test_registry_and_settings_errors(monkeypatch):
     with pytest.raises(ValidationError, match="tensor_parallel_size"):
         RolloutSettings(engine="vllm", model="m", engine_args={"tensor_parallel_size": "two"})
     assert make_engine(RolloutSettings(engine="oracle", shards=2)).name == "oracle"
-    assert make_engine(Teacher(engine="oracle")).name == "oracle"
+    assert make_engine(AgentModel(engine="oracle")).name == "oracle"
     with pytest.raises(ConfigError, match="unknown engine 'echo'"):
         make_engine(Echo(engine="echo", model="m"))
     monkeypatch.setitem(ENGINES, "echo", None)
@@ -97,13 +97,13 @@ def test_registry_and_settings_errors(monkeypatch):
     assert make_engine(Echo(engine="echo", model="m")) == ("echo", "m")
     e = make_engine(LLM(engine="vllm", model="org/M"))
     assert (e.name, e.model, e.provider) == ("vllm", "org/M", "hosted_vllm")
-    teacher = Teacher(engine="vllm", model="org/M", max_episodes=3, engine_args={"served_model_name": "t"})
+    teacher = AgentModel(engine="vllm", model="org/M", max_episodes=3, engine_args={"served_model_name": "t"})
     assert (make_engine(teacher).model, make_engine(teacher).settings.max_tokens) == ("t", 4096)
 
 
 # Sections that extend the LLM section and declare one of its keys again, and why.
 REDECLARED = {
-    "Teacher": {"engine", "model"},  # also the oracle, which needs no model
+    "AgentModel": {"engine", "model"},  # also the oracle, which needs no model
     "Augment": {"seed"},  # the augment's own seed (0: its pairings), also its requests'
     "EvalSettings": {"engine"},
 }  # also `auto`: serve_with's, for the recipe's checkpoint
@@ -232,9 +232,9 @@ def test_recipe_without_concurrency_gets_the_engines_default(tmp_path):
     """A recipe's unset `concurrency` means the engine's own default (vLLM batches 64 requests),
     for the engine's client and for the trials the rollout runs at once; set, it wins. It is
     execution-only: spelling it out keeps the stage's id."""
-    from otbuild.settings.engines import CONCURRENCY, concurrency
     from otbuild.plan import plan_recipe
     from otbuild.recipe.load import load_recipe
+    from otbuild.settings.engines import CONCURRENCY, concurrency
 
     (tmp_path / "recipes").mkdir()
 

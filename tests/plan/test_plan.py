@@ -159,14 +159,14 @@ def test_a_new_defaulted_field_keeps_every_id():
     from pydantic import Field
 
     from otbuild.settings.identity import identity
-    from otbuild.settings.recipe import Teacher
+    from otbuild.settings.recipe import AgentModel
     from otbuild.settings.train import Sft
     from otbuild.stages.mix import Mix
     from otbuild.stages.trace_filter import TraceFilter
 
     cases = [
         (Mix, {"n": 2, "total": 10}),
-        (Teacher, {"engine": "vllm", "model": "m", "max_episodes": 9}),
+        (AgentModel, {"engine": "vllm", "model": "m", "max_episodes": 9}),
         (TraceFilter, {"min_turns": 3}),
         (Sft, {"model": {"kind": "tiny"}, "epochs": 2}),
     ]
