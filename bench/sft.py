@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,8 @@ def main() -> int:
         f"data: {info['rows']} conversations, {info['tokens']} tokens; tiny Qwen3 (hidden 64, 2 layers); "
         f"global batch 8 (2 x 4 accumulation), {a.epochs:g} epoch(s), cutoff {a.cutoff}, fp32, CPU"
     )
+    from otbuild.train.dist import outside_group
+
     results: dict[str, list[dict]] = {"otbuild": [], "trl": []}
     for _ in range(a.repeats):
         for who in ("trl", "otbuild"):
@@ -158,6 +161,7 @@ def main() -> int:
                 check=False,
                 capture_output=True,
                 text=True,
+                env=outside_group(dict(os.environ)),  # each worker its own group, not the caller's
                 cwd=REPO,
             )
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         from otbuild.train.rl.trainer import train as train_rl
 
         train_rl(cast(RlSettings, cfg), a.inputs, a.outdir, log=log)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # each rank leaves its group: torn down at exit, gloo aborts a rank
+        dist.destroy_process_group()  # ("terminate called without an active exception")
     return 0
 
 

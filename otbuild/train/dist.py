@@ -155,6 +155,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# what a process of a torch.distributed group is told of it (ensure_single_process_env sets them
+# in a process that trains in itself)
+GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def outside_group(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process that starts a group of its own: without this process's group (whose
+    MASTER_PORT its store still listens on)."""
+    return {k: v for k, v in env.items() if k not in GROUP_ENV}
+
+
 def ensure_single_process_env() -> None:
     """What torch.distributed needs when otbuild is its own (only) process."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:

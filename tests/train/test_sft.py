@@ -26,6 +26,7 @@ from otbuild.train.dist import (
     expand_hostlist,
     grad_accum_steps,
     launch_command,
+    outside_group,
 )
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
 from otbuild.train.toy import trace_rows, write_toy_traces
@@ -637,11 +638,7 @@ def test_a_killed_run_resumes_from_its_last_saved_step(tmp_path, traces):
     (tmp_path / "s.json").write_text(json.dumps(settings))
 
     # a fresh single-process group each (this process may hold one, with its own MASTER_PORT)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
+    env = outside_group(dict(os.environ))
 
     def start(outdir, delay=None):  # delay: each step that much longer (tests/support/slow_train.py)
         entry = (
@@ -709,11 +706,7 @@ def test_two_ranks_share_one_tokenized_set(tmp_path, traces, capfd):
     (3 batches of 4 traces), and both train on its memory map."""
     from otbuild.stages.sft import run
 
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
+    env = outside_group(dict(os.environ))
     with pytest.MonkeyPatch.context() as mp:
         for k in set(os.environ) - set(env):
             mp.delenv(k)

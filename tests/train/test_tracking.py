@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from otbuild.settings.train import Tracking
 from otbuild.settings.stages import SftSettings
+from otbuild.settings.train import Tracking
 from otbuild.train.toy import write_toy_traces
 from otbuild.train.tracking import Tracker, tag
-
 from tests.train.test_sft import FAST
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
@@ -97,6 +97,10 @@ def test_a_resumed_run_shows_each_step_once_with_the_new_values(tmp_path):
     for s in range(1, 8):  # killed after step 7; its last checkpoint was step 4
         first.log({"step": s, "loss": 10.0 + s})
     first.writer.flush()  # what a kill -9 leaves: the events written so far
+    # a resumed run starts later: its event file's name (whole seconds first, then the host, the
+    # pid and a per-process counter, compared as text) sorts after; in one process within one
+    # second the counters decide, and "…10" sorts before "…9"
+    time.sleep(1.01 - time.time() % 1)
     again = Tracker(Tracking(), stage="sft", outdir=tmp_path, first_step=5, config={})
     for s in range(5, 10):
         again.log({"step": s, "loss": 20.0 + s, "note": "text is not a scalar", "ok": True})
