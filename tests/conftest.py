@@ -248,7 +248,9 @@ def run_bench(script: str, *args: str, timeout: float) -> str:
 def tool_answer(python: Path, script: str, given: dict, out: Path, timeout: float = 600, **env_vars) -> dict:
     """Run tests/support/SCRIPT (a contract check) with a pinned tool's `python`: `given` as JSON on
     stdin, its answer read back from `out`. Without otbuild's PYTHONPATH: the tool's own packages."""
-    env = {**os.environ, **env_vars}
+    from otbuild.train.dist import outside_group
+
+    env = {**outside_group(dict(os.environ)), **env_vars}  # its own process group, if it starts one
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
         [str(python), str(REPO / "tests" / "support" / script), str(out)],

@@ -368,7 +368,8 @@ def test_kill_9_mid_rollout_leaves_no_trial_container_after_the_rebuild(project)
         time.sleep(0.2)
 
     _, log = snakemake(project, "slow", "--cores", "2")  # the restart cleans up and rebuilds
-    assert "removed 2 trial container(s) of builds that are no longer running" in log
+    # the restart removes them, unless another build on this host (a test beside this one) did first
+    assert "removed 2 trial container(s) of builds that are no longer running" in log or not left & _trial_containers()
     assert not left & _trial_containers()
     assert not _trial_containers() - before  # and the rebuild's own trials were closed
     traces = pq.read_table(project / "results" / "slow" / "teacher" / "traces.parquet").to_pylist()
