@@ -11,7 +11,7 @@ from otbuild import usage
 from otbuild.settings.stages import RlSettings
 from otbuild.settings.train import Rl
 from otbuild.span import Span
-from otbuild.stagekit import TRAINING, Inputs, StageDef, stage_run
+from otbuild.stagekit import TRAINING, DefaultRate, Inputs, StageDef, stage_run
 from otbuild.stagekit.training import REWARD_KEYS, TRAIN_FILES, TRAINED, run_training
 
 
@@ -72,4 +72,7 @@ STAGE = StageDef(
     reported=(("train_log.jsonl", TRAINING),),
     recipe_field=(Rl | None, None),
     estimate=estimate,
+    rates={
+        "seconds_per_trial": DefaultRate(Span(300, 100, 900), "GPU-s per trial", "rollout and update of one sample"),
+    },
 )

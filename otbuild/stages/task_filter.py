@@ -14,7 +14,7 @@ from otbuild import duck
 from otbuild.settings.base import MAX_TASKS, Strict, plan_only, re2
 from otbuild.settings.recipe import NAME_RE, Sample, TaskScorer
 from otbuild.span import ZERO, Span
-from otbuild.stagekit import Inputs, StageDef, stage_run
+from otbuild.stagekit import DefaultRate, Inputs, StageDef, stage_run
 from otbuild.tasks.table import BATCH_ROWS
 
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"  # a task column, or metadata.KEY
@@ -294,6 +294,7 @@ STAGE = StageDef(
     __name__,
     TaskFilter,
     plan="decontaminating",
+    held_out="decontaminate.against",
     consumes=("tasks",),
     produces="tasks",
     tasks=True,
@@ -301,4 +302,7 @@ STAGE = StageDef(
     counts={"tasks_kept": "rows"},
     recipe_field=(TaskFilter | None, None),
     estimate=estimate,
+    rates={
+        "keep_rate": DefaultRate(Span(1.0, 0.9, 1.0), "kept / in (before sample)", "dedup and bounds drop few tasks"),
+    },
 )
