@@ -95,6 +95,10 @@ class StageDef:
     tasks: bool = False  # its main output is a task table: a step of the report's funnel
     traces: bool = False  # its main output is a trace table: a step of the report's funnel
     filter: bool = False  # keeps some of its input rows and records why it dropped the others
+    # a filter's reasons that a pilot's keep rate does not count as drops: caps at a size the target
+    # sets anew (`sample`, `top_k`), or drops that follow from an earlier stage (duplicates of a
+    # teacher's samples) and leave the rate apart (reason -> "kept" or "apart")
+    keep_rate_reasons: Mapping[str, str] = field(default_factory=dict)
     training: bool = False  # trains a checkpoint
     checkpoint: bool = False  # what it writes decides what the plan builds next (a Snakemake checkpoint)
     ranks: bool = False  # its main output ranks a grid's candidates (`rank`, `candidate`): the report's ranking

@@ -94,6 +94,8 @@ STAGE = StageDef(
     produces="traces",
     traces=True,
     filter=True,
+    # the sample cap counts as kept; the duplicates of an oracle's samples follow from the teacher
+    keep_rate_reasons={"not_sampled": "kept", "duplicate": "apart"},
     volatile={"*.parquet": tuple(VOLATILE_COLUMNS)},
     counts={"traces_kept": "rows"},
     estimate=estimate,
