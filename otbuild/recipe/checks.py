@@ -92,6 +92,8 @@ class Checker:
         for key, section in llms.items():
             if section is not None and section.engine != "oracle":
                 self._engine(section, key)
+        if (pilot := recipe.difficulty) is not None and pilot.engine != "oracle":
+            self._engine(pilot, "difficulty")
         ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
         if ev and ev.model is None:
             self._launch_options(ev.serve_with, ev.engine_args, ("eval", "engine_args"))

@@ -14,7 +14,8 @@ merge job interleaves the shards, in trial order, into traces.parquet, a few hun
 time: no stage of the trace path holds all its traces in memory.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
-table has one (upsampling weights from the task filter).
+table has one (upsampling weights from the task filter); a stage that needs the same number for
+every task (the difficulty pilot's k) passes `samples`, and the column is not read.
 
 Failures (docs/failures.md): a shard's first request to the model goes alone, and a refusal
 (a wrong key, an unknown model) or no answer stops the shard at once; a trial that failed for
@@ -65,12 +66,14 @@ class Trial:
     sample_idx: int
 
 
-def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
+def plan_trials(inputs: list[Path], samples_per_task: int, per_task: bool = True) -> list[Trial]:
+    """Every task's trials in table order; `per_task`: a task's `n_rollouts` column, where the
+    table has one, overrides `samples_per_task`."""
     trials: list[Trial] = []
     row = 0
     for path in inputs:
         pf = pq.ParquetFile(path)
-        has_n = "n_rollouts" in pf.schema_arrow.names
+        has_n = per_task and "n_rollouts" in pf.schema_arrow.names
         for batch in parquet_batches(path, 65536, ["n_rollouts"] if has_n else ["task_id"]):
             counts = batch.column(0).to_pylist() if has_n else [samples_per_task] * batch.num_rows
             for n in counts:
@@ -79,10 +82,14 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
-def run_trials_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
-    """One shard's trials, for the teacher's rollouts and for eval (otbuild/stages/eval.py)."""
+def run_trials_shard(
+    cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int, samples: int | None = None
+) -> None:
+    """One shard's trials, for the teacher's rollouts, eval (otbuild/stages/eval.py) and the
+    difficulty pilot (`samples`: that many trials of every task)."""
     n = cfg.shards
-    trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
+    planned = plan_trials(inputs, samples, per_task=False) if samples else plan_trials(inputs, cfg.samples_per_task)
+    trials = [t for t in planned if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
     failures = FailureCount(len(trials), cfg.max_infra_failures, f"shard {shard} of {n}")
     if cfg.sandbox == HARBOR:

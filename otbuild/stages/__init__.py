@@ -33,6 +33,7 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.augment",
     "otbuild.stages.mix",
     "otbuild.stages.near_dedup",
+    "otbuild.stages.difficulty",
     "otbuild.stages.task_score",
     "otbuild.stages.task_filter",
     "otbuild.stages.trace_import",
