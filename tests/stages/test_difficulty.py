@@ -17,6 +17,7 @@ from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import write_traces
 from tests.conftest import snakemake
+from tests.conftest import trace_import as trace_import_settings
 from tests.stagekit.test_failures import row
 from tests.support.killed_shard import kill_after, shard_command
 
@@ -122,6 +123,13 @@ def test_the_oracle_pilot_finds_solved_tasks_trivial_and_broken_ones_impossible(
     assert stats["bands"]["trivial"] == 3 and stats["bands"]["impossible"] == 2
     traces = pq.read_table(tmp_path / "out" / "traces.parquet", columns=["task", "sample_idx", "reward"]).to_pylist()
     assert len(traces) == 15 and sorted({t["sample_idx"] for t in traces}) == [0, 1, 2]  # k trials each
+    # the pilot's trials are traces a recipe can import (trace_imports: kind harbor-traces)
+    from otbuild.stages import trace_import
+
+    imported = trace_import.run(
+        trace_import_settings("harbor-traces", tmp_path / "out" / "traces.parquet"), [], tmp_path / "imp"
+    )
+    assert imported == {"traces": 15, "quarantined": 0, "quarantined_by_reason": {}}
 
 
 @needs_sandbox
