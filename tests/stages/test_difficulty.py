@@ -254,3 +254,22 @@ task_filter:
         "draw: band=impossible over its share 0.5 (2 of 4)",
         "draw: band=trivial over its share 0.5 (2 of 4)",
     ]
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_a_random_pilot_finds_every_task_impossible_and_the_guard_says_so(tmp_path, tiny_model, local_server):
+    """The tiny random model served as an OpenAI endpoint: it never solves a task (its trials
+    end on its context window, a task failure that scores 0), so every task is impossible and
+    the stage fails naming the numbers, unless that is allowed."""
+    tasks = _tasks(tmp_path / "tasks.parquet", 2)
+    pilot = {"engine": "openai", "base_url": local_server, "model": str(tiny_model), "max_tokens": 64, "k": 2}
+    with pytest.raises(RuntimeError, match=r"solved none of the 2 tasks it was scored on \(0 of 4 scored trials"):
+        _pilot(tasks, tmp_path / "out", **pilot)
+    allowed = DifficultySettings(**pilot, allow_all_impossible=True)  # the merge again, on the same shards
+    stats = difficulty.run(allowed, Inputs.of(tasks=[tasks]), tmp_path / "out")
+    got = _verdicts(tmp_path / "out")
+    assert [(r["band"], r["pass_rate"], r["pilot_trials"], r["pilot_errors"]) for r in got] == [
+        ("impossible", 0.0, 2, 0)
+    ] * 2
+    assert stats["outcomes"] == {"task_failure": 4}
