@@ -69,13 +69,13 @@ def run_shard(cfg: DifficultySettings, inputs: Inputs, outdir: Path, shard: int)
 def run(cfg: DifficultySettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge the shards into traces.parquet, then the task table with each task's verdict."""
     shards = merge_shards(cfg.shards, outdir)
-    traces = outdir / "traces.parquet"
+    traces, tasks = outdir / "traces.parquet", list(inputs)
     con = duck.connect()
     duck.run_template(
         con,
         "difficulty.sql",
-        inputs=[str(p) for p in inputs],
-        offsets=duck.input_offsets(list(inputs)),
+        inputs=[str(p) for p in tasks],
+        offsets=duck.input_offsets(tasks),
         traces=str(traces),
         outcome=oc.sql_context(),
         unscored=oc.sql_in((*oc.EXCLUDED_FROM_SCORES, oc.UNVERIFIED)),
@@ -83,9 +83,8 @@ def run(cfg: DifficultySettings, inputs: Inputs, outdir: Path) -> dict:
     summary = pilot_summary(con)
     check_pilot(cfg, summary)
     duck.stream_split(
-        con, "dif_decided", list(inputs), outdir, rejected_by="difficulty", kept_columns=PILOT_COLUMNS,
-        batch_rows=BATCH_ROWS,
-    )  # fmt: skip
+        con, "dif_decided", tasks, outdir, rejected_by="difficulty", kept_columns=PILOT_COLUMNS, batch_rows=BATCH_ROWS
+    )
     os.replace(outdir / "kept.parquet", outdir / "tasks.parquet")  # no row is dropped: one table
     (outdir / "rejected.parquet").unlink()
     return {

@@ -161,6 +161,8 @@ def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
         )
         if cfg.decontaminate.fuzzy:
             add_fuzzy_hits(con, cfg.decontaminate.fuzzy)
+    if cfg.draw:
+        check_draw_column(cfg.draw.column, tasks)
     budget = planned_rollouts(cfg.score)
     t = cfg.model_dump()  # the template's view
     duck.run_template(
@@ -250,6 +252,20 @@ def draw_context(draw: Draw | None) -> dict | None:
         "shares": shares,
         **draw.model_dump(include={"total", "seed"}),
     }
+
+
+def check_draw_column(column: str, tasks: list[Path]) -> None:
+    """A draw by a column the task tables lack fails naming it (a metadata key may be absent:
+    its rows are NULL)."""
+    import pyarrow.parquet as pq
+
+    name = column.split(".", 1)[0] if column.startswith("metadata.") else column
+    for path in tasks:
+        if name not in (names := pq.read_schema(path).names):
+            raise ValueError(
+                f"task_filter.draw.column: the task table {path} has no column {name!r} (it has {', '.join(names)})"
+                + ("; `band` is the difficulty stage's: add a `difficulty` section" if name == "band" else "")
+            )
 
 
 def draw_counts(con, draw: Draw) -> dict:

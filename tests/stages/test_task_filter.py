@@ -208,3 +208,8 @@ def test_shares_that_do_not_sum_to_one_are_refused_naming_them():
 
     with pytest.raises(ValidationError, match="the shares sum to 0.9, not 1"):
         TaskFilter(draw={"column": "band", "shares": {"medium": 0.7, "easy": 0.2}, "total": 10})
+
+
+def test_a_draw_by_a_column_the_tasks_lack_names_it(tmp_path):
+    with pytest.raises(ValueError, match=r"task_filter.draw.column: .* has no column 'band' .*add a `difficulty`"):
+        _run(tmp_path, draw={"column": "band", "shares": "equal", "total": 2})
