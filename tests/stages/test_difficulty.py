@@ -16,7 +16,7 @@ from otbuild.stages.difficulty import DifficultySettings
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from otbuild.traces.table import write_traces
-from tests.conftest import snakemake
+from tests.conftest import otbuild, snakemake
 from tests.conftest import trace_import as trace_import_settings
 from tests.stagekit.test_failures import row
 from tests.support.killed_shard import kill_after, shard_command
@@ -205,6 +205,24 @@ def test_k_not_samples_per_task_and_the_verifier_on():
         DifficultySettings(engine="oracle", samples_per_task=4)
     with pytest.raises(ValidationError, match="the pilot needs the verifier"):
         DifficultySettings(engine="oracle", verify=False)
+
+
+def test_the_estimate_counts_tasks_times_k_pilot_trials_and_the_draw_caps_the_tasks(project):
+    (project / "recipes" / "e.yaml").write_text("""
+sources:
+  a: {kind: synthetic, count: 30, seed: 1}
+difficulty: {engine: openai, model: m, base_url: 'http://127.0.0.1:9/v1', k: 4, shards: 2, max_episodes: 5}
+task_filter:
+  draw: {column: band, shares: {medium: 0.7, easy: 0.2, hard: 0.1}, total: 10}
+""")
+    proc = otbuild(project, "plan", "--estimate", "e", "--json")
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads(proc.stdout)["stages"]
+    pilot = st["difficulty"]
+    assert pilot["counts"]["tasks"]["estimate"] == 30 and pilot["counts"]["trials"]["estimate"] == 120
+    assert pilot["requests"]["estimate"] == 120 * 5  # the assumed 30 turns capped at max_episodes
+    assert [j["count"] for j in pilot["jobs"]] == [2, 1]  # two shards and the merge
+    assert st["task_filter"]["counts"]["tasks_kept"]["estimate"] == 10
 
 
 # -- through the CLI and snakemake -----------------------------------------------------------
