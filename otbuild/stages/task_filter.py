@@ -368,7 +368,7 @@ STAGE = StageDef(
     __name__,
     TaskFilter,
     plan="decontaminating",
-    keep_rate_reasons={"not_sampled": "kept", "below_top_k": "kept"},  # caps at the pilot's size
+    keep_rate_reasons={"not_sampled": "kept", "below_top_k": "kept", "draw": "kept"},  # caps at the pilot's size
     held_out="decontaminate.against",
     consumes=("tasks",),
     produces="tasks",
