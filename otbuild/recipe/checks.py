@@ -83,17 +83,13 @@ class Checker:
     def sections(self, recipe: Recipe) -> None:
         """What relates the recipe's sections, and what needs the world."""
         self._inputs(recipe)
-        llms = {
-            "teacher": recipe.teacher,
-            "augment": recipe.augment,
-            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
-            "eval.model": recipe.eval.model if recipe.eval else None,
-        }
+        # every section that is a model's (a stage's: the teacher, augment, a task scorer, a pilot) and
+        # the eval's model under test
+        llms = {section_key(d): section_of(recipe, section_key(d)) for d in STAGES.values()}
+        llms["eval.model"] = recipe.eval.model if recipe.eval else None
         for key, section in llms.items():
-            if section is not None and section.engine != "oracle":
+            if isinstance(section, LLM) and section.engine != "oracle":
                 self._engine(section, key)
-        if (pilot := recipe.difficulty) is not None and pilot.engine != "oracle":
-            self._engine(pilot, "difficulty")
         ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
         if ev and ev.model is None:
             self._launch_options(ev.serve_with, ev.engine_args, ("eval", "engine_args"))
