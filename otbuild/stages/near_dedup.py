@@ -263,16 +263,9 @@ def estimate(m, n, e) -> None:
     """Tasks in (the held-out benchmarks apart) x the keep rate (a pilot's, else assumed)."""
     held = len(n.config.against)
     tasks_in = sum((m.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
-    fallback = m.assumed_rate(
-        "keep_rate",
-        Span(0.95, 0.7, 1.0),
-        "kept / in",
-        "a mixed pool keeps most of its tasks; one of augmented surface forms loses more",
-    )
-    kept = (tasks_in * m.rate(e, n, "keep_rate", fallback=fallback)).ceil()
     m.table(n, e)
-    m.rows[n.id] = kept
-    e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+    why = "a mixed pool keeps most of its tasks; one of augmented surface forms loses more"
+    m.kept_at_rate(n, e, tasks_in, Span(0.95, 0.7, 1.0), why)
 
 
 STAGE = StageDef(
