@@ -234,6 +234,7 @@ STAGE = StageDef(
     tasks=True,
     filter=True,
     counts={"tasks_kept": "rows", "trials": "trials"},
+    volatile={"rejected.parquet": ("verifier_output",)},  # a verifier's words may hold its clock (pytest's seconds)
     recipe_field=(Validate | None, None),
     estimate=estimate,
 )

@@ -354,3 +354,25 @@ def test_a_real_snakemake_build_validates_before_the_rollouts(tmp_path):
 def test_the_repo_docs_name_the_section():
     text = (REPO / "docs" / "task-filter.md").read_text()
     assert "validate:" in text and "noop_passes" in text
+
+
+HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or REPO / ".venv-harbor" / "bin" / "harbor")
+
+
+@needs_sandbox
+@pytest.mark.skipif(not HARBOR.is_file(), reason=f"Harbor is not installed at {HARBOR}: run scripts/harbor-env.sh")
+def test_through_harbor_its_oracle_and_nop_agents_decide_alike(tmp_path):
+    """sandbox: harbor runs Harbor's own oracle and nop agents (here in otbuild's environment):
+    the same verdicts as otbuild's harness gives."""
+    good = list(generate(2, 13, difficulties=[1]))
+    lax = _copy(good[1].task, "verifier-passes-anything", tests__test_sh=PASS)
+    broken = _copy(good[0].task, "solve-does-nothing", solution__solve_sh="#!/bin/bash\ntrue\n")
+    write_tasks(tmp_path / "t.parquet", [good[0], TaskRecord(lax, True), TaskRecord(broken, True)], source="s")
+    stats = _run(tmp_path / "t.parquet", tmp_path / "out", sandbox="harbor", harbor={"environment": "otbuild"})
+    kept, rejected = _verdicts(tmp_path / "out")
+    assert kept == [good[0].task.name], rejected
+    assert rejected["verifier-passes-anything"].startswith("noop_passes:")
+    assert rejected["solve-does-nothing"].startswith("solution_fails:")
+    assert stats["trials_by_engine"] == {"oracle": 3, "noop": 3}
+    agents = {e: {a for (a,) in _rows(tmp_path / "out" / e / "traces.parquet", "agent")} for e in ("oracle", "noop")}
+    assert agents == {"oracle": {"oracle"}, "noop": {"nop"}}
