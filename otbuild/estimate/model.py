@@ -195,6 +195,15 @@ class Model:
         """A rate the recipe assumes (a `fallback` for `rate`, where no pilot measured it)."""
         return Rate(name, value, unit, source, True)
 
+    def kept_at_rate(self, n, e: StageEstimate, tasks_in: Span, assumed: Span, why: str) -> Span:
+        """A task filter's kept rows: `tasks_in` x its keep rate (a pilot's, else `assumed`,
+        for the reason `why`), counted as tasks_in and tasks_kept."""
+        fallback = self.assumed_rate("keep_rate", assumed, "kept / in", why)
+        kept = (tasks_in * self.rate(e, n, "keep_rate", fallback=fallback)).ceil()
+        self.rows[n.id] = kept
+        e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+        return kept
+
     def known_rows(self, n) -> Span | None:
         """Rows a stage that brings data in will have, where its settings or its data say: a
         synthetic count, a parquet's rows, Harbor task dirs; at most its `sample.n`. None: unknown."""

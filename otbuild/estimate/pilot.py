@@ -131,10 +131,10 @@ def _measure(n, record: dict, root: Path, source: str) -> dict[str, Measured]:
         out = _trials(n, root, source, work)
     elif d.llm and d.sharded:
         out = _requests(n, stats, source, work)
-    elif own := getattr(_Measure, n.stage, None):
-        out = own(n, record, stats, root, source, work)
-    elif d.filter:
+    elif d.filter and not hasattr(_Measure, n.stage):
         out = _keep_rate(n, stats, source)
+    if own := getattr(_Measure, n.stage, None):  # a stage's own rates, beside its trials' (validate)
+        out = {**out, **own(n, record, stats, root, source, work)}
     if work:  # what a stage estimated by its jobs (Model._table) takes
         out["job_s"] = Measured("job_s", "s per job", f"{source} ({len(work)} job(s))", values=work)
     if merge:
@@ -153,6 +153,25 @@ class _Measure:
     @staticmethod
     def rl(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
         return _rl(n, stats, source, work)
+
+    @staticmethod
+    def validate(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
+        total = stats.get("kept", 0) + stats.get("rejected", 0)
+        if not total:
+            return {}
+        span = rate_span(stats["kept"], total)
+        out = {"keep_rate": Measured("keep_rate", "kept / in", f"{source} ({total} tasks)", span=span, n=total)}
+        files = [p for e in ("oracle", "noop") if (p := root / n.main_output.parent / e / "traces.parquet").exists()]
+        if files:  # each engine's trials, in their folders
+            paths = ", ".join(duck.sql_literal(f) for f in files)
+            rows = duck.connect().execute(f"SELECT coalesce(duration_s, 0) FROM read_parquet([{paths}])").fetchall()
+            seconds = [float(s) for (s,) in rows]
+            if seconds:
+                src = f"{source} ({len(seconds)} trials)"
+                out["seconds_per_trial"] = Measured(
+                    "seconds_per_trial", "s per concurrent slot", src, values=seconds, n=len(seconds)
+                )
+        return out
 
 
 def _keep_rate(n, stats: dict, source: str) -> dict[str, Measured]:

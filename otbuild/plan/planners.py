@@ -112,6 +112,29 @@ def _plan_decontaminating(w: Wiring, d: StageDef, section) -> list[Node]:
     return [replace(node, roles=("tasks",) * len(tasks) + ("held_out",) * len(held_out))]
 
 
+# the teacher's trial settings a section that runs tasks the teacher's way takes where it leaves
+# them unset: where and how a trial runs, not how many turns an agent gets
+TEACHER_TRIALS = (
+    "sandbox",
+    "limits",
+    "timeout_multiplier",
+    "timeout_cap_sec",
+    "build_network",
+    "host_env",
+    "harbor",
+    "infra_retries",
+    "max_infra_failures",
+)
+
+
+def _plan_teacher_trials(w: Wiring, d: StageDef, section) -> list[Node]:
+    """Its section, over the data it consumes, with the teacher's sandbox settings (TEACHER_TRIALS)
+    where the section leaves them unset (task validation runs each task where the rollouts will)."""
+    teacher = w.loaded.recipe.teacher
+    inherited = {} if teacher is None else teacher.model_dump(include=set(TEACHER_TRIALS) - section.model_fields_set)
+    return [make_node(d.name, section_key(d), {**passed(section), **inherited, **w.extra(d)}, w.inputs(d))]
+
+
 def _plan_training(w: Wiring, d: StageDef, section) -> list[Node]:
     """A training section: its base model found in the project, else kept as a Hub id."""
     settings = passed(section)
@@ -236,6 +259,7 @@ PLANNERS: dict[str, Planner] = {
     "per_source": _plan_per_source,
     "top_n": _plan_top_n,
     "decontaminating": _plan_decontaminating,
+    "teacher_trials": _plan_teacher_trials,
     "training": _plan_training,
     "model_under_test": _plan_model_under_test,
     "candidates": _plan_candidates,

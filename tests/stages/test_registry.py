@@ -66,6 +66,7 @@ def test_every_stage_answers_the_registry_hooks():
         "augment",
         "mix",
         "near_dedup",
+        "validate",
         "difficulty",
         "task_score",
         "task_filter",
