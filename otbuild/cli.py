@@ -174,6 +174,8 @@ def _estimate(p, pilots: tuple[str, ...], profile: str | None, as_json: bool) ->
         path = recipe_path(name, Path.cwd()).resolve()
         root = path.parent.parent if path.parent.name == "recipes" else Path.cwd()
         calibrated.append(calibrate(plan_recipe(load_recipe(path, root)), root))
+    if found := _built_probe(p, pilots):
+        calibrated.append(found)
     result = estimate(p, calibrated, find_profile(profile, Path(".")))
     saved = save(result)
     if as_json:
@@ -183,6 +185,58 @@ def _estimate(p, pilots: tuple[str, ...], profile: str | None, as_json: bool) ->
 
     show(result, out)
     out.print(f"[dim]saved to {saved}: the report of a build shows it beside what was measured[/]", highlight=False)
+
+
+def _built_probe(p, pilots: tuple[str, ...]):
+    """The recipe's probe (`otbuild probe`) as a pilot when it is built and not named already,
+    said on stderr; None otherwise."""
+    from otbuild.plan import plan_recipe
+    from otbuild.probe import as_pilot, probe_name, probe_path
+    from otbuild.recipe.load import load_recipe
+
+    path = probe_path(p.recipe.name, Path.cwd())
+    named = {Path(x).stem for x in pilots}
+    if not path.is_file() or probe_name(p.recipe.name) in named:
+        return None
+    try:
+        found = as_pilot(plan_recipe(load_recipe(path, Path.cwd())), Path.cwd())
+    except ConfigError:  # not built (or no longer valid): the estimate goes on without it
+        err.print(f"[dim]{path} is not built: its rates are not used (`otbuild probe {p.recipe.name}`)[/]")
+        return None
+    err.print(f"[dim]rates also from the built probe {path} (`otbuild probe {p.recipe.name}`)[/]", highlight=False)
+    return found
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("recipe")
+@click.option("--tasks", default=25, show_default=True, type=click.IntRange(1, 100_000), help="Tasks per source.")
+@click.option("--seed", default=0, show_default=True, help="The sample's seed.")
+@click.option("--profile", help="Snakemake profile (e.g. slurm); profiles/default always applies.")
+@click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
+def probe(recipe, tasks, seed, profile, snakemake_args):
+    """Each source's health before the run: build RECIPE_probe (recipes/RECIPE_probe.yaml,
+    written from RECIPE: every source sampled to --tasks tasks, validated, piloted by the
+    recipe's difficulty section or else its teacher), then print per source the valid share,
+    the pilot's pass rate, bands, errors, turns and seconds per trial; written as
+    results/RECIPE_probe/probe.json and probe.html. Exit 0 when built (a broken source is a
+    finding, flagged), 1 when the build fails. Extra args go to snakemake."""
+    from otbuild import probe as pr
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+    from otbuild.views import probe_table
+
+    loaded = load_recipe(recipe, Path.cwd())
+    path, pilot = pr.write_recipe(loaded, Path.cwd(), tasks, seed)
+    p = plan_recipe(load_recipe(path, Path.cwd()))
+    err.print(f"[dim]probe recipe {path}; pilot: {pilot or 'none (no teacher or difficulty section)'}[/]")
+    _check_jobs(p, profile)
+    code = _snakemake(p, profile, list(snakemake_args))
+    if code:
+        sys.exit(code if code == EXIT_USAGE else EXIT_FINDINGS)
+    summary = pr.summarize(p, Path.cwd(), pilot)
+    probe_table(summary, out)
+    written = pr.write(summary, Path.cwd())
+    out.print(f"[dim]written: {', '.join(str(w) for w in written)}[/]", highlight=False)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -160,3 +160,33 @@ def versus_table(recipe: str, arts, k, out: Console) -> None:
         error = f"{100 * r['error']:+.0f} %" if r["error"] is not None else "–"
         table.add_row(r["label"], r["metric"], *(num(r[c]) for c in ("estimate", "low", "high", "actual")), error)
     out.print(table)
+
+
+def probe_table(summary: dict, out: Console) -> None:
+    """`otbuild probe`: a row per source (otbuild/probe.py), a broken one red with why."""
+    from otbuild.report.charts import num
+
+    table = Table(
+        title=f"probe: {summary['recipe']} ({summary['probe_recipe']})",
+        caption=f"pass rate over {summary['pass_rate_over']}",
+    )
+    for name in ("source", "tasks", "valid", "rejected", "pass rate ± se", "bands", "errors", "turns", "s / trial"):
+        table.add_column(name, overflow="fold", justify="right" if name in ("tasks", "turns", "s / trial") else "left")
+    table.add_column("why", overflow="fold", style="red")
+    for r in summary["sources"]:
+        valid = f"{r['valid_rate']:.0%} ({r['valid']})" if r["valid_rate"] is not None else "–"
+        rate = f"{r['pass_rate']:.0%} ± {r['pass_rate_se']:.0%}" if r["pass_rate"] is not None else "–"
+        table.add_row(
+            escape(r["source"]),
+            str(r["tasks"]),
+            valid,
+            escape(", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items()))),
+            f"{rate} ({r['passed_trials']}/{r['scored_trials']})" if r["scored_trials"] else rate,
+            ", ".join(f"{k} {v}" for k, v in r["bands"].items() if v),
+            escape(", ".join(f"{k} {v}" for k, v in r["errors"].items())),
+            num(r["median_turns"]),
+            num(r["median_seconds"]),
+            escape(r["broken"] or ""),
+            style="bold red" if r["broken"] else None,
+        )
+    out.print(table)

@@ -159,7 +159,7 @@ FLOORS = (
     # and the commands over them
     ("recipe", "plan", "codehash", "recovery", "report", "profiles", "recipe_images"),
     ("provenance", "summary", "estimate", "search"),
-    ("audit", "publish", "rebuild", "runner", "workflow"),
+    ("audit", "publish", "rebuild", "runner", "workflow", "probe"),
     ("cli", "__main__", "views"),
     # the generated docs, from the settings models, the commands and the stage registry
     ("docgen",),

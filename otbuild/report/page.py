@@ -213,3 +213,11 @@ def size_category(rows: int) -> str:
 
 def _nonnull(settings: dict, skip: tuple[str, ...] = ()) -> dict:
     return {k: v for k, v in settings.items() if v not in (None, False, {}, []) and k not in skip}
+
+
+def render_probe(summary: dict) -> str:
+    """`otbuild probe`'s page (otbuild/probe.py): the per-source table, a broken source's row red
+    with its one-line why."""
+    return _html.get_template("probe.html.j2").render(
+        p=summary, css=Markup((TEMPLATES / "report.css").read_text()), version=otbuild.__version__
+    )

@@ -161,6 +161,14 @@ NAMED = {
     ("otbuild/cli.py", "rl"): (1, "`otbuild export skyrl`: the handoff of the RL stage"),
     ("otbuild/train/__main__.py", "sft"): (1, "the trainer's own commands (python -m otbuild.train sft|rl)"),
     ("otbuild/train/__main__.py", "rl"): (1, "the trainer's own commands (python -m otbuild.train sft|rl)"),
+    # `otbuild probe` is a recipe of these stages by design: its sources, validated, piloted
+    ("otbuild/probe.py", "source"): (1, "`otbuild probe`: its table's tasks per source"),
+    ("otbuild/probe.py", "validate"): (1, "`otbuild probe`: its table's valid share, read from validate"),
+    ("otbuild/probe.py", "difficulty"): (
+        3,
+        "`otbuild probe`: the teacher's fields its pilot takes, its table's pass rates, the pilot's "
+        "trial rates lent to the teacher's estimate",
+    ),
 }
 
 
