@@ -212,8 +212,9 @@ def _built_probe(p, pilots: tuple[str, ...]):
 @click.option("--tasks", default=25, show_default=True, type=click.IntRange(1, 100_000), help="Tasks per source.")
 @click.option("--seed", default=0, show_default=True, help="The sample's seed.")
 @click.option("--profile", help="Snakemake profile (e.g. slurm); profiles/default always applies.")
+@click.option("-n", "--dry-run", is_flag=True, help="Write the probe recipe and show its jobs without running them.")
 @click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
-def probe(recipe, tasks, seed, profile, snakemake_args):
+def probe(recipe, tasks, seed, profile, dry_run, snakemake_args):
     """Each source's health before the run: build RECIPE_probe (recipes/RECIPE_probe.yaml,
     written from RECIPE: every source sampled to --tasks tasks, validated, piloted by the
     recipe's difficulty section or else its teacher), then print per source the valid share,
@@ -230,9 +231,9 @@ def probe(recipe, tasks, seed, profile, snakemake_args):
     p = plan_recipe(load_recipe(path, Path.cwd()))
     err.print(f"[dim]probe recipe {path}; pilot: {pilot or 'none (no teacher or difficulty section)'}[/]")
     _check_jobs(p, profile)
-    code = _snakemake(p, profile, list(snakemake_args))
-    if code:
-        sys.exit(code if code == EXIT_USAGE else EXIT_FINDINGS)
+    code = _snakemake(p, profile, ["-n"] * dry_run + list(snakemake_args))
+    if code or dry_run:
+        sys.exit(code if code in (0, EXIT_USAGE) else EXIT_FINDINGS)
     summary = pr.summarize(p, Path.cwd(), pilot)
     probe_table(summary, out)
     written = pr.write(summary, Path.cwd())

@@ -170,3 +170,13 @@ def test_plan_estimate_takes_the_probes_rates_and_a_second_probe_builds_nothing(
     assert again.returncode == 0, again.stderr[-3000:]
     assert job_counts(again.stdout + again.stderr) == {"tiny_probe": 1}  # only the results view
     assert "0 of 3 tasks valid" in again.stdout
+
+
+def test_a_dry_run_writes_the_probe_recipe_and_runs_nothing(tmp_path):
+    project = _project(tmp_path)
+    res = otbuild(project, "probe", "tiny", "--tasks", "2", "-n")
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = job_counts(res.stdout + res.stderr)
+    assert counts["validate"] == 1 and counts["difficulty"] == 1 and counts["source"] == 3, counts
+    assert (project / "recipes" / "tiny_probe.yaml").is_file() and not (project / "artifacts").exists()
+    assert not (project / "results" / "tiny_probe" / "probe.json").exists()

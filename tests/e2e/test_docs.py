@@ -170,6 +170,9 @@ CASES = {
         ["otbuild", "build", "smoke", "--profile", "profiles/slurm", "-n"],
     ],
     "otbuild report RECIPE [--profile P]": [["otbuild", "report", "smoke"]],
+    "otbuild probe RECIPE [--tasks N] [--seed S] [--profile P] [-n] [SNAKEMAKE ARGS]": [
+        ["otbuild", "probe", "smoke", "--tasks", "2", "-n"]
+    ],
     "otbuild audit RECIPE [--verify]": [["otbuild", "audit", "smoke"]],
     "otbuild audit --rebuild RECIPE [ARTIFACT...] [--all] [--keep]": [
         ["otbuild", "audit", "--rebuild", "smoke", "sources/synth_more", "mix"]
