@@ -30,7 +30,8 @@ from otbuild.traces import outcome as oc
 SUFFIX = "_probe"
 TASKS = 25  # tasks per source, by default (OpenThoughts-Agent's probes: 25 tasks each)
 PILOT_K = 4  # the teacher's trials per task where the recipe has no difficulty section
-HEADER = "# written by `otbuild probe {name}` from recipes/{name}.yaml: do not edit (a probe rewrites it)\n"
+MARK = "# written by `otbuild probe"  # how a probe knows the file is its own to rewrite
+HEADER = MARK + " {name}` from recipes/{name}.yaml: do not edit (a probe rewrites it)\n"
 # the pilot's and the solutions' trials that never reached a verdict for infrastructure reasons
 ERRORS = (oc.INFRASTRUCTURE, oc.NOT_RUN)
 TABLE = "read_parquet(?, union_by_name = true)"  # the files given as the query's parameter
@@ -100,7 +101,7 @@ def write_recipe(loaded: LoadedRecipe, root: Path, tasks: int = TASKS, seed: int
     path = probe_path(loaded.name, root)
     header = HEADER.format(name=loaded.name)
     text = header + yaml.safe_dump(doc, sort_keys=False)
-    if path.exists() and not path.read_text().startswith(header):
+    if path.exists() and not path.read_text().startswith(MARK):
         raise ConfigError(f"{path}: a recipe no probe wrote has the probe's name; rename it to probe {loaded.name}")
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
