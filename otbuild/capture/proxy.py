@@ -92,8 +92,7 @@ class CaptureProxy:
 
     def start(self) -> CaptureProxy:
         handler = type("Handler", (_Handler,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), handler)
         threading.Thread(target=self._server.serve_forever, name="capture-proxy", daemon=True).start()
         return self
 
@@ -138,6 +137,11 @@ class CaptureProxy:
             self.stats["streamed"] += record["stream"]
             self.stats["errors"] += record["status"] != 200
             self.stats["no_answer"] += record["status"] == 0
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # a shard's trials connect at once: none waits on a full backlog
 
 
 class _Handler(BaseHTTPRequestHandler):

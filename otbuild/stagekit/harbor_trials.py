@@ -33,8 +33,8 @@ HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/endings.py's excep
 def run_harbor_shard(
     cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
 ) -> tuple[list[dict], list[dict]]:
-    """The shard's trace rows, and its captured calls (with `capture`: each Harbor job's, in the
-    order they came; not yet matched to trials)."""
+    """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
+    agents: each Harbor job's, in the order they came; not yet matched to trials)."""
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
@@ -77,7 +77,9 @@ async def _run(
 
                 server = cast(ManagedServerEngine, engine)
                 model, base_url = server.model, server.base_url
-            if cfg.capture and base_url:
+            # Harbor's terminus agents ask the model from Harbor's own process, on this host: they
+            # reach a proxy on loopback (an agent installed in the task's container would not)
+            if cfg.capture and base_url and options["agent"].startswith("terminus"):
                 from otbuild.engines.capture import harbor_proxy
 
                 proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
