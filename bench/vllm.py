@@ -18,7 +18,10 @@ the two loads would not be the same work). At each concurrency C, in turn:
   `--max-concurrency C`.
 
 - otbuild with capture: the same trials again through the recording proxy (otbuild/capture/),
-  asking for token ids and log-probs as it does for a vLLM that otbuild starts.
+  asking for token ids and log-probs as it does for a vLLM that otbuild starts; run without,
+  with, with, without capture (a drift of the machine's load weighs on both alike), after one
+  request that warms up the server's log-prob path. The first table pools the two runs
+  without capture.
 
 Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
 ratio, otbuild's trials/s, and the share of otbuild's wall time that is not the model's
@@ -79,6 +82,7 @@ def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False
     from otbuild.tasks.table import write_tasks
 
     tasks = work / f"tasks-c{c}.parquet"
+    work.mkdir(parents=True, exist_ok=True)
     write_tasks(tasks, generate(c * args.trials, seed=c), source="synth")
     # no per-request seed: vLLM 0.32's CPU build dies on a seeded request whose prefill is
     # chunked ("CPU Generator does not use offset", docs/engines.md)
@@ -113,6 +117,34 @@ def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False
         "prompt_tokens": sum(r["n_input_tokens"] for r in rows) / max(requests, 1),
         "output_tokens": sum(r["n_output_tokens"] for r in rows),
     }
+
+
+def pooled(a: dict, b: dict) -> dict:
+    """Two runs of a level as one: their trials, requests, tokens and wall time added up."""
+    requests = a["requests"] + b["requests"]
+    prompt = (a["prompt_tokens"] * a["requests"] + b["prompt_tokens"] * b["requests"]) / max(requests, 1)
+    return {
+        "trials": a["trials"] + b["trials"],
+        "wall": a["wall"] + b["wall"],
+        "requests": requests,
+        "prompt_tokens": prompt,
+        "output_tokens": a["output_tokens"] + b["output_tokens"],
+    }
+
+
+def warm_up(base_url: str) -> None:
+    """One request that asks for token ids and log-probs: the server's first such request is
+    slower (its code path warms up), which no measured run should pay for."""
+    import httpx
+
+    body = {
+        "model": SERVED_AS,
+        "messages": [{"role": "user", "content": "warm up"}],
+        "max_tokens": 4,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
+    httpx.post(f"{base_url}/chat/completions", json=body, timeout=600, trust_env=False).raise_for_status()
 
 
 def vllm_level(
@@ -212,9 +244,11 @@ def main(argv=None) -> int:
     root = base_url.removesuffix("/v1")
     rows = []
     try:
+        warm_up(base_url)
         for c in levels:
-            ours = otbuild_level(base_url, c, args, work)
-            captured = otbuild_level(base_url, c, args, work, capture=True)
+            # without, with, with, without capture: a drift of the machine's load weighs on both alike
+            runs = [otbuild_level(base_url, c, args, work / f"{k}", capture=k in (1, 2)) for k in range(4)]
+            ours, captured = pooled(runs[0], runs[3]), pooled(runs[1], runs[2])
             theirs = vllm_level(vllm, root, model, c, ours["requests"], ours["prompt_tokens"], args.max_tokens, work)
             rows.append((c, ours, theirs, captured))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
