@@ -5,6 +5,12 @@ and through a real snakemake build."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -96,6 +102,47 @@ def test_a_stopped_shard_reruns_keeping_each_finished_trials_calls_once(tmp_path
     assert rollout.run(cfg, [tasks], out)["capture"]["calls"] == 9
     calls = calls_of(out / "calls.parquet")
     assert [(c["trial"], c["call_idx"]) for c in calls] == [(t, k) for t in range(3) for k in range(3)]
+    assert all(c["status"] == 200 and c["harness_agrees"] for c in calls)
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_a_shard_killed_mid_trial_loses_no_recorded_call_and_doubles_none(tmp_path, scripted):
+    """kill -9 of the shard's process group while its second trial waits on the model: the rerun
+    keeps the first trial's calls from the partial file (not asked again) and records the
+    second trial's once, from its new run."""
+    release = threading.Event()
+
+    def reply(body):
+        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        if len(srv.requests) > 3 and not release.is_set():  # the second trial's first call hangs
+            release.wait(60)
+        return 200, chat_answer(THREE_TURNS[turn])
+
+    srv = scripted(reply)
+    tasks, out = tasks_of(tmp_path, 2), tmp_path / "out"
+    cfg = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", concurrency=1)
+    code = (
+        "import sys; from pathlib import Path; from otbuild.stages import rollout;"
+        "from otbuild.settings.stages import RolloutSettings as R;"
+        "rollout.run_shard(R.model_validate_json(sys.argv[1]), [Path(sys.argv[2])], Path(sys.argv[3]), 0)"
+    )
+    shard = subprocess.Popen(
+        [sys.executable, "-c", code, cfg.model_dump_json(), str(tasks), str(out)], start_new_session=True
+    )
+    partial, deadline = out / "shards" / "0-of-1.partial.jsonl", time.monotonic() + 120
+    while len(srv.requests) < 4:
+        assert shard.poll() is None and time.monotonic() < deadline, "the shard never reached its second trial"
+        time.sleep(0.05)
+    os.killpg(shard.pid, signal.SIGKILL)
+    shard.wait()
+    assert len(partial.read_text().splitlines()) == 1  # the first trial, with its calls
+    release.set()
+    rollout.run_shard(cfg, [tasks], out, 0)
+    assert len(srv.requests) == 3 + 1 + 3  # the first trial was not asked again; the second ran anew
+    assert rollout.run(cfg, [tasks], out)["capture"]["calls"] == 6
+    calls = calls_of(out / "calls.parquet")
+    assert [(c["trial"], c["call_idx"]) for c in calls] == [(t, k) for t in range(2) for k in range(3)]
     assert all(c["status"] == 200 and c["harness_agrees"] for c in calls)
 
 
