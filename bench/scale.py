@@ -17,6 +17,9 @@ wait4 rusage, taken by a small launcher process):
 - rollout shards: the 64 shard jobs, one after the other in one process (each turns its own
   partial file into shards/K-of-64.parquet);
 - rollout merge: `otbuild.stages.rollout.run` (the shards -> traces.parquet and its summary);
+- difficulty merge: `otbuild.stages.difficulty.run` on the same shards, read as a pilot's (k 2:
+  tracegen gives each of the first N/2 tasks two trials, the others none): traces.parquet, each
+  task's pass rate and band, and the task table with them;
 - trace_filter: the paper's defaults (min_turns 5, timeouts, subagents, exceptions, dedup);
 - sft data: the SFT data preparation (`prepare_sft` below: the tokenized set, with
   the tiny student's tokenizer, cutoff 32768, in --sft-workers processes), only for
@@ -53,6 +56,7 @@ STAGES = (
     "validate merge",
     "rollout shards",
     "rollout merge",
+    "difficulty merge",
     "trace_filter",
     "sft data",
     "sharegpt export",
@@ -205,6 +209,18 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
         from otbuild.stages.rollout import run
 
         run(settings, tasks, rollout_dir)
+    elif stage == "difficulty merge":
+        from otbuild.stagekit import Inputs
+        from otbuild.stages.difficulty import DifficultySettings
+        from otbuild.stages.difficulty import run as difficulty
+
+        pilot = DifficultySettings(engine="oracle", k=2, shards=settings.shards, allow_all_impossible=True)
+        (work / "difficulty" / "shards").mkdir(parents=True, exist_ok=True)
+        for k in range(settings.shards):  # the rollout's shard files, read as the pilot's
+            shard = Path("shards") / f"{k}-of-{settings.shards}.parquet"
+            (work / "difficulty" / shard).unlink(missing_ok=True)
+            os.link(rollout_dir / shard, work / "difficulty" / shard)
+        difficulty(pilot, Inputs.of(tasks=tasks), work / "difficulty")
     elif stage == "trace_filter":
         from otbuild.stages.trace_filter import run
 

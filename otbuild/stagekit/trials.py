@@ -14,7 +14,8 @@ merge job interleaves the shards, in trial order, into traces.parquet, a few hun
 time: no stage of the trace path holds all its traces in memory.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
-table has one (upsampling weights from the task filter).
+table has one (upsampling weights from the task filter); a stage that needs the same number for
+every task (the difficulty pilot's k) passes `samples`, and the column is not read.
 
 Failures (docs/failures.md): a shard's first request to the model goes alone, and a refusal
 (a wrong key, an unknown model) or no answer stops the shard at once; a trial that failed for
@@ -66,8 +67,8 @@ class Trial:
 
 
 def plan_trials(inputs: list[Path], samples_per_task: int, per_task: str | None = "n_rollouts") -> list[Trial]:
-    """Each task's trials: as many as its `per_task` column says (a count, or a flag: 1 or 0)
-    where the table has one, else `samples_per_task`."""
+    """Each task's trials, in table order: as many as its `per_task` column says (a count, or a
+    flag: 1 or 0) where the table has one, else `samples_per_task`."""
     trials: list[Trial] = []
     row = 0
     for path in inputs:
@@ -87,15 +88,18 @@ def run_trials_shard(
     outdir: Path,
     shard: int,
     *,
+    samples: int | None = None,
     per_task: str | None = "n_rollouts",
     verifier_output: int = 0,
 ) -> None:
-    """One shard's trials, for the teacher's rollouts, eval (otbuild/stages/eval.py) and task
-    validation (otbuild/stages/validate.py). `per_task`: the task column that counts a task's
-    trials (plan_trials); `verifier_output`: characters of the verifier's output kept in each
-    trace's metadata (TrialConfig)."""
+    """One shard's trials, for the teacher's rollouts, eval (otbuild/stages/eval.py), task
+    validation (otbuild/stages/validate.py) and the difficulty pilot. `samples`: that many trials
+    of every task (no column read); else `per_task`, the task column that counts a task's trials
+    (plan_trials); `verifier_output`: characters of the verifier's output kept in each trace's
+    metadata (TrialConfig)."""
     n = cfg.shards
-    trials = [t for t in plan_trials(inputs, cfg.samples_per_task, per_task) if t.index % n == shard]
+    planned = plan_trials(inputs, samples, None) if samples else plan_trials(inputs, cfg.samples_per_task, per_task)
+    trials = [t for t in planned if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
     failures = FailureCount(len(trials), cfg.max_infra_failures, f"shard {shard} of {n}")
     if cfg.sandbox == HARBOR:
