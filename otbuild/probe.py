@@ -55,9 +55,9 @@ def derive(loaded: LoadedRecipe, tasks: int = TASKS, seed: int = 0) -> tuple[dic
     if not sources:
         raise ConfigError(f"{loaded.path}: sources: the recipe has none: nothing to probe")
     doc: dict = {"description": f"{tasks} tasks of each source of {loaded.name}, validated and piloted"}
-    for key in ("harness", "prices"):
-        if key in data:
-            doc[key] = data[key]
+    # the prompt style its trials use; constrained decoding is for an eval of a trained checkpoint
+    harness = {k: v for k, v in (data.get("harness") or {}).items() if k != "constrained_decoding"}
+    doc.update({"harness": harness} if harness else {}, **({"prices": data["prices"]} if "prices" in data else {}))
     doc["sources"] = {name: _sampled(src, tasks, seed) for name, src in sources.items()}
     teacher = data.get("teacher") or {}
     validate = dict(data.get("validate") or {})

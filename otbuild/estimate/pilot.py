@@ -131,10 +131,10 @@ def _measure(n, record: dict, root: Path, source: str) -> dict[str, Measured]:
         out = _trials(n, root, source, work)
     elif d.llm and d.sharded:
         out = _requests(n, stats, source, work)
-    elif d.filter and not hasattr(_Measure, n.stage):
-        out = _keep_rate(n, stats, source)
-    if own := getattr(_Measure, n.stage, None):  # a stage's own rates, beside its trials' (validate)
-        out = {**out, **own(n, record, stats, root, source, work)}
+    elif own := getattr(_Measure, n.stage, None):
+        out = own(n, record, stats, root, source, work)
+    if d.filter:
+        out = {**out, **_keep_rate(n, stats, source)}
     if work:  # what a stage estimated by its jobs (Model._table) takes
         out["job_s"] = Measured("job_s", "s per job", f"{source} ({len(work)} job(s))", values=work)
     if merge:
@@ -153,25 +153,6 @@ class _Measure:
     @staticmethod
     def rl(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
         return _rl(n, stats, source, work)
-
-    @staticmethod
-    def validate(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
-        total = stats.get("kept", 0) + stats.get("rejected", 0)
-        if not total:
-            return {}
-        span = rate_span(stats["kept"], total)
-        out = {"keep_rate": Measured("keep_rate", "kept / in", f"{source} ({total} tasks)", span=span, n=total)}
-        files = [p for e in ("oracle", "noop") if (p := root / n.main_output.parent / e / "traces.parquet").exists()]
-        if files:  # each engine's trials, in their folders
-            paths = ", ".join(duck.sql_literal(f) for f in files)
-            rows = duck.connect().execute(f"SELECT coalesce(duration_s, 0) FROM read_parquet([{paths}])").fetchall()
-            seconds = [float(s) for (s,) in rows]
-            if seconds:
-                src = f"{source} ({len(seconds)} trials)"
-                out["seconds_per_trial"] = Measured(
-                    "seconds_per_trial", "s per concurrent slot", src, values=seconds, n=len(seconds)
-                )
-        return out
 
 
 def _keep_rate(n, stats: dict, source: str) -> dict[str, Measured]:
@@ -199,8 +180,10 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
     from otbuild.settings.engines import concurrency
     from otbuild.usage import FAILED_REQUEST
 
-    path = root / n.main_output.parent / "traces.parquet"
-    if not path.exists():
+    # its traces.parquet, or one per folder where it runs several kinds of trial (validate: oracle/, noop/)
+    here = root / n.main_output.parent
+    paths = [here / "traces.parquet"] if (here / "traces.parquet").exists() else sorted(here.glob("*/traces.parquet"))
+    if not paths:
         return {}
     rows = (
         duck.connect()
@@ -208,7 +191,7 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
             f"SELECT n_turns + CASE WHEN {FAILED_REQUEST} THEN 1 ELSE 0 END, coalesce(n_input_tokens, 0), "
             f"coalesce(n_output_tokens, 0), coalesce(duration_s, 0), "
             "coalesce(try_cast(json_extract_string(metadata, '$.verifier_s') AS DOUBLE), 0) "
-            f"FROM read_parquet({duck.sql_literal(path)}) "
+            f"FROM read_parquet([{', '.join(duck.sql_literal(p) for p in paths)}]) "
             "WHERE NOT coalesce(is_subagent, false)"
         )
         .fetchall()

@@ -33,7 +33,7 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.augment",
     "otbuild.stages.mix",
     "otbuild.stages.near_dedup",
-    # run each task: its solution passes, doing nothing fails (before the paid LLM scoring)
+    # run each task: its solution passes, doing nothing fails (before the pilot and the paid LLM scoring)
     "otbuild.stages.validate",
     "otbuild.stages.difficulty",
     "otbuild.stages.task_score",

@@ -263,10 +263,8 @@ def estimate(m, n, e) -> None:
     """Tasks in (the held-out benchmarks apart) x the keep rate (a pilot's, else assumed)."""
     held = len(n.config.against)
     tasks_in = sum((m.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
-    kept = (tasks_in * m.rate(e, n, "keep_rate")).ceil()
     m.table(n, e)
-    m.rows[n.id] = kept
-    e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+    m.kept_at_rate(n, e, tasks_in)
 
 
 STAGE = StageDef(

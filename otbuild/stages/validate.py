@@ -43,7 +43,7 @@ from otbuild.settings.recipe import PromptStyle
 from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.span import Span
-from otbuild.stagekit import Inputs, StageDef, shard_path, stage_run, stage_run_shard
+from otbuild.stagekit import DefaultRate, Inputs, StageDef, shard_path, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
 from otbuild.stagekit.trials import merge_shards, run_trials_shard
 from otbuild.tasks.table import BATCH_ROWS
@@ -205,18 +205,11 @@ def estimate(m, n, e) -> None:
     cfg = n.config
     tasks = m.rows_in(n)
     trials = tasks * len(ENGINES)
-    scripted = m.assumed_rate(
-        "seconds_per_trial",
-        Span(60, 10, 600),
-        "s per concurrent slot",
-        "a scripted agent (solve.sh, or nothing) and the task's verifier; no model",
-    )
-    per = m.rate(e, n, "seconds_per_trial", fallback=scripted)
+    per = m.rate(e, n, "seconds_per_trial")
     over = m.job_rate(e, n, "overhead_s")
     m.job(e, n.stage, cfg.shards, over + trials / cfg.shards * per / cfg.concurrency)
     m.job(e, f"{n.stage}_merge", 1, m.job_rate(e, n, "merge_s", otherwise="merge_s"))
-    why = "curated tasks mostly pass; OpenThoughts-Agent's synthesized solutions passed for 26% of tasks in one batch"
-    m.kept_at_rate(n, e, tasks, Span(0.8, 0.25, 1.0), why)
+    m.kept_at_rate(n, e, tasks)
     e.counts["trials"] = trials
 
 
@@ -237,4 +230,17 @@ STAGE = StageDef(
     volatile={"rejected.parquet": ("verifier_output",)},  # a verifier's words may hold its clock (pytest's seconds)
     recipe_field=(Validate | None, None),
     estimate=estimate,
+    rates={
+        "seconds_per_trial": DefaultRate(
+            Span(60, 10, 600),
+            "s per concurrent slot",
+            "a scripted agent (solve.sh, or nothing) and the task's verifier; no model",
+        ),
+        "keep_rate": DefaultRate(
+            Span(0.8, 0.25, 1.0),
+            "kept / in",
+            "curated tasks mostly pass; OpenThoughts-Agent's synthesized solutions passed for 26% of tasks in "
+            "one batch",
+        ),
+    },
 )
