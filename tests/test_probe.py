@@ -180,3 +180,22 @@ def test_a_dry_run_writes_the_probe_recipe_and_runs_nothing(tmp_path):
     assert counts["validate"] == 1 and counts["difficulty"] == 1 and counts["source"] == 3, counts
     assert (project / "recipes" / "tiny_probe.yaml").is_file() and not (project / "artifacts").exists()
     assert not (project / "results" / "tiny_probe" / "probe.json").exists()
+
+
+def test_every_shipped_recipe_gives_a_valid_probe_recipe(tmp_path):
+    """The repo's recipes (the paper's, the smoke, ablations, searches) each give a probe recipe
+    that loads and plans: every source, validate, and a pilot (their teachers)."""
+    from otbuild.plan import plan_recipe
+    from tests.conftest import REPO
+
+    (tmp_path / "recipes").mkdir()
+    for p in sorted((REPO / "recipes").glob("*.yaml")):
+        (tmp_path / "recipes" / p.name).write_text(p.read_text())
+    shipped = sorted(p.stem for p in (tmp_path / "recipes").glob("*.yaml"))
+    assert len(shipped) >= 10
+    for name in shipped:
+        loaded = load_recipe(name, tmp_path)
+        path, pilot = write_recipe(loaded, tmp_path, tasks=25)
+        nodes = plan_recipe(load_recipe(path, tmp_path)).nodes
+        assert {n.stage for n in nodes} == {"source", "validate", "difficulty", "report"}, name
+        assert sum(n.stage == "source" for n in nodes) == len(loaded.data["sources"]) and pilot, name
