@@ -162,7 +162,7 @@ def test_plan_estimate_takes_the_probes_rates_and_a_second_probe_builds_nothing(
     assert est["pilots"] == ["tiny_probe"]
     rates = {r["rate"]: r for r in est["stages"]["validate"]["rates"]}
     assert rates["keep_rate"]["estimate"] == pytest.approx(2 / 3, abs=1e-3) and not rates["keep_rate"]["assumed"]
-    assert rates["keep_rate"]["source"] == "pilot tiny_probe: validate (9 tasks)"
+    assert rates["keep_rate"]["source"].startswith("pilot tiny_probe: validate (9 ")  # 9 tasks probed
     assert rates["seconds_per_trial"]["source"].startswith("pilot tiny_probe: validate")
     teacher = {r["rate"]: r for r in est["stages"]["teacher"]["rates"]}
     assert teacher["turns_per_trial"]["source"] == f"pilot tiny_probe: difficulty ({2 * 3 * PILOT_K} trials)"
