@@ -56,15 +56,17 @@ def derive(loaded: LoadedRecipe, tasks: int = TASKS, seed: int = 0) -> tuple[dic
         raise ConfigError(f"{loaded.path}: sources: the recipe has none: nothing to probe")
     doc: dict = {"description": f"{tasks} tasks of each source of {loaded.name}, validated and piloted"}
     # the prompt style its trials use; constrained decoding is for an eval of a trained checkpoint
-    harness = {k: v for k, v in (data.get("harness") or {}).items() if k != "constrained_decoding"}
-    doc.update({"harness": harness} if harness else {}, **({"prices": data["prices"]} if "prices" in data else {}))
+    if harness := {k: v for k, v in (data.get("harness") or {}).items() if k != "constrained_decoding"}:
+        doc["harness"] = harness
+    if "prices" in data:
+        doc["prices"] = data["prices"]
     doc["sources"] = {name: _sampled(src, tasks, seed) for name, src in sources.items()}
     teacher = data.get("teacher") or {}
     validate = dict(data.get("validate") or {})
     validate.update({k: teacher[k] for k in TEACHER_TRIALS if k in teacher and k not in validate})
     doc["validate"] = {**validate, "max_dropped_fraction": 1.0}  # a broken source is a finding here
     pilot: str | None = None
-    if data.get("difficulty"):
+    if data.get("difficulty") is not None:
         doc["difficulty"] = {**data["difficulty"], "allow_all_impossible": True}
         d = doc["difficulty"]
         who = f"{d.get('engine')}:{d.get('model') or d.get('engine')}"
