@@ -11,6 +11,9 @@ wait4 rusage, taken by a small launcher process):
 
 - near_dedup: the near-duplicate filter's defaults (MinHash LSH, candidates checked exactly) over
   a task table of N tasks with planted twins (bench/near_dedup.py's generator), its drop guard off;
+- skills merge: the skills stage's merge (`otbuild.stages.skills.run`) over that task table and
+  one finished shard of N answers (a tag, a tag among words, an answer naming no tag), as its
+  shard job leaves them: the rows streamed back beside their tags;
 - rollout shards: the 64 shard jobs, one after the other in one process (each turns its own
   partial file into shards/K-of-64.parquet);
 - rollout merge: `otbuild.stages.rollout.run` (the shards -> traces.parquet and its summary);
@@ -45,7 +48,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
-STAGES = ("near_dedup", "rollout shards", "rollout merge", "trace_filter", "sft data", "sharegpt export")
+STAGES = (
+    "near_dedup",
+    "skills merge",
+    "rollout shards",
+    "rollout merge",
+    "trace_filter",
+    "sft data",
+    "sharegpt export",
+)
 RSS_TARGET_MB = 2048
 
 
@@ -95,11 +106,39 @@ def generate(data: Path, n: int, shards: int) -> dict:
     from near_dedup import generate as task_table  # bench/near_dedup.py: tasks with planted twins
 
     task_table(data / "task_table.parquet", n)
+    skill_answers(data / "skill_answers" / "0-of-1.parquet", n)
     t0 = time.perf_counter()
     size = write_partials(data / "partials", n, shards)
     manifest = {"n": n, "shards": shards, "bytes": size, "generate_s": time.perf_counter() - t0}
     done.write_text(json.dumps(manifest))
     return manifest
+
+
+def skill_answers(path: Path, n: int) -> None:
+    """N answers of a skills shard job, one per request, as llm_requests writes them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from otbuild.stagekit.llm_requests import ANSWER_SCHEMA
+
+    said = ("networking", "It is mostly text-processing work.", "cooking")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, ANSWER_SCHEMA, compression="zstd") as w:
+        for start in range(0, n, 65536):
+            rows = range(start, min(n, start + 65536))
+            w.write_table(
+                pa.table(
+                    {
+                        "request": list(rows),
+                        "text": [said[i % 3] for i in rows],
+                        "error": [None] * len(rows),
+                        "n_output_tokens": [3] * len(rows),
+                        "usage_reported": [True] * len(rows),
+                        "n_input_tokens": [200] * len(rows),
+                    },
+                    ANSWER_SCHEMA,
+                )
+            )
 
 
 def tokenizer_dir(out: Path) -> Path:
@@ -135,6 +174,15 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
         near_dedup(
             NearDedup(max_dropped_fraction=1.0), Inputs.of(tasks=[data / "task_table.parquet"]), work / "near_dedup"
         )
+    elif stage == "skills merge":
+        from otbuild.stagekit import Inputs
+        from otbuild.stages.skills import Skills
+        from otbuild.stages.skills import run as skills
+
+        shutil.copytree(data / "skill_answers", work / "skills" / "shards", dirs_exist_ok=True)
+        t0 = time.perf_counter()  # the copy above is the shard job's, not the merge's
+        cfg = Skills(engine="openai", model="m", base_url="http://127.0.0.1:9/v1")
+        skills(cfg, Inputs.of(tasks=[data / "task_table.parquet"]), work / "skills")
     elif stage == "rollout shards":
         from otbuild.stages.rollout import run_shard
 

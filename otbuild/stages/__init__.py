@@ -34,6 +34,7 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.mix",
     "otbuild.stages.near_dedup",
     "otbuild.stages.task_score",
+    "otbuild.stages.skills",
     "otbuild.stages.task_filter",
     "otbuild.stages.trace_import",
     "otbuild.stages.rollout",

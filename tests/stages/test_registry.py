@@ -67,6 +67,7 @@ def test_every_stage_answers_the_registry_hooks():
         "mix",
         "near_dedup",
         "task_score",
+        "skills",
         "task_filter",
         "trace_import",
         "rollout",
