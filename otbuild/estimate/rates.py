@@ -35,7 +35,7 @@ def _d(est: float, low: float, high: float, unit: str, source: str) -> Default:
 
 _TRIAL = "no figure in the paper: long terminal sessions of a large model"
 # (stage, rate) -> the default. Stages share one for a kind of work: "trials" covers rollout,
-# eval and rl; "requests" augment and task_score.
+# eval and rl; "requests" augment, task_score and skills.
 DEFAULTS: dict[tuple[str, str], Default] = {
     ("trials", "turns_per_trial"): _d(30, 10, 60, "turns", _TRIAL + "; capped at max_episodes"),
     ("trials", "input_tokens_per_request"): _d(

@@ -51,8 +51,8 @@ def check(cfg, traces: Path, what: str, measures_model: bool = False) -> dict:
 
 def measure(traces: Path) -> dict:
     """Aggregates of the run's trials (subagents' traces apart): their count, mean turns (of
-    the trials that ran), the distinct rewards (up to 3), and the most common error with its
-    outcome, count and one message."""
+    the trials that ran), the verifier's rewards (how many trials, distinct values, lowest and
+    highest), and the most common error with its outcome, count and one message."""
     con = duck.connect()
     con.execute(oc.sql_macros())
     con.execute(
@@ -62,11 +62,11 @@ def measure(traces: Path) -> dict:
         " json_extract_string(metadata, '$.stop_message')) AS message"
         f" FROM read_parquet({duck.sql_literal(traces)}) WHERE NOT coalesce(is_subagent, false)"
     )
-    trials, mean_turns, verified, values = cast(
+    trials, mean_turns, verified, distinct, low, high = cast(
         tuple,
         con.execute(
-            f"SELECT count(*), avg(coalesce(n_turns, 0)) FILTER (outcome <> '{oc.NOT_RUN}'),"
-            " count(*) FILTER (verdict), list(DISTINCT reward ORDER BY reward) FILTER (verdict)"
+            f"SELECT count(*), avg(coalesce(n_turns, 0)) FILTER (outcome <> '{oc.NOT_RUN}'), count(*) FILTER (verdict),"
+            " count(DISTINCT reward) FILTER (verdict), min(reward) FILTER (verdict), max(reward) FILTER (verdict)"
             f" FROM (SELECT *, outcome IN {oc.sql_in(VERDICTS)} AND NOT isnan(reward) AS verdict FROM trials)"
         ).fetchone(),
     )
@@ -82,8 +82,8 @@ def measure(traces: Path) -> dict:
         "trials": trials,
         "mean_turns": round(mean_turns, 3) if mean_turns is not None else None,
         "verified_trials": verified,
-        "reward_values": (values or [])[:3],
-        "distinct_rewards": len(values or []),
+        "distinct_rewards": distinct,
+        "reward_range": [low, high] if verified else None,
         "top_error": error,
     }
 
@@ -99,10 +99,11 @@ def judge(numbers: dict, health: RunHealth, oracle: bool) -> list[tuple[str, boo
         out.append(
             (f"its {trials} trials average {turns:g} turns (health.max_mean_turns: {health.max_mean_turns})", True)
         )
-    values, verified = numbers["reward_values"], numbers["verified_trials"]
-    all_passed = oracle and values and values[0] >= 1.0
-    if health.same_reward and numbers["distinct_rewards"] == 1 and verified >= health.min_trials and not all_passed:
-        out.append((f"all {verified} verified trials got reward {values[0]:g} (health.same_reward)", True))
+    verified, one = numbers["verified_trials"], numbers["distinct_rewards"] == 1
+    value = numbers["reward_range"][0] if one else None
+    all_passed = oracle and value is not None and value >= 1.0
+    if health.same_reward and one and verified >= health.min_trials and not all_passed:
+        out.append((f"all {verified} verified trials got reward {value:g} (health.same_reward)", True))
     error = numbers["top_error"]
     if health.max_error_share is not None and error and error["share"] >= health.max_error_share:
         text = (

@@ -70,11 +70,12 @@ def test_an_oracle_whose_tasks_all_fail_fails_the_rollout(tmp_path):
 
 @needs_sandbox
 def test_a_one_turn_run_fails_and_warns_when_asked(tmp_path, scripted):
-    """A model that ends its shell on its first turn: every trial is one turn. With
-    health.on_broken: warn the same shards merge into the artifact, the stats say why."""
-    srv = scripted(lambda body: (200, chat_answer(answer("exit\n"))))
+    """Trials that end after one turn each (here a turn budget of one: a shell that exits or an
+    endpoint that fails the second request end them alike). With health.on_broken: warn the
+    same shards merge into the artifact, the stats say why."""
+    srv = scripted(lambda body: (200, chat_answer(answer("ls\n"))))
     tasks = _tasks(tmp_path)
-    cfg = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", health={"min_trials": 4})
+    cfg = RolloutSettings(engine="openai", base_url=srv.base_url, model="m", max_episodes=1, health={"min_trials": 4})
     with pytest.raises(RunBroken, match=r"its 4 trials average 1 turns \(health.max_mean_turns: 1.5\)"):
         _rollout(cfg, tasks, tmp_path / "out")
     requests = len(srv.requests)
@@ -92,7 +93,12 @@ def test_a_healthy_run_passes_and_records_its_numbers(tmp_path):
     """The oracle passing every task is what it should do, not one reward value gone wrong."""
     stats = _rollout(RolloutSettings(engine="oracle", health={"min_trials": 4}), _tasks(tmp_path), tmp_path / "out")
     health = stats["health"]
-    assert health["warnings"] == [] and health["reward_values"] == [1.0] and health["mean_turns"] > 2
+    assert (
+        health["warnings"] == []
+        and health["reward_range"] == [1.0, 1.0]
+        and health["distinct_rewards"] == 1
+        and health["mean_turns"] > 2
+    )
     assert health["top_error"] is None
 
 

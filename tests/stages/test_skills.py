@@ -118,3 +118,17 @@ task_filter:
     kept = pq.read_table(project / "results" / "r" / "task_filter" / "kept.parquet").to_pylist()
     assert len(kept) == 5 and {r["skill"] for r in kept} == {"file-operations"}
     assert len(srv.requests) == 5
+
+
+def test_the_estimate_counts_one_request_per_task(project):
+    from tests.estimate.test_estimate import _estimate
+
+    (project / "recipes" / "r.yaml").write_text("""
+sources:
+  a: {kind: synthetic, count: 40, seed: 1}
+skills: {engine: openai, base_url: 'http://127.0.0.1:9/v1', model: m, shards: 4}
+task_filter: {dedup: false}
+""")
+    st = _estimate(project, "r")["stages"]
+    assert st["skills"]["requests"]["estimate"] == 40 and st["skills"]["counts"]["tasks"]["estimate"] == 40
+    assert [j["count"] for j in st["skills"]["jobs"]] == [4, 1]  # the shard jobs and the merge
