@@ -1,4 +1,4 @@
-"""bench/scale.py runs end to end at a tiny N: every stage (near_dedup over tasks, then the trace path) in its own child, the table, the SFT
+"""bench/scale.py runs end to end at a tiny N: every stage (near_dedup and the skills merge over tasks, then the trace path) in its own child, the table, the SFT
 data step in 2 worker processes reported per trace per worker, and the memory verdict."""
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def test_bench_scale_tiny(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
-    for stage in ("near_dedup", "rollout shards", "rollout merge", "trace_filter", "sft data", "sharegpt export"):
+    stages = ("near_dedup", "skills merge", "rollout shards", "rollout merge", "trace_filter", "sft data")
+    for stage in (*stages, "sharegpt export"):
         assert re.search(rf"^{stage} +80 +[\d.]+ +\d+ +\d+ +-?[\d.]+ +-?[\d.]+$", proc.stdout, re.M), out[-5000:]
     # 80 traces (a few dropped by the trace filter) are 3 batches of 32: 2 workers
     assert re.search(
