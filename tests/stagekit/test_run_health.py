@@ -147,3 +147,30 @@ def test_an_eval_only_warns_on_its_models_turns_and_rewards_and_fails_on_the_run
     rows = [row("RewardFileNotFoundError", "RewardFileNotFoundError", reward=None)] * 20
     with pytest.raises(RunBroken, match=r"RewardFileNotFoundError \(verifier_error\) ended 20 of 20"):
         eval_stage.run(cfg, [], _merged(tmp_path / "b", rows))
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_a_broken_rollout_fails_the_build_and_warn_merges_its_shards(project, scripted):
+    """Through the real snakemake CLI: the merge job fails naming the numbers and leaves no
+    traces; `health.on_broken: warn` (execution-only: the same id) reruns only the merge."""
+    from tests.conftest import snakemake
+
+    srv = scripted(lambda body: (400, OVERFLOW))
+    recipe = f"""
+sources:
+  a: {{kind: synthetic, count: 4, seed: 1}}
+teacher: {{engine: openai, base_url: '{srv.base_url}', model: m, shards: 2, health: {{min_trials: 4}}}}
+trace_filter: {{min_turns: 0}}
+"""
+    (project / "recipes" / "r.yaml").write_text(recipe)
+    _, log = snakemake(project, "r", check=False)
+    assert "rollout: the run is broken: its 4 trials average 0 turns" in log, log[-3000:]
+    assert "ContextLengthExceededError (task_failure) ended 4 of 4 trials (100%" in log
+    assert not list((project / "artifacts").glob("rollout/*/traces.parquet"))
+    requests = len(srv.requests)
+    (project / "recipes" / "r.yaml").write_text(recipe.replace("min_trials: 4", "min_trials: 4, on_broken: warn"))
+    ran, log = snakemake(project, "r")
+    assert ran.get("rollout_merge") == 1 and "rollout" not in ran and len(srv.requests) == requests, log[-3000:]
+    [record] = [json.loads(p.read_text()) for p in (project / "artifacts").glob("rollout/*/provenance.json")]
+    assert record["stats"]["health"]["mean_turns"] == 0 and len(record["stats"]["health"]["warnings"]) == 2
