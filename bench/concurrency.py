@@ -77,12 +77,13 @@ def start_endpoint(latency: float, turns: int):
 def child(args) -> None:
     import asyncio
 
+    from sandbox import make_task  # bench/sandbox.py's task
+
     from otbuild.engines.openai import OpenAIEngine
-    from otbuild.settings.engines import LLM
     from otbuild.harness.config import TrialConfig
     from otbuild.harness.trial import run_trial
+    from otbuild.settings.engines import LLM
     from otbuild.settings.trials import Trials
-    from sandbox import make_task  # bench/sandbox.py's task
 
     c = args.child
     settings = TrialConfig(Trials(sandbox="bwrap"), "terminus2")

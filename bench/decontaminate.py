@@ -230,9 +230,9 @@ def child(impl: str, data: Path, work: Path, ngram: int, fuzzy: float | None, ro
     ]
     t0 = time.perf_counter()
     if impl == "duckdb":
-        from otbuild.stages.task_filter import TaskFilter
-        from otbuild.stages import task_filter
         from otbuild.stagekit import Inputs
+        from otbuild.stages import task_filter
+        from otbuild.stages.task_filter import TaskFilter
 
         settings = TaskFilter(dedup=False, decontaminate={"against": [BENCH], "ngram": ngram, "fuzzy": fuzzy})
         stats = task_filter.run(

@@ -180,8 +180,8 @@ def child_profile(args) -> None:
     import otbuild.sandbox as sb
     import otbuild.sandbox.identity as ident
     import otbuild.sandbox.sandbox as sbs
-    from otbuild.harness.oracle import OracleEngine
     from otbuild.harness import trial
+    from otbuild.harness.oracle import OracleEngine
     from otbuild.harness.terminal import Terminal
 
     spent: dict[str, list[float]] = defaultdict(list)

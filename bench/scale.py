@@ -14,9 +14,15 @@ wait4 rusage, taken by a small launcher process):
 - skills merge: the skills stage's merge (`otbuild.stages.skills.run`) over that task table and
   one finished shard of N answers (a tag, a tag among words, an answer naming no tag), as its
   shard job leaves them: the rows streamed back beside their tags;
+- validate merge: the task validation's merge job (`otbuild.stages.validate.run`) over N tasks
+  whose 2N trials (a solution's and a no-op's, each with a verifier output tail of 2,000
+  characters) are done in 64 shards each: both merges, the verdicts, kept and rejected;
 - rollout shards: the 64 shard jobs, one after the other in one process (each turns its own
   partial file into shards/K-of-64.parquet);
 - rollout merge: `otbuild.stages.rollout.run` (the shards -> traces.parquet and its summary);
+- difficulty merge: `otbuild.stages.difficulty.run` on the same shards, read as a pilot's (k 2:
+  tracegen gives each of the first N/2 tasks two trials, the others none): traces.parquet, each
+  task's pass rate and band, and the task table with them;
 - trace_filter: the paper's defaults (min_turns 5, timeouts, subagents, exceptions, dedup);
 - sft data: the SFT data preparation (`prepare_sft` below: the tokenized set, with
   the tiny student's tokenizer, cutoff 32768, in --sft-workers processes), only for
@@ -51,8 +57,10 @@ BENCH = Path(__file__).resolve().parent
 STAGES = (
     "near_dedup",
     "skills merge",
+    "validate merge",
     "rollout shards",
     "rollout merge",
+    "difficulty merge",
     "trace_filter",
     "sft data",
     "sharegpt export",
@@ -107,6 +115,7 @@ def generate(data: Path, n: int, shards: int) -> dict:
 
     task_table(data / "task_table.parquet", n)
     skill_answers(data / "skill_answers" / "0-of-1.parquet", n)
+    validate_trials(data, n, shards)
     t0 = time.perf_counter()
     size = write_partials(data / "partials", n, shards)
     manifest = {"n": n, "shards": shards, "bytes": size, "generate_s": time.perf_counter() - t0}
@@ -141,6 +150,46 @@ def skill_answers(path: Path, n: int) -> None:
             )
 
 
+def validate_trials(data: Path, n: int, shards: int) -> None:
+    """The validate stage's input (the task table, every task with a solution) and its finished
+    shards, data/validate/{oracle,noop}/shards/K-of-S.parquet: trial t is task t; one task in 10
+    fails its solution, one in 17 passes doing nothing."""
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from otbuild.stagekit import shard_path
+    from otbuild.traces.table import TRACE_SCHEMA
+
+    duckdb.sql(
+        f"COPY (SELECT * REPLACE (true AS has_solution) FROM '{data / 'task_table.parquet'}') "
+        f"TO '{data / 'validate_tasks.parquet'}' (FORMAT parquet)"
+    )
+    said = "\x1b[31mFAILED\x1b[0m " + "x" * 1990  # what a verifier prints: a 2,000-character tail
+    for engine in ("oracle", "noop"):
+        for k in range(shards):
+            dest = shard_path(data / "validate" / engine, shards, k)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with pq.ParquetWriter(dest, TRACE_SCHEMA, compression="zstd") as w:
+                for start in range(k, n, shards * 4096):
+                    rows = []
+                    for t in range(start, min(n, start + shards * 4096), shards):
+                        passed = (t % 10 != 0) if engine == "oracle" else (t % 17 == 0)
+                        rows.append(
+                            {
+                                "conversations": [{"role": "user", "content": "x"}],
+                                "task": f"t{t}",
+                                "task_id": f"t{t}",
+                                "result": "1.0" if passed else "0.0",
+                                "reward": 1.0 if passed else 0.0,
+                                "timed_out": False,
+                                "is_subagent": False,
+                                "metadata": json.dumps({"verifier_output": said}),
+                            }
+                        )
+                    w.write_table(pa.Table.from_pylist(rows, TRACE_SCHEMA))
+
+
 def tokenizer_dir(out: Path) -> Path:
     """The tiny student's tokenizer, trained once on a few generated traces."""
     from tracegen import TraceGen
@@ -159,8 +208,8 @@ def tokenizer_dir(out: Path) -> Path:
 
 
 def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "auto") -> None:
-    from otbuild.stages.trace_filter import TraceFilter
     from otbuild.settings.stages import RolloutSettings
+    from otbuild.stages.trace_filter import TraceFilter
 
     settings = RolloutSettings(engine="oracle", shards=json.loads((data / "manifest.json").read_text())["shards"])
     rollout_dir, tasks = work / "rollout", [data / "tasks.parquet"]
@@ -183,6 +232,15 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
         t0 = time.perf_counter()  # the copy above is the shard job's, not the merge's
         cfg = Skills(engine="openai", model="m", base_url="http://127.0.0.1:9/v1")
         skills(cfg, Inputs.of(tasks=[data / "task_table.parquet"]), work / "skills")
+    elif stage == "validate merge":
+        from otbuild.stagekit import Inputs
+        from otbuild.stages.validate import ValidateSettings
+        from otbuild.stages.validate import run as validate
+
+        shutil.copytree(data / "validate", work / "validate")
+        t0 = time.perf_counter()  # the copy is not the stage's
+        cfg = ValidateSettings(shards=settings.shards, max_dropped_fraction=1.0)
+        validate(cfg, Inputs.of(tasks=[data / "validate_tasks.parquet"]), work / "validate")
     elif stage == "rollout shards":
         from otbuild.stages.rollout import run_shard
 
@@ -192,6 +250,18 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
         from otbuild.stages.rollout import run
 
         run(settings, tasks, rollout_dir)
+    elif stage == "difficulty merge":
+        from otbuild.stagekit import Inputs
+        from otbuild.stages.difficulty import DifficultySettings
+        from otbuild.stages.difficulty import run as difficulty
+
+        pilot = DifficultySettings(engine="oracle", k=2, shards=settings.shards, allow_all_impossible=True)
+        (work / "difficulty" / "shards").mkdir(parents=True, exist_ok=True)
+        for k in range(settings.shards):  # the rollout's shard files, read as the pilot's
+            shard = Path("shards") / f"{k}-of-{settings.shards}.parquet"
+            (work / "difficulty" / shard).unlink(missing_ok=True)
+            os.link(rollout_dir / shard, work / "difficulty" / shard)
+        difficulty(pilot, Inputs.of(tasks=tasks), work / "difficulty")
     elif stage == "trace_filter":
         from otbuild.stages.trace_filter import run
 

@@ -36,12 +36,65 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"kind": "tiny", "vocab_size": 1024}
 TARGET_SPEEDUP = 1.8  # tokenization with 2 workers against 1
-WORDS = (
-    "the file list count grep sort error output test build python install package run check path "
-    "directory config value line first next then because should would might fix bug patch apply "
-    "repo commit branch merge function class import return module script shell command echo cat "
-    "0 1 2 42 /app /tmp src/main.py tests/test_api.py Traceback KeyError None True"
-).split()
+WORDS = [
+    "the",
+    "file",
+    "list",
+    "count",
+    "grep",
+    "sort",
+    "error",
+    "output",
+    "test",
+    "build",
+    "python",
+    "install",
+    "package",
+    "run",
+    "check",
+    "path",
+    "directory",
+    "config",
+    "value",
+    "line",
+    "first",
+    "next",
+    "then",
+    "because",
+    "should",
+    "would",
+    "might",
+    "fix",
+    "bug",
+    "patch",
+    "apply",
+    "repo",
+    "commit",
+    "branch",
+    "merge",
+    "function",
+    "class",
+    "import",
+    "return",
+    "module",
+    "script",
+    "shell",
+    "command",
+    "echo",
+    "cat",
+    "0",
+    "1",
+    "2",
+    "42",
+    "/app",
+    "/tmp",
+    "src/main.py",
+    "tests/test_api.py",
+    "Traceback",
+    "KeyError",
+    "None",
+    "True",
+]
 
 
 def realistic_rows(n: int, seed: int = 0, size: int = 110_000) -> list[dict]:

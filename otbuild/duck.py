@@ -82,15 +82,16 @@ def stream_split(
     *,
     rejected_by: str,
     kept_columns: tuple[str, ...] = (),
+    rejected_columns: tuple[str, ...] = (),
     batch_rows: int = SPLIT_ROWS,
 ) -> dict:
     """Write kept.parquet and rejected.parquet from the inputs, read once, `batch_rows` rows at
     a time, in input order (each output encoded on its own thread while the next batch is
     read: _OrderedWrites): the table `decided` (_ord, reason; one row per input row, _ord as
     union_inputs numbers them) says which rows go where; its `kept_columns` are appended to the
-    kept rows. Only those narrow columns are held whole. Rejected rows get `reason` and
-    `rejected_by`. Returns the row counts and the rejections per reason (the text before
-    the first ':')."""
+    kept rows, its `rejected_columns` to the rejected ones (held one batch at a time). Only
+    the narrow columns are held whole. Rejected rows get `reason` and `rejected_by`. Returns
+    the row counts and the rejections per reason (the text before the first ':')."""
     narrow = con.sql(f"SELECT reason{''.join(', ' + c for c in kept_columns)} FROM {decided} ORDER BY _ord")
     narrow = narrow.to_arrow_table()
     reasons = narrow.column(0)
@@ -98,6 +99,12 @@ def stream_split(
     schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
     kept_schema = pa.schema([*schema, *(narrow.schema.field(c) for c in kept_columns)])
     rejected_schema = schema.append(pa.field("reason", pa.string())).append(pa.field("rejected_by", pa.string()))
+    more = None
+    if rejected_columns:  # streamed beside the inputs (the reader ends before `con` is asked again)
+        more = con.sql(f"SELECT {', '.join(rejected_columns)} FROM {decided} ORDER BY _ord").to_arrow_reader(batch_rows)
+        for f in more.schema:
+            rejected_schema = rejected_schema.append(f)
+    pending: pa.Table | None = None  # rejected_columns' rows read ahead of the inputs'
     at = 0
     with (
         atomic_path(outdir / "kept.parquet") as kept_tmp,
@@ -116,7 +123,14 @@ def stream_split(
                 out = table.append_column("reason", why).append_column(
                     "rejected_by", pa.repeat(pa.scalar(rejected_by), table.num_rows)
                 )
+                if more is not None:
+                    pending = _take_rows(more, pending, table.num_rows)
+                    for name, col in zip(pending.column_names, pending.columns, strict=True):
+                        out = out.append_column(name, col.slice(0, table.num_rows))
+                    pending = pending.slice(table.num_rows)
                 write(wide.filter(pc.is_null(why)), out.filter(pc.is_valid(why)))
+    if more is not None:
+        more.close()  # `con` answers the next query
     if at != len(reasons):
         raise RuntimeError(f"{decided}: {len(reasons)} decisions for {at} input rows")
     by_reason = con.execute(
@@ -125,6 +139,17 @@ def stream_split(
     ).fetchall()
     n_rejected = sum(n for _, n in by_reason)
     return {"kept": at - n_rejected, "rejected": n_rejected, "rejected_by_reason": dict(by_reason)}
+
+
+def _take_rows(reader, pending, n: int):
+    """`pending` with batches of `reader` added until it holds at least `n` rows."""
+    parts = [pending] if pending is not None else []
+    have = pending.num_rows if pending is not None else 0
+    while have < n:
+        batch = reader.read_next_batch()
+        parts.append(pa.Table.from_batches([batch]))
+        have += batch.num_rows
+    return pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
 
 
 class _OrderedWrites:

@@ -195,6 +195,14 @@ class Model:
         """A rate the recipe assumes (a `fallback` for `rate`, where no pilot measured it)."""
         return Rate(name, value, unit, source, True)
 
+    def kept_at_rate(self, n, e: StageEstimate, tasks_in: Span) -> Span:
+        """A task filter's kept rows: `tasks_in` x its keep rate (a pilot's, else the stage's
+        default), counted as tasks_in and tasks_kept."""
+        kept = (tasks_in * self.rate(e, n, "keep_rate")).ceil()
+        self.rows[n.id] = kept
+        e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+        return kept
+
     def known_rows(self, n) -> Span | None:
         """Rows a stage that brings data in will have, where its settings or its data say: a
         synthetic count, a parquet's rows, Harbor task dirs; at most its `sample.n`. None: unknown."""

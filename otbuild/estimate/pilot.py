@@ -4,8 +4,8 @@
   duration_s (seconds per concurrent slot); the shard jobs' benchmarks less the trials' time
   give the per-job overhead (start-up, a model server's load);
 - LLM requests (augment, task_score): `llm_usage` in the provenance stats, the jobs' benchmarks;
-- filters: the task filter's kept share before its `sample` cap, the trace filter's `keep_rate`
-  (both from their stats, at the pilot's sample size);
+- filters: each one's kept share of its input, from its stats (its caps, such as `sample`,
+  counted as kept; drops that follow from an earlier stage left out: `StageDef.keep_rate_reasons`);
 - sft: the tokenized set (`data.tokens` per trace), `train_seconds` x devices per token seen,
   each step's time per token of train_log.jsonl (its spread); rl: its job time per trial;
 - every other stage: its job seconds (benchmarks/STAGE/ID.tsv).
@@ -133,6 +133,8 @@ def _measure(n, record: dict, root: Path, source: str) -> dict[str, Measured]:
         out = _requests(n, stats, source, work)
     elif own := getattr(_Measure, n.stage, None):
         out = own(n, record, stats, root, source, work)
+    if d.filter:
+        out = {**out, **_keep_rate(n, stats, source)}
     if work:  # what a stage estimated by its jobs (Model._table) takes
         out["job_s"] = Measured("job_s", "s per job", f"{source} ({len(work)} job(s))", values=work)
     if merge:
@@ -152,43 +154,36 @@ class _Measure:
     def rl(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
         return _rl(n, stats, source, work)
 
-    @staticmethod
-    def task_filter(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
-        out = {}
-        total = stats.get("kept", 0) + stats.get("rejected", 0)
-        capped = sum(
-            v for k, v in (stats.get("rejected_by_reason") or {}).items() if k in ("not_sampled", "below_top_k")
-        )
-        if total:
-            out["keep_rate"] = Measured(
-                "keep_rate",
-                "kept / in (before sample)",
-                f"{source} ({total} tasks)",
-                span=rate_span(stats["kept"] + capped, total),
-                n=total,
-            )
-        return out
 
-    @staticmethod
-    def trace_filter(n, record: dict, stats: dict, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
-        """Of the distinct traces: duplicates follow from the teacher (model.py)."""
-        out = {}
-        reasons = stats.get("rejected_by_reason") or {}
-        total = stats.get("kept", 0) + stats.get("rejected", 0) - reasons.get("duplicate", 0)
-        if total > 0:
-            kept = stats.get("kept", 0) + reasons.get("not_sampled", 0)
-            out["keep_rate"] = Measured(
-                "keep_rate", "kept / distinct in", f"{source} ({total} traces)", span=rate_span(kept, total), n=total
-            )
-        return out
+def _keep_rate(n, stats: dict, source: str) -> dict[str, Measured]:
+    """A filter's kept share of its input, from its stats: its rejections that are caps count as
+    kept, those that follow from an earlier stage are left out (`StageDef.keep_rate_reasons`)."""
+    counted = STAGES[n.stage].keep_rate_reasons
+    reasons = stats.get("rejected_by_reason") or {}
+    capped = sum(v for k, v in reasons.items() if counted.get(k) == "kept")
+    total = (
+        stats.get("kept", 0)
+        + stats.get("rejected", 0)
+        - sum(v for k, v in reasons.items() if counted.get(k) == "apart")
+    )
+    if total <= 0:
+        return {}
+    kept = stats.get("kept", 0) + capped
+    return {
+        "keep_rate": Measured(
+            "keep_rate", "kept / in", f"{source} ({total} rows)", span=rate_span(kept, total), n=total
+        )
+    }
 
 
 def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured]:
     from otbuild.settings.engines import concurrency
     from otbuild.usage import FAILED_REQUEST
 
-    path = root / n.main_output.parent / "traces.parquet"
-    if not path.exists():
+    # its traces.parquet, or one per folder where it runs several kinds of trial (validate: oracle/, noop/)
+    here = root / n.main_output.parent
+    paths = [here / "traces.parquet"] if (here / "traces.parquet").exists() else sorted(here.glob("*/traces.parquet"))
+    if not paths:
         return {}
     rows = (
         duck.connect()
@@ -196,7 +191,7 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
             f"SELECT n_turns + CASE WHEN {FAILED_REQUEST} THEN 1 ELSE 0 END, coalesce(n_input_tokens, 0), "
             f"coalesce(n_output_tokens, 0), coalesce(duration_s, 0), "
             "coalesce(try_cast(json_extract_string(metadata, '$.verifier_s') AS DOUBLE), 0) "
-            f"FROM read_parquet({duck.sql_literal(path)}) "
+            f"FROM read_parquet([{', '.join(duck.sql_literal(p) for p in paths)}]) "
             "WHERE NOT coalesce(is_subagent, false)"
         )
         .fetchall()

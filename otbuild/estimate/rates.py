@@ -10,33 +10,19 @@ import re
 from dataclasses import dataclass
 
 from otbuild.span import Span
+from otbuild.stagekit import DefaultRate
 from otbuild.stages import STAGES
 
-# The paper's SFT figure: about 160 GPU-hours per 10K traces of its 8B SFT (7 epochs, the
-# otagent_v2_10k recipe's) on GH200. Expressed per trained token at an assumed trace length, it
-# scales with the model's parameters (6N FLOPs per token) and the tokens trained on.
-PAPER_SFT_GPU_HOURS, PAPER_SFT_TRACES, PAPER_SFT_EPOCHS, PAPER_SFT_PARAMS_B = 160.0, 10_000, 7, 8.0
-TOKENS_PER_TRACE = 16_000  # assumed length of a paper trace (32K context, cut at cutoff_len)
-SFT_GPU_S_PER_TOKEN_PER_B = (
-    PAPER_SFT_GPU_HOURS * 3600 / (PAPER_SFT_TRACES * PAPER_SFT_EPOCHS * TOKENS_PER_TRACE * PAPER_SFT_PARAMS_B)
-)
 
-
-@dataclass(frozen=True)
-class Default:
-    value: Span
-    unit: str
-    source: str
-
-
-def _d(est: float, low: float, high: float, unit: str, source: str) -> Default:
-    return Default(Span(est, low, high), unit, source)
+def _d(est: float, low: float, high: float, unit: str, source: str) -> DefaultRate:
+    return DefaultRate(Span(est, low, high), unit, source)
 
 
 _TRIAL = "no figure in the paper: long terminal sessions of a large model"
-# (stage, rate) -> the default. Stages share one for a kind of work: "trials" covers rollout,
-# eval and rl; "requests" augment, task_score and skills.
-DEFAULTS: dict[tuple[str, str], Default] = {
+# (kind of work, rate) -> the default, where the stage declares none of its own (`StageDef.rates`):
+# "trials" covers every stage that runs trials (rollout, eval, rl), "requests" every one that asks an
+# LLM (augment, task_score, skills); "benchmark", "job", "server" and "model" are no stage's.
+DEFAULTS: dict[tuple[str, str], DefaultRate] = {
     ("trials", "turns_per_trial"): _d(30, 10, 60, "turns", _TRIAL + "; capped at max_episodes"),
     ("trials", "input_tokens_per_request"): _d(
         12_000, 4_000, 32_000, "tokens", "the conversation so far: half a 32K context on average"
@@ -52,21 +38,6 @@ DEFAULTS: dict[tuple[str, str], Default] = {
         1_000, 300, 4_000, "tokens", "capped at max_tokens (a reasoning model uses more)"
     ),
     ("requests", "seconds_per_request"): _d(20, 5, 60, "s per concurrent slot", "a short answer of a served model"),
-    ("sft", "tokens_per_trace"): _d(
-        TOKENS_PER_TRACE, 6_000, 32_768, "tokens", "a long agentic trace; capped at cutoff_len"
-    ),
-    ("sft", "gpu_seconds_per_token"): _d(
-        SFT_GPU_S_PER_TOKEN_PER_B,
-        SFT_GPU_S_PER_TOKEN_PER_B * 0.75,
-        SFT_GPU_S_PER_TOKEN_PER_B * 2.0,
-        "GPU-s per token per B params",
-        "the paper: ~160 GPU-hours per 10K-trace 8B SFT (7 epochs) on GH200, at "
-        f"{TOKENS_PER_TRACE:,} tokens per trace; x0.75-2 for other GPUs (A100: ~2x)",
-    ),
-    ("rl", "seconds_per_trial"): _d(300, 100, 900, "GPU-s per trial", "rollout and update of one sample"),
-    ("trace_filter", "keep_rate"): _d(0.7, 0.4, 1.0, "kept / in", "min_turns drops short traces"),
-    ("task_filter", "keep_rate"): _d(1.0, 0.9, 1.0, "kept / in (before sample)", "dedup and bounds drop few tasks"),
-    ("source", "tasks"): _d(1_000, 500, 2_000, "tasks", "the data is not there to count"),
     ("benchmark", "tasks"): _d(
         100, 89, 100, "tasks", "the data is not there to count; the paper's benchmarks hold 89-100 tasks"
     ),
@@ -100,9 +71,11 @@ class Rate:
 
 
 def default(stage: str, name: str) -> Rate:
-    st = STAGES.get(stage)  # or a group of rates of its own: job, server, model
+    """The stage's own default for a rate (`StageDef.rates`), else its kind of work's; `stage` may
+    name a group of rates of its own (benchmark, job, server, model)."""
+    st = STAGES.get(stage)
     kind = "trials" if st and st.trials else "requests" if st and st.llm else stage
-    d = DEFAULTS.get((stage, name)) or DEFAULTS[(kind, name)]
+    d = st.rates[name] if st and name in st.rates else DEFAULTS[(kind, name)]
     return Rate(name, d.value, d.unit, d.source, assumed=True)
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
 OTBUILD_ENV = "otbuild"
 OTBUILD_IMPORT_PATH = "otbuild.harbor.environment:OtbuildEnvironment"
-AGENTS = ("oracle", "terminus-2")
+AGENTS = ("oracle", "nop", "terminus-2")
 
 
 class HarborNotInstalled(RuntimeError):
@@ -81,7 +81,7 @@ def job_config(
     policy leaves out the agent's own ends and the verifier's, and so do the errors otbuild
     does not count as infrastructure (otbuild/traces/outcome.py: KNOWN_ERRORS). `verify`
     false: no trial runs the verifier (`verifier.disable`), so none has a reward."""
-    if agent != "oracle" and not model:
+    if agent not in ("oracle", "nop") and not model:
         raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
     agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
     if agent.startswith("terminus"):

@@ -27,6 +27,9 @@ class TrialConfig:
     prompt: str
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec (scaled and capped alike)
     verify: bool = True  # False: the verifier is not run (teacher.verify), the reward stays unknown
+    # the last this many characters of the verifier's output go into the trace's metadata
+    # (`verifier_output`: the task's text, kept as data); 0: none (rollouts, eval)
+    verifier_output: int = 0
 
     @property
     def limits(self) -> Limits:

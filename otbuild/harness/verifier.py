@@ -41,6 +41,8 @@ async def verify(trial: TrialContext, step: StepPlan, parked) -> tuple[float | N
             raise VerifierEnvError(e.args[0]) from None
         result = await trial.thread(box.run, VERIFIER, timeout=timeout, with_tests=True, env=env)
     seconds = {"verifier_s": round(time.monotonic() - started, 3)}  # what teacher.verify: false saves
+    if keep := trial.config.verifier_output:  # the sandbox bounded it (limits.output_bytes); its tail
+        seconds["verifier_output"] = result.output[-keep:]
     if result.timed_out:
         raise VerifierTimeoutError(f"verifier exceeded {timeout}s")
     try:

@@ -105,11 +105,34 @@ def _plan_top_n(w: Wiring, d: StageDef, section) -> list[Node]:
 
 
 def _plan_decontaminating(w: Wiring, d: StageDef, section) -> list[Node]:
-    """Its task input, then the held-out sets it checks against (input name `held_out`): those
-    of a task filter's `decontaminate.against`, or of a section's own `against` (near_dedup)."""
-    tasks, held_out = w.inputs(d), _held_out(w.loaded, getattr(section, "decontaminate", section))
+    """Its task input, then the held-out sets it checks against (input name `held_out`): those its
+    section names at `StageDef.held_out`."""
+    tasks, held_out = w.inputs(d), _held_out(w.loaded, d.held_out_names(section))
     node = section_node(d.name, section_key(d), section, [*tasks, *held_out])
     return [replace(node, roles=("tasks",) * len(tasks) + ("held_out",) * len(held_out))]
+
+
+# the teacher's trial settings a section that runs tasks the teacher's way takes where it leaves
+# them unset: where and how a trial runs, not how many turns an agent gets
+TEACHER_TRIALS = (
+    "sandbox",
+    "limits",
+    "timeout_multiplier",
+    "timeout_cap_sec",
+    "build_network",
+    "host_env",
+    "harbor",
+    "infra_retries",
+    "max_infra_failures",
+)
+
+
+def _plan_teacher_trials(w: Wiring, d: StageDef, section) -> list[Node]:
+    """Its section, over the data it consumes, with the teacher's sandbox settings (TEACHER_TRIALS)
+    where the section leaves them unset (task validation runs each task where the rollouts will)."""
+    teacher = w.loaded.recipe.teacher
+    inherited = {} if teacher is None else teacher.model_dump(include=set(TEACHER_TRIALS) - section.model_fields_set)
+    return [make_node(d.name, section_key(d), {**passed(section), **inherited, **w.extra(d)}, w.inputs(d))]
 
 
 def _plan_training(w: Wiring, d: StageDef, section) -> list[Node]:
@@ -236,6 +259,7 @@ PLANNERS: dict[str, Planner] = {
     "per_source": _plan_per_source,
     "top_n": _plan_top_n,
     "decontaminating": _plan_decontaminating,
+    "teacher_trials": _plan_teacher_trials,
     "training": _plan_training,
     "model_under_test": _plan_model_under_test,
     "candidates": _plan_candidates,
@@ -249,16 +273,16 @@ if unplanned := [n for n, d in STAGES.items() if d.plan not in PLANNERS]:
     )
 
 
-def _held_out(loaded: LoadedRecipe, decontaminate) -> list[Node]:
-    """The task sets a task filter decontaminates against, in `against` order, after its task
-    input: an eval benchmark (the same node the eval reads) or else a source, as built."""
+def _held_out(loaded: LoadedRecipe, against: list[str]) -> list[Node]:
+    """The task sets a stage holds out, in `against` order: an eval benchmark (the same node the
+    eval reads) or else a source, as built."""
     r = loaded.recipe
     benchmarks = r.eval.benchmarks if r.eval else {}
     return [
         _task_set(loaded, name, benchmarks[name], "benchmarks")
         if name in benchmarks
         else _task_set(loaded, name, r.sources[name], "sources")
-        for name in (decontaminate.against if decontaminate else [])
+        for name in against
     ]
 
 

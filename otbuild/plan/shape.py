@@ -9,25 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from otbuild.stagekit import section_key, section_of
 from otbuild.stages import STAGES, StageDef
 
-
-def section_key(d: StageDef) -> str:
-    """The recipe key that plans stage `d` (dotted for a subsection, e.g. task_filter.llm)."""
-    return d.section or d.name
-
-
-def section_of(recipe: Any, key: str) -> Any:
-    """The recipe's section at dotted `key` (an added stage's: under `added`); None when it is
-    not set (or an empty mapping)."""
-    if key in getattr(recipe, "added", {}):
-        return recipe.added[key]
-    value = recipe
-    for part in key.split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            return None
-    return value or None
+__all__ = ["gaps", "planned", "section_key", "section_of"]
 
 
 def planned(recipe: Any) -> list[tuple[StageDef, Any]]:

@@ -24,6 +24,8 @@ from otbuild.settings.engines import LLM, LaunchOptionsError, launch_options
 from otbuild.settings.recipe import AgentModel, AtPath, Source
 from otbuild.settings.train import Rl
 from otbuild.settings.trials import HARBOR, ShardedTrials, harbor_agent, trials_of
+from otbuild.stagekit import section_key, section_of
+from otbuild.stages import STAGES
 from otbuild.stages.eval import Eval
 
 
@@ -81,14 +83,12 @@ class Checker:
     def sections(self, recipe: Recipe) -> None:
         """What relates the recipe's sections, and what needs the world."""
         self._inputs(recipe)
-        llms = {
-            "teacher": recipe.teacher,
-            "augment": recipe.augment,
-            "task_filter.llm": recipe.task_filter.llm if recipe.task_filter else None,
-            "eval.model": recipe.eval.model if recipe.eval else None,
-        }
+        # every section that is a model's (a stage's: the teacher, augment, a task scorer, a pilot) and
+        # the eval's model under test
+        llms = {section_key(d): section_of(recipe, section_key(d)) for d in STAGES.values()}
+        llms["eval.model"] = recipe.eval.model if recipe.eval else None
         for key, section in llms.items():
-            if section is not None and section.engine != "oracle":
+            if isinstance(section, LLM) and section.engine != "oracle":
                 self._engine(section, key)
         ev, base = recipe.eval, recipe.sft.model if recipe.sft else None
         if ev and ev.model is None:
@@ -150,14 +150,14 @@ class Checker:
 
     def _inputs(self, recipe: Recipe) -> None:
         """What the pipeline's shape does not say (the plan checks that: otbuild/plan/shape.py):
-        RL's one task set, the task sets a decontamination or a near-dedup names."""
+        RL's one task set, the task sets a stage holds out (`StageDef.held_out`)."""
         if recipe.rl and not (recipe.mix or recipe.task_filter) and len(recipe.sources) > 1:
             raise self.error(("rl",), "draws its tasks from one task set: add `mix` or `task_filter`")
         known = [*(recipe.eval.benchmarks if recipe.eval else {}), *recipe.sources]
-        if recipe.task_filter and recipe.task_filter.decontaminate:
-            self._held_out(("task_filter", "decontaminate", "against"), recipe.task_filter.decontaminate.against, known)
-        if recipe.near_dedup:
-            self._held_out(("near_dedup", "against"), recipe.near_dedup.against, known)
+        for d in STAGES.values():
+            if d.held_out and (section := section_of(recipe, section_key(d))) is not None:
+                key = (*section_key(d).split("."), *d.held_out.split("."))
+                self._held_out(key, d.held_out_names(section), known)
 
     def _held_out(self, key: tuple[str, ...], against: list[str], known: list[str]) -> None:
         """Each name a stage holds out is a benchmark in eval.benchmarks or a source."""

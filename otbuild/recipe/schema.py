@@ -6,6 +6,7 @@ stages that installed packages add under `added`, each validated by its stage's 
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from pydantic import create_model
@@ -19,9 +20,11 @@ if TYPE_CHECKING:
         def __getattr__(self, key: str) -> Any: ...  # a stage's section: its StageDef's recipe_field
 
 else:
-    Recipe = create_model(
-        "Recipe",
-        __base__=RecipeKeys,
-        __module__=__name__,
-        **{d.section or d.name: d.recipe_field for d in STAGES.values() if d.recipe_field},
-    )
+    with warnings.catch_warnings():  # `validate` (a stage's key) shadows pydantic's deprecated BaseModel.validate
+        warnings.filterwarnings("ignore", message='Field name "validate"', category=UserWarning)
+        Recipe = create_model(
+            "Recipe",
+            __base__=RecipeKeys,
+            __module__=__name__,
+            **{d.section or d.name: d.recipe_field for d in STAGES.values() if d.recipe_field},
+        )

@@ -232,6 +232,11 @@ class Rl(Training):
     steps: int = Field(ge=1, description="optimizer steps (each: batch_size tasks x samples_per_task)")
     batch_size: int = Field(default=64, ge=1, description="tasks per step")
     samples_per_task: int = Field(default=8, ge=2, description="k: the leave-one-out baseline needs 2+")
+    skip_bands: list[Literal["impossible", "very_hard", "hard", "medium", "easy", "trivial"]] = Field(
+        default=["trivial", "impossible"],
+        description="where the tasks have a `band` column (the difficulty stage's), leave out those bands: "
+        "a task every sample passes, or none does, gives its RLOO group zero advantage (tasks without a band stay)",
+    )
     temperature: float = Field(default=0.7, gt=0)
     max_tokens: int = Field(default=4096, ge=1, description="per assistant turn")
     max_context: int = Field(default=32768, ge=64, description="a turn whose prompt is longer ends the trial")

@@ -53,10 +53,14 @@ class HarborBackend(Strict):
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+# engines that answer from a script, not a model, and the Harbor agent that does the same
+SCRIPTED = {"oracle": "oracle", "noop": "nop"}
+
+
 def harbor_agent(agent: str | None, engine: str | None) -> str:
-    """The Harbor agent a section runs: its `harbor.agent`, else oracle for the oracle engine,
-    else terminus-2."""
-    return agent or ("oracle" if engine == "oracle" else "terminus-2")
+    """The Harbor agent a section runs: its `harbor.agent`, else Harbor's own for a scripted
+    engine (oracle: oracle, noop: nop), else terminus-2."""
+    return agent or SCRIPTED.get(engine or "", "terminus-2")
 
 
 class Trials(Strict):

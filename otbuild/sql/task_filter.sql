@@ -9,16 +9,17 @@ CASE WHEN {{ x }} >= '!' AND {{ x }} < chr(127) AND regexp_matches({{ x }}, '[!-
 -- keeps that step's reason: per-row checks (instruction, length, regexes, overlap with a
 -- benchmark from decontaminate.sql, score present),
 -- then dedup on the normalised instruction (first occurrence wins), then top-k by score,
--- then a seeded random subsample. Only narrow columns are decided here (task_decided: _ord,
+-- then a seeded draw by a column's values (`draw`), then a seeded random subsample. Only narrow columns are decided here (task_decided: _ord,
 -- reason, score[, weight, n_rollouts]); the wide rows (with task_binary) are streamed once, in
 -- input order, by duck.stream_split.
 CREATE OR REPLACE TEMP VIEW task_src AS
 {{ union_inputs(inputs, '_file', offsets) }};
 
-CREATE OR REPLACE TEMP TABLE task_decided AS
+CREATE OR REPLACE TEMP TABLE {{ 'task_ranked' if draw else 'task_decided' }} AS
 WITH base AS (
     SELECT _file, file_row_number, _ord, task_id, instruction,
            {% if score %}TRY_CAST({{ score_expr }} AS DOUBLE){% else %}NULL::DOUBLE{% endif %} AS score
+           {%- if draw %}, CAST({{ draw.expr }} AS VARCHAR) AS _draw_value{% endif %}
            {%- if decontaminate %}, contamination{% endif %}
     FROM task_src{% if decontaminate %} LEFT JOIN dc_hits USING (_ord){% endif %}
 ), checked AS (
@@ -69,7 +70,53 @@ WITH base AS (
              THEN 'below_top_k: score rank ' || _rank || ' > {{ score.top_k }}' ELSE reason END
         {% else %}reason{% endif %} AS reason)
     FROM (SELECT *, row_number() OVER (PARTITION BY reason IS NULL ORDER BY score DESC, _ord) AS _rank FROM deduped)
-), sampled AS (
+)
+{% if draw %}
+SELECT * FROM ranked;
+
+-- The draw: each value of the column its quota of `total` (floor of total x share, then one
+-- more for the largest fractional parts, ties in shares order: exactly `total` in all), from the
+-- rows still in; within a value the rows go in a seeded order. A value short of its quota
+-- gives what it has (no spreading: draw_counts reports the shortfall).
+CREATE OR REPLACE TEMP TABLE draw_quotas AS
+WITH shares AS (
+    {% if draw.shares %}
+    SELECT * FROM (VALUES {% for value, share in draw.shares %}({{ value | sql }}, {{ share }}::DOUBLE, {{ loop.index0 }}){{ ', ' if not loop.last }}{% endfor %}) AS s(value, share, pos)
+    {% else %}
+    SELECT value, 1.0 / count(*) OVER () AS share, row_number() OVER (ORDER BY value) AS pos
+    FROM (SELECT DISTINCT _draw_value AS value FROM task_ranked WHERE reason IS NULL AND _draw_value IS NOT NULL)
+    {% endif %}
+), available AS (
+    SELECT _draw_value AS value, count(*) AS available FROM task_ranked WHERE reason IS NULL GROUP BY ALL
+), floors AS (
+    SELECT value, share, pos, coalesce(available, 0) AS available, round({{ draw.total }} * share, 9) AS exact,
+           floor(round({{ draw.total }} * share, 9)) AS base
+    FROM shares LEFT JOIN available USING (value)
+)
+SELECT value, share, available, CAST(base + CASE WHEN row_number() OVER (ORDER BY exact - base DESC, pos)
+                                           <= {{ draw.total }} - sum(base) OVER () THEN 1 ELSE 0 END AS BIGINT) AS quota
+FROM floors;
+
+CREATE OR REPLACE TEMP TABLE task_decided AS
+WITH drawn AS (
+    SELECT * EXCLUDE (value, share, available, quota, _in_value) REPLACE (
+        CASE WHEN reason IS NOT NULL THEN reason
+             WHEN _draw_value IS NULL THEN 'draw: {{ draw.column }} is NULL'
+             WHEN quota IS NULL THEN 'draw: {{ draw.column }}=' || _draw_value || ' has no share'
+             WHEN _in_value > quota THEN 'draw: {{ draw.column }}=' || _draw_value || ' over its share ' || share
+                                         || ' (' || quota || ' of {{ draw.total }})'
+        END AS reason)
+    FROM (
+        SELECT *, row_number() OVER (
+            PARTITION BY reason IS NULL, _draw_value ORDER BY md5({{ draw.seed | sql }} || ':' || task_id || ':' || _ord)
+        ) AS _in_value
+        FROM task_ranked
+    ) LEFT JOIN draw_quotas ON value = _draw_value
+)
+{% else %}
+, drawn AS (SELECT * FROM ranked)
+{% endif %}
+, sampled AS (
     SELECT * REPLACE (
         {% if sample %}
         CASE WHEN reason IS NULL AND _pick > {{ sample.n }}
@@ -79,7 +126,7 @@ WITH base AS (
         SELECT *, row_number() OVER (
             PARTITION BY reason IS NULL ORDER BY md5({{ (sample.seed if sample else 0) | sql }} || ':' || task_id || ':' || _ord)
         ) AS _pick
-        FROM ranked
+        FROM drawn
     )
 )
 {% if score and score.budget %}

@@ -13,6 +13,8 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter
 
+from otbuild.span import Span
+
 
 class Inputs(list[Path]):
     """A job's inputs: the main outputs of the nodes it reads, in plan order (what a stage that
@@ -70,6 +72,16 @@ def stage_run_shard(fn: RunShard[Cfg_contra]) -> RunShard[Cfg_contra]:
 
 
 @dataclass(frozen=True)
+class DefaultRate:
+    """A rate `plan --estimate` assumes for a stage's work where no pilot measured it: its value
+    (estimate, low, high), its unit, and where the figure comes from (docs/estimate.md)."""
+
+    value: Span
+    unit: str
+    source: str
+
+
+@dataclass(frozen=True)
 class StageDef:
     name: str
     version: int
@@ -83,6 +95,10 @@ class StageDef:
     tasks: bool = False  # its main output is a task table: a step of the report's funnel
     traces: bool = False  # its main output is a trace table: a step of the report's funnel
     filter: bool = False  # keeps some of its input rows and records why it dropped the others
+    # a filter's reasons that a pilot's keep rate does not count as drops: caps at a size the target
+    # sets anew (`sample`, `top_k`), or drops that follow from an earlier stage (duplicates of a
+    # teacher's samples) and leave the rate apart (reason -> "kept" or "apart")
+    keep_rate_reasons: Mapping[str, str] = field(default_factory=dict)
     training: bool = False  # trains a checkpoint
     checkpoint: bool = False  # what it writes decides what the plan builds next (a Snakemake checkpoint)
     ranks: bool = False  # its main output ranks a grid's candidates (`rank`, `candidate`): the report's ranking
@@ -103,6 +119,10 @@ class StageDef:
     # them. None: the stage has no key of its own (a subsection, planned from other keys, or added:
     # an added stage's section is validated by its `settings`)
     recipe_field: tuple[Any, Any] | None = None
+    # the dotted key, within its section, of the names of the task sets it holds out (eval benchmarks or
+    # sources: task_filter's `decontaminate.against`, near_dedup's `against`): the plan gives it their
+    # tables after its own input (input name `held_out`), the recipe's checks that each is known
+    held_out: str = ""
     plan: str = ""  # how the plan makes its nodes (otbuild/plan/, PLANNERS): "" = from its section alone
     # what the plan makes its nodes over: "" = its recipe section and the data the stages before it
     # left; "grid" = an ablation's or a search step's candidates (each one's last nodes), once per
@@ -117,6 +137,9 @@ class StageDef:
     # estimate's Model, otbuild/estimate/model.py, whose public helpers it calls; n: the plan node;
     # e: its StageEstimate), or the name of a generic one (`table`: rows in, rows out)
     estimate: str | Callable[[Any, Any, Any], None] = ""
+    # the rates its estimate assumes where no pilot measured them (name -> DefaultRate), beside the
+    # shared ones of its kind of work (trials, LLM requests, jobs: otbuild/estimate/rates.py)
+    rates: Mapping[str, DefaultRate] = field(default_factory=dict)
     # a stage added outside otbuild (the `otbuild.stages` entry points): the stage it follows in
     # pipeline order
     after: str = ""
@@ -130,10 +153,35 @@ class StageDef:
     def _adapter(self) -> TypeAdapter:
         return TypeAdapter(self.settings)
 
+    def held_out_names(self, section: Any) -> list[str]:
+        """The names in `section` at `held_out` (none where it is not set)."""
+        value = section if self.held_out else None
+        for part in self.held_out.split(".") if self.held_out else ():
+            value = getattr(value, part, None)
+        return list(value or [])
+
     def config(self, settings: dict) -> Any:
         """The typed settings from a spec's plain settings (a ValidationError names the field when a
         spec does not fit: a plan and its stage out of step)."""
         return self._adapter.validate_python(settings)
+
+
+def section_key(d: StageDef) -> str:
+    """The recipe key that plans stage `d` (dotted for a subsection, e.g. task_filter.llm)."""
+    return d.section or d.name
+
+
+def section_of(recipe: Any, key: str) -> Any:
+    """The recipe's section at dotted `key` (an added stage's: under `added`); None when it is
+    not set (or an empty mapping)."""
+    if key in getattr(recipe, "added", {}):
+        return recipe.added[key]
+    value = recipe
+    for part in key.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return value or None
 
 
 # the categories of `snakemake --report` (docs/reports.md); the results' manifest is in RESULTS too

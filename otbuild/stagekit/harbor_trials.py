@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
 from otbuild.settings.stages import RolloutSettings
-from otbuild.settings.trials import harbor_agent
+from otbuild.settings.trials import SCRIPTED, harbor_agent
 from otbuild.tasks.table import TASK_SCHEMA, task_rows
 from otbuild.tasks.task_toml import host_env_refusal, task_config
 from otbuild.tasks.taskdir import TaskDir
@@ -59,7 +59,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
-        if cfg.engine != "oracle" and by_attempts:  # Harbor's agent talks to the endpoint; it is asked once first
+        if cfg.engine not in SCRIPTED and by_attempts:  # Harbor's agent talks to the endpoint; it is asked once first
             from otbuild.engines import open_engine
             from otbuild.engines.endpoint import probe
 
@@ -101,7 +101,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
             "source": rows[t.row]["source"],
             "sample_idx": t.sample_idx,
             "run_id": outdir.name,
-            "teacher": f"{cfg.engine}:{cfg.model or 'oracle'}",
+            "teacher": f"{cfg.engine}:{cfg.model or cfg.engine}",
         }
         for t in trials
     ]

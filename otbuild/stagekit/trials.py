@@ -14,7 +14,8 @@ merge job interleaves the shards, in trial order, into traces.parquet, a few hun
 time: no stage of the trace path holds all its traces in memory.
 
 A task's number of samples is `samples_per_task`, or its `n_rollouts` column when the task
-table has one (upsampling weights from the task filter).
+table has one (upsampling weights from the task filter); a stage that needs the same number for
+every task (the difficulty pilot's k) passes `samples`, and the column is not read.
 
 Failures (docs/failures.md): a shard's first request to the model goes alone, and a refusal
 (a wrong key, an unknown model) or no answer stops the shard at once; a trial that failed for
@@ -65,13 +66,15 @@ class Trial:
     sample_idx: int
 
 
-def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
+def plan_trials(inputs: list[Path], samples_per_task: int, per_task: str | None = "n_rollouts") -> list[Trial]:
+    """Each task's trials, in table order: as many as its `per_task` column says (a count, or a
+    flag: 1 or 0) where the table has one, else `samples_per_task`."""
     trials: list[Trial] = []
     row = 0
     for path in inputs:
         pf = pq.ParquetFile(path)
-        has_n = "n_rollouts" in pf.schema_arrow.names
-        for batch in parquet_batches(path, 65536, ["n_rollouts"] if has_n else ["task_id"]):
+        has_n = per_task is not None and per_task in pf.schema_arrow.names
+        for batch in parquet_batches(path, 65536, [per_task] if has_n and per_task else ["task_id"]):
             counts = batch.column(0).to_pylist() if has_n else [samples_per_task] * batch.num_rows
             for n in counts:
                 trials += [Trial(len(trials) + s, row, s) for s in range(int(n or 0))]
@@ -79,10 +82,24 @@ def plan_trials(inputs: list[Path], samples_per_task: int) -> list[Trial]:
     return trials
 
 
-def run_trials_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
-    """One shard's trials, for the teacher's rollouts and for eval (otbuild/stages/eval.py)."""
+def run_trials_shard(
+    cfg: RolloutSettings,
+    inputs: Inputs,
+    outdir: Path,
+    shard: int,
+    *,
+    samples: int | None = None,
+    per_task: str | None = "n_rollouts",
+    verifier_output: int = 0,
+) -> None:
+    """One shard's trials, for the teacher's rollouts, eval (otbuild/stages/eval.py), task
+    validation (otbuild/stages/validate.py) and the difficulty pilot. `samples`: that many trials
+    of every task (no column read); else `per_task`, the task column that counts a task's trials
+    (plan_trials); `verifier_output`: characters of the verifier's output kept in each trace's
+    metadata (TrialConfig)."""
     n = cfg.shards
-    trials = [t for t in plan_trials(inputs, cfg.samples_per_task) if t.index % n == shard]
+    planned = plan_trials(inputs, samples, None) if samples else plan_trials(inputs, cfg.samples_per_task, per_task)
+    trials = [t for t in planned if t.index % n == shard]
     dest = shard_path(outdir, n, shard)
     failures = FailureCount(len(trials), cfg.max_infra_failures, f"shard {shard} of {n}")
     if cfg.sandbox == HARBOR:
@@ -117,6 +134,7 @@ def run_trials_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: 
                 total=len(trials),
                 already=len(trials) - len(todo),
                 failures=failures,
+                verifier_output=verifier_output,
             )
         )
         done = _finished_trials(partial)
@@ -228,6 +246,7 @@ async def _run_trials(
     total: int,
     already: int,
     failures: FailureCount,
+    verifier_output: int = 0,
 ) -> None:
     """Run `todo`, appending each trial's record to `partial` once it has its outcome: a trial
     that failed for infrastructure reasons is first rerun (infra_retries, with backoff), and
@@ -253,7 +272,7 @@ async def _run_trials(
 
             if removed := remove_leaked_containers():
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
-    trial_config = TrialConfig(cfg, cfg.prompt, verify=cfg.verify)
+    trial_config = TrialConfig(cfg, cfg.prompt, verify=cfg.verify, verifier_output=verifier_output)
     progress = Progress(total, already)
     sem = asyncio.Semaphore(in_flight)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))

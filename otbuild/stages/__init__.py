@@ -33,6 +33,9 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.augment",
     "otbuild.stages.mix",
     "otbuild.stages.near_dedup",
+    # run each task: its solution passes, doing nothing fails (before the pilot and the paid LLM scoring)
+    "otbuild.stages.validate",
+    "otbuild.stages.difficulty",
     "otbuild.stages.task_score",
     "otbuild.stages.skills",
     "otbuild.stages.task_filter",

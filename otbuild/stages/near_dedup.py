@@ -37,7 +37,7 @@ from otbuild import duck
 from otbuild.settings.base import Strict, execution_only
 from otbuild.settings.recipe import NAME_RE
 from otbuild.span import ZERO, Span
-from otbuild.stagekit import Inputs, StageDef, stage_run
+from otbuild.stagekit import DefaultRate, Inputs, StageDef, stage_run
 from otbuild.tasks.table import BATCH_ROWS
 
 # rows per batch of signatures (each: `num_perm` 64-bit values) and of candidate pairs checked
@@ -263,16 +263,8 @@ def estimate(m, n, e) -> None:
     """Tasks in (the held-out benchmarks apart) x the keep rate (a pilot's, else assumed)."""
     held = len(n.config.against)
     tasks_in = sum((m.rows.get(i.id, ZERO) for i in n.inputs[: len(n.inputs) - held]), ZERO)
-    fallback = m.assumed_rate(
-        "keep_rate",
-        Span(0.95, 0.7, 1.0),
-        "kept / in",
-        "a mixed pool keeps most of its tasks; one of augmented surface forms loses more",
-    )
-    kept = (tasks_in * m.rate(e, n, "keep_rate", fallback=fallback)).ceil()
     m.table(n, e)
-    m.rows[n.id] = kept
-    e.counts.update(tasks_in=tasks_in, tasks_kept=kept)
+    m.kept_at_rate(n, e, tasks_in)
 
 
 STAGE = StageDef(
@@ -282,6 +274,7 @@ STAGE = StageDef(
     __name__,
     NearDedup,
     plan="decontaminating",  # its tasks, then the benchmarks in `against` (`held_out`)
+    held_out="against",
     consumes=("tasks",),
     produces="tasks",
     tasks=True,
@@ -289,4 +282,11 @@ STAGE = StageDef(
     counts={"tasks_kept": "rows"},
     recipe_field=(NearDedup | None, None),
     estimate=estimate,
+    rates={
+        "keep_rate": DefaultRate(
+            Span(0.95, 0.7, 1.0),
+            "kept / in",
+            "a mixed pool keeps most of its tasks; one of augmented surface forms loses more",
+        )
+    },
 )

@@ -11,17 +11,18 @@ from otbuild import usage
 from otbuild.settings.stages import RlSettings
 from otbuild.settings.train import Rl
 from otbuild.span import Span
-from otbuild.stagekit import TRAINING, Inputs, StageDef, stage_run
+from otbuild.stagekit import TRAINING, DefaultRate, Inputs, StageDef, stage_run
 from otbuild.stagekit.training import REWARD_KEYS, TRAIN_FILES, TRAINED, run_training
 
 
 @stage_run
 def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
+    inputs, skipped = without_bands(cfg, inputs, Path(outdir))
     if cfg.trainer == "skyrl":
         from otbuild.train.skyrl import train
 
         manifest = train(cfg, inputs, outdir)
-        return {k: manifest[k] for k in ("steps", "world_size", "files", "skyrl")}
+        return {**skipped, **{k: manifest[k] for k in ("steps", "world_size", "files", "skyrl")}}
 
     def here() -> dict:
         from otbuild.train.rl.trainer import train
@@ -34,7 +35,39 @@ def run(cfg: RlSettings, inputs: Inputs, outdir: Path) -> dict:
     log = Path(outdir) / "train_log.jsonl"
     engines = usage.rollout_engines(log)
     model = f"{rollout_engine_name(engines, cfg.rollout)}:policy"
-    return {**stats, "rollout_engines": engines, "llm_usage": usage.of_log(log, model)}
+    return {**skipped, **stats, "rollout_engines": engines, "llm_usage": usage.of_log(log, model)}
+
+
+def without_bands(cfg: RlSettings, inputs: Inputs, outdir: Path) -> tuple[Inputs, dict]:
+    """The task table less the tasks in `skip_bands`, where it has a `band` column (the
+    difficulty stage's): written to outdir/.rl_tasks.parquet by DuckDB, streamed, in order.
+    Returns the inputs to train on and what was left out (`skipped_bands`, per band)."""
+    import pyarrow.parquet as pq
+
+    from otbuild import duck
+
+    tasks = Path(inputs[1])
+    if not cfg.skip_bands or "band" not in pq.read_schema(tasks).names:
+        return inputs, {}
+    con = duck.connect()
+    src = f"read_parquet({duck.sql_literal(tasks)})"
+    skip = ", ".join(duck.sql_literal(b) for b in cfg.skip_bands)
+    counts = dict(con.execute(f"SELECT band, count(*) FROM {src} WHERE band IN ({skip}) GROUP BY ALL").fetchall())
+    (total,) = con.execute(f"SELECT count(*) FROM {src}").fetchone() or (0,)
+    left = total - sum(counts.values())
+    if total and not left:
+        raise RuntimeError(
+            f"rl: every one of the {total} tasks is in skip_bands {cfg.skip_bands} ({counts}): "
+            "nothing to train on; draw tasks of other bands (task_filter.draw) or set rl.skip_bands: []"
+        )
+    dest = outdir / ".rl_tasks.parquet"
+    outdir.mkdir(parents=True, exist_ok=True)
+    duck.copy_to_parquet(con, f"SELECT * FROM {src} WHERE band IS NULL OR band NOT IN ({skip})", dest)
+    print(f"rl: {total - left} of {total} tasks left out by band ({counts}), {left} to train on", flush=True)
+    return Inputs([inputs[0], dest, *inputs[2:]], getattr(inputs, "names", None)), {
+        "skipped_bands": {b: counts.get(b, 0) for b in cfg.skip_bands},
+        "tasks_trained_on": left,
+    }
 
 
 def rollout_engine_name(engines: list[str], rollout: str) -> str:
@@ -72,4 +105,7 @@ STAGE = StageDef(
     reported=(("train_log.jsonl", TRAINING),),
     recipe_field=(Rl | None, None),
     estimate=estimate,
+    rates={
+        "seconds_per_trial": DefaultRate(Span(300, 100, 900), "GPU-s per trial", "rollout and update of one sample"),
+    },
 )

@@ -16,8 +16,28 @@ from pathlib import Path
 from otbuild.settings.stages import SftSettings
 from otbuild.settings.train import Sft
 from otbuild.span import Span
-from otbuild.stagekit import TRAINING, Inputs, StageDef, stage_run
+from otbuild.stagekit import TRAINING, DefaultRate, Inputs, StageDef, stage_run
 from otbuild.stagekit.training import LOSS_KEYS, TRAIN_FILES, TRAINED, run_training
+
+# The paper's SFT figure: about 160 GPU-hours per 10K traces of its 8B SFT (7 epochs, the
+# otagent_v2_10k recipe's) on GH200. Expressed per trained token at an assumed trace length, it
+# scales with the model's parameters (6N FLOPs per token) and the tokens trained on.
+PAPER_SFT_GPU_HOURS, PAPER_SFT_TRACES, PAPER_SFT_EPOCHS, PAPER_SFT_PARAMS_B = 160.0, 10_000, 7, 8.0
+TOKENS_PER_TRACE = 16_000  # assumed length of a paper trace (32K context, cut at cutoff_len)
+SFT_GPU_S_PER_TOKEN_PER_B = (
+    PAPER_SFT_GPU_HOURS * 3600 / (PAPER_SFT_TRACES * PAPER_SFT_EPOCHS * TOKENS_PER_TRACE * PAPER_SFT_PARAMS_B)
+)
+RATES = {
+    "tokens_per_trace": DefaultRate(
+        Span(TOKENS_PER_TRACE, 6_000, 32_768), "tokens", "a long agentic trace; capped at cutoff_len"
+    ),
+    "gpu_seconds_per_token": DefaultRate(
+        Span(SFT_GPU_S_PER_TOKEN_PER_B, SFT_GPU_S_PER_TOKEN_PER_B * 0.75, SFT_GPU_S_PER_TOKEN_PER_B * 2.0),
+        "GPU-s per token per B params",
+        "the paper: ~160 GPU-hours per 10K-trace 8B SFT (7 epochs) on GH200, at "
+        f"{TOKENS_PER_TRACE:,} tokens per trace; x0.75-2 for other GPUs (A100: ~2x)",
+    ),
+}
 
 
 @stage_run
@@ -67,4 +87,5 @@ STAGE = StageDef(
     reported=(("train_log.jsonl", TRAINING),),
     recipe_field=(Sft | None, None),
     estimate=estimate,
+    rates=RATES,
 )

@@ -16,7 +16,8 @@ from otbuild.errors import StageError
 from otbuild.settings.recipe import Name, Source, SourceSample, TaskFileSource
 from otbuild.settings.stages import named_union
 from otbuild.sources import hub_files, read_source, where
-from otbuild.stagekit import Inputs, StageDef, stage_run
+from otbuild.span import Span
+from otbuild.stagekit import DefaultRate, Inputs, StageDef, stage_run
 from otbuild.tasks.table import (
     Quarantined,
     TaskRecord,
@@ -137,4 +138,5 @@ STAGE = StageDef(
     counts={"tasks": "rows"},
     recipe_field=(dict[Name, Source], Field(default_factory=dict)),
     estimate=estimate,
+    rates={"tasks": DefaultRate(Span(1_000, 500, 2_000), "tasks", "the data is not there to count")},
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,7 +14,7 @@ from otbuild import duck
 from otbuild.settings.base import MAX_TASKS, Strict, plan_only, re2
 from otbuild.settings.recipe import NAME_RE, Sample, TaskScorer
 from otbuild.span import ZERO, Span
-from otbuild.stagekit import Inputs, StageDef, stage_run
+from otbuild.stagekit import DefaultRate, Inputs, StageDef, stage_run
 from otbuild.tasks.table import BATCH_ROWS
 
 SCORE_COLUMN_RE = r"^(metadata\.)?[A-Za-z_][A-Za-z0-9_]*$"  # a task column, or metadata.KEY
@@ -93,6 +93,29 @@ class Decontaminate(Strict):
         return v
 
 
+class Draw(Strict):
+    """A seeded draw of `total` tasks by the values of a column (a difficulty band, a skill):
+    each value its share of the total (largest remainder), drawn in a seeded order within
+    the value; a value with fewer tasks than its quota gives all it has and its shortfall is
+    not spread over the others (the shares stay what the recipe says; the stats name the
+    shortfall). A row whose value has no share, is NULL, or is over its quota is rejected
+    with its reason (docs/task-filter.md)."""
+
+    column: str = Field(pattern=SCORE_COLUMN_RE, description="a task column or metadata.KEY")
+    shares: dict[str, Annotated[float, Field(gt=0, le=1)]] | Literal["equal"] = Field(
+        description="value -> its share of `total` (they sum to 1), or `equal`: every value present an equal share"
+    )
+    total: int = Field(ge=1, le=MAX_TASKS, description="tasks to draw")
+    seed: int = 0
+
+    @field_validator("shares")
+    @classmethod
+    def _sum_to_one(cls, v):
+        if isinstance(v, dict) and (not v or abs(sum(v.values()) - 1) > 1e-6):
+            raise ValueError(f"the shares sum to {sum(v.values()):g}, not 1: {v}")
+        return v
+
+
 class TaskFilter(Strict):
     llm: TaskScorer | None = plan_only(None, description="scores every task first (a stage of its own: task_score)")
     decontaminate: Decontaminate | None = None  # n-gram overlap with eval benchmarks
@@ -101,14 +124,16 @@ class TaskFilter(Strict):
     include_regex: str | None = re2()
     exclude_regex: str | None = re2()
     score: Score | None = None
+    draw: Draw | None = None
     sample: Sample | None = None
 
 
-def score_expr(column: str) -> str:
-    """`metadata.KEY` reads a number from the metadata JSON; anything else is a column.
-    The recipe schema restricts `column` to identifiers, so this is safe to inline."""
+def score_expr(column: str, text: bool = False) -> str:
+    """`metadata.KEY` reads a number (`text`: a string) from the metadata JSON; anything else is
+    a column. The recipe schema restricts `column` to identifiers, so this is safe to inline."""
     if column.startswith("metadata."):
-        return f"json_extract(metadata, '$.{column.removeprefix('metadata.')}')"
+        read = "json_extract_string" if text else "json_extract"
+        return f"{read}(metadata, '$.{column.removeprefix('metadata.')}')"
     return f'"{column}"'
 
 
@@ -136,6 +161,8 @@ def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
         )
         if cfg.decontaminate.fuzzy:
             add_fuzzy_hits(con, cfg.decontaminate.fuzzy)
+    if cfg.draw:
+        check_draw_column(cfg.draw.column, tasks)
     budget = planned_rollouts(cfg.score)
     t = cfg.model_dump()  # the template's view
     duck.run_template(
@@ -152,6 +179,7 @@ def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
         sample=t["sample"],
         score_expr=score_expr(cfg.score.column) if cfg.score else None,
         rollouts=budget,
+        draw=draw_context(cfg.draw),
     )
     if budget:
         kept = con.execute("SELECT count(*) FROM task_decided WHERE reason IS NULL").fetchall()[0][0]
@@ -167,6 +195,8 @@ def run(cfg: TaskFilter, inputs: Inputs, outdir: Path) -> dict:
     check_not_emptied(stats)
     if cfg.decontaminate:
         stats["contaminated"] = contaminated_counts(con, cfg.decontaminate.against)
+    if cfg.draw:
+        stats["draw"] = draw_counts(con, cfg.draw)
     return {**stats, "rollouts_planned": budget} if budget else stats
 
 
@@ -211,6 +241,47 @@ def add_fuzzy_hits(con, threshold: float, batch_rows: int = 4096) -> None:
     con.unregister("dc_fuzzy_found")
 
 
+def draw_context(draw: Draw | None) -> dict | None:
+    """What task_filter.sql's draw step gets: the column's expression and the shares (None: equal)."""
+    if not draw:
+        return None
+    shares = None if draw.shares == "equal" else list(draw.shares.items())
+    return {
+        "expr": score_expr(draw.column, text=True),
+        "column": draw.column,
+        "shares": shares,
+        **draw.model_dump(include={"total", "seed"}),
+    }
+
+
+def check_draw_column(column: str, tasks: list[Path]) -> None:
+    """A draw by a column the task tables lack fails naming it (a metadata key may be absent:
+    its rows are NULL)."""
+    import pyarrow.parquet as pq
+
+    name = column.split(".", 1)[0] if column.startswith("metadata.") else column
+    for path in tasks:
+        if name not in (names := pq.read_schema(path).names):
+            raise ValueError(
+                f"task_filter.draw.column: the task table {path} has no column {name!r} (it has {', '.join(names)})"
+                + ("; `band` is the difficulty stage's: add a `difficulty` section" if name == "band" else "")
+            )
+
+
+def draw_counts(con, draw: Draw) -> dict:
+    """Per value: the tasks it had after the steps before the draw, its quota and what was
+    drawn; `short`: the values that had fewer than their quota, by how many."""
+    rows = con.execute(
+        "SELECT value, share, available, quota, least(available, quota) FROM draw_quotas ORDER BY value"
+    ).fetchall()
+    per = {v: {"share": s, "available": a, "quota": q, "drawn": d} for v, s, a, q, d in rows}
+    short = {v: c["quota"] - c["drawn"] for v, c in per.items() if c["drawn"] < c["quota"]}
+    drawn = sum(c["drawn"] for c in per.values())
+    if short:
+        print(f"task_filter.draw: {drawn} of {draw.total} drawn; short of their quota: {short}", flush=True)
+    return {"column": draw.column, "total": draw.total, "drawn": drawn, "values": per, "short": short}
+
+
 # the decontamination rules, by how their reasons read after `contaminated by B: `
 RULES = (("exact", "same instruction as task "), ("ngram", "% shared %-grams with task "), ("fuzzy", "fuzzy "))
 
@@ -241,6 +312,7 @@ STEPS = (
     ("score", ("score",)),
     ("dedup", ("duplicate",)),
     ("score.top_k", ("below_top_k",)),
+    ("draw", ("draw",)),
     ("sample", ("not_sampled",)),
 )
 
@@ -277,6 +349,8 @@ def estimate(m, n, e) -> None:
     kept = (tasks_in * m.rate(e, n, "keep_rate")).ceil()
     if cfg.score and cfg.score.top_k:
         kept = kept.cap(cfg.score.top_k)
+    if cfg.draw:
+        kept = kept.cap(cfg.draw.total)
     if cfg.sample:
         kept = kept.cap(cfg.sample.n)
     m.table(n, e)
@@ -294,6 +368,8 @@ STAGE = StageDef(
     __name__,
     TaskFilter,
     plan="decontaminating",
+    keep_rate_reasons={"not_sampled": "kept", "below_top_k": "kept", "draw": "kept"},  # caps at the pilot's size
+    held_out="decontaminate.against",
     consumes=("tasks",),
     produces="tasks",
     tasks=True,
@@ -301,4 +377,7 @@ STAGE = StageDef(
     counts={"tasks_kept": "rows"},
     recipe_field=(TaskFilter | None, None),
     estimate=estimate,
+    rates={
+        "keep_rate": DefaultRate(Span(1.0, 0.9, 1.0), "kept / in (before sample)", "dedup and bounds drop few tasks"),
+    },
 )

@@ -13,7 +13,7 @@ from otbuild import duck
 from otbuild.settings.base import Strict
 from otbuild.settings.recipe import Sample
 from otbuild.span import ZERO, Span
-from otbuild.stagekit import Inputs, StageDef, stage_run
+from otbuild.stagekit import DefaultRate, Inputs, StageDef, stage_run
 from otbuild.traces import outcome
 from otbuild.traces.table import VOLATILE_COLUMNS
 
@@ -94,7 +94,10 @@ STAGE = StageDef(
     produces="traces",
     traces=True,
     filter=True,
+    # the sample cap counts as kept; the duplicates of an oracle's samples follow from the teacher
+    keep_rate_reasons={"not_sampled": "kept", "duplicate": "apart"},
     volatile={"*.parquet": tuple(VOLATILE_COLUMNS)},
     counts={"traces_kept": "rows"},
     estimate=estimate,
+    rates={"keep_rate": DefaultRate(Span(0.7, 0.4, 1.0), "kept / in", "min_turns drops short traces")},
 )

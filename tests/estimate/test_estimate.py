@@ -147,6 +147,24 @@ def test_ranges_from_a_sample():
     assert (Span(1, 0.5, 2) * Span(10, 10, 10)).cap(15) == Span(10, 5, 15)
 
 
+def test_a_pilot_measures_every_filter_s_keep_rate_by_its_reasons():
+    """Any filter stage's record gives its keep rate; its caps count as kept, drops that follow
+    from an earlier stage are left out (StageDef.keep_rate_reasons)."""
+    from types import SimpleNamespace
+
+    from otbuild.estimate.pilot import _keep_rate
+
+    def rate(stage, kept, reasons):
+        stats = {"kept": kept, "rejected": sum(reasons.values()), "rejected_by_reason": reasons}
+        m = _keep_rate(SimpleNamespace(stage=stage), stats, "pilot")["keep_rate"]
+        return m.rate().value.estimate, m.n
+
+    assert rate("near_dedup", 90, {"near_duplicate": 10}) == (0.9, 100)
+    assert rate("task_filter", 50, {"not_sampled": 30, "too_short": 20}) == (0.8, 100)
+    assert rate("trace_filter", 40, {"duplicate": 50, "too_few_turns": 10}) == (0.8, 50)
+    assert _keep_rate(SimpleNamespace(stage="near_dedup"), {}, "pilot") == {}
+
+
 @pytest.mark.slow
 def test_a_pilot_s_estimate_of_a_2x_variant_holds_when_it_is_built(tmp_path, monkeypatch):
     """The pilot is smoke without RL, built here; `bigger` has 2x its tasks (48), two samples per

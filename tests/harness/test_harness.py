@@ -2,11 +2,8 @@
 
 import asyncio
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -28,6 +25,7 @@ from otbuild.settings.stages import RolloutSettings
 from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import DATA, REPO, chat_answer, source
+from tests.support.killed_shard import kill_after, shard_command
 
 needs_sandbox = pytest.mark.skipif(backend_problem("bwrap") is not None, reason="bubblewrap unusable here")
 
@@ -582,24 +580,9 @@ def test_killed_shard_resumes_without_redoing_or_duplicating(tmp_path):
     write_tasks(tasks, generate(30, 5, difficulties=[3]), source="synth")
     settings = RolloutSettings(engine="oracle", shards=2, concurrency=1).model_dump()
     outdir = tmp_path / "artifacts" / "rollout" / ("a" * 16)
-    spec = json.dumps(
-        {
-            "stage": "rollout",
-            "id": "a" * 16,
-            "settings": settings,
-            "inputs": [{"id": "t", "stage": "task_filter", "path": str(tasks)}],
-            "outdir": str(outdir),
-        }
-    )
-    cmd = [sys.executable, "-m", "otbuild", "stage", "rollout", "--spec", spec, "--shard", "1"]
+    cmd = shard_command("rollout", settings, tasks, outdir, 1)
     partial = outdir / "shards" / "1-of-2.partial.jsonl"
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not partial.exists() or len(partial.read_text().splitlines()) < 4):
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done_before = len(partial.read_text().splitlines())
+    done_before = kill_after(cmd, partial, 4)
     assert 4 <= done_before < 15 and not (outdir / "shards" / "1-of-2.parquet").exists()
 
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)

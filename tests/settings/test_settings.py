@@ -23,6 +23,8 @@ sources:
   a: {kind: synthetic, rank: 1, count: 2}
 mix: {n: 1, total: 2}
 near_dedup: {}
+validate: {}
+difficulty: {engine: oracle}
 augment: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m}
 task_filter:
   llm: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m, kind: askllm}
@@ -60,6 +62,8 @@ def sections(recipe, stage: str) -> list[BaseModel]:
         "mix": [recipe.mix],
         "augment": [recipe.augment],
         "near_dedup": [recipe.near_dedup],
+        "validate": [recipe.validate],
+        "difficulty": [recipe.difficulty],
         "task_score": [recipe.task_filter.llm],
         "skills": [recipe.skills],
         "task_filter": [recipe.task_filter],

@@ -66,6 +66,8 @@ def test_every_stage_answers_the_registry_hooks():
         "augment",
         "mix",
         "near_dedup",
+        "validate",
+        "difficulty",
         "task_score",
         "skills",
         "task_filter",
@@ -150,11 +152,6 @@ def test_the_plan_names_each_input_and_the_job_reads_them_by_name():
 # Where code outside a stage's own module still names a stage, and why a trait or hook does not
 # answer there: (file, stage) -> (how many, why). A new switch on a stage's name fails below.
 NAMED = {
-    ("otbuild/estimate/rates.py", "sft"): (2, "the estimate's default rates of SFT (tokens per trace, GPU-s)"),
-    ("otbuild/estimate/rates.py", "rl"): (1, "the estimate's default rate of RL (GPU-s per trial)"),
-    ("otbuild/estimate/rates.py", "task_filter"): (1, "the task filter's default keep rate"),
-    ("otbuild/estimate/rates.py", "trace_filter"): (1, "the trace filter's default keep rate"),
-    ("otbuild/estimate/rates.py", "source"): (1, "a source's default task count"),
     ("otbuild/report/data.py", "mix"): (1, "the report's mix section: tasks per source"),
     ("otbuild/report/data.py", "eval"): (1, "the report's eval section: scores per benchmark"),
     ("otbuild/report/page.py", "mix"): (1, "the report's sections (charts), named as their stages"),

@@ -115,3 +115,101 @@ def test_keep_rate_plans_the_rollouts_a_kept_traces_budget_needs(tmp_path):
     assert kept["n_rollouts"].sum() == 28 and list(kept["n_rollouts"]) == [4, 10, 13, 1]
     with pytest.raises(ValueError, match="keep_rate scales a rollout budget"):
         TaskFilter(score={"column": "llm_score", "top_k": 3, "keep_rate": 0.5})
+
+
+# -- the draw by a column's values (a difficulty band, a skill) -------------------------------
+def _banded(tmp_path, bands: list[str | None]):
+    """A task table with a real `band` column (what the difficulty stage adds)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = write_source(
+        tmp_path / "plain.parquet", "s", [f"task number {i}, a long enough instruction" for i in range(len(bands))]
+    )
+    table = pq.read_table(src)
+    pq.write_table(table.append_column("band", pa.array(bands, pa.string())), tmp_path / "in.parquet")
+    return tmp_path / "in.parquet"
+
+
+def _draw(tmp_path, bands, **draw):
+    src = _banded(tmp_path, bands)
+    out = tmp_path / "out"
+    stats = task_filter.run(TaskFilter(draw=draw), Inputs.of(tasks=[src]), out)
+    kept = duckdb.sql(f"SELECT path, band FROM '{out / 'kept.parquet'}'").fetchall()
+    rejected = duckdb.sql(f"SELECT path, band, reason FROM '{out / 'rejected.parquet'}'").fetchall()
+    assert len(kept) + len(rejected) == len(bands)
+    return stats, kept, rejected
+
+
+BANDS = ["medium"] * 50 + ["easy"] * 30 + ["hard"] * 15 + ["trivial"] * 10 + ["impossible"] * 5 + [None] * 3
+
+
+def test_the_draw_takes_each_bands_share_exactly_and_keeps_the_rest_with_reasons(tmp_path):
+    stats, kept, rejected = _draw(
+        tmp_path, BANDS, column="band", shares={"medium": 0.7, "easy": 0.2, "hard": 0.1}, total=40, seed=3
+    )
+    from collections import Counter
+
+    assert Counter(b for _, b in kept) == {"medium": 28, "easy": 8, "hard": 4}
+    reasons = Counter(r for _, _, r in rejected)
+    assert reasons == {
+        "draw: band=medium over its share 0.7 (28 of 40)": 22,
+        "draw: band=easy over its share 0.2 (8 of 40)": 22,
+        "draw: band=hard over its share 0.1 (4 of 40)": 11,
+        "draw: band=trivial has no share": 10,
+        "draw: band=impossible has no share": 5,
+        "draw: band is NULL": 3,
+    }
+    assert stats["draw"]["drawn"] == 40 and stats["draw"]["short"] == {}
+    assert stats["draw"]["values"]["hard"] == {"share": 0.1, "available": 15, "quota": 4, "drawn": 4}
+    # the seed decides which rows; the same seed the same ones, another seed others
+    again = _draw(
+        tmp_path / "again", BANDS, column="band", shares={"medium": 0.7, "easy": 0.2, "hard": 0.1}, total=40, seed=3
+    )
+    other = _draw(
+        tmp_path / "other", BANDS, column="band", shares={"medium": 0.7, "easy": 0.2, "hard": 0.1}, total=40, seed=4
+    )
+    assert again[1] == kept and other[1] != kept
+
+
+def test_a_band_short_of_its_quota_gives_what_it_has_and_is_reported(tmp_path):
+    stats, kept, _ = _draw(tmp_path, BANDS, column="band", shares={"medium": 0.5, "impossible": 0.5}, total=20)
+    from collections import Counter
+
+    assert Counter(b for _, b in kept) == {"medium": 10, "impossible": 5}  # not spread over medium
+    assert stats["draw"]["short"] == {"impossible": 5} and stats["draw"]["drawn"] == 15
+
+
+def test_equal_shares_over_every_value_present_largest_remainder(tmp_path):
+    stats, kept, _ = _draw(tmp_path, BANDS, column="band", shares="equal", total=22)
+    from collections import Counter
+
+    # 5 values, 22 / 5 = 4.4 each: two more to the first values in order (easy, hard), impossible short by 0
+    assert Counter(b for _, b in kept) == {"easy": 5, "hard": 5, "impossible": 4, "medium": 4, "trivial": 4}
+    assert stats["draw"]["drawn"] == 22
+
+
+def test_the_draw_reads_a_metadata_key_too(tmp_path):
+    kept, rejected = _run(
+        tmp_path,
+        [f"task number {i} with a long enough instruction" for i in range(6)],
+        difficulty=["a", "b", "a", "b", "a", "b"],
+        draw={"column": "metadata.difficulty", "shares": {"a": 0.5, "b": 0.5}, "total": 4},
+    )
+    assert sorted(kept["path"]) != [] and len(kept) == 4
+    assert sorted(rejected["reason"]) == [
+        "draw: metadata.difficulty=a over its share 0.5 (2 of 4)",
+        "draw: metadata.difficulty=b over its share 0.5 (2 of 4)",
+    ]
+
+
+def test_shares_that_do_not_sum_to_one_are_refused_naming_them():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="the shares sum to 0.9, not 1"):
+        TaskFilter(draw={"column": "band", "shares": {"medium": 0.7, "easy": 0.2}, "total": 10})
+
+
+def test_a_draw_by_a_column_the_tasks_lack_names_it(tmp_path):
+    with pytest.raises(ValueError, match=r"task_filter.draw.column: .* has no column 'band' .*add a `difficulty`"):
+        _run(tmp_path, draw={"column": "band", "shares": "equal", "total": 2})
