@@ -174,3 +174,25 @@ trace_filter: {{min_turns: 0}}
     assert ran.get("rollout_merge") == 1 and "rollout" not in ran and len(srv.requests) == requests, log[-3000:]
     [record] = [json.loads(p.read_text()) for p in (project / "artifacts").glob("rollout/*/provenance.json")]
     assert record["stats"]["health"]["mean_turns"] == 0 and len(record["stats"]["health"]["warnings"]) == 2
+
+
+def test_a_pilot_fails_on_its_runs_errors_and_only_warns_on_its_rewards(tmp_path):
+    """The difficulty pilot measures its tasks (every trial failing is a verdict: impossible),
+    but a verifier that gave no verdict on most trials measured nothing."""
+    from otbuild.stagekit import Inputs
+    from otbuild.stages import difficulty
+    from otbuild.stages.difficulty import DifficultySettings
+
+    tasks = _tasks(tmp_path, 10)
+    ids = pq.read_table(tasks, columns=["task_id"]).column(0).to_pylist()
+    cfg = DifficultySettings(engine="oracle")
+    failed = [row("0", reward=0.0, n_turns=4, task_id=t) for t in ids for _ in range(2)]
+    write_traces(tmp_path / "a" / "shards" / "0-of-1.parquet", failed)
+    stats = difficulty.run(
+        cfg.model_copy(update={"allow_all_impossible": True}), Inputs.of(tasks=[tasks]), tmp_path / "a"
+    )
+    assert stats["health"]["warnings"] == ["all 20 verified trials got reward 0 (health.same_reward)"]
+    broken = [row("RewardFileNotFoundError", "RewardFileNotFoundError", reward=None, task_id=t) for t in ids]
+    write_traces(tmp_path / "b" / "shards" / "0-of-1.parquet", broken + [row("1", reward=1.0, task_id=t) for t in ids])
+    with pytest.raises(RunBroken, match=r"difficulty: .*RewardFileNotFoundError \(verifier_error\) ended 10 of 20"):
+        difficulty.run(cfg, Inputs.of(tasks=[tasks]), tmp_path / "b")
