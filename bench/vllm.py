@@ -17,10 +17,18 @@ the two loads would not be the same work). At each concurrency C, in turn:
   random`) with as many requests, otbuild's mean prompt length, the same output length and
   `--max-concurrency C`.
 
+- otbuild with capture: the same trials again through the recording proxy (otbuild/capture/),
+  asking for token ids and log-probs as it does for a vLLM that otbuild starts; run without,
+  with, with, without capture (a drift of the machine's load weighs on both alike), after one
+  request that warms up the server's log-prob path. The first table pools the two runs
+  without capture.
+
 Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
 ratio, otbuild's trials/s, and the share of otbuild's wall time that is not the model's
 (1 - ratio: the harness, the sandbox, the terminal's settle time, the first request sent
-alone). On a GPU node the same script gives the absolute figures (--model a real checkpoint).
+alone); then otbuild's tokens/s without and with capture and their ratio (the capture's
+cost: 1 - ratio). On a GPU node the same script gives the absolute figures (--model a real
+checkpoint).
 Exit status: 0 when every level ran, 2 when vLLM is not installed or a level failed.
 """
 
@@ -62,8 +70,10 @@ def random_student(dest: Path) -> Path:
     )
 
 
-def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
-    """C x --trials trials through the rollout stage against the server: wall time and counts."""
+def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False) -> dict:
+    """C x --trials trials through the rollout stage against the server: wall time and counts.
+    `capture`: through the recording proxy, asking for token ids and log-probs as it does for a
+    vLLM that otbuild starts (otbuild/capture/); else straight to the server."""
     import pyarrow.parquet as pq
 
     from otbuild.settings.stages import RolloutSettings
@@ -72,6 +82,7 @@ def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
     from otbuild.tasks.table import write_tasks
 
     tasks = work / f"tasks-c{c}.parquet"
+    work.mkdir(parents=True, exist_ok=True)
     write_tasks(tasks, generate(c * args.trials, seed=c), source="synth")
     # no per-request seed: vLLM 0.32's CPU build dies on a seeded request whose prefill is
     # chunked ("CPU Generator does not use offset", docs/engines.md)
@@ -85,9 +96,10 @@ def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
         concurrency=c,
         sandbox="bwrap",
         prompt="compact",
-        extra_body={"ignore_eos": True},
+        extra_body={"ignore_eos": True, **({"return_token_ids": True, "logprobs": True} if capture else {})},
+        capture=capture,
     )
-    out = work / f"rollout-c{c}"
+    out = work / f"rollout-c{c}{'-capture' if capture else ''}"
     t0 = time.monotonic()
     run_shard(settings, [tasks], out, 0)
     wall = time.monotonic() - t0
@@ -95,6 +107,9 @@ def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
         out / "shards" / "0-of-1.parquet", columns=["n_turns", "n_input_tokens", "n_output_tokens"]
     ).to_pylist()
     requests = sum(r["n_turns"] for r in rows)
+    if capture:
+        calls = pq.read_table(out / "shards" / "0-of-1.calls.parquet", columns=["completion_token_ids"])
+        assert calls.num_rows == requests and calls.column(0).null_count == 0, "capture kept every call's tokens"
     return {
         "trials": len(rows),
         "wall": wall,
@@ -102,6 +117,34 @@ def otbuild_level(base_url: str, c: int, args, work: Path) -> dict:
         "prompt_tokens": sum(r["n_input_tokens"] for r in rows) / max(requests, 1),
         "output_tokens": sum(r["n_output_tokens"] for r in rows),
     }
+
+
+def pooled(a: dict, b: dict) -> dict:
+    """Two runs of a level as one: their trials, requests, tokens and wall time added up."""
+    requests = a["requests"] + b["requests"]
+    prompt = (a["prompt_tokens"] * a["requests"] + b["prompt_tokens"] * b["requests"]) / max(requests, 1)
+    return {
+        "trials": a["trials"] + b["trials"],
+        "wall": a["wall"] + b["wall"],
+        "requests": requests,
+        "prompt_tokens": prompt,
+        "output_tokens": a["output_tokens"] + b["output_tokens"],
+    }
+
+
+def warm_up(base_url: str) -> None:
+    """One request that asks for token ids and log-probs: the server's first such request is
+    slower (its code path warms up), which no measured run should pay for."""
+    import httpx
+
+    body = {
+        "model": SERVED_AS,
+        "messages": [{"role": "user", "content": "warm up"}],
+        "max_tokens": 4,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
+    httpx.post(f"{base_url}/chat/completions", json=body, timeout=600, trust_env=False).raise_for_status()
 
 
 def vllm_level(
@@ -201,10 +244,13 @@ def main(argv=None) -> int:
     root = base_url.removesuffix("/v1")
     rows = []
     try:
+        warm_up(base_url)
         for c in levels:
-            ours = otbuild_level(base_url, c, args, work)
+            # without, with, with, without capture: a drift of the machine's load weighs on both alike
+            runs = [otbuild_level(base_url, c, args, work / f"{k}", capture=k in (1, 2)) for k in range(4)]
+            ours, captured = pooled(runs[0], runs[3]), pooled(runs[1], runs[2])
             theirs = vllm_level(vllm, root, model, c, ours["requests"], ours["prompt_tokens"], args.max_tokens, work)
-            rows.append((c, ours, theirs))
+            rows.append((c, ours, theirs, captured))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
         print(f"bench/vllm.py: {e}", file=sys.stderr)
         return 2
@@ -216,7 +262,7 @@ def main(argv=None) -> int:
     )
     head = ("concurrency", "requests", "prompt tok", "vLLM tok/s", "otbuild tok/s", "ratio", "trials/s", "not model")
     print("  ".join(f"{h:>13}" for h in head))
-    for c, ours, theirs in rows:
+    for c, ours, theirs, _ in rows:
         tok_s = ours["output_tokens"] / ours["wall"]
         ratio = tok_s / theirs["output_throughput"]
         cells = (
@@ -230,6 +276,15 @@ def main(argv=None) -> int:
             f"{1 - ratio:.0%}",
         )
         print("  ".join(f"{x:>13}" for x in cells))
+    print("\nthe capture's cost: the same trials through the recording proxy (token ids and log-probs asked for)")
+    head = ("concurrency", "tok/s", "captured tok/s", "ratio", "cost")
+    print("  ".join(f"{h:>14}" for h in head))
+    for c, ours, _, captured in rows:
+        plain, recorded = ours["output_tokens"] / ours["wall"], captured["output_tokens"] / captured["wall"]
+        ratio = recorded / plain
+        print(
+            "  ".join(f"{x:>14}" for x in (c, f"{plain:.1f}", f"{recorded:.1f}", f"{ratio:.3f}x", f"{1 - ratio:.1%}"))
+        )
     print(f"results: {work}")
     return 0
 

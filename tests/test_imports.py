@@ -148,7 +148,7 @@ FLOORS = (
         "otbuild",
     ),
     # parts with one job each, built on settings
-    ("tasks", "engines", "duck", "hub", "serve", "show"),
+    ("tasks", "capture", "engines", "duck", "hub", "serve", "show"),
     ("sandbox", "traces", "usage"),
     ("harness", "harbor", "sources"),
     ("train", "ingest"),

@@ -11,7 +11,7 @@ ServerGoneError, which stops the stage naming the server's log tail.
 from __future__ import annotations
 
 import asyncio
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httpx
 
@@ -20,6 +20,9 @@ from otbuild.engines.openai import OpenAIEngine
 from otbuild.engines.process import ServerProcess, install_sigterm_cleanup, server_http
 from otbuild.errors import StageError
 from otbuild.settings.engines import LLM, TransformersOptions, VLLMOptions, client_settings
+
+if TYPE_CHECKING:
+    from otbuild.capture.proxy import CaptureProxy
 
 
 class ServerDiedError(EngineError):
@@ -54,6 +57,7 @@ class ManagedServerEngine:
         self._server: ServerProcess | None = None
         self._gone: ServerGoneError | None = None
         self._lock = asyncio.Lock()
+        self.capture: CaptureProxy | None = None  # the requests go through it (otbuild/engines/capture.py)
 
     def _launch(self) -> tuple[str, ServerProcess]:
         raise NotImplementedError
@@ -90,6 +94,9 @@ class ManagedServerEngine:
                 trust_env=False,
                 alive=self._alive,
             )
+            if self.capture is not None:  # a restarted server may have another port: the proxy follows
+                self.capture.upstream = self.base_url
+                self._client.send_via(self.capture.url())
 
     def _alive(self) -> None:
         if (why := self.died()) is not None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import httpx
 
+from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER, call_scope
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
 from otbuild.errors import ConfigError
@@ -68,6 +69,7 @@ class OpenAIEngine:
         self._alive = alive or (lambda: None)  # raises when the server behind base_url is gone
         self._uds = uds  # a local server's unix socket: base_url's host is only the Host header
         self._client: httpx.AsyncClient | None = None
+        self._via_proxy = False
         self.stats: Counter = Counter()  # requests, retries, errors, usage_missing
 
     async def __aenter__(self):
@@ -80,6 +82,14 @@ class OpenAIEngine:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+    def send_via(self, proxy_url: str) -> None:
+        """Send the requests to `proxy_url` (a capture proxy on loopback that forwards them to
+        base_url, otbuild/capture/proxy.py) from the first request on: not over a unix socket,
+        not through the environment's proxies. Errors still name base_url."""
+        assert self._client is None, "send_via before the first request"
+        self.url = f"{proxy_url.rstrip('/')}/chat/completions"
+        self._uds, self._trust_env, self._via_proxy = None, False, True
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -115,12 +125,18 @@ class OpenAIEngine:
             self.stats["requests"] += 1
             try:
                 async with self._sem:
-                    r = await self._http().post(self.url, json=body)
+                    scope = call_scope.get()
+                    r = await self._http().post(self.url, json=body, headers={SCOPE_HEADER: scope} if scope else None)
             except httpx.TransportError as e:  # connect/read errors and timeouts
                 last, status = f"{type(e).__name__}: {e}".rstrip(": "), None
                 continue
             if r.status_code == 200:
                 return self._parse(r)
+            if (
+                r.status_code == 502 and self._via_proxy and (why := r.headers.get(NO_ANSWER_HEADER))
+            ):  # nothing answered it
+                last, status = why, None
+                continue
             status, last = r.status_code, f"HTTP {r.status_code}: {r.text[:500]}"
             if r.status_code != 429 and r.status_code < 500:
                 self.stats["errors"] += 1

@@ -28,7 +28,7 @@ from otbuild.settings.base import Strict, engine_args, execution_only
 # `auto` (otbuild's own checkpoints: eval.serve_with, rl.rollout): vllm where it is installed,
 # else transformers, decided when the engine starts (otbuild.engines.resolve_auto); its trials
 # in flight are known before that (the profile's memory check counts them): transformers' 2
-CONCURRENCY = {"openai": 8, "vllm": 64, "transformers": 2, "oracle": 4, "auto": 2}
+CONCURRENCY = {"openai": 8, "vllm": 64, "transformers": 2, "oracle": 4, "noop": 4, "auto": 2}
 AUTO = "auto"
 
 

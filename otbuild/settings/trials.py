@@ -129,6 +129,11 @@ class ShardedTrials(Trials, Sharded):
     Snakemake jobs, run by otbuild's harness or by Harbor's."""
 
     harbor: HarborBackend = HarborBackend()  # used with sandbox: harbor
+    capture: bool = Field(
+        default=True,
+        description="every model call goes through a recording proxy: calls.parquet beside the traces "
+        "holds each request and answer (token ids and log-probs where the server gives them; docs/engines.md)",
+    )
     infra_retries: int = execution_only(
         10,
         ge=0,

@@ -30,11 +30,17 @@ from otbuild.tasks.taskdir import TaskDir
 HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/endings.py's exception (outcome not_run)
 
 
-def run_harbor_shard(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+def run_harbor_shard(
+    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
+) -> tuple[list[dict], list[dict]]:
+    """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
+    agents: each Harbor job's, in the order they came; not yet matched to trials)."""
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
-async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list) -> list[dict]:
+async def _run(
+    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
+) -> tuple[list[dict], list[dict]]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
     from otbuild.tasks.export import export_names
@@ -55,7 +61,8 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
     options = harbor_options(cfg)
     names: dict[int, str] = {}  # row -> its task dir in the Harbor jobs (copies apart)
     job_rows: list[dict] = []
-    engine = None
+    engine = proxy = None
+    calls: list[dict] = []
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
@@ -70,6 +77,12 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
 
                 server = cast(ManagedServerEngine, engine)
                 model, base_url = server.model, server.base_url
+            # Harbor's terminus agents ask the model from Harbor's own process, on this host: they
+            # reach a proxy on loopback (an agent installed in the task's container would not)
+            if cfg.capture and base_url and options["agent"].startswith("terminus"):
+                from otbuild.engines.capture import harbor_proxy
+
+                proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -79,7 +92,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
                 tasks,
                 work,
                 model=f"openai/{model}" if model else None,
-                base_url=base_url,
+                base_url=proxy.url(f"attempts-{n}") if proxy is not None else base_url,
                 n_attempts=n,
                 n_concurrent=concurrency(cfg),
                 job_name=f"attempts-{n}",
@@ -90,8 +103,15 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
                 **options,
             )
             job_rows += read_job(job, subagents=True)
+            if proxy is not None:
+                calls += [
+                    {**c, "trial": None, "trial_name": None, "harness_agrees": None}
+                    for c in await asyncio.to_thread(proxy.take, f"attempts-{n}")
+                ]
     finally:
         watching.cancel()
+        if proxy is not None:
+            proxy.close()
         if engine is not None:
             await engine.aclose()
     ids = [
@@ -110,7 +130,7 @@ async def _run(cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: in
         for i, t in enumerate(trials)
         if t.row in refused
     }
-    return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+    return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run), calls
 
 
 def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:

@@ -48,6 +48,7 @@ from otbuild.progress import JobProgress, duration, eta
 from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import HARBOR
 from otbuild.stagekit import Inputs, shard_path
+from otbuild.stagekit.calls import calls_path, merge_call_files, trial_calls, write_calls
 from otbuild.stagekit.failures import FailureCount, retry_delay, with_attempts
 from otbuild.stagekit.partials import append, drop_torn_tail
 from otbuild.tasks.table import task_rows
@@ -105,10 +106,12 @@ def run_trials_shard(
     if cfg.sandbox == HARBOR:
         from otbuild.stagekit.harbor_trials import run_harbor_shard
 
-        rows = run_harbor_shard(cfg, inputs, outdir, shard, trials)
+        rows, calls = run_harbor_shard(cfg, inputs, outdir, shard, trials)
         for row in rows:
             failures.add(row)
         failures.check()
+        if cfg.capture:
+            write_calls(calls_path(dest), calls)
         write_traces(dest, rows)
         return
     partial = dest.with_suffix(".partial.jsonl")
@@ -147,6 +150,8 @@ def run_trials_shard(
             if done[t.index][1] == oc.INFRASTRUCTURE:
                 failures.add(_record(f, done[t.index][0]))
         failures.check()  # the partial file stays: a rerun retries the failed trials
+        if cfg.capture:
+            write_calls(calls_path(dest), (c for t in trials for c in _record(f, done[t.index][0], "_calls") or []))
         write_traces(dest, (_record(f, done[t.index][0]) for t in trials))
     partial.unlink(missing_ok=True)
 
@@ -179,6 +184,16 @@ def merge_shards(n: int, outdir: Path) -> list[dict]:
     return [{"path": str(p), "sha256": file_sha256(p)} for p in shards]
 
 
+def merge_calls(cfg: RolloutSettings, outdir: Path) -> dict:
+    """With `capture`: the shards' captured calls into calls.parquet (otbuild/stagekit/calls.py)
+    after merge_shards; their counts under the stage stats' `capture`."""
+    if not cfg.capture:
+        return {}
+    files = [calls_path(shard_path(outdir, cfg.shards, k)) for k in range(cfg.shards)]
+    stats = merge_call_files(files, outdir / "calls.parquet")
+    return {"capture": stats} if stats else {}
+
+
 def _trial_lines(path: Path) -> Iterator[tuple[int, int, bytes, str]]:
     """(trial, byte offset, line, outcome) of each whole record in a partial file, one line in
     memory at a time; a line that is not a whole record (cut short by a crash) is skipped: it
@@ -202,10 +217,14 @@ def _finished_trials(partial: Path) -> dict[int, tuple[int, str]]:
     return {t: (at, o) for t, at, _, o in _trial_lines(partial)} if partial.exists() else {}
 
 
-def _record(f, offset: int) -> dict:
+def _record(f, offset: int, part: str | None = None):
+    """The trace recorded at `offset`, or (`part`="_calls") its captured calls, if any."""
     f.seek(offset)
     rec = json.loads(f.readline())
+    if part is not None:
+        return rec.get(part)
     del rec["_trial"]
+    rec.pop("_calls", None)
     return rec
 
 
@@ -253,7 +272,9 @@ async def _run_trials(
     the shard stops as soon as more of them failed than it allows (`failures`), or when the
     model's endpoint refuses the run (otbuild/engines/endpoint.py: its first request goes
     alone)."""
+    from otbuild.capture import call_scope
     from otbuild.engines import open_engine, resolve_auto
+    from otbuild.engines.capture import capture_engine
     from otbuild.engines.endpoint import FirstRequest
     from otbuild.harness.config import TrialConfig
     from otbuild.harness.trial import not_runnable_trace, run_trial
@@ -277,6 +298,7 @@ async def _run_trials(
     sem = asyncio.Semaphore(in_flight)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(cfg)
+    proxy = capture_engine(engine, cfg) if cfg.capture else None
     model = engine if getattr(engine, "needs_solution", False) else FirstRequest(engine)
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
@@ -289,8 +311,15 @@ async def _run_trials(
                     if not (row["runnable_locally"] or containers):
                         return not_runnable_trace(task, row["task_id"], engine, **ids)
                     workdir = workroot / f"{t.index}-{n}"
-                    trace = await run_trial(task, row["task_id"], model, trial_config, workdir, **ids)
+                    scope = call_scope.set(f"{t.index}-{n}")  # this attempt's model calls
+                    try:
+                        trace = await run_trial(task, row["task_id"], model, trial_config, workdir, **ids)
+                    finally:
+                        call_scope.reset(scope)
                     shutil.rmtree(workdir, ignore_errors=True)
+                    if proxy is not None:
+                        calls = await asyncio.to_thread(proxy.take, f"{t.index}-{n}")
+                        trace["_calls"] = trial_calls(t.index, trace, calls, cfg.keep_reasoning)
                     return trace
 
             async def one(t: Trial) -> None:
@@ -318,6 +347,8 @@ async def _run_trials(
                 raise
     finally:
         await engine.aclose()
+        if proxy is not None:
+            proxy.close()
         shutil.rmtree(workroot, ignore_errors=True)
         progress.finish()
 

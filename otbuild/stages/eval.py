@@ -24,7 +24,7 @@ from otbuild.settings.trials import ShardedTrials
 from otbuild.span import Span
 from otbuild.stagekit import EVALUATION, Inputs, StageDef, run_health, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
-from otbuild.stagekit.trials import TRACES, merge_shards, run_trials_shard
+from otbuild.stagekit.trials import TRACES, merge_calls, merge_shards, run_trials_shard
 from otbuild.traces import outcome
 
 
@@ -120,6 +120,7 @@ def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
         "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x} for b, m, s, e, x in summary},
         "llm_usage": usage.of_traces(outdir / "traces.parquet"),
         "engines": usage.engines_of_traces(outdir / "traces.parquet"),
+        **merge_calls(cfg, outdir),
     }
 
 

@@ -13,7 +13,7 @@ from otbuild.settings.stages import RolloutSettings
 from otbuild.span import ZERO
 from otbuild.stagekit import Inputs, StageDef, run_health, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
-from otbuild.stagekit.trials import TRACES, merge_shards, run_trials_shard
+from otbuild.stagekit.trials import TRACES, merge_calls, merge_shards, run_trials_shard
 
 
 @stage_run_shard
@@ -50,6 +50,7 @@ def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
         **health,
         "llm_usage": usage.of_traces(outdir / "traces.parquet"),
         "engines": usage.engines_of_traces(outdir / "traces.parquet"),
+        **merge_calls(cfg, outdir),
     }
 
 

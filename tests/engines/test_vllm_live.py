@@ -252,6 +252,18 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
         messages = json.loads(line)["request"]["messages"]
         for k, m in enumerate(x for x in messages if x["role"] == "assistant"):
             assert m["content"] == (served[(messages[0]["content"], k)].get("content") or "")
+    # the capture proxy (on by default) recorded each call as vLLM sent it, with its tokens
+    calls = pq.read_table(out / "shards" / "0-of-1.calls.parquet").to_pylist()
+    answered = [c for c in calls if c["status"] == 200]
+    assert len(answered) == sum(len([m for m in r["conversations"] if m["role"] == "assistant"]) for r in rows)
+    assert len(calls) == len(answered) + 2  # each trial's last request: the context overflow's 400
+    assert all(c["harness_agrees"] for c in answered)
+    for c in answered:
+        messages = json.loads(c["request"])["messages"]
+        wire = served[(messages[0]["content"], sum(m["role"] == "assistant" for m in messages))]
+        assert (c["content"], c["reasoning"]) == (wire.get("content"), wire.get("reasoning"))
+        assert len(c["completion_token_ids"]) == len(c["logprobs"]) == c["completion_tokens"] > 0
+        assert len(c["prompt_token_ids"]) == c["prompt_tokens"] and all(lp <= 0 for lp in c["logprobs"])
 
 
 def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_path, smoke_build):

@@ -530,6 +530,13 @@ def test_every_assistant_turn_is_what_the_endpoint_served(tmp_path, scripted, mo
     )
     if sandbox == "harbor":
         assert "Reply with the single word OK." in json.dumps(srv.requests[0]["body"])  # the probe went first
+    calls = pq.read_table(out / "shards" / "0-of-1.calls.parquet").to_pylist()  # the capture proxy's record
+    assert len(calls) == len(served) == 8 and all(c["status"] == 200 for c in calls)
+    assert sorted(f"<think>{c['reasoning']}</think>\n{c['content']}" for c in calls) == sorted(expected * 2)
+    if sandbox == "harbor":  # Harbor's agents call the proxy themselves: its job names their calls
+        assert {c["scope"] for c in calls} == {"attempts-1"} and {c["trial"] for c in calls} == {None}
+    else:
+        assert all(c["harness_agrees"] for c in calls) and {c["trial"] for c in calls} == {0, 1}
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not leaks, leaks
 

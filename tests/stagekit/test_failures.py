@@ -331,7 +331,7 @@ def test_harbor_shards_are_counted_the_same_way(tmp_path, monkeypatch):
 
     tasks = _tasks(tmp_path, 4)
     rows = [row("1", reward=1.0, task=f"t{i}") for i in range(4)]
-    monkeypatch.setattr(harbor_trials, "run_harbor_shard", lambda *a: rows)
+    monkeypatch.setattr(harbor_trials, "run_harbor_shard", lambda *a: (rows, []))
     cfg = RolloutSettings(engine="oracle", sandbox="harbor", max_infra_failures=0.25)
     rows[0] = row("EnvironmentDefinitionError", "EnvironmentDefinitionError", reward=None)
     rows[1] = row(
