@@ -153,6 +153,7 @@ STAGE = StageDef(
     ("tasks.parquet", "traces.parquet"),
     __name__,
     DifficultySettings,
+    plan="teacher_trials",  # the pilot runs where the teacher's trials will: its sandbox settings where unset here
     consumes=("tasks",),
     produces="tasks",
     sharded=True,
