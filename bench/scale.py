@@ -11,6 +11,9 @@ wait4 rusage, taken by a small launcher process):
 
 - near_dedup: the near-duplicate filter's defaults (MinHash LSH, candidates checked exactly) over
   a task table of N tasks with planted twins (bench/near_dedup.py's generator), its drop guard off;
+- skills merge: the skills stage's merge (`otbuild.stages.skills.run`) over that task table and
+  one finished shard of N answers (a tag, a tag among words, an answer naming no tag), as its
+  shard job leaves them: the rows streamed back beside their tags;
 - validate merge: the task validation's merge job (`otbuild.stages.validate.run`) over N tasks
   whose 2N trials (a solution's and a no-op's, each with a verifier output tail of 2,000
   characters) are done in 64 shards each: both merges, the verdicts, kept and rejected;
@@ -53,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 STAGES = (
     "near_dedup",
+    "skills merge",
     "validate merge",
     "rollout shards",
     "rollout merge",
@@ -110,12 +114,40 @@ def generate(data: Path, n: int, shards: int) -> dict:
     from near_dedup import generate as task_table  # bench/near_dedup.py: tasks with planted twins
 
     task_table(data / "task_table.parquet", n)
+    skill_answers(data / "skill_answers" / "0-of-1.parquet", n)
     validate_trials(data, n, shards)
     t0 = time.perf_counter()
     size = write_partials(data / "partials", n, shards)
     manifest = {"n": n, "shards": shards, "bytes": size, "generate_s": time.perf_counter() - t0}
     done.write_text(json.dumps(manifest))
     return manifest
+
+
+def skill_answers(path: Path, n: int) -> None:
+    """N answers of a skills shard job, one per request, as llm_requests writes them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from otbuild.stagekit.llm_requests import ANSWER_SCHEMA
+
+    said = ("networking", "It is mostly text-processing work.", "cooking")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, ANSWER_SCHEMA, compression="zstd") as w:
+        for start in range(0, n, 65536):
+            rows = range(start, min(n, start + 65536))
+            w.write_table(
+                pa.table(
+                    {
+                        "request": list(rows),
+                        "text": [said[i % 3] for i in rows],
+                        "error": [None] * len(rows),
+                        "n_output_tokens": [3] * len(rows),
+                        "usage_reported": [True] * len(rows),
+                        "n_input_tokens": [200] * len(rows),
+                    },
+                    ANSWER_SCHEMA,
+                )
+            )
 
 
 def validate_trials(data: Path, n: int, shards: int) -> None:
@@ -191,6 +223,15 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
         near_dedup(
             NearDedup(max_dropped_fraction=1.0), Inputs.of(tasks=[data / "task_table.parquet"]), work / "near_dedup"
         )
+    elif stage == "skills merge":
+        from otbuild.stagekit import Inputs
+        from otbuild.stages.skills import Skills
+        from otbuild.stages.skills import run as skills
+
+        shutil.copytree(data / "skill_answers", work / "skills" / "shards", dirs_exist_ok=True)
+        t0 = time.perf_counter()  # the copy above is the shard job's, not the merge's
+        cfg = Skills(engine="openai", model="m", base_url="http://127.0.0.1:9/v1")
+        skills(cfg, Inputs.of(tasks=[data / "task_table.parquet"]), work / "skills")
     elif stage == "validate merge":
         from otbuild.stagekit import Inputs
         from otbuild.stages.validate import ValidateSettings

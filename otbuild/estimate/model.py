@@ -28,7 +28,7 @@ from otbuild.span import ZERO, Span
 from otbuild.stages import STAGES
 
 # the generic estimates a stage may name (`StageDef.estimate`), each a method of Model
-GENERIC = ("table",)
+GENERIC = ("table", "request_per_task")
 
 
 @dataclass
@@ -231,6 +231,14 @@ class Model:
         pilot measured it; its rows are its inputs'."""
         self.job(e, n.stage, 1, self.job_rate(e, n, "job_s"))
         self.rows[n.id] = self.rows_in(n)
+
+    def request_per_task(self, n, e: StageEstimate) -> None:
+        """A generic estimate (`StageDef.estimate="request_per_task"`): an LLM stage that asks one
+        request per task of its input (task_score, skills) and keeps every row."""
+        tasks = self.rows_in(n)
+        self.requests(n, e, tasks)
+        self.rows[n.id] = tasks
+        e.counts["tasks"] = tasks
 
     def measured(self, n, name: str) -> bool:
         """A pilot measured rate `name` for this node's work."""

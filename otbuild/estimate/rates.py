@@ -21,7 +21,7 @@ def _d(est: float, low: float, high: float, unit: str, source: str) -> DefaultRa
 _TRIAL = "no figure in the paper: long terminal sessions of a large model"
 # (kind of work, rate) -> the default, where the stage declares none of its own (`StageDef.rates`):
 # "trials" covers every stage that runs trials (rollout, eval, rl), "requests" every one that asks an
-# LLM (augment, task_score); "benchmark", "job", "server" and "model" are no stage's.
+# LLM (augment, task_score, skills); "benchmark", "job", "server" and "model" are no stage's.
 DEFAULTS: dict[tuple[str, str], DefaultRate] = {
     ("trials", "turns_per_trial"): _d(30, 10, 60, "turns", _TRIAL + "; capped at max_episodes"),
     ("trials", "input_tokens_per_request"): _d(

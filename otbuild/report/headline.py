@@ -8,8 +8,9 @@ block (page.py) and the summary a build prints when it ends (otbuild/summary.py)
 - pass@1 ± standard error per benchmark, with repeats, tasks and failed trials
 - tokens and cost (otbuild/report/costs.py), job time and GPU-hours (the jobs' benchmarks)
 - with `eval.base`, the untrained base's pass@1 beside the student's on each benchmark
-- flags: results that carry no signal, e.g. an RL run whose loss and grad norm are 0 at every
-  step, a benchmark on which every trial failed or scored 0, or a student that does not score
+- flags: results that carry no signal, e.g. a run of trials whose health it warned about
+  (one-turn trials, one reward, one error: docs/failures.md), an RL run whose loss and grad
+  norm are 0 at every step, a benchmark on which every trial failed or scored 0, or a student that does not score
   above its untrained base.
 """
 
@@ -44,7 +45,7 @@ class Score:
 class Flag:
     """A degenerate result, shown at the top of the report, in its section and on the console."""
 
-    section: str  # "sft", "rl" or "eval": the report's section it belongs to
+    section: str  # "traces", "sft", "rl" or "eval": the report's section it belongs to
     label: str  # the artifact's label within its group
     text: str
 
@@ -94,6 +95,7 @@ def _part(name: str | None, arts: list[Artifact]) -> Part:
     for a in arts:
         if STAGES[a.stage].training and (flag := training_flag(a)):
             p.flags.append(flag)
+        p.flags += health_flags(a)
     ev = next((a for a in evals(arts) if not is_base(a)), None)
     if ev and ev.main_output.exists():
         p.eval_label = ev.local
@@ -155,6 +157,19 @@ def score_flag(s: Score) -> str | None:
             f"untrained base ({num(b.mean)} ± {num(b.stderr)}): training did not help on it."
         )
     return None
+
+
+def health_flags(a: Artifact) -> list[Flag]:
+    """What a run of trials warned about itself (its stats' `health`: one-turn trials, one reward,
+    one error; otbuild/stagekit/run_health.py), under `health.on_broken: warn` or as an eval; an
+    untrained base's are expected."""
+    d = STAGES[a.stage]
+    if not d.trials or d.training or is_base(a):
+        return []
+    section = "traces" if d.traces else "eval"
+    return [
+        Flag(section, a.local, f"The run looks broken: {w}.") for w in a.stats.get("health", {}).get("warnings", [])
+    ]
 
 
 def training_flag(a: Artifact) -> Flag | None:

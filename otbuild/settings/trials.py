@@ -96,6 +96,34 @@ class Trials(Strict):
     )
 
 
+class RunHealth(Strict):
+    """When a run of trials is broken however healthy its endpoint looked (docs/failures.md,
+    "A broken run"): its trials average about one turn, every trial got the same reward, or one
+    error ended most of them. Checked over the merged traces (otbuild/stagekit/run_health.py);
+    the numbers go in the stage's stats either way."""
+
+    on_broken: Literal["fail", "warn"] = Field(
+        default="fail",
+        description="fail: the stage fails naming the numbers; warn: it writes its artifact and "
+        "records the warning. An eval's turns and rewards only warn (they measure the model under test)",
+    )
+    min_trials: int = Field(default=20, ge=1, description="a run of fewer trials is not judged (too few to tell)")
+    max_mean_turns: float | None = Field(
+        default=1.5, ge=0, description="trials averaging at most this many turns: broken (null: not checked)"
+    )
+    same_reward: bool = Field(
+        default=True,
+        description="every verified trial got the same reward: broken (an oracle passing every trial "
+        "is what it should do)",
+    )
+    max_error_share: float | None = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="one error (by name) ended at least this share of the trials: broken (null: not checked)",
+    )
+
+
 class ShardedTrials(Trials, Sharded):
     """Trials of a stage of its own (teacher rollouts, eval): in shards that are separate
     Snakemake jobs, run by otbuild's harness or by Harbor's."""
@@ -119,6 +147,9 @@ class ShardedTrials(Trials, Sharded):
         le=1,
         description="a shard with more infrastructure "
         "failures (a fraction of its trials, after retries) fails, naming them",
+    )
+    health: RunHealth = execution_only(
+        RunHealth(), description="when the merged run is broken: one-turn trials, one reward, one error"
     )
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """What the stages are built from: the contract of a stage's job (its `StageDef`, its `Inputs`,
 its `run` and `run_shard`, where a shard writes), and the machinery several stages share (trials in shards,
-LLM requests in shards, partial files, failure counts, training launches). A stage added by
+LLM requests in shards, partial files, failure counts, a run's health, training launches). A stage added by
 a package builds on it as the built-in ones do; no stage imports another."""
 
 from __future__ import annotations

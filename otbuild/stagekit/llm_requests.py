@@ -97,6 +97,23 @@ def run_shard(
     partial.unlink(missing_ok=True)
 
 
+def one_per_task(
+    inputs: list[Path], prompt: Callable[[str], str]
+) -> Callable[[Callable[[int], bool]], Iterator[Request]]:
+    """`requests(wanted)` for run_shard, for a stage that asks one question per task (task_score,
+    skills): request r is task r in input order, `prompt(instruction)` its one user message."""
+
+    def wanted_requests(wanted: Callable[[int], bool]) -> Iterator[Request]:
+        number = 0
+        for batch in input_batches(inputs, ["instruction"]):
+            for instruction in batch.column(0).to_pylist():
+                if wanted(number):
+                    yield number, [{"role": "user", "content": prompt((instruction or "").strip())}], {}
+                number += 1
+
+    return wanted_requests
+
+
 def input_rows(inputs: list[Path]) -> int:
     """Rows of the input tables, from their parquet footers."""
     return sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
@@ -228,6 +245,33 @@ def input_batches(inputs: list[Path], columns: list[str] | None = None, rows: in
     """The inputs' rows in order, in batches of bounded memory (`fsio.parquet_batches`)."""
     for path in inputs:
         yield from parquet_batches(path, rows, columns)
+
+
+def write_answered(
+    inputs: list[Path], outdir: Path, shards: int, fields: list[pa.Field], columns: Callable[[list[dict]], list[list]]
+) -> int:
+    """The merge of a stage that asks one question per task: the input rows, streamed, each with
+    the columns `columns` makes of a batch's answers (one list per field of `fields`), into
+    outdir/tasks.parquet (a column only some inputs have is null in the others'). Returns the
+    row count; raises unless there is exactly one answer per row."""
+    total = input_rows(inputs)
+    answered = answers(outdir, shards, total)
+    schema = pa.unify_schemas([pq.ParquetFile(p).schema_arrow for p in inputs]) if inputs else pa.schema([])
+    out_schema = pa.schema([*schema, *fields])
+    with atomic_path(outdir / "tasks.parquet") as tmp, pq.ParquetWriter(tmp, out_schema, compression="zstd") as w:
+        for path in inputs:
+            present = [c for c in schema.names if c in pq.ParquetFile(path).schema_arrow.names]
+            for batch in input_batches([path], present):
+                got = [next(answered) for _ in range(batch.num_rows)]
+                arrays = [
+                    batch.column(n) if n in present else pa.nulls(batch.num_rows, f.type)
+                    for n, f in zip(schema.names, schema)
+                ]
+                arrays = [a.cast(f.type) for a, f in zip(arrays, schema)]
+                made = [pa.array(values, f.type) for values, f in zip(columns(got), fields, strict=True)]
+                w.write_table(pa.Table.from_arrays(arrays + made, schema=out_schema))
+    next(answered, None)  # runs the answers' own check: exactly one per task
+    return total
 
 
 def _list(paths: list[Path]) -> str:

@@ -37,6 +37,7 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.validate",
     "otbuild.stages.difficulty",
     "otbuild.stages.task_score",
+    "otbuild.stages.skills",
     "otbuild.stages.task_filter",
     "otbuild.stages.trace_import",
     "otbuild.stages.rollout",

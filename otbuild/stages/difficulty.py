@@ -24,7 +24,7 @@ from otbuild import duck, usage
 from otbuild.settings.base import MAX_REPEATS, execution_only
 from otbuild.settings.recipe import AgentModel
 from otbuild.settings.stages import RolloutSettings
-from otbuild.stagekit import Inputs, StageDef, stage_run, stage_run_shard
+from otbuild.stagekit import Inputs, StageDef, run_health, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
 from otbuild.stagekit.trials import TRACES, merge_shards, run_trials_shard
 from otbuild.tasks.table import BATCH_ROWS
@@ -82,6 +82,8 @@ def run(cfg: DifficultySettings, inputs: Inputs, outdir: Path) -> dict:
     )
     summary = pilot_summary(con)
     check_pilot(cfg, summary)
+    # a pilot measures its tasks: its turns and rewards are results; one error of the run's fails
+    health = run_health.check(cfg, traces, "difficulty", measures_model=True)
     duck.stream_split(
         con, "dif_decided", tasks, outdir, rejected_by="difficulty", kept_columns=PILOT_COLUMNS, batch_rows=BATCH_ROWS
     )
@@ -91,6 +93,7 @@ def run(cfg: DifficultySettings, inputs: Inputs, outdir: Path) -> dict:
         **summary,
         "shards": shards,
         **outcome_stats(con, traces),
+        **health,
         "llm_usage": usage.of_traces(traces),
         "engines": usage.engines_of_traces(traces),
     }
@@ -150,6 +153,7 @@ STAGE = StageDef(
     ("tasks.parquet", "traces.parquet"),
     __name__,
     DifficultySettings,
+    plan="teacher_trials",  # the pilot runs where the teacher's trials will: its sandbox settings where unset here
     consumes=("tasks",),
     produces="tasks",
     sharded=True,

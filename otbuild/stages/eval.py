@@ -22,7 +22,7 @@ from otbuild.settings.recipe import AgentModel, Name, PromptStyle, RankBy, Sourc
 from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import ShardedTrials
 from otbuild.span import Span
-from otbuild.stagekit import EVALUATION, Inputs, StageDef, stage_run, stage_run_shard
+from otbuild.stagekit import EVALUATION, Inputs, StageDef, run_health, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
 from otbuild.stagekit.trials import TRACES, merge_calls, merge_shards, run_trials_shard
 from otbuild.traces import outcome
@@ -96,6 +96,8 @@ def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> No
 @stage_run
 def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
     shards = merge_shards(cfg.shards, outdir)
+    # the model under test may fail every task in one turn: only the run's own breakage fails an eval
+    health = run_health.check(cfg, outdir / "traces.parquet", "eval", measures_model=True)
     con = duck.connect()
     duck.run_template(
         con, "eval.sql", traces=str(outdir / "traces.parquet"), model=cfg.model_label, outcome=outcome.sql_context()
@@ -114,6 +116,7 @@ def run(cfg: EvalSettings, inputs: Inputs, outdir: Path) -> dict:
         "trials": trials,
         "shards": shards,
         **outcome_stats(con, outdir / "traces.parquet"),
+        **health,
         "benchmarks": {b: {"mean": m, "stderr": s, "exceptions": e, "excluded": x} for b, m, s, e, x in summary},
         "llm_usage": usage.of_traces(outdir / "traces.parquet"),
         "engines": usage.engines_of_traces(outdir / "traces.parquet"),

@@ -11,7 +11,7 @@ from otbuild import duck, usage
 from otbuild.settings.recipe import AgentModel
 from otbuild.settings.stages import RolloutSettings
 from otbuild.span import ZERO
-from otbuild.stagekit import Inputs, StageDef, stage_run, stage_run_shard
+from otbuild.stagekit import Inputs, StageDef, run_health, stage_run, stage_run_shard
 from otbuild.stagekit.failures import outcome_stats
 from otbuild.stagekit.trials import TRACES, merge_calls, merge_shards, run_trials_shard
 
@@ -23,8 +23,10 @@ def run_shard(cfg: RolloutSettings, inputs: Inputs, outdir: Path, shard: int) ->
 
 @stage_run
 def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
-    """Merge the shards into traces.parquet; the summary reads 5 narrow columns back."""
+    """Merge the shards into traces.parquet; the summary reads 5 narrow columns back. A broken
+    run (otbuild/stagekit/run_health.py) fails here, or warns."""
     shards = merge_shards(cfg.shards, outdir)
+    health = run_health.check(cfg, outdir / "traces.parquet", "rollout")
     con = duck.connect()
     outcomes = outcome_stats(con, outdir / "traces.parquet")
     trials, subagents, passed, exceptions, timed_out = cast(
@@ -45,6 +47,7 @@ def run(cfg: RolloutSettings, inputs: Inputs, outdir: Path) -> dict:
         "exceptions": exceptions,
         "timed_out": timed_out,
         **outcomes,
+        **health,
         "llm_usage": usage.of_traces(outdir / "traces.parquet"),
         "engines": usage.engines_of_traces(outdir / "traces.parquet"),
         **merge_calls(cfg, outdir),

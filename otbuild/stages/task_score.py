@@ -17,9 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from otbuild.fsio import atomic_path
 from otbuild.prompts import render
 from otbuild.settings.recipe import TaskScorer
 from otbuild.stagekit import Inputs, StageDef, llm_requests, stage_run, stage_run_shard
@@ -28,19 +26,8 @@ TEMPLATES = {"askllm": "askllm.j2", "response_length": "response_length.j2"}
 
 
 def requests(cfg, inputs: list[Path]):
-    """`requests(wanted)` for llm_requests.run_shard: one request per task, in input order."""
-    template = TEMPLATES[cfg.kind]
-
-    def wanted_requests(wanted):
-        number = 0
-        for batch in _batches(inputs, ["instruction"]):
-            for instruction in batch.column(0).to_pylist():
-                if wanted(number):
-                    prompt = render(template, instruction=(instruction or "").strip())
-                    yield number, [{"role": "user", "content": prompt}], {}
-                number += 1
-
-    return wanted_requests
+    """One request per task, in input order: the kind's prompt on its instruction."""
+    return llm_requests.one_per_task(inputs, lambda text: render(TEMPLATES[cfg.kind], instruction=text))
 
 
 @stage_run_shard
@@ -51,26 +38,19 @@ def run_shard(cfg: TaskScorer, inputs: Inputs, outdir: Path, shard: int) -> None
 @stage_run
 def run(cfg: TaskScorer, inputs: Inputs, outdir: Path) -> dict:
     """Merge: the input rows, streamed, with each one's answer as `llm_score`, `llm_response`."""
-    total = llm_requests.input_rows(inputs)
-    answers = llm_requests.answers(outdir, cfg.shards, total)
-    schema = pa.unify_schemas([pq.ParquetFile(p).schema_arrow for p in inputs]) if inputs else pa.schema([])
-    out_schema = schema.append(pa.field("llm_score", pa.float64())).append(pa.field("llm_response", pa.string()))
     outcomes: Counter = Counter()
     first_error = None
-    with atomic_path(outdir / "tasks.parquet") as tmp, pq.ParquetWriter(tmp, out_schema, compression="zstd") as w:
-        for batch in _batches(inputs, schema.names, schema):
-            got = [next(answers) for _ in range(batch.num_rows)]
-            scores = [score(cfg.kind, a) for a in got]
-            for a, s in zip(got, scores):
-                outcomes["engine_errors" if a["error"] else "scored" if s is not None else "unscored"] += 1
-                first_error = first_error or a["error"]
-            texts = [a["error"] or a["text"][:2000] for a in got]
-            w.write_table(
-                pa.Table.from_batches([batch])
-                .append_column("llm_score", pa.array(scores, pa.float64()))
-                .append_column("llm_response", pa.array(texts, pa.string()))
-            )
-    next(answers, None)  # runs the answers' own check: exactly one per task
+
+    def columns(got: list[dict]) -> list[list]:
+        nonlocal first_error
+        scores = [score(cfg.kind, a) for a in got]
+        for a, s in zip(got, scores):
+            outcomes["engine_errors" if a["error"] else "scored" if s is not None else "unscored"] += 1
+            first_error = first_error or a["error"]
+        return [scores, [a["error"] or a["text"][:2000] for a in got]]
+
+    fields = [pa.field("llm_score", pa.float64()), pa.field("llm_response", pa.string())]
+    total = llm_requests.write_answered(inputs, outdir, cfg.shards, fields, columns)
     if total and not outcomes["scored"]:
         (outdir / "tasks.parquet").unlink()
         why = f"{outcomes['engine_errors']} engine errors (first: {first_error[:300]})" if first_error else ""
@@ -96,29 +76,6 @@ def score(kind: str, answer: dict) -> float | None:
     return float(answer["n_output_tokens"] if answer["usage_reported"] else len(answer["text"].split()))
 
 
-def _batches(inputs: list[Path], columns: list[str], schema: pa.Schema | None = None, rows: int = 1024):
-    """The inputs' rows in order, in batches; with `schema`, every batch cast to it (a column an
-    input lacks is null)."""
-    for path in inputs:
-        present = [c for c in columns if c in pq.ParquetFile(path).schema_arrow.names]
-        for batch in llm_requests.input_batches([path], present, rows):
-            if schema is not None:
-                arrays = [
-                    batch.column(n) if n in present else pa.nulls(batch.num_rows, f.type)
-                    for n, f in zip(schema.names, schema)
-                ]
-                batch = pa.RecordBatch.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
-            yield batch
-
-
-def estimate(m, n, e) -> None:
-    """One request per task."""
-    tasks = m.rows_in(n)
-    m.requests(n, e, tasks)
-    m.rows[n.id] = tasks
-    e.counts["tasks"] = tasks
-
-
 STAGE = StageDef(
     "task_score",
     1,
@@ -131,5 +88,5 @@ STAGE = StageDef(
     sharded=True,
     llm=True,
     tasks=True,
-    estimate=estimate,
+    estimate="request_per_task",
 )

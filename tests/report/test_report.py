@@ -253,6 +253,48 @@ def fake_eval_of_zeros(
     return {"label": label, "stage": "eval", "id": d.name, "dir": str(d.relative_to(project))}
 
 
+def headline_and_page(project: Path, nodes: list[dict]):
+    """The headline and the report page of a recipe whose plan nodes are `nodes` (in `project`)."""
+    from otbuild.report.costs import collect
+    from otbuild.report.data import artifacts
+    from otbuild.report.headline import headline
+
+    cfg = STAGES["report"].config({"recipe": "r", "nodes": nodes})
+    cwd = Path.cwd()
+    os.chdir(project)
+    try:
+        arts = artifacts(cfg.nodes)
+        head = headline("r", arts, collect(arts, None))
+        build(cfg, project / "report")
+    finally:
+        os.chdir(cwd)
+    return head, (project / "report" / "report.html").read_text()
+
+
+def test_a_run_that_warned_about_its_health_is_flagged_in_its_section(tmp_path):
+    """A rollout merged with health.on_broken: warn (its trials one turn each): the report says
+    so at the top and in the trace set's section, with the numbers its stats hold."""
+    from otbuild.settings.stages import RolloutSettings
+    from otbuild.stages import rollout
+    from otbuild.traces.table import write_traces
+    from tests.stagekit.test_failures import row
+
+    d = tmp_path / "artifacts" / "rollout" / ("1a" * 8)
+    write_traces(d / "shards" / "0-of-1.parquet", [row(str(i % 2), reward=i % 2, n_turns=1) for i in range(20)])
+    cfg = RolloutSettings(engine="openai", base_url="http://127.0.0.1:9/v1", model="m", health={"on_broken": "warn"})
+    stats = rollout.run(cfg, [], d)
+    outputs = [{"path": str(d / "traces.parquet"), "rows": 20}]
+    (d / "provenance.json").write_text(
+        json.dumps({"stage": "rollout", "id": d.name, "settings": {}, "inputs": [], "stats": stats, "outputs": outputs})
+    )
+    node = {"label": "teacher", "stage": "rollout", "id": d.name, "dir": str(d.relative_to(tmp_path))}
+    head, html = headline_and_page(tmp_path, [node])
+    said = "The run looks broken: its 20 trials average 1 turns (health.max_mean_turns: 1.5)."
+    assert head.warnings == [f"teacher: {said}"]
+    traces = re.sub(r"<[^>]+>", "", html.split('id="recipe-traces"')[1].split("<h3")[0])
+    assert said in traces and html.count('<p class="flag">') == 2  # at the top and in its section
+
+
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
@@ -514,25 +556,12 @@ def test_the_headline_flags_what_says_nothing_and_sets_the_student_beside_its_ba
     """Without a build: an RL run with no learning signal and an eval that scored 0 everywhere
     are flagged; with `eval.base` the student's pass@1 is said beside its untrained base's (the
     build's summary, the page's headline, the eval section), flagged where it is not above it."""
-    from otbuild.report.costs import collect
-    from otbuild.report.data import artifacts
-    from otbuild.report.headline import headline
     from otbuild.summary import _part_lines
 
     def said(*made: dict) -> tuple[list[str], list[str], str]:
         """(summary lines, warnings, page) of a recipe whose artifacts are `made`."""
-        cfg = STAGES["report"].config(
-            {"recipe": "r", "nodes": [{k: v for k, v in m.items() if k != "log"} for m in made]}
-        )
-        cwd = Path.cwd()
-        os.chdir(tmp_path)
-        try:
-            arts = artifacts(cfg.nodes)
-            head = headline("r", arts, collect(arts, None))
-            build(cfg, tmp_path / "report")
-        finally:
-            os.chdir(cwd)
-        return _part_lines(head.parts[0], "  "), head.warnings, (tmp_path / "report" / "report.html").read_text()
+        head, html = headline_and_page(tmp_path, [{k: v for k, v in m.items() if k != "log"} for m in made])
+        return _part_lines(head.parts[0], "  "), head.warnings, html
 
     sft = fake_training(tmp_path, "sft", 4)
     lines, warnings, _ = said(sft, fake_training(tmp_path, "rl", 3, flat=True), fake_eval_of_zeros(tmp_path))

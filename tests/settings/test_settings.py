@@ -28,6 +28,7 @@ difficulty: {engine: oracle}
 augment: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m}
 task_filter:
   llm: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m, kind: askllm}
+skills: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m}
 teacher: {engine: oracle}
 trace_imports:
   chats: {kind: messages-jsonl, path: chats.jsonl}
@@ -64,6 +65,7 @@ def sections(recipe, stage: str) -> list[BaseModel]:
         "validate": [recipe.validate],
         "difficulty": [recipe.difficulty],
         "task_score": [recipe.task_filter.llm],
+        "skills": [recipe.skills],
         "task_filter": [recipe.task_filter],
         "trace_import": [recipe.trace_imports["chats"]],
         "rollout": [recipe.teacher],

@@ -225,6 +225,26 @@ task_filter:
     assert st["task_filter"]["counts"]["tasks_kept"]["estimate"] == 10
 
 
+def test_the_pilot_runs_in_the_teachers_sandbox_where_its_section_leaves_it_unset(tmp_path):
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    (tmp_path / "recipes").mkdir()
+    recipe = (
+        "sources:\n  a: {kind: synthetic, count: 5, seed: 1}\n"
+        "teacher: {engine: oracle, sandbox: podman, limits: {memory_mb: 3072}, max_episodes: 7}\n"
+    )
+
+    def pilot(section: str):
+        (tmp_path / "recipes" / "r.yaml").write_text(recipe + section)
+        return next(n for n in plan_recipe(load_recipe("r", tmp_path)).nodes if n.stage == "difficulty").config
+
+    inherited = pilot("difficulty: {engine: oracle, k: 2}\n")
+    assert inherited.sandbox == "podman" and inherited.limits.memory_mb == 3072  # the teacher's
+    assert inherited.max_episodes != 7  # not the teacher's turn budget
+    assert pilot("difficulty: {engine: oracle, k: 2, sandbox: bwrap}\n").sandbox == "bwrap"
+
+
 # -- through the CLI and snakemake -----------------------------------------------------------
 @needs_sandbox
 @pytest.mark.slow

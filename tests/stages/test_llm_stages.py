@@ -301,6 +301,19 @@ def _stage_proc(settings, src, out, shard: int, stage: str = "task_score", **env
     )
 
 
+def kill_mid_shard(proc: subprocess.Popen, partial, answers: int) -> set[int]:
+    """kill -9 a shard job once its partial file holds `answers` answers; the requests answered."""
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.read_bytes().count(b"\n") >= answers):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stdout.read() if proc.poll() is not None else ""
+        )
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return {json.loads(line)["request"] for line in partial.read_text().splitlines() if line.endswith("}")}
+
+
 @pytest.mark.parametrize("stage", ["augment", "task_score"])
 def test_a_shard_job_shows_its_requests_on_the_runs_console(tmp_path, scripted, stage):
     """What the Snakemake run prints for an augment or task_score shard job (otbuild/progress.py):
@@ -347,17 +360,8 @@ def test_task_score_resumes_after_kill_9_without_asking_twice(tmp_path, scripted
     src = write_source(tmp_path / "in.parquet", "s", texts)
     out = tmp_path / "out"
     settings = TaskScorer(engine="openai", base_url=srv.base_url, model="m", kind="askllm", shards=2, concurrency=3)
-    proc = _stage_proc(settings, src, out, 0)
     partial = out / "shards" / "0-of-2.partial.jsonl"
-    deadline = time.monotonic() + 60
-    while not (partial.exists() and partial.read_bytes().count(b"\n") >= 10):
-        assert proc.poll() is None and time.monotonic() < deadline, (
-            proc.stdout.read() if proc.poll() is not None else ""
-        )
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    answered = {json.loads(line)["request"] for line in partial.read_text().splitlines() if line.endswith("}")}
+    answered = kill_mid_shard(_stage_proc(settings, src, out, 0), partial, 10)
     assert 10 <= len(answered) < 30  # killed mid-shard (shard 0 has 30 requests)
     with open(partial, "a") as f:
         f.write('{"request": 58, "text": "Rat')  # a torn last line, as a crash mid-write leaves

@@ -69,6 +69,7 @@ def test_every_stage_answers_the_registry_hooks():
         "validate",
         "difficulty",
         "task_score",
+        "skills",
         "task_filter",
         "trace_import",
         "rollout",
