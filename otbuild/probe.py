@@ -62,12 +62,15 @@ def derive(loaded: LoadedRecipe, tasks: int = TASKS, seed: int = 0) -> tuple[dic
         doc["prices"] = data["prices"]
     doc["sources"] = {name: _sampled(src, tasks, seed) for name, src in sources.items()}
     teacher = data.get("teacher") or {}
-    validate = dict(data.get("validate") or {})
-    validate.update({k: teacher[k] for k in TEACHER_TRIALS if k in teacher and k not in validate})
-    doc["validate"] = {**validate, "max_dropped_fraction": 1.0}  # a broken source is a finding here
+
+    def where_the_teacher_runs(section: dict) -> dict:  # the plan's teacher_trials, as the recipe would get them
+        return {**{k: teacher[k] for k in TEACHER_TRIALS if k in teacher}, **section}
+
+    # a broken source is a finding here, not a failed build
+    doc["validate"] = {**where_the_teacher_runs(data.get("validate") or {}), "max_dropped_fraction": 1.0}
     pilot: str | None = None
     if data.get("difficulty") is not None:
-        doc["difficulty"] = {**data["difficulty"], "allow_all_impossible": True}
+        doc["difficulty"] = {**where_the_teacher_runs(data["difficulty"]), "allow_all_impossible": True}
         d = doc["difficulty"]
         who = f"{d.get('engine')}:{d.get('model') or d.get('engine')}"
         pilot = f"the recipe's difficulty section ({who}, k={d.get('k', 8)})"

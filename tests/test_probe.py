@@ -67,7 +67,7 @@ def test_the_probe_recipe_samples_every_source_and_pilots_with_the_teacher(tmp_p
     own = RECIPE + "difficulty: {engine: oracle, k: 2}\n"
     (project / "recipes" / "tiny.yaml").write_text(own)
     doc, pilot = derive(load_recipe("tiny", project))
-    assert doc["difficulty"] == {"engine": "oracle", "k": 2, "allow_all_impossible": True}
+    assert doc["difficulty"] == {"sandbox": "bwrap", "engine": "oracle", "k": 2, "allow_all_impossible": True}
     assert doc["sources"]["broken"]["sample"] == {"n": 25, "seed": 0} and "difficulty section" in pilot
     path, _ = write_recipe(load_recipe("tiny", project), project)
     assert load_recipe(path, project).recipe.validate.max_dropped_fraction == 1.0  # a valid recipe
