@@ -73,6 +73,19 @@ def mean_span(values: list[float]) -> Span:
     return Span(m, max(m - half, 0.0), m + half)
 
 
+def ratio_span(amounts: list[float], per: list[float]) -> Span:
+    """An amount per unit pooled over items (sum of amounts / sum of units: tokens per request over
+    trials of unequal length, whose long ones weigh as many requests as they made) with its 95 %
+    interval (the ratio estimator's linearised standard error)."""
+    n, total = len(amounts), sum(per)
+    r = sum(amounts) / total if total else 0.0
+    if n < 2 or not total:
+        return Span(r, r * 0.5, r * 2.0)
+    resid = [a - r * u for a, u in zip(amounts, per, strict=True)]
+    half = Z95 * math.sqrt(sum(e * e for e in resid) / (n * (n - 1))) / (total / n)
+    return Span(r, max(r - half, 0.0), r + half)
+
+
 def rate_span(kept: int, total: int) -> Span:
     """A keep rate measured as kept of total, with its Wilson 95 % interval."""
     if total <= 0:

@@ -9,17 +9,17 @@ from otbuild.settings.engines import LLM, concurrency
 UPSTREAM_GRACE_SEC = 60.0
 
 
-def capture_engine(engine, settings: LLM) -> CaptureProxy | None:
+def capture_engine(engine, settings: LLM, ask_tokens: bool = True) -> CaptureProxy | None:
     """A started proxy that `engine`'s requests go through from its first request on (a managed
-    server's restarts included); None for an engine that asks no server (the oracle). The
-    proxy asks a vLLM that otbuild started for token ids and log-probs. Close it after the
-    engine."""
+    server's restarts included); None for an engine that asks no server (the oracle). With
+    `ask_tokens`, the proxy asks a vLLM that otbuild started for token ids and log-probs. Close
+    it after the engine."""
     from otbuild.engines.managed import ManagedServerEngine
     from otbuild.engines.openai import OpenAIEngine
 
     connections, timeout = concurrency(settings) + 8, settings.request_timeout_sec + UPSTREAM_GRACE_SEC
     if isinstance(engine, ManagedServerEngine):
-        ask = engine.name == "vllm"
+        ask = ask_tokens and engine.name == "vllm"
         proxy = CaptureProxy(trust_env=False, ask_tokens=ask, connections=connections, timeout=timeout).start()
         engine.capture = proxy
         client = engine._client  # started already (open_engine): route it now, as start() does later

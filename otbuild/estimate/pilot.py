@@ -26,7 +26,7 @@ from otbuild.artifact import PROVENANCE
 from otbuild.errors import ConfigError
 from otbuild.estimate.rates import Rate, model_key, model_params_b
 from otbuild.report.costs import benchmark_files, read_benchmark
-from otbuild.span import Span, mean_span, rate_span
+from otbuild.span import Span, mean_span, rate_span, ratio_span
 from otbuild.stages import STAGES
 
 SMALL_PILOT = 30  # items below which a pilot's rate is flagged as saying little
@@ -203,11 +203,12 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
     reqs = [max(r[0], 1) for r in rows]
     out = {
         "turns_per_trial": Measured("turns_per_trial", "turns", src, values=[float(r[0]) for r in rows], n=k),
+        # pooled over the trials' requests: a long trial's requests carry longer conversations
         "input_tokens_per_request": Measured(
-            "input_tokens_per_request", "tokens", src, values=[r[1] / q for r, q in zip(rows, reqs)], n=k
+            "input_tokens_per_request", "tokens", src, span=ratio_span([r[1] for r in rows], reqs), n=k
         ),
         "output_tokens_per_request": Measured(
-            "output_tokens_per_request", "tokens", src, values=[r[2] / q for r, q in zip(rows, reqs)], n=k
+            "output_tokens_per_request", "tokens", src, span=ratio_span([r[2] for r in rows], reqs), n=k
         ),
         "seconds_per_trial": Measured(
             "seconds_per_trial", "s per concurrent slot", src, values=[float(r[3]) for r in rows], n=k

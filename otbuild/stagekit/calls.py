@@ -41,6 +41,7 @@ CALL_SCHEMA = pa.schema(
         ("harness_agrees", pa.bool_()),  # the harness's log of this answer is it byte for byte (null: not compared)
     ]
 )
+CALLS = "calls.parquet"  # a trial stage's calls, beside its traces.parquet
 WRITE_OPTIONS = {"compression": "zstd", "write_statistics": ["trial", "trial_name", "scope", "call_idx", "status"]}
 BATCH_ROWS = 256
 

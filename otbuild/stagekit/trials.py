@@ -48,7 +48,7 @@ from otbuild.progress import JobProgress, duration, eta
 from otbuild.settings.stages import RolloutSettings
 from otbuild.settings.trials import HARBOR
 from otbuild.stagekit import Inputs, shard_path
-from otbuild.stagekit.calls import calls_path, merge_call_files, trial_calls, write_calls
+from otbuild.stagekit.calls import CALLS, calls_path, merge_call_files, trial_calls, write_calls
 from otbuild.stagekit.failures import FailureCount, retry_delay, with_attempts
 from otbuild.stagekit.partials import append, drop_torn_tail
 from otbuild.tasks.table import task_rows
@@ -92,12 +92,14 @@ def run_trials_shard(
     samples: int | None = None,
     per_task: str | None = "n_rollouts",
     verifier_output: int = 0,
+    ask_tokens: bool = True,
 ) -> None:
     """One shard's trials, for the teacher's rollouts, eval (otbuild/stages/eval.py), task
     validation (otbuild/stages/validate.py) and the difficulty pilot. `samples`: that many trials
     of every task (no column read); else `per_task`, the task column that counts a task's trials
     (plan_trials); `verifier_output`: characters of the verifier's output kept in each trace's
-    metadata (TrialConfig)."""
+    metadata (TrialConfig); `ask_tokens`: with capture, a vLLM otbuild started is asked for token
+    ids and log-probs (otbuild/engines/capture.py)."""
     n = cfg.shards
     planned = plan_trials(inputs, samples, None) if samples else plan_trials(inputs, cfg.samples_per_task, per_task)
     trials = [t for t in planned if t.index % n == shard]
@@ -138,6 +140,7 @@ def run_trials_shard(
                 already=len(trials) - len(todo),
                 failures=failures,
                 verifier_output=verifier_output,
+                ask_tokens=ask_tokens,
             )
         )
         done = _finished_trials(partial)
@@ -190,7 +193,7 @@ def merge_calls(cfg: RolloutSettings, outdir: Path) -> dict:
     if not cfg.capture:
         return {}
     files = [calls_path(shard_path(outdir, cfg.shards, k)) for k in range(cfg.shards)]
-    stats = merge_call_files(files, outdir / "calls.parquet")
+    stats = merge_call_files(files, outdir / CALLS)
     return {"capture": stats} if stats else {}
 
 
@@ -266,6 +269,7 @@ async def _run_trials(
     already: int,
     failures: FailureCount,
     verifier_output: int = 0,
+    ask_tokens: bool = True,
 ) -> None:
     """Run `todo`, appending each trial's record to `partial` once it has its outcome: a trial
     that failed for infrastructure reasons is first rerun (infra_retries, with backoff), and
@@ -298,7 +302,7 @@ async def _run_trials(
     sem = asyncio.Semaphore(in_flight)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(cfg)
-    proxy = capture_engine(engine, cfg) if cfg.capture else None
+    proxy = capture_engine(engine, cfg, ask_tokens=ask_tokens) if cfg.capture else None
     model = engine if getattr(engine, "needs_solution", False) else FirstRequest(engine)
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)

@@ -90,7 +90,10 @@ class EvalSettings(RolloutSettings):
 @stage_run_shard
 def run_shard(cfg: EvalSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The benchmarks' trials (a trained checkpoint among the inputs is the model, not tasks)."""
-    run_trials_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard)
+    # a model under test is scored, not trained on: its server is not asked for token ids and
+    # log-probs (vLLM's CPU build spends seconds on its first log-prob request, which an agent's
+    # timeout would count against the model)
+    run_trials_shard(cfg, Inputs.of(tasks=inputs.named("tasks")), outdir, shard, ask_tokens=False)
 
 
 @stage_run

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from otbuild.span import Span, mean_span, rate_span
+from otbuild.span import Span, mean_span, rate_span, ratio_span
 from tests.conftest import REPO, make_project, otbuild, snakemake
 
 
@@ -145,6 +145,8 @@ def test_ranges_from_a_sample():
     small, big = rate_span(6, 10), rate_span(600, 1000)  # Wilson: narrower with the sample
     assert small.low < big.low < 0.6 < big.high < small.high and small.high <= 1.0
     assert (Span(1, 0.5, 2) * Span(10, 10, 10)).cap(15) == Span(10, 5, 15)
+    pooled = ratio_span([100.0, 1000.0], [1.0, 5.0])  # tokens of a 1-request and a 5-request trial
+    assert pooled.estimate == 1100 / 6 and pooled.low < pooled.estimate < pooled.high
 
 
 def test_a_pilot_measures_every_filter_s_keep_rate_by_its_reasons():
@@ -187,6 +189,9 @@ def test_a_pilot_s_estimate_of_a_2x_variant_holds_when_it_is_built(tmp_path, mon
     recipe["sft"] |= {"max_steps": 6, "global_batch_size": 8}
     recipe["eval"]["base"], recipe["task_filter"]["sample"] = False, {"n": 24, "seed": 0}
     recipe["harness"]["constrained_decoding"] = False
+    # and no wall-clock cap on an eval trial: the smoke's 10 s cuts trials by the machine's load
+    # (a loaded machine's first answers come after it: trials of 0 turns), which no rate predicts
+    recipe["eval"]["agent_timeout_sec"] = 300
     recipe["eval"]["benchmarks"]["heldout"]["count"] = 6
     (project / "recipes" / "pilot.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     recipe["sources"]["synth_files"]["count"], recipe["sources"]["synth_more"]["count"] = 90, 48

@@ -550,14 +550,18 @@ def test_a_killed_image_build_leaves_no_working_container_or_intermediate_image(
     made = _dangling_images() - dangling
     assert made  # the first RUN's intermediate image
     _, log = snakemake(project, "slow", "-n")  # the restart: recovery runs before the DAG
-    assert f"removed {len(left)} image-build working container(s) of builds that are no longer running" in log, log
+    # the restart removes them, unless another build on this host (a test beside this one) did first
+    removed = f"removed {len(left)} image-build working container(s) of builds that are no longer running"
+    assert removed in log or not left.keys() & _storage_containers().keys(), log
     assert not left.keys() & _storage_containers().keys()
     assert not made & _dangling_images()
 
     left = _kill_mid_image_build(project)
     res = otbuild(project, "clean", "--containers")
-    assert res.returncode == 0 and f"removed {len(left)} image-build working container(s)" in res.stdout, res.stdout
-    assert not left.keys() & _storage_containers().keys()
+    assert res.returncode == 0, res.stdout
+    gone = not left.keys() & _storage_containers().keys()  # by this clean, or by another build's clean-up first
+    assert f"removed {len(left)} image-build working container(s)" in res.stdout or gone, res.stdout
+    assert gone
     assert images.leaked_build_containers() == {}
 
 
