@@ -17,7 +17,20 @@ import pyarrow.parquet as pq
 
 from otbuild.fsio import atomic_path
 
-MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+# An assistant message's native tool calls, as the OpenAI protocol has them (`arguments`: the
+# model's JSON text, byte for byte).
+FUNCTION = pa.struct([("name", pa.string()), ("arguments", pa.string())])
+TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION)])
+# A message: Harbor's {role, content}, plus an assistant's `tool_calls` and a `tool` message's
+# `tool_call_id` (null on every other message: a terminus-2 trace has neither).
+MESSAGE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("tool_calls", pa.list_(TOOL_CALL)),
+        ("tool_call_id", pa.string()),
+    ]
+)
 
 TRACE_SCHEMA = pa.schema(
     [
@@ -34,6 +47,9 @@ TRACE_SCHEMA = pa.schema(
         # reward as text (`reward_text`: "1.0"), or the exception's class name
         # (ContextLengthExceededError: a task failure whose reward is 0, as Harbor exports it)
         ("result", pa.string()),
+        # the tools the model was offered: a JSON array of OpenAI tool definitions (null: none,
+        # as in every terminus-2 trace)
+        ("tools", pa.string()),
         # typed columns
         ("task_id", pa.string()),
         ("source", pa.string()),  # task source, or the importer for imported traces
@@ -104,7 +120,8 @@ def step_conversations(conversation: list[dict], metadata: str | None) -> list[l
 
 
 def count_turns(conversations: list[dict]) -> int:
-    """A turn is one assistant message: the model acted once."""
+    """A turn is one assistant message: the model acted once (with text, tool calls or both;
+    a `tool` message answering its calls is not one)."""
     return sum(1 for m in conversations if m.get("role") == "assistant")
 
 
