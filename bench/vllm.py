@@ -17,18 +17,24 @@ the two loads would not be the same work). At each concurrency C, in turn:
   random`) with as many requests, otbuild's mean prompt length, the same output length and
   `--max-concurrency C`.
 
+- otbuild before: the same trials with the harness as it was before issue 48's part 5 (each
+  trial's sandbox start and verifier inside its concurrency slot, the model's client loading
+  the CA store for a plain-http server: `legacy_harness`), against now (trials pipelined around
+  the model: otbuild/harness/slots.py).
 - otbuild with capture: the same trials again through the recording proxy (otbuild/capture/),
-  asking for token ids and log-probs as it does for a vLLM that otbuild starts; run without,
-  with, with, without capture (a drift of the machine's load weighs on both alike), after one
-  request that warms up the server's log-prob path. The first table pools the two runs
-  without capture.
+  asking for token ids and log-probs as it does for a vLLM that otbuild starts.
+
+The runs go now, before, captured, captured, before, now (a drift of the machine's load weighs
+on each alike), after one request that warms up the server's log-prob path and one untimed
+trial (the harness's imports); each kind pools its two runs.
 
 Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
 ratio, otbuild's trials/s, and the share of otbuild's wall time that is not the model's
-(1 - ratio: the harness, the sandbox, the terminal's settle time, the first request sent
-alone); then otbuild's tokens/s without and with capture and their ratio (the capture's
-cost: 1 - ratio). On a GPU node the same script gives the absolute figures (--model a real
-checkpoint).
+(1 - ratio: the harness, the sandbox, the verifier, the first request sent alone); then
+otbuild's tokens/s before and now, the share before and now and their ratio, beside the
+capture's cost; then otbuild's tokens/s without and with capture and their ratio (the
+capture's cost: 1 - ratio). On a GPU node the same script gives the absolute figures (--model
+a real checkpoint).
 Exit status: 0 when every level ran, 2 when vLLM is not installed or a level failed.
 """
 
@@ -41,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,15 +78,16 @@ def random_student(dest: Path) -> Path:
     )
 
 
-def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False) -> dict:
+def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False, before: bool = False) -> dict:
     """C x --trials trials through the rollout stage against the server: wall time and counts.
     `capture`: through the recording proxy, asking for token ids and log-probs as it does for a
-    vLLM that otbuild starts (otbuild/capture/); else straight to the server."""
+    vLLM that otbuild starts (otbuild/capture/); else straight to the server. `before`: the
+    harness as it was before issue 48's part 5 (`legacy_harness`)."""
     import pyarrow.parquet as pq
 
     from otbuild.settings.stages import RolloutSettings
     from otbuild.sources.synthetic import generate
-    from otbuild.stages.rollout import run_shard
+    from otbuild.stagekit.trials import run_trials_shard
     from otbuild.tasks.table import write_tasks
 
     tasks = work / f"tasks-c{c}.parquet"
@@ -99,10 +108,11 @@ def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False
         extra_body={"ignore_eos": True, **({"return_token_ids": True, "logprobs": True} if capture else {})},
         capture=capture,
     )
-    out = work / f"rollout-c{c}{'-capture' if capture else ''}"
-    t0 = time.monotonic()
-    run_shard(settings, [tasks], out, 0)
-    wall = time.monotonic() - t0
+    out = work / f"rollout-c{c}{'-capture' if capture else ''}{'-before' if before else ''}"
+    with legacy_harness(before):
+        t0 = time.monotonic()
+        run_trials_shard(settings, [tasks], out, 0, pipelined=not before)  # the rollout stage's shard
+        wall = time.monotonic() - t0
     rows = pq.read_table(
         out / "shards" / "0-of-1.parquet", columns=["n_turns", "n_input_tokens", "n_output_tokens"]
     ).to_pylist()
@@ -117,6 +127,24 @@ def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False
         "prompt_tokens": sum(r["n_input_tokens"] for r in rows) / max(requests, 1),
         "output_tokens": sum(r["n_output_tokens"] for r in rows),
     }
+
+
+@contextmanager
+def legacy_harness(on: bool) -> Iterator[None]:
+    """With `on`, the harness as it was before issue 48's part 5: a trial's verifier inside its
+    concurrency slot (the next trial waited for it) and the model's HTTP client loading the CA
+    store on the first request to a plain-http server."""
+    if not on:
+        yield
+        return
+    from otbuild.engines.openai import OpenAIEngine
+
+    makes_tls = OpenAIEngine._makes_tls
+    OpenAIEngine._makes_tls = lambda self: True  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OpenAIEngine._makes_tls = makes_tls  # type: ignore[method-assign]
 
 
 def pooled(a: dict, b: dict) -> dict:
@@ -245,12 +273,17 @@ def main(argv=None) -> int:
     rows = []
     try:
         warm_up(base_url)
+        otbuild_level(base_url, 1, argparse.Namespace(**{**vars(args), "trials": 1}), work / "warm-up")
         for c in levels:
-            # without, with, with, without capture: a drift of the machine's load weighs on both alike
-            runs = [otbuild_level(base_url, c, args, work / f"{k}", capture=k in (1, 2)) for k in range(4)]
-            ours, captured = pooled(runs[0], runs[3]), pooled(runs[1], runs[2])
+            # now, before, captured, captured, before, now: a drift of the machine's load weighs on each alike
+            kinds = ("now", "before", "capture", "capture", "before", "now")
+            runs = [
+                otbuild_level(base_url, c, args, work / f"{k}", capture=kind == "capture", before=kind == "before")
+                for k, kind in enumerate(kinds)
+            ]
+            ours, before, captured = pooled(runs[0], runs[5]), pooled(runs[1], runs[4]), pooled(runs[2], runs[3])
             theirs = vllm_level(vllm, root, model, c, ours["requests"], ours["prompt_tokens"], args.max_tokens, work)
-            rows.append((c, ours, theirs, captured))
+            rows.append((c, ours, theirs, captured, before))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
         print(f"bench/vllm.py: {e}", file=sys.stderr)
         return 2
@@ -262,7 +295,7 @@ def main(argv=None) -> int:
     )
     head = ("concurrency", "requests", "prompt tok", "vLLM tok/s", "otbuild tok/s", "ratio", "trials/s", "not model")
     print("  ".join(f"{h:>13}" for h in head))
-    for c, ours, theirs, _ in rows:
+    for c, ours, theirs, *_ in rows:
         tok_s = ours["output_tokens"] / ours["wall"]
         ratio = tok_s / theirs["output_throughput"]
         cells = (
@@ -276,10 +309,25 @@ def main(argv=None) -> int:
             f"{1 - ratio:.0%}",
         )
         print("  ".join(f"{x:>13}" for x in cells))
+    print(
+        "\nthe harness's share of wall time (not the model's: 1 - ratio to vLLM's) before issue 48's part 5 "
+        "(the verifier inside the trial's slot, the CA store loaded for a plain-http server) and now; "
+        "the capture's cost beside"
+    )
+    head = ("concurrency", "tok/s before", "tok/s now", "share before", "share now", "now/before", "capture cost")
+    print("  ".join(f"{h:>13}" for h in head))
+    for c, ours, theirs, captured, before in rows:
+        ceiling = theirs["output_throughput"]
+        then, now = before["output_tokens"] / before["wall"], ours["output_tokens"] / ours["wall"]
+        share_then, share_now = 1 - then / ceiling, 1 - now / ceiling
+        cost = 1 - (captured["output_tokens"] / captured["wall"]) / now
+        cells = (c, f"{then:.1f}", f"{now:.1f}", f"{share_then:.0%}", f"{share_now:.0%}")
+        ratio = f"{share_now / share_then:.2f}x" if share_then > 0 else "-"
+        print("  ".join(f"{x:>13}" for x in (*cells, ratio, f"{cost:.1%}")))
     print("\nthe capture's cost: the same trials through the recording proxy (token ids and log-probs asked for)")
     head = ("concurrency", "tok/s", "captured tok/s", "ratio", "cost")
     print("  ".join(f"{h:>14}" for h in head))
-    for c, ours, _, captured in rows:
+    for c, ours, _, captured, _ in rows:
         plain, recorded = ours["output_tokens"] / ours["wall"], captured["output_tokens"] / captured["wall"]
         ratio = recorded / plain
         print(

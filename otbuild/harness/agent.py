@@ -37,6 +37,9 @@ async def run_agent(trial: TrialContext, step: StepPlan, run: StepRun, keep) -> 
     try:
         screen = await thread(term.read, SETTLE_SECONDS)
         messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
+        if trial.slot is not None:  # the first request is ready: the trial's turn with the model
+            with box.clock_paused():  # waiting is not the trial's time: nothing of it runs
+                deadline += await trial.slot.agent()
         pending_complete = False
         for turn in range(trial.config.trials.max_episodes):
             left = deadline - time.monotonic()

@@ -82,13 +82,15 @@ class TrialThread:
 
 @dataclass(frozen=True)
 class TrialContext:
-    """A trial under way: its sandbox (`box`), the engine that answers, what it runs under and
-    the thread its blocking calls go to."""
+    """A trial under way: its sandbox (`box`), the engine that answers, what it runs under, the
+    thread its blocking calls go to and its agent slot (otbuild/harness/slots.py; None: none to
+    wait for)."""
 
     box: Any
     engine: Any
     config: TrialConfig
     thread: TrialThread
+    slot: Any = None
 
 
 @dataclass(frozen=True)

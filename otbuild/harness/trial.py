@@ -36,6 +36,7 @@ from otbuild.harness.endings import (
     TaskKeyNotSupported,
 )
 from otbuild.harness.record import StepRun, TrialRecord, conversation_of, step_records
+from otbuild.harness.slots import TrialSlot
 from otbuild.harness.verifier import park_verifier, verify
 from otbuild.sandbox import TaskSetupError, open_sandbox
 from otbuild.tasks.task_toml import (
@@ -62,11 +63,14 @@ async def run_trial(
     sample_idx: int = 0,
     run_id: str = "",
     source: str = "",
+    slot: TrialSlot | None = None,
 ) -> dict:
     """One trial. A multi-step task (`[[steps]]`) runs its steps in order in one sandbox, as
     Harbor does: each step a fresh conversation on the step's instruction, then the step's
     verifier; a step below its `min_reward` ends the trial; the trial's reward is the steps'
-    by `multi_step_reward_strategy`, each step's kept in the trace's metadata (`steps`)."""
+    by `multi_step_reward_strategy`, each step's kept in the trace's metadata (`steps`).
+    `slot`: the trial's agent slot (otbuild/harness/slots.py), taken when its first request is
+    ready and handed back when its last step's agent has ended, before that step's verifier."""
     record = TrialRecord(
         task, task_id, engine, datetime.now(UTC), time.monotonic(), sample_idx=sample_idx, run_id=run_id, source=source
     )
@@ -102,8 +106,8 @@ async def run_trial(
             with_solution=solution,
             cleanup=True,
         ) as box:
-            trial = TrialContext(box, engine, trial_config, thread)
-            for (step, view), (a_timeout, v_timeout) in zip(steps, timeouts, strict=True):
+            trial = TrialContext(box, engine, trial_config, thread, slot)
+            for k, ((step, view), (a_timeout, v_timeout)) in enumerate(zip(steps, timeouts, strict=True)):
                 run = StepRun(step.name if step is not None else None)
                 runs.append(run)
                 plan = StepPlan(
@@ -118,7 +122,7 @@ async def run_trial(
                     if step is not None:
                         await thread(box.begin_step, view)
                         await _step_setup(trial, plan, step.name)
-                    await _run_step(trial, plan, run)
+                    await _run_step(trial, plan, run, last=k == len(steps) - 1)
                 except TaskSetupError as e:
                     _setup_failed(run, e)
                 if run.stop in (CONTEXT_EXCEEDED, DISK_EXCEEDED, SETUP_FAILED) or (
@@ -151,8 +155,9 @@ async def run_trial(
     return record.trace_row()
 
 
-async def _run_step(trial: TrialContext, step: StepPlan, run: StepRun) -> None:
-    """The agent on the step's instruction, then (with `verify`) its verifier, into `run`."""
+async def _run_step(trial: TrialContext, step: StepPlan, run: StepRun, *, last: bool = True) -> None:
+    """The agent on the step's instruction, then (with `verify`) its verifier, into `run`; after
+    the `last` step's agent the trial's agent slot is handed back."""
     box, verify_on = trial.box, trial.config.verify
     # the verifier's sandbox started now, its command run after the agent
     verifier = await trial.thread(park_verifier, trial, step) if verify_on else None
@@ -162,6 +167,8 @@ async def _run_step(trial: TrialContext, step: StepPlan, run: StepRun) -> None:
         run.stop, run.failure, run.details["stop_message"] = CONTEXT_EXCEEDED, type(e).__name__, str(e)[:2000]
     finally:
         box.kill_all(keep=verifier)  # nothing the agent started survives into the verifier
+        if last and trial.slot is not None:
+            trial.slot.agents_done()
     if run.stop == CONTEXT_EXCEEDED:
         run.rewards = {"reward": 0.0}  # the model can go no further: a failed task, unverified as in Harbor
     elif verify_on and not box.disk_exceeded:

@@ -7,6 +7,8 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
@@ -76,6 +78,21 @@ class Sandbox:
         self._watchdog.daemon = True
         self._watchdog.start()
         self._disk = DiskWatch(self._disk_used, self.limits.storage_mb * MB, self.kill_all)
+
+    @contextmanager
+    def clock_paused(self) -> Iterator[None]:
+        """The trial's wall clock stopped while it waits for something outside it (its turn with
+        the model) with nothing of its own under way: the watchdog goes on where it was after."""
+        self._watchdog.cancel()
+        left = self.deadline - time.monotonic()
+        try:
+            yield
+        finally:
+            self.deadline = time.monotonic() + left
+            self._watchdog = threading.Timer(max(left, 0.0), self.kill_all)
+            self._watchdog.daemon = True
+            if not self._closed:
+                self._watchdog.start()
 
     @property
     def disk_exceeded(self) -> bool:

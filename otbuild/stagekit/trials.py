@@ -93,13 +93,16 @@ def run_trials_shard(
     per_task: str | None = "n_rollouts",
     verifier_output: int = 0,
     ask_tokens: bool = True,
+    pipelined: bool = True,
 ) -> None:
     """One shard's trials, for the teacher's rollouts, eval (otbuild/stages/eval.py), task
     validation (otbuild/stages/validate.py) and the difficulty pilot. `samples`: that many trials
     of every task (no column read); else `per_task`, the task column that counts a task's trials
     (plan_trials); `verifier_output`: characters of the verifier's output kept in each trace's
     metadata (TrialConfig); `ask_tokens`: with capture, a vLLM otbuild started is asked for token
-    ids and log-probs (otbuild/engines/capture.py)."""
+    ids and log-probs (otbuild/engines/capture.py); `pipelined`: trials get ready and verify
+    beside the agents at work (otbuild/harness/slots.py; False: each inside its concurrency slot,
+    as before, what bench/vllm.py compares against)."""
     n = cfg.shards
     planned = plan_trials(inputs, samples, None) if samples else plan_trials(inputs, cfg.samples_per_task, per_task)
     trials = [t for t in planned if t.index % n == shard]
@@ -141,6 +144,7 @@ def run_trials_shard(
                 failures=failures,
                 verifier_output=verifier_output,
                 ask_tokens=ask_tokens,
+                pipelined=pipelined,
             )
         )
         done = _finished_trials(partial)
@@ -270,6 +274,7 @@ async def _run_trials(
     failures: FailureCount,
     verifier_output: int = 0,
     ask_tokens: bool = True,
+    pipelined: bool = True,
 ) -> None:
     """Run `todo`, appending each trial's record to `partial` once it has its outcome: a trial
     that failed for infrastructure reasons is first rerun (infra_retries, with backoff), and
@@ -281,6 +286,7 @@ async def _run_trials(
     from otbuild.engines.capture import capture_engine
     from otbuild.engines.endpoint import FirstRequest
     from otbuild.harness.config import TrialConfig
+    from otbuild.harness.slots import TrialSlots
     from otbuild.harness.trial import not_runnable_trace, run_trial
     from otbuild.settings.engines import concurrency
 
@@ -299,7 +305,7 @@ async def _run_trials(
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
     trial_config = TrialConfig(cfg, cfg.prompt, verify=cfg.verify, verifier_output=verifier_output)
     progress = Progress(total, already)
-    sem = asyncio.Semaphore(in_flight)
+    slots = TrialSlots(in_flight, pipelined=pipelined)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
     engine = await open_engine(cfg)
     proxy = capture_engine(engine, cfg, ask_tokens=ask_tokens) if cfg.capture else None
@@ -307,37 +313,44 @@ async def _run_trials(
     try:
         with open(partial, "a") as out:  # noqa: ASYNC230 (appends are small and fsynced)
 
-            async def attempt(t: Trial, n: int) -> dict:
-                async with sem:
+            async def attempt(t: Trial, n: int) -> tuple[dict, bool]:
+                """The attempt's trace, and whether the shard stopped meanwhile (its verifier
+                ran to its end all the same: TrialSlot.finish)."""
+                async with slots.trial() as slot:
                     row = rows[t.row]
                     task = TaskDir.unpack(row["path"], row["task_binary"])
                     ids = {"sample_idx": t.sample_idx, "run_id": run_id, "source": row["source"]}
                     if not (row["runnable_locally"] or containers):
-                        return not_runnable_trace(task, row["task_id"], engine, **ids)
+                        return not_runnable_trace(task, row["task_id"], engine, **ids), False
                     workdir = workroot / f"{t.index}-{n}"
                     scope = call_scope.set(f"{t.index}-{n}")  # this attempt's model calls
-                    try:
-                        trace = await run_trial(task, row["task_id"], model, trial_config, workdir, **ids)
+                    try:  # the trial's task copies the scope now
+                        trial = asyncio.ensure_future(
+                            run_trial(task, row["task_id"], model, trial_config, workdir, slot=slot, **ids)
+                        )
                     finally:
                         call_scope.reset(scope)
+                    trace, stopped = await slot.finish(trial)
                     shutil.rmtree(workdir, ignore_errors=True)
                     if proxy is not None:
                         calls = await asyncio.to_thread(proxy.take, f"{t.index}-{n}")
                         trace["_calls"] = trial_calls(t.index, trace, calls, cfg.keep_reasoning)
-                    return trace
+                    return trace, stopped
 
             async def one(t: Trial) -> None:
                 retried: list[str | None] = []
                 for n in range(cfg.infra_retries + 1):
                     if n:
                         await asyncio.sleep(retry_delay(cfg, n))
-                    trace = await attempt(t, n)
-                    if oc.outcome(trace) != oc.INFRASTRUCTURE or n == cfg.infra_retries:
+                    trace, stopped = await attempt(t, n)
+                    if stopped or oc.outcome(trace) != oc.INFRASTRUCTURE or n == cfg.infra_retries:
                         break
                     retried.append(oc.error_name(trace["result"], trace["exception"]))
                 trace = with_attempts(trace, len(retried) + 1, retried)
                 append(out, {"_trial": t.index, **trace})
                 progress.update(trace)
+                if stopped:  # kept; the shard's stop goes on
+                    raise asyncio.CancelledError
                 if failures.add(trace):
                     failures.check()
 

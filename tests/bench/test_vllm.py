@@ -22,7 +22,7 @@ def test_bench_vllm_tiny(tmp_path):
     out = run_bench(
         "vllm.py",
         "--concurrency",
-        "2",  # one level: each runs four times (without, with, with, without capture)
+        "2",  # one level: each runs six times (now, before, captured twice, before, now)
         "--trials",
         "1",
         "--max-tokens",
@@ -42,12 +42,18 @@ def test_bench_vllm_tiny(tmp_path):
         assert m, out
         vllm_tok_s, ours, ratio = map(float, m.groups())
         assert vllm_tok_s > 0 and ours > 0 and abs(ours / vllm_tok_s - ratio) < 0.01
+    for c in (2,):  # the harness's share before and now: tok/s, shares, their ratio, the capture's cost
+        m = re.search(rf"^\s+{c}\s+([\d.]+)\s+([\d.]+)\s+(-?\d+)%\s+(-?\d+)%\s+(-?[\d.]+x|-)\s+-?[\d.]+%$", out, re.M)
+        assert m, out
+        then, now = float(m[1]), float(m[2])
+        assert then > 0 and now > 0 and int(m[4]) <= 100 and int(m[3]) <= 100
     for c in (2,):  # the capture's cost: tok/s without, with, their ratio, 1 - ratio
         m = re.search(rf"^\s+{c}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+-?[\d.]+%$", out, re.M)
         assert m, out
         plain, captured, ratio = map(float, m.groups())
         assert plain > 0 and captured > 0 and abs(captured / plain - ratio) < 0.01
-    assert list(tmp_path.glob("1/rollout-c2-capture/shards/0-of-1.calls.parquet"))
+    assert list(tmp_path.glob("2/rollout-c2-capture/shards/0-of-1.calls.parquet"))
+    assert list(tmp_path.glob("1/rollout-c2-before/shards/0-of-1.parquet"))
     assert (tmp_path / "vllm-bench-c2.json").is_file() and not list(
         tmp_path.glob("*/rollout-c*/shards/*.partial.jsonl")
     )

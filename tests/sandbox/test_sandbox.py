@@ -445,6 +445,20 @@ def test_wall_clock_ends_the_trial(task, tmp_path, backend):
             b.argv(["true"])
 
 
+@pytest.mark.parametrize("backend", LOCAL)
+def test_a_paused_wall_clock_goes_on_where_it_was(generated, tmp_path, backend):
+    """A trial waiting for its turn with the model (otbuild/harness/slots.py) has its wall clock
+    stopped: its shell outlives a wait longer than the clock, and the clock's rest still ends it."""
+    with open_sandbox(generated, tmp_path, backend=backend, limits=Limits(wall_seconds=1.0, memory_mb=1024)) as b:
+        p = subprocess.Popen(b.argv(["sleep", "100009"]), stdout=subprocess.DEVNULL)
+        with b.clock_paused():
+            time.sleep(1.5)
+        assert p.poll() is None and b.run("true", timeout=10).exit_code == 0  # past 1 s, not yet killed
+        start = time.monotonic()
+        assert p.wait(timeout=5) != 0 and time.monotonic() - start < 1.5  # the clock's rest ran out
+        assert b.run("true", timeout=10).timed_out
+
+
 def test_memory_hog_fails(task, tmp_path, backend, monkeypatch):
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
