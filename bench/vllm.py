@@ -24,8 +24,8 @@ the two loads would not be the same work). At each concurrency C, in turn:
 - otbuild with capture: the same trials again through the recording proxy (otbuild/capture/),
   asking for token ids and log-probs as it does for a vLLM that otbuild starts.
 
-The runs go now, before, captured, captured, before, now (a drift of the machine's load weighs
-on each alike), after one request that warms up the server's log-prob path and one untimed
+The runs go now, before, captured, vLLM's, captured, before, now (a drift of the machine's
+load weighs on each alike), after one request that warms up the server's log-prob path and one untimed
 trial (the harness's imports); each kind pools its two runs.
 
 Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
@@ -275,14 +275,21 @@ def main(argv=None) -> int:
         warm_up(base_url)
         otbuild_level(base_url, 1, argparse.Namespace(**{**vars(args), "trials": 1}), work / "warm-up")
         for c in levels:
-            # now, before, captured, captured, before, now: a drift of the machine's load weighs on each alike
-            kinds = ("now", "before", "capture", "capture", "before", "now")
-            runs = [
-                otbuild_level(base_url, c, args, work / f"{k}", capture=kind == "capture", before=kind == "before")
-                for k, kind in enumerate(kinds)
-            ]
-            ours, before, captured = pooled(runs[0], runs[5]), pooled(runs[1], runs[4]), pooled(runs[2], runs[3])
-            theirs = vllm_level(vllm, root, model, c, ours["requests"], ours["prompt_tokens"], args.max_tokens, work)
+            # now, before, captured, vLLM, captured, before, now: a drift of the machine's load
+            # (other jobs on the cores) weighs on each alike
+            kinds = ("now", "before", "capture", "vllm", "capture", "before", "now")
+            runs: list[dict] = []
+            for k, kind in enumerate(kinds):
+                if kind == "vllm":  # as many requests as two runs, their mean prompt
+                    load = pooled(runs[0], runs[1])
+                    theirs = vllm_level(
+                        vllm, root, model, c, load["requests"], load["prompt_tokens"], args.max_tokens, work
+                    )
+                    runs.append(theirs)
+                    continue
+                capture, before = kind == "capture", kind == "before"
+                runs.append(otbuild_level(base_url, c, args, work / f"{k}", capture=capture, before=before))
+            ours, before, captured = pooled(runs[0], runs[6]), pooled(runs[1], runs[5]), pooled(runs[2], runs[4])
             rows.append((c, ours, theirs, captured, before))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
         print(f"bench/vllm.py: {e}", file=sys.stderr)
@@ -322,7 +329,7 @@ def main(argv=None) -> int:
         share_then, share_now = 1 - then / ceiling, 1 - now / ceiling
         cost = 1 - (captured["output_tokens"] / captured["wall"]) / now
         cells = (c, f"{then:.1f}", f"{now:.1f}", f"{share_then:.0%}", f"{share_now:.0%}")
-        ratio = f"{share_now / share_then:.2f}x" if share_then > 0 else "-"
+        ratio = f"{share_now / share_then:.2f}x" if share_then > 0 and share_now >= 0 else "-"
         print("  ".join(f"{x:>13}" for x in (*cells, ratio, f"{cost:.1%}")))
     print("\nthe capture's cost: the same trials through the recording proxy (token ids and log-probs asked for)")
     head = ("concurrency", "tok/s", "captured tok/s", "ratio", "cost")

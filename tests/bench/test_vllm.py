@@ -22,7 +22,7 @@ def test_bench_vllm_tiny(tmp_path):
     out = run_bench(
         "vllm.py",
         "--concurrency",
-        "2",  # one level: each runs six times (now, before, captured twice, before, now)
+        "2",  # one level: otbuild six times (now, before, captured, [vLLM], captured, before, now)
         "--trials",
         "1",
         "--max-tokens",
@@ -53,7 +53,7 @@ def test_bench_vllm_tiny(tmp_path):
         plain, captured, ratio = map(float, m.groups())
         assert plain > 0 and captured > 0 and abs(captured / plain - ratio) < 0.01
     assert list(tmp_path.glob("2/rollout-c2-capture/shards/0-of-1.calls.parquet"))
-    assert list(tmp_path.glob("1/rollout-c2-before/shards/0-of-1.parquet"))
+    assert list(tmp_path.glob("5/rollout-c2-before/shards/0-of-1.parquet"))
     assert (tmp_path / "vllm-bench-c2.json").is_file() and not list(
         tmp_path.glob("*/rollout-c*/shards/*.partial.jsonl")
     )
