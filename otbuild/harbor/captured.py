@@ -126,7 +126,7 @@ def _tool_calls(calls: Any) -> list[dict] | None:
     out = []
     for c in calls:
         c = c if isinstance(c, dict) else {}
-        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        fn: dict = c["function"] if isinstance(c.get("function"), dict) else {}
         arguments = fn.get("arguments")
         out.append(
             {

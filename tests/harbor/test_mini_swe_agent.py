@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -29,11 +27,9 @@ import pytest
 
 from otbuild.harbor.job import AGENTS_DIR, DEFAULT_HARBOR
 from otbuild.sandbox import backend_problem
-from otbuild.settings.stages import RolloutSettings
 from otbuild.sources.synthetic import generate
-from otbuild.tasks.table import write_tasks
 from otbuild.tasks.taskdir import SOLUTION
-from tests.conftest import REPO
+from tests.conftest import REPO, snakemake
 
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
 MINI = Path(os.environ.get("OTBUILD_AGENTS") or AGENTS_DIR) / "mini-swe-agent"
@@ -67,6 +63,12 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     for part in ("environ", "cmdline"):
         look(f"/proc/{pid}/{part}")
 look("/opt/otbuild-agent/pyvenv.cfg")
+planted, found["files"] = found["files"], []  # the search finds the key where it is: a control
+with open("/tmp/planted", "w") as f:
+    f.write(key)
+look("/tmp/planted")
+os.remove("/tmp/planted")
+found["files"], found["control"] = planted, found["files"]
 def ask(method, path, body=b""):
     s = socket.create_connection(("127.0.0.1", %(port)d), timeout=10)
     head = (f"{method} {path} HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer show-me\\r\\n"
@@ -130,34 +132,24 @@ def endpoint(solution: str, upstream_port: int):
     return reply
 
 
-def test_mini_swe_agent_trace_is_its_captured_calls_and_its_sandbox_reaches_nothing_else(
-    tmp_path, scripted, monkeypatch
-):
-    tasks = tmp_path / "tasks.parquet"
-    record = next(iter(generate(1, seed=3)))
-    write_tasks(tasks, [record], source="synth")
-    solution = record.task.text(SOLUTION) or ""
+def test_mini_swe_agent_trace_is_its_captured_calls_and_its_sandbox_reaches_nothing_else(project, scripted):
+    """A real snakemake build of a recipe whose teacher is Harbor's mini-swe-agent in otbuild's
+    environment; what the trial's sandbox could do is its agent's second command's output."""
+    record = next(iter(generate(1, seed=3)))  # the recipe's one synthetic task
     srv = scripted([], api_key=KEY)  # 401 without the lab's key
-    srv.script = endpoint(solution, srv.server_address[1])
-    monkeypatch.setenv("LAB_LLM_KEY", KEY)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # Harbor imports this checkout's environment
-    settings = RolloutSettings(
-        engine="openai",
-        base_url=srv.base_url,
-        model="m",
-        api_key_env="LAB_LLM_KEY",
-        sandbox="harbor",
-        agent_timeout_sec=60,
-        harbor={"agent": "mini-swe-agent", "environment": "otbuild"},
+    srv.script = endpoint(record.task.text(SOLUTION) or "", srv.server_address[1])
+    (project / "recipes" / "mini.yaml").write_text(
+        "sources:\n  synth: {kind: synthetic, count: 1, seed: 3}\n"
+        f"teacher: {{engine: openai, base_url: '{srv.base_url}', model: m, api_key_env: LAB_LLM_KEY,\n"
+        "          sandbox: harbor, agent_timeout_sec: 60,\n"
+        "          harbor: {agent: mini-swe-agent, environment: otbuild}}\n"
     )
-    from otbuild.stages.rollout import run_shard
-
-    out = tmp_path / "rollout"
-    monkeypatch.chdir(tmp_path)
-    run_shard(settings, [tasks], out, 0)
-
-    [row] = pq.read_table(out / "shards" / "0-of-1.parquet").to_pylist()
-    calls = pq.read_table(out / "shards" / "0-of-1.calls.parquet").to_pylist()
+    # PYTHONPATH: Harbor imports this checkout's environment class
+    ran, _ = snakemake(project, "mini", env={"LAB_LLM_KEY": KEY, "PYTHONPATH": str(REPO)})
+    assert ran["rollout"] == 1 and ran["rollout_merge"] == 1
+    out = project / "results" / "mini" / "teacher"
+    [row] = pq.read_table(out / "traces.parquet").to_pylist()
+    calls = pq.read_table(out / "calls.parquet").to_pylist()
     meta = json.loads(row["metadata"])
     assert row["exception"] is None and row["reward"] == 1.0, (row["result"], meta.get("exception_message"))
     assert row["agent"] == "mini-swe-agent" and meta["trace_from"] == "capture"
@@ -184,11 +176,13 @@ def test_mini_swe_agent_trace_is_its_captured_calls_and_its_sandbox_reaches_noth
     assert [m["tool_call_id"] for m in tool_results] == ["call_0", "call_1"]
     # the agent's own log agrees with the capture, call by call
     assert [c["harness_agrees"] for c in calls] == [True, True, True] and meta["harness_disagrees"] == 0
+    stats = json.loads((out / "provenance.json").read_text())["stats"]
+    assert stats["capture"] == {"calls": 3, "errors": 0, "harness_disagrees": 0, "with_token_ids": 0}
 
     # the attacks, as the agent's command ran them inside the sandbox
     output = json.loads(tool_results[1]["content"])["output"]  # mini-swe-agent's observation: JSON
     probe = json.loads(output.split("PROBE ", 1)[1].split("\n", 1)[0])
-    assert probe["env"] == [] and probe["files"] == [], probe
+    assert probe["control"] == ["/tmp/planted"] and probe["env"] == [] and probe["files"] == [], probe
     assert probe["proxy"]["POST /v1/files"][0] == probe["proxy"]["POST /v1/fine_tuning/jobs"][0] == "403"
     assert probe["proxy"]["GET /"][0] == "403"
     assert not any(leaked for _, leaked in probe["proxy"].values()), probe["proxy"]
@@ -200,23 +194,5 @@ def test_mini_swe_agent_trace_is_its_captured_calls_and_its_sandbox_reaches_noth
     assert {r["path"] for r in srv.requests} <= {"/v1/chat/completions", "/v1/models"}
     assert not any(k.lower() == "x-otbuild-scope" for r in srv.requests for k in r["headers"])
     # no file of the run holds the key: Harbor's job config and logs, the traces, the calls
-    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    leaks = [p for p in project.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not leaks, leaks
-
-
-def test_a_harbor_agent_otbuild_does_not_run_is_a_config_error_naming_the_key(tmp_path):
-    (tmp_path / "r.yaml").write_text(
-        "sources:\n  synth: {kind: synthetic, count: 2, seed: 21}\n"
-        "teacher: {engine: openai, base_url: 'http://127.0.0.1:9/v1', model: m, sandbox: harbor,\n"
-        "          harbor: {agent: claude-code, environment: otbuild}}\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "otbuild", "plan", str(tmp_path / "r.yaml")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=False,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "teacher.harbor.agent" in proc.stderr + proc.stdout and "mini-swe-agent" in proc.stderr + proc.stdout
