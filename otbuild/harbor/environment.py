@@ -135,7 +135,7 @@ class OtbuildEnvironment(BaseEnvironment):
     def capabilities(self) -> EnvironmentCapabilities:
         # an allowlist is taken (Harbor lists the model's host for an installed agent: 127.0.0.1,
         # where the relay to its trial's proxy socket listens); no host beyond the sandbox's own
-        # loopback is ever reached (_validate_network_policy_support warns)
+        # loopback is ever reached (_validate_network_policy_support refuses any other host)
         return EnvironmentCapabilities(
             disable_internet=True,
             network_allowlist=True,
@@ -190,8 +190,15 @@ class OtbuildEnvironment(BaseEnvironment):
 
     def _validate_network_policy_support(self):
         super()._validate_network_policy_support()
+        for each in [self.network_policy, *self._phase_network_policies]:
+            far = set(each.allowed_hosts) - LOOPBACK
+            if each.network_mode == NetworkMode.ALLOWLIST and far:  # refused, as before: never narrowed to none
+                raise ValueError(
+                    f"network_mode='allowlist' with {', '.join(sorted(far))} is not supported by the otbuild "
+                    "environment: its sandbox reaches its own loopback (127.0.0.1) only"
+                )
         policy = self.network_policy
-        if policy.network_mode == NetworkMode.ALLOWLIST and set(policy.allowed_hosts) <= LOOPBACK:
+        if policy.network_mode == NetworkMode.ALLOWLIST:
             return  # the sandbox's own loopback: what it has
         if policy.network_mode != NetworkMode.NO_NETWORK:
             self.logger.warning(

@@ -47,6 +47,17 @@ def agent_venv(agent: str, root: Path | None = None) -> Path:
     return venv
 
 
+def installed_version(venv: Path, package: str) -> str | None:
+    """The version of `package` in the venv (Harbor cannot ask an agent it did not install)."""
+    from importlib.metadata import distributions
+
+    for site in sorted(Path(venv).glob("lib/python*/site-packages")):
+        for dist in distributions(path=[str(site)]):
+            if dist.metadata["Name"] == package:
+                return dist.version
+    return None
+
+
 class HarborNotInstalled(RuntimeError):
     """Harbor's CLI is not where we look for it."""
 

@@ -72,6 +72,7 @@ async def _run(
     calls: list[dict] = []
     by_trial: dict[str, list[dict]] = {}  # an installed agent's calls, per Harbor trial name
     installed = sandboxed_agent(cfg)
+    version = None  # the installed agent's, from otbuild's install
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
@@ -96,6 +97,7 @@ async def _run(
             if installed and base_url:
                 proxy, options = sandbox_proxy(cfg, base_url, options)
                 base_url = SANDBOX_MODEL_URL
+                version = installed_agent_version(options)
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -148,7 +150,7 @@ async def _run(
     }
     out = shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
     if installed:
-        out, calls = captured_rows(out, trials, by_trial, cfg.keep_reasoning)
+        out, calls = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
     return out, calls if cfg.capture else []
 
 
@@ -178,10 +180,18 @@ def sandbox_proxy(cfg: RolloutSettings, base_url: str, options: dict) -> tuple[C
     return proxy, {**options, "environment_kwargs": kwargs}
 
 
+def installed_agent_version(options: dict) -> str | None:
+    from otbuild.harbor.job import installed_version
+
+    venv = (options["environment_kwargs"] or {}).get("agent_dir")
+    return installed_version(Path(venv), options["agent"]) if venv else None
+
+
 def captured_rows(
-    rows: list[dict], trials: list, by_trial: Mapping[str, list[dict]], keep_reasoning: bool
+    rows: list[dict], trials: list, by_trial: Mapping[str, list[dict]], keep_reasoning: bool, version: str | None
 ) -> tuple[list[dict], list[dict]]:
-    """Each trial's row with its trace from its captured calls, and the call rows (by trial)."""
+    """Each trial's row with its trace from its captured calls, and the call rows (by trial);
+    the agent's version, from otbuild's install, where Harbor could not tell it."""
     from otbuild.harbor.captured import apply
 
     out, calls = [], []
@@ -189,6 +199,9 @@ def captured_rows(
         if i < len(trials) and row.get("trial_name") in by_trial:
             row, mine = apply(row, by_trial[row["trial_name"]], trials[i].index, keep_reasoning)
             calls += mine
+            meta = json.loads(row["metadata"])
+            if version and not meta.get("agent_version"):
+                row["metadata"] = json.dumps({**meta, "agent_version": version}, sort_keys=True, default=str)
         out.append(row)
     return out, calls
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from otbuild.harbor.job import AGENTS_DIR, DEFAULT_HARBOR
+from otbuild.harbor.job import AGENTS_DIR, DEFAULT_HARBOR, installed_version
 from otbuild.sandbox import backend_problem
 from otbuild.sources.synthetic import generate
 from otbuild.tasks.taskdir import SOLUTION
@@ -153,6 +153,7 @@ def test_mini_swe_agent_trace_is_its_captured_calls_and_its_sandbox_reaches_noth
     meta = json.loads(row["metadata"])
     assert row["exception"] is None and row["reward"] == 1.0, (row["result"], meta.get("exception_message"))
     assert row["agent"] == "mini-swe-agent" and meta["trace_from"] == "capture"
+    assert meta["agent_version"] == installed_version(MINI, "mini-swe-agent")  # otbuild's install
     # the proxy scoped the calls to the trial (its Harbor trial name), whatever the agent sent
     assert [c["call_idx"] for c in calls] == [0, 1, 2] and {c["scope"] for c in calls} == {row["trial_name"]}
     assert {c["trial"] for c in calls} == {0} and all(c["status"] == 200 for c in calls)
