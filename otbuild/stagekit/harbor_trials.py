@@ -200,7 +200,7 @@ def captured_rows(
             row, mine = apply(row, by_trial[row["trial_name"]], trials[i].index, keep_reasoning)
             calls += mine
             meta = json.loads(row["metadata"])
-            if version and not meta.get("agent_version"):
+            if version and meta.get("agent_version") in (None, "", "unknown"):  # Harbor's, when it found none
                 row["metadata"] = json.dumps({**meta, "agent_version": version}, sort_keys=True, default=str)
         out.append(row)
     return out, calls
