@@ -4,7 +4,8 @@ not from the agent's own log: what the model was sent and what it answered.
 The conversation is the trial's LAST answered call: its request's messages (what the model saw
 when it answered last) and its answer (content, tool calls); `tools` is that request's tools.
 Each call's answer is held against the agent's own record of it (mini-swe-agent's trajectory:
-its assistant messages in order): `harness_agrees` per call, counted in the stage's stats.
+its assistant messages, and the answers it refused, in order): `harness_agrees` per call,
+counted in the stage's stats.
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ def conversation(calls: list[dict], keep_reasoning: bool = True) -> tuple[list[d
     return [*messages, answer(last, keep_reasoning)], json.dumps(tools) if tools else None
 
 
-def agent_answers(trial_dir: Path, agent: str) -> list[dict] | None:
-    """The agent's own record of the model's answers (its log's assistant messages, in order);
-    None when the agent keeps none otbuild reads or the file is missing or broken."""
+def agent_answers(trial_dir: Path, agent: str) -> list[dict | None] | None:
+    """The agent's own record of the model's answers, in order: its log's assistant messages,
+    and each answer it refused (mini-swe-agent's format error, an answer without a tool call or
+    cut off at max_tokens, is a user message that keeps the response it got in `extra.response`;
+    None where that is not a readable response); None when the agent keeps no log otbuild reads
+    or the file is missing or broken."""
     name = AGENT_LOGS.get(agent)
     if name is None:
         return None
@@ -74,7 +78,23 @@ def agent_answers(trial_dir: Path, agent: str) -> list[dict] | None:
     messages = log.get("messages") if isinstance(log, dict) else None
     if not isinstance(messages, list):
         return None
-    return [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    return [logged_answer(m) for m in messages if isinstance(m, dict) and is_answer(m)]
+
+
+def is_answer(m: dict) -> bool:
+    """The log message is the model's answer, or stands for one the agent refused."""
+    return m.get("role") == "assistant" or (isinstance(m.get("extra"), dict) and "response" in m["extra"])
+
+
+def logged_answer(m: dict) -> dict | None:
+    """The answer a log message records: an assistant message as the agent kept it; for a
+    refused answer, the response's first message."""
+    if m.get("role") == "assistant":
+        return m
+    response = m["extra"]["response"]
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    return first.get("message") if isinstance(first.get("message"), dict) else None
 
 
 def agrees(call: dict, logged: dict | None) -> bool:

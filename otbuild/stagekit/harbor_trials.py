@@ -38,15 +38,16 @@ HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/endings.py's excep
 
 
 def run_harbor_shard(
-    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
+    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list, ask_tokens: bool = True
 ) -> tuple[list[dict], list[dict]]:
     """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
-    agents: each Harbor job's, in the order they came; not yet matched to trials)."""
-    return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
+    agents: each Harbor job's, in the order they came; not yet matched to trials). `ask_tokens`:
+    a vLLM otbuild started is asked for token ids and log-probs (not for an eval's model)."""
+    return asyncio.run(_run(cfg, inputs, outdir, shard, trials, ask_tokens))
 
 
 async def _run(
-    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
+    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list, ask_tokens: bool
 ) -> tuple[list[dict], list[dict]]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
@@ -76,13 +77,14 @@ async def _run(
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
+        managed = cfg.engine in ("vllm", "transformers")  # a server otbuild starts
         if cfg.engine not in SCRIPTED and by_attempts:  # Harbor's agent talks to the endpoint; it is asked once first
             from otbuild.engines import open_engine
             from otbuild.engines.endpoint import probe
 
             engine = await open_engine(cfg)  # vllm, transformers: the server starts here
             await probe(engine)  # a wrong key, an unknown model: EndpointError before any trial
-            if cfg.engine in ("vllm", "transformers"):  # a server otbuild started: its model and address
+            if managed:  # a server otbuild started: its model and address
                 from otbuild.engines.managed import ManagedServerEngine
 
                 server = cast(ManagedServerEngine, engine)
@@ -92,10 +94,10 @@ async def _run(
             if cfg.capture and base_url and options["agent"].startswith("terminus"):
                 from otbuild.engines.capture import harbor_proxy
 
-                proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+                proxy = harbor_proxy(base_url, cfg, managed=managed, ask_tokens=ask_tokens)
             # an installed agent asks from inside the sandbox: the proxy's socket is its one way out
             if installed and base_url:
-                proxy, options = sandbox_proxy(cfg, base_url, options)
+                proxy, options = sandbox_proxy(cfg, base_url, options, ask_tokens)
                 base_url = SANDBOX_MODEL_URL
                 version = installed_agent_version(options)
         for n, task_rows_n in sorted(by_attempts.items()):
@@ -161,7 +163,9 @@ def sandboxed_agent(cfg: RolloutSettings) -> bool:
     return cfg.harbor.environment == OTBUILD_ENV and harbor_agent(cfg.harbor.agent, cfg.engine) in INSTALLED_AGENTS
 
 
-def sandbox_proxy(cfg: RolloutSettings, base_url: str, options: dict) -> tuple[CaptureProxy, dict]:
+def sandbox_proxy(
+    cfg: RolloutSettings, base_url: str, options: dict, ask_tokens: bool = True
+) -> tuple[CaptureProxy, dict]:
     """The shard's proxy for an agent inside the sandbox, holding the recipe's key (the agent
     gets a placeholder), with its control socket; and the options that give Harbor's
     environment that socket and the agent's install."""
@@ -173,7 +177,7 @@ def sandbox_proxy(cfg: RolloutSettings, base_url: str, options: dict) -> tuple[C
     from otbuild.rundir import private_dir, runtime_dir
 
     venv = agent_venv(options["agent"])  # AgentNotInstalled before any trial
-    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"), ask_tokens=ask_tokens)
     proxy.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     control = proxy.serve_control(private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.ctl")
     kwargs = {**(options["environment_kwargs"] or {}), "agent_dir": str(venv), "model_proxy": control}

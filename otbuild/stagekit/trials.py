@@ -108,7 +108,7 @@ def run_trials_shard(
     if cfg.sandbox == HARBOR:
         from otbuild.stagekit.harbor_trials import run_harbor_shard
 
-        rows, calls = run_harbor_shard(cfg, inputs, outdir, shard, trials)
+        rows, calls = run_harbor_shard(cfg, inputs, outdir, shard, trials, ask_tokens)
         for row in rows:
             failures.add(row)
         failures.check()

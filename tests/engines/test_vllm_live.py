@@ -40,8 +40,9 @@ pytestmark = [
 ]
 
 
-def tiny_qwen3(dest: Path, head_dim: int = 32) -> Path:
-    """A random Qwen3 model of the smoke student's shape (its tokenizer, its chat template)."""
+def tiny_qwen3(dest: Path, head_dim: int = 32, context: int = 4096) -> Path:
+    """A random Qwen3 model of the smoke student's shape (its tokenizer, its chat template);
+    `context`: its max_position_embeddings."""
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
@@ -54,7 +55,7 @@ def tiny_qwen3(dest: Path, head_dim: int = 32) -> Path:
         num_key_value_heads=2,
         head_dim=head_dim,
         vocab_size=1024,
-        max_position_embeddings=4096,
+        max_position_embeddings=context,
         chat_template=qwen3_template(),
         special_tokens=QWEN3_SPECIAL,
     )

@@ -67,6 +67,29 @@ def test_the_trace_is_the_last_calls_request_and_answer_and_the_agents_log_is_he
     assert meta["trace_from"] == "capture" and meta["harness_disagrees"] == 1
 
 
+def test_answers_the_agent_refused_are_held_against_the_capture_from_its_log(tmp_path):
+    """mini-swe-agent drops an answer without a tool call (or cut off at max_tokens) from its
+    conversation: the user message it sends instead keeps the response (`extra.response`).
+    Those answers count as logged, in order, beside the assistant messages."""
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
+
+    def refused(content: str) -> dict:
+        message = {"role": "assistant", "content": content, "tool_calls": None}
+        response = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        return {"role": "user", "content": "Tool call error: no tool calls", "extra": {"response": response}}
+
+    calls = [call(0, first, "no tool \x1d", "ls"), call(1, first, "again", "ls"), call(2, first, "", "ls")]
+    for c in calls[:2]:
+        c["tool_calls"] = None
+    logged = [first[0], refused("no tool \x1d"), refused("agin"), {"role": "user", "extra": {"response": "repr"}}]
+    logged.append({"role": "exit", "content": "RepeatedFormatError", "extra": {"exit_status": "RepeatedFormatError"}})
+    row, rows = apply(trial(tmp_path, logged), calls, 0, keep_reasoning=True)
+    # the second was logged otherwise; the third's response is no record otbuild reads
+    assert [r["harness_agrees"] for r in rows] == [True, False, False]
+    assert json.loads(row["metadata"])["harness_disagrees"] == 2
+    assert [m["role"] for m in row["conversations"]] == ["system", "user", "assistant"]
+
+
 def test_without_an_answered_call_the_agents_own_conversation_stays(tmp_path):
     mine = trial(tmp_path, [])
     mine["conversations"] = [{"role": "user", "content": "task", "tool_calls": None, "tool_call_id": None}]
