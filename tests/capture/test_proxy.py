@@ -16,7 +16,7 @@ import pytest
 from otbuild.capture import call_scope
 from otbuild.capture.proxy import CaptureProxy
 from otbuild.engines import LLM, EngineError, make_engine
-from otbuild.engines.capture import capture_engine
+from otbuild.engines.capture import capture_engine, harbor_proxy
 from otbuild.engines.endpoint import EndpointError, FirstRequest
 from tests.conftest import chat_answer
 from tests.support.standin import token_ids
@@ -146,6 +146,26 @@ def test_an_error_reaches_the_client_as_the_server_sent_it(scripted, proxy_to, s
     assert (through.status_code, through.content) == (direct.status_code, direct.content) == (status, direct.content)
     (call,) = proxy.take("e")
     assert call["status"] == status and json.loads(call["response"]) == answer and call["content"] is None
+
+
+@pytest.mark.parametrize(
+    ("engine", "managed", "ask_tokens", "asked"),
+    [
+        ("vllm", True, True, True),
+        ("vllm", True, False, False),
+        ("transformers", True, True, False),
+        ("openai", False, True, False),
+    ],
+)
+def test_harbors_agents_ask_a_vllm_otbuild_started_for_token_ids(scripted, engine, managed, ask_tokens, asked):
+    """Harbor's agents' proxy asks for token ids and log-probs as otbuild's harness does: of a
+    vLLM that otbuild started, unless the stage says not to (an eval's model under test)."""
+    srv = scripted(lambda body: (200, chat_answer("ok")))
+    settings = LLM(engine=engine, model="m", base_url=None if managed else srv.base_url)
+    with harbor_proxy(srv.base_url, settings, managed=managed, ask_tokens=ask_tokens) as proxy:
+        assert post(proxy.url("job"), {"model": "m", "messages": [{"role": "user", "content": "x"}]}).status_code == 200
+    sent = srv.requests[-1]["body"]
+    assert (sent.get("return_token_ids"), sent.get("logprobs")) == ((True, True) if asked else (None, None))
 
 
 def test_through_the_proxy_the_engine_fails_as_it_would_without_it(scripted):
