@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from otbuild.harness.protocol import iter_conversations
-from otbuild.train.chat import tool_call_text
 from otbuild.settings.recipe import PROMPTS
 from otbuild.settings.train import ModelSpec
-from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
+from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template, tool_call_text
 
 TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text
 

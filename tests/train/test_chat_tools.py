@@ -60,9 +60,11 @@ QWEN3_TEXT = (
 )
 # what the loss is on: each assistant turn's text and tool-call blocks, and its <|im_end|>
 SUPERVISED = [
-    "<think>\nlook first\n</think>\n\nI'll list.\n"
-    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
-    '<tool_call>\n{"name": "bash", "arguments": {"command": "pwd"}}\n</tool_call><|im_end|>',
+    (
+        "<think>\nlook first\n</think>\n\nI'll list.\n"
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "pwd"}}\n</tool_call><|im_end|>'
+    ),
     '<tool_call>\n{"name": "task_complete", "arguments": {}}\n</tool_call><|im_end|>',
     "Done.<|im_end|>",
 ]
@@ -119,7 +121,8 @@ def test_arguments_are_rendered_verbatim(tok):
     parses and re-serializes them: tests/contracts/test_vllm.py)."""
     conv = [CONVERSATION[1], {"role": "assistant", "content": "", "tool_calls": [_call(1, "bash", '{"command":"ls"}')]}]
     ids, mask = tokenize_conversation(tok, conv, "qwen3", [BASH])
-    assert _runs(tok, ids, mask) == ['<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>']
+    verbatim = '<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>'
+    assert _runs(tok, ids, mask) == [verbatim]
 
 
 def test_tokenized_set_reads_the_tools_column(tmp_path, tok):
