@@ -290,7 +290,11 @@ def tool_conversations() -> list[tuple[list[dict], bool]]:
             [
                 system,
                 {"role": "user", "content": "List the files."},
-                {"role": "assistant", "content": "<think>\nls\n</think>\n\n", "tool_calls": [call(1, '{"command":"ls"}')]},
+                {
+                    "role": "assistant",
+                    "content": "<think>\nls\n</think>\n\n",
+                    "tool_calls": [call(1, '{"command":"ls"}')],  # no spaces: not json.dumps' layout
+                },
                 {"role": "tool", "content": "a.txt", "tool_call_id": "c1"},
                 {"role": "assistant", "content": "<think>\ndone\n</think>\n\nDone."},
             ],
@@ -360,7 +364,8 @@ def test_the_export_writes_llamafactorys_tool_format(tool_setup):
         '{"name": "bash", "arguments": {"command": "pwd"}}]</tool_call>'
     )
     assert parallel[3]["content"] == "a.txt b.txt\n</tool_response>\n<tool_response>\n/app"
-    header = open(out["yaml"]).read()
+    with open(out["yaml"]) as f:
+        header = f.read()
     assert "1 tool call(s) whose arguments LLaMA-Factory trains as json.dumps writes them" in header
 
 
