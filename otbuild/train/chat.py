@@ -63,13 +63,21 @@ def ensure_template(tokenizer, mode: str = "auto") -> str:
 
 def clean(conversation) -> list[dict]:
     """{role, content} messages, plus an assistant's `tool_calls` and a tool result's
-    `tool_call_id` where the trace has them (a terminus-2 trace: neither)."""
+    `tool_call_id` where the trace has them (a terminus-2 trace: neither). A call's arguments
+    go to the template as the object their JSON text holds, as vLLM's chat path passes them (its
+    renderers/chat_utils.py): the template writes them with tojson (json.dumps), so what otbuild
+    trains on is what vLLM renders when the conversation comes back to it; text that is not a
+    JSON object becomes {}, as vLLM makes it (`bad_arguments` finds such calls)."""
     out = []
     for m in conversation:
         msg = {"role": m["role"], "content": m.get("content") or ""}
         if m.get("tool_calls"):
             msg["tool_calls"] = [
-                {"id": c.get("id"), "type": c.get("type") or "function", "function": dict(c["function"])}
+                {
+                    "id": c.get("id"),
+                    "type": c.get("type") or "function",
+                    "function": {"name": c["function"]["name"], "arguments": arguments_object(c) or {}},
+                }
                 for c in m["tool_calls"]
             ]
         if m.get("tool_call_id"):
@@ -78,20 +86,35 @@ def clean(conversation) -> list[dict]:
     return out
 
 
+def arguments_object(call: dict) -> dict | None:
+    """A tool call's arguments as an object (None: not a JSON object)."""
+    args = call["function"].get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return args if isinstance(args, dict) else None
+
+
+def bad_arguments(conversation) -> int:
+    """The tool calls whose arguments are not a JSON object (vLLM renders them as {})."""
+    return sum(arguments_object(c) is None for m in conversation for c in m.get("tool_calls") or ())
+
+
 def tool_call_text(message: dict, answer: str) -> str:
     """An assistant message's tool calls as Qwen3's template writes them after its `answer`
     (the text outside any reasoning): one `<tool_call>` block each, newline-separated, the
-    arguments' JSON text verbatim."""
+    arguments as tojson writes the object (`clean`)."""
     blocks = [
-        '<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": ' + _arguments(c) + "}\n</tool_call>"
+        '<tool_call>\n{"name": "'
+        + c["function"]["name"]
+        + '", "arguments": '
+        + json.dumps(arguments_object(c) or {}, ensure_ascii=False)
+        + "}\n</tool_call>"
         for c in message.get("tool_calls") or ()
     ]
     return ("\n" if blocks and answer else "") + "\n".join(blocks)
-
-
-def _arguments(call: dict) -> str:
-    args = call["function"].get("arguments")
-    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
 def parse_tools(text: str | None) -> list[dict] | None:
@@ -238,6 +261,9 @@ def tokenize_batch(
     texts: list[str] = []
     at: list[int] = []
     for k, conv in enumerate(conversations):
+        if bad_arguments(conv):
+            out.append(TemplateMismatch("a tool call's arguments are not a JSON object (vLLM would render {})"))
+            continue
         conv = for_template(conv, source)
         text = render(tokenizer, conv, tools=tools[k] if tools else None)
         try:

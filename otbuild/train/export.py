@@ -15,10 +15,9 @@ has one); an assistant turn with tool calls as a `function_call` turn, its text 
 `<tool_call>[{"name", "arguments"}, ...]</tool_call>` (LLaMA-Factory's qwen formatter writes
 each call's block after that text, as Qwen3's template does); tool results as `observation`
 turns, consecutive ones as one, laid out as Qwen3 lays them out in one user turn.
-LLaMA-Factory parses each call's arguments and writes them again with json.dumps: arguments
-that are not JSON drop their conversation (`tool_arguments_not_json`); arguments in another
-JSON layout are counted (`tool_arguments_rewritten`: LLaMA-Factory trains json.dumps' text,
-otbuild the model's own).
+LLaMA-Factory parses each call's arguments and writes them with json.dumps, as otbuild's SFT
+and vLLM do (otbuild/train/chat.py `clean`); arguments that are not a JSON object drop their
+conversation (`tool_arguments_not_json`), as otbuild's SFT drops it.
 
 The messages are those otbuild's own SFT renders (otbuild/train/chat.py `for_template`):
 reasoning laid out as Qwen3 writes it (`qwen3_thinking`) or removed (`qwen3`), and in the
@@ -43,7 +42,7 @@ from pathlib import Path
 from otbuild.fsio import atomic_path, write_json
 from otbuild.settings.recipe import PROMPTS
 from otbuild.tasks.redact import Redactor
-from otbuild.train.chat import for_template, parse_tools, split_reasoning
+from otbuild.train.chat import bad_arguments, for_template, parse_tools, split_reasoning
 
 ROLE_TAGS = {
     "role_tag": "role",
@@ -97,17 +96,16 @@ def export_llamafactory(
         "rows_with_tools": 0,
         "tools_without_system": 0,
         "tool_arguments_not_json": 0,
-        "tool_arguments_rewritten": 0,
     }
     redactor = Redactor()
     with atomic_path(outdir / f"{name}.json") as tmp, open(tmp, "w") as out:
         out.write("[")
         for conv, tools in iter_conversations_with_tools(inputs, prompt=prompt):
-            try:
-                msgs = alternating(llamafactory_turns(for_template(conv, source), stats), stats)
-            except ValueError:  # arguments LLaMA-Factory cannot parse
+            if bad_arguments(conv):
                 stats["tool_arguments_not_json"] += 1
                 msgs = None
+            else:
+                msgs = alternating(llamafactory_turns(for_template(conv, source)), stats)
             if msgs is None:
                 stats["dropped"] += 1
                 continue
@@ -168,10 +166,9 @@ def _as_user(role: str, content: str) -> str:
     return f"<tool_response>\n{content}\n</tool_response>" if role == "observation" else content
 
 
-def llamafactory_turns(msgs: list[dict], stats: dict) -> list[dict]:
+def llamafactory_turns(msgs: list[dict]) -> list[dict]:
     """Template messages as LLaMA-Factory's roles: an assistant turn with tool calls as a
-    `function_call` turn, tool results as `observation` turns (consecutive ones as one).
-    ValueError: a call's arguments are not JSON."""
+    `function_call` turn, tool results as `observation` turns (consecutive ones as one)."""
     out: list[dict] = []
     for m in msgs:
         if m["role"] == "tool":
@@ -180,23 +177,18 @@ def llamafactory_turns(msgs: list[dict], stats: dict) -> list[dict]:
             else:
                 out.append({"role": "observation", "content": m["content"]})
         elif m["role"] == "assistant" and m.get("tool_calls"):
-            out.append({"role": "function_call", "content": function_call_content(m, stats)})
+            out.append({"role": "function_call", "content": function_call_content(m)})
         else:
             out.append({"role": m["role"], "content": m["content"]})
     return out
 
 
-def function_call_content(message: dict, stats: dict) -> str:
-    """An assistant turn with tool calls as LLaMA-Factory's function_call content: its text,
-    then the calls as one JSON list inside <tool_call></tool_call> (its qwen formatter writes
-    the text, then each call's block, newline-separated, as Qwen3's template does)."""
-    calls = []
-    for c in message["tool_calls"]:
-        text = c["function"].get("arguments")
-        args = json.loads(text) if isinstance(text, str) else text
-        if isinstance(text, str) and json.dumps(args, ensure_ascii=False) != text:
-            stats["tool_arguments_rewritten"] += 1
-        calls.append({"name": c["function"]["name"], "arguments": args})
+def function_call_content(message: dict) -> str:
+    """An assistant turn with tool calls (arguments as objects: `clean`) as LLaMA-Factory's
+    function_call content: its text, then the calls as one JSON list inside
+    <tool_call></tool_call> (its qwen formatter writes the text, then each call's block,
+    newline-separated, as Qwen3's template does)."""
+    calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in message["tool_calls"]]
     content = message["content"]
     newline = "\n" if split_reasoning(content)[1] else ""
     return f"{content}{newline}<tool_call>{json.dumps(calls, ensure_ascii=False)}</tool_call>"

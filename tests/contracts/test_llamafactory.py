@@ -15,7 +15,7 @@ The differences that remain are LLaMA-Factory's, asserted exactly (docs/training
 - with `train_on_prompt` it also labels the first token, which no model predicts;
 - tool-calling traces (its own tool format: `tools`, function_call and observation turns): a
   conversation offered tools without a system message opens its system turn with two newlines
-  before `# Tools`, and a call's arguments are trained as json.dumps writes them."""
+  before `# Tools`."""
 
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def test_llamafactory_refuses_what_the_export_used_to_write(setup):
 def tool_conversations() -> list[tuple[list[dict], bool]]:
     """(conversation, has a system message): toy tool-calling traces (no system message), one
     with a system message, text before two parallel calls and their two results, and one whose
-    arguments are JSON in another layout than json.dumps'."""
+    arguments are JSON in another layout than json.dumps' (both write them with json.dumps)."""
     from otbuild.train.toy import tool_trace_rows
 
     convs = [(row["conversations"], False) for row in tool_trace_rows(3)]
@@ -304,9 +304,6 @@ def tool_conversations() -> list[tuple[list[dict], bool]]:
     return convs
 
 
-REWRITTEN = 4  # the row whose arguments LLaMA-Factory writes again
-
-
 @pytest.fixture(scope="module")
 def tool_setup(tmp_path_factory):
     from otbuild.train.model import materialise
@@ -334,25 +331,11 @@ def tool_contract(tool_setup):
     return _contract(tmp, model, {n: out["yaml"] for n, (_, out) in exports.items()})
 
 
-def _canonical_arguments(conv: list[dict]) -> list[dict]:
-    """The conversation with each call's arguments as json.dumps writes them (LLaMA-Factory's layout)."""
-    out = []
-    for m in conv:
-        if m.get("tool_calls"):
-            calls = [
-                {**c, "function": {**c["function"], "arguments": json.dumps(json.loads(c["function"]["arguments"]))}}
-                for c in m["tool_calls"]
-            ]
-            m = {**m, "tool_calls": calls}
-        out.append(m)
-    return out
-
-
 def test_the_export_writes_llamafactorys_tool_format(tool_setup):
     tmp, *_, exports = tool_setup
     out = exports["tools_thinking"][1]
     assert (out["rows"], out["rows_with_tools"], out["tools_without_system"]) == (5, 5, 3)
-    assert (out["tool_arguments_rewritten"], out["tool_arguments_not_json"], out["dropped"]) == (1, 0, 0)
+    assert (out["tool_arguments_not_json"], out["dropped"]) == (0, 0)
     info = json.loads((tmp / "tools_thinking" / "dataset_info.json").read_text())["otbuild_sft"]
     assert info["columns"] == {"messages": "messages", "tools": "tools"}
     assert (info["tags"]["function_tag"], info["tags"]["observation_tag"]) == ("function_call", "observation")
@@ -366,7 +349,7 @@ def test_the_export_writes_llamafactorys_tool_format(tool_setup):
     assert parallel[3]["content"] == "a.txt b.txt\n</tool_response>\n<tool_response>\n/app"
     with open(out["yaml"]) as f:
         header = f.read()
-    assert "1 tool call(s) whose arguments LLaMA-Factory trains as json.dumps writes them" in header
+    assert "3 conversation(s) offered tools without a system message" in header
 
 
 @needs_llamafactory
@@ -375,13 +358,10 @@ def test_the_export_writes_llamafactorys_tool_format(tool_setup):
 def test_llamafactory_trains_on_otbuilds_tool_call_tokens(tool_setup, tool_contract, name):
     """LLaMA-Factory's own converter, qwen3 template and tool formatter on the export: its input
     ids and labels are otbuild's, the assistant's text and tool-call blocks trained, tool
-    results not. Its layout differs from Qwen3's (otbuild's) in two places, asserted exactly:
-    - a conversation offered tools without a system message: its system turn opens with two
-      newlines before `# Tools` (prompt tokens; every token after that turn is otbuild's);
-    - arguments in another JSON layout are trained as json.dumps writes them: the row is
-      otbuild's tokens of the conversation with its arguments so written."""
-    from otbuild.train.toy import TOY_TOOLS
-
+    results not (arguments in another JSON layout too: both write them with json.dumps). Its
+    layout differs from Qwen3's (otbuild's) in one place, asserted exactly: a conversation offered
+    tools without a system message opens its system turn with two newlines before `# Tools`
+    (prompt tokens; every token after that turn is otbuild's)."""
     tmp, traces, model, exports = tool_setup
     sft, _ = exports[name]
     run = tool_contract["runs"][name]
@@ -394,9 +374,6 @@ def test_llamafactory_trains_on_otbuilds_tool_call_tokens(tool_setup, tool_contr
     end = tok.convert_tokens_to_ids("<|im_end|>")
     for i, (lf, (conv, has_system)) in enumerate(zip(theirs, convs, strict=True)):
         ids, mask = ours.seq(i)
-        if i == REWRITTEN:
-            assert '{"command":"ls"}' in tok.decode(ids[mask].tolist())
-            ids, mask = tokenize_conversation(tok, _canonical_arguments(conv), sft.model.chat_template, TOY_TOOLS)
         want_ids, want_labels = _lf_view(tok, ids, mask)
         supervised = tok.decode([t for t in want_labels if t != IGNORE])
         assert "<tool_call>" in supervised and "<tool_response>" not in supervised

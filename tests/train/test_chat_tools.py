@@ -12,7 +12,7 @@ import pytest
 from otbuild.engines.tiny import corpus, train_tokenizer
 from otbuild.settings.stages import SftSettings
 from otbuild.traces.table import TRACE_SCHEMA, write_traces
-from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template, render, tokenize_conversation
+from otbuild.train.chat import QWEN3_SPECIAL, TemplateMismatch, qwen3_template, render, tokenize_conversation
 from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
 from otbuild.train.toy import TOY_TOOLS, write_toy_traces
 
@@ -116,13 +116,20 @@ def test_a_conversation_without_tools_renders_as_it_always_has(tok):
     assert render(tok, conv) == render(tok, conv, tools=[]) == expected
 
 
-def test_arguments_are_rendered_verbatim(tok):
-    """The model's JSON text as it wrote it: the tokens it was sampled as (vLLM's own rendering
-    parses and re-serializes them: tests/contracts/test_vllm.py)."""
+def test_arguments_are_rendered_as_vllm_renders_them(tok):
+    """A call's arguments as the JSON object they hold, written with tojson: vLLM's chat path
+    parses them and its template writes them so (tests/contracts/test_vllm.py), whatever layout
+    the teacher wrote them in; arguments that are not a JSON object drop the conversation (vLLM
+    would render {})."""
     conv = [CONVERSATION[1], {"role": "assistant", "content": "", "tool_calls": [_call(1, "bash", '{"command":"ls"}')]}]
     ids, mask = tokenize_conversation(tok, conv, "qwen3", [BASH])
-    verbatim = '<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>'
-    assert _runs(tok, ids, mask) == [verbatim]
+    assert _runs(tok, ids, mask) == [
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
+    ]
+    for bad in ('{"command": "ls"', "[1]", ""):
+        conv[1]["tool_calls"] = [_call(1, "bash", bad)]
+        with pytest.raises(TemplateMismatch, match="not a JSON object"):
+            tokenize_conversation(tok, conv, "qwen3", [BASH])
 
 
 def test_tokenized_set_reads_the_tools_column(tmp_path, tok):
