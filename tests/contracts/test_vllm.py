@@ -160,3 +160,141 @@ def test_vllms_answers_read_as_otbuild_expects(contract, scripted):
     assert (c.text, c.reasoning, c.finish_reason) == ('{"analysis": "a"}', "first, think", "length")
     assert (c.n_input_tokens, c.n_output_tokens, c.usage_reported) == (12, 7, True)
     assert "context length" in answer["context_error"] and CONTEXT_OVERFLOW.search(answer["context_error"])
+
+
+# --- the train-serve contract with tools: vLLM's own chat path against otbuild's SFT tokens ---
+
+
+def tool_conversations() -> list[dict]:
+    """Conversations with tools, as a trace holds them: toy tool-calling traces, one with a
+    system message, text before two parallel calls and their two results, one whose arguments
+    are JSON in another layout than json.dumps', and one whose arguments are not JSON."""
+    from otbuild.train.toy import TOY_TOOLS, tool_trace_rows
+
+    def call(i, args):
+        return {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": args}}
+
+    system = {"role": "system", "content": "You are an agent in a terminal."}
+    user = {"role": "user", "content": "List the files, then say where you are."}
+    convs = [row["conversations"] for row in tool_trace_rows(2)]
+    convs.append(
+        [
+            system,
+            user,
+            {
+                "role": "assistant",
+                "content": "<think>\nboth at once\n</think>\n\nI'll run two commands — «ls».",
+                "tool_calls": [call(1, '{"command": "ls"}'), call(2, '{"command": "pwd"}')],
+            },
+            {"role": "tool", "content": "a.txt b.txt", "tool_call_id": "c1"},
+            {"role": "tool", "content": "/app", "tool_call_id": "c2"},
+            {"role": "assistant", "content": "<think>\nseen\n</think>\n\nTwo files, in /app."},
+        ]
+    )
+    for args in ('{"command":"ls",  "n" : 1}', '{"command": "ls"'):
+        convs.append(
+            [
+                user,
+                {"role": "assistant", "content": "<think>\nls\n</think>\n\n", "tool_calls": [call(1, args)]},
+                {"role": "tool", "content": "a.txt", "tool_call_id": "c1"},
+                {"role": "assistant", "content": "<think>\ndone\n</think>\n\nDone."},
+            ]
+        )
+    return [{"messages": c, "tools": TOY_TOOLS} for c in convs]
+
+
+MALFORMED = 4  # the conversation whose arguments are not JSON
+# a model's answers, read by vLLM's hermes parser and by otbuild's (otbuild/engines/toolcalls.py)
+ANSWERS = [
+    "Just text.",
+    'I\'ll look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>',
+    '<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "task_complete", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "écho «ok»"}}',  # left open
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}\n</tool_call>',  # not JSON
+    '<tool_call>\n{"name": "bash"}\n</tool_call>',  # no arguments
+]
+
+
+@pytest.fixture(scope="module")
+def tool_contract(tmp_path_factory):
+    """One tiny student (otbuild's qwen3 template), its tokenized SFT set of the conversations,
+    and vLLM's answer (tests/support/vllm_chat_tokens.py)."""
+    from otbuild.settings.train import TinyModel
+    from otbuild.traces.table import TRACE_SCHEMA, write_traces
+    from otbuild.train.model import materialise
+    from otbuild.train.tokenized import TokenizedSet, build_tokenized_set
+
+    tmp = tmp_path_factory.mktemp("vllm-tools")
+    convs = tool_conversations()
+    rows = []
+    for i, c in enumerate(convs):
+        row = dict.fromkeys(TRACE_SCHEMA.names)
+        row.update(conversations=c["messages"], tools=json.dumps(c["tools"]), task=f"t{i}", trial_name=f"t-{i}")
+        rows.append(row)
+    write_traces(tmp / "kept.parquet", rows)
+    tiny = {"kind": "tiny", "vocab_size": 600, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    model = materialise(TinyModel(**tiny), tmp / "model", [tmp / "kept.parquet"])
+    stats = build_tokenized_set(tmp / "kept.parquet", model, "qwen3_thinking", 4096, tmp / "tok", workers=1)
+    given = {"model": str(model), "conversations": convs, "answers": ANSWERS}
+    out = tmp / "answer.json"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / "vllm_chat_tokens.py"), str(out)],
+        input=json.dumps(given),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
+    return convs, model, stats, TokenizedSet(tmp / "tok"), json.loads(out.read_text())
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllms_tokens_of_a_conversation_with_tools_are_otbuilds(tool_contract):
+    """vLLM's own chat path (its message parsing, the model's chat template with the request's
+    tools, its tokenizer) gives, token for token, the ids otbuild's SFT trains on, arguments in
+    another JSON layout included (both write the object with json.dumps). Arguments that are not
+    JSON: vLLM renders {} in their place; otbuild's SFT drops that conversation."""
+    from otbuild.train.model import load_tokenizer
+
+    convs, model, stats, ours, answer = tool_contract
+    assert answer["vllm"] == pinned_release("vllm")
+    assert stats["dropped"]["template_mismatch"] == 1 and len(ours) == len(convs) - 1
+    rows = {int(t): k for k, t in enumerate(ours._column("trace"))}  # trace row -> sequence
+    tok = load_tokenizer(model)[0]
+    for i, prompt in enumerate(answer["prompts"]):
+        assert "error" not in prompt, prompt
+        if i == MALFORMED:
+            assert '{"name": "bash", "arguments": {}}' in prompt["text"]
+            continue
+        ids, mask = ours.seq(rows[i])
+        assert prompt["ids"] == ids.tolist(), (i, prompt["text"], tok.decode(ids.tolist()))
+        assert "<tool_call>" in tok.decode(ids[mask].tolist())
+    assert '"arguments": {"command": "ls", "n": 1}' in answer["prompts"][3]["text"]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_otbuilds_tool_call_parser_reads_answers_as_vllms_hermes(tool_contract):
+    """otbuild serve's and the RL policy's parser against vLLM's hermes parser, answer by answer:
+    the same content, call names and arguments text; ids of the same form."""
+    import re
+
+    from otbuild.engines.toolcalls import parse_tool_calls
+
+    *_, answer = tool_contract
+    for text, theirs in zip(ANSWERS, answer["parsed"], strict=True):
+        content, calls = parse_tool_calls(text)
+        assert (content, calls is not None) == (theirs["content"], theirs["tools_called"]), text
+        ours = [
+            {"type": c["type"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in calls or []
+        ]
+        assert ours == [{k: c[k] for k in ("type", "name", "arguments")} for c in theirs["tool_calls"]], text
+        for c, t in zip(calls or [], theirs["tool_calls"], strict=True):
+            assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", c["id"]) and t["id"].startswith("chatcmpl-tool-")
+    assert sum(p["tools_called"] for p in answer["parsed"]) == 3  # the cases can fail both ways
