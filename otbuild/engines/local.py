@@ -26,10 +26,12 @@ def start_local_server(
     startup_timeout_sec: float = 300.0,
     log_path: str | Path | None = None,
     env: dict | None = None,
+    tool_call_parser: str | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Run `python -m otbuild.serve MODEL_DIR` until healthy; return (base_url, stop).
 
     base_url ends in /v1. The server is stopped when starting it fails; `stop()` is idempotent.
+    `tool_call_parser`: started with --enable-auto-tool-choice --tool-call-parser (as vLLM).
     """
     base_url, server = launch_local_server(
         model_dir,
@@ -40,6 +42,7 @@ def start_local_server(
         startup_timeout_sec=startup_timeout_sec,
         log_path=log_path,
         env=env,
+        tool_call_parser=tool_call_parser,
     )
     return base_url, server.stop
 
@@ -54,6 +57,7 @@ def launch_local_server(
     startup_timeout_sec: float,
     log_path,
     env: dict | None,
+    tool_call_parser: str | None = None,
 ) -> tuple[str, ServerProcess]:
     """start_local_server's server: (base_url, its ServerProcess)."""
     argv = [
@@ -70,6 +74,8 @@ def launch_local_server(
     ]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
+    if tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     server = ServerProcess(
         argv,
         name="otbuild serve",
@@ -105,4 +111,5 @@ class TransformersEngine(ManagedServerEngine):
             startup_timeout_sec=s.startup_timeout_sec,
             log_path=s.log_path,
             env=s.env,
+            tool_call_parser=s.tool_call_parser if s.enable_auto_tool_choice else None,
         )

@@ -1,5 +1,7 @@
-"""A model's tool calls read from its text as vLLM's `hermes` tool parser reads them (the parser
-for Qwen3's `<tool_call>` blocks): `otbuild serve` and the RL policy answer with the same
+"""Tool calls as vLLM handles them, for otbuild's own models (`otbuild serve`, the RL policy)
+and its SFT: a request's earlier calls go to the chat template as vLLM's chat path passes them
+(`arguments_object`), and a model's answer is read as vLLM's `hermes` tool parser reads it (the
+parser for Qwen3's `<tool_call>` blocks: `parse_tool_calls`), so they answer with the same
 `tool_calls` and `content` a vLLM server with `--tool-call-parser hermes` would.
 
 Each `<tool_call>JSON</tool_call>` block (or a last one the answer left open) holds
@@ -18,6 +20,32 @@ import uuid
 START = "<tool_call>"
 BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 PARSERS = ("hermes",)  # the --tool-call-parser values otbuild's own servers implement
+
+
+def arguments_object(call: dict) -> dict | None:
+    """A tool call's arguments as the object its JSON text holds (None: not a JSON object, which
+    vLLM's chat path replaces with {}: its renderers/chat_utils.py)."""
+    args = call["function"].get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return args if isinstance(args, dict) else None
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """A request's messages as vLLM gives them to the chat template: each assistant tool call's
+    arguments as an object ({} where they are not a JSON object)."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [
+                {**c, "function": {**c["function"], "arguments": arguments_object(c) or {}}} for c in m["tool_calls"]
+            ]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict] | None]:

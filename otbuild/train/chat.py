@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from otbuild.engines.toolcalls import arguments_object
+
 TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "templates" / "qwen3_chat.j2"
 QWEN3_SPECIAL = [
     "<|endoftext|>",
@@ -84,17 +86,6 @@ def clean(conversation) -> list[dict]:
             msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
     return out
-
-
-def arguments_object(call: dict) -> dict | None:
-    """A tool call's arguments as an object (None: not a JSON object)."""
-    args = call["function"].get("arguments")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return args if isinstance(args, dict) else None
 
 
 def bad_arguments(conversation) -> int:
