@@ -173,3 +173,52 @@ def test_sft_trains_on_tool_calling_traces(tmp_path):
     log = [json.loads(x) for x in (tmp_path / "ck" / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and stats["tokens_seen"] == sum(r["tokens"] for r in log)
     assert log[-1]["loss"] < log[0]["loss"]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.train.rl.policy import Policy
+
+    path = make_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "m",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+    )
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return Policy(model, tok, temperature=1.0, max_tokens=8, max_context=4096)
+
+
+def test_the_rl_policy_is_prompted_as_sft_trains(policy):
+    """Before each assistant turn of a tool conversation, the policy's prompt (with the offered
+    tools) is the SFT sequence's tokens up to that turn's supervised tokens."""
+    ids, mask = tokenize_conversation(policy.tok, CONVERSATION, "qwen3_thinking", [BASH])
+    starts = np.flatnonzero(np.diff(np.r_[0, mask.astype(int)]) == 1)
+    turns = [i for i, m in enumerate(CONVERSATION) if m["role"] == "assistant"]
+    assert len(starts) == len(turns) == 3
+    for k, at in zip(turns, starts, strict=True):
+        assert policy.prompt_ids(CONVERSATION[:k], [BASH]) == ids[:at].tolist(), k
+
+
+def test_the_rl_policy_reads_its_tool_calls_as_vllm(policy):
+    import asyncio
+
+    from otbuild.train.rl.policy import PolicyEngine
+
+    tok = policy.tok
+    said = 'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call>'
+    ids = tok(said, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    text, calls = policy.answer(ids, [BASH])
+    assert text == "Let me look.\n" and [c["function"] for c in calls] == [
+        {"name": "bash", "arguments": '{"command": "ls"}'}
+    ]
+    assert policy.answer(ids, None) == ('Let me look.\n\n{"name": "bash", "arguments": {"command":"ls"}}\n', None)
+    engine = PolicyEngine(policy)
+    c = asyncio.run(engine.complete(CONVERSATION[:2], seed=1, tools=[BASH]))
+    assert engine.turns[0].prompt_ids == policy.prompt_ids(CONVERSATION[:2], [BASH])
+    assert c.finish_reason in ("stop", "length", "tool_calls") and (c.tool_calls is None) == (
+        c.finish_reason != "tool_calls"
+    )
