@@ -19,10 +19,13 @@ process may run on, at most one per batch) the batches are tokenized in that man
 worker processes, each a whole batch at a time, at most 2 batches per worker in flight (memory:
 ~2 x workers x the batch), and appended in input order: the file is byte for byte the one a
 single process writes.
+A trace's offered tools (its `tools` column, where the table has one) are rendered with its
+conversation (otbuild/train/chat.py); a `tools` value that is not a JSON array of tool
+definitions fails the build naming its row.
 Dropped traces are counted by reason: `empty_conversation`, `template_mismatch` (the chat
-template rewrote an assistant turn), `too_long` (truncation: drop) and `no_assistant_tokens`
-(nothing supervised left, e.g. after truncation: right). A set already built for the same key
-is reused as it is.
+template rewrote an assistant turn, or a tool call's arguments are not a JSON object),
+`too_long` (truncation: drop) and `no_assistant_tokens` (nothing supervised left, e.g. after
+truncation: right). A set already built for the same key is reused as it is.
 """
 
 from __future__ import annotations
