@@ -271,7 +271,9 @@ class Handler(BaseHTTPRequestHandler):
             if refused := request_policy.refusal(name, body):  # as strict as OpenAI's API
                 param, code, message = refused
                 raise RequestError(400, message, param, code)
-            out = self.server.model.chat(**_request_args(body, self.server.tool_call_parser is not None))
+            # a server without the attribute (the Handler on another socket server): no tool choice
+            auto_tools = getattr(self.server, "tool_call_parser", None) is not None
+            out = self.server.model.chat(**_request_args(body, auto_tools))
         except json.JSONDecodeError as e:
             return self._error(400, f"invalid JSON: {e}")
         except RequestError as e:
