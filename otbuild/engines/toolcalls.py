@@ -25,7 +25,7 @@ PARSERS = ("hermes",)  # the --tool-call-parser values otbuild's own servers imp
 def arguments_object(call: dict) -> dict | None:
     """A tool call's arguments as the object its JSON text holds (None: not a JSON object, which
     vLLM's chat path replaces with {}: its renderers/chat_utils.py)."""
-    args = call["function"].get("arguments")
+    args = (call.get("function") or {}).get("arguments")
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -41,7 +41,8 @@ def template_messages(messages: list[dict]) -> list[dict]:
     for m in messages:
         if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls"):
             calls = [
-                {**c, "function": {**c["function"], "arguments": arguments_object(c) or {}}} for c in m["tool_calls"]
+                {**c, "function": {**(c.get("function") or {}), "arguments": arguments_object(c) or {}}}
+                for c in m["tool_calls"]
             ]
             m = {**m, "tool_calls": calls}
         out.append(m)

@@ -69,7 +69,7 @@ def clean(conversation) -> list[dict]:
     go to the template as the object their JSON text holds, as vLLM's chat path passes them (its
     renderers/chat_utils.py): the template writes them with tojson (json.dumps), so what otbuild
     trains on is what vLLM renders when the conversation comes back to it; text that is not a
-    JSON object becomes {}, as vLLM makes it (`bad_arguments` finds such calls)."""
+    JSON object becomes {}, as vLLM makes it (`bad_tool_calls` finds such calls)."""
     out = []
     for m in conversation:
         msg = {"role": m["role"], "content": m.get("content") or ""}
@@ -88,9 +88,14 @@ def clean(conversation) -> list[dict]:
     return out
 
 
-def bad_arguments(conversation) -> int:
-    """The tool calls whose arguments are not a JSON object (vLLM renders them as {})."""
-    return sum(arguments_object(c) is None for m in conversation for c in m.get("tool_calls") or ())
+def bad_tool_calls(conversation) -> int:
+    """The tool calls a template cannot render as the model would be shown them: no function
+    name, or arguments that are not a JSON object (vLLM renders them as {})."""
+    return sum(
+        not isinstance((c.get("function") or {}).get("name"), str) or arguments_object(c) is None
+        for m in conversation
+        for c in m.get("tool_calls") or ()
+    )
 
 
 def tool_call_text(message: dict, answer: str) -> str:
@@ -252,8 +257,8 @@ def tokenize_batch(
     texts: list[str] = []
     at: list[int] = []
     for k, conv in enumerate(conversations):
-        if bad_arguments(conv):
-            out.append(TemplateMismatch("a tool call's arguments are not a JSON object (vLLM would render {})"))
+        if bad_tool_calls(conv):
+            out.append(TemplateMismatch("a tool call has no name or its arguments are not a JSON object"))
             continue
         conv = for_template(conv, source)
         text = render(tokenizer, conv, tools=tools[k] if tools else None)

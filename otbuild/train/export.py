@@ -42,7 +42,7 @@ from pathlib import Path
 from otbuild.fsio import atomic_path, write_json
 from otbuild.settings.recipe import PROMPTS
 from otbuild.tasks.redact import Redactor
-from otbuild.train.chat import bad_arguments, for_template, parse_tools, split_reasoning
+from otbuild.train.chat import bad_tool_calls, for_template, parse_tools, split_reasoning
 
 ROLE_TAGS = {
     "role_tag": "role",
@@ -101,7 +101,7 @@ def export_llamafactory(
     with atomic_path(outdir / f"{name}.json") as tmp, open(tmp, "w") as out:
         out.write("[")
         for conv, tools in iter_conversations_with_tools(inputs, prompt=prompt):
-            if bad_arguments(conv):
+            if bad_tool_calls(conv):
                 stats["tool_arguments_not_json"] += 1
                 msgs = None
             else:

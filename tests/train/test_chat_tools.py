@@ -126,9 +126,9 @@ def test_arguments_are_rendered_as_vllm_renders_them(tok):
     assert _runs(tok, ids, mask) == [
         '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
     ]
-    for bad in ('{"command": "ls"', "[1]", ""):
-        conv[1]["tool_calls"] = [_call(1, "bash", bad)]
-        with pytest.raises(TemplateMismatch, match="not a JSON object"):
+    for name, bad in (("bash", '{"command": "ls"'), ("bash", "[1]"), ("bash", ""), (None, "{}")):
+        conv[1]["tool_calls"] = [_call(1, name, bad)]
+        with pytest.raises(TemplateMismatch, match="no name or its arguments are not a JSON object"):
             tokenize_conversation(tok, conv, "qwen3", [BASH])
 
 
