@@ -34,14 +34,16 @@ def run_harbor_shard(
     cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
 ) -> tuple[list[dict], list[dict]]:
     """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
-    agents: each Harbor job's, in the order they came; not yet matched to trials)."""
+    agents: each Harbor job's, in the order they came; not yet matched to trials). A job no
+    proxy captured gives the calls its trials report as Harbor's rollout details (their token
+    ids and log-probs, keyed by trial name)."""
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
 async def _run(
     cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
 ) -> tuple[list[dict], list[dict]]:
-    from otbuild.harbor.ingest import read_job
+    from otbuild.harbor.ingest import read_job, read_job_calls
     from otbuild.harbor.job import run_harbor_job
     from otbuild.tasks.export import export_names
 
@@ -103,7 +105,9 @@ async def _run(
                 **options,
             )
             job_rows += read_job(job, subagents=True)
-            if proxy is not None:
+            if proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
+                calls += await asyncio.to_thread(lambda j=job: list(read_job_calls(j)))
+            else:
                 calls += [
                     {**c, "trial": None, "trial_name": None, "harness_agrees": None}
                     for c in await asyncio.to_thread(proxy.take, f"attempts-{n}")
@@ -220,13 +224,16 @@ def harbor_options(cfg: RolloutSettings) -> dict:
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens, and for a server otbuild
     starts the model's context and output limits (`model_info`: terminus-2 summarizes its
-    context by them; litellm knows no self-served model's) at no cost (harbor.agent_kwargs win)."""
+    context by them; litellm knows no self-served model's) at no cost, and on vLLM without
+    `capture` Harbor's rollout details (the token ids per call) (harbor.agent_kwargs win)."""
     hb = cfg.harbor
     agent = harbor_agent(hb.agent, cfg.engine)
     kwargs = dict(hb.agent_kwargs)
     if agent.startswith("terminus"):
         kwargs = {"max_turns": cfg.max_episodes, "temperature": cfg.temperature, **kwargs}
         kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
+        if cfg.engine == "vllm" and not cfg.capture:  # no proxy records the token ids: the agent reports them
+            kwargs.setdefault("collect_rollout_details", True)
         context = getattr(cfg.launch, "max_model_len", None)
         if context:
             kwargs["model_info"] = {
