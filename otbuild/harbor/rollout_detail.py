@@ -47,7 +47,7 @@ def _turns(detail) -> Iterator[dict]:
     as when the server gave no log-probs, leaves that field null)."""
     if not isinstance(detail, dict):
         return
-    lists = {f: detail.get(f) if isinstance(detail.get(f), list) else [] for f in FIELDS}
+    lists: dict[str, list] = {f: v if isinstance(v := detail.get(f), list) else [] for f in FIELDS}
     for i in range(max(len(v) for v in lists.values())):
         yield {f: _numbers(v[i]) if i < len(v) else None for f, v in lists.items()}
 
@@ -112,7 +112,9 @@ def write_rollout_details(calls: Path, dest: Path) -> dict:
 def _trials(cur, batch: int = 1024) -> Iterator[tuple[str, list[dict]]]:
     """(trial_name, its segments) from the ordered rows, a batch at a time: one trial's calls
     are held at once, never the table's."""
-    name, scope, segments = None, None, []
+    name: str = ""
+    scope: str | None = None
+    segments: list[dict] = []
     while rows := cur.fetchmany(batch):
         for trial_name, sc, prompt, completion, logprobs in rows:
             if trial_name != name:

@@ -43,7 +43,7 @@ def run_harbor_shard(
 async def _run(
     cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
 ) -> tuple[list[dict], list[dict]]:
-    from otbuild.harbor.ingest import read_job, read_job_calls
+    from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
     from otbuild.tasks.export import export_names
 
@@ -106,7 +106,7 @@ async def _run(
             )
             job_rows += read_job(job, subagents=True)
             if proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
-                calls += await asyncio.to_thread(lambda j=job: list(read_job_calls(j)))
+                calls += await asyncio.to_thread(_reported_calls, job)
             else:
                 calls += [
                     {**c, "trial": None, "trial_name": None, "harness_agrees": None}
@@ -135,6 +135,12 @@ async def _run(
         if t.row in refused
     }
     return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run), calls
+
+
+def _reported_calls(job: Path) -> list[dict]:
+    from otbuild.harbor.ingest import read_job_calls
+
+    return list(read_job_calls(job))
 
 
 def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:

@@ -13,7 +13,7 @@ import pytest
 from otbuild.harbor import ingest
 from otbuild.harbor.rollout_detail import write_rollout_details
 from otbuild.stagekit.calls import CALL_SCHEMA, write_calls
-from tests.conftest import REPO, otbuild, tool_answer
+from tests.conftest import REPO, otbuild, snakemake, tool_answer
 
 HARBOR_PYTHON = REPO / ".venv-harbor" / "bin" / "python"
 needs_harbor = pytest.mark.skipif(
@@ -165,3 +165,44 @@ def test_hf_datasets_loads_calls_parquet(tmp_path):
     assert ds[0]["completion_token_ids"] == [4, 5] and ds[0]["logprobs"] == [-0.5, -0.25]
     assert json.loads(ds[0]["tool_calls"])[0]["function"]["name"] == "bash"
     assert ds[1]["trial"] is None and ds[1]["prompt_token_ids"] is None
+
+
+@needs_harbor
+@pytest.mark.slow
+def test_a_harbor_teachers_calls_come_from_its_rollout_details_in_a_real_build(project, scripted):
+    """`sandbox: harbor` without the capture proxy, in a real build: terminus-2 asks for token ids
+    (`collect_rollout_details`) and the teacher's calls.parquet holds each trial's calls as
+    Harbor reported them: per assistant turn of the trace, the prompt's ids the server gave for
+    the conversation before it and the answer's ids and log-probs (the stand-in model's ids
+    say what they were for); the export of it is Harbor's AgentContext again."""
+    from tests.harbor.test_harbor import terminus2_endpoint
+    from tests.support.standin import token_ids
+
+    srv = scripted(terminus2_endpoint())  # vLLM's token ids and log-probs where asked (standin.as_vllm)
+    (project / "recipes" / "rd.yaml").write_text(
+        "sources:\n  synth: {kind: synthetic, count: 2, seed: 4}\n"
+        f"teacher: {{engine: openai, base_url: '{srv.base_url}', model: m, max_episodes: 6, capture: false,\n"
+        "  sandbox: harbor, harbor: {environment: otbuild, agent_kwargs: {collect_rollout_details: true}}}\n"
+    )
+    ran, _ = snakemake(project, "rd")
+    assert ran["rollout"] == 1
+    out = project / "results" / "rd" / "teacher"
+    traces = {t["trial_name"]: t for t in pq.read_table(out / "traces.parquet").to_pylist()}
+    calls = pq.read_table(out / "calls.parquet").to_pylist()
+    assert len(traces) == 2 and {c["trial_name"] for c in calls} == set(traces)
+    for name, trace in traces.items():
+        mine = [c for c in calls if c["trial_name"] == name]
+        conversation = trace["conversations"]
+        answers = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+        assert [c["call_idx"] for c in mine] == list(range(len(answers))) == list(range(4)), trace["result"]
+        for call, i in zip(mine, answers, strict=True):
+            assert call["prompt_token_ids"] == token_ids(" ".join(m["content"] for m in conversation[:i]))
+            assert call["completion_token_ids"] == (ids := token_ids(conversation[i]["content"]))
+            assert call["logprobs"] == pytest.approx([-t / 1000 for t in ids]) and call["scope"] == "rollout_details/0"
+    res = otbuild(project, "export", "rollout-details", str(out / "calls.parquet"), "rd.jsonl")
+    assert res.returncode == 0, res.stderr
+    got = tool_answer(
+        HARBOR_PYTHON, "harbor_rollout_details.py", {"export": str(project / "rd.jsonl")}, project / "a.json"
+    )
+    assert [e["trial_name"] for e in got["exported"]] == sorted(traces)
+    assert all(len(e["rollout_details"][0]["completion_token_ids"]) == 4 for e in got["exported"])
