@@ -24,6 +24,7 @@ from otbuild import duck
 from otbuild.fsio import atomic_path
 
 SCOPE = "rollout_details/{k}"
+RANGE_IDS = 20_000_000  # token ids the export sorts at once (4 bytes each in DuckDB)
 FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs")
 
 
@@ -83,30 +84,56 @@ def _row(trial_name: str | None, scope: str, idx: int, model: str | None, turn: 
 
 
 # -- export ----------------------------------------------------------------------------------
-def write_rollout_details(calls: Path, dest: Path) -> dict:
+def write_rollout_details(calls: Path, dest: Path, range_ids: int = RANGE_IDS) -> dict:
     """calls.parquet as Harbor's rollout details, one JSON line per trial at `dest` (written
     atomically), its trials in name order and each trial's segments in the order its calls
     came. Only answered calls with completion token ids go; calls matched to no trial (a
-    Harbor job's proxy capture) are counted, not written. Returns the counts."""
+    Harbor job's proxy capture) are counted, not written. The trials are sorted a range at a
+    time, each range's token ids about `range_ids` (DuckDB sorts long id lists within its
+    memory cap only when they fit it). Returns the counts."""
     con = duck.connect()
     src = f"read_parquet({duck.sql_literal(str(calls))})"
     kept = "status = 200 AND completion_token_ids IS NOT NULL"
-    cur = con.execute(
-        f"SELECT trial_name, scope, prompt_token_ids, completion_token_ids, logprobs FROM {src} "
-        f"WHERE {kept} AND trial_name IS NOT NULL ORDER BY trial_name, "
-        "min(call_idx) OVER (PARTITION BY trial_name, scope), scope, call_idx"
+    con.execute(  # each segment's first call (the segments' order in their trial) and its ids
+        "CREATE TEMP TABLE segment AS SELECT trial_name, scope, min(call_idx) AS first, "
+        "sum(coalesce(len(prompt_token_ids), 0) + 2 * len(completion_token_ids)) AS ids "
+        f"FROM {src} WHERE {kept} AND trial_name IS NOT NULL GROUP BY ALL"
     )
     counts = {"trials": 0, "calls": 0, "segments": 0}
     with atomic_path(dest) as tmp, open(tmp, "w") as out:
-        for trial_name, segments in _trials(cur):
-            out.write(json.dumps({"trial_name": trial_name, "agent_result": _context(segments)}) + "\n")
-            counts["trials"] += 1
-            counts["segments"] += len(segments)
-            counts["calls"] += sum(len(s["completion_token_ids"]) for s in segments)
+        for first, last in list(_ranges(con, range_ids)):  # a pair per range, all read before the first range's query
+            cur = con.execute(
+                f"SELECT c.trial_name, c.scope, prompt_token_ids, completion_token_ids, logprobs FROM {src} c "
+                "JOIN segment s ON c.trial_name = s.trial_name AND c.scope IS NOT DISTINCT FROM s.scope "
+                f"WHERE {kept} AND c.trial_name BETWEEN ? AND ? ORDER BY c.trial_name, s.first, c.scope, c.call_idx",
+                [first, last],
+            )
+            for trial_name, segments in _trials(cur):
+                out.write(json.dumps({"trial_name": trial_name, "agent_result": _context(segments)}) + "\n")
+                counts["trials"] += 1
+                counts["segments"] += len(segments)
+                counts["calls"] += sum(len(s["completion_token_ids"]) for s in segments)
     (counts["no_trial"], counts["without_token_ids"]) = con.execute(
         f"SELECT count(*) FILTER ({kept} AND trial_name IS NULL), count(*) FILTER (NOT ({kept})) FROM {src}"
     ).fetchone()  # type: ignore[misc]
     return counts
+
+
+def _ranges(con, range_ids: int) -> Iterator[tuple[str, str]]:
+    """(first, last) trial names of consecutive ranges of trials holding about `range_ids`
+    token ids each (a trial over it is a range of its own)."""
+    cur = con.execute("SELECT trial_name, sum(ids) FROM segment GROUP BY trial_name ORDER BY trial_name")
+    first: str | None = None
+    last, held = "", 0
+    while rows := cur.fetchmany(4096):
+        for name, ids in rows:
+            if first is not None and held + ids > range_ids:
+                yield first, last
+                first, held = None, 0
+            first = name if first is None else first
+            last, held = name, held + ids
+    if first is not None:
+        yield first, last
 
 
 def _trials(cur, batch: int = 1024) -> Iterator[tuple[str, list[dict]]]:

@@ -134,7 +134,12 @@ async def _run(
         for i, t in enumerate(trials)
         if t.row in refused
     }
-    return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run), calls
+    out = shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+    number = {row["trial_name"]: t.index for t, row in zip(trials, out)}  # the trials' rows come first
+    for call in calls:  # a reported call names its trial: its number in the run
+        if call["trial_name"] is not None:
+            call["trial"] = number.get(call["trial_name"])
+    return out, calls
 
 
 def _reported_calls(job: Path) -> list[dict]:

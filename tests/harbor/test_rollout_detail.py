@@ -101,10 +101,11 @@ def test_calls_export_as_harbors_rollout_details(job, tmp_path):
 
 
 def test_the_export_streams_a_trial_at_a_time(tmp_path):
-    """More trials than one fetched batch, segments kept apart by scope, otbuild's own attempts
-    (each scope numbering its calls from 0) in scope order."""
+    """More trials than one fetched batch, sorted in ranges of about 1,000 token ids (72 of
+    them), segments kept apart by scope, otbuild's own attempts (each scope numbering its calls
+    from 0) in scope order."""
     rows = []
-    for t in range(1500):
+    for t in range(4500):
         for scope in ("0-1", "0-0"):
             for i in range(2):
                 rows.append(
@@ -122,10 +123,10 @@ def test_the_export_streams_a_trial_at_a_time(tmp_path):
                 )
     calls = tmp_path / "calls.parquet"
     write_calls(calls, rows)
-    counts = write_rollout_details(calls, tmp_path / "rd.jsonl")
-    assert counts == {"trials": 1500, "calls": 6000, "segments": 3000, "no_trial": 0, "without_token_ids": 0}
+    counts = write_rollout_details(calls, tmp_path / "rd.jsonl", range_ids=1000)
+    assert counts == {"trials": 4500, "calls": 18000, "segments": 9000, "no_trial": 0, "without_token_ids": 0}
     lines = [json.loads(x) for x in (tmp_path / "rd.jsonl").read_text().splitlines()]
-    assert [x["trial_name"] for x in lines] == [f"t{t:05d}" for t in range(1500)]
+    assert [x["trial_name"] for x in lines] == [f"t{t:05d}" for t in range(4500)]
     assert (
         lines[7]["agent_result"]["rollout_details"]
         == [{"prompt_token_ids": [[7, 0], [7, 1]], "completion_token_ids": [[0], [1]], "logprobs": [[-1.0], [-1.0]]}]
@@ -190,6 +191,7 @@ def test_a_harbor_teachers_calls_come_from_its_rollout_details_in_a_real_build(p
     traces = {t["trial_name"]: t for t in pq.read_table(out / "traces.parquet").to_pylist()}
     calls = pq.read_table(out / "calls.parquet").to_pylist()
     assert len(traces) == 2 and {c["trial_name"] for c in calls} == set(traces)
+    assert {c["trial"] for c in calls} == {0, 1}  # each call keyed by its trial's number
     for name, trace in traces.items():
         mine = [c for c in calls if c["trial_name"] == name]
         conversation = trace["conversations"]
