@@ -4,7 +4,12 @@ of attempts; the job dirs are ingested into trace rows in the shard's trial orde
 of a killed shard runs its Harbor jobs again (Harbor's job dir is the unit of work here).
 Subagent trajectories (terminus-2's context summarization) come as extra `is_subagent` rows
 after the shard's trials, as Harbor's own trace export has them: `trace_filter.drop_subagent`
-decides whether they train; eval scores count trials only."""
+decides whether they train; eval scores count trials only.
+
+An installed agent (mini-swe-agent) in otbuild's environment runs inside the sandbox from
+otbuild's own install (`agent_dir`), and reaches its model through the shard's capture proxy
+only: a unix socket per trial (`model_proxy`, the proxy's control socket), the proxy holding the
+key. Its trace is built from that trial's captured calls (otbuild/harbor/captured.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from typing import cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from otbuild.capture.proxy import CaptureProxy
+from otbuild.harbor.job import SANDBOX_MODEL_URL
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
 from otbuild.settings.stages import RolloutSettings
@@ -65,6 +72,9 @@ async def _run(
     job_rows: list[dict] = []
     engine = proxy = None
     calls: list[dict] = []
+    by_trial: dict[str, list[dict]] = {}  # an installed agent's calls, per Harbor trial name
+    installed = sandboxed_agent(cfg)
+    version = None  # the installed agent's, from otbuild's install
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
@@ -85,6 +95,11 @@ async def _run(
                 from otbuild.engines.capture import harbor_proxy
 
                 proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+            # an installed agent asks from inside the sandbox: the proxy's socket is its one way out
+            if installed and base_url:
+                proxy, options = sandbox_proxy(cfg, base_url, options)
+                base_url = SANDBOX_MODEL_URL
+                version = installed_agent_version(options)
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -94,18 +109,21 @@ async def _run(
                 tasks,
                 work,
                 model=f"openai/{model}" if model else None,
-                base_url=proxy.url(f"attempts-{n}") if proxy is not None else base_url,
+                base_url=proxy.url(f"attempts-{n}") if proxy is not None and not installed else base_url,
                 n_attempts=n,
                 n_concurrent=concurrency(cfg),
                 job_name=f"attempts-{n}",
-                api_key_env=cfg.api_key_env,
+                api_key_env=None if installed else cfg.api_key_env,  # the proxy holds the key
                 host_env=cfg.host_env,
                 max_retries=cfg.infra_retries,
                 log=work / f"attempts-{n}.log",
                 **options,
             )
             job_rows += read_job(job, subagents=True)
-            if proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
+            if proxy is not None and installed:  # each trial's own scope: its Harbor trial name
+                for trial_dir in sorted(p for p in job.iterdir() if p.is_dir()):
+                    by_trial[trial_dir.name] = await asyncio.to_thread(proxy.take, trial_dir.name)
+            elif proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
                 calls += await asyncio.to_thread(_reported_calls, job)
             else:
                 calls += [
@@ -139,6 +157,9 @@ async def _run(
     for call in calls:  # a reported call names its trial: its number in the run
         if call["trial_name"] is not None:
             call["trial"] = number.get(call["trial_name"])
+    if installed:
+        out, captured = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
+        calls += captured if cfg.capture else []
     return out, calls
 
 
