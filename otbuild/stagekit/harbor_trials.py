@@ -169,6 +169,58 @@ def _reported_calls(job: Path) -> list[dict]:
     return list(read_job_calls(job))
 
 
+def sandboxed_agent(cfg: RolloutSettings) -> bool:
+    """The section's Harbor agent runs inside otbuild's environment (an installed agent)."""
+    from otbuild.harbor.job import INSTALLED_AGENTS, OTBUILD_ENV
+
+    return cfg.harbor.environment == OTBUILD_ENV and harbor_agent(cfg.harbor.agent, cfg.engine) in INSTALLED_AGENTS
+
+
+def sandbox_proxy(cfg: RolloutSettings, base_url: str, options: dict) -> tuple[CaptureProxy, dict]:
+    """The shard's proxy for an agent inside the sandbox, holding the recipe's key (the agent
+    gets a placeholder), with its control socket; and the options that give Harbor's
+    environment that socket and the agent's install."""
+    import os
+    import secrets
+
+    from otbuild.engines.capture import harbor_proxy
+    from otbuild.harbor.job import agent_venv
+    from otbuild.rundir import private_dir, runtime_dir
+
+    venv = agent_venv(options["agent"])  # AgentNotInstalled before any trial
+    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+    proxy.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    control = proxy.serve_control(private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.ctl")
+    kwargs = {**(options["environment_kwargs"] or {}), "agent_dir": str(venv), "model_proxy": control}
+    return proxy, {**options, "environment_kwargs": kwargs}
+
+
+def installed_agent_version(options: dict) -> str | None:
+    from otbuild.harbor.job import installed_version
+
+    venv = (options["environment_kwargs"] or {}).get("agent_dir")
+    return installed_version(Path(venv), options["agent"]) if venv else None
+
+
+def captured_rows(
+    rows: list[dict], trials: list, by_trial: Mapping[str, list[dict]], keep_reasoning: bool, version: str | None
+) -> tuple[list[dict], list[dict]]:
+    """Each trial's row with its trace from its captured calls, and the call rows (by trial);
+    the agent's version, from otbuild's install, where Harbor could not tell it."""
+    from otbuild.harbor.captured import apply
+
+    out, calls = [], []
+    for i, row in enumerate(rows):
+        if i < len(trials) and row.get("trial_name") in by_trial:
+            row, mine = apply(row, by_trial[row["trial_name"]], trials[i].index, keep_reasoning)
+            calls += mine
+            meta = json.loads(row["metadata"])
+            if version and meta.get("agent_version") in (None, "", "unknown"):  # Harbor's, when it found none
+                row["metadata"] = json.dumps({**meta, "agent_version": version}, sort_keys=True, default=str)
+        out.append(row)
+    return out, calls
+
+
 def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:
     """HostEnvNotAllowed's message for a task row whose task.toml asks for a host variable
     `allowed` does not name (otbuild's harness's check); None otherwise, and for a task.toml
