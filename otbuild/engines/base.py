@@ -19,6 +19,7 @@ class Completion:
     reasoning: str | None = None  # `reasoning_content`, when a reasoning parser split it off
     token_ids: list[int] | None = None  # the answer's token ids, where the server returns them (return_token_ids)
     logprobs: list[float] | None = None  # each answer token's log-prob as sampled, where asked for (logprobs: true)
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenized it (return_token_ids)
     # the answer's native tool calls, OpenAI's shape ({id, type, function: {name, arguments}}), where
     # the request offered `tools` (complete(messages, tools=...)) and the model called some; `text`
     # is then the content outside them

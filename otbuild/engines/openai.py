@@ -170,6 +170,7 @@ class OpenAIEngine:
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
             token_ids=choice.get("token_ids"),
             logprobs=[float(t["logprob"]) for t in tokens] if isinstance(tokens, list) else None,
+            prompt_token_ids=data.get("prompt_token_ids"),
         )
 
 
