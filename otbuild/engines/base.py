@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -19,6 +20,38 @@ class Completion:
     reasoning: str | None = None  # `reasoning_content`, when a reasoning parser split it off
     token_ids: list[int] | None = None  # the answer's token ids, where the server returns them (return_token_ids)
     logprobs: list[float] | None = None  # each answer token's log-prob as sampled, where asked for (logprobs: true)
+    # the answer's native tool calls, as the server sent them: [{id, type, function: {name,
+    # arguments}}], `arguments` the model's JSON text byte for byte; None: no tool call
+    tool_calls: list[dict] | None = None
+
+
+def tool_calls_of(message: dict) -> list[dict] | None:
+    """A chat message's `tool_calls` in the trace's shape ({id, type, function: {name,
+    arguments}}; otbuild/traces/table.py), each field as the server sent it; `arguments` that
+    came as a JSON value rather than its text is written as JSON text. None: no tool call."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return None
+    out = []
+    for call in calls:
+        call = call if isinstance(call, dict) else {}
+        fn = call["function"] if isinstance(call.get("function"), dict) else {}
+        arguments = fn.get("arguments")
+        out.append(
+            {
+                "id": _text(call.get("id")),
+                "type": _text(call.get("type")) or "function",
+                "function": {
+                    "name": _text(fn.get("name")),
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+    return out
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class EngineError(Exception):
@@ -51,6 +84,8 @@ class Engine(Protocol):
     name: str  # "openai", "vllm", "transformers", "oracle"
     model: str
     provider: str  # the trace's model_provider column
+    # an engine that answers a request's `tools` with tool calls sets `takes_tools = True`;
+    # one that does not is refused for harness.protocol: tools (engines.takes_tools)
 
     async def complete(self, messages: list[dict], **kw) -> Completion: ...
 

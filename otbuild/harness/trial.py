@@ -1,6 +1,7 @@
-"""One trial: a task, an engine, a sandbox; terminus-2 turns until the agent is done
-(`agent.py`), then the task's verifier (`verifier.py`). Returns a trace row (`record.py`,
-otbuild/traces/table.py); what it runs under is a `TrialConfig` (`config.py`).
+"""One trial: a task, an engine, a sandbox; turns in the recipe's protocol (terminus-2's JSON
+or native tool calls: `turns.py`) until the agent is done (`agent.py`), then the task's
+verifier (`verifier.py`). Returns a trace row (`record.py`, otbuild/traces/table.py); what it
+runs under is a `TrialConfig` (`config.py`).
 
 Task failures (wrong answer, agent timeout, a conversation the model's context window no
 longer holds, the trial's disk limit, task files that cannot be put in place because of what
@@ -36,6 +37,7 @@ from otbuild.harness.endings import (
     TaskKeyNotSupported,
 )
 from otbuild.harness.record import StepRun, TrialRecord, conversation_of, step_records
+from otbuild.harness.turns import make_protocol
 from otbuild.harness.verifier import park_verifier, verify
 from otbuild.sandbox import TaskSetupError, open_sandbox
 from otbuild.tasks.task_toml import (
@@ -70,6 +72,8 @@ async def run_trial(
     record = TrialRecord(
         task, task_id, engine, datetime.now(UTC), time.monotonic(), sample_idx=sample_idx, run_id=run_id, source=source
     )
+    record.protocol = trial_config.protocol
+    record.tools = make_protocol(trial_config.protocol, trial_config.prompt).tools
     runs: list[StepRun] = []
     verifier_timeout = 0.0
     verify_on = trial_config.verify
