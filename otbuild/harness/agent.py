@@ -14,7 +14,8 @@ from otbuild.harness.config import StepPlan, TrialContext, TrialThread
 from otbuild.harness.endings import DONE, OUT_OF_EPISODES, SHELL_EXITED, TIMEOUT
 from otbuild.harness.record import StepRun
 from otbuild.harness.terminal import SHELL_ENV, Terminal
-from otbuild.harness.turns import make_protocol
+from otbuild.harness.tools import ToolsTurns
+from otbuild.harness.turns import Terminus2Turns
 from otbuild.sandbox import SandboxError
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt
@@ -73,6 +74,15 @@ async def run_agent(trial: TrialContext, step: StepPlan, run: StepRun, keep) -> 
         return OUT_OF_EPISODES
     finally:
         await thread(_close_terminal, box, term, keep)
+
+
+def make_protocol(name: str, prompt: str) -> Terminus2Turns | ToolsTurns:
+    """The turn protocol `name` (settings.recipe.PROTOCOLS) in prompt style `prompt`."""
+    if name == "tools":
+        return ToolsTurns()
+    if name != "terminus2":
+        raise ValueError(f"unknown harness protocol {name!r}; choose from terminus2, tools")
+    return Terminus2Turns(protocol.prompt_style(prompt))
 
 
 def _open_terminal(box, env: dict[str, str]) -> Terminal:

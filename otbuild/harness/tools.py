@@ -85,8 +85,7 @@ def parse_call(call: dict) -> tuple[str, dict]:
     fn = call.get("function") or {}
     name = fn.get("name")
     if name not in (BASH, COMPLETE):
-        known = ", ".join((BASH, COMPLETE))
-        raise CallError(f"there is no tool {name!r}; the tools are {known}")
+        raise CallError(f"there is no tool {name!r}; the tools are {BASH}, {COMPLETE}")
     text = fn.get("arguments")
     try:
         args = json.loads(text) if isinstance(text, str) and text.strip() else {}

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from otbuild.engines.base import ContextLengthExceededError
-from otbuild.harness.agent import run_agent
+from otbuild.harness.agent import make_protocol, run_agent
 from otbuild.harness.config import StepPlan, TrialConfig, TrialContext, TrialThread, trial_timeouts
 from otbuild.harness.endings import (
     CONTEXT_EXCEEDED,
@@ -37,7 +37,6 @@ from otbuild.harness.endings import (
     TaskKeyNotSupported,
 )
 from otbuild.harness.record import StepRun, TrialRecord, conversation_of, step_records
-from otbuild.harness.turns import make_protocol
 from otbuild.harness.verifier import park_verifier, verify
 from otbuild.sandbox import TaskSetupError, open_sandbox
 from otbuild.tasks.task_toml import (

@@ -75,14 +75,3 @@ class Terminus2Turns:
             return user(style.confirm_reply(output) if asks else style.observation_reply(output))
 
         return Plan([Action(answer.commands, reply)], answer.task_complete)
-
-
-def make_protocol(name: str, prompt: str):
-    """The protocol `name` (settings.recipe.PROTOCOLS) in prompt style `prompt`."""
-    if name == "tools":
-        from otbuild.harness.tools import ToolsTurns
-
-        return ToolsTurns()
-    if name != "terminus2":
-        raise ValueError(f"unknown harness protocol {name!r}; choose from terminus2, tools")
-    return Terminus2Turns(protocol.prompt_style(prompt))

@@ -4,6 +4,9 @@ answers without one are fed back; task_complete is confirmed as terminus-2's is.
 
 import asyncio
 import json
+import re
+
+import pytest
 
 from otbuild.engines import Completion
 from otbuild.engines.base import tool_calls_of
@@ -233,3 +236,110 @@ def test_calls_are_held_against_the_traces_turns_tool_calls_included():
     other = [bash("ls ", "a")]  # one byte of the arguments differs
     assert [r["harness_agrees"] for r in trial_calls(0, trace, [row(other), row(calls[1])], False)] == [False, True]
     assert trial_calls(0, trace, [row(calls[0], tool_calls=None, content="")], False)[0]["harness_agrees"] is False
+
+
+# -- the recipe -----------------------------------------------------------------------------
+
+RECIPE = """
+sources:
+  a: {kind: synthetic, rank: 1, count: 4, seed: 1, families: [files], difficulties: [1]}
+teacher: {engine: oracle, sandbox: bwrap, concurrency: 2}
+trace_filter: {min_turns: MIN_TURNS}
+eval:
+  model: {engine: oracle}
+  sandbox: bwrap
+  concurrency: 2
+  benchmarks:
+    held: {kind: synthetic, count: 2, seed: 9, families: [files], difficulties: [1]}
+"""
+
+
+def _plan_of(root, text, name="r"):
+    from otbuild.plan import plan_recipe
+    from otbuild.recipe.load import load_recipe
+
+    (root / "recipes").mkdir(exist_ok=True)
+    (root / "recipes" / f"{name}.yaml").write_text(text)
+    return {n.label: n for n in plan_recipe(load_recipe(name, root)).nodes}
+
+
+def test_an_ablation_over_harnesses_is_one_line_sharing_everything_before_the_rollouts(tmp_path):
+    plain = _plan_of(tmp_path, RECIPE.replace("MIN_TURNS", "2"))
+    assert plain["teacher"].config.protocol == "terminus2" and "protocol" not in plain["teacher"].identity
+    spelled = _plan_of(tmp_path, RECIPE.replace("MIN_TURNS", "2") + "harness: {protocol: terminus2}\n")
+    assert {k: n.id for k, n in spelled.items() if k != "report"} == {
+        k: n.id for k, n in plain.items() if k != "report"
+    }  # the default spelled out: the same ids
+    nodes = _plan_of(tmp_path, RECIPE.replace("MIN_TURNS", "2") + "ablate: {harness.protocol: [terminus2, tools]}\n")
+    t2, tools = "candidates/harness.protocol=terminus2/", "candidates/harness.protocol=tools/"
+    for label in ("sources/a", "benchmarks/held"):
+        assert nodes[t2 + label].id == nodes[tools + label].id == plain[label].id  # shared upstream
+    for label in ("teacher", "trace_filter", "eval"):
+        assert nodes[t2 + label].id != nodes[tools + label].id
+    assert nodes[t2 + "teacher"].id == plain["teacher"].id  # the terminus2 candidate is the plain recipe
+    assert nodes[tools + "teacher"].config.protocol == nodes[tools + "eval"].config.protocol == "tools"
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("teacher: {engine: transformers, model: m}", "teacher.engine: harness.protocol is tools, but engine "),
+        ("teacher: {engine: vllm, model: Qwen/Qwen3-8B}", "teacher.engine_args.tool_call_parser: required key"),
+        ("harness: {protocol: tools, prompt: compact}", "harness.prompt: compact is a style of terminus-2's"),
+        ("rl: {steps: 1}", "rl: RL's policy answers terminus-2's JSON only"),
+    ],
+)
+def test_a_model_that_cannot_take_tools_is_refused_naming_its_section(tmp_path, section, key):
+    from otbuild.errors import ConfigError
+
+    base = "sources:\n  a: {kind: synthetic, rank: 1, count: 4, seed: 1}\n"
+    harness = "" if section.startswith("harness") else "harness: {protocol: tools}\n"
+    if section.startswith("rl"):
+        base += "sft: {model: {kind: tiny, tokenizer: names}}\n"
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        _plan_of(tmp_path, base + harness + section + "\n")
+
+
+def test_vllm_is_started_with_tool_choice_and_its_parser_for_the_tools_protocol():
+    from otbuild.engines.vllm import vllm_command
+    from otbuild.errors import ConfigError
+    from otbuild.settings.stages import RolloutSettings
+
+    def command(**kw):
+        return vllm_command(RolloutSettings(engine="vllm", model="m", **kw), 8000)
+
+    assert "--enable-auto-tool-choice" not in command() and "--tool-call-parser" not in command()
+    tools = command(protocol="tools", engine_args={"tool_call_parser": "hermes"})
+    assert tools[tools.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in tools
+    with pytest.raises(ConfigError, match="tool_call_parser is not set"):
+        command(protocol="tools")
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_a_real_snakemake_build_with_the_tools_protocol(tmp_path):
+    """teacher (oracle) -> trace_filter -> eval (oracle), all in the tools protocol, by the real
+    snakemake CLI: the traces carry tool calls and their tools; turns count assistant messages."""
+    import pyarrow.parquet as pq
+
+    from tests.conftest import make_project, snakemake
+
+    project = make_project(tmp_path)
+    recipe = RECIPE.replace("MIN_TURNS", "5") + "harness: {protocol: tools}\n"  # 3-step tasks: 5 turns
+    (project / "recipes" / "tiny.yaml").write_text(recipe)
+    ran, log = snakemake(project, "tiny", "--cores", "2")
+    assert ran["rollout"] == 1 and ran["eval"] == 1, log[-3000:]
+    results = project / "results" / "tiny"
+    traces = pq.read_table(results / "teacher" / "traces.parquet").to_pylist()
+    kept = pq.read_table(results / "trace_filter" / "kept.parquet").to_pylist()
+    assert len(traces) == 4 and all(t["reward"] == 1.0 for t in traces)
+    for t in traces:
+        conv = t["conversations"]
+        assert json.loads(t["tools"]) == TOOLS and t["agent"] == "otbuild-tools"
+        assert t["n_turns"] == sum(m["role"] == "assistant" for m in conv) < len(conv) // 2 + 1
+        assert {m["role"] for m in conv} == {"user", "assistant", "tool"}
+        assert all(m["tool_calls"] for m in conv if m["role"] == "assistant")
+    assert len(kept) == sum(t["n_turns"] >= 5 for t in traces) > 0  # tool messages are not turns
+    scores = json.loads((results / "eval" / "provenance.json").read_text())["stats"]
+    assert scores, scores
+    assert "otbuild-tools" not in log  # nothing printed a trace
