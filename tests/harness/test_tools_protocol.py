@@ -209,6 +209,17 @@ def test_output_is_capped_head_and_tail_and_hostile_output_stays_text(tmp_path):
     assert trace["conversations"][-1]["role"] == "assistant"
 
 
+@needs_sandbox
+def test_the_noop_agent_ends_at_once_through_the_completion_tool(tmp_path):
+    """validate's do-nothing agent under the tools protocol: task_complete, confirmed, nothing run."""
+    from otbuild.harness.noop import NoopEngine
+
+    trace = _trial(next(generate(1, 3)).task, NoopEngine(), tmp_path)
+    conv = trace["conversations"]
+    assert [m["role"] for m in conv] == ["user", "assistant", "tool", "assistant"] and trace["n_turns"] == 2
+    assert json.loads(trace["metadata"])["stop_reason"] == "task_complete" and trace["reward"] == 0.0
+
+
 def test_calls_are_held_against_the_traces_turns_tool_calls_included():
     calls = [bash("ls", "a")], [call(COMPLETE, {}, "b")]
     trace = {
