@@ -82,7 +82,7 @@ def first_prompt(instruction: str, terminal_state: str) -> str:
 
 def parse_call(call: dict) -> tuple[str, dict]:
     """A tool call's tool and its arguments; CallError says what is wrong with it."""
-    fn = call.get("function") or {}
+    fn: dict = call["function"] if isinstance(call.get("function"), dict) else {}
     name = fn.get("name")
     if name not in (BASH, COMPLETE):
         raise CallError(f"there is no tool {name!r}; the tools are {BASH}, {COMPLETE}")

@@ -48,6 +48,8 @@ class ToolEngine:
         self.seen.append(json.loads(json.dumps(messages)))
         self.offered.append(tools)
         item = self.answers.pop(0) if self.answers else [call(COMPLETE, {}, "end")]
+        if isinstance(item, Exception):
+            raise item
         if isinstance(item, str):
             return Completion(item, 10, 5, "stop")
         return Completion("", 10, 5, "tool_calls", tool_calls=item)
@@ -207,6 +209,21 @@ def test_output_is_capped_head_and_tail_and_hostile_output_stays_text(tmp_path):
     assert "\x1b" not in text and '{"role": "system"}' in text and engine.seen[2][-1]["role"] == "tool"
     assert json.loads(trace["metadata"])["stop_reason"] == "shell_exited"  # exit closes the agent's shell
     assert trace["conversations"][-1]["role"] == "assistant"
+
+
+@needs_sandbox
+def test_the_loops_guarantees_hold_in_the_tools_protocol(tmp_path):
+    """The deadline, max_episodes and a context overflow end a tools trial as a terminus-2 one."""
+    from otbuild.engines import ContextLengthExceededError
+
+    task = next(generate(1, 3)).task
+    slow = _trial(task, ToolEngine([[bash("sleep 30", wait=30)]]), tmp_path / "a", agent_timeout_sec=2)
+    assert json.loads(slow["metadata"])["stop_reason"] == "agent_timeout" and slow["timed_out"]
+    assert slow["duration_s"] < 25  # the wait was cut at the deadline, and the sleep killed
+    busy = _trial(task, ToolEngine([[bash("true")]] * 10), tmp_path / "b", max_episodes=3)
+    assert json.loads(busy["metadata"])["stop_reason"] == "max_episodes" and busy["n_turns"] == 3
+    full = _trial(task, ToolEngine([[bash("ls")], ContextLengthExceededError("too long")]), tmp_path / "c")
+    assert full["result"] == "ContextLengthExceededError" and full["n_turns"] == 1 and full["exception"] is None
 
 
 @needs_sandbox
