@@ -241,7 +241,14 @@ def _task_env(
 
 
 def not_runnable_trace(
-    task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "", source: str = ""
+    task: TaskDir,
+    task_id: str,
+    engine,
+    *,
+    sample_idx: int = 0,
+    run_id: str = "",
+    source: str = "",
+    protocol: str = "terminus2",
 ) -> dict:
     """The row for a task that needs its container image: recorded as an infrastructure
     exception (the trace filter drops it with that reason), never run on the host."""
@@ -255,6 +262,7 @@ def not_runnable_trace(
         run_id=run_id,
         source=source,
         exception="TaskNotRunnableLocally",
+        protocol=protocol,
         details={
             "exception_message": "the task needs its container image; run "
             "it with sandbox: podman or auto, or through harbor"

@@ -317,7 +317,7 @@ async def _run_trials(
                     task = TaskDir.unpack(row["path"], row["task_binary"])
                     ids = {"sample_idx": t.sample_idx, "run_id": run_id, "source": row["source"]}
                     if not (row["runnable_locally"] or containers):
-                        return not_runnable_trace(task, row["task_id"], engine, **ids)
+                        return not_runnable_trace(task, row["task_id"], engine, protocol=cfg.protocol, **ids)
                     workdir = workroot / f"{t.index}-{n}"
                     scope = call_scope.set(f"{t.index}-{n}")  # this attempt's model calls
                     try:
