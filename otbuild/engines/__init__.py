@@ -29,7 +29,7 @@ ENGINES: dict[str, str | Factory] = {
     "vllm": "otbuild.engines.vllm:VLLMEngine",
     "transformers": "otbuild.engines.local:TransformersEngine",
     "oracle": "otbuild.harness.oracle:OracleEngine",
-    "noop": "otbuild.harness.noop:NoopEngine",  # does nothing: the validate stage's floor
+    "noop": "otbuild.harness.noop:NoopEngine",  # does nothing: the task_check stage's floor
 }
 
 

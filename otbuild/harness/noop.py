@@ -1,5 +1,5 @@
 """The no-op engine: declares the task complete at once and runs nothing, so its trial is the
-verifier on the untouched environment (the validate stage's do-nothing agent: a task whose
+verifier on the untouched environment (the task_check stage's do-nothing agent: a task whose
 verifier passes it checks nothing)."""
 
 from __future__ import annotations

@@ -4,7 +4,12 @@ of attempts; the job dirs are ingested into trace rows in the shard's trial orde
 of a killed shard runs its Harbor jobs again (Harbor's job dir is the unit of work here).
 Subagent trajectories (terminus-2's context summarization) come as extra `is_subagent` rows
 after the shard's trials, as Harbor's own trace export has them: `trace_filter.drop_subagent`
-decides whether they train; eval scores count trials only."""
+decides whether they train; eval scores count trials only.
+
+An installed agent (mini-swe-agent) in otbuild's environment runs inside the sandbox from
+otbuild's own install (`agent_dir`), and reaches its model through the shard's capture proxy
+only: a unix socket per trial (`model_proxy`, the proxy's control socket), the proxy holding the
+key. Its trace is built from that trial's captured calls (otbuild/harbor/captured.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from typing import cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from otbuild.capture.proxy import CaptureProxy
+from otbuild.harbor.job import SANDBOX_MODEL_URL
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
 from otbuild.settings.stages import RolloutSettings
@@ -63,6 +70,9 @@ async def _run(
     job_rows: list[dict] = []
     engine = proxy = None
     calls: list[dict] = []
+    by_trial: dict[str, list[dict]] = {}  # an installed agent's calls, per Harbor trial name
+    installed = sandboxed_agent(cfg)
+    version = None  # the installed agent's, from otbuild's install
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
@@ -83,6 +93,11 @@ async def _run(
                 from otbuild.engines.capture import harbor_proxy
 
                 proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+            # an installed agent asks from inside the sandbox: the proxy's socket is its one way out
+            if installed and base_url:
+                proxy, options = sandbox_proxy(cfg, base_url, options)
+                base_url = SANDBOX_MODEL_URL
+                version = installed_agent_version(options)
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -92,18 +107,21 @@ async def _run(
                 tasks,
                 work,
                 model=f"openai/{model}" if model else None,
-                base_url=proxy.url(f"attempts-{n}") if proxy is not None else base_url,
+                base_url=proxy.url(f"attempts-{n}") if proxy is not None and not installed else base_url,
                 n_attempts=n,
                 n_concurrent=concurrency(cfg),
                 job_name=f"attempts-{n}",
-                api_key_env=cfg.api_key_env,
+                api_key_env=None if installed else cfg.api_key_env,  # the proxy holds the key
                 host_env=cfg.host_env,
                 max_retries=cfg.infra_retries,
                 log=work / f"attempts-{n}.log",
                 **options,
             )
             job_rows += read_job(job, subagents=True)
-            if proxy is not None:
+            if proxy is not None and installed:  # each trial's own scope: its Harbor trial name
+                for trial_dir in sorted(p for p in job.iterdir() if p.is_dir()):
+                    by_trial[trial_dir.name] = await asyncio.to_thread(proxy.take, trial_dir.name)
+            elif proxy is not None:
                 calls += [
                     {**c, "trial": None, "trial_name": None, "harness_agrees": None}
                     for c in await asyncio.to_thread(proxy.take, f"attempts-{n}")
@@ -130,7 +148,62 @@ async def _run(
         for i, t in enumerate(trials)
         if t.row in refused
     }
-    return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run), calls
+    out = shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+    if installed:
+        out, calls = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
+    return out, calls if cfg.capture else []
+
+
+def sandboxed_agent(cfg: RolloutSettings) -> bool:
+    """The section's Harbor agent runs inside otbuild's environment (an installed agent)."""
+    from otbuild.harbor.job import INSTALLED_AGENTS, OTBUILD_ENV
+
+    return cfg.harbor.environment == OTBUILD_ENV and harbor_agent(cfg.harbor.agent, cfg.engine) in INSTALLED_AGENTS
+
+
+def sandbox_proxy(cfg: RolloutSettings, base_url: str, options: dict) -> tuple[CaptureProxy, dict]:
+    """The shard's proxy for an agent inside the sandbox, holding the recipe's key (the agent
+    gets a placeholder), with its control socket; and the options that give Harbor's
+    environment that socket and the agent's install."""
+    import os
+    import secrets
+
+    from otbuild.engines.capture import harbor_proxy
+    from otbuild.harbor.job import agent_venv
+    from otbuild.rundir import private_dir, runtime_dir
+
+    venv = agent_venv(options["agent"])  # AgentNotInstalled before any trial
+    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+    proxy.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    control = proxy.serve_control(private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.ctl")
+    kwargs = {**(options["environment_kwargs"] or {}), "agent_dir": str(venv), "model_proxy": control}
+    return proxy, {**options, "environment_kwargs": kwargs}
+
+
+def installed_agent_version(options: dict) -> str | None:
+    from otbuild.harbor.job import installed_version
+
+    venv = (options["environment_kwargs"] or {}).get("agent_dir")
+    return installed_version(Path(venv), options["agent"]) if venv else None
+
+
+def captured_rows(
+    rows: list[dict], trials: list, by_trial: Mapping[str, list[dict]], keep_reasoning: bool, version: str | None
+) -> tuple[list[dict], list[dict]]:
+    """Each trial's row with its trace from its captured calls, and the call rows (by trial);
+    the agent's version, from otbuild's install, where Harbor could not tell it."""
+    from otbuild.harbor.captured import apply
+
+    out, calls = [], []
+    for i, row in enumerate(rows):
+        if i < len(trials) and row.get("trial_name") in by_trial:
+            row, mine = apply(row, by_trial[row["trial_name"]], trials[i].index, keep_reasoning)
+            calls += mine
+            meta = json.loads(row["metadata"])
+            if version and meta.get("agent_version") in (None, "", "unknown"):  # Harbor's, when it found none
+                row["metadata"] = json.dumps({**meta, "agent_version": version}, sort_keys=True, default=str)
+        out.append(row)
+    return out, calls
 
 
 def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:

@@ -228,3 +228,37 @@ def test_a_wrong_key_through_the_proxy_stops_the_run_naming_the_401(scripted, mo
         asyncio.run(call())
     assert e.value.status == 401 and srv.base_url in str(e.value)  # errors still name the server
     proxy.close()
+
+
+# -- a sandboxed agent's way out: a scoped unix socket, opened over the control socket --------
+def test_a_scoped_socket_passes_model_calls_only_as_its_trials_with_the_proxys_key(scripted, proxy_to, tmp_path):
+    """What the sandbox reaches (otbuild.harbor.environment binds the socket in): the client's
+    key is replaced by the proxy's, its scope header and `/s/` prefix name no other scope, and
+    the provider's other endpoints are refused before they reach the server."""
+    from otbuild.capture.control import control_request
+
+    srv = scripted([(200, chat_answer("hi"))], api_key="sk-real")
+    proxy = proxy_to(srv.base_url, api_key="sk-real")
+    control = proxy.serve_control(tmp_path / "c.ctl")
+    sock = control_request(control, "open", "trial-a", tmp_path / "a.sock")
+    assert oct((tmp_path / "c.ctl").stat().st_mode & 0o777) == "0o600"
+    transport = httpx.HTTPTransport(uds=sock)
+    with httpx.Client(transport=transport, base_url="http://sandbox", timeout=30) as http:
+        headers = {"Authorization": "Bearer dummy", "X-Otbuild-Scope": "trial-b"}
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        assert (
+            http.post("/chat/completions", json=body, headers=headers).json()["choices"][0]["message"]["content"]
+            == "hi"
+        )
+        assert http.post("/s/trial-b/chat/completions", json=body, headers=headers).status_code == 200
+        refused = [http.post(p, json={}, headers=headers).status_code for p in ("/files", "/fine_tuning/jobs", "/")]
+        assert refused == [403, 403, 403] and http.get("/files").status_code == 403
+    assert [r["headers"]["Authorization"] for r in srv.requests] == ["Bearer sk-real"] * 2
+    assert not any("X-Otbuild-Scope" in r["headers"] for r in srv.requests)
+    calls = proxy.take("trial-a")
+    assert [c["call_idx"] for c in calls] == [0, 1] and proxy.take("trial-b") == []
+    assert not any("sk-real" in json.dumps(c) for c in calls)
+    control_request(control, "close", "", sock)
+    assert not (tmp_path / "a.sock").exists()
+    with pytest.raises(RuntimeError, match="a scoped socket needs a scope"):
+        control_request(control, "open", "", tmp_path / "b.sock")

@@ -228,7 +228,7 @@ def test_the_loops_guarantees_hold_in_the_tools_protocol(tmp_path):
 
 @needs_sandbox
 def test_the_noop_agent_ends_at_once_through_the_completion_tool(tmp_path):
-    """validate's do-nothing agent under the tools protocol: task_complete, confirmed, nothing run."""
+    """task_check's do-nothing agent under the tools protocol: task_complete, confirmed, nothing run."""
     from otbuild.harness.noop import NoopEngine
 
     trace = _trial(next(generate(1, 3)).task, NoopEngine(), tmp_path)
