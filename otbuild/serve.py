@@ -4,7 +4,9 @@ One model on the CPU or one GPU; requests run one at a time. Endpoints: POST
 /v1/chat/completions (messages, temperature, max_tokens, top_p, seed, stop, n=1; greedy when
 temperature is 0; `structured_outputs: {regex: ...}` constrains the answer to a regular
 expression, as vLLM's does: otbuild/engines/guided.py; `usage` token counts; a request over the model's context
-window is a 400 that says so, as vLLM's; served under a reasoning model's name, e.g. gpt-5-nano,
+window is a 400 that says so, as vLLM's; `return_token_ids` gives the prompt's and the answer's
+token ids and `logprobs` each answer token's sampled log-prob (after temperature and top_p), in
+vLLM's fields; served under a reasoning model's name, e.g. gpt-5-nano,
 it refuses `max_tokens` and non-default sampling knobs as OpenAI's API does:
 otbuild/engines/request_policy.py), GET /v1/models, GET /health, GET /version (transformers'). Prints
 `otbuild serve: listening on http://HOST:PORT` once the model is loaded and the port is bound.
@@ -72,6 +74,8 @@ class ChatModel:
         seed: int | None = None,
         stop: Sequence[str] = (),
         regex: str | None = None,
+        token_ids: bool = False,
+        logprobs: bool = False,
     ) -> dict:
         from transformers import GenerationConfig
 
@@ -113,15 +117,30 @@ class ChatModel:
                 torch.manual_seed(seed)
             ids = ids.to(self.device)
             out = self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), generation_config=config, logits_processor=processors
+                ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=config,
+                logits_processor=processors,
+                output_scores=logprobs,
+                return_dict_in_generate=True,
             )
-        new = out[0, n_in:].tolist()
+        new = out.sequences[0, n_in:].tolist()
         finish = "stop" if new and new[-1] in self.eos else "length"
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
         if cuts:
             text, finish = text[: min(cuts)], "stop"
-        return {"text": text, "prompt_tokens": n_in, "completion_tokens": len(new), "finish_reason": finish}
+        answer = {"text": text, "prompt_tokens": n_in, "completion_tokens": len(new), "finish_reason": finish}
+        if token_ids:
+            answer["prompt_token_ids"], answer["token_ids"] = ids[0].tolist(), new
+        if logprobs:  # the sampling step's scores (after temperature and top_p) at each chosen token
+            steps = torch.stack(out.scores[: len(new)])[:, 0].float()
+            chosen = torch.log_softmax(steps, -1).gather(-1, torch.tensor(new, device=steps.device)[:, None])[:, 0]
+            answer["logprobs"] = [(self._piece(t), lp) for t, lp in zip(new, chosen.tolist(), strict=True)]
+        return answer
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.convert_ids_to_tokens(token)
 
 
 def _request_args(body: dict) -> dict:
@@ -147,9 +166,16 @@ def _request_args(body: dict) -> dict:
             "seed": None if body.get("seed") is None else int(body["seed"]),
             "stop": [stop] if isinstance(stop, str) else list(stop),
             "regex": structured.get("regex"),
+            "token_ids": bool(body.get("return_token_ids")),
+            "logprobs": bool(body.get("logprobs")),
         }
     except (TypeError, ValueError) as e:
         raise RequestError(400, f"bad parameter: {e}") from e
+
+
+def _logprobs(tokens: list[tuple[str, float]]) -> dict:
+    """Chat Completions' `logprobs` object: each answer token's log-prob (no alternatives)."""
+    return {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in tokens]}
 
 
 class ChatServer(ThreadingHTTPServer):
@@ -225,11 +251,14 @@ class Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": name,
+                **({"prompt_token_ids": out["prompt_token_ids"]} if "prompt_token_ids" in out else {}),
                 "choices": [
                     {
                         "index": 0,
                         "finish_reason": out["finish_reason"],
                         "message": {"role": "assistant", "content": out["text"]},
+                        **({"token_ids": out["token_ids"]} if "token_ids" in out else {}),
+                        **({"logprobs": _logprobs(out["logprobs"])} if "logprobs" in out else {}),
                     }
                 ],
                 "usage": {

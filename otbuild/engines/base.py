@@ -20,6 +20,7 @@ class Completion:
     reasoning: str | None = None  # `reasoning_content`, when a reasoning parser split it off
     token_ids: list[int] | None = None  # the answer's token ids, where the server returns them (return_token_ids)
     logprobs: list[float] | None = None  # each answer token's log-prob as sampled, where asked for (logprobs: true)
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenized it (return_token_ids)
     # the answer's native tool calls, as the server sent them: [{id, type, function: {name,
     # arguments}}], `arguments` the model's JSON text byte for byte; None: no tool call
     tool_calls: list[dict] | None = None

@@ -172,6 +172,7 @@ class OpenAIEngine:
             token_ids=choice.get("token_ids"),
             logprobs=[float(t["logprob"]) for t in tokens] if isinstance(tokens, list) else None,
             tool_calls=tool_calls_of(message),
+            prompt_token_ids=data.get("prompt_token_ids"),
         )
 
 

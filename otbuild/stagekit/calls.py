@@ -1,8 +1,9 @@
 """calls.parquet: a shard's captured model calls, one row per call, keyed by (trial, call_idx)
 (`trial_name` joins traces.parquet). A trial's calls travel in its record of the shard's
 partial file (`_calls`), so they are durable exactly when the trial is: a killed shard loses
-no finished trial's calls and a rerun trial's calls replace its earlier ones. Harbor's calls
-have no trial yet (null): their `scope` names the Harbor job they came from."""
+no finished trial's calls and a rerun trial's calls replace its earlier ones. The proxy's calls
+of a Harbor job have no trial yet (null): their `scope` names the Harbor job they came from; the
+calls Harbor's agents report themselves (otbuild/harbor/rollout_detail.py) name their trial."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from otbuild.traces.table import assistant_turn, batched
 
 CALL_SCHEMA = pa.schema(
     [
-        ("trial", pa.int64()),  # the trial's number in the run (null: Harbor's, see scope)
+        ("trial", pa.int64()),  # the trial's number in the run (null: a Harbor job's proxy capture, see scope)
         ("trial_name", pa.string()),  # traces.parquet's trial_name
         ("scope", pa.string()),  # the proxy's scope: trial-attempt, or Harbor's job
         ("call_idx", pa.int32()),  # the call's number in its scope, in the order calls came

@@ -41,7 +41,9 @@ def run_harbor_shard(
     cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
 ) -> tuple[list[dict], list[dict]]:
     """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
-    agents: each Harbor job's, in the order they came; not yet matched to trials)."""
+    agents: each Harbor job's, in the order they came; not yet matched to trials). A job no
+    proxy captured gives the calls its trials report as Harbor's rollout details (their token
+    ids and log-probs, keyed by trial name)."""
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
 
 
@@ -121,7 +123,9 @@ async def _run(
             if proxy is not None and installed:  # each trial's own scope: its Harbor trial name
                 for trial_dir in sorted(p for p in job.iterdir() if p.is_dir()):
                     by_trial[trial_dir.name] = await asyncio.to_thread(proxy.take, trial_dir.name)
-            elif proxy is not None:
+            elif proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
+                calls += await asyncio.to_thread(_reported_calls, job)
+            else:
                 calls += [
                     {**c, "trial": None, "trial_name": None, "harness_agrees": None}
                     for c in await asyncio.to_thread(proxy.take, f"attempts-{n}")
@@ -149,9 +153,20 @@ async def _run(
         if t.row in refused
     }
     out = shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+    number = {row["trial_name"]: t.index for t, row in zip(trials, out)}  # the trials' rows come first
+    for call in calls:  # a reported call names its trial: its number in the run
+        if call["trial_name"] is not None:
+            call["trial"] = number.get(call["trial_name"])
     if installed:
-        out, calls = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
-    return out, calls if cfg.capture else []
+        out, captured = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
+        calls += captured if cfg.capture else []
+    return out, calls
+
+
+def _reported_calls(job: Path) -> list[dict]:
+    from otbuild.harbor.ingest import read_job_calls
+
+    return list(read_job_calls(job))
 
 
 def sandboxed_agent(cfg: RolloutSettings) -> bool:
@@ -293,13 +308,16 @@ def harbor_options(cfg: RolloutSettings) -> dict:
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens, and for a server otbuild
     starts the model's context and output limits (`model_info`: terminus-2 summarizes its
-    context by them; litellm knows no self-served model's) at no cost (harbor.agent_kwargs win)."""
+    context by them; litellm knows no self-served model's) at no cost, and on vLLM without
+    `capture` Harbor's rollout details (the token ids per call) (harbor.agent_kwargs win)."""
     hb = cfg.harbor
     agent = harbor_agent(hb.agent, cfg.engine)
     kwargs = dict(hb.agent_kwargs)
     if agent.startswith("terminus"):
         kwargs = {"max_turns": cfg.max_episodes, "temperature": cfg.temperature, **kwargs}
         kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
+        if cfg.engine == "vllm" and not cfg.capture:  # no proxy records the token ids: the agent reports them
+            kwargs.setdefault("collect_rollout_details", True)
         context = getattr(cfg.launch, "max_model_len", None)
         if context:
             kwargs["model_info"] = {

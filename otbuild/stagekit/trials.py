@@ -112,7 +112,7 @@ def run_trials_shard(
         for row in rows:
             failures.add(row)
         failures.check()
-        if cfg.capture:
+        if cfg.capture or calls:  # without capture: the calls Harbor's agents reported (rollout details)
             write_calls(calls_path(dest), calls)
         write_traces(dest, rows)
         return
@@ -188,10 +188,9 @@ def merge_shards(n: int, outdir: Path) -> list[dict]:
 
 
 def merge_calls(cfg: RolloutSettings, outdir: Path) -> dict:
-    """With `capture`: the shards' captured calls into calls.parquet (otbuild/stagekit/calls.py)
-    after merge_shards; their counts under the stage stats' `capture`."""
-    if not cfg.capture:
-        return {}
+    """The shards' calls (captured, or reported by Harbor's agents) into calls.parquet
+    (otbuild/stagekit/calls.py) after merge_shards; their counts under the stage stats'
+    `capture`. No shard wrote any: none."""
     files = [calls_path(shard_path(outdir, cfg.shards, k)) for k in range(cfg.shards)]
     stats = merge_call_files(files, outdir / CALLS)
     return {"capture": stats} if stats else {}

@@ -366,6 +366,8 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
     assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update
+    # each turn's prompt ids are the server's (otbuild serve gives them as vLLM does), as rendered here
+    assert [r["prompt_mismatch_turns"] for r in log] == [0, 0]
     # the rollouts' requests and tokens per step (max_episodes 1: a request per trial), in the stage's usage
     assert all(
         r["rollout_requests"] == 2

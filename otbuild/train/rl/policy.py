@@ -94,10 +94,13 @@ class PolicyEngine:
 
 
 class ServedPolicyEngine(PolicyEngine):
-    """One trial's view of the policy served by vLLM (rollout: vllm): the prompt's token ids as
-    the trainer's chat template renders them, the completion's as the server sampled them with
-    their sampling log-probs (vLLM's `return_token_ids` and `logprobs`; the server runs with
-    `logprobs_mode: processed_logprobs`, after temperature, as the trainer computes them)."""
+    """One trial's view of the policy served by vLLM (rollout: vllm): each turn trains on the
+    token ids the server saw and sampled: the prompt as it tokenized it (its chat template, the
+    tools it was offered) and the answer with its sampling log-probs (vLLM's `return_token_ids`
+    and `logprobs`; the server runs with `logprobs_mode: processed_logprobs`, after
+    temperature, as the trainer computes them). A turn whose prompt the trainer's own render
+    differs from is a train-serve mismatch: counted (`prompt_mismatches`), trained on as served.
+    A server that gives no prompt ids leaves the trainer's render."""
 
     provider = "hosted_vllm"
     seeds_requests = False  # vLLM samples as it batches (docs/reproducibility.md)
@@ -105,6 +108,8 @@ class ServedPolicyEngine(PolicyEngine):
     def __init__(self, policy: Policy, server):
         super().__init__(policy)
         self.server = server
+        self.prompt_mismatches = 0  # turns whose served prompt is not the trainer's render
+        self.served_prompts = 0  # turns whose prompt ids the server gave
 
     async def complete(self, messages: list[dict], seed: int | None = None, **_) -> Completion:  # seed: unused
         p = self.policy
@@ -123,6 +128,11 @@ class ServedPolicyEngine(PolicyEngine):
             ids, logprobs = p.tok(c.text, add_special_tokens=False)["input_ids"], None
             if c.finish_reason == "stop":
                 ids.append(p.tok.eos_token_id)
+        if c.prompt_token_ids is not None:
+            self.served_prompts += 1
+            if list(c.prompt_token_ids) != prompt:
+                self.prompt_mismatches += 1
+                prompt = list(c.prompt_token_ids)
         self.turns.append(Turn(prompt, list(ids), logprobs))
         if c.usage_reported:  # the tokens the server counted (its `usage`), for the stage's usage
             return Completion(c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason)
