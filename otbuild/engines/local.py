@@ -11,6 +11,7 @@ from pathlib import Path
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess
+from otbuild.errors import ConfigError
 from otbuild.settings.engines import TransformersOptions
 
 READY_PATTERN = r"^otbuild serve: listening on (http://\S+)$"  # what otbuild.serve prints
@@ -99,9 +100,16 @@ class TransformersEngine(ManagedServerEngine):
     default_provider = "transformers"
     options: TransformersOptions
     seeds_requests = True  # the harness seeds each request: the same answers whatever runs concurrently
+    takes_tools = True  # with a tool call parser, as vLLM (otbuild serve reads Qwen3's <tool_call> blocks)
 
     def _launch(self) -> tuple[str, ServerProcess]:
         s = self.options
+        tools = getattr(self.settings, "protocol", None) == "tools"  # the harness offers tools
+        if tools and not s.tool_call_parser:
+            raise ConfigError(
+                "transformers: harness.protocol is tools but engine_args.tool_call_parser is not set "
+                "(hermes: the parser of Qwen3's tool-call format)"
+            )
         return launch_local_server(
             self.settings.model,
             host=s.host,
@@ -111,5 +119,5 @@ class TransformersEngine(ManagedServerEngine):
             startup_timeout_sec=s.startup_timeout_sec,
             log_path=s.log_path,
             env=s.env,
-            tool_call_parser=s.tool_call_parser if s.enable_auto_tool_choice else None,
+            tool_call_parser=s.tool_call_parser if s.enable_auto_tool_choice or tools else None,
         )

@@ -66,3 +66,32 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict] | None]:
     except (ValueError, KeyError, TypeError):
         return text, None
     return text[: text.find(START)] or None, tool_calls
+
+
+def tool_calls_of(message: dict) -> list[dict] | None:
+    """A chat message's `tool_calls` in the trace's shape ({id, type, function: {name,
+    arguments}}; otbuild/traces/table.py), each field as the server sent it; `arguments` that
+    came as a JSON value rather than its text is written as JSON text. None: no tool call."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return None
+    out = []
+    for call in calls:
+        call = call if isinstance(call, dict) else {}
+        fn = call["function"] if isinstance(call.get("function"), dict) else {}
+        arguments = fn.get("arguments")
+        out.append(
+            {
+                "id": _text(call.get("id")),
+                "type": _text(call.get("type")) or "function",
+                "function": {
+                    "name": _text(fn.get("name")),
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+    return out
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None

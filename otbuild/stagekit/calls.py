@@ -7,12 +7,14 @@ calls Harbor's agents report themselves (otbuild/harbor/rollout_detail.py) name 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 
 from otbuild import duck
+from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.fsio import atomic_path
 from otbuild.traces.table import assistant_turn, batched
 
@@ -66,17 +68,27 @@ def write_calls(dest: Path, rows: Iterable[dict]) -> int:
 
 def trial_calls(trial: int | None, trace: dict, calls: list[dict], keep_reasoning: bool | None) -> list[dict]:
     """A trial's call rows; with `keep_reasoning` (otbuild's harness: how it wrote the turns),
-    each answer the caller received is held against the trace's assistant turns in order."""
-    turns = iter(m["content"] for m in trace.get("conversations") or [] if m.get("role") == "assistant")
+    each answer the caller received is held against the trace's assistant turns in order: its
+    content and its tool calls (id, type, name and arguments byte for byte) both."""
+    turns = iter(
+        (m["content"], m.get("tool_calls") or None)
+        for m in trace.get("conversations") or []
+        if m.get("role") == "assistant"
+    )
     rows = []
     for call in calls:
         row = {**call, "trial": trial, "trial_name": trace.get("trial_name"), "harness_agrees": None}
         if keep_reasoning is not None and call["status"] == 200 and call["delivered"]:
             turn = next(turns, None)
             answer = assistant_turn(call["content"] or "", call["reasoning"] if keep_reasoning else None)
-            row["harness_agrees"] = turn == answer
+            row["harness_agrees"] = turn == (answer, captured_tool_calls(call["tool_calls"]))
         rows.append(row)
     return rows
+
+
+def captured_tool_calls(text: str | None) -> list[dict] | None:
+    """A call row's `tool_calls` (the server's, as JSON) in the trace's shape; None: none."""
+    return tool_calls_of({"tool_calls": json.loads(text)}) if text else None
 
 
 def merge_call_files(shard_files: list[Path], dest: Path) -> dict:

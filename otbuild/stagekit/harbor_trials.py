@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.capture.proxy import CaptureProxy
+from otbuild.engines import SERVERS
 from otbuild.harbor.job import SANDBOX_MODEL_URL
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
@@ -84,7 +85,7 @@ async def _run(
 
             engine = await open_engine(cfg)  # vllm, transformers: the server starts here
             await probe(engine)  # a wrong key, an unknown model: EndpointError before any trial
-            if cfg.engine in ("vllm", "transformers"):  # a server otbuild started: its model and address
+            if cfg.engine in SERVERS:  # a server otbuild started: its model and address
                 from otbuild.engines.managed import ManagedServerEngine
 
                 server = cast(ManagedServerEngine, engine)
@@ -94,7 +95,7 @@ async def _run(
             if cfg.capture and base_url and options["agent"].startswith("terminus"):
                 from otbuild.engines.capture import harbor_proxy
 
-                proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+                proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in SERVERS)
             # an installed agent asks from inside the sandbox: the proxy's socket is its one way out
             if installed and base_url:
                 proxy, options = sandbox_proxy(cfg, base_url, options)
@@ -188,7 +189,7 @@ def sandbox_proxy(cfg: RolloutSettings, base_url: str, options: dict) -> tuple[C
     from otbuild.rundir import private_dir, runtime_dir
 
     venv = agent_venv(options["agent"])  # AgentNotInstalled before any trial
-    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in SERVERS)
     proxy.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     control = proxy.serve_control(private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.ctl")
     kwargs = {**(options["environment_kwargs"] or {}), "agent_dir": str(venv), "model_proxy": control}

@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,6 +19,7 @@ from otbuild.engines.openai import CONTEXT_OVERFLOW, OpenAIEngine, request_body
 from otbuild.settings.engines import client_settings
 from otbuild.engines.vllm import vllm_command
 from otbuild.harness import protocol
+from otbuild.harness.agent import make_protocol
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
 from tests.conftest import REPO, pinned_release
@@ -35,6 +38,15 @@ def test_the_vllm_extra_pins_one_release():
 
 def _turn(style: str) -> list[dict]:
     """A harness conversation in the recipe's prompt style: the first prompt, an answer, a reply."""
+    if style == "tools":  # the tools protocol: a tool call and its tool message
+        from otbuild.harness.tools import first_prompt
+
+        call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+        return [
+            {"role": "user", "content": first_prompt("Do X.", "$ ")},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "a b\n$ ", "tool_call_id": "call_1"},
+        ]
     s = protocol.prompt_style(style)
     answer = s.format_answer(
         {"analysis": "a", "plan": "p", "commands": [{"keystrokes": "ls\n", "duration": 1.0}], "task_complete": False}
@@ -52,8 +64,8 @@ def recipe_requests() -> dict:
     one prompt for the task stages; bodies to other engines too: any of them may be a vLLM
     server), and the parser and quantization names set anywhere in recipes/."""
     commands, bodies, named = [], [], {k: set() for k in NAMED}
-    for path in sorted((REPO / "recipes").glob("*.yaml")):
-        for node in plan_recipe(load_recipe(path.stem, REPO)).nodes:
+    for path in [*sorted((REPO / "recipes").glob("*.yaml")), _tools_recipe()]:
+        for node in plan_recipe(load_recipe(path.stem, path.parent.parent)).nodes:
             llm = node.config
             engine = llm.engine if isinstance(llm, LLM) else None
             if engine in (None, "oracle"):
@@ -62,11 +74,25 @@ def recipe_requests() -> dict:
                 commands.append(vllm_command(llm, 8000))
             client = client_settings(llm)
             if node.stage in ("rollout", "eval"):
-                bodies.append(request_body(client, _turn(llm.prompt), {}))
+                turns = make_protocol(llm.protocol, llm.prompt)
+                bodies.append(request_body(client, _turn(turns.name if turns.tools else llm.prompt), turns.request()))
             else:  # augment (seeded per request), task_score
                 bodies.append(request_body(client, [{"role": "user", "content": "Rewrite: do X."}], {"seed": 7}))
         _names(yaml.safe_load(path.read_text()), named)
     return {"commands": _unique(commands), "bodies": _unique(bodies), **{f"{k}s": sorted(v) for k, v in named.items()}}
+
+
+def _tools_recipe() -> Path:
+    """A recipe whose vLLM teacher runs the harness's tools protocol (no shipped recipe does yet):
+    its `vllm serve` flags and its requests with `tools` go through the same checks."""
+    root = Path(tempfile.mkdtemp(prefix="otbuild-tools-recipe-"))
+    (root / "recipes").mkdir()
+    path = root / "recipes" / "tools.yaml"
+    path.write_text(
+        "sources:\n  a: {kind: synthetic, rank: 1, count: 4, seed: 1}\nharness: {protocol: tools}\n"
+        "teacher: {engine: vllm, model: Qwen/Qwen3-8B, engine_args: {tool_call_parser: hermes}}\n"
+    )
+    return path
 
 
 def _unique(items: list) -> list:
@@ -135,6 +161,9 @@ def test_recipes_requests_pass_vllms_own_checks(contract):
     assert len(mine["commands"]) >= 10 and len(mine["bodies"]) >= 20  # every recipe was planned
     assert any("--reasoning-parser" in c for c in mine["commands"]) and "glm45" in mine["reasoning_parsers"]
     assert any("structured_outputs" in b for b in mine["bodies"])  # thesis_smoke's constrained eval
+    assert any("tools" in b and b["tool_choice"] == "auto" for b in mine["bodies"])  # the tools protocol's
+    assert any("--enable-auto-tool-choice" in c and "hermes" in c for c in mine["commands"])
+    assert "hermes" in mine["tool_call_parsers"]
     ours = [p for p in answer["problems"] if WRONG not in p]
     assert ours == [], "\n".join(ours)
     caught = answer["problems"]

@@ -85,6 +85,7 @@ class PolicyEngine:
     name = "policy"
     provider = "otbuild"
     seeds_requests = True
+    takes_tools = True  # renders the offered tools, reads its answer's <tool_call> blocks (hermes)
 
     def __init__(self, policy: Policy):
         self.policy = policy

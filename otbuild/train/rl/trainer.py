@@ -90,7 +90,7 @@ async def rollout(policy: Policy, trials: StepTrials, cfg: RlSettings, server=No
     from otbuild.harness.config import TrialConfig
     from otbuild.harness.trial import run_trial
 
-    trial_config = TrialConfig(cfg.sandbox, cfg.prompt)
+    trial_config = TrialConfig(cfg.sandbox, cfg.prompt, protocol=cfg.protocol)
     sem = asyncio.Semaphore(cfg.concurrency)
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
