@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from otbuild.capture.proxy import CaptureProxy
+from otbuild.engines import SERVERS
 from otbuild.harbor.job import SANDBOX_MODEL_URL
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
@@ -41,8 +42,10 @@ def run_harbor_shard(
     cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list, ask_tokens: bool = True
 ) -> tuple[list[dict], list[dict]]:
     """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
-    agents: each Harbor job's, in the order they came; not yet matched to trials). `ask_tokens`:
-    a vLLM otbuild started is asked for token ids and log-probs (not for an eval's model)."""
+    agents: each Harbor job's, in the order they came; not yet matched to trials). A job no
+    proxy captured gives the calls its trials report as Harbor's rollout details (their token
+    ids and log-probs, keyed by trial name). `ask_tokens`: a vLLM otbuild started is asked for
+    token ids and log-probs (not for an eval's model)."""
     return asyncio.run(_run(cfg, inputs, outdir, shard, trials, ask_tokens))
 
 
@@ -77,7 +80,7 @@ async def _run(
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
-        managed = cfg.engine in ("vllm", "transformers")  # a server otbuild starts
+        managed = cfg.engine in SERVERS  # a server otbuild starts
         if cfg.engine not in SCRIPTED and by_attempts:  # Harbor's agent talks to the endpoint; it is asked once first
             from otbuild.engines import open_engine
             from otbuild.engines.endpoint import probe
@@ -123,7 +126,9 @@ async def _run(
             if proxy is not None and installed:  # each trial's own scope: its Harbor trial name
                 for trial_dir in sorted(p for p in job.iterdir() if p.is_dir()):
                     by_trial[trial_dir.name] = await asyncio.to_thread(proxy.take, trial_dir.name)
-            elif proxy is not None:
+            elif proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
+                calls += await asyncio.to_thread(_reported_calls, job)
+            else:
                 calls += [
                     {**c, "trial": None, "trial_name": None, "harness_agrees": None}
                     for c in await asyncio.to_thread(proxy.take, f"attempts-{n}")
@@ -151,9 +156,20 @@ async def _run(
         if t.row in refused
     }
     out = shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+    number = {row["trial_name"]: t.index for t, row in zip(trials, out)}  # the trials' rows come first
+    for call in calls:  # a reported call names its trial: its number in the run
+        if call["trial_name"] is not None:
+            call["trial"] = number.get(call["trial_name"])
     if installed:
-        out, calls = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
-    return out, calls if cfg.capture else []
+        out, captured = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
+        calls += captured if cfg.capture else []
+    return out, calls
+
+
+def _reported_calls(job: Path) -> list[dict]:
+    from otbuild.harbor.ingest import read_job_calls
+
+    return list(read_job_calls(job))
 
 
 def sandboxed_agent(cfg: RolloutSettings) -> bool:
@@ -177,7 +193,7 @@ def sandbox_proxy(
     from otbuild.rundir import private_dir, runtime_dir
 
     venv = agent_venv(options["agent"])  # AgentNotInstalled before any trial
-    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"), ask_tokens=ask_tokens)
+    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in SERVERS, ask_tokens=ask_tokens)
     proxy.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     control = proxy.serve_control(private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.ctl")
     kwargs = {**(options["environment_kwargs"] or {}), "agent_dir": str(venv), "model_proxy": control}
@@ -297,13 +313,16 @@ def harbor_options(cfg: RolloutSettings) -> dict:
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens, and for a server otbuild
     starts the model's context and output limits (`model_info`: terminus-2 summarizes its
-    context by them; litellm knows no self-served model's) at no cost (harbor.agent_kwargs win)."""
+    context by them; litellm knows no self-served model's) at no cost, and on vLLM without
+    `capture` Harbor's rollout details (the token ids per call) (harbor.agent_kwargs win)."""
     hb = cfg.harbor
     agent = harbor_agent(hb.agent, cfg.engine)
     kwargs = dict(hb.agent_kwargs)
     if agent.startswith("terminus"):
         kwargs = {"max_turns": cfg.max_episodes, "temperature": cfg.temperature, **kwargs}
         kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
+        if cfg.engine == "vllm" and not cfg.capture:  # no proxy records the token ids: the agent reports them
+            kwargs.setdefault("collect_rollout_details", True)
         context = getattr(cfg.launch, "max_model_len", None)
         if context:
             kwargs["model_info"] = {

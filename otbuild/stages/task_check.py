@@ -95,7 +95,9 @@ def trial_settings(cfg: TaskCheckSettings, engine: str) -> RolloutSettings:
     offer a do-nothing engine), with Harbor's own agent for it."""
     trials = cfg.model_dump(include=set(ShardedTrials.model_fields) - {"harbor"})
     harbor = cfg.harbor.model_copy(update={"agent": None})
-    oracle = RolloutSettings(engine="oracle", concurrency=cfg.concurrency, prompt=cfg.prompt, harbor=harbor, **trials)
+    oracle = RolloutSettings(
+        engine="oracle", concurrency=cfg.concurrency, prompt=cfg.prompt, protocol=cfg.protocol, harbor=harbor, **trials
+    )
     return oracle if engine == "oracle" else oracle.model_copy(update={"engine": engine})
 
 
