@@ -13,21 +13,21 @@ reward is not read. What is checked is the record:
   and every answer the agent got is, as its own log kept it (`harness_agrees`);
 - every call vLLM answered carries its prompt's token ids and as many completion token ids as
   log-probs, as many as its usage counts;
-- vLLM's own /tokenize of the last call's request (its messages and tools, the chat template)
-  is that call's captured prompt: the train-serve contract on this path.
+- vLLM's own rendering of the last call's request (its chat path offline: the messages parsed
+  and the chat template applied with the request's tools, as its chat completions and /tokenize
+  do; tests/support/vllm_chat_tokens.py) is that call's captured prompt: the train-serve
+  contract on this path, without a second server start.
 
-The build's server is gone when the build ends: /tokenize asks a second start of the same model
-with the same launch options. Needs .venv-vllm, .venv-harbor and .venv-agents/mini-swe-agent.
+Needs .venv-vllm, .venv-harbor and .venv-agents/mini-swe-agent.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import subprocess
 from pathlib import Path
 
-import httpx
 import pyarrow.parquet as pq
 import pytest
 
@@ -37,6 +37,7 @@ from otbuild.sandbox import backend_problem
 from otbuild.settings.engines import VLLMOptions
 from tests.conftest import REPO, snakemake
 
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
 MINI = Path(os.environ.get("OTBUILD_AGENTS") or AGENTS_DIR) / "mini-swe-agent"
 VLLM = vllm_executable(VLLMOptions())
@@ -79,24 +80,24 @@ def qwen3(tmp_path_factory) -> Path:
 
 
 def vllm_tokenize(model: Path, request: dict) -> list[int]:
-    """vLLM's own prompt for a chat request: /tokenize of its messages and tools on a server of
-    `model` started with the build's launch options."""
-    from otbuild.engines import LLM, make_engine
-
-    async def ask() -> list[int]:
-        served = LLM(engine="vllm", model=str(model), max_tokens=1, engine_args=SERVED)
-        async with make_engine(served) as engine, httpx.AsyncClient(timeout=60, trust_env=False) as http:
-            body = {
-                "model": engine.model,
-                "messages": request["messages"],
-                "add_generation_prompt": True,
-                **{k: request[k] for k in ("tools", "chat_template_kwargs") if request.get(k)},
-            }
-            r = await http.post(f"{engine.base_url.removesuffix('/v1')}/tokenize", json=body)
-            assert r.status_code == 200, r.text
-            return r.json()["tokens"]
-
-    return asyncio.run(ask())
+    """vLLM's own prompt for a chat request (its messages and tools, a generation prompt after
+    them), through its chat path offline in .venv-vllm."""
+    out = model.parent / "vllm-prompt.json"
+    conv = {"messages": request["messages"], "tools": request.get("tools"), "add_generation_prompt": True}
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / "vllm_chat_tokens.py"), str(out)],
+        input=json.dumps({"model": str(model), "conversations": [conv], "answers": []}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
+    (prompt,) = json.loads(out.read_text())["prompts"]
+    assert "ids" in prompt, prompt
+    return prompt["ids"]
 
 
 def test_mini_swe_agent_on_vllm_trains_on_the_tokens_vllm_served(project, qwen3):

@@ -2,7 +2,8 @@
 (tests/contracts/test_vllm.py feeds it and reads its answer). No GPU, no server, no weights.
 
 stdin (JSON): {"model": a model dir (its tokenizer and chat template), "conversations":
-[{"messages", "tools"}, ...], "answers": [a model's text, ...]}. Each conversation is parsed as
+[{"messages", "tools", "add_generation_prompt" (default false: a request's prompt has it)}, ...],
+"answers": [a model's text, ...]}. Each conversation is parsed as
 vLLM's chat endpoints parse a request's messages (renderers/chat_utils.parse_chat_messages:
 tool-call arguments to objects) and rendered and tokenized by its safe_apply_chat_template with
 the request's tools, as its /tokenize and chat completions do; each answer is read by vLLM's
@@ -39,7 +40,14 @@ def main(out: str) -> None:
                 chat_template=None, tools=tools, given_format="auto", tokenizer=tok, model_config=config
             )
             parsed, _, _ = parse_chat_messages(conv["messages"], config, content_format=fmt)
-            ids = safe_apply_chat_template(config, tok, parsed, tools=tools, tokenize=True, add_generation_prompt=False)
+            ids = safe_apply_chat_template(
+                config,
+                tok,
+                parsed,
+                tools=tools,
+                tokenize=True,
+                add_generation_prompt=bool(conv.get("add_generation_prompt")),
+            )
             prompts.append({"ids": list(ids), "text": tok.decode(ids)})
         except Exception as e:  # noqa: BLE001  (a refusal is the finding)
             prompts.append({"error": f"{type(e).__name__}: {e}"})
