@@ -9,8 +9,8 @@ import re
 import pytest
 
 from otbuild.engines import Completion
-from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.engines.openai import request_body
+from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.harness import protocol
 from otbuild.harness.config import TrialConfig
 from otbuild.harness.oracle import OracleEngine
@@ -340,20 +340,34 @@ def test_vllm_is_started_with_tool_choice_and_its_parser_for_the_tools_protocol(
         command(protocol="tools")
 
 
-@needs_sandbox
+SFT = """
+sft:
+  model: {kind: tiny, vocab_size: 500, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1}
+  epochs: 1
+  global_batch_size: 2
+  per_device_batch_size: 2
+  cutoff_len: 4096
+  zero_stage: 0
+  gradient_checkpointing: false
+"""
+
+
 @pytest.mark.slow
+@needs_sandbox
 def test_a_real_snakemake_build_with_the_tools_protocol(tmp_path):
-    """teacher (oracle) -> trace_filter -> eval (oracle), all in the tools protocol, by the real
-    snakemake CLI: the traces carry tool calls and their tools; turns count assistant messages."""
+    """teacher (oracle) -> trace_filter -> SFT (the tiny student) and eval (oracle), all in the
+    tools protocol, by the real snakemake CLI: the traces carry tool calls and their tools; turns
+    count assistant messages; SFT trains on every kept trace, its tool calls rendered and none
+    dropped (otbuild/train/chat.py)."""
     import pyarrow.parquet as pq
 
     from tests.conftest import make_project, snakemake
 
     project = make_project(tmp_path)
-    recipe = RECIPE.replace("MIN_TURNS", "5") + "harness: {protocol: tools}\n"  # 3-step tasks: 5 turns
+    recipe = RECIPE.replace("MIN_TURNS", "5") + "harness: {protocol: tools}\n" + SFT  # 3-step tasks: 5 turns
     (project / "recipes" / "tiny.yaml").write_text(recipe)
     ran, log = snakemake(project, "tiny", "--cores", "2")
-    assert ran["rollout"] == 1 and ran["eval"] == 1, log[-3000:]
+    assert ran["rollout"] == 1 and ran["eval"] == 1 and ran["sft"] == 1, log[-3000:]
     results = project / "results" / "tiny"
     traces = pq.read_table(results / "teacher" / "traces.parquet").to_pylist()
     kept = pq.read_table(results / "trace_filter" / "kept.parquet").to_pylist()
@@ -365,6 +379,9 @@ def test_a_real_snakemake_build_with_the_tools_protocol(tmp_path):
         assert {m["role"] for m in conv} == {"user", "assistant", "tool"}
         assert all(m["tool_calls"] for m in conv if m["role"] == "assistant")
     assert len(kept) == sum(t["n_turns"] >= 5 for t in traces) > 0  # tool messages are not turns
+    (manifest,) = (project / "artifacts" / "sft").glob("*/checkpoint.json")
+    data = json.loads(manifest.read_text())["data"]
+    assert data["sequences"] == len(kept) and not any(data["dropped"].values()), data
     scores = json.loads((results / "eval" / "provenance.json").read_text())["stats"]
     assert scores, scores
     assert "otbuild-tools" not in log  # nothing printed a trace

@@ -222,36 +222,3 @@ def test_the_rl_policy_reads_its_tool_calls_as_vllm(policy):
     assert c.finish_reason in ("stop", "length", "tool_calls") and (c.tool_calls is None) == (
         c.finish_reason != "tool_calls"
     )
-
-
-SNAKEMAKE_RECIPE = """
-trace_imports:
-  runs: {kind: messages-jsonl, path: runs.jsonl}
-trace_filter: {min_turns: 0}
-sft:
-  model: {kind: tiny, vocab_size: 500, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1}
-  epochs: 1
-  global_batch_size: 4
-  per_device_batch_size: 2
-  cutoff_len: 1024
-  zero_stage: 0
-  gradient_checkpointing: false
-"""
-
-
-@pytest.mark.slow
-def test_the_sft_stage_builds_through_snakemake(project):
-    """The real snakemake CLI builds a recipe's SFT (imported traces, the filter, the tiny
-    student) with this tokenization (tokenized set format 2)."""
-    from otbuild.train.toy import trace_rows
-    from tests.conftest import snakemake
-
-    (project / "recipes" / "r.yaml").write_text(SNAKEMAKE_RECIPE)
-    (project / "runs.jsonl").write_text(
-        "".join(json.dumps({"messages": r["conversations"]}) + "\n" for r in trace_rows(8, full_prompt=False))
-    )
-    ran, log = snakemake(project, "r", "--cores", "1")
-    assert ran["sft"] == 1, log[-3000:]
-    (manifest,) = (project / "artifacts" / "sft").glob("*/checkpoint.json")
-    data = json.loads(manifest.read_text())["data"]
-    assert data["sequences"] == 8 and not any(data["dropped"].values()), data
