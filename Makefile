@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-.PHONY: setup-smoke setup podman slurm harbor-env vllm-env llamafactory-env skyrl-env smoke test test-fast bench
+.PHONY: setup-smoke setup podman slurm harbor-env agents-env vllm-env llamafactory-env skyrl-env smoke test test-fast bench
 
 # torch: an existing install is kept (e.g. a CUDA build on a GPU node); otherwise the pinned
 # CPU-friendly release (on this project's CI machines its wheel is on local disk).
@@ -34,6 +34,7 @@ setup: setup-smoke  ## everything the tests meet: dev extras, podman and base im
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(TEST_APT); }
 	@scripts/podman-setup.sh
 	@scripts/harbor-env.sh || echo "setup: no Harbor environment (.venv-harbor); its tests will be skipped"
+	@scripts/agents-env.sh || echo "setup: no third-party agents (.venv-agents); the mini-swe-agent test will be skipped"
 	@scripts/llamafactory-env.sh || echo "setup: no LLaMA-Factory environment (.venv-llamafactory); its contract test will be skipped"
 	@scripts/skyrl-env.sh || echo "setup: no SkyRL environment (.venv-skyrl); its contract test will be skipped"
 	@$(MAKE) -s slurm || echo "setup: no local Slurm cluster (scripts/slurm-cluster.sh); its test will be skipped"
@@ -46,6 +47,9 @@ slurm:  ## a single-host Slurm cluster for the tests (munge, slurmdbd, slurmctld
 
 harbor-env:  ## Harbor's CLI in .venv-harbor (Python 3.12), with otbuild for its environment class
 	scripts/harbor-env.sh
+
+agents-env:  ## third-party agents Harbor runs inside otbuild's sandbox (mini-swe-agent), in .venv-agents/ on the host's /usr/bin/python3 (~2 min fresh)
+	scripts/agents-env.sh
 
 vllm-env:  ## the pinned vLLM (pyproject's `vllm` extra; its CPU build without CUDA) in .venv-vllm: the `vllm` engine's default, its live and contract tests
 	scripts/vllm-env.sh

@@ -14,7 +14,7 @@ wait4 rusage, taken by a small launcher process):
 - skills merge: the skills stage's merge (`otbuild.stages.skills.run`) over that task table and
   one finished shard of N answers (a tag, a tag among words, an answer naming no tag), as its
   shard job leaves them: the rows streamed back beside their tags;
-- validate merge: the task validation's merge job (`otbuild.stages.validate.run`) over N tasks
+- task_check merge: the task check's merge job (`otbuild.stages.task_check.run`) over N tasks
   whose 2N trials (a solution's and a no-op's, each with a verifier output tail of 2,000
   characters) are done in 64 shards each: both merges, the verdicts, kept and rejected;
 - rollout shards: the 64 shard jobs, one after the other in one process (each turns its own
@@ -57,7 +57,7 @@ BENCH = Path(__file__).resolve().parent
 STAGES = (
     "near_dedup",
     "skills merge",
-    "validate merge",
+    "task_check merge",
     "rollout shards",
     "rollout merge",
     "difficulty merge",
@@ -115,7 +115,7 @@ def generate(data: Path, n: int, shards: int) -> dict:
 
     task_table(data / "task_table.parquet", n)
     skill_answers(data / "skill_answers" / "0-of-1.parquet", n)
-    validate_trials(data, n, shards)
+    task_check_trials(data, n, shards)
     t0 = time.perf_counter()
     size = write_partials(data / "partials", n, shards)
     manifest = {"n": n, "shards": shards, "bytes": size, "generate_s": time.perf_counter() - t0}
@@ -150,9 +150,9 @@ def skill_answers(path: Path, n: int) -> None:
             )
 
 
-def validate_trials(data: Path, n: int, shards: int) -> None:
-    """The validate stage's input (the task table, every task with a solution) and its finished
-    shards, data/validate/{oracle,noop}/shards/K-of-S.parquet: trial t is task t; one task in 10
+def task_check_trials(data: Path, n: int, shards: int) -> None:
+    """The task_check stage's input (the task table, every task with a solution) and its finished
+    shards, data/task_check/{oracle,noop}/shards/K-of-S.parquet: trial t is task t; one task in 10
     fails its solution, one in 17 passes doing nothing."""
     import duckdb
     import pyarrow as pa
@@ -163,12 +163,12 @@ def validate_trials(data: Path, n: int, shards: int) -> None:
 
     duckdb.sql(
         f"COPY (SELECT * REPLACE (true AS has_solution) FROM '{data / 'task_table.parquet'}') "
-        f"TO '{data / 'validate_tasks.parquet'}' (FORMAT parquet)"
+        f"TO '{data / 'task_check_tasks.parquet'}' (FORMAT parquet)"
     )
     said = "\x1b[31mFAILED\x1b[0m " + "x" * 1990  # what a verifier prints: a 2,000-character tail
     for engine in ("oracle", "noop"):
         for k in range(shards):
-            dest = shard_path(data / "validate" / engine, shards, k)
+            dest = shard_path(data / "task_check" / engine, shards, k)
             dest.parent.mkdir(parents=True, exist_ok=True)
             with pq.ParquetWriter(dest, TRACE_SCHEMA, compression="zstd") as w:
                 for start in range(k, n, shards * 4096):
@@ -232,15 +232,15 @@ def child(stage: str, data: Path, work: Path, tok: Path, sft_workers: str = "aut
         t0 = time.perf_counter()  # the copy above is the shard job's, not the merge's
         cfg = Skills(engine="openai", model="m", base_url="http://127.0.0.1:9/v1")
         skills(cfg, Inputs.of(tasks=[data / "task_table.parquet"]), work / "skills")
-    elif stage == "validate merge":
+    elif stage == "task_check merge":
         from otbuild.stagekit import Inputs
-        from otbuild.stages.validate import ValidateSettings
-        from otbuild.stages.validate import run as validate
+        from otbuild.stages.task_check import TaskCheckSettings
+        from otbuild.stages.task_check import run as task_check
 
-        shutil.copytree(data / "validate", work / "validate")
+        shutil.copytree(data / "task_check", work / "task_check")
         t0 = time.perf_counter()  # the copy is not the stage's
-        cfg = ValidateSettings(shards=settings.shards, max_dropped_fraction=1.0)
-        validate(cfg, Inputs.of(tasks=[data / "validate_tasks.parquet"]), work / "validate")
+        cfg = TaskCheckSettings(shards=settings.shards, max_dropped_fraction=1.0)
+        task_check(cfg, Inputs.of(tasks=[data / "task_check_tasks.parquet"]), work / "task_check")
     elif stage == "rollout shards":
         from otbuild.stages.rollout import run_shard
 

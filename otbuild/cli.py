@@ -481,6 +481,30 @@ def export_tasks_cmd(parquet, dest):
     out.print(f"[green]wrote[/] {n} task dir(s) to {dest} ({describe(redactor.found())})")
 
 
+@export.command("rollout-details")
+@click.argument("calls", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
+def export_rollout_details_cmd(calls, dest):
+    """Write CALLS (a calls.parquet) as Harbor's rollout details: one JSON line per trial in
+    DEST, {"trial_name", "agent_result": Harbor's AgentContext with its rollout_details}."""
+    import duckdb
+
+    from otbuild.harbor.rollout_detail import write_rollout_details
+
+    if dest.exists():
+        raise ConfigError(f"{dest} exists: the export writes a new file, never over one")
+    try:
+        n = write_rollout_details(calls, dest)
+    except duckdb.Error as e:
+        raise ConfigError(f"{calls}: not a calls table ({e})") from None
+    reasons = (("no_trial", "of no trial"), ("without_token_ids", "without token ids"))
+    left = [f"{n[k]} call(s) {why}" for k, why in reasons if n[k]]
+    out.print(
+        f"[green]wrote[/] {n['trials']} trial(s), {n['calls']} call(s) in {n['segments']} segment(s) to {dest}"
+        + (f" (left out: {', '.join(left)})" if left else "")
+    )
+
+
 def _the_stage(plan, stage: str):
     """The plan's one `stage` node (an export takes a recipe with exactly one; `eval.base`'s
     untrained base is not the recipe's training)."""

@@ -1,7 +1,7 @@
 """`otbuild probe RECIPE`: each source's health before the run. A probe recipe is derived from
 RECIPE (recipes/RECIPE_probe.yaml, a recipe like any other: built, cached and audited by its
 content ids, so a second probe reuses what is built): every source of RECIPE (all of them, not
-only those a mix takes), each a seeded sample of N tasks, then `validate` (the recipe's section,
+only those a mix takes), each a seeded sample of N tasks, then `task_check` (the recipe's section,
 else its defaults, with the teacher's sandbox settings) and `difficulty` (the recipe's pilot,
 else its teacher as the pilot with k = PILOT_K). Once built, the per-source table is read from
 its artifacts (DuckDB, grouped by the tasks' `source` column) and written as probe.json and
@@ -67,7 +67,7 @@ def derive(loaded: LoadedRecipe, tasks: int = TASKS, seed: int = 0) -> tuple[dic
         return {**{k: teacher[k] for k in TEACHER_TRIALS if k in teacher}, **section}
 
     # a broken source is a finding here, not a failed build
-    doc["validate"] = {**where_the_teacher_runs(data.get("validate") or {}), "max_dropped_fraction": 1.0}
+    doc["task_check"] = {**where_the_teacher_runs(data.get("task_check") or {}), "max_dropped_fraction": 1.0}
     pilot: str | None = None
     if data.get("difficulty") is not None:
         doc["difficulty"] = {**where_the_teacher_runs(data["difficulty"]), "allow_all_impossible": True}
@@ -127,7 +127,7 @@ TRIAL_RATES = (
 
 
 def as_pilot(plan: Plan, root: Path) -> Pilot:
-    """The built probe as `plan --estimate`'s pilot: its stages' rates (validate's keep rate and
+    """The built probe as `plan --estimate`'s pilot: its stages' rates (task_check's keep rate and
     seconds per trial, the pilot's), and the pilot's rates per trial offered to the teacher's
     rollouts too (taken only where the teacher is the same model: estimate/pilot.py's match)."""
     pilot = calibrate(plan, root)
@@ -148,13 +148,13 @@ def _files(root: Path, node, *names: str) -> list[str]:
 
 def summarize(plan: Plan, root: Path, pilot: str | None) -> dict:
     """The built probe's per-source table: tasks probed; valid share and rejections per reason
-    (validate); the pilot's pass rate over the scored trials of the valid tasks with its standard
+    (task_check); the pilot's pass rate over the scored trials of the valid tasks with its standard
     error, band histogram, median turns and seconds per trial (difficulty); the infrastructure
     errors of every trial, by class. Each source gets `broken`: why it needs a look, else None."""
     con = duck.connect()
     con.execute(oc.sql_macros())
     sources = [n for n in plan.nodes if n.stage == "source"]
-    validate, difficulty = _node(plan, "validate"), _node(plan, "difficulty")
+    checked, difficulty = _node(plan, "task_check"), _node(plan, "difficulty")
     rows: dict[str, dict] = {n.label.split("/", 1)[1]: {} for n in sources}
 
     def add(sql: str, files: list[str], put) -> None:
@@ -163,10 +163,10 @@ def summarize(plan: Plan, root: Path, pilot: str | None) -> dict:
 
     outputs = [f for n in sources for f in _files(root, n, n.main_output.name)]
     add(PER_SOURCE, outputs, lambda r, k: r.update(tasks=k))
-    add(PER_SOURCE, _files(root, validate, "kept.parquet"), lambda r, k: r.update(valid=k))
+    add(PER_SOURCE, _files(root, checked, "kept.parquet"), lambda r, k: r.update(valid=k))
     add(
         "SELECT source, split_part(reason, ':', 1), count(*) FROM {t} GROUP BY ALL ORDER BY ALL",
-        _files(root, validate, "rejected.parquet"),
+        _files(root, checked, "rejected.parquet"),
         lambda r, reason, k: r.setdefault("rejected", {}).update({reason: k}),
     )
     add(
@@ -185,7 +185,7 @@ def summarize(plan: Plan, root: Path, pilot: str | None) -> dict:
             zip(("pilot_trials", "scored_trials", "passed_trials", "median_turns", "median_seconds"), v)
         ),
     )
-    every = pilot_traces + _files(root, validate, "oracle/traces.parquet", "noop/traces.parquet")
+    every = pilot_traces + _files(root, checked, "oracle/traces.parquet", "noop/traces.parquet")
     add(
         "SELECT source, otb_error(result, exception), count(*) FROM {t} WHERE "
         f"otb_outcome(result, exception, timed_out, reward) IN {oc.sql_in(ERRORS)} GROUP BY ALL ORDER BY 3 DESC, 2",
@@ -193,7 +193,7 @@ def summarize(plan: Plan, root: Path, pilot: str | None) -> dict:
         lambda r, error, k: r.setdefault("errors", {}).update({error: k}),
     )
     add(PER_SOURCE, every, lambda r, k: r.update(trials=k))
-    out = [_finish(name, r, validate is not None) for name, r in rows.items()]
+    out = [_finish(name, r, checked is not None) for name, r in rows.items()]
     return {
         "recipe": plan.recipe.name.removesuffix(SUFFIX),
         "probe_recipe": plan.recipe.name,

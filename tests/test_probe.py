@@ -31,7 +31,7 @@ sources:
   text: {kind: synthetic, rank: 2, count: 6, seed: 2, families: [text], difficulties: [1]}
   broken: {kind: harbor-dir, rank: 3, path: broken_tasks, sample: {n: 5, seed: 3}}
 mix: {n: 1, total: 4}
-validate: {}
+task_check: {}
 teacher: {engine: oracle, sandbox: bwrap, concurrency: 2, max_episodes: 40, verify: true}
 """
 
@@ -54,7 +54,7 @@ def test_the_probe_recipe_samples_every_source_and_pilots_with_the_teacher(tmp_p
     doc, pilot = derive(load_recipe("tiny", project), tasks=3, seed=7)
     assert list(doc["sources"]) == ["files", "text", "broken"]  # all of them, not the mix's Top-1
     assert doc["sources"]["files"]["count"] == 3 and doc["sources"]["broken"]["sample"] == {"n": 3, "seed": 7}
-    assert doc["validate"] == {"sandbox": "bwrap", "max_dropped_fraction": 1.0}  # the teacher's sandbox
+    assert doc["task_check"] == {"sandbox": "bwrap", "max_dropped_fraction": 1.0}  # the teacher's sandbox
     assert doc["difficulty"] == {
         "engine": "oracle",
         "sandbox": "bwrap",
@@ -70,7 +70,7 @@ def test_the_probe_recipe_samples_every_source_and_pilots_with_the_teacher(tmp_p
     assert doc["difficulty"] == {"sandbox": "bwrap", "engine": "oracle", "k": 2, "allow_all_impossible": True}
     assert doc["sources"]["broken"]["sample"] == {"n": 25, "seed": 0} and "difficulty section" in pilot
     path, _ = write_recipe(load_recipe("tiny", project), project)
-    assert load_recipe(path, project).recipe.validate.max_dropped_fraction == 1.0  # a valid recipe
+    assert load_recipe(path, project).recipe.task_check.max_dropped_fraction == 1.0  # a valid recipe
     path.write_text("sources: {}\n")
     with pytest.raises(ConfigError, match="no probe wrote"):  # someone's own recipe is left alone
         write_recipe(load_recipe("tiny", project), project)
@@ -160,10 +160,10 @@ def test_plan_estimate_takes_the_probes_rates_and_a_second_probe_builds_nothing(
     assert "rates also from the built probe" in res.stderr
     est = json.loads(res.stdout)
     assert est["pilots"] == ["tiny_probe"]
-    rates = {r["rate"]: r for r in est["stages"]["validate"]["rates"]}
+    rates = {r["rate"]: r for r in est["stages"]["task_check"]["rates"]}
     assert rates["keep_rate"]["estimate"] == pytest.approx(2 / 3, abs=1e-3) and not rates["keep_rate"]["assumed"]
-    assert rates["keep_rate"]["source"].startswith("pilot tiny_probe: validate (9 ")  # 9 tasks probed
-    assert rates["seconds_per_trial"]["source"].startswith("pilot tiny_probe: validate")
+    assert rates["keep_rate"]["source"].startswith("pilot tiny_probe: task_check (9 ")  # 9 tasks probed
+    assert rates["seconds_per_trial"]["source"].startswith("pilot tiny_probe: task_check")
     teacher = {r["rate"]: r for r in est["stages"]["teacher"]["rates"]}
     assert teacher["turns_per_trial"]["source"] == f"pilot tiny_probe: difficulty ({2 * 3 * PILOT_K} trials)"
     again = otbuild(project, "probe", "tiny", "--tasks", "3", "--cores", "2")
@@ -177,14 +177,14 @@ def test_a_dry_run_writes_the_probe_recipe_and_runs_nothing(tmp_path):
     res = otbuild(project, "probe", "tiny", "--tasks", "2", "-n")
     assert res.returncode == 0, res.stderr[-3000:]
     counts = job_counts(res.stdout + res.stderr)
-    assert counts["validate"] == 1 and counts["difficulty"] == 1 and counts["source"] == 3, counts
+    assert counts["task_check"] == 1 and counts["difficulty"] == 1 and counts["source"] == 3, counts
     assert (project / "recipes" / "tiny_probe.yaml").is_file() and not (project / "artifacts").exists()
     assert not (project / "results" / "tiny_probe" / "probe.json").exists()
 
 
 def test_every_shipped_recipe_gives_a_valid_probe_recipe(tmp_path):
     """The repo's recipes (the paper's, the smoke, ablations, searches) each give a probe recipe
-    that loads and plans: every source, validate, and a pilot (their teachers)."""
+    that loads and plans: every source, task_check, and a pilot (their teachers)."""
     from otbuild.plan import plan_recipe
     from tests.conftest import REPO
 
@@ -197,5 +197,5 @@ def test_every_shipped_recipe_gives_a_valid_probe_recipe(tmp_path):
         loaded = load_recipe(name, tmp_path)
         path, pilot = write_recipe(loaded, tmp_path, tasks=25)
         nodes = plan_recipe(load_recipe(path, tmp_path)).nodes
-        assert {n.stage for n in nodes} == {"source", "validate", "difficulty", "report"}, name
+        assert {n.stage for n in nodes} == {"source", "task_check", "difficulty", "report"}, name
         assert sum(n.stage == "source" for n in nodes) == len(loaded.data["sources"]) and pilot, name

@@ -1,6 +1,7 @@
 """Recovery after a killed snakemake run: which locks go and which stay (the end-to-end kill -9
 check is tests/e2e/test_workflow.py::test_a_killed_build_recovers_by_itself)."""
 
+import contextlib
 import json
 import os
 import re
@@ -40,9 +41,16 @@ def test_locks_taken_on_another_host_stay_with_the_command_to_run(tmp_path, caps
 
 
 def _spawn(argv, cwd):
-    proc = subprocess.Popen(argv, cwd=cwd)
+    """`argv` in a process group of its own, so `_end` ends what it started too."""
+    proc = subprocess.Popen(argv, cwd=cwd, start_new_session=True)
     time.sleep(0.2)
     return proc
+
+
+def _end(proc) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # `timeout` killed alone leaves its child running
+    proc.wait()
 
 
 def test_locks_of_a_live_snakemake_stay(tmp_path):
@@ -55,8 +63,7 @@ def test_locks_of_a_live_snakemake_stay(tmp_path):
         recover(tmp_path)
         assert lock.exists()
     finally:
-        live.kill()
-        live.wait()
+        _end(live)
     recover(tmp_path)
     assert not lock.exists()
 
@@ -74,8 +81,7 @@ def test_a_wrapper_naming_snakemake_is_not_a_live_run(tmp_path):
         recover(tmp_path)
         assert not lock.exists()
     finally:
-        wrapper.kill()
-        wrapper.wait()
+        _end(wrapper)
 
 
 def test_snakemake_is_told_apart_from_what_wraps_or_mentions_it():

@@ -11,17 +11,27 @@ chat completion call as a record (otbuild/capture/record.py).
   nothing answers (no connection, a timeout), a 502 whose header names that error (otbuild's
   engine reads it as the transport error it is). Headers (the key among them) are forwarded,
   never recorded; a key in the body or the URL is masked in the record.
+- `api_key`: the proxy holds the credential: whatever key a client sent is dropped and
+  `Authorization: Bearer KEY` goes upstream (a client in a sandbox gets a dummy key only).
+- `serve_unix(path, scope)`: a unix socket whose every call is `scope`'s, whatever the client
+  says (a sandboxed agent's one way out: bound into its sandbox, it can reach nothing else and
+  write into no other scope); `serve_control(path)`: a unix socket where the host side (Harbor's
+  environment, in Harbor's process) opens and closes such sockets (otbuild/capture/control.py).
 - `ask_tokens`: requests ask the server for token ids and log-probs (vLLM's
   `return_token_ids`, `logprobs`) unless they say otherwise: for a vLLM that otbuild started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socketserver
 import threading
 import time
 from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -67,9 +77,12 @@ class CaptureProxy:
         timeout: float = 3600.0,
         connections: int = 64,
         ask_tokens: bool = False,
+        api_key: str | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.ask_tokens = ask_tokens
+        self.api_key = api_key
+        self._unix: dict[str, socketserver.BaseServer] = {}  # socket path -> its server (serve_unix, serve_control)
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         self._http = httpx.Client(
             timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)),
@@ -105,6 +118,45 @@ class CaptureProxy:
         """The base URL a client uses in place of the upstream's (its calls under `scope`)."""
         return f"{self.base_url}/s/{scope}" if scope else self.base_url
 
+    def serve_unix(self, path: str | Path, scope: str) -> str:
+        """Serve on a new unix socket at `path` (0666: put it in a private folder) whose calls
+        are all `scope`'s: a client's scope header or `/s/` prefix is dropped, not followed."""
+        if not scope:
+            raise ValueError("a scoped socket needs a scope")
+        fields = {"proxy": self, "fixed_scope": scope, "disable_nagle_algorithm": False}  # no TCP there
+        handler = type("ScopedHandler", (_Handler,), fields)
+        # any uid may connect (a sandbox's trial user): who can reach it is its folder's say
+        # (a private one on the host) and the sandbox's bind of it
+        return self._listen_unix(path, handler, mode=0o666)
+
+    def serve_control(self, path: str | Path) -> str:
+        """Serve the control socket at `path` (0600): `control_request(path, "open", scope,
+        socket)` makes a scoped socket, `"close"` ends it (the client's own process)."""
+        handler = type("ControlHandler", (_ControlHandler,), {"proxy": self})
+        return self._listen_unix(path, handler)
+
+    def close_unix(self, path: str | Path) -> None:
+        with self._lock:
+            server = self._unix.pop(str(path), None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def _listen_unix(self, path: str | Path, handler: type, mode: int = 0o600) -> str:
+        path = str(path)
+        old = os.umask(0o177)  # the socket is 0600 from its first moment
+        try:
+            server = _UnixServer(path, handler)
+        finally:
+            os.umask(old)
+        os.chmod(path, mode)
+        with self._lock:
+            self._unix[path] = server
+        threading.Thread(target=server.serve_forever, name=f"capture-proxy {path}", daemon=True).start()
+        return path
+
     def take(self, scope: str, wait: float = 10.0) -> list[dict]:
         """The calls recorded under `scope`, in call order, once none is still being answered
         (the client has its answer a moment before the record is made; one whose client gave
@@ -115,6 +167,8 @@ class CaptureProxy:
         return sorted(calls, key=lambda c: c["call_idx"])
 
     def close(self) -> None:
+        for path in list(self._unix):
+            self.close_unix(path)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -144,10 +198,19 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # a shard's trials connect at once: none waits on a full backlog
 
 
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
     proxy: CaptureProxy
+    fixed_scope: str | None = None  # a scoped unix socket's: the client cannot name another
+
+    def address_string(self) -> str:
+        return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
 
     def log_message(self, *args):
         pass
@@ -168,7 +231,15 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.proxy
         scope, rest = _scope_of(self.path, self.headers.get(SCOPE_HEADER))
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.fixed_scope is not None:  # a sandboxed agent: model calls only, as its trial's
+            scope = self.fixed_scope
+            if not _model_call(self.command, urlsplit(rest).path):
+                self._refuse(f"{self.command} {urlsplit(rest).path}: only model calls pass here")
+                return
         headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_HEADERS]
+        if proxy.api_key is not None:  # the proxy's key replaces whatever the client sent
+            headers = [(k, v) for k, v in headers if k.lower() not in KEY_HEADERS]
+            headers.append(("Authorization", f"Bearer {proxy.api_key}"))
         headers.append(("Accept-Encoding", "identity"))  # the record reads the body as it came
         path = urlsplit(rest).path
         captured = self.command == "POST" and path.endswith(CAPTURED)
@@ -190,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "call_idx": proxy._number(scope),
                 "path": path,
                 "stream": bool(isinstance(body, dict) and body.get("stream")),
-                "_secrets": _secrets(self.headers, rest),
+                "_secrets": _secrets(self.headers, rest) + ((proxy.api_key,) if proxy.api_key else ()),
                 "_body": body if body is not None else raw.decode("utf-8", "replace"),
                 "_start": time.monotonic(),
             }
@@ -209,6 +280,14 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.close()
         if record is not None:
             proxy._keep(_finish(record, status, data, delivered))
+
+    def _refuse(self, why: str) -> None:
+        data = json.dumps({"error": {"message": why, "type": "forbidden"}}).encode()
+        self.send_response_only(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _no_answer(self, why: str) -> None:
         """A 502 that says the server did not answer, and why (otbuild's engine reads it as the
@@ -259,6 +338,41 @@ class _Handler(BaseHTTPRequestHandler):
         return upstream.status_code, b"".join(parts), delivered
 
 
+class _ControlHandler(BaseHTTPRequestHandler):
+    """POST {"op": "open"|"close", "scope": S, "socket": PATH}: 200 {"socket": PATH}, or 400
+    and why."""
+
+    protocol_version = "HTTP/1.1"
+    proxy: CaptureProxy
+
+    def log_message(self, *args):
+        pass
+
+    def address_string(self) -> str:
+        return "unix"
+
+    def do_POST(self):
+        try:
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            path = str(req["socket"])
+            if req["op"] == "open":
+                answer = {"socket": self.proxy.serve_unix(path, str(req["scope"]))}
+            elif req["op"] == "close":
+                self.proxy.close_unix(path)
+                answer = {"socket": path}
+            else:
+                raise ValueError(f"unknown op {req['op']!r}")
+            status = 200
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            status, answer = 400, {"error": f"{type(e).__name__}: {e}"}
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 def _write_chunk(out, data: bytes) -> bool:
     try:
         out.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -266,6 +380,14 @@ def _write_chunk(out, data: bytes) -> bool:
         return True
     except OSError:
         return False
+
+
+def _model_call(method: str, path: str) -> bool:
+    """A request a sandboxed agent may make with the proxy's key: a chat or text completion, the
+    model list; not the provider's other endpoints (files, batches, fine-tuning, ...)."""
+    if method == "POST":
+        return path.endswith(CAPTURED)
+    return method == "GET" and path.rstrip("/").endswith("/models")
 
 
 def _scope_of(path: str, header: str | None) -> tuple[str, str]:

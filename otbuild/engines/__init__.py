@@ -29,7 +29,7 @@ ENGINES: dict[str, str | Factory] = {
     "vllm": "otbuild.engines.vllm:VLLMEngine",
     "transformers": "otbuild.engines.local:TransformersEngine",
     "oracle": "otbuild.harness.oracle:OracleEngine",
-    "noop": "otbuild.harness.noop:NoopEngine",  # does nothing: the validate stage's floor
+    "noop": "otbuild.harness.noop:NoopEngine",  # does nothing: the task_check stage's floor
 }
 
 
@@ -58,6 +58,34 @@ def resolve_auto(llm: L) -> L:
     if vllm_executable(cast(VLLMOptions, llm.launch)) is not None:  # auto takes vLLM's launch options
         return llm.model_copy(update={"engine": "vllm"})
     return llm.model_copy(update={"engine": "transformers", "engine_args": server_fallback(llm.engine_args)})
+
+
+# the engines that start a model server of their own (vLLM, otbuild serve): its flags are theirs
+SERVERS = ("vllm", "transformers")
+
+
+def takes_tools(engine: str) -> bool:
+    """Whether engine `engine` (a registry name, not auto) answers a request's `tools` with tool
+    calls (its class's `takes_tools`): the harness's tools protocol needs it."""
+    return engine in ENGINES and bool(getattr(_resolve(ENGINES[engine]), "takes_tools", False))
+
+
+def tools_refusal(llm: LLM) -> str | None:
+    """Why `llm`'s engine (auto as resolved here) cannot run the harness's tools protocol; None:
+    it can. The offered tools are never silently dropped."""
+    engine = resolve_auto(llm).engine
+    if takes_tools(engine):
+        return None
+    return (
+        f"harness.protocol is tools, but engine {engine!r} does not answer tool calls "
+        "(it would drop the offered tools): use engine vllm or openai, or harness.protocol: terminus2"
+    )
+
+
+def refuse_tools(llm: LLM, where: str) -> None:
+    """ConfigError naming `where` (the section) when `tools_refusal` has a reason."""
+    if why := tools_refusal(llm):
+        raise ConfigError(f"{where}: {why}")
 
 
 def make_engine(llm: LLM) -> Engine:
@@ -91,6 +119,9 @@ __all__ = [
     "EngineError",
     "make_engine",
     "open_engine",
+    "refuse_tools",
     "register",
     "resolve_auto",
+    "takes_tools",
+    "tools_refusal",
 ]

@@ -19,6 +19,10 @@ class Completion:
     reasoning: str | None = None  # `reasoning_content`, when a reasoning parser split it off
     token_ids: list[int] | None = None  # the answer's token ids, where the server returns them (return_token_ids)
     logprobs: list[float] | None = None  # each answer token's log-prob as sampled, where asked for (logprobs: true)
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenized it (return_token_ids)
+    # the answer's native tool calls, as the server sent them: [{id, type, function: {name,
+    # arguments}}], `arguments` the model's JSON text byte for byte; None: no tool call
+    tool_calls: list[dict] | None = None
 
 
 class EngineError(Exception):
@@ -51,6 +55,8 @@ class Engine(Protocol):
     name: str  # "openai", "vllm", "transformers", "oracle"
     model: str
     provider: str  # the trace's model_provider column
+    # an engine that answers a request's `tools` with tool calls sets `takes_tools = True`;
+    # one that does not is refused for harness.protocol: tools (engines.takes_tools)
 
     async def complete(self, messages: list[dict], **kw) -> Completion: ...
 

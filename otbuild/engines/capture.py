@@ -36,11 +36,13 @@ def capture_engine(engine, settings: LLM, ask_tokens: bool = True) -> CapturePro
     return None
 
 
-def harbor_proxy(base_url: str, settings: LLM, *, managed: bool) -> CaptureProxy:
-    """A started proxy in front of `base_url` for Harbor's agents (they take its `url(scope)`)."""
+def harbor_proxy(base_url: str, settings: LLM, *, managed: bool, ask_tokens: bool = True) -> CaptureProxy:
+    """A started proxy in front of `base_url` for Harbor's agents (they take its `url(scope)`);
+    with `ask_tokens`, a vLLM that otbuild started (`managed`) is asked for token ids and log-probs."""
     return CaptureProxy(
         base_url,
         trust_env=not managed,
+        ask_tokens=ask_tokens and managed and settings.engine == "vllm",
         connections=concurrency(settings) + 8,
         timeout=settings.request_timeout_sec + UPSTREAM_GRACE_SEC,
     ).start()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.process import ServerProcess
+from otbuild.errors import ConfigError
 from otbuild.settings.engines import TransformersOptions
 
 READY_PATTERN = r"^otbuild serve: listening on (http://\S+)$"  # what otbuild.serve prints
@@ -26,10 +27,12 @@ def start_local_server(
     startup_timeout_sec: float = 300.0,
     log_path: str | Path | None = None,
     env: dict | None = None,
+    tool_call_parser: str | None = None,
 ) -> tuple[str, Callable[[], None]]:
     """Run `python -m otbuild.serve MODEL_DIR` until healthy; return (base_url, stop).
 
     base_url ends in /v1. The server is stopped when starting it fails; `stop()` is idempotent.
+    `tool_call_parser`: started with --enable-auto-tool-choice --tool-call-parser (as vLLM).
     """
     base_url, server = launch_local_server(
         model_dir,
@@ -40,6 +43,7 @@ def start_local_server(
         startup_timeout_sec=startup_timeout_sec,
         log_path=log_path,
         env=env,
+        tool_call_parser=tool_call_parser,
     )
     return base_url, server.stop
 
@@ -54,6 +58,7 @@ def launch_local_server(
     startup_timeout_sec: float,
     log_path,
     env: dict | None,
+    tool_call_parser: str | None = None,
 ) -> tuple[str, ServerProcess]:
     """start_local_server's server: (base_url, its ServerProcess)."""
     argv = [
@@ -70,6 +75,8 @@ def launch_local_server(
     ]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
+    if tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     server = ServerProcess(
         argv,
         name="otbuild serve",
@@ -93,9 +100,16 @@ class TransformersEngine(ManagedServerEngine):
     default_provider = "transformers"
     options: TransformersOptions
     seeds_requests = True  # the harness seeds each request: the same answers whatever runs concurrently
+    takes_tools = True  # with a tool call parser, as vLLM (otbuild serve reads Qwen3's <tool_call> blocks)
 
     def _launch(self) -> tuple[str, ServerProcess]:
         s = self.options
+        tools = getattr(self.settings, "protocol", None) == "tools"  # the harness offers tools
+        if tools and not s.tool_call_parser:
+            raise ConfigError(
+                "transformers: harness.protocol is tools but engine_args.tool_call_parser is not set "
+                "(hermes: the parser of Qwen3's tool-call format)"
+            )
         return launch_local_server(
             self.settings.model,
             host=s.host,
@@ -105,4 +119,5 @@ class TransformersEngine(ManagedServerEngine):
             startup_timeout_sec=s.startup_timeout_sec,
             log_path=s.log_path,
             env=s.env,
+            tool_call_parser=s.tool_call_parser if s.enable_auto_tool_choice or tools else None,
         )

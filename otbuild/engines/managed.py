@@ -42,6 +42,7 @@ class ManagedServerEngine:
 
     name = ""
     default_provider = ""
+    takes_tools = False  # answers a request's `tools` with tool calls (Completion.tool_calls)
 
     def __init__(self, settings: LLM):
         self.settings = settings

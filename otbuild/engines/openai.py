@@ -19,6 +19,7 @@ import httpx
 from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER, call_scope
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
+from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.errors import ConfigError
 from otbuild.settings.engines import LLM, concurrency
 
@@ -37,6 +38,7 @@ class OpenAIEngine:
     per event loop."""
 
     name = "openai"
+    takes_tools = True  # sends `tools`, reads `message.tool_calls`
 
     def __init__(
         self,
@@ -181,18 +183,25 @@ class OpenAIEngine:
             reasoning=message.get("reasoning_content") or message.get("reasoning"),
             token_ids=choice.get("token_ids"),
             logprobs=[float(t["logprob"]) for t in tokens] if isinstance(tokens, list) else None,
+            tool_calls=tool_calls_of(message),
+            prompt_token_ids=data.get("prompt_token_ids"),
         )
 
 
 def request_body(settings: LLM, messages: list[dict], kw: dict) -> dict:
     """The JSON body of one chat completion request: the settings' sampling keys (those set),
     then `extra_body`, then the request's own `kw` (each overriding what came before), shaped
-    by the model's request policy (`request_policy`)."""
+    by the model's request policy (`request_policy`). A request offering `tools` lets the
+    model choose (`tool_choice: auto`) unless the settings or `kw` say otherwise (`required`, a
+    named function)."""
     body = {"model": settings.model, "messages": messages, "temperature": settings.temperature}
     for key in ("max_tokens", "top_p", "seed"):
         if getattr(settings, key) is not None:
             body[key] = getattr(settings, key)
-    return request_policy.apply(settings.request_params, settings.model, {**body, **settings.extra_body, **kw})
+    body = {**body, **settings.extra_body, **kw}
+    if body.get("tools") and "tool_choice" not in body:
+        body["tool_choice"] = "auto"
+    return request_policy.apply(settings.request_params, settings.model, body)
 
 
 def _seconds(value: str | None) -> float | None:

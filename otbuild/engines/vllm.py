@@ -18,6 +18,7 @@ from otbuild.engines.base import EngineError
 from otbuild.engines.managed import ManagedServerEngine
 from otbuild.engines.model_config import check_fits_model
 from otbuild.engines.process import ServerProcess, free_port, private_socket, server_http
+from otbuild.errors import ConfigError
 from otbuild.settings.engines import LLM, VLLMOptions
 
 # where `make setup` puts vLLM (scripts/vllm-env.sh): the project's, or this checkout's
@@ -99,9 +100,18 @@ def vllm_command(llm: LLM, port: int | None, uds: str | None = None) -> list[str
         "--hf-overrides": json.dumps(s.hf_overrides) if s.hf_overrides else None,
     }
     cmd += [x for flag, v in options.items() if v is not None for x in (flag, str(v))]
+    tools = getattr(llm, "protocol", None) == "tools"  # the harness offers tools: the model may call them
+    if tools and not s.tool_call_parser:
+        raise ConfigError(
+            "vllm: harness.protocol is tools but engine_args.tool_call_parser is not set "
+            "(the parser of the model's tool-call format, e.g. hermes for Qwen3)"
+        )
     cmd += [
         flag
-        for flag, on in (("--enable-auto-tool-choice", s.enable_auto_tool_choice), ("--enforce-eager", s.enforce_eager))
+        for flag, on in (
+            ("--enable-auto-tool-choice", s.enable_auto_tool_choice or tools),
+            ("--enforce-eager", s.enforce_eager),
+        )
         if on
     ]
     return cmd + [str(a) for a in s.extra_args]
@@ -110,6 +120,7 @@ def vllm_command(llm: LLM, port: int | None, uds: str | None = None) -> list[str
 class VLLMEngine(ManagedServerEngine):
     name = "vllm"
     default_provider = "hosted_vllm"
+    takes_tools = True  # with a tool call parser (vllm_command)
     options: VLLMOptions
 
     def __init__(self, settings: LLM):

@@ -180,7 +180,7 @@ def _trials(n, root: Path, source: str, work: list[float]) -> dict[str, Measured
     from otbuild.settings.engines import concurrency
     from otbuild.usage import FAILED_REQUEST
 
-    # its traces.parquet, or one per folder where it runs several kinds of trial (validate: oracle/, noop/)
+    # its traces.parquet, or one per folder where it runs several kinds of trial (task_check: oracle/, noop/)
     here = root / n.main_output.parent
     paths = [here / "traces.parquet"] if (here / "traces.parquet").exists() else sorted(here.glob("*/traces.parquet"))
     if not paths:

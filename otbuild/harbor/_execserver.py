@@ -9,6 +9,10 @@ on stdin and answers on stdout:
         -> {"id": 1, "rc": 0, "stdout": "...", "stderr": "", "timed_out": false}
     {"kill": 1}      # end command 1 (its whole process group)
 
+With `--forward PORT SOCKET` it also relays 127.0.0.1:PORT (the sandbox's own loopback) to the
+unix socket SOCKET (a capture proxy's socket bound in): an agent that calls its model over HTTP
+reaches the model that way, and nothing else.
+
 Standard library only: it runs under whatever python3 the host provides (/usr is the host's).
 This file is sent as `python3 -c SOURCE`; keep it self-contained.
 """
@@ -16,6 +20,7 @@ This file is sent as `python3 -c SOURCE`; keep it self-contained.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -116,8 +121,57 @@ def _run(req):
     )
 
 
+def _pump(src, dst):
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                s.shutdown(how)
+            except OSError:
+                pass
+
+
+def _relay(client, path):
+    try:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(path)
+    except OSError:
+        client.close()
+        return
+    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back.start()
+    _pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def _forward(port, path):
+    """Listen on 127.0.0.1:`port` (before the server says it is ready), relay to `path`."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+
+    def accept():
+        while True:
+            client, _ = listener.accept()
+            threading.Thread(target=_relay, args=(client, path), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if len(sys.argv) == 4 and sys.argv[1] == "--forward":
+        _forward(int(sys.argv[2]), sys.argv[3])
     _send({"ready": True, "pid": os.getpid()})
     for line in sys.stdin:
         line = line.strip()

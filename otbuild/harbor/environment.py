@@ -28,7 +28,15 @@ until Harbor uploads them (the verifier, the oracle), so an agent never sees eit
 the agent started is not running when the verifier runs (a task whose tests reach it fails here
 and passes under Docker), as under otbuild's own harness.
 
-Only the standard library, Harbor and `otbuild.sandbox` are imported: `pip install --no-deps
+Installed agents (Harbor's adapters that run their CLI inside the environment: mini-swe-agent)
+get two things and nothing more: `agent_dir`, a venv otbuild's set-up made (scripts/agents-env.sh),
+bound read-only at /opt/otbuild-agent with its `sandbox-bin/` on PATH; and with `model_proxy` (a
+capture proxy's control socket) their model on 127.0.0.1:`model_port` inside, relayed by the
+command server to a unix socket the proxy opens for this trial alone (its calls are the trial's:
+the proxy's scope is the trial's name). The sandbox's network stays off: that socket is its one
+way out, and the proxy, not the sandbox, holds the model's key. The verifier has neither.
+
+Only the standard library, Harbor, `otbuild.sandbox` and `otbuild.capture.control` are imported: `pip install --no-deps
 -e .` into Harbor's environment is enough (scripts/harbor-env.sh).
 """
 
@@ -39,6 +47,7 @@ import contextlib
 import itertools
 import json
 import os
+import secrets
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -47,7 +56,9 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode
 
-from otbuild.rundir import private_dir
+from otbuild.capture.control import SANDBOX_MODEL_PORT as MODEL_PORT
+from otbuild.capture.control import control_request
+from otbuild.rundir import private_dir, runtime_dir
 from otbuild.sandbox import Limits, Sandbox, open_sandbox, safefs
 from otbuild.sandbox.layout import Layout, LayoutError, plan
 from otbuild.sandbox.sandbox import reset_verifier
@@ -58,6 +69,9 @@ ENV_TYPE = "otbuild"
 IMPORT_PATH = "otbuild.harbor.environment:OtbuildEnvironment"
 SERVER_SOURCE = (Path(__file__).with_name("_execserver.py")).read_text()
 PYTHON = "/usr/bin/python3"
+AGENT_MOUNT = "/opt/otbuild-agent"  # an installed agent's venv (agent_dir), read-only
+MODEL_SOCKET = "/run/otbuild/model.sock"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}  # the capture proxy's socket for this trial
 _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -72,7 +86,8 @@ class OtbuildEnvironment(BaseEnvironment):
     `allow_run` (run a Dockerfile with RUN lines anyway, without them), `workdir` (where trial roots go;
     default: a temp dir), `memory_mb`, `max_processes`, `wall_seconds` (whole-environment
     limit; default: long enough for Harbor's own timeouts to act first), `keep` (keep the
-    trial root after stop).
+    trial root after stop), `agent_dir` (an installed agent's venv, bound at /opt/otbuild-agent),
+    `model_proxy` (a capture proxy's control socket: the model on 127.0.0.1:`model_port`).
     """
 
     def __init__(
@@ -85,8 +100,15 @@ class OtbuildEnvironment(BaseEnvironment):
         max_processes: Any = None,
         wall_seconds: Any = None,
         keep: Any = False,
+        agent_dir: str | None = None,
+        model_proxy: str | None = None,
+        model_port: Any = MODEL_PORT,
         **kwargs,
     ):
+        self._agent_dir = Path(agent_dir).resolve() if agent_dir else None
+        self._model_proxy = model_proxy
+        self._model_port = int(model_port)
+        self._model_socket: Path | None = None  # this trial's socket on the host, while open
         self._backend = str(backend)
         self._allow_run = _as_bool(allow_run)
         self._workdir_opt = workdir
@@ -111,7 +133,16 @@ class OtbuildEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True)
+        # an allowlist is taken (Harbor lists the model's host for an installed agent: 127.0.0.1,
+        # where the relay to its trial's proxy socket listens); no host beyond the sandbox's own
+        # loopback is ever reached (_validate_network_policy_support refuses any other host)
+        return EnvironmentCapabilities(
+            disable_internet=True,
+            network_allowlist=True,
+            network_allowlist_hostnames=True,
+            network_allowlist_ipv4_addresses=True,
+            network_allowlist_ipv6_addresses=True,
+        )
 
     def _validate_definition(self):
         """Harbor calls this while building the trial, where an error aborts the whole job;
@@ -159,7 +190,17 @@ class OtbuildEnvironment(BaseEnvironment):
 
     def _validate_network_policy_support(self):
         super()._validate_network_policy_support()
-        if self.network_policy.network_mode != NetworkMode.NO_NETWORK:
+        for each in [self.network_policy, *self._phase_network_policies]:
+            far = set(each.allowed_hosts) - LOOPBACK
+            if each.network_mode == NetworkMode.ALLOWLIST and far:  # refused, as before: never narrowed to none
+                raise ValueError(
+                    f"network_mode='allowlist' with {', '.join(sorted(far))} is not supported by the otbuild "
+                    "environment: its sandbox reaches its own loopback (127.0.0.1) only"
+                )
+        policy = self.network_policy
+        if policy.network_mode == NetworkMode.ALLOWLIST:
+            return  # the sandbox's own loopback: what it has
+        if policy.network_mode != NetworkMode.NO_NETWORK:
             self.logger.warning(
                 "otbuild environment: task %s asks for network mode %r; the sandbox has no network",
                 self.environment_name,
@@ -172,7 +213,7 @@ class OtbuildEnvironment(BaseEnvironment):
         await asyncio.to_thread(self._open)
         box = self._box
         assert box is not None  # _open made it
-        await self._start_server()
+        await self._start_server(forward=self._model_socket is not None)
         # Harbor's log dirs, as a container image with them mounted would have them.
         for d in ("logs/agent", "logs/verifier", "logs/artifacts"):
             with safefs.opened_dir(box.root, d, create=True, owner=box.owner) as fd:
@@ -183,6 +224,7 @@ class OtbuildEnvironment(BaseEnvironment):
         box = self._box
         self._box = None
         await self._stop_server(box)
+        await asyncio.to_thread(self._close_model_socket)
         if box is not None:
             await asyncio.to_thread(box.close)
             if delete and not self._keep:
@@ -239,11 +281,18 @@ class OtbuildEnvironment(BaseEnvironment):
         await asyncio.to_thread(safefs.copy_out, self._root(), self._rel(source_dir), Path(target_dir))
 
     # -- internals ----------------------------------------------------------------------
-    async def _start_server(self) -> None:
-        """The command server, in a new sandbox process (its own pid namespace)."""
+    async def _start_server(self, forward: bool = False) -> None:
+        """The command server, in a new sandbox process (its own pid namespace); `forward`: it
+        relays 127.0.0.1:model_port to the trial's model socket."""
         box = self._box
         assert box is not None  # _open made it
-        argv = box.argv([PYTHON, "-I", "-u", "-c", SERVER_SOURCE], with_tests=True)
+        command = [PYTHON, "-I", "-u", "-c", SERVER_SOURCE]
+        if forward:
+            command += ["--forward", str(self._model_port), MODEL_SOCKET]
+        env = None
+        if self._agent_dir:  # its CLI on PATH; litellm's cost map from its own copy (no network to fetch it)
+            env = {"PATH": f"{AGENT_MOUNT}/sandbox-bin:{box.env()['PATH']}", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        argv = box.argv(command, with_tests=True, env=env)
         # with_tests binds root/tests at /tests (read-only) and copies the task's tests in:
         # empty it again, so the agent sees nothing there until the verifier uploads them.
         safefs.clear(box.root, "tests")
@@ -308,6 +357,7 @@ class OtbuildEnvironment(BaseEnvironment):
         def reset() -> None:
             reset_verifier(box.root, box.owner)
             safefs.clear(box.root, "tests")
+            self._close_model_socket()  # the verifier asks no model
 
         await asyncio.to_thread(reset)
         await self._start_server()
@@ -323,6 +373,25 @@ class OtbuildEnvironment(BaseEnvironment):
         assert self._task is not None  # _check_definition read it (else start raised its problem)
         box = self._box = open_sandbox(self._task, workdir, backend=self._backend, limits=limits, with_solution=True)
         safefs.clear(box.root, "solution")  # the oracle uploads it; other agents see nothing
+        if self._agent_dir is not None:
+            box.bind_ro(self._agent_dir, AGENT_MOUNT)
+        if self._model_proxy:  # this trial's socket: in a private dir of the host, never in its root
+            # a short path (a socket's has 107 bytes at most)
+            sock = private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.sock"
+            scope = self.trial_paths.trial_dir.name  # Harbor's trial dir: calls and trace rows meet there
+            self._model_socket = Path(control_request(self._model_proxy, "open", scope, sock))
+            box.bind_ro(self._model_socket, MODEL_SOCKET)
+
+    def _close_model_socket(self) -> None:
+        """The trial's model socket is gone, and so is its bind (a later server's start would
+        find no socket to bind)."""
+        sock, self._model_socket = self._model_socket, None
+        if sock is None:
+            return
+        if self._box is not None:
+            self._box.binds = [m for m in self._box.binds if m.dest != MODEL_SOCKET]
+        with contextlib.suppress(OSError, RuntimeError):
+            control_request(str(self._model_proxy), "close", "", sock)
 
     def _send(self, obj: dict, quiet: bool = False) -> None:
         try:

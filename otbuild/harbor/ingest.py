@@ -7,7 +7,9 @@ A Harbor job dir (`harbor run -o JOBS --job-name NAME` -> `JOBS/NAME/`) holds `c
     config.json           the TrialConfig (task path, agent, environment)
     result.json           TrialResult: task_name, trial_name, agent_info{name, version,
                           model_info{name, provider}}, agent_result{n_input_tokens,
-                          n_output_tokens, n_cache_tokens, cost_usd, metadata}, verifier_result
+                          n_output_tokens, n_cache_tokens, cost_usd, metadata, rollout_details
+                          (per model call the token ids and log-probs: read_job_calls)},
+                          verifier_result
                           {rewards{reward, ...}}, exception_info{exception_type, message,
                           traceback}, started_at/finished_at and per-phase timings
     agent/trajectory.json ATIF (schema_version "ATIF-v1.x"): steps[{source user|system|agent,
@@ -36,6 +38,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from otbuild.harbor.rollout_detail import trial_calls
 from otbuild.traces.imports._common import ensure_task_text
 from otbuild.traces.outcome import TIMEOUT_ERRORS, UNVERIFIED_REASON
 from otbuild.traces.table import TRACE_SCHEMA, assistant_turn, count_turns, reward_text
@@ -159,6 +162,15 @@ def read_trial(trial_dir: Path, *, task_root: Path | None = None, run_id: str | 
         "duration_s": _seconds(result.get("started_at"), result.get("finished_at")),
         "metadata": json.dumps(meta, sort_keys=True, default=str),
     }
+
+
+def read_job_calls(job_dir: Path) -> Iterator[dict]:
+    """Call rows (otbuild/stagekit/calls.py) of the rollout details every trial of a Harbor job
+    reports (`agent_result.rollout_details`: per call the prompt's and the answer's token ids and
+    the sampled log-probs), in trial-name order; none for a trial that reports none."""
+    for trial in trial_dirs(Path(job_dir)):
+        result = _json(trial / "result.json") or {}
+        yield from trial_calls(result, result.get("trial_name") or trial.name)
 
 
 def job_scores(job_dir: Path) -> list[dict]:
@@ -464,4 +476,4 @@ def _read(path: Path) -> str | None:
         return None
 
 
-__all__ = ["TRACE_SCHEMA", "is_trial_dir", "job_scores", "read_job", "read_trial", "trial_dirs"]
+__all__ = ["TRACE_SCHEMA", "is_trial_dir", "job_scores", "read_job", "read_job_calls", "read_trial", "trial_dirs"]

@@ -18,17 +18,52 @@ import subprocess
 from collections.abc import Collection
 from pathlib import Path
 
+from otbuild.capture.control import SANDBOX_MODEL_PORT
+from otbuild.settings.trials import HARBOR_AGENTS
 from otbuild.traces.outcome import KNOWN_ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
 OTBUILD_ENV = "otbuild"
 OTBUILD_IMPORT_PATH = "otbuild.harbor.environment:OtbuildEnvironment"
-AGENTS = ("oracle", "nop", "terminus-2")
+AGENTS = HARBOR_AGENTS  # the Harbor agents otbuild runs and reads
+# Harbor's installed agents (their CLI runs inside the environment): in otbuild's environment each
+# comes from otbuild's set-up (scripts/agents-env.sh), never installed at trial time
+INSTALLED_AGENTS = ("mini-swe-agent",)
+AGENTS_DIR = ROOT / ".venv-agents"
+# inside otbuild's environment, an installed agent finds its model here (the environment's relay
+# to the trial's capture proxy socket): the base URL Harbor hands it
+SANDBOX_MODEL_URL = f"http://127.0.0.1:{SANDBOX_MODEL_PORT}"
+
+
+def agent_venv(agent: str, root: Path | None = None) -> Path:
+    """The venv scripts/agents-env.sh made for an installed agent; AgentNotInstalled naming it."""
+    venv = Path(root or os.environ.get("OTBUILD_AGENTS") or AGENTS_DIR) / agent
+    if not (venv / "sandbox-bin" / agent).is_file():
+        raise AgentNotInstalled(
+            f"Harbor's {agent} runs from {venv} in otbuild's environment, which is not there: run "
+            "scripts/agents-env.sh (or `make agents-env`; `make setup` runs it), or set OTBUILD_AGENTS"
+        )
+    return venv
+
+
+def installed_version(venv: Path, package: str) -> str | None:
+    """The version of `package` in the venv (Harbor cannot ask an agent it did not install)."""
+    from importlib.metadata import distributions
+
+    for site in sorted(Path(venv).glob("lib/python*/site-packages")):
+        for dist in distributions(path=[str(site)]):
+            if dist.metadata["Name"] == package:
+                return dist.version
+    return None
 
 
 class HarborNotInstalled(RuntimeError):
     """Harbor's CLI is not where we look for it."""
+
+
+class AgentNotInstalled(HarborNotInstalled):
+    """An installed agent's venv (scripts/agents-env.sh) is not where we look for it."""
 
 
 def harbor_bin(path: str | Path | None = None) -> Path:
@@ -67,8 +102,9 @@ def job_config(
     """A Harbor JobConfig (schema: `harbor job schema`) as a dict.
 
     `environment`: a Harbor environment type (docker, daytona, modal, ...), `otbuild` (ours,
-    no container), or an import path `module:Class`. `agent`: oracle, terminus-2 (or any
-    Harbor agent name); `model` in litellm form (`openai/NAME` for an OpenAI-compatible
+    no container), or an import path `module:Class`. `agent`: one of AGENTS (another is a
+    ValueError; mini-swe-agent in otbuild's environment skips Harbor's install: the environment's
+    `agent_dir` provides it); `model` in litellm form (`openai/NAME` for an OpenAI-compatible
     server at `base_url`, e.g. `otbuild serve`). Harbor's agent timeout is
     min(task's or `agent_timeout_sec`, `max_timeout_sec`) x `timeout_multiplier`, its verifier's
     min(task's, `max_timeout_sec`) x `timeout_multiplier` (as otbuild's harness caps both).
@@ -81,6 +117,8 @@ def job_config(
     policy leaves out the agent's own ends and the verifier's, and so do the errors otbuild
     does not count as infrastructure (otbuild/traces/outcome.py: KNOWN_ERRORS). `verify`
     false: no trial runs the verifier (`verifier.disable`), so none has a reward."""
+    if agent not in AGENTS:
+        raise ValueError(f"Harbor agent {agent!r} is not one otbuild runs: {', '.join(AGENTS)}")
     if agent not in ("oracle", "nop") and not model:
         raise ValueError(f"agent {agent!r} needs a model (litellm form, e.g. openai/NAME)")
     agent_cfg: dict = {"name": agent, "kwargs": dict(agent_kwargs or {})}
@@ -101,6 +139,8 @@ def job_config(
         env_cfg["import_path"] = OTBUILD_IMPORT_PATH
         if agent.startswith("terminus"):  # no asciinema in a sandbox without network
             agent_cfg["kwargs"].setdefault("record_terminal_session", False)
+        if agent in INSTALLED_AGENTS:  # the environment binds otbuild's install (agent_dir): none at trial time
+            agent_cfg["kwargs"]["skip_install"] = True
     elif ":" in environment:
         env_cfg["import_path"] = environment
     else:

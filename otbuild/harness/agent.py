@@ -1,5 +1,6 @@
-"""A trial's agent: terminus-2 turns in the sandbox's terminal (the model answers, its commands
-run, the screen goes back) until it declares the task complete twice, runs out of time or
+"""A trial's agent: turns in the sandbox's terminal (the model answers, its commands run, the
+screen goes back), in the recipe's protocol (terminus-2's JSON or native tool calls:
+otbuild/harness/turns.py), until it declares the task complete twice, runs out of time or
 episodes, or its shell exits."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from otbuild.harness.config import StepPlan, TrialContext, TrialThread
 from otbuild.harness.endings import DONE, OUT_OF_EPISODES, SHELL_EXITED, TIMEOUT
 from otbuild.harness.record import StepRun
 from otbuild.harness.terminal import SHELL_ENV, Terminal
+from otbuild.harness.tools import ToolsTurns
+from otbuild.harness.turns import Terminus2Turns
 from otbuild.sandbox import SandboxError
 
 SETTLE_SECONDS = 2.0  # wait for the first prompt
@@ -26,17 +29,18 @@ def request_seed(seed_key: str, turn: int) -> int:
 
 
 async def run_agent(trial: TrialContext, step: StepPlan, run: StepRun, keep) -> str:
-    """Terminus-2 turns on the step's instruction, recorded in `run.messages` and
-    `run.completions`. Returns why they stopped; a context overflow raises
-    ContextLengthExceededError. `keep`: the parked verifier, which ending the terminal leaves be.
-    The agent's shell has the step's `agent_env`."""
+    """Turns on the step's instruction in the recipe's protocol (otbuild/harness/turns.py:
+    terminus-2's JSON or native tool calls), recorded in `run.messages` and `run.completions`.
+    Returns why they stopped; a context overflow raises ContextLengthExceededError. `keep`: the
+    parked verifier, which ending the terminal leaves be. The agent's shell has the step's
+    `agent_env`."""
     box, engine, thread, task, messages = trial.box, trial.engine, trial.thread, step.task, run.messages
     deadline = time.monotonic() + step.agent_timeout
-    style = protocol.prompt_style(trial.config.prompt)
+    turns = make_protocol(trial.config.protocol, trial.config.prompt)
     term = await thread(_open_terminal, box, step.agent_env)
     try:
         screen = await thread(term.read, SETTLE_SECONDS)
-        messages.append({"role": "user", "content": style.first_prompt(task.instruction, screen)})
+        messages.extend(turns.first_messages(task.instruction, screen))
         if trial.slot is not None:  # the first request is ready: the trial's turn with the model
             with box.clock_paused():  # waiting is not the trial's time: nothing of it runs
                 deadline += await trial.slot.agent()
@@ -45,37 +49,43 @@ async def run_agent(trial: TrialContext, step: StepPlan, run: StepRun, keep) -> 
             left = deadline - time.monotonic()
             if left <= 0:
                 return TIMEOUT
+            extra = turns.request()
+            if getattr(engine, "needs_solution", False):  # the oracle reads the task's solution
+                extra.update(task=task, style=getattr(turns, "style", None))
+            if getattr(engine, "seeds_requests", False):
+                extra["seed"] = request_seed(step.seed_key, turn)
             try:
-                # the oracle reads the task's solution; a model's request gets the messages only
-                extra = {"task": task, "style": style} if getattr(engine, "needs_solution", False) else {}
-                if getattr(engine, "seeds_requests", False):
-                    extra["seed"] = request_seed(step.seed_key, turn)
                 completion = await asyncio.wait_for(engine.complete(messages, **extra), left)
             except TimeoutError:
                 return TIMEOUT
             run.completions.append(completion)
-            messages.append({"role": "assistant", "content": completion.text})
-            try:
-                answer = protocol.parse_answer(completion.text)
-            except protocol.ParseError as e:
-                messages.append({"role": "user", "content": style.parse_error_reply(e)})
-                continue
-            if answer.task_complete and pending_complete:
+            messages.append(turns.assistant_message(completion))
+            plan = turns.handle(completion)
+            if plan.complete and pending_complete:
                 return DONE
-            output = await _execute(term, answer.commands, deadline, thread)
-            if not term.alive:
-                messages.append({"role": "user", "content": style.observation_reply(output)})
-                return SHELL_EXITED
-            if answer.task_complete:
-                pending_complete = True
-                reply = style.confirm_reply(output)
-            else:
-                pending_complete = False
-                reply = style.observation_reply(output)
-            messages.append({"role": "user", "content": reply})
+            for action in plan.actions:
+                if action.commands is None:
+                    messages.append(action.reply(None, True))
+                    continue
+                output = await _execute(term, action.commands, deadline, thread)
+                alive = term.alive
+                messages.append(action.reply(output, alive))
+                if not alive:
+                    return SHELL_EXITED
+            if plan.complete is not None:
+                pending_complete = plan.complete
         return OUT_OF_EPISODES
     finally:
         await thread(_close_terminal, box, term, keep)
+
+
+def make_protocol(name: str, prompt: str) -> Terminus2Turns | ToolsTurns:
+    """The turn protocol `name` (settings.recipe.PROTOCOLS) in prompt style `prompt`."""
+    if name == "tools":
+        return ToolsTurns()
+    if name != "terminus2":
+        raise ValueError(f"unknown harness protocol {name!r}; choose from terminus2, tools")
+    return Terminus2Turns(protocol.prompt_style(prompt))
 
 
 def _open_terminal(box, env: dict[str, str]) -> Terminal:

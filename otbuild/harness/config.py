@@ -21,10 +21,12 @@ from otbuild.tasks.taskdir import TaskDir
 @dataclass(frozen=True)
 class TrialConfig:
     """What a trial runs under: a recipe's trial section (teacher, eval or rl.sandbox: one
-    declaration, otbuild/settings/trials.py) and the harness prompt style (harness.prompt)."""
+    declaration, otbuild/settings/trials.py), the harness prompt style (harness.prompt) and its
+    protocol (harness.protocol)."""
 
     trials: Trials
     prompt: str
+    protocol: str = "terminus2"  # settings.recipe.PROTOCOLS
     verifier_timeout_sec: float | None = None  # None: the task's [verifier] timeout_sec (scaled and capped alike)
     verify: bool = True  # False: the verifier is not run (teacher.verify), the reward stays unknown
     # the last this many characters of the verifier's output go into the trace's metadata

@@ -263,9 +263,10 @@ def iter_conversations(paths, batch_rows: int = 32, prompt: str = PROMPTS[0]) ->
 
 
 def trace_batches(path, batch_rows: int):
-    """A trace parquet's `conversations` and (where the file has it) `metadata`, in batches."""
+    """A trace parquet's `conversations` and (where the file has them) `metadata` and `tools`,
+    in batches."""
     names = pq.ParquetFile(path).schema_arrow.names
-    return parquet_batches(path, batch_rows, [c for c in ("conversations", "metadata") if c in names])
+    return parquet_batches(path, batch_rows, [c for c in ("conversations", "metadata", "tools") if c in names])
 
 
 def conversations_of(batch, prompt: str = PROMPTS[0]) -> list[tuple[int, list | None]]:

@@ -1,7 +1,8 @@
 """What a trial produced: each step's run (`StepRun`) and the trial's record (`TrialRecord`), which
 becomes its row of the trace table (otbuild/traces/table.py). The model is sent `{role, content}`
-messages only; what a trace keeps beside them (token counts, a reasoning parser's text) comes
-from the completions."""
+messages, with an assistant's `tool_calls` and a `tool` message's `tool_call_id` in the tools
+protocol; what a trace keeps beside them (token counts, a reasoning parser's text) comes from
+the completions."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class TrialRecord:
     exception: str | None = None  # the class name of an error in endings.INFRASTRUCTURE_ERRORS
     failure: str | None = None  # a task failure that is not a wrong answer (ContextLengthExceededError)
     timed_out: bool = False  # the agent ran out of time
+    protocol: str = "terminus2"  # the harness's protocol (otbuild/harness/turns.py)
+    tools: list[dict] | None = None  # the tools offered in every request (the tools protocol)
     agent_timeout: float = 0.0
     details: dict = field(default_factory=dict)  # the row's metadata beside the agent's timeout and episodes
 
@@ -63,7 +66,7 @@ class TrialRecord:
         task, reward = self.task, self.reward
         return {
             "conversations": self.conversations,
-            "agent": "terminus-2",
+            "agent": AGENTS[self.protocol],
             "model": engine.model,
             "model_provider": engine.provider,
             "date": self.started.isoformat(timespec="seconds"),
@@ -72,6 +75,7 @@ class TrialRecord:
             "run_id": self.run_id,
             "trial_name": f"{task.name}__{self.sample_idx}__{self.run_id[:8]}",
             "result": self.exception or self.failure or ("" if reward is None else reward_text(reward)),
+            "tools": None if self.tools is None else json.dumps(self.tools),
             "task_id": self.task_id,
             "source": self.source,
             "teacher": f"{engine.name}:{engine.model}",
@@ -95,6 +99,11 @@ class TrialRecord:
                 default=str,
             ),
         }
+
+
+TOOL_KEYS = ("tool_calls", "tool_call_id")
+# the trace's `agent` column per protocol: terminus-2's (as Harbor names it), otbuild's tool-calling one
+AGENTS = {"terminus2": "terminus-2", "tools": "otbuild-tools"}
 
 
 def _engine_version(engine) -> dict:
@@ -131,7 +140,8 @@ def conversation_of(runs: list[StepRun], keep_reasoning: bool) -> list[dict]:
 
 def conversation(messages: list[dict], completions: list[Completion], keep_reasoning: bool) -> list[dict]:
     """The trace's conversation, ending on the model's last answer; with `keep_reasoning`, an
-    answer's reasoning goes before it as Harbor's export has it: <think>REASONING</think>\nTEXT."""
+    answer's reasoning goes before it as Harbor's export has it: <think>REASONING</think>\nTEXT.
+    An assistant's `tool_calls` and a tool message's `tool_call_id` are kept as sent."""
     answers = iter(completions)
     out = []
     for m in messages:
@@ -139,7 +149,7 @@ def conversation(messages: list[dict], completions: list[Completion], keep_reaso
         if m["role"] == "assistant":
             c = next(answers)
             content = assistant_turn(content, c.reasoning if keep_reasoning else None)
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": content, **{k: m[k] for k in TOOL_KEYS if k in m}})
     while out and out[-1]["role"] != "assistant":
         out.pop()
     return out

@@ -1,6 +1,7 @@
-"""One trial: a task, an engine, a sandbox; terminus-2 turns until the agent is done
-(`agent.py`), then the task's verifier (`verifier.py`). Returns a trace row (`record.py`,
-otbuild/traces/table.py); what it runs under is a `TrialConfig` (`config.py`).
+"""One trial: a task, an engine, a sandbox; turns in the recipe's protocol (terminus-2's JSON
+or native tool calls: `turns.py`) until the agent is done (`agent.py`), then the task's
+verifier (`verifier.py`). Returns a trace row (`record.py`, otbuild/traces/table.py); what it
+runs under is a `TrialConfig` (`config.py`).
 
 Task failures (wrong answer, agent timeout, a conversation the model's context window no
 longer holds, the trial's disk limit, task files that cannot be put in place because of what
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from otbuild.engines.base import ContextLengthExceededError
-from otbuild.harness.agent import run_agent
+from otbuild.harness.agent import make_protocol, run_agent
 from otbuild.harness.config import StepPlan, TrialConfig, TrialContext, TrialThread, trial_timeouts
 from otbuild.harness.endings import (
     CONTEXT_EXCEEDED,
@@ -74,6 +75,8 @@ async def run_trial(
     record = TrialRecord(
         task, task_id, engine, datetime.now(UTC), time.monotonic(), sample_idx=sample_idx, run_id=run_id, source=source
     )
+    record.protocol = trial_config.protocol
+    record.tools = make_protocol(trial_config.protocol, trial_config.prompt).tools
     runs: list[StepRun] = []
     verifier_timeout = 0.0
     verify_on = trial_config.verify
@@ -245,7 +248,14 @@ def _task_env(
 
 
 def not_runnable_trace(
-    task: TaskDir, task_id: str, engine, *, sample_idx: int = 0, run_id: str = "", source: str = ""
+    task: TaskDir,
+    task_id: str,
+    engine,
+    *,
+    sample_idx: int = 0,
+    run_id: str = "",
+    source: str = "",
+    protocol: str = "terminus2",
 ) -> dict:
     """The row for a task that needs its container image: recorded as an infrastructure
     exception (the trace filter drops it with that reason), never run on the host."""
@@ -259,6 +269,7 @@ def not_runnable_trace(
         run_id=run_id,
         source=source,
         exception="TaskNotRunnableLocally",
+        protocol=protocol,
         details={
             "exception_message": "the task needs its container image; run "
             "it with sandbox: podman or auto, or through harbor"

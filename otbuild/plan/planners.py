@@ -45,8 +45,10 @@ class Wiring:
         return [n for kind in d.consumes for n in self.data.get(kind, [])]
 
     def extra(self, d: StageDef) -> dict:
-        """What the plan adds to a stage that renders or runs harness turns: the prompt style."""
-        return {"prompt": self.loaded.recipe.harness.prompt} if issubclass(d.settings, PromptStyle) else {}
+        """What the plan adds to a stage that renders or runs harness turns: the prompt style
+        and the protocol."""
+        harness = self.loaded.recipe.harness
+        return {"prompt": harness.prompt, "protocol": harness.protocol} if issubclass(d.settings, PromptStyle) else {}
 
 
 @dataclass

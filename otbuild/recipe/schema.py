@@ -6,7 +6,6 @@ stages that installed packages add under `added`, each validated by its stage's 
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from pydantic import create_model
@@ -20,11 +19,9 @@ if TYPE_CHECKING:
         def __getattr__(self, key: str) -> Any: ...  # a stage's section: its StageDef's recipe_field
 
 else:
-    with warnings.catch_warnings():  # `validate` (a stage's key) shadows pydantic's deprecated BaseModel.validate
-        warnings.filterwarnings("ignore", message='Field name "validate"', category=UserWarning)
-        Recipe = create_model(
-            "Recipe",
-            __base__=RecipeKeys,
-            __module__=__name__,
-            **{d.section or d.name: d.recipe_field for d in STAGES.values() if d.recipe_field},
-        )
+    Recipe = create_model(
+        "Recipe",
+        __base__=RecipeKeys,
+        __module__=__name__,
+        **{d.section or d.name: d.recipe_field for d in STAGES.values() if d.recipe_field},
+    )

@@ -10,13 +10,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
 from otbuild.sandbox import bwrap, none, safefs, unshare
 from otbuild.sandbox.disk import MB, DiskWatch, mounted_usage, tree_usage, unmount_scratch
 from otbuild.sandbox.errors import SandboxError, WallClockExceeded, task_setup
-from otbuild.sandbox.hostfs import system_mounts, trial_mounts
+from otbuild.sandbox.hostfs import SYSTEM_DIRS, Mount, system_mounts, trial_mounts
 from otbuild.sandbox.identity import Identity, pids_of_uid
 from otbuild.sandbox.layout import Layout, file_mode, write_subtree
 from otbuild.sandbox.output import read_bounded
@@ -62,6 +62,7 @@ class Sandbox:
         self._scratch = scratch  # the root is a tmpfs of storage_mb (disk.mount_scratch)
         self._with_solution, self._cleanup = with_solution, cleanup
         self._system = system_mounts()
+        self.binds: list[Mount] = []  # the caller's read-only binds of host paths (bind_ro)
         self.uid = inside_uid(backend, identity)
         self._start_clock()
 
@@ -163,8 +164,10 @@ class Sandbox:
         """The backend's host argv for one command (checks done)."""
         has_caps = self._identity.privileged or self.backend == "unshare"
         prefix = self.limits.prlimit() + ([] if self.backend == "none" else self._identity.drop(has_caps=has_caps))
-        mounts = self._system + trial_mounts(
-            self.root, self._layout.tops(), tests=with_tests, solution=self._with_solution
+        mounts = (
+            self._system
+            + self.binds
+            + trial_mounts(self.root, self._layout.tops(), tests=with_tests, solution=self._with_solution)
         )
         inv = Invocation(
             self.root, mounts, cwd or self.workdir, self.env(env), prefix, list(command), tty, self._identity.privileged
@@ -174,6 +177,20 @@ class Sandbox:
         if self.backend == "unshare":
             return unshare.argv(inv)
         return none.argv(inv, str(self.root / (cwd or self.workdir).lstrip("/")))
+
+    def bind_ro(self, src: Path, dest: str) -> None:
+        """Show the host's `src` (a trusted path: an agent's installed code, a model socket) at
+        `dest` read-only in every command started from now on; `dest` outside the trial's own
+        dirs and the system dirs. Not on the `none` backend (it has no mounts)."""
+        if self.backend not in ("bwrap", "unshare"):
+            raise SandboxError(f"sandbox backend {self.backend!r} cannot bind {src} at {dest}: use bwrap or unshare")
+        taken = self._layout.tops() | {"tests", "solution", "etc", "proc", "dev", *SYSTEM_DIRS}
+        if not dest.startswith("/") or dest.strip("/").split("/")[0] in taken:
+            raise SandboxError(f"cannot bind at {dest}: the sandbox's own or the system's dirs are there")
+        for parent in reversed(PurePosixPath(dest).parents[:-1]):  # 0755, as bwrap would make them 0700
+            if not any(m.dest == str(parent) for m in self.binds):
+                self.binds.append(Mount("dir", "", str(parent)))
+        self.binds.append(Mount("ro", str(src), dest))
 
     def run(
         self,

@@ -50,6 +50,16 @@ class TransformersOptions(ServerOptions):
 
     startup_timeout_sec: float = execution_only(300.0, gt=0)
     device: str = execution_only("auto", description="auto, cpu, cuda, cuda:N")
+    enable_auto_tool_choice: bool = Field(
+        default=False, description="answers' tool calls read into tool_calls, as vLLM's flag (needs tool_call_parser)"
+    )
+    tool_call_parser: Literal["hermes"] | None = Field(default=None, description="as vLLM's: Qwen3's <tool_call>")
+
+    @model_validator(mode="after")
+    def _parser_for_auto_tools(self):
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes), as vLLM's flag does")
+        return self
 
 
 class VLLMOptions(ServerOptions):
@@ -121,10 +131,13 @@ def launch_options(engine: str, args: dict) -> VLLMOptions | TransformersOptions
         raise LaunchOptionsError(options, cast(list[dict], e.errors())) from None  # ErrorDetails: dicts
 
 
+TOOL_OPTIONS = ("enable_auto_tool_choice", "tool_call_parser")  # vLLM's flags that otbuild serve takes
+
+
 def server_fallback(args: dict) -> dict:
-    """The launch options of `args` (an `auto` engine's, vLLM's) that every server takes: what
-    is left when `auto` finds no vLLM and starts `otbuild serve`."""
-    return {k: v for k, v in args.items() if k in ServerOptions.model_fields}
+    """The launch options of `args` (an `auto` engine's, vLLM's) that every server takes, and
+    its tool-call flags: what is left when `auto` finds no vLLM and starts `otbuild serve`."""
+    return {k: v for k, v in args.items() if k in ServerOptions.model_fields or k in TOOL_OPTIONS}
 
 
 class Sampling(Strict):

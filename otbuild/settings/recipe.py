@@ -296,6 +296,8 @@ IMPORT_OPTIONS: dict[str, type[Strict]] = {
 
 # the harness's prompt styles (otbuild/harness/protocol.py); the first is the default
 PROMPTS = ("terminus2", "compact")
+# how the harness and the model talk: terminus-2's JSON answers, or native tool calls
+PROTOCOLS = ("terminus2", "tools")
 
 
 class PromptStyle(Strict):
@@ -307,10 +309,16 @@ class PromptStyle(Strict):
         description="terminus2: otbuild's words for terminus-2's protocol; "
         "compact: a short system text and compact JSON, for tiny students",
     )
+    protocol: Literal[PROTOCOLS] = Field(  # type: ignore[valid-type]
+        default=PROTOCOLS[0],
+        description="terminus2: the model answers in terminus-2's JSON; tools: native tool "
+        "calls (a `bash` tool and a `task_complete` tool offered in the request's `tools`). "
+        "One per recipe (or per ablation candidate): teacher, SFT, RL and eval alike",
+    )
 
 
 class Harness(PromptStyle):
-    """How the terminus-2 harness talks to the model, the same for rollouts, SFT, RL and eval."""
+    """How otbuild's harness talks to the model, the same for rollouts, SFT, RL and eval."""
 
     constrained_decoding: bool = Field(
         default=False,

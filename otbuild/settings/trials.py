@@ -13,7 +13,7 @@ import typing
 from dataclasses import fields
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, create_model, model_validator
+from pydantic import Field, StringConstraints, create_model, field_validator, model_validator
 
 from otbuild.settings.base import MAX_EPISODES, Sharded, Strict, execution_only
 from otbuild.settings.limits import BACKENDS, Limits
@@ -43,14 +43,28 @@ else:
     SandboxLimits = _limits_section()
 
 
+# the Harbor agents otbuild runs and reads (otbuild.harbor.job.AGENTS)
+HARBOR_AGENTS = ("oracle", "nop", "terminus-2", "mini-swe-agent")
+
+
 class HarborBackend(Strict):
     """Tasks that need their container image run through Harbor's CLI (its own Python 3.12
     env: scripts/harbor-env.sh) in one of its environments; `otbuild` is our sandbox."""
 
     environment: str = Field(default="docker", description="docker, daytona, modal, ..., otbuild, or module:Class")
-    agent: str | None = Field(default=None, description="default: oracle for the oracle engine, else terminus-2")
+    agent: str | None = Field(
+        default=None,
+        description="oracle, nop, terminus-2 or mini-swe-agent; default: oracle for the oracle engine, else terminus-2",
+    )
     agent_kwargs: dict[str, Any] = Field(default_factory=dict)
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("agent")
+    @classmethod
+    def _a_supported_agent(cls, agent: str | None) -> str | None:
+        if agent is not None and agent not in HARBOR_AGENTS:
+            raise ValueError(f"{agent!r} is not a Harbor agent otbuild runs and reads: {', '.join(HARBOR_AGENTS)}")
+        return agent
 
 
 # engines that answer from a script, not a model, and the Harbor agent that does the same

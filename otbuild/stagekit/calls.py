@@ -1,23 +1,26 @@
 """calls.parquet: a shard's captured model calls, one row per call, keyed by (trial, call_idx)
 (`trial_name` joins traces.parquet). A trial's calls travel in its record of the shard's
 partial file (`_calls`), so they are durable exactly when the trial is: a killed shard loses
-no finished trial's calls and a rerun trial's calls replace its earlier ones. Harbor's calls
-have no trial yet (null): their `scope` names the Harbor job they came from."""
+no finished trial's calls and a rerun trial's calls replace its earlier ones. The proxy's calls
+of a Harbor job have no trial yet (null): their `scope` names the Harbor job they came from; the
+calls Harbor's agents report themselves (otbuild/harbor/rollout_detail.py) name their trial."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 
 from otbuild import duck
+from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.fsio import atomic_path
 from otbuild.traces.table import assistant_turn, batched
 
 CALL_SCHEMA = pa.schema(
     [
-        ("trial", pa.int64()),  # the trial's number in the run (null: Harbor's, see scope)
+        ("trial", pa.int64()),  # the trial's number in the run (null: a Harbor job's proxy capture, see scope)
         ("trial_name", pa.string()),  # traces.parquet's trial_name
         ("scope", pa.string()),  # the proxy's scope: trial-attempt, or Harbor's job
         ("call_idx", pa.int32()),  # the call's number in its scope, in the order calls came
@@ -65,17 +68,27 @@ def write_calls(dest: Path, rows: Iterable[dict]) -> int:
 
 def trial_calls(trial: int | None, trace: dict, calls: list[dict], keep_reasoning: bool | None) -> list[dict]:
     """A trial's call rows; with `keep_reasoning` (otbuild's harness: how it wrote the turns),
-    each answer the caller received is held against the trace's assistant turns in order."""
-    turns = iter(m["content"] for m in trace.get("conversations") or [] if m.get("role") == "assistant")
+    each answer the caller received is held against the trace's assistant turns in order: its
+    content and its tool calls (id, type, name and arguments byte for byte) both."""
+    turns = iter(
+        (m["content"], m.get("tool_calls") or None)
+        for m in trace.get("conversations") or []
+        if m.get("role") == "assistant"
+    )
     rows = []
     for call in calls:
         row = {**call, "trial": trial, "trial_name": trace.get("trial_name"), "harness_agrees": None}
         if keep_reasoning is not None and call["status"] == 200 and call["delivered"]:
             turn = next(turns, None)
             answer = assistant_turn(call["content"] or "", call["reasoning"] if keep_reasoning else None)
-            row["harness_agrees"] = turn == answer
+            row["harness_agrees"] = turn == (answer, captured_tool_calls(call["tool_calls"]))
         rows.append(row)
     return rows
+
+
+def captured_tool_calls(text: str | None) -> list[dict] | None:
+    """A call row's `tool_calls` (the server's, as JSON) in the trace's shape; None: none."""
+    return tool_calls_of({"tool_calls": json.loads(text)}) if text else None
 
 
 def merge_call_files(shard_files: list[Path], dest: Path) -> dict:

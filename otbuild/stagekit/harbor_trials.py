@@ -4,7 +4,12 @@ of attempts; the job dirs are ingested into trace rows in the shard's trial orde
 of a killed shard runs its Harbor jobs again (Harbor's job dir is the unit of work here).
 Subagent trajectories (terminus-2's context summarization) come as extra `is_subagent` rows
 after the shard's trials, as Harbor's own trace export has them: `trace_filter.drop_subagent`
-decides whether they train; eval scores count trials only."""
+decides whether they train; eval scores count trials only.
+
+An installed agent (mini-swe-agent) in otbuild's environment runs inside the sandbox from
+otbuild's own install (`agent_dir`), and reaches its model through the shard's capture proxy
+only: a unix socket per trial (`model_proxy`, the proxy's control socket), the proxy holding the
+key. Its trace is built from that trial's captured calls (otbuild/harbor/captured.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ from typing import cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from otbuild.capture.proxy import CaptureProxy
+from otbuild.engines import SERVERS
+from otbuild.harbor.job import SANDBOX_MODEL_URL
 from otbuild.progress import JobProgress
 from otbuild.settings.engines import concurrency
 from otbuild.settings.stages import RolloutSettings
@@ -31,15 +39,18 @@ HOST_ENV_NOT_ALLOWED = "HostEnvNotAllowed"  # otbuild/harness/endings.py's excep
 
 
 def run_harbor_shard(
-    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
+    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list, ask_tokens: bool = True
 ) -> tuple[list[dict], list[dict]]:
     """The shard's trace rows, and its captured calls (with `capture`, for Harbor's terminus
-    agents: each Harbor job's, in the order they came; not yet matched to trials)."""
-    return asyncio.run(_run(cfg, inputs, outdir, shard, trials))
+    agents: each Harbor job's, in the order they came; not yet matched to trials). A job no
+    proxy captured gives the calls its trials report as Harbor's rollout details (their token
+    ids and log-probs, keyed by trial name). `ask_tokens`: a vLLM otbuild started is asked for
+    token ids and log-probs (not for an eval's model)."""
+    return asyncio.run(_run(cfg, inputs, outdir, shard, trials, ask_tokens))
 
 
 async def _run(
-    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list
+    cfg: RolloutSettings, inputs: list[Path], outdir: Path, shard: int, trials: list, ask_tokens: bool
 ) -> tuple[list[dict], list[dict]]:
     from otbuild.harbor.ingest import read_job
     from otbuild.harbor.job import run_harbor_job
@@ -63,16 +74,20 @@ async def _run(
     job_rows: list[dict] = []
     engine = proxy = None
     calls: list[dict] = []
+    by_trial: dict[str, list[dict]] = {}  # an installed agent's calls, per Harbor trial name
+    installed = sandboxed_agent(cfg)
+    version = None  # the installed agent's, from otbuild's install
     watching = asyncio.create_task(_show_progress(work, len(trials)))
     try:
         model, base_url = cfg.model, cfg.base_url
+        managed = cfg.engine in SERVERS  # a server otbuild starts
         if cfg.engine not in SCRIPTED and by_attempts:  # Harbor's agent talks to the endpoint; it is asked once first
             from otbuild.engines import open_engine
             from otbuild.engines.endpoint import probe
 
             engine = await open_engine(cfg)  # vllm, transformers: the server starts here
             await probe(engine)  # a wrong key, an unknown model: EndpointError before any trial
-            if cfg.engine in ("vllm", "transformers"):  # a server otbuild started: its model and address
+            if managed:  # a server otbuild started: its model and address
                 from otbuild.engines.managed import ManagedServerEngine
 
                 server = cast(ManagedServerEngine, engine)
@@ -82,7 +97,12 @@ async def _run(
             if cfg.capture and base_url and options["agent"].startswith("terminus"):
                 from otbuild.engines.capture import harbor_proxy
 
-                proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in ("vllm", "transformers"))
+                proxy = harbor_proxy(base_url, cfg, managed=managed, ask_tokens=ask_tokens)
+            # an installed agent asks from inside the sandbox: the proxy's socket is its one way out
+            if installed and base_url:
+                proxy, options = sandbox_proxy(cfg, base_url, options, ask_tokens)
+                base_url = SANDBOX_MODEL_URL
+                version = installed_agent_version(options)
         for n, task_rows_n in sorted(by_attempts.items()):
             tasks = work / f"tasks-{n}.parquet"
             pq.write_table(pa.Table.from_pylist([rows[r] for r in task_rows_n], TASK_SCHEMA), tasks)
@@ -92,18 +112,23 @@ async def _run(
                 tasks,
                 work,
                 model=f"openai/{model}" if model else None,
-                base_url=proxy.url(f"attempts-{n}") if proxy is not None else base_url,
+                base_url=proxy.url(f"attempts-{n}") if proxy is not None and not installed else base_url,
                 n_attempts=n,
                 n_concurrent=concurrency(cfg),
                 job_name=f"attempts-{n}",
-                api_key_env=cfg.api_key_env,
+                api_key_env=None if installed else cfg.api_key_env,  # the proxy holds the key
                 host_env=cfg.host_env,
                 max_retries=cfg.infra_retries,
                 log=work / f"attempts-{n}.log",
                 **options,
             )
             job_rows += read_job(job, subagents=True)
-            if proxy is not None:
+            if proxy is not None and installed:  # each trial's own scope: its Harbor trial name
+                for trial_dir in sorted(p for p in job.iterdir() if p.is_dir()):
+                    by_trial[trial_dir.name] = await asyncio.to_thread(proxy.take, trial_dir.name)
+            elif proxy is None:  # the token ids the agent reported itself (terminus-2's rollout details)
+                calls += await asyncio.to_thread(_reported_calls, job)
+            else:
                 calls += [
                     {**c, "trial": None, "trial_name": None, "harness_agrees": None}
                     for c in await asyncio.to_thread(proxy.take, f"attempts-{n}")
@@ -130,7 +155,75 @@ async def _run(
         for i, t in enumerate(trials)
         if t.row in refused
     }
-    return shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run), calls
+    out = shard_rows([names.get(t.row, "") for t in trials], ids, job_rows, not_run)
+    number = {row["trial_name"]: t.index for t, row in zip(trials, out)}  # the trials' rows come first
+    for call in calls:  # a reported call names its trial: its number in the run
+        if call["trial_name"] is not None:
+            call["trial"] = number.get(call["trial_name"])
+    if installed:
+        out, captured = captured_rows(out, trials, by_trial, cfg.keep_reasoning, version)
+        calls += captured if cfg.capture else []
+    return out, calls
+
+
+def _reported_calls(job: Path) -> list[dict]:
+    from otbuild.harbor.ingest import read_job_calls
+
+    return list(read_job_calls(job))
+
+
+def sandboxed_agent(cfg: RolloutSettings) -> bool:
+    """The section's Harbor agent runs inside otbuild's environment (an installed agent)."""
+    from otbuild.harbor.job import INSTALLED_AGENTS, OTBUILD_ENV
+
+    return cfg.harbor.environment == OTBUILD_ENV and harbor_agent(cfg.harbor.agent, cfg.engine) in INSTALLED_AGENTS
+
+
+def sandbox_proxy(
+    cfg: RolloutSettings, base_url: str, options: dict, ask_tokens: bool = True
+) -> tuple[CaptureProxy, dict]:
+    """The shard's proxy for an agent inside the sandbox, holding the recipe's key (the agent
+    gets a placeholder), with its control socket; and the options that give Harbor's
+    environment that socket and the agent's install."""
+    import os
+    import secrets
+
+    from otbuild.engines.capture import harbor_proxy
+    from otbuild.harbor.job import agent_venv
+    from otbuild.rundir import private_dir, runtime_dir
+
+    venv = agent_venv(options["agent"])  # AgentNotInstalled before any trial
+    proxy = harbor_proxy(base_url, cfg, managed=cfg.engine in SERVERS, ask_tokens=ask_tokens)
+    proxy.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    control = proxy.serve_control(private_dir(runtime_dir() / "model") / f"{secrets.token_hex(8)}.ctl")
+    kwargs = {**(options["environment_kwargs"] or {}), "agent_dir": str(venv), "model_proxy": control}
+    return proxy, {**options, "environment_kwargs": kwargs}
+
+
+def installed_agent_version(options: dict) -> str | None:
+    from otbuild.harbor.job import installed_version
+
+    venv = (options["environment_kwargs"] or {}).get("agent_dir")
+    return installed_version(Path(venv), options["agent"]) if venv else None
+
+
+def captured_rows(
+    rows: list[dict], trials: list, by_trial: Mapping[str, list[dict]], keep_reasoning: bool, version: str | None
+) -> tuple[list[dict], list[dict]]:
+    """Each trial's row with its trace from its captured calls, and the call rows (by trial);
+    the agent's version, from otbuild's install, where Harbor could not tell it."""
+    from otbuild.harbor.captured import apply
+
+    out, calls = [], []
+    for i, row in enumerate(rows):
+        if i < len(trials) and row.get("trial_name") in by_trial:
+            row, mine = apply(row, by_trial[row["trial_name"]], trials[i].index, keep_reasoning)
+            calls += mine
+            meta = json.loads(row["metadata"])
+            if version and meta.get("agent_version") in (None, "", "unknown"):  # Harbor's, when it found none
+                row["metadata"] = json.dumps({**meta, "agent_version": version}, sort_keys=True, default=str)
+        out.append(row)
+    return out, calls
 
 
 def host_env_refused(row: dict, allowed: Collection[str]) -> str | None:
@@ -220,13 +313,16 @@ def harbor_options(cfg: RolloutSettings) -> dict:
     (Harbor's min(timeout, max) x multiplier = min(timeout x multiplier, cap)), and for the
     terminus agents the episode limit, temperature and max_tokens, and for a server otbuild
     starts the model's context and output limits (`model_info`: terminus-2 summarizes its
-    context by them; litellm knows no self-served model's) at no cost (harbor.agent_kwargs win)."""
+    context by them; litellm knows no self-served model's) at no cost, and on vLLM without
+    `capture` Harbor's rollout details (the token ids per call) (harbor.agent_kwargs win)."""
     hb = cfg.harbor
     agent = harbor_agent(hb.agent, cfg.engine)
     kwargs = dict(hb.agent_kwargs)
     if agent.startswith("terminus"):
         kwargs = {"max_turns": cfg.max_episodes, "temperature": cfg.temperature, **kwargs}
         kwargs["llm_call_kwargs"] = {"max_tokens": cfg.max_tokens, **(kwargs.get("llm_call_kwargs") or {})}
+        if cfg.engine == "vllm" and not cfg.capture:  # no proxy records the token ids: the agent reports them
+            kwargs.setdefault("collect_rollout_details", True)
         context = getattr(cfg.launch, "max_model_len", None)
         if context:
             kwargs["model_info"] = {

@@ -111,11 +111,11 @@ def run_trials_shard(
     if cfg.sandbox == HARBOR:
         from otbuild.stagekit.harbor_trials import run_harbor_shard
 
-        rows, calls = run_harbor_shard(cfg, inputs, outdir, shard, trials)
+        rows, calls = run_harbor_shard(cfg, inputs, outdir, shard, trials, ask_tokens)
         for row in rows:
             failures.add(row)
         failures.check()
-        if cfg.capture:
+        if cfg.capture or calls:  # without capture: the calls Harbor's agents reported (rollout details)
             write_calls(calls_path(dest), calls)
         write_traces(dest, rows)
         return
@@ -192,10 +192,9 @@ def merge_shards(n: int, outdir: Path) -> list[dict]:
 
 
 def merge_calls(cfg: RolloutSettings, outdir: Path) -> dict:
-    """With `capture`: the shards' captured calls into calls.parquet (otbuild/stagekit/calls.py)
-    after merge_shards; their counts under the stage stats' `capture`."""
-    if not cfg.capture:
-        return {}
+    """The shards' calls (captured, or reported by Harbor's agents) into calls.parquet
+    (otbuild/stagekit/calls.py) after merge_shards; their counts under the stage stats'
+    `capture`. No shard wrote any: none."""
     files = [calls_path(shard_path(outdir, cfg.shards, k)) for k in range(cfg.shards)]
     stats = merge_call_files(files, outdir / CALLS)
     return {"capture": stats} if stats else {}
@@ -282,7 +281,7 @@ async def _run_trials(
     model's endpoint refuses the run (otbuild/engines/endpoint.py: its first request goes
     alone)."""
     from otbuild.capture import call_scope
-    from otbuild.engines import open_engine, resolve_auto
+    from otbuild.engines import open_engine, refuse_tools, resolve_auto
     from otbuild.engines.capture import capture_engine
     from otbuild.engines.endpoint import FirstRequest
     from otbuild.harness.config import TrialConfig
@@ -292,6 +291,8 @@ async def _run_trials(
 
     in_flight = concurrency(cfg)  # as the plan counted them (auto's own)
     cfg = resolve_auto(cfg)  # serve_with: auto is decided here, by what this machine has
+    if cfg.protocol == "tools":  # the plan's check saw the recipe's engine; this is the one resolved here
+        refuse_tools(cfg, f"the trials' model ({cfg.engine}:{cfg.model or cfg.engine})")
 
     rows = task_rows(inputs, {t.row for t in todo})
     containers = cfg.sandbox in ("podman", "auto")  # a task's own image can run here
@@ -303,7 +304,9 @@ async def _run_trials(
 
             if removed := remove_leaked_containers():
                 print(f"removed {removed} trial container(s) of jobs that are no longer running", flush=True)
-    trial_config = TrialConfig(cfg, cfg.prompt, verify=cfg.verify, verifier_output=verifier_output)
+    trial_config = TrialConfig(
+        cfg, cfg.prompt, protocol=cfg.protocol, verify=cfg.verify, verifier_output=verifier_output
+    )
     progress = Progress(total, already)
     slots = TrialSlots(in_flight, pipelined=pipelined)
     workroot = Path(tempfile.mkdtemp(prefix="otbuild-trials-"))
@@ -321,7 +324,7 @@ async def _run_trials(
                     task = TaskDir.unpack(row["path"], row["task_binary"])
                     ids = {"sample_idx": t.sample_idx, "run_id": run_id, "source": row["source"]}
                     if not (row["runnable_locally"] or containers):
-                        return not_runnable_trace(task, row["task_id"], engine, **ids), False
+                        return not_runnable_trace(task, row["task_id"], engine, protocol=cfg.protocol, **ids), False
                     workdir = workroot / f"{t.index}-{n}"
                     scope = call_scope.set(f"{t.index}-{n}")  # this attempt's model calls
                     try:  # the trial's task copies the scope now

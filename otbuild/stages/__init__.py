@@ -34,7 +34,7 @@ BUILT_IN: tuple[str, ...] = (
     "otbuild.stages.mix",
     "otbuild.stages.near_dedup",
     # run each task: its solution passes, doing nothing fails (before the pilot and the paid LLM scoring)
-    "otbuild.stages.validate",
+    "otbuild.stages.task_check",
     "otbuild.stages.difficulty",
     "otbuild.stages.task_score",
     "otbuild.stages.skills",

@@ -12,18 +12,22 @@
   `TemplateMismatch` there (counted by reason and skipped, never mis-masked; SFT fails when
   more than `max_dropped_fraction` of the traces are dropped).
 
-A conversation is rendered once to text; each assistant message's content (and the
-end-of-turn token after it) is located in that text, in order, and the tokens that start
-inside those spans are the supervised ones. Everything else (system, user, tool turns, the
-template's role headers) carries no loss.
+A conversation is rendered once to text, with the tools it was offered (the trace's `tools`
+column); each assistant message's content, its tool-call blocks (`tool_call_text`) and the
+end-of-turn token after them are located in that text, in order, and the tokens that start
+inside those spans are the supervised ones. Everything else (system, the offered tools, user
+turns, tool results, the template's role headers) carries no loss.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from otbuild.engines.toolcalls import arguments_object
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "templates" / "qwen3_chat.j2"
 QWEN3_SPECIAL = [
@@ -60,7 +64,64 @@ def ensure_template(tokenizer, mode: str = "auto") -> str:
 
 
 def clean(conversation) -> list[dict]:
-    return [{"role": m["role"], "content": m.get("content") or ""} for m in conversation]
+    """{role, content} messages, plus an assistant's `tool_calls` and a tool result's
+    `tool_call_id` where the trace has them (a terminus-2 trace: neither). A call's arguments
+    go to the template as the object their JSON text holds, as vLLM's chat path passes them (its
+    renderers/chat_utils.py): the template writes them with tojson (json.dumps), so what otbuild
+    trains on is what vLLM renders when the conversation comes back to it; text that is not a
+    JSON object becomes {}, as vLLM makes it (`bad_tool_calls` finds such calls)."""
+    out = []
+    for m in conversation:
+        msg = {"role": m["role"], "content": m.get("content") or ""}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [
+                {
+                    "id": c.get("id"),
+                    "type": c.get("type") or "function",
+                    "function": {"name": c["function"]["name"], "arguments": arguments_object(c) or {}},
+                }
+                for c in m["tool_calls"]
+            ]
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
+
+
+def bad_tool_calls(conversation) -> int:
+    """The tool calls a template cannot render as the model would be shown them: no function
+    name, or arguments that are not a JSON object (vLLM renders them as {})."""
+    return sum(
+        not isinstance((c.get("function") or {}).get("name"), str) or arguments_object(c) is None
+        for m in conversation
+        for c in m.get("tool_calls") or ()
+    )
+
+
+def tool_call_text(message: dict, answer: str) -> str:
+    """An assistant message's tool calls as Qwen3's template writes them after its `answer`
+    (the text outside any reasoning): one `<tool_call>` block each, newline-separated, the
+    arguments as tojson writes the object (`clean`)."""
+    blocks = [
+        '<tool_call>\n{"name": "'
+        + c["function"]["name"]
+        + '", "arguments": '
+        + json.dumps(arguments_object(c) or {}, ensure_ascii=False)
+        + "}\n</tool_call>"
+        for c in message.get("tool_calls") or ()
+    ]
+    return ("\n" if blocks and answer else "") + "\n".join(blocks)
+
+
+def parse_tools(text: str | None) -> list[dict] | None:
+    """A trace's `tools` column (a JSON array of OpenAI tool definitions) as the template takes
+    it; null or empty: None (no tools block)."""
+    if not text:
+        return None
+    tools = json.loads(text)
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("tools: not a JSON array of tool definitions")
+    return tools or None
 
 
 def split_reasoning(content: str) -> tuple[str | None, str]:
@@ -88,17 +149,22 @@ def for_template(conversation, source: str) -> list[dict]:
     return out
 
 
-def render(tokenizer, conversation: list[dict], *, add_generation_prompt: bool = False) -> str:
+def render(
+    tokenizer, conversation: list[dict], *, add_generation_prompt: bool = False, tools: list[dict] | None = None
+) -> str:
     return tokenizer.apply_chat_template(
-        clean(conversation), tokenize=False, add_generation_prompt=add_generation_prompt
+        clean(conversation), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
     )
 
 
 def assistant_spans(text: str, conversation: list[dict], eos: str | None) -> list[tuple[int, int]]:
-    """Character spans of each assistant turn's content (+ the end-of-turn token) in `text`."""
+    """Character spans of each assistant turn's content and tool-call blocks (+ the
+    end-of-turn token) in `text`."""
     spans, cursor = [], 0
     for m in conversation:
         content = m.get("content") or ""
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            content += tool_call_text(m, split_reasoning(content)[1])
         at = text.find(content, cursor) if content else cursor
         if m["role"] == "assistant":
             if at < 0:
@@ -145,8 +211,6 @@ def _encoding_mask(enc, spans) -> np.ndarray:
 def byte_lengths(tokenizer) -> np.ndarray | None:
     """Per token id, the bytes of text it stands for, when the tokenizer is byte-level BPE
     (every character of a token's string is one byte; an added token is its text); else None."""
-    import json
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
@@ -178,9 +242,12 @@ def _byte_spans(text: str, spans) -> list[tuple[int, int]]:
     return [(int(ends[a]), int(ends[b])) for a, b in spans]
 
 
-def tokenize_batch(tokenizer, conversations, source: str = "model", lengths: np.ndarray | None = None) -> list:
+def tokenize_batch(
+    tokenizer, conversations, source: str = "model", lengths: np.ndarray | None = None, tools: list | None = None
+) -> list:
     """(input_ids int32, supervised bool) for each conversation, or the TemplateMismatch that
     made it unusable. One batched call of the fast tokenizer (in Rust, on every core).
+    `tools`: per conversation, the tool definitions it was offered (None: none).
 
     `lengths` (byte_lengths(tokenizer), computed once by the caller): the tokens' byte offsets
     are summed from their ids, so the tokenizer need not track offsets (its faster call); a
@@ -189,9 +256,12 @@ def tokenize_batch(tokenizer, conversations, source: str = "model", lengths: np.
     out: list[Any] = []  # each conversation's spans, then its (ids, mask); or its TemplateMismatch
     texts: list[str] = []
     at: list[int] = []
-    for conv in conversations:
+    for k, conv in enumerate(conversations):
+        if bad_tool_calls(conv):
+            out.append(TemplateMismatch("a tool call has no name or its arguments are not a JSON object"))
+            continue
         conv = for_template(conv, source)
-        text = render(tokenizer, conv)
+        text = render(tokenizer, conv, tools=tools[k] if tools else None)
         try:
             out.append(assistant_spans(text, conv, tokenizer.eos_token))
         except TemplateMismatch as e:
@@ -227,9 +297,11 @@ def tokenize_batch(tokenizer, conversations, source: str = "model", lengths: np.
     return out
 
 
-def tokenize_conversation(tokenizer, conversation, source: str = "model") -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids int32, supervised bool) for one conversation."""
-    (res,) = tokenize_batch(tokenizer, [conversation], source, byte_lengths(tokenizer))
+def tokenize_conversation(
+    tokenizer, conversation, source: str = "model", tools: list[dict] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids int32, supervised bool) for one conversation (offered `tools`)."""
+    (res,) = tokenize_batch(tokenizer, [conversation], source, byte_lengths(tokenizer), [tools])
     if isinstance(res, TemplateMismatch):
         raise res
     return res

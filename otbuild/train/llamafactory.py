@@ -83,6 +83,10 @@ MENDED = {
     "dropped": "conversation(s) left out: no answer, or an answer first",
     "turns_without_reasoning": "answer(s) without reasoning: LLaMA-Factory's qwen3 template trains an empty "
     "<think> block before each (otbuild's qwen3_thinking does not)",
+    "tool_arguments_not_json": "conversation(s) left out: a tool call's arguments are not a JSON object "
+    "(otbuild's SFT drops them too)",
+    "tools_without_system": "conversation(s) offered tools without a system message: LLaMA-Factory's qwen3 "
+    "templates open the system turn with two newlines before `# Tools` (Qwen3's with `# Tools`; prompt tokens)",
 }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from otbuild.harness.protocol import iter_conversations
 from otbuild.settings.recipe import PROMPTS
 from otbuild.settings.train import ModelSpec
-from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template
+from otbuild.train.chat import QWEN3_SPECIAL, ensure_template, qwen3_template, tool_call_text
 
 TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this much trace text
 
@@ -21,7 +21,8 @@ TOKENIZER_SAMPLE_CHARS = 8_000_000  # a tiny tokenizer trains on at most this mu
 def sample_texts(traces, prompt: str = PROMPTS[0], max_chars: int = TOKENIZER_SAMPLE_CHARS) -> list[str]:
     """The messages of a bounded, deterministic sample of the trace parquet(s): every trace
     while the set is small, else every k-th (k from the parquet's uncompressed size), until
-    `max_chars` characters are taken."""
+    `max_chars` characters are taken. An assistant's tool calls count as its text, laid out as
+    the template renders them."""
     paths = [traces] if isinstance(traces, (str, Path)) else list(traces)
     size = sum(map(_conversation_bytes, paths))
     stride = max(1, -(-size // max_chars))
@@ -29,7 +30,7 @@ def sample_texts(traces, prompt: str = PROMPTS[0], max_chars: int = TOKENIZER_SA
     for convs in iter_conversations(paths, prompt=prompt):
         for conv in convs:
             if conv and i % stride == 0:
-                texts += [m.get("content") or "" for m in conv]
+                texts += [(m.get("content") or "") + tool_call_text(m, "") for m in conv]
                 chars += sum(map(len, texts[-len(conv) :]))
             i += 1
             if chars >= max_chars:

@@ -19,10 +19,13 @@ process may run on, at most one per batch) the batches are tokenized in that man
 worker processes, each a whole batch at a time, at most 2 batches per worker in flight (memory:
 ~2 x workers x the batch), and appended in input order: the file is byte for byte the one a
 single process writes.
+A trace's offered tools (its `tools` column, where the table has one) are rendered with its
+conversation (otbuild/train/chat.py); a `tools` value that is not a JSON array of tool
+definitions fails the build naming its row.
 Dropped traces are counted by reason: `empty_conversation`, `template_mismatch` (the chat
-template rewrote an assistant turn), `too_long` (truncation: drop) and `no_assistant_tokens`
-(nothing supervised left, e.g. after truncation: right). A set already built for the same key
-is reused as it is.
+template rewrote an assistant turn, or a tool call's arguments are not a JSON object),
+`too_long` (truncation: drop) and `no_assistant_tokens` (nothing supervised left, e.g. after
+truncation: right). A set already built for the same key is reused as it is.
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ from otbuild.fsio import atomic_path, write_json
 from otbuild.harness.protocol import conversations_of, trace_batches
 from otbuild.hashing import file_sha256
 from otbuild.settings.recipe import PROMPTS
-from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, tokenize_batch
+from otbuild.train.chat import TemplateMismatch, byte_lengths, ensure_template, parse_tools, tokenize_batch
 
 TOKENS, META = "tokens.arrow", "meta.json"
-FORMAT = 1  # bump when the layout or the tokenization changes: old sets are rebuilt
+FORMAT = 2  # bump when the layout or the tokenization changes: old sets are rebuilt (2: the `tools` column read)
 # traces per tokenizer call, tokenized in parallel on every core: memory ~ BATCH_ROWS x the
 # largest trace x ~80 (its text, encodings and arrays: ~9 MB for a 110 KB trace)
 BATCH_ROWS = int(os.environ.get("OTBUILD_TOKENIZE_BATCH", "32"))
@@ -244,8 +247,10 @@ def _tokenize(
     stats["traces"] = batch.num_rows
     present = [(i, c) for i, c in pairs if c]
     stats["dropped"]["empty_conversation"] += sum(1 for _, c in pairs if not c)
+    tools = _offered_tools(batch, [i for i, _ in present], first)
     cols: dict[str, list] = {name: [] for name in SCHEMA.names}
-    for (i, _), res in zip(present, tokenize_batch(tokenizer, [c for _, c in present], source, lengths), strict=True):
+    results = tokenize_batch(tokenizer, [c for _, c in present], source, lengths, tools)
+    for (i, _), res in zip(present, results, strict=True):
         if isinstance(res, TemplateMismatch):
             stats["dropped"]["template_mismatch"] += 1
             continue
@@ -286,6 +291,21 @@ def _tokenize(
         ],
         schema=SCHEMA,
     ), stats
+
+
+def _offered_tools(batch: pa.RecordBatch, rows: list[int], first: int) -> list | None:
+    """Per row of `rows`, the tools its trace was offered (its `tools` column); None: a table
+    without the column, or no trace of the batch offered any."""
+    if "tools" not in batch.schema.names or not batch.column("tools").null_count < batch.num_rows:
+        return None
+    column = batch.column("tools").to_pylist()
+    out = []
+    for i in rows:
+        try:
+            out.append(parse_tools(column[i]))
+        except ValueError as e:
+            raise ValueError(f"trace row {first + i}: its `tools` column is not a JSON array of tools: {e}") from e
+    return out
 
 
 def _lists(arrays: list[np.ndarray], type_) -> pa.ListArray:

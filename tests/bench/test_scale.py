@@ -1,4 +1,4 @@
-"""bench/scale.py runs end to end at a tiny N: every stage (near_dedup, the skills merge and validate's
+"""bench/scale.py runs end to end at a tiny N: every stage (near_dedup, the skills merge and task_check's
 merge over tasks, then the trace path) in its own child, the table, the SFT data step in 2 worker processes
 reported per trace per worker, and the memory verdict."""
 

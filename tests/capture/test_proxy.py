@@ -16,7 +16,7 @@ import pytest
 from otbuild.capture import call_scope
 from otbuild.capture.proxy import CaptureProxy
 from otbuild.engines import LLM, EngineError, make_engine
-from otbuild.engines.capture import capture_engine
+from otbuild.engines.capture import capture_engine, harbor_proxy
 from otbuild.engines.endpoint import EndpointError, FirstRequest
 from tests.conftest import chat_answer
 from tests.support.standin import token_ids
@@ -148,6 +148,26 @@ def test_an_error_reaches_the_client_as_the_server_sent_it(scripted, proxy_to, s
     assert call["status"] == status and json.loads(call["response"]) == answer and call["content"] is None
 
 
+@pytest.mark.parametrize(
+    ("engine", "managed", "ask_tokens", "asked"),
+    [
+        ("vllm", True, True, True),
+        ("vllm", True, False, False),
+        ("transformers", True, True, False),
+        ("openai", False, True, False),
+    ],
+)
+def test_harbors_agents_ask_a_vllm_otbuild_started_for_token_ids(scripted, engine, managed, ask_tokens, asked):
+    """Harbor's agents' proxy asks for token ids and log-probs as otbuild's harness does: of a
+    vLLM that otbuild started, unless the stage says not to (an eval's model under test)."""
+    srv = scripted(lambda body: (200, chat_answer("ok")))
+    settings = LLM(engine=engine, model="m", base_url=None if managed else srv.base_url)
+    with harbor_proxy(srv.base_url, settings, managed=managed, ask_tokens=ask_tokens) as proxy:
+        assert post(proxy.url("job"), {"model": "m", "messages": [{"role": "user", "content": "x"}]}).status_code == 200
+    sent = srv.requests[-1]["body"]
+    assert (sent.get("return_token_ids"), sent.get("logprobs")) == ((True, True) if asked else (None, None))
+
+
 def test_through_the_proxy_the_engine_fails_as_it_would_without_it(scripted):
     """otbuild's engine behind the proxy: a context overflow is still its own error, a server
     nothing answers is still a transport error (no status, its cause named), a 5xx is retried."""
@@ -228,3 +248,37 @@ def test_a_wrong_key_through_the_proxy_stops_the_run_naming_the_401(scripted, mo
         asyncio.run(call())
     assert e.value.status == 401 and srv.base_url in str(e.value)  # errors still name the server
     proxy.close()
+
+
+# -- a sandboxed agent's way out: a scoped unix socket, opened over the control socket --------
+def test_a_scoped_socket_passes_model_calls_only_as_its_trials_with_the_proxys_key(scripted, proxy_to, tmp_path):
+    """What the sandbox reaches (otbuild.harbor.environment binds the socket in): the client's
+    key is replaced by the proxy's, its scope header and `/s/` prefix name no other scope, and
+    the provider's other endpoints are refused before they reach the server."""
+    from otbuild.capture.control import control_request
+
+    srv = scripted([(200, chat_answer("hi"))], api_key="sk-real")
+    proxy = proxy_to(srv.base_url, api_key="sk-real")
+    control = proxy.serve_control(tmp_path / "c.ctl")
+    sock = control_request(control, "open", "trial-a", tmp_path / "a.sock")
+    assert oct((tmp_path / "c.ctl").stat().st_mode & 0o777) == "0o600"
+    transport = httpx.HTTPTransport(uds=sock)
+    with httpx.Client(transport=transport, base_url="http://sandbox", timeout=30) as http:
+        headers = {"Authorization": "Bearer dummy", "X-Otbuild-Scope": "trial-b"}
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        assert (
+            http.post("/chat/completions", json=body, headers=headers).json()["choices"][0]["message"]["content"]
+            == "hi"
+        )
+        assert http.post("/s/trial-b/chat/completions", json=body, headers=headers).status_code == 200
+        refused = [http.post(p, json={}, headers=headers).status_code for p in ("/files", "/fine_tuning/jobs", "/")]
+        assert refused == [403, 403, 403] and http.get("/files").status_code == 403
+    assert [r["headers"]["Authorization"] for r in srv.requests] == ["Bearer sk-real"] * 2
+    assert not any("X-Otbuild-Scope" in r["headers"] for r in srv.requests)
+    calls = proxy.take("trial-a")
+    assert [c["call_idx"] for c in calls] == [0, 1] and proxy.take("trial-b") == []
+    assert not any("sk-real" in json.dumps(c) for c in calls)
+    control_request(control, "close", "", sock)
+    assert not (tmp_path / "a.sock").exists()
+    with pytest.raises(RuntimeError, match="a scoped socket needs a scope"):
+        control_request(control, "open", "", tmp_path / "b.sock")

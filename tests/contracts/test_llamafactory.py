@@ -12,7 +12,10 @@ The differences that remain are LLaMA-Factory's, asserted exactly (docs/training
   assistant turn that has no reasoning; otbuild's qwen3_thinking renders that turn as it is;
 - turns the export merged (LLaMA-Factory drops conversations whose turns do not alternate)
   are one turn there: the same trained tokens, a different prompt layout;
-- with `train_on_prompt` it also labels the first token, which no model predicts."""
+- with `train_on_prompt` it also labels the first token, which no model predicts;
+- tool-calling traces (its own tool format: `tools`, function_call and observation turns): a
+  conversation offered tools without a system message opens its system turn with two newlines
+  before `# Tools`."""
 
 from __future__ import annotations
 
@@ -248,3 +251,138 @@ def test_llamafactory_refuses_what_the_export_used_to_write(setup):
     runs = _contract(tmp, model, {"old": str(old / "train.yaml"), "bad": str(bad / "train.yaml")})["runs"]
     assert "KeyError: 'system'" in runs["old"]["error"]
     assert "packing_neat" in runs["bad"]["error"]
+
+
+# --- tool-calling traces: LLaMA-Factory's tool format (function_call / observation turns, tools) ---
+
+
+def tool_conversations() -> list[tuple[list[dict], bool]]:
+    """(conversation, has a system message): toy tool-calling traces (no system message), one
+    with a system message, text before two parallel calls and their two results, and one whose
+    arguments are JSON in another layout than json.dumps' (both write them with json.dumps)."""
+    from otbuild.train.toy import tool_trace_rows
+
+    convs = [(row["conversations"], False) for row in tool_trace_rows(3)]
+
+    def call(i, args):
+        return {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": args}}
+
+    system = {"role": "system", "content": "You are an agent in a terminal."}
+    convs.append(
+        (
+            [
+                system,
+                {"role": "user", "content": "List the files, then say where you are."},
+                {
+                    "role": "assistant",
+                    "content": "<think>\nboth at once\n</think>\n\nI'll run two commands.",
+                    "tool_calls": [call(1, '{"command": "ls"}'), call(2, '{"command": "pwd"}')],
+                },
+                {"role": "tool", "content": "a.txt b.txt", "tool_call_id": "c1"},
+                {"role": "tool", "content": "/app", "tool_call_id": "c2"},
+                {"role": "assistant", "content": "<think>\nseen\n</think>\n\nTwo files, in /app."},
+            ],
+            True,
+        )
+    )
+    convs.append(
+        (
+            [
+                system,
+                {"role": "user", "content": "List the files."},
+                {
+                    "role": "assistant",
+                    "content": "<think>\nls\n</think>\n\n",
+                    "tool_calls": [call(1, '{"command":"ls"}')],  # no spaces: not json.dumps' layout
+                },
+                {"role": "tool", "content": "a.txt", "tool_call_id": "c1"},
+                {"role": "assistant", "content": "<think>\ndone\n</think>\n\nDone."},
+            ],
+            True,
+        )
+    )
+    return convs
+
+
+@pytest.fixture(scope="module")
+def tool_setup(tmp_path_factory):
+    from otbuild.train.model import materialise
+    from otbuild.train.toy import TOY_TOOLS
+
+    tmp = tmp_path_factory.mktemp("lfc-tools")
+    rows = []
+    for i, (conv, _) in enumerate(tool_conversations()):
+        row = dict.fromkeys(TRACE_SCHEMA.names)
+        row.update(conversations=conv, task=f"t{i}", trial_name=f"t-{i}", sample_idx=0, tools=json.dumps(TOY_TOOLS))
+        rows.append(row)
+    traces = tmp / "kept.parquet"
+    write_traces(traces, rows)
+    model = materialise(TinyModel(**TINY), tmp / "model", [traces])
+    exports = {}
+    for name, template in (("tools_thinking", "qwen3_thinking"), ("tools_nothink", "qwen3")):
+        sft = Sft(model={**TINY, "chat_template": template}, cutoff_len=4096, global_batch_size=8, zero_stage=3)
+        exports[name] = (sft, write_handoff([traces], tmp / name, sft, str(model), 4))
+    return tmp, traces, model, exports
+
+
+@pytest.fixture(scope="module")
+def tool_contract(tool_setup):
+    tmp, _, model, exports = tool_setup
+    return _contract(tmp, model, {n: out["yaml"] for n, (_, out) in exports.items()})
+
+
+def test_the_export_writes_llamafactorys_tool_format(tool_setup):
+    tmp, *_, exports = tool_setup
+    out = exports["tools_thinking"][1]
+    assert (out["rows"], out["rows_with_tools"], out["tools_without_system"]) == (5, 5, 3)
+    assert (out["tool_arguments_not_json"], out["dropped"]) == (0, 0)
+    info = json.loads((tmp / "tools_thinking" / "dataset_info.json").read_text())["otbuild_sft"]
+    assert info["columns"] == {"messages": "messages", "tools": "tools"}
+    assert (info["tags"]["function_tag"], info["tags"]["observation_tag"]) == ("function_call", "observation")
+    records = json.loads((tmp / "tools_thinking" / "otbuild_sft.json").read_text())
+    parallel = records[3]["messages"]
+    assert [m["role"] for m in parallel] == ["system", "user", "function_call", "observation", "assistant"]
+    assert parallel[2]["content"].endswith(
+        'I\'ll run two commands.\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
+        '{"name": "bash", "arguments": {"command": "pwd"}}]</tool_call>'
+    )
+    assert parallel[3]["content"] == "a.txt b.txt\n</tool_response>\n<tool_response>\n/app"
+    with open(out["yaml"]) as f:
+        header = f.read()
+    assert "3 conversation(s) offered tools without a system message" in header
+
+
+@needs_llamafactory
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tools_thinking", "tools_nothink"])
+def test_llamafactory_trains_on_otbuilds_tool_call_tokens(tool_setup, tool_contract, name):
+    """LLaMA-Factory's own converter, qwen3 template and tool formatter on the export: its input
+    ids and labels are otbuild's, the assistant's text and tool-call blocks trained, tool
+    results not (arguments in another JSON layout too: both write them with json.dumps). Its
+    layout differs from Qwen3's (otbuild's) in one place, asserted exactly: a conversation offered
+    tools without a system message opens its system turn with two newlines before `# Tools`
+    (prompt tokens; every token after that turn is otbuild's)."""
+    tmp, traces, model, exports = tool_setup
+    sft, _ = exports[name]
+    run = tool_contract["runs"][name]
+    assert run["error"] is None, run["error"]
+    tok, theirs = _tokenizer(model), run["rows"]
+    build_tokenized_set(traces, model, sft.model.chat_template, sft.cutoff_len, tmp / f"tok-{name}")
+    ours = TokenizedSet(tmp / f"tok-{name}")
+    convs = tool_conversations()
+    assert len(ours) == len(theirs) == len(convs) == 5
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for i, (lf, (conv, has_system)) in enumerate(zip(theirs, convs, strict=True)):
+        ids, mask = ours.seq(i)
+        want_ids, want_labels = _lf_view(tok, ids, mask)
+        supervised = tok.decode([t for t in want_labels if t != IGNORE])
+        assert "<tool_call>" in supervised and "<tool_response>" not in supervised
+        if has_system:
+            assert (lf["input_ids"], lf["labels"]) == (want_ids, want_labels), i
+            continue
+        ours_text, theirs_text = tok.decode(want_ids), tok.decode(lf["input_ids"])
+        assert ours_text.startswith("<|im_start|>system\n# Tools\n")
+        assert theirs_text == ours_text.replace("<|im_start|>system\n", "<|im_start|>system\n\n\n", 1), i
+        a, b = want_ids.index(end), lf["input_ids"].index(end)  # the end of the system turn
+        assert (lf["input_ids"][b:], lf["labels"][b:]) == (want_ids[a:], want_labels[a:]), i
+        assert all(t == IGNORE for t in lf["labels"][:b]), i

@@ -2,9 +2,10 @@
 (pyproject's `skyrl` extra) and its Harbor integration at the same tag, in .venv-skyrl
 (scripts/skyrl-env.sh, `make skyrl-env`), take what otbuild/train/skyrl.py writes through their
 own code (tests/support/skyrl_contract.py): the fully async Harbor entry point builds and validates its
-config from the command's overrides, HarborTaskDataset reads the task set, and SkyRL's parquet
-extractor reads the task table. A misspelt key and a bad value are refused, so the check can fail.
-No GPU needed."""
+config from the command's overrides, HarborTaskDataset reads the task set, SkyRL's parquet
+extractor reads the task table, and the Harbor generator's step-wise builder turns otbuild's
+rollout-details export (calls.parquet as Harbor's RolloutDetail) into its training steps. A
+misspelt key and a bad value are refused, so the check can fail. No GPU needed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from otbuild.harbor.rollout_detail import write_rollout_details
 from otbuild.settings.train import Rl
+from otbuild.stagekit.calls import CALL_SCHEMA, write_calls
 from otbuild.tasks.table import write_tasks
 from otbuild.train.skyrl import cli_args, placement, write_handoff
 from tests.conftest import REPO, make_task, pinned_release, tool_answer
@@ -64,21 +67,61 @@ def handoff(tmp_path_factory):
     return tmp, tasks, runs
 
 
-def _contract(tmp, tasks, tasks_dir, runs: dict) -> dict:
+def _contract(tmp, tasks, tasks_dir, runs: dict, **rollouts) -> dict:
     given = {
         "src": str(SKYRL_SRC),
         "runs": [{"name": n, "args": a} for n, a in runs.items()],
         "tasks_dir": str(tasks_dir),
         "parquet": str(tasks),
         "scratch": str(tmp / f"extract-{len(runs)}"),
+        **rollouts,
     }
     return tool_answer(SKYRL_PYTHON, "skyrl_contract.py", given, tmp / f"answer-{len(runs)}.json", timeout=300)
 
 
+# two trials' captured calls (a server's prompt and answer ids, its log-probs): a two-turn
+# trajectory whose second prompt extends the first, and a one-turn one
+TURNS = {
+    "t0__a": [([1, 2, 3], [7, 8], [-0.5, -0.25]), ([1, 2, 3, 7, 8, 4], [9, 10, 11], [-1.0, -0.125, -2.0])],
+    "t1__b": [([5, 6], [12], [-0.75])],
+}
+REWARDS = {"t0__a": 1.0, "t1__b": 0.0}
+
+
 @pytest.fixture(scope="module")
-def contract(handoff):
+def rollout_details(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("rd")
+    rows = [
+        {
+            **dict.fromkeys(CALL_SCHEMA.names),
+            "trial": t,
+            "trial_name": name,
+            "scope": f"{t}-0",
+            "call_idx": i,
+            "status": 200,
+            "prompt_token_ids": prompt,
+            "completion_token_ids": answer,
+            "logprobs": logprobs,
+        }
+        for t, (name, turns) in enumerate(TURNS.items())
+        for i, (prompt, answer, logprobs) in enumerate(turns)
+    ]
+    write_calls(tmp / "calls.parquet", rows)
+    write_rollout_details(tmp / "calls.parquet", tmp / "rollout_details.jsonl")
+    return tmp / "rollout_details.jsonl"
+
+
+@pytest.fixture(scope="module")
+def contract(handoff, rollout_details):
     tmp, tasks, runs = handoff
-    return _contract(tmp, tasks, runs["smoke"]["tasks_dir"], {n: h["args"] for n, h in runs.items()})
+    return _contract(
+        tmp,
+        tasks,
+        runs["smoke"]["tasks_dir"],
+        {n: h["args"] for n, h in runs.items()},
+        rollout_details=str(rollout_details),
+        rewards=REWARDS,
+    )
 
 
 @needs_skyrl
@@ -148,6 +191,21 @@ def test_skyrl_reads_the_task_set(handoff, contract):
     extracted = {i["name"]: i["instruction"] for i in ds["parquet"]}
     assert ds["extracted"] == N_TASKS + 1 and extracted.pop("t0") in (by_name["t0"], by_name["t0-2"])
     assert extracted == {k: v for k, v in by_name.items() if k not in ("t0", "t0-2")}
+
+
+@needs_skyrl
+def test_skyrl_trains_on_the_rollout_details_export(contract):
+    """SkyRL's Harbor generator takes each exported turn as one training step: the prompt and
+    answer ids and log-probs the server gave, the reward on the trajectory's last step."""
+    steps = contract["steps"]
+    assert steps["error"] is None, steps["error"]
+    out = steps["output"]
+    turns = [turn for name in TURNS for turn in TURNS[name]]
+    assert out["prompt_token_ids"] == [p for p, _, _ in turns]
+    assert out["response_ids"] == [a for _, a, _ in turns]
+    assert out["rollout_logprobs"] == [lp for _, _, lp in turns]
+    assert out["loss_masks"] == [[1] * len(a) for _, a, _ in turns]
+    assert out["rewards"] == [0.0, 1.0, 0.0] and out["is_last_step"] == [False, True, True]
 
 
 @needs_skyrl

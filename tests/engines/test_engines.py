@@ -449,6 +449,18 @@ def test_openai_engine_against_otbuild_serve(local_server, tiny_model, scripted)
     assert len({c.text for c in results}) == 1  # greedy: the same answer every time
     sampled = asyncio.run(complete_with(engine, temperature=1.0, seed=7, n=2))
     assert sampled[0].text == sampled[1].text  # same seed, same sample
+    # vLLM's token ids and log-probs, where asked for: the prompt as the server tokenized it,
+    # the answer's ids and each one's sampled log-prob
+    from transformers import AutoTokenizer
+
+    [ids] = asyncio.run(complete_with(engine, temperature=1.0, seed=7, logprobs=True, return_token_ids=True))
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    text = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=False)
+    assert ids.text == sampled[0].text and ids.prompt_token_ids == tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids.token_ids) == len(ids.logprobs) == ids.n_output_tokens
+    assert len(ids.prompt_token_ids) == ids.n_input_tokens
+    assert tok.decode(ids.token_ids, skip_special_tokens=True) == ids.text and all(lp <= 0 for lp in ids.logprobs)
+    assert results[0].token_ids is None and results[0].prompt_token_ids is None  # not asked: not given
     with pytest.raises(EngineError, match="HTTP 404.*does not exist") as e:
         asyncio.run(complete_with(make_engine(LLM(engine="openai", base_url=local_server, model="other"))))
     assert e.value.status == 404

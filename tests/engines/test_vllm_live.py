@@ -40,8 +40,9 @@ pytestmark = [
 ]
 
 
-def tiny_qwen3(dest: Path, head_dim: int = 32) -> Path:
-    """A random Qwen3 model of the smoke student's shape (its tokenizer, its chat template)."""
+def tiny_qwen3(dest: Path, head_dim: int = 32, context: int = 4096) -> Path:
+    """A random Qwen3 model of the smoke student's shape (its tokenizer, its chat template);
+    `context`: its max_position_embeddings."""
     from otbuild.engines.tiny import make_tiny_model
     from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
 
@@ -54,7 +55,7 @@ def tiny_qwen3(dest: Path, head_dim: int = 32) -> Path:
         num_key_value_heads=2,
         head_dim=head_dim,
         vocab_size=1024,
-        max_position_embeddings=4096,
+        max_position_embeddings=context,
         chat_template=qwen3_template(),
         special_tokens=QWEN3_SPECIAL,
     )
@@ -485,8 +486,8 @@ def test_the_smoke_build_serves_its_student_on_vllm(smoke_build):
     assert not [p for p in _processes("vllm.entrypoints.cli.main") if str(project) in p[1]]
 
 
-async def _served_turn(policy, server, messages):
-    """One sampled answer of the served policy, as an RL trial records it."""
+async def _served_engine(policy, server, messages):
+    """An RL trial's engine on the served policy after one sampled answer (its `turns[0]`)."""
     from otbuild.train.rl.policy import ServedPolicyEngine
 
     client = server.client()
@@ -495,7 +496,12 @@ async def _served_turn(policy, server, messages):
         await engine.complete(messages)
     finally:
         await client.aclose()
-    return engine.turns[0]
+    return engine
+
+
+async def _served_turn(policy, server, messages):
+    """One sampled answer of the served policy, as an RL trial records it."""
+    return (await _served_engine(policy, server, messages)).turns[0]
 
 
 def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
@@ -548,12 +554,24 @@ def test_each_steps_policy_moves_into_the_live_server(tmp_path, qwen3):
         # a rollout's turn holds the tokens vLLM sampled and their log-probs after temperature: the
         # behaviour policy's, as the trainer computes them from the same weights (max_staleness)
         policy.temperature = 0.7
-        turn = asyncio.run(_served_turn(policy, server, messages))
+        engine = asyncio.run(_served_engine(policy, server, messages))
+        turn = engine.turns[0]
         seq = sequences([turn])[0]
         assert len(turn.logprobs) == len(turn.completion_ids) > 0 and turn.prompt_ids == prompt
+        assert (engine.served_prompts, engine.prompt_mismatches) == (1, 0)  # the server's prompt ids, as rendered
         with torch.no_grad():
             recomputed = token_logprobs(policy.model, [seq], 0.7, tok.pad_token_id)[0]
         assert recomputed.tolist() == pytest.approx(turn.logprobs, abs=1e-3)
+        # a trainer whose template renders otherwise (a system line the server's has not) trains
+        # on the prompt the server tokenized, and counts the turn as a train-serve mismatch
+        template = tok.chat_template
+        tok.chat_template = "<|im_start|>system\nextra<|im_end|>\n" + template
+        try:
+            assert policy.prompt_ids(messages) != prompt  # the trainer's render is not the server's
+            drifted = asyncio.run(_served_engine(policy, server, messages))
+        finally:
+            tok.chat_template = template
+        assert drifted.turns[0].prompt_ids == prompt and (drifted.served_prompts, drifted.prompt_mismatches) == (1, 1)
         policy.temperature = 1.0
         torch.manual_seed(1)
         with torch.no_grad():  # an update that moves every weight, the tied embedding too

@@ -245,6 +245,11 @@ def test_harbor_jobs_get_the_recipes_trial_settings(tmp_path):
         update={"harbor": teacher.harbor.model_copy(update={"agent_kwargs": {"temperature": 1.0}})}
     )
     assert harbor_options(mine)["agent_kwargs"]["temperature"] == 1.0  # harbor.agent_kwargs win
+    # no proxy records the calls: terminus-2 reports their token ids itself (Harbor's rollout details)
+    uncaptured = teacher.model_copy(update={"capture": False})
+    assert harbor_options(uncaptured)["agent_kwargs"]["collect_rollout_details"] is True
+    hosted = uncaptured.model_copy(update={"engine": "openai"})
+    assert "collect_rollout_details" not in harbor_options(hosted)["agent_kwargs"]
     oracle = harbor_options(RolloutSettings(engine="oracle", sandbox="harbor"))
     assert oracle["agent"] == "oracle" and oracle["agent_kwargs"] is None
     if HARBOR.is_file():  # Harbor itself reads the config and resolves the trial's timeout

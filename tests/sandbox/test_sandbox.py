@@ -574,3 +574,21 @@ def test_a_kept_root_keeps_the_trials_files_after_close(generated, tmp_path):
         b.run("echo kept > /app/note; mkdir -p /root/d && echo x > /root/d/y", timeout=10)
     assert (b.root / "app" / "note").read_text() == "kept\n" and (b.root / "root" / "d" / "y").exists()
     assert str(b.root) not in Path("/proc/self/mounts").read_text()  # and no mount is left
+
+
+@pytest.mark.parametrize("local", LOCAL)
+def test_a_host_dir_bound_read_only_is_seen_where_asked_and_cannot_be_written(generated, tmp_path, local):
+    """`bind_ro`: an agent's installed code for Harbor's environment. Its parents are 0755 (bwrap
+    would make them 0700, out of the trial user's reach); never over the trial's own dirs."""
+    code = tmp_path / "venv"
+    (code / "bin").mkdir(parents=True)
+    (code / "bin" / "tool").write_text("#!/bin/sh\necho from the host\n")
+    (code / "bin" / "tool").chmod(0o755)
+    with open_sandbox(generated, tmp_path / "trials", backend=local, limits=FAST) as b:
+        b.bind_ro(code, "/opt/agent")
+        r = b.run("stat -c %a /opt; /opt/agent/bin/tool; touch /opt/agent/x || echo read-only", timeout=30)
+        assert r.output.splitlines()[:2] == ["755", "from the host"] and "read-only" in r.output, r.output
+        for taken in ("/app/x", "/usr/x", "/tests", "etc/x"):
+            with pytest.raises(SandboxError, match="cannot bind"):
+                b.bind_ro(code, taken)
+    assert not (code / "x").exists()

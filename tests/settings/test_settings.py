@@ -23,7 +23,7 @@ sources:
   a: {kind: synthetic, rank: 1, count: 2}
 mix: {n: 1, total: 2}
 near_dedup: {}
-validate: {}
+task_check: {}
 difficulty: {engine: oracle}
 augment: {engine: openai, base_url: 'http://127.0.0.1:1/v1', model: m}
 task_filter:
@@ -62,7 +62,7 @@ def sections(recipe, stage: str) -> list[BaseModel]:
         "mix": [recipe.mix],
         "augment": [recipe.augment],
         "near_dedup": [recipe.near_dedup],
-        "validate": [recipe.validate],
+        "task_check": [recipe.task_check],
         "difficulty": [recipe.difficulty],
         "task_score": [recipe.task_filter.llm],
         "skills": [recipe.skills],

@@ -66,7 +66,7 @@ def test_every_stage_answers_the_registry_hooks():
         "augment",
         "mix",
         "near_dedup",
-        "validate",
+        "task_check",
         "difficulty",
         "task_score",
         "skills",
@@ -164,7 +164,7 @@ NAMED = {
     ("otbuild/train/__main__.py", "rl"): (1, "the trainer's own commands (python -m otbuild.train sft|rl)"),
     # `otbuild probe` is a recipe of these stages by design: its sources, validated, piloted
     ("otbuild/probe.py", "source"): (1, "`otbuild probe`: its table's tasks per source"),
-    ("otbuild/probe.py", "validate"): (1, "`otbuild probe`: its table's valid share, read from validate"),
+    ("otbuild/probe.py", "task_check"): (1, "`otbuild probe`: its table's valid share, read from task_check"),
     ("otbuild/probe.py", "difficulty"): (
         3,
         "`otbuild probe`: the teacher's fields its pilot takes, its table's pass rates, the pilot's "

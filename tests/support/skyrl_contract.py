@@ -12,8 +12,14 @@ trials, not config), and typing_extensions' TypedDict for typing's (SkyRL's tink
 under pydantic; the CPU torch set-up installs is 3.11's).
 The task set is read by HarborTaskDataset (what the entry point trains on) and the table by
 prepare_harbor_dataset.extract_parquet (SkyRL's reader of `path` + `task_binary` parquets).
+With "rollout_details" (otbuild's `export rollout-details` JSONL) and "rewards" ({trial name:
+reward}), each line's `agent_result.rollout_details` goes through the Harbor generator's own
+`build_step_wise_generator_output` (how SkyRL turns a Harbor trial into training steps): that
+module, real this time, with Harbor's and litellm's names standing in (it uses RolloutDetail
+as a type only; Trial and TrialConfig run trials, not this).
 Writes to the file named by its only argument {"skyrl": version, "runs": {name: {"error", "config"}},
-"dataset": {"dir": [...], "parquet": [...], "extracted": n}}: each item's task name and instruction.
+"dataset": {"dir": [...], "parquet": [...], "extracted": n}, "steps": {"error", "output":
+GeneratorOutput's per-step lists}}: each item's task name and instruction.
 """
 
 import json
@@ -86,7 +92,49 @@ def main(out: str) -> None:
         "parquet": items(HarborTaskDataset([given["scratch"]])),
         "extracted": extracted,
     }
+    if given.get("rollout_details"):
+        answer["steps"] = step_wise(given["rollout_details"], given["rewards"])
     Path(out).write_text(json.dumps(answer, default=str))
+
+
+def step_wise(path: str, rewards: dict) -> dict:
+    """SkyRL's training steps from otbuild's rollout-details export (one trajectory per line)."""
+    for name in ("harbor", "harbor.models", "harbor.models.agent", "harbor.models.trial", "harbor.trial"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    names = {
+        "litellm": {"suppress_debug_info": False, "set_verbose": False},
+        "harbor.models.agent.rollout_detail": {"RolloutDetail": dict},
+        "harbor.models.trial.config": {"TrialConfig": object},
+        "harbor.trial.trial": {"Trial": object},
+    }
+    for name, attrs in names.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        sys.modules[name] = module
+    sys.modules.pop(f"{HARBOR}.harbor_generator", None)  # the entry point's stand-in
+    import importlib
+
+    from skyrl.train.generators.base import TrajectoryID
+
+    generator = importlib.import_module(f"{HARBOR}.harbor_generator")
+    trajectories = []
+    for line in Path(path).read_text().splitlines():
+        data = json.loads(line)
+        details = data["agent_result"]["rollout_details"]
+        trajectories.append(
+            generator.HarborTrajectoryOutput(
+                trajectory_id=TrajectoryID(instance_id=data["trial_name"], repetition_id=0),
+                rollout_details=details,
+                reward=rewards[data["trial_name"]],
+                num_turns=len(details[0]["completion_token_ids"]) if details else 0,
+            )
+        )
+    try:
+        output = generator.build_step_wise_generator_output(trajectories, overlong_filtering=False)
+    except Exception as e:  # noqa: BLE001  (a refusal is the finding)
+        return {"error": f"{type(e).__name__}: {e}", "output": None}
+    keys = ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "rollout_logprobs", "is_last_step")
+    return {"error": None, "output": {k: output[k] for k in keys}}
 
 
 if __name__ == "__main__":

@@ -366,6 +366,8 @@ def test_rl_rollouts_through_a_vllm_server_per_step(tmp_path, fake_vllm_bin):
     log = [json.loads(x) for x in (tmp_path / "rl" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2] and all(r["trajectories"] == 2 and r["errors"] == 0 for r in log)
     assert all(r["assistant_tokens"] > 0 for r in log)  # the served turns were recorded for the update
+    # each turn's prompt ids are the server's (otbuild serve gives them as vLLM does), as rendered here
+    assert [r["prompt_mismatch_turns"] for r in log] == [0, 0]
     # the rollouts' requests and tokens per step (max_episodes 1: a request per trial), in the stage's usage
     assert all(
         r["rollout_requests"] == 2
@@ -569,3 +571,48 @@ def test_rollouts_run_ahead_of_the_update_up_to_max_staleness(tmp_path):
     assert [(r["weight_versions"], r["staleness"]) for r in ahead] == [([0], 0), ([0], 1), ([1], 1)]
     assert ahead[0]["off_policy_sequences"] == 0 and all(r["off_policy_sequences"] >= 2 for r in ahead[1:])
     assert ahead[0]["loss"] == sync[0]["loss"]  # the first step is on-policy either way
+
+
+@needs_sandbox
+def test_rl_rollouts_offer_the_tools_protocols_tools_and_train_on_what_was_rendered(tmp_path, monkeypatch):
+    """harness.protocol: tools in RL: the policy's prompts hold the offered tools as its chat
+    template renders them (Qwen3's <tools> block), and the step trains on those tokens."""
+    import otbuild.train.rl.trainer as R
+    from otbuild.engines.tiny import make_tiny_model
+    from otbuild.tasks.table import TaskRecord, write_tasks
+    from otbuild.train.chat import QWEN3_SPECIAL, qwen3_template
+    from otbuild.train.model import load_tokenizer
+
+    sft = make_tiny_model(
+        tmp_path / "sft",
+        arch="qwen3",
+        chat_template=qwen3_template(),
+        special_tokens=QWEN3_SPECIAL,
+        texts=[CORRECT, WRONG, "<tools> bash task_complete </tools>"],
+    )
+    (sft / "checkpoint.json").write_text("{}")
+    write_tasks(tmp_path / "tasks.parquet", [TaskRecord(_toy_task(), runnable_locally=True)], source="toy")
+    seen = []
+    real_update = R.update
+
+    def update(engine, seqs, *a, **kw):
+        seen.extend(seqs)
+        return real_update(engine, seqs, *a, **kw)
+
+    monkeypatch.setattr(R, "update", update)
+    settings = {
+        "steps": 1,
+        "batch_size": 1,
+        "samples_per_task": 2,
+        "max_tokens": 8,
+        "max_context": 4096,
+        "temperature": 1.0,
+        "protocol": "tools",
+        "sandbox": {"max_episodes": 1},
+    }
+    R.train(RlSettings(**settings), [sft / "checkpoint.json", tmp_path / "tasks.parquet"], tmp_path / "rl")
+    log = json.loads((tmp_path / "rl" / "train_log.jsonl").read_text())
+    assert log["trajectories"] == 2 and log["errors"] == 0, log
+    tok, _ = load_tokenizer(sft)
+    prompts = [tok.decode(s.ids) for s in seen]
+    assert prompts and all('"name": "bash"' in p and "<tools>" in p for p in prompts), prompts[:1]

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from otbuild.engines.base import Completion, ContextLengthExceededError
+from otbuild.engines.toolcalls import parse_tool_calls
 from otbuild.fsio import write_json
 from otbuild.train.chat import clean
 from otbuild.train.rl.loss import TokenSequence, Turn, token_logprobs
@@ -25,9 +26,21 @@ class Policy:
         self.name = name
         self.lock = threading.Lock()
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        text = self.tok.apply_chat_template(clean(messages), tokenize=False, add_generation_prompt=True)
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt as the chat template renders it, with the offered `tools` (and earlier tool
+        calls, arguments as objects: otbuild/train/chat.py `clean`), as SFT and vLLM render it."""
+        text = self.tok.apply_chat_template(clean(messages), tools=tools, tokenize=False, add_generation_prompt=True)
         return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def answer(self, ids: list[int], tools: list[dict] | None) -> tuple[str, list[dict] | None]:
+        """(text, tool_calls) of sampled tokens: offered tools, the `<tool_call>` blocks read as
+        vLLM's hermes parser reads them (the text before them the content; its markers are
+        special tokens of a tiny student, so kept in the decoded text); else the text alone."""
+        if not tools:
+            return self.tok.decode(ids, skip_special_tokens=True), None
+        text = self.tok.decode([t for t in ids if t != self.tok.eos_token_id], skip_special_tokens=False)
+        content, calls = parse_tool_calls(text)
+        return content or "", calls
 
     def sample(self, prompt_ids: list[int], seed: int | None = None) -> tuple[list[int], list[float]]:
         """Sampled answer tokens and their log-probs under the sampling distribution (logits /
@@ -72,32 +85,39 @@ class PolicyEngine:
     name = "policy"
     provider = "otbuild"
     seeds_requests = True
+    takes_tools = True  # renders the offered tools, reads its answer's <tool_call> blocks (hermes)
 
     def __init__(self, policy: Policy):
         self.policy = policy
         self.model = policy.name
         self.turns: list[Turn] = []
 
-    async def complete(self, messages: list[dict], seed: int | None = None, **_) -> Completion:
+    async def complete(
+        self, messages: list[dict], seed: int | None = None, tools: list[dict] | None = None, **_
+    ) -> Completion:
         p = self.policy
-        prompt = p.prompt_ids(messages)
+        prompt = p.prompt_ids(messages, tools)
         if len(prompt) >= p.max_context:
             raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
         ids, logprobs = await asyncio.to_thread(p.sample, prompt, seed)
         self.turns.append(Turn(prompt, ids, logprobs))
         stopped = bool(ids) and ids[-1] == p.tok.eos_token_id
-        text = p.tok.decode(ids, skip_special_tokens=True)
-        return Completion(text, len(prompt), len(ids), "stop" if stopped else "length")
+        text, calls = p.answer(ids, tools)
+        finish = "tool_calls" if calls else "stop" if stopped else "length"  # as vLLM's
+        return Completion(text, len(prompt), len(ids), finish, tool_calls=calls)
 
     async def aclose(self) -> None:
         pass
 
 
 class ServedPolicyEngine(PolicyEngine):
-    """One trial's view of the policy served by vLLM (rollout: vllm): the prompt's token ids as
-    the trainer's chat template renders them, the completion's as the server sampled them with
-    their sampling log-probs (vLLM's `return_token_ids` and `logprobs`; the server runs with
-    `logprobs_mode: processed_logprobs`, after temperature, as the trainer computes them)."""
+    """One trial's view of the policy served by vLLM (rollout: vllm): each turn trains on the
+    token ids the server saw and sampled: the prompt as it tokenized it (its chat template, the
+    tools it was offered) and the answer with its sampling log-probs (vLLM's `return_token_ids`
+    and `logprobs`; the server runs with `logprobs_mode: processed_logprobs`, after
+    temperature, as the trainer computes them). A turn whose prompt the trainer's own render
+    differs from is a train-serve mismatch: counted (`prompt_mismatches`), trained on as served.
+    A server that gives no prompt ids leaves the trainer's render."""
 
     provider = "hosted_vllm"
     seeds_requests = False  # vLLM samples as it batches (docs/reproducibility.md)
@@ -105,10 +125,14 @@ class ServedPolicyEngine(PolicyEngine):
     def __init__(self, policy: Policy, server):
         super().__init__(policy)
         self.server = server
+        self.prompt_mismatches = 0  # turns whose served prompt is not the trainer's render
+        self.served_prompts = 0  # turns whose prompt ids the server gave
 
-    async def complete(self, messages: list[dict], seed: int | None = None, **_) -> Completion:  # seed: unused
+    async def complete(
+        self, messages: list[dict], seed: int | None = None, tools: list[dict] | None = None, **_
+    ) -> Completion:  # seed: unused
         p = self.policy
-        prompt = p.prompt_ids(messages)
+        prompt = p.prompt_ids(messages, tools)
         if len(prompt) >= p.max_context:
             raise ContextLengthExceededError(f"prompt of {len(prompt)} tokens >= max_context {p.max_context}")
         c = await self.server.complete(
@@ -117,16 +141,22 @@ class ServedPolicyEngine(PolicyEngine):
             logprobs=True,
             return_token_ids=True,
             max_tokens=min(p.max_tokens, p.max_context - len(prompt)),
+            **({"tools": tools} if tools else {}),  # read back by the server's tool-call parser (vllm_args)
         )
         ids, logprobs = c.token_ids, c.logprobs
         if ids is None or logprobs is None or len(ids) != len(logprobs):  # not vLLM's answer: re-tokenised
             ids, logprobs = p.tok(c.text, add_special_tokens=False)["input_ids"], None
             if c.finish_reason == "stop":
                 ids.append(p.tok.eos_token_id)
+        if c.prompt_token_ids is not None:
+            self.served_prompts += 1
+            if list(c.prompt_token_ids) != prompt:
+                self.prompt_mismatches += 1
+                prompt = list(c.prompt_token_ids)
         self.turns.append(Turn(prompt, list(ids), logprobs))
         if c.usage_reported:  # the tokens the server counted (its `usage`), for the stage's usage
-            return Completion(c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason)
-        return Completion(c.text, len(prompt), len(ids), c.finish_reason)
+            return Completion(c.text, c.n_input_tokens, c.n_output_tokens, c.finish_reason, tool_calls=c.tool_calls)
+        return Completion(c.text, len(prompt), len(ids), c.finish_reason, tool_calls=c.tool_calls)
 
 
 def sequence_logprob(model, tokenizer, messages: list[dict], answer: str) -> float:

@@ -34,6 +34,8 @@ class PolicyServer:
         self.key = secrets.token_urlsafe(32)
         self.cfg, self.dir = cfg, workroot / "policy"
         args = dict(cfg.vllm_args)
+        if cfg.protocol == "tools":  # the trials offer tools: the server reads the policy's calls (Qwen3's format)
+            args = {"tool_call_parser": "hermes", **args, "enable_auto_tool_choice": True}
         # log-probs after temperature, as the trainer computes them (the behaviour policy's)
         self.llm = LLM(
             engine="vllm",

@@ -39,6 +39,7 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     usage: dict = field(default_factory=dict)  # the trial's requests, errors and tokens (otbuild/usage.py)
     weight_version: int | None = None  # rollout: vllm: the optimizer step whose weights answered
+    prompt_mismatches: int = 0  # rollout: vllm: turns whose served prompt ids are not the trainer's render
 
 
 def read_tasks(path: Path) -> list[tuple[str, object]]:
@@ -89,7 +90,7 @@ async def rollout(policy: Policy, trials: StepTrials, cfg: RlSettings, server=No
     from otbuild.harness.config import TrialConfig
     from otbuild.harness.trial import run_trial
 
-    trial_config = TrialConfig(cfg.sandbox, cfg.prompt)
+    trial_config = TrialConfig(cfg.sandbox, cfg.prompt, protocol=cfg.protocol)
     sem = asyncio.Semaphore(cfg.concurrency)
 
     async def one(pos: int, ti: int, s: int) -> Trajectory:
@@ -107,7 +108,15 @@ async def rollout(policy: Policy, trials: StepTrials, cfg: RlSettings, server=No
                 source="rl",
             )
         reward = row["reward"] if row["reward"] is not None else 0.0
-        return Trajectory(ti, float(reward), row["exception"], outcome(row), engine.turns, usage.of_trial(row))
+        return Trajectory(
+            ti,
+            float(reward),
+            row["exception"],
+            outcome(row),
+            engine.turns,
+            usage.of_trial(row),
+            prompt_mismatches=getattr(engine, "prompt_mismatches", 0),
+        )
 
     jobs = [one(pos, ti, s) for pos, ti in enumerate(trials.indices) for s in range(cfg.samples_per_task)]
     return list(await asyncio.gather(*jobs))
@@ -245,6 +254,7 @@ class RlTrainer(Trainer):
                 "stale": sum(s.stale for s in seqs),
                 "errors": sum(1 for t in trajs if t.error),
                 "masked": sum(masked),
+                "prompt_mismatches": sum(t.prompt_mismatches for t in trajs),
                 "rollout_seconds": t1 - t0,
                 **{f"rollout_{key}": sum(t.usage.get(key, 0) for t in trajs) for key in usage.KEYS},
             },
@@ -252,7 +262,17 @@ class RlTrainer(Trainer):
         rewards = [r for p in parts for r in p["rewards"]]
         total = {
             key: sum(p[key] for p in parts)
-            for key in ("loss", "kl", "clipped_tokens", "assistant_tokens", "sequences", "zero", "errors", "masked")
+            for key in (
+                "loss",
+                "kl",
+                "clipped_tokens",
+                "assistant_tokens",
+                "sequences",
+                "zero",
+                "errors",
+                "masked",
+                "prompt_mismatches",
+            )
         }
         shutil.rmtree(self.workroot / f"step-{step}", ignore_errors=True)
         return {
@@ -271,6 +291,7 @@ class RlTrainer(Trainer):
             "rollout_infra_masked": total["masked"],
             "lr": self.engine.get_lr()[0],
             "rollout_engine": self.server.engine if self.server else "transformers",
+            **({"prompt_mismatch_turns": total["prompt_mismatches"]} if self.server else {}),
             **sync,
             "rollout_seconds": round(max(p["rollout_seconds"] for p in parts) - sync.get("sync_seconds", 0), 3),
             "update_seconds": round(time.monotonic() - t2, 3),

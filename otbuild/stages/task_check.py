@@ -1,4 +1,4 @@
-"""Task validation: each task is run, twice, in the recipe's sandbox: its reference solution
+"""Task check (`task_check:`): each task is run, twice, in the recipe's sandbox: its reference solution
 (the oracle engine replays solution/solve.sh) and a do-nothing agent (the noop engine declares
 the task complete at once). A task is kept when its solution passes and doing nothing fails
 (OpenThoughts-Agent's validity gate); the others are dropped with why and the tail of what the
@@ -55,7 +55,7 @@ REASONS = ("no_solution", "environment_fails", "solution_fails", "noop_passes")
 REJECTED_COLUMNS = ("oracle_outcome", "oracle_reward", "noop_outcome", "noop_reward", "verifier_output")
 
 
-class Validate(ShardedTrials):
+class TaskCheck(ShardedTrials):
     """Run each task's reference solution and a do-nothing agent in the sandbox; keep the tasks
     whose solution passes and whose untouched environment fails (docs/task-filter.md). The
     trial settings left unset here are the teacher's."""
@@ -85,28 +85,30 @@ class Validate(ShardedTrials):
     )
 
 
-class ValidateSettings(Validate, PromptStyle):
-    """The validate section with the harness's prompt style: what its jobs run."""
+class TaskCheckSettings(TaskCheck, PromptStyle):
+    """The task_check section with the harness's prompt style: what its jobs run."""
 
 
-def trial_settings(cfg: ValidateSettings, engine: str) -> RolloutSettings:
+def trial_settings(cfg: TaskCheckSettings, engine: str) -> RolloutSettings:
     """The settings stagekit's trials take: the section's trial settings, one trial per task,
     run by `engine` (oracle, or noop: set after validation, as the teacher's section does not
     offer a do-nothing engine), with Harbor's own agent for it."""
     trials = cfg.model_dump(include=set(ShardedTrials.model_fields) - {"harbor"})
     harbor = cfg.harbor.model_copy(update={"agent": None})
-    oracle = RolloutSettings(engine="oracle", concurrency=cfg.concurrency, prompt=cfg.prompt, harbor=harbor, **trials)
+    oracle = RolloutSettings(
+        engine="oracle", concurrency=cfg.concurrency, prompt=cfg.prompt, protocol=cfg.protocol, harbor=harbor, **trials
+    )
     return oracle if engine == "oracle" else oracle.model_copy(update={"engine": engine})
 
 
-def _per_task(cfg: ValidateSettings, engine: str) -> str | None:
+def _per_task(cfg: TaskCheckSettings, engine: str) -> str | None:
     """The task column that says which tasks an engine runs: the oracle those with a solution;
     the noop every task, or (no_solution: drop) the same as the oracle."""
     return "has_solution" if engine == "oracle" or cfg.no_solution == "drop" else None
 
 
 @stage_run_shard
-def run_shard(cfg: ValidateSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
+def run_shard(cfg: TaskCheckSettings, inputs: Inputs, outdir: Path, shard: int) -> None:
     """The shard's oracle trials, then its noop trials (each engine's shard is skipped when a
     run before a kill wrote it); then the shard's record: its trials per engine."""
     trials = []
@@ -128,7 +130,7 @@ def run_shard(cfg: ValidateSettings, inputs: Inputs, outdir: Path, shard: int) -
 
 
 @stage_run
-def run(cfg: ValidateSettings, inputs: Inputs, outdir: Path) -> dict:
+def run(cfg: TaskCheckSettings, inputs: Inputs, outdir: Path) -> dict:
     """Merge each engine's shards into ENGINE/traces.parquet, decide each task, write kept and
     rejected (streamed), failing first when most tasks are dropped."""
     tasks = inputs.named("tasks") or list(inputs)
@@ -139,7 +141,7 @@ def run(cfg: ValidateSettings, inputs: Inputs, outdir: Path) -> dict:
     con = duck.connect()
     duck.run_template(
         con,
-        "validate.sql",
+        "task_check.sql",
         inputs=[str(p) for p in tasks],
         offsets=duck.input_offsets(tasks),
         traces={k: str(v) for k, v in traces.items()},
@@ -151,7 +153,7 @@ def run(cfg: ValidateSettings, inputs: Inputs, outdir: Path) -> dict:
     _check_matched(con, cfg)
     check_dropped(con, cfg)
     stats = duck.stream_split(
-        con, "v_out", tasks, outdir, rejected_by="validate", rejected_columns=REJECTED_COLUMNS, batch_rows=BATCH_ROWS
+        con, "v_out", tasks, outdir, rejected_by="task_check", rejected_columns=REJECTED_COLUMNS, batch_rows=BATCH_ROWS
     )
     stats["rejected_by_reason"] = {r: stats["rejected_by_reason"].get(r, 0) for r in REASONS}
     runs = {e: outcome_stats(con, traces[e]) for e in ENGINES}
@@ -162,7 +164,7 @@ def run(cfg: ValidateSettings, inputs: Inputs, outdir: Path) -> dict:
     return stats
 
 
-def _check_matched(con, cfg: ValidateSettings) -> None:
+def _check_matched(con, cfg: TaskCheckSettings) -> None:
     """Every trial belongs to the task it is matched with (a trace file out of step with its
     tasks is a bug, never a verdict)."""
     ((wrong,),) = con.execute(
@@ -170,15 +172,15 @@ def _check_matched(con, cfg: ValidateSettings) -> None:
         f"((sol OR {'false' if cfg.no_solution == 'drop' else 'true'}) AND noop_task IS DISTINCT FROM task_id)"
     ).fetchall()
     if wrong:
-        raise RuntimeError(f"validate: {wrong} task(s) do not match their trials: the trace files are out of step")
+        raise RuntimeError(f"task_check: {wrong} task(s) do not match their trials: the trace files are out of step")
 
 
-def check_dropped(con, cfg: ValidateSettings) -> None:
+def check_dropped(con, cfg: TaskCheckSettings) -> None:
     """Fail, before writing, when more than `max_dropped_fraction` of the tasks would be dropped,
     naming the counts per reason and the sources that lose the most."""
     ((total, dropped),) = con.execute("SELECT count(*), count(reason) FROM v_decided").fetchall()
     if not total:
-        raise StageError("validate: no tasks to validate: the stages before it kept none")
+        raise StageError("task_check: no tasks to check: the stages before it kept none")
     if dropped <= cfg.max_dropped_fraction * total:
         return
     reasons = con.execute(
@@ -190,7 +192,7 @@ def check_dropped(con, cfg: ValidateSettings) -> None:
     ).fetchall()
     example = con.execute("SELECT reason FROM v_decided WHERE reason IS NOT NULL ORDER BY _ord LIMIT 1").fetchall()
     raise StageError(
-        f"validate: {dropped} of the {total} tasks ({dropped / total:.1%}) fail validation, more than "
+        f"task_check: {dropped} of the {total} tasks ({dropped / total:.1%}) fail their check, more than "
         f"max_dropped_fraction {cfg.max_dropped_fraction} ({', '.join(f'{k}: {n}' for k, n in reasons)}; "
         f"by source: {'; '.join(f'{s}: {d} of {t} dropped, mostly {r}' for s, d, t, r in sources if d)}; "
         f"the first: {example[0][0][:300]!r}). A source whose tasks all fail is broken (its Dockerfiles, "
@@ -214,11 +216,11 @@ def estimate(m, n, e) -> None:
 
 
 STAGE = StageDef(
-    "validate",
+    "task_check",
     1,
     ("kept.parquet", "rejected.parquet"),
     __name__,
-    ValidateSettings,
+    TaskCheckSettings,
     plan="teacher_trials",  # its section, the teacher's trial settings where it leaves them unset
     consumes=("tasks",),
     produces="tasks",
@@ -228,7 +230,7 @@ STAGE = StageDef(
     filter=True,
     counts={"tasks_kept": "rows", "trials": "trials"},
     volatile={"rejected.parquet": ("verifier_output",)},  # a verifier's words may hold its clock (pytest's seconds)
-    recipe_field=(Validate | None, None),
+    recipe_field=(TaskCheck | None, None),
     estimate=estimate,
     rates={
         "seconds_per_trial": DefaultRate(

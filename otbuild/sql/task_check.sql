@@ -1,5 +1,5 @@
 {% from "_inputs.sql" import union_inputs %}
--- Task validation's verdicts (otbuild/stages/validate.py): each task row with its oracle trial
+-- Task validation's verdicts (otbuild/stages/task_check.py): each task row with its oracle trial
 -- (the reference solution) and its noop trial (nothing done), matched by trial number. Trials
 -- are numbered in task order over the tasks that get one: the oracle's over the tasks with a
 -- solution; the noop's over the same tasks, or over every task (`noop_all`). A trace file holds

@@ -1,4 +1,4 @@
-"""validate: each task's reference solution and a do-nothing agent, run in the sandbox. On
+"""task_check: each task's reference solution and a do-nothing agent, run in the sandbox. On
 otbuild's synthetic tasks under bwrap with a few made broken on purpose (a solve.sh that does
 nothing, a verifier that passes anything, no solution, a verifier that prints megabytes of
 binary and ANSI codes), an attacker's solve.sh, a real Terminal-Bench task under podman, a
@@ -26,8 +26,8 @@ from otbuild.sandbox import backend_problem
 from otbuild.sources import read_source
 from otbuild.sources.synthetic import generate
 from otbuild.stagekit import Inputs
-from otbuild.stages import STAGES, validate
-from otbuild.stages.validate import ValidateSettings
+from otbuild.stages import STAGES, task_check
+from otbuild.stages.task_check import TaskCheckSettings
 from otbuild.tasks.table import TaskRecord, write_tasks
 from otbuild.tasks.taskdir import TaskDir
 from tests.conftest import DATA, REPO, make_project, snakemake, source
@@ -56,10 +56,10 @@ def _rows(path: Path, columns: str = "*") -> list[dict]:
 
 
 def _run(tasks: Path, outdir: Path, **settings) -> dict:
-    cfg = ValidateSettings(**{"max_dropped_fraction": 1.0, **settings})
+    cfg = TaskCheckSettings(**{"max_dropped_fraction": 1.0, **settings})
     for k in range(cfg.shards):
-        validate.run_shard(cfg, Inputs.of(tasks=[tasks]), outdir, k)
-    return validate.run(cfg, Inputs.of(tasks=[tasks]), outdir)
+        task_check.run_shard(cfg, Inputs.of(tasks=[tasks]), outdir, k)
+    return task_check.run(cfg, Inputs.of(tasks=[tasks]), outdir)
 
 
 def _verdicts(outdir: Path) -> tuple[list[str], dict[str, str]]:
@@ -80,7 +80,7 @@ def validated(tmp_path_factory) -> tuple[Path, dict, list[TaskRecord]]:
     """Six synthetic tasks under bwrap, three of them good and four made broken (a solve.sh that
     does nothing, a verifier that passes anything, no solution, a verifier whose output is
     megabytes of binary and ANSI codes), shuffled among the good ones, in 2 shards."""
-    tmp = tmp_path_factory.mktemp("validate")
+    tmp = tmp_path_factory.mktemp("task_check")
     good = list(generate(6, 5, difficulties=[1]))
     t = [r.task for r in good]
     broken = [
@@ -124,7 +124,7 @@ def test_validation_drops_exactly_the_broken_tasks_with_their_reasons(validated)
     ).fetchall()[0]
     names = pq.read_schema(tmp / "out" / "rejected.parquet").names
     rec = dict(zip(names, row, strict=True))
-    assert rec["rejected_by"] == "validate" and rec["oracle_outcome"] == "failed" and rec["noop_outcome"] == "failed"
+    assert rec["rejected_by"] == "task_check" and rec["oracle_outcome"] == "failed" and rec["noop_outcome"] == "failed"
     assert rec["verifier_output"]  # what the task's verifier said about the untouched file
 
 
@@ -142,11 +142,11 @@ def test_hostile_verifier_output_stays_bounded_and_is_kept_as_data(validated):
 @needs_sandbox
 def test_dropping_most_tasks_fails_naming_the_reasons_and_sources(validated):
     tmp, _, _ = validated
-    cfg = ValidateSettings(shards=2, max_dropped_fraction=0.3)
+    cfg = TaskCheckSettings(shards=2, max_dropped_fraction=0.3)
     with pytest.raises(StageError) as e:
-        validate.run(cfg, Inputs.of(tasks=[tmp / "tasks.parquet"]), tmp / "out")
+        task_check.run(cfg, Inputs.of(tasks=[tmp / "tasks.parquet"]), tmp / "out")
     msg = str(e.value)
-    assert "4 of the 7 tasks (57.1%) fail validation, more than max_dropped_fraction 0.3" in msg
+    assert "4 of the 7 tasks (57.1%) fail their check, more than max_dropped_fraction 0.3" in msg
     assert "no_solution: 1, noop_passes: 1, solution_fails: 2" in msg and "synth: 4 of 7 dropped" in msg
 
 
@@ -245,18 +245,18 @@ def test_kill_9_mid_stage_resumes_without_redoing_finished_trials(tmp_path):
     each rerun runs only the trials not yet done, and the stage's verdicts are whole."""
     tasks = tmp_path / "tasks.parquet"
     write_tasks(tasks, generate(24, 5, difficulties=[3]), source="synth")
-    outdir = tmp_path / "artifacts" / "validate" / ("a" * 16)
-    settings = ValidateSettings(concurrency=1).model_dump()
+    outdir = tmp_path / "artifacts" / "task_check" / ("a" * 16)
+    settings = TaskCheckSettings(concurrency=1).model_dump()
     spec = json.dumps(
         {
-            "stage": "validate",
+            "stage": "task_check",
             "id": "a" * 16,
             "settings": settings,
             "inputs": [{"id": "t", "stage": "mix", "path": str(tasks), "name": "tasks"}],
             "outdir": str(outdir),
         }
     )
-    cmd = [sys.executable, "-m", "otbuild", "stage", "validate", "--spec", spec, "--shard", "0"]
+    cmd = [sys.executable, "-m", "otbuild", "stage", "task_check", "--spec", spec, "--shard", "0"]
     oracle, noop = (outdir / e / "shards" / "0-of-1.partial.jsonl" for e in ("oracle", "noop"))
 
     def kill_when(partial: Path, lines: int) -> int:
@@ -279,8 +279,8 @@ def test_kill_9_mid_stage_resumes_without_redoing_finished_trials(tmp_path):
     assert f"shard 0: 24 trials, {in_noop} already done, {24 - in_noop} to run" in res.stdout
     assert res.stdout.count("trials, ") == 1  # the solutions' shard was not run again
     assert oracle_done.stat().st_mtime_ns == written
-    cfg = ValidateSettings(concurrency=1)
-    stats = validate.run(cfg, Inputs.of(tasks=[tasks]), outdir)
+    cfg = TaskCheckSettings(concurrency=1)
+    stats = task_check.run(cfg, Inputs.of(tasks=[tasks]), outdir)
     assert stats["trials_by_engine"] == {"oracle": 24, "noop": 24} and stats["kept"] == 24
 
 
@@ -299,16 +299,18 @@ def _plan(tmp_path: Path, text: str) -> dict:
 def test_the_section_plans_the_stage_after_near_dedup_with_the_teachers_sandbox(tmp_path):
     teacher = "teacher: {engine: oracle, sandbox: podman, limits: {memory_mb: 3072}, max_episodes: 7}\n"
     plain = _plan(tmp_path, RECIPE + "near_dedup: {}\n" + teacher)
-    assert "validate" not in plain
-    nodes = _plan(tmp_path, RECIPE + "near_dedup: {}\nvalidate: {}\n" + teacher)
-    v = nodes["validate"]
-    assert [i.label for i in v.inputs] == ["near_dedup"] and [i.label for i in nodes["teacher"].inputs] == ["validate"]
+    assert "task_check" not in plain
+    nodes = _plan(tmp_path, RECIPE + "near_dedup: {}\ntask_check: {}\n" + teacher)
+    v = nodes["task_check"]
+    assert [i.label for i in v.inputs] == ["near_dedup"] and [i.label for i in nodes["teacher"].inputs] == [
+        "task_check"
+    ]
     assert v.config.sandbox == "podman" and v.config.limits.memory_mb == 3072  # the teacher's
     assert v.config.max_episodes == 500  # not the teacher's turn budget: the solution's replay has its own
     assert v.identity == {"sandbox": "podman", "limits": {"memory_mb": 3072}}
-    own = _plan(tmp_path, RECIPE + "near_dedup: {}\nvalidate: {sandbox: bwrap}\n" + teacher)["validate"]
+    own = _plan(tmp_path, RECIPE + "near_dedup: {}\ntask_check: {sandbox: bwrap}\n" + teacher)["task_check"]
     assert own.config.sandbox == "bwrap" and own.config.limits.memory_mb == 3072
-    alone = _plan(tmp_path, RECIPE + "validate: {no_solution: keep, shards: 3}\n")["validate"]
+    alone = _plan(tmp_path, RECIPE + "task_check: {no_solution: keep, shards: 3}\n")["task_check"]
     assert [i.label for i in alone.inputs] == ["sources/synth"] and alone.identity == {"no_solution": "keep"}
 
 
@@ -316,8 +318,8 @@ def test_a_bad_setting_names_its_key(tmp_path):
     from otbuild.errors import ConfigError
 
     (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "r.yaml").write_text(RECIPE + "validate: {no_solution: maybe}\n")
-    with pytest.raises(ConfigError, match=r"validate\.no_solution"):
+    (tmp_path / "recipes" / "r.yaml").write_text(RECIPE + "task_check: {no_solution: maybe}\n")
+    with pytest.raises(ConfigError, match=r"task_check\.no_solution"):
         load_recipe("r", tmp_path)
 
 
@@ -325,12 +327,12 @@ def test_its_estimate_is_two_trials_per_task_and_a_keep_rate(tmp_path):
     from otbuild.estimate.profile import find_profile
     from otbuild.estimate.run import estimate
 
-    _plan(tmp_path, RECIPE + "validate: {}\n")
+    _plan(tmp_path, RECIPE + "task_check: {}\n")
     est = estimate(plan_recipe(load_recipe("r", tmp_path)), [], find_profile(None, tmp_path), tmp_path)
-    st = next(s for s in est.stages if s.stage == "validate")
+    st = next(s for s in est.stages if s.stage == "task_check")
     assert st.counts["tasks_in"].estimate == 6 and st.counts["trials"].estimate == 12
     assert st.counts["tasks_kept"].estimate == pytest.approx(6 * 0.8, abs=1)
-    assert STAGES["validate"].filter and STAGES["validate"].tasks  # a step of the report's funnel
+    assert STAGES["task_check"].filter and STAGES["task_check"].tasks  # a step of the report's funnel
 
 
 @needs_sandbox
@@ -338,22 +340,22 @@ def test_its_estimate_is_two_trials_per_task_and_a_keep_rate(tmp_path):
 def test_a_real_snakemake_build_validates_before_the_rollouts(tmp_path):
     project = make_project(tmp_path)
     (project / "recipes" / "tiny.yaml").write_text(
-        RECIPE + "validate: {shards: 2}\nteacher: {engine: oracle, sandbox: bwrap, concurrency: 2}\n"
+        RECIPE + "task_check: {shards: 2}\nteacher: {engine: oracle, sandbox: bwrap, concurrency: 2}\n"
     )
     ran, log = snakemake(project, "tiny", "--cores", "2")
-    assert ran["validate"] == 2 and ran["validate_merge"] == 1 and ran["rollout"] == 1, log[-3000:]
-    (art,) = (project / "artifacts" / "validate").iterdir()
+    assert ran["task_check"] == 2 and ran["task_check_merge"] == 1 and ran["rollout"] == 1, log[-3000:]
+    (art,) = (project / "artifacts" / "task_check").iterdir()
     record = json.loads((art / "provenance.json").read_text())
     assert record["stats"]["kept"] == 6 and record["stats"]["trials"] == 12, record["stats"]
     assert pq.ParquetFile(art / "rejected.parquet").metadata.num_rows == 0
-    assert "validate" in (project / "results" / "tiny" / "report" / "report.html").read_text()
+    assert "task_check" in (project / "results" / "tiny" / "report" / "report.html").read_text()
     again, _ = snakemake(project, "tiny", "--cores", "2")
     assert again == {"tiny": 1}  # nothing but rewriting the results view
 
 
 def test_the_repo_docs_name_the_section():
     text = (REPO / "docs" / "task-filter.md").read_text()
-    assert "validate:" in text and "noop_passes" in text
+    assert "task_check:" in text and "noop_passes" in text
 
 
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or REPO / ".venv-harbor" / "bin" / "harbor")
