@@ -202,6 +202,9 @@ CASES = {
     "otbuild export skyrl RECIPE DIR [--nodes N] [--gpus-per-node G] [--model M] [--python PY]": [
         ["otbuild", "export", "skyrl", "smoke", "{tmp}/skyrl", "--nodes", "1", "--gpus-per-node", "2"]
     ],
+    "otbuild export rollout-details CALLS DEST": [
+        ["otbuild", "export", "rollout-details", "results/smoke/teacher/calls.parquet", "{tmp}/rollout-details.jsonl"]
+    ],
     "otbuild publish RECIPE ARTIFACT --repo ORG/NAME [--out D] [--dry-run] [--private]": [
         ["otbuild", "publish", "smoke", "trace_filter", "--repo", "lab/smoke-traces", "--out", "{tmp}/pub", "--dry-run"]
     ],
