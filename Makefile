@@ -29,7 +29,7 @@ setup-smoke:  ## what the smoke build uses: bubblewrap, torch, the package with 
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q -e '.[$(EXTRAS)]'
 	@scripts/vllm-env.sh || echo "setup: no vLLM environment (.venv-vllm); the smoke serves its student with otbuild serve, the live vLLM tests are skipped"
 
-setup: setup-smoke  ## everything the tests meet: dev extras, podman and base images, Harbor, LLaMA-Factory and SkyRL envs, a local Slurm cluster (~12 min fresh)
+setup: setup-smoke  ## everything the tests meet: dev extras, podman and base images, Harbor and its third-party agents, LLaMA-Factory and SkyRL envs, a local Slurm cluster (~14 min fresh)
 	@command -v chromium >/dev/null && /usr/bin/python3 -c "import pytest" 2>/dev/null || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(TEST_APT); }
 	@scripts/podman-setup.sh
