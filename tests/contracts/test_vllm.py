@@ -16,12 +16,12 @@ import yaml
 
 from otbuild.engines import LLM
 from otbuild.engines.openai import CONTEXT_OVERFLOW, OpenAIEngine, request_body
-from otbuild.settings.engines import client_settings
 from otbuild.engines.vllm import vllm_command
 from otbuild.harness import protocol
 from otbuild.harness.agent import make_protocol
 from otbuild.plan import plan_recipe
 from otbuild.recipe.load import load_recipe
+from otbuild.settings.engines import client_settings
 from tests.conftest import REPO, pinned_release
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -30,6 +30,25 @@ needs_vllm = pytest.mark.skipif(
 )
 NAMED = ("reasoning_parser", "tool_call_parser", "quantization")
 WRONG = "not-otbuilds"  # the model of the known-bad items below
+
+
+def run_in_vllm(script: str, given: dict, out: Path) -> dict:
+    """tests/support/SCRIPT run by .venv-vllm's python on `given` (its stdin, JSON); its answer
+    (the JSON it wrote to `out`). vLLM under HF_HUB_OFFLINE (which the test session sets) resolves
+    each model id to a cached snapshot before checking anything; these checks are of the
+    arguments and the tokenizer, not of the weights."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / script), str(out)],
+        input=json.dumps(given),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(out.read_text())
 
 
 def test_the_vllm_extra_pins_one_release():
@@ -136,21 +155,7 @@ def contract(tmp_path_factory):
     """One run of tests/support/vllm_contract.py in .venv-vllm over the recipes' requests and the known-bad ones."""
     mine, bad = recipe_requests(), known_bad()
     given = {k: mine[k] + bad[k] for k in mine}
-    out = tmp_path_factory.mktemp("vllm") / "answer.json"
-    # vLLM under HF_HUB_OFFLINE (which the test session sets) resolves each model id to a cached
-    # snapshot before checking anything; these checks are of the arguments, not of the weights
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / "vllm_contract.py"), str(out)],
-        input=json.dumps(given),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
-    return mine, bad, json.loads(out.read_text())
+    return mine, bad, run_in_vllm("vllm_contract.py", given, tmp_path_factory.mktemp("vllm") / "answer.json")
 
 
 @needs_vllm
@@ -266,19 +271,8 @@ def tool_contract(tmp_path_factory):
     model = materialise(TinyModel(**tiny), tmp / "model", [tmp / "kept.parquet"])
     stats = build_tokenized_set(tmp / "kept.parquet", model, "qwen3_thinking", 4096, tmp / "tok", workers=1)
     given = {"model": str(model), "conversations": convs, "answers": ANSWERS}
-    out = tmp / "answer.json"
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / "vllm_chat_tokens.py"), str(out)],
-        input=json.dumps(given),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
-    return convs, model, stats, TokenizedSet(tmp / "tok"), json.loads(out.read_text())
+    answer = run_in_vllm("vllm_chat_tokens.py", given, tmp / "answer.json")
+    return convs, model, stats, TokenizedSet(tmp / "tok"), answer
 
 
 @needs_vllm

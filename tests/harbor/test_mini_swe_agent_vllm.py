@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,7 +36,6 @@ from otbuild.sandbox import backend_problem
 from otbuild.settings.engines import VLLMOptions
 from tests.conftest import REPO, snakemake
 
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 HARBOR = Path(os.environ.get("OTBUILD_HARBOR") or DEFAULT_HARBOR)
 MINI = Path(os.environ.get("OTBUILD_AGENTS") or AGENTS_DIR) / "mini-swe-agent"
 VLLM = vllm_executable(VLLMOptions())
@@ -82,20 +80,11 @@ def qwen3(tmp_path_factory) -> Path:
 def vllm_tokenize(model: Path, request: dict) -> list[int]:
     """vLLM's own prompt for a chat request (its messages and tools, a generation prompt after
     them), through its chat path offline in .venv-vllm."""
-    out = model.parent / "vllm-prompt.json"
+    from tests.contracts.test_vllm import run_in_vllm
+
     conv = {"messages": request["messages"], "tools": request.get("tools"), "add_generation_prompt": True}
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(REPO / "tests" / "support" / "vllm_chat_tokens.py"), str(out)],
-        input=json.dumps({"model": str(model), "conversations": [conv], "answers": []}),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
-    )
-    assert proc.returncode == 0 and out.is_file(), (proc.stdout + proc.stderr)[-4000:]
-    (prompt,) = json.loads(out.read_text())["prompts"]
+    given = {"model": str(model), "conversations": [conv], "answers": []}
+    (prompt,) = run_in_vllm("vllm_chat_tokens.py", given, model.parent / "vllm-prompt.json")["prompts"]
     assert "ids" in prompt, prompt
     return prompt["ids"]
 
