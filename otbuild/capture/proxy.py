@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import socketserver
 import threading
 import time
@@ -39,6 +40,7 @@ import httpx
 
 from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER
 from otbuild.capture.record import assemble, call_fields, mask, masked, redact, sse_events
+from otbuild.engines.http import makes_tls
 
 # not forwarded either way: hop-by-hop, or set anew for the next hop
 HOP_HEADERS = frozenset(
@@ -82,19 +84,16 @@ class CaptureProxy:
         self.upstream = upstream.rstrip("/")
         self.ask_tokens = ask_tokens
         self.api_key = api_key
-        self._unix: dict[str, socketserver.BaseServer] = {}  # socket path -> its server (serve_unix, serve_control)
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)),
-            limits=limits,
-            trust_env=trust_env,
-            transport=httpx.HTTPTransport(uds=uds, limits=limits) if uds else None,
-        )
+        self._unix: dict[str, _Running] = {}  # socket path -> its server (serve_unix, serve_control)
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 30.0))
+        self._limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self._uds, self._trust_env = uds, trust_env
+        self._clients: dict[bool, httpx.Client] = {}  # by whether it makes TLS connections (_client)
         self._calls: defaultdict[str, list[dict]] = defaultdict(list)
         self._next: defaultdict[str, int] = defaultdict(int)
         self._lock = threading.Condition()
         self._open: Counter = Counter()  # calls of each scope not yet answered in full
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Running | None = None
         self.stats: Counter = Counter()  # calls, streamed, errors (non-200), no_answer
 
     def __enter__(self):
@@ -105,14 +104,13 @@ class CaptureProxy:
 
     def start(self) -> CaptureProxy:
         handler = type("Handler", (_Handler,), {"proxy": self})
-        self._server = _Server(("127.0.0.1", 0), handler)
-        threading.Thread(target=self._server.serve_forever, name="capture-proxy", daemon=True).start()
+        self._server = _Running(_Server(("127.0.0.1", 0), handler), "capture-proxy")
         return self
 
     @property
     def base_url(self) -> str:
         assert self._server is not None, "start() the proxy first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self._server.server.server_address[1]}"
 
     def url(self, scope: str | None = None) -> str:
         """The base URL a client uses in place of the upstream's (its calls under `scope`)."""
@@ -139,8 +137,7 @@ class CaptureProxy:
         with self._lock:
             server = self._unix.pop(str(path), None)
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
@@ -153,8 +150,7 @@ class CaptureProxy:
             os.umask(old)
         os.chmod(path, mode)
         with self._lock:
-            self._unix[path] = server
-        threading.Thread(target=server.serve_forever, name=f"capture-proxy {path}", daemon=True).start()
+            self._unix[path] = _Running(server, f"capture-proxy {path}")
         return path
 
     def take(self, scope: str, wait: float = 10.0) -> list[dict]:
@@ -170,10 +166,25 @@ class CaptureProxy:
         for path in list(self._unix):
             self.close_unix(path)
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
-        self._http.close()
+        for client in self._clients.values():
+            client.close()
+
+    def _client(self) -> httpx.Client:
+        """The upstream's client, made at its first call (a managed server's URL is known by
+        then); one for a plain-http upstream loads no CA store (otbuild/engines/http.py)."""
+        tls = makes_tls(self.upstream, uds=self._uds, trust_env=self._trust_env)
+        with self._lock:
+            if tls not in self._clients:
+                self._clients[tls] = httpx.Client(
+                    timeout=self._timeout,
+                    limits=self._limits,
+                    trust_env=self._trust_env,
+                    verify=tls,
+                    transport=httpx.HTTPTransport(uds=self._uds, limits=self._limits) if self._uds else None,
+                )
+            return self._clients[tls]
 
     def _number(self, scope: str) -> int:
         with self._lock:
@@ -191,6 +202,36 @@ class CaptureProxy:
             self.stats["streamed"] += record["stream"]
             self.stats["errors"] += record["status"] != 200
             self.stats["no_answer"] += record["status"] == 0
+
+
+class _Running:
+    """A server accepting in a thread of its own until `stop()`, which returns at once
+    (socketserver's serve_forever notices its shutdown only at its next poll, up to half a
+    second later: a pause at every shard's end and every sandboxed trial's socket)."""
+
+    def __init__(self, server: socketserver.TCPServer, name: str):
+        self.server = server
+        server.timeout = 0  # handle_request never waits: the loop below has seen a connection
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.server, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                ready = [key.fileobj for key, _ in sel.select()]
+                if self._wake_r in ready:
+                    return
+                self.server.handle_request()
+
+    def stop(self) -> None:
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self.server.server_close()
 
 
 class _Server(ThreadingHTTPServer):
@@ -265,9 +306,10 @@ class _Handler(BaseHTTPRequestHandler):
                 "_body": body if body is not None else raw.decode("utf-8", "replace"),
                 "_start": time.monotonic(),
             }
-        request = proxy._http.build_request(self.command, proxy.upstream + rest, content=raw, headers=headers)
+        client = proxy._client()
+        request = client.build_request(self.command, proxy.upstream + rest, content=raw, headers=headers)
         try:
-            upstream = proxy._http.send(request, stream=True)
+            upstream = client.send(request, stream=True)
         except httpx.HTTPError as e:  # nothing answered: the client hears what its own request met
             why = f"{type(e).__name__}: {e}".rstrip(": ")
             self._no_answer(why)

@@ -19,6 +19,7 @@ import httpx
 from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER, call_scope
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
+from otbuild.engines.http import makes_tls
 from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.errors import ConfigError
 from otbuild.settings.engines import LLM, concurrency
@@ -108,14 +109,7 @@ class OpenAIEngine:
         return self._client
 
     def _makes_tls(self) -> bool:
-        """Whether this client can open a TLS connection: to an https base_url, or through a
-        proxy the environment names. A plain-http endpoint (a local server, the capture proxy, a
-        unix socket) never does, and its client skips loading the CA store (~50 ms of the
-        first request)."""
-        if self._uds:
-            return False
-        proxies = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
-        return not self.url.startswith("http://") or (self._trust_env and any(os.environ.get(k) for k in proxies))
+        return makes_tls(self.url, uds=self._uds, trust_env=self._trust_env)
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         delay = backoff_delay(attempt, self.settings.backoff_sec, self.settings.backoff_max_sec)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from otbuild import duck
@@ -43,12 +44,19 @@ def run(cfg: TraceFilter, inputs: Inputs, outdir: Path) -> dict:
         inputs=[str(p) for p in inputs],
         offsets=duck.input_offsets(inputs),
         outcome=outcome.sql_context(),
+        tool_calls=all(has_tool_calls(p) for p in inputs),
         **cfg.model_dump(),
     )
     stats = duck.stream_split(con, "trace_decided", inputs, outdir, rejected_by="trace_filter")
     total = stats["kept"] + stats["rejected"]
     capped = stats["rejected_by_reason"].get("not_sampled", 0)
     return {**stats, "keep_rate": round((stats["kept"] + capped) / total, 4) if total else None}
+
+
+def has_tool_calls(path: Path) -> bool:
+    """Whether the file's messages have `tool_calls` (traces written before issue 48 have not)."""
+    conversations = pq.read_schema(path).field("conversations").type
+    return "tool_calls" in [f.name for f in conversations.value_type]
 
 
 def estimate(m, n, e) -> None:

@@ -88,3 +88,57 @@ def test_sample_caps_the_kept_traces_exactly(tmp_path):
     assert list(again["trial_name"]) == list(kept["trial_name"]) != list(other["trial_name"])
     few, _, _ = _run(tmp_path, rows, sample={"n": 100})
     assert len(few) == 30  # fewer than the target: all of them
+
+
+def tool_trace(name, ids, answers=None):
+    """A native tool-calling conversation: two calls in one turn, each answered; `answers`: the
+    ids the tool messages name, in order (default: the calls', in call order)."""
+    a, b = ids
+    first, second = answers or ids
+    conv = [{"role": "user", "content": "list the files"}]
+    for i in range(5):
+        calls = [
+            {"id": f"{a}{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls\\n"}'}},
+            {"id": f"{b}{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "pwd\\n"}'}},
+        ]
+        conv += [
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "a.txt", "tool_call_id": f"{first}{i}"},
+            {"role": "tool", "content": "/app", "tool_call_id": f"{second}{i}"},
+        ]
+    return trace(name, 5) | {"conversations": conv}
+
+
+def test_dedup_sees_through_tool_call_ids(tmp_path):
+    """A server draws its tool-call ids at random (vLLM's `chatcmpl-tool-...`): two conversations
+    that differ in those ids alone are one; which call each tool message answers still counts."""
+    rows = [
+        tool_trace("first", ("call_a", "call_b")),
+        tool_trace("renamed", ("chatcmpl-tool-x", "chatcmpl-tool-y")),
+        tool_trace("crossed", ("call_c", "call_d"), answers=("call_d", "call_c")),
+        trace("plain", 6),
+        trace("plain", 6) | {"trial_name": "plain again"},
+    ]
+    kept, reasons, _ = _run(tmp_path, rows)
+    assert list(kept["trial_name"]) == ["first", "crossed", "plain"]
+    assert reasons == {
+        "renamed": "duplicate: same conversation as first",
+        "plain again": "duplicate: same conversation as plain",
+    }
+
+
+def test_dedup_reads_traces_written_before_tool_calls(tmp_path):
+    """Traces from before the schema had tool calls ({role, content} messages) dedup as before."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_traces(tmp_path / "new.parquet", [trace("a", 1), trace("a", 1) | {"trial_name": "b"}])
+    table = pq.read_table(tmp_path / "new.parquet")
+    old_message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in table["conversations"].to_pylist()]
+    table = table.set_column(0, "conversations", pa.array(convs, pa.list_(old_message)))
+    pq.write_table(table, tmp_path / "old.parquet")
+    out = tmp_path / "out"
+    out.mkdir()
+    stats = trace_filter.run(TraceFilter(min_turns=1), [tmp_path / "old.parquet"], out)
+    assert stats["kept"] == 1 and stats["rejected_by_reason"] == {"duplicate": 1}
