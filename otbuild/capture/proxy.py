@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER
-from otbuild.capture.record import assemble, call_fields, mask, masked, redact, sse_events
+from otbuild.capture.record import assemble, call_fields, lean, mask, masked, redact, sse_events
 from otbuild.engines.http import makes_tls
 
 # not forwarded either way: hop-by-hop, or set anew for the next hop
@@ -285,14 +285,15 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(rest).path
         captured = self.command == "POST" and path.endswith(CAPTURED)
         body: Any = None
+        asked: dict = {}  # what the proxy asked the server for on the caller's behalf
         if captured:
             try:
                 body = json.loads(raw)
             except ValueError:
                 body = None
             if proxy.ask_tokens and isinstance(body, dict) and path.endswith("/chat/completions"):
-                asked = {"return_token_ids": True, "logprobs": True}
-                if any(k not in body for k in asked):
+                asked = {k: True for k in ("return_token_ids", "logprobs") if k not in body}
+                if asked:
                     body = {**asked, **body}
                     raw = json.dumps(body).encode()
         record = None
@@ -304,6 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "stream": bool(isinstance(body, dict) and body.get("stream")),
                 "_secrets": _secrets(self.headers, rest) + ((proxy.api_key,) if proxy.api_key else ()),
                 "_body": body if body is not None else raw.decode("utf-8", "replace"),
+                "_asked_logprobs": "logprobs" in asked,
                 "_start": time.monotonic(),
             }
         client = proxy._client()
@@ -471,6 +473,7 @@ def _finish(record: dict, status: int, data: bytes, delivered: bool) -> dict:
     request = redact(body, secrets) if isinstance(body, dict) else mask(str(body), secrets)
     record["request"] = request if isinstance(request, str) else json.dumps(request)
     record["model"] = body.get("model") if isinstance(body, dict) else None
-    record["response"] = json.dumps(masked(answer, secrets)) if answer is not None else mask(text, secrets)
+    kept = lean(answer, logprobs=record.pop("_asked_logprobs"))
+    record["response"] = json.dumps(masked(kept, secrets)) if answer is not None else mask(text, secrets)
     record.update(call_fields(answer) if status == 200 else call_fields(None))
     return record

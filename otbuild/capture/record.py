@@ -121,6 +121,21 @@ def _finish_choice(choice: dict) -> dict:
     return choice
 
 
+def lean(answer: Any, logprobs: bool = False) -> Any:
+    """The answer as a record's `response` keeps it: without its token ids, which the record
+    holds in columns of their own (a long prompt's ids would be most of the text, at every
+    call); with `logprobs`, without the log-probs the proxy asked for on the caller's behalf
+    (their column has them). Log-probs the caller asked for stay, top_logprobs and all."""
+    if not isinstance(answer, dict):
+        return answer
+    drop = {"token_ids", "logprobs"} if logprobs else {"token_ids"}
+    out = {k: v for k, v in answer.items() if k != "prompt_token_ids"}
+    if isinstance(out.get("choices"), list):
+        choices = out["choices"]
+        out["choices"] = [{k: v for k, v in c.items() if k not in drop} if isinstance(c, dict) else c for c in choices]
+    return out
+
+
 def call_fields(body: Any) -> dict:
     """The record's columns read off a chat completion body (its first choice)."""
     out: dict[str, Any] = {

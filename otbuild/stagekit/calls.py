@@ -31,7 +31,9 @@ CALL_SCHEMA = pa.schema(
         ("delivered", pa.bool_()),  # the whole answer reached the caller
         ("duration_s", pa.float64()),
         ("request", pa.string()),  # the request body as JSON, secrets masked (messages, tools, sampling)
-        ("response", pa.string()),  # the answer as JSON (a stream assembled), or the error's body
+        # the answer as JSON (a stream assembled; its token ids and the log-probs the proxy asked
+        # for are in the columns below: capture/record.py's lean), or the error's body
+        ("response", pa.string()),
         ("content", pa.string()),
         ("reasoning", pa.string()),
         ("tool_calls", pa.string()),  # JSON

@@ -168,6 +168,30 @@ def test_harbors_agents_ask_a_vllm_otbuild_started_for_token_ids(scripted, engin
     assert (sent.get("return_token_ids"), sent.get("logprobs")) == ((True, True) if asked else (None, None))
 
 
+def test_the_record_holds_token_ids_once_and_the_callers_log_probs_whole(scripted, proxy_to):
+    """A record's token ids are in their columns only, not again in its `response` (a long
+    prompt's ids would be most of every call's record); the log-probs the proxy asked for on
+    the caller's behalf likewise; log-probs the caller asked for stay in `response` whole."""
+    srv = scripted(lambda body: (200, chat_answer("one two")))
+    proxy = proxy_to(srv.base_url, ask_tokens=True)
+    body = {"model": "m", "messages": [{"role": "user", "content": "count to two"}]}
+    plain = post(proxy.url("a"), body).json()
+    assert plain["prompt_token_ids"] == token_ids("count to two")  # the caller gets the answer unchanged
+    (call,) = proxy.take("a")
+    assert call["prompt_token_ids"] == token_ids("count to two") and call["completion_token_ids"] == token_ids(
+        "one two"
+    )
+    assert call["logprobs"] == [-i / 1000 for i in token_ids("one two")]
+    kept = json.loads(call["response"])
+    assert "prompt_token_ids" not in kept and kept["choices"][0].keys() == {"index", "message", "finish_reason"}
+    assert kept == {k: v for k, v in plain.items() if k != "prompt_token_ids"} | {
+        "choices": [{k: v for k, v in plain["choices"][0].items() if k not in ("token_ids", "logprobs")}]
+    }
+    post(proxy.url("b"), {**body, "logprobs": True, "top_logprobs": 2})
+    (call,) = proxy.take("b")
+    assert json.loads(call["response"])["choices"][0]["logprobs"]["content"][0]["logprob"] == call["logprobs"][0]
+
+
 def test_through_the_proxy_the_engine_fails_as_it_would_without_it(scripted):
     """otbuild's engine behind the proxy: a context overflow is still its own error, a server
     nothing answers is still a transport error (no status, its cause named), a 5xx is retried."""
