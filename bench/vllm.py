@@ -21,19 +21,21 @@ the two loads would not be the same work). At each concurrency C, in turn:
   trial's sandbox start and verifier inside its concurrency slot, the model's client loading
   the CA store for a plain-http server: `legacy_harness`), against now (trials pipelined around
   the model: otbuild/harness/slots.py).
-- otbuild with capture: the same trials again through the recording proxy (otbuild/capture/),
-  asking for token ids and log-probs as it does for a vLLM that otbuild starts.
+- otbuild through the proxy: the same trials through the recording proxy (otbuild/capture/),
+  asking for nothing more: the proxy's own cost;
+- otbuild with capture: the same again, asking for token ids and log-probs as the proxy does
+  for a vLLM that otbuild starts: the proxy's cost and the server's for what it is asked.
 
-The runs go now, before, captured, vLLM's, captured, before, now (a drift of the machine's
-load weighs on each alike), after one request that warms up the server's log-prob path and one untimed
-trial (the harness's imports); each kind pools its two runs.
+The runs go now, before, proxy, captured, vLLM's, captured, proxy, before, now (a drift of the
+machine's load weighs on each alike), after one request that warms up the server's log-prob
+path and two untimed trials, without and with capture (the imports of a process's first); each kind pools its two runs.
 
 Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
 ratio, otbuild's trials/s, and the share of otbuild's wall time that is not the model's
 (1 - ratio: the harness, the sandbox, the verifier, the first request sent alone); then
 otbuild's tokens/s before and now, the share before and now and their ratio, beside the
-capture's cost; then otbuild's tokens/s without and with capture and their ratio (the
-capture's cost: 1 - ratio). On a GPU node the same script gives the absolute figures (--model
+capture's cost; then otbuild's tokens/s without capture, through the proxy alone and with
+capture, and their costs (1 - ratio). On a GPU node the same script gives the absolute figures (--model
 a real checkpoint).
 Exit status: 0 when every level ran, 2 when vLLM is not installed or a level failed.
 """
@@ -78,15 +80,15 @@ def random_student(dest: Path) -> Path:
     )
 
 
-def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False, before: bool = False) -> dict:
+def otbuild_level(
+    base_url: str, c: int, args, work: Path, capture: bool = False, tokens: bool = False, before: bool = False
+) -> dict:
     """C x --trials trials through the rollout stage against the server: wall time and counts.
-    `capture`: through the recording proxy, asking for token ids and log-probs as it does for a
-    vLLM that otbuild starts (otbuild/capture/); else straight to the server. `before`: the
-    harness as it was before issue 48's part 5 (`legacy_harness`). With --no-capture-tokens the
-    captured runs ask for no token ids: the proxy's own cost."""
+    `capture`: through the recording proxy (otbuild/capture/), with `tokens` asking for token ids
+    and log-probs as it does for a vLLM that otbuild starts; else straight to the server.
+    `before`: the harness as it was before issue 48's part 5 (`legacy_harness`)."""
     import pyarrow.parquet as pq
 
-    tokens = capture and getattr(args, "capture_tokens", True)
     from otbuild.settings.stages import RolloutSettings
     from otbuild.sources.synthetic import generate
     from otbuild.stagekit.trials import run_trials_shard
@@ -110,7 +112,8 @@ def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool = False
         extra_body={"ignore_eos": True, **({"return_token_ids": True, "logprobs": True} if tokens else {})},
         capture=capture,
     )
-    out = work / f"rollout-c{c}{'-capture' if capture else ''}{'-before' if before else ''}"
+    kind = ("-capture" if tokens else "-proxy") if capture else "-before" if before else ""
+    out = work / f"rollout-c{c}{kind}"
     with legacy_harness(before):
         t0 = time.monotonic()
         run_trials_shard(settings, [tasks], out, 0, pipelined=not before)  # the rollout stage's shard
@@ -232,13 +235,6 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     p.add_argument("--episodes", type=int, default=3, help="requests per trial")
     p.add_argument("--model", type=Path, help="a model dir to serve (default: a random tiny Qwen3)")
-    p.add_argument(
-        "--capture-tokens",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the captured runs ask for token ids and log-probs (as for a vLLM otbuild starts); "
-        "--no-capture-tokens: the proxy's own cost alone",
-    )
     p.add_argument("--out", type=out_dir, help="where the results go (default: a temporary dir)")
     p.add_argument(
         "--eager",
@@ -283,11 +279,13 @@ def main(argv=None) -> int:
     rows = []
     try:
         warm_up(base_url)
-        otbuild_level(base_url, 1, argparse.Namespace(**{**vars(args), "trials": 1}), work / "warm-up")
+        one = argparse.Namespace(**{**vars(args), "trials": 1})  # untimed: the first run's imports
+        otbuild_level(base_url, 1, one, work / "warm-up")
+        otbuild_level(base_url, 1, one, work / "warm-up", capture=True, tokens=True)
         for c in levels:
-            # now, before, captured, vLLM, captured, before, now: a drift of the machine's load
-            # (other jobs on the cores) weighs on each alike
-            kinds = ("now", "before", "capture", "vllm", "capture", "before", "now")
+            # symmetric around vLLM's run: a drift of the machine's load (other jobs on the
+            # cores) weighs on each kind alike
+            kinds = ("now", "before", "proxy", "capture", "vllm", "capture", "proxy", "before", "now")
             runs: list[dict] = []
             for k, kind in enumerate(kinds):
                 if kind == "vllm":  # as many requests as two runs, their mean prompt
@@ -297,10 +295,13 @@ def main(argv=None) -> int:
                     )
                     runs.append(theirs)
                     continue
-                capture, before = kind == "capture", kind == "before"
-                runs.append(otbuild_level(base_url, c, args, work / f"{k}", capture=capture, before=before))
-            ours, before, captured = pooled(runs[0], runs[6]), pooled(runs[1], runs[5]), pooled(runs[2], runs[4])
-            rows.append((c, ours, theirs, captured, before))
+                capture, tokens, before = kind in ("proxy", "capture"), kind == "capture", kind == "before"
+                runs.append(
+                    otbuild_level(base_url, c, args, work / f"{k}", capture=capture, tokens=tokens, before=before)
+                )
+            ours, before = pooled(runs[0], runs[8]), pooled(runs[1], runs[7])
+            proxied, captured = pooled(runs[2], runs[6]), pooled(runs[3], runs[5])
+            rows.append((c, ours, theirs, captured, before, proxied))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
         print(f"bench/vllm.py: {e}", file=sys.stderr)
         return 2
@@ -333,7 +334,7 @@ def main(argv=None) -> int:
     )
     head = ("concurrency", "tok/s before", "tok/s now", "share before", "share now", "now/before", "capture cost")
     print("  ".join(f"{h:>13}" for h in head))
-    for c, ours, theirs, captured, before in rows:
+    for c, ours, theirs, captured, before, _ in rows:
         ceiling = theirs["output_throughput"]
         then, now = before["output_tokens"] / before["wall"], ours["output_tokens"] / ours["wall"]
         share_then, share_now = 1 - then / ceiling, 1 - now / ceiling
@@ -341,16 +342,17 @@ def main(argv=None) -> int:
         cells = (c, f"{then:.1f}", f"{now:.1f}", f"{share_then:.0%}", f"{share_now:.0%}")
         ratio = f"{share_now / share_then:.2f}x" if share_then > 0 and share_now >= 0 else "-"
         print("  ".join(f"{x:>13}" for x in (*cells, ratio, f"{cost:.1%}")))
-    asked = "token ids and log-probs asked for" if args.capture_tokens else "no token ids asked: the proxy alone"
-    print(f"\nthe capture's cost: the same trials through the recording proxy ({asked})")
-    head = ("concurrency", "tok/s", "captured tok/s", "ratio", "cost")
+    print(
+        "\nthe capture's cost: the same trials through the recording proxy alone, and with capture "
+        "(token ids and log-probs asked for, as for a vLLM otbuild starts: the server's work for them included)"
+    )
+    head = ("concurrency", "tok/s", "proxy tok/s", "proxy cost", "capture tok/s", "capture cost")
     print("  ".join(f"{h:>14}" for h in head))
-    for c, ours, _, captured, _ in rows:
-        plain, recorded = ours["output_tokens"] / ours["wall"], captured["output_tokens"] / captured["wall"]
-        ratio = recorded / plain
-        print(
-            "  ".join(f"{x:>14}" for x in (c, f"{plain:.1f}", f"{recorded:.1f}", f"{ratio:.3f}x", f"{1 - ratio:.1%}"))
-        )
+    for c, ours, _, captured, _, proxied in rows:
+        plain = ours["output_tokens"] / ours["wall"]
+        through, recorded = (r["output_tokens"] / r["wall"] for r in (proxied, captured))
+        cells = (c, f"{plain:.1f}", f"{through:.1f}", f"{1 - through / plain:.1%}", f"{recorded:.1f}")
+        print("  ".join(f"{x:>14}" for x in (*cells, f"{1 - recorded / plain:.1%}")))
     print(f"results: {work}")
     return 0
 
