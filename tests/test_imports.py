@@ -144,6 +144,7 @@ FLOORS = (
         "progress",
         "installation",
         "scaffold",
+        "tls",
         "rundir",
         "otbuild",
     ),

@@ -17,8 +17,9 @@ chat completion call as a record (otbuild/capture/record.py).
   says (a sandboxed agent's one way out: bound into its sandbox, it can reach nothing else and
   write into no other scope); `serve_control(path)`: a unix socket where the host side (Harbor's
   environment, in Harbor's process) opens and closes such sockets (otbuild/capture/control.py).
-- `ask_tokens`: requests ask the server for token ids and log-probs (vLLM's
-  `return_token_ids`, `logprobs`) unless they say otherwise: for a vLLM that otbuild started.
+- `ask`: body fields a chat request gets set true unless it says otherwise, asking the server
+  for what the record should hold (vLLM's `return_token_ids`, `logprobs`): for a vLLM that
+  otbuild started.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import httpx
 
 from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER
 from otbuild.capture.record import assemble, call_fields, lean, mask, masked, redact, sse_events
-from otbuild.engines.http import makes_tls
+from otbuild.tls import makes_tls
 
 # not forwarded either way: hop-by-hop, or set anew for the next hop
 HOP_HEADERS = frozenset(
@@ -78,11 +79,11 @@ class CaptureProxy:
         trust_env: bool = True,
         timeout: float = 3600.0,
         connections: int = 64,
-        ask_tokens: bool = False,
+        ask: tuple[str, ...] = (),
         api_key: str | None = None,
     ):
         self.upstream = upstream.rstrip("/")
-        self.ask_tokens = ask_tokens
+        self.ask = ask
         self.api_key = api_key
         self._unix: dict[str, _Running] = {}  # socket path -> its server (serve_unix, serve_control)
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 30.0))
@@ -173,7 +174,7 @@ class CaptureProxy:
 
     def _client(self) -> httpx.Client:
         """The upstream's client, made at its first call (a managed server's URL is known by
-        then); one for a plain-http upstream loads no CA store (otbuild/engines/http.py)."""
+        then); one for a plain-http upstream loads no CA store (otbuild/tls.py)."""
         tls = makes_tls(self.upstream, uds=self._uds, trust_env=self._trust_env)
         with self._lock:
             if tls not in self._clients:
@@ -291,8 +292,8 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw)
             except ValueError:
                 body = None
-            if proxy.ask_tokens and isinstance(body, dict) and path.endswith("/chat/completions"):
-                asked = {k: True for k in ("return_token_ids", "logprobs") if k not in body}
+            if proxy.ask and isinstance(body, dict) and path.endswith("/chat/completions"):
+                asked = {k: True for k in proxy.ask if k not in body}
                 if asked:
                     body = {**asked, **body}
                     raw = json.dumps(body).encode()

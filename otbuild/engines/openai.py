@@ -19,10 +19,10 @@ import httpx
 from otbuild.capture import NO_ANSWER_HEADER, SCOPE_HEADER, call_scope
 from otbuild.engines import request_policy
 from otbuild.engines.base import Completion, ContextLengthExceededError, EngineError, backoff_delay
-from otbuild.engines.http import makes_tls
 from otbuild.engines.toolcalls import tool_calls_of
 from otbuild.errors import ConfigError
 from otbuild.settings.engines import LLM, concurrency
+from otbuild.tls import makes_tls
 
 # How OpenAI-compatible servers say a request is over the context window: vLLM and OpenAI
 # ("maximum context length", "context_length_exceeded"), vLLM's "maximum model length",

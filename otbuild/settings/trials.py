@@ -148,6 +148,11 @@ class ShardedTrials(Trials, Sharded):
         description="every model call goes through a recording proxy: calls.parquet beside the traces "
         "holds each request and answer (token ids and log-probs where the server gives them; docs/engines.md)",
     )
+    capture_logprobs: bool = Field(
+        default=True,
+        description="with capture, a vLLM otbuild started is asked for each answer token's log-prob besides "
+        "the token ids; false: calls.parquet's logprobs are null and vLLM skips their work (docs/engines.md)",
+    )
     infra_retries: int = execution_only(
         10,
         ge=0,

@@ -149,23 +149,30 @@ def test_an_error_reaches_the_client_as_the_server_sent_it(scripted, proxy_to, s
 
 
 @pytest.mark.parametrize(
-    ("engine", "managed", "ask_tokens", "asked"),
+    ("engine", "managed", "ask_tokens", "logprobs", "asked"),
     [
-        ("vllm", True, True, True),
-        ("vllm", True, False, False),
-        ("transformers", True, True, False),
-        ("openai", False, True, False),
+        ("vllm", True, True, True, (True, True)),
+        ("vllm", True, True, False, (True, None)),
+        ("vllm", True, False, True, (None, None)),
+        ("transformers", True, True, True, (None, None)),
+        ("openai", False, True, True, (None, None)),
     ],
 )
-def test_harbors_agents_ask_a_vllm_otbuild_started_for_token_ids(scripted, engine, managed, ask_tokens, asked):
+def test_harbors_agents_ask_a_vllm_otbuild_started_for_token_ids(
+    scripted, engine, managed, ask_tokens, logprobs, asked
+):
     """Harbor's agents' proxy asks for token ids and log-probs as otbuild's harness does: of a
-    vLLM that otbuild started, unless the stage says not to (an eval's model under test)."""
+    vLLM that otbuild started, unless the stage says not to (an eval's model under test), the
+    log-probs unless the recipe says `capture_logprobs: false`."""
+    from otbuild.settings.stages import RolloutSettings
+
     srv = scripted(lambda body: (200, chat_answer("ok")))
-    settings = LLM(engine=engine, model="m", base_url=None if managed else srv.base_url)
+    base_url = None if managed else srv.base_url
+    settings = RolloutSettings(engine=engine, model="m", base_url=base_url, capture_logprobs=logprobs)
     with harbor_proxy(srv.base_url, settings, managed=managed, ask_tokens=ask_tokens) as proxy:
         assert post(proxy.url("job"), {"model": "m", "messages": [{"role": "user", "content": "x"}]}).status_code == 200
     sent = srv.requests[-1]["body"]
-    assert (sent.get("return_token_ids"), sent.get("logprobs")) == ((True, True) if asked else (None, None))
+    assert (sent.get("return_token_ids"), sent.get("logprobs")) == asked
 
 
 def test_the_record_holds_token_ids_once_and_the_callers_log_probs_whole(scripted, proxy_to):
@@ -173,7 +180,7 @@ def test_the_record_holds_token_ids_once_and_the_callers_log_probs_whole(scripte
     prompt's ids would be most of every call's record); the log-probs the proxy asked for on
     the caller's behalf likewise; log-probs the caller asked for stay in `response` whole."""
     srv = scripted(lambda body: (200, chat_answer("one two")))
-    proxy = proxy_to(srv.base_url, ask_tokens=True)
+    proxy = proxy_to(srv.base_url, ask=("return_token_ids", "logprobs"))
     body = {"model": "m", "messages": [{"role": "user", "content": "count to two"}]}
     plain = post(proxy.url("a"), body).json()
     assert plain["prompt_token_ids"] == token_ids("count to two")  # the caller gets the answer unchanged

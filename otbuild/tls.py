@@ -1,4 +1,4 @@
-"""What an HTTP client to a model's endpoint needs to know of its connection."""
+"""Whether an HTTP client to a model's endpoint makes TLS connections (it then loads the CA store)."""
 
 from __future__ import annotations
 
