@@ -1,7 +1,7 @@
 """otbuild's rollouts against vLLM's own ceiling, on one `vllm serve`.
 
     python bench/vllm.py [--concurrency 1,8,32] [--trials 2] [--max-tokens 32] [--episodes 3]
-                         [--model DIR] [--out DIR] [--eager]
+                         [--repeats 1] [--model DIR] [--out DIR] [--eager]
 
 The server is the one a recipe's `engine: vllm` starts (otbuild/engines/vllm.py: the pinned
 release from .venv-vllm, its CPU build on a machine without CUDA), on --model (default: a random
@@ -21,22 +21,23 @@ the two loads would not be the same work). At each concurrency C, in turn:
   trial's sandbox start and verifier inside its concurrency slot, the model's client loading
   the CA store for a plain-http server: `legacy_harness`), against now (trials pipelined around
   the model: otbuild/harness/slots.py).
-- otbuild through the proxy: the same trials through the recording proxy (otbuild/capture/),
-  asking for nothing more: the proxy's own cost;
-- otbuild with capture: the same again, asking for token ids and log-probs as the proxy does
-  for a vLLM that otbuild starts: the proxy's cost and the server's for what it is asked.
+- otbuild with capture: the same trials through the recording proxy (otbuild/capture/),
+  asking the server for the token ids (what `capture_logprobs: false` asks a vLLM that otbuild
+  started for), and again for the token ids and log-probs (the default): the proxy's cost and
+  the server's for what it is asked.
 
-The runs go now, before, proxy, captured, vLLM's, captured, proxy, before, now (a drift of the
-machine's load weighs on each alike), after one request that warms up the server's log-prob
-path and two untimed trials, without and with capture (the imports of a process's first); each kind pools its two runs.
+The runs go now, before, ids, captured, vLLM's, captured, ids, before, now (a drift of the
+machine's load weighs on each alike), --repeats times, after one request that warms up the
+server's log-prob path and two untimed trials, without and with capture (the imports of a
+process's first); each kind pools its runs.
 
 Printed per C: vLLM's output tokens/s (the engine's ceiling for that load), otbuild's, their
 ratio, otbuild's trials/s, and the share of otbuild's wall time that is not the model's
 (1 - ratio: the harness, the sandbox, the verifier, the first request sent alone); then
 otbuild's tokens/s before and now, the share before and now and their ratio, beside the
-capture's cost; then otbuild's tokens/s without capture, through the proxy alone and with
-capture, and their costs (1 - ratio). On a GPU node the same script gives the absolute figures (--model
-a real checkpoint).
+capture's cost; then otbuild's tokens/s without capture, with capture of the token ids and
+with capture of the token ids and log-probs, and their costs (1 - ratio). On a GPU node the
+same script gives the absolute figures (--model a real checkpoint).
 Exit status: 0 when every level ran, 2 when vLLM is not installed or a level failed.
 """
 
@@ -51,6 +52,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import reduce
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,13 +82,12 @@ def random_student(dest: Path) -> Path:
     )
 
 
-def otbuild_level(
-    base_url: str, c: int, args, work: Path, capture: bool = False, tokens: bool = False, before: bool = False
-) -> dict:
+def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool | None = None, before: bool = False) -> dict:
     """C x --trials trials through the rollout stage against the server: wall time and counts.
-    `capture`: through the recording proxy (otbuild/capture/), with `tokens` asking for token ids
-    and log-probs as it does for a vLLM that otbuild starts; else straight to the server.
-    `before`: the harness as it was before issue 48's part 5 (`legacy_harness`)."""
+    `capture` None: straight to the server; else through the recording proxy
+    (otbuild/capture/), asking for the token ids, and with True the log-probs too (what the
+    proxy asks a vLLM that otbuild started for, `capture_logprobs` false or true). `before`:
+    the harness as it was before issue 48's part 5 (`legacy_harness`)."""
     import pyarrow.parquet as pq
 
     from otbuild.settings.stages import RolloutSettings
@@ -94,6 +95,14 @@ def otbuild_level(
     from otbuild.stagekit.trials import run_trials_shard
     from otbuild.tasks.table import write_tasks
 
+    # the proxy asks a vLLM otbuild started for these (engines/capture.py); here the client does
+    asked = (
+        {}
+        if capture is None
+        else {"return_token_ids": True, "logprobs": True}
+        if capture
+        else {"return_token_ids": True}
+    )
     tasks = work / f"tasks-c{c}.parquet"
     work.mkdir(parents=True, exist_ok=True)
     write_tasks(tasks, generate(c * args.trials, seed=c), source="synth")
@@ -109,10 +118,10 @@ def otbuild_level(
         concurrency=c,
         sandbox="bwrap",
         prompt="compact",
-        extra_body={"ignore_eos": True, **({"return_token_ids": True, "logprobs": True} if tokens else {})},
-        capture=capture,
+        extra_body={"ignore_eos": True, **asked},
+        capture=capture is not None,
     )
-    kind = ("-capture" if tokens else "-proxy") if capture else "-before" if before else ""
+    kind = {None: "-before" if before else "", False: "-ids", True: "-capture"}[capture]
     out = work / f"rollout-c{c}{kind}"
     with legacy_harness(before):
         t0 = time.monotonic()
@@ -122,10 +131,11 @@ def otbuild_level(
         out / "shards" / "0-of-1.parquet", columns=["n_turns", "n_input_tokens", "n_output_tokens"]
     ).to_pylist()
     requests = sum(r["n_turns"] for r in rows)
-    if capture:
-        calls = pq.read_table(out / "shards" / "0-of-1.calls.parquet", columns=["completion_token_ids"])
+    if capture is not None:
+        calls = pq.read_table(out / "shards" / "0-of-1.calls.parquet", columns=["completion_token_ids", "logprobs"])
         assert calls.num_rows == requests, "capture kept every call"
-        assert not tokens or calls.column(0).null_count == 0, "capture kept every call's tokens"
+        assert calls.column(0).null_count == 0, "capture kept every call's token ids"
+        assert calls.column(1).null_count == (0 if capture else requests), "capture kept the log-probs asked for"
     return {
         "trials": len(rows),
         "wall": wall,
@@ -164,6 +174,10 @@ def pooled(a: dict, b: dict) -> dict:
         "prompt_tokens": prompt,
         "output_tokens": a["output_tokens"] + b["output_tokens"],
     }
+
+
+def sum_of(results: list[dict], key: str) -> float:
+    return sum(r[key] for r in results)
 
 
 def warm_up(base_url: str) -> None:
@@ -234,6 +248,7 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=2, help="trials per unit of concurrency")
     p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     p.add_argument("--episodes", type=int, default=3, help="requests per trial")
+    p.add_argument("--repeats", type=int, default=1, help="the runs of each level this many times, pooled")
     p.add_argument("--model", type=Path, help="a model dir to serve (default: a random tiny Qwen3)")
     p.add_argument("--out", type=out_dir, help="where the results go (default: a temporary dir)")
     p.add_argument(
@@ -281,26 +296,31 @@ def main(argv=None) -> int:
         warm_up(base_url)
         one = argparse.Namespace(**{**vars(args), "trials": 1})  # untimed: the first run's imports
         otbuild_level(base_url, 1, one, work / "warm-up")
-        otbuild_level(base_url, 1, one, work / "warm-up", capture=True, tokens=True)
+        otbuild_level(base_url, 1, one, work / "warm-up", capture=True)
         for c in levels:
             # symmetric around vLLM's run: a drift of the machine's load (other jobs on the
-            # cores) weighs on each kind alike
-            kinds = ("now", "before", "proxy", "capture", "vllm", "capture", "proxy", "before", "now")
-            runs: list[dict] = []
-            for k, kind in enumerate(kinds):
-                if kind == "vllm":  # as many requests as two runs, their mean prompt
-                    load = pooled(runs[0], runs[1])
-                    theirs = vllm_level(
-                        vllm, root, model, c, load["requests"], load["prompt_tokens"], args.max_tokens, work
-                    )
-                    runs.append(theirs)
-                    continue
-                capture, tokens, before = kind in ("proxy", "capture"), kind == "capture", kind == "before"
-                runs.append(
-                    otbuild_level(base_url, c, args, work / f"{k}", capture=capture, tokens=tokens, before=before)
-                )
-            ours, before = pooled(runs[0], runs[8]), pooled(runs[1], runs[7])
-            proxied, captured = pooled(runs[2], runs[6]), pooled(runs[3], runs[5])
+            # cores) weighs on each kind alike; --repeats times
+            kinds = ("now", "before", "ids", "capture", "vllm", "capture", "ids", "before", "now")
+            runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+            for r in range(args.repeats):
+                for k, kind in enumerate(kinds):
+                    if kind == "vllm":  # as many requests as two runs, their mean prompt
+                        load = pooled(runs["now"][-1], runs["before"][-1])
+                        runs[kind].append(
+                            vllm_level(
+                                vllm, root, model, c, load["requests"], load["prompt_tokens"], args.max_tokens, work
+                            )
+                        )
+                        continue
+                    where = work / f"{r}-{k}" if args.repeats > 1 else work / f"{k}"
+                    logprobs = None if kind not in ("ids", "capture") else kind == "capture"
+                    runs[kind].append(otbuild_level(base_url, c, args, where, logprobs, before=kind == "before"))
+            ours, before, proxied, captured = (
+                reduce(pooled, runs[kind]) for kind in ("now", "before", "ids", "capture")
+            )
+            theirs = {
+                "output_throughput": sum_of(runs["vllm"], "total_output_tokens") / sum_of(runs["vllm"], "duration")
+            }
             rows.append((c, ours, theirs, captured, before, proxied))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
         print(f"bench/vllm.py: {e}", file=sys.stderr)
@@ -343,10 +363,10 @@ def main(argv=None) -> int:
         ratio = f"{share_now / share_then:.2f}x" if share_then > 0 and share_now >= 0 else "-"
         print("  ".join(f"{x:>13}" for x in (*cells, ratio, f"{cost:.1%}")))
     print(
-        "\nthe capture's cost: the same trials through the recording proxy alone, and with capture "
-        "(token ids and log-probs asked for, as for a vLLM otbuild starts: the server's work for them included)"
+        "\nthe capture's cost: the same trials through the recording proxy asking the server for the token ids "
+        "(capture_logprobs: false), and for the token ids and log-probs (the default); the server's work included"
     )
-    head = ("concurrency", "tok/s", "proxy tok/s", "proxy cost", "capture tok/s", "capture cost")
+    head = ("concurrency", "tok/s", "ids tok/s", "ids cost", "+logprobs tok/s", "+logprobs cost")
     print("  ".join(f"{h:>14}" for h in head))
     for c, ours, _, captured, _, proxied in rows:
         plain = ours["output_tokens"] / ours["wall"]

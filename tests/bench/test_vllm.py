@@ -22,7 +22,7 @@ def test_bench_vllm_tiny(tmp_path):
     out = run_bench(
         "vllm.py",
         "--concurrency",
-        "2",  # one level: otbuild 8 times (now, before, proxy, captured, [vLLM], captured, proxy, before, now)
+        "2",  # one level: otbuild 8 times (now, before, ids, captured, [vLLM], captured, ids, before, now)
         "--trials",
         "1",
         "--max-tokens",
@@ -47,13 +47,13 @@ def test_bench_vllm_tiny(tmp_path):
         assert m, out
         then, now = float(m[1]), float(m[2])
         assert then > 0 and now > 0 and int(m[4]) <= 100 and int(m[3]) <= 100
-    for c in (2,):  # the capture's cost: tok/s without, through the proxy, its cost, with capture, its cost
+    for c in (2,):  # the capture's cost: tok/s without, with the token ids, its cost, with the log-probs too, its cost
         m = re.search(rf"^\s+{c}\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)%\s+([\d.]+)\s+(-?[\d.]+)%$", out, re.M)
         assert m, out
         plain, proxied, proxy_cost, captured, cost = map(float, m.groups())
         assert plain > 0 and proxied > 0 and captured > 0
         assert abs(100 * (1 - proxied / plain) - proxy_cost) < 0.1 and abs(100 * (1 - captured / plain) - cost) < 0.1
-    assert list(tmp_path.glob("2/rollout-c2-proxy/shards/0-of-1.calls.parquet"))
+    assert list(tmp_path.glob("2/rollout-c2-ids/shards/0-of-1.calls.parquet"))
     assert list(tmp_path.glob("3/rollout-c2-capture/shards/0-of-1.calls.parquet"))
     assert list(tmp_path.glob("7/rollout-c2-before/shards/0-of-1.parquet"))
     assert (tmp_path / "vllm-bench-c2.json").is_file() and not list(
