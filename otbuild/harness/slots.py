@@ -3,7 +3,9 @@
 parked, terminal and its first screen) or done with their agents (verifier, clean-up). A trial
 takes an agent slot when its first request is ready to go and hands it back when its last agent
 ends: the next trial's start and this one's verifier (a Python start, a test suite) are no
-longer time the model waits for."""
+longer time the model waits for. At most `concurrency` trials get ready (or wait ready) at once,
+in the order they came: at a shard's start the first agents' trials get the CPU first, not all
+2 x concurrency starts at once."""
 
 from __future__ import annotations
 
@@ -21,13 +23,17 @@ class TrialSlots:
     def __init__(self, concurrency: int, *, pipelined: bool = True):
         self._agents = asyncio.Semaphore(concurrency)
         self._trials = asyncio.Semaphore(2 * concurrency if pipelined else concurrency)
+        self._getting_ready = asyncio.Semaphore(concurrency)
         self.pipelined = pipelined
 
     @asynccontextmanager
     async def trial(self) -> AsyncIterator[TrialSlot]:
         async with self._trials:
             slot = TrialSlot(self._agents)
-            if not self.pipelined:
+            if self.pipelined:
+                await self._getting_ready.acquire()
+                slot.ready = self._getting_ready  # handed back with its first agent slot
+            else:
                 await slot.agent()
                 slot.pipelined = False
             try:
@@ -42,6 +48,7 @@ class TrialSlot:
 
     def __init__(self, agents: asyncio.Semaphore):
         self._agents = agents
+        self.ready: asyncio.Semaphore | None = None  # the place among the trials getting ready, while held
         self.held = False
         self.pipelined = True
         self.agents_finished = False
@@ -53,6 +60,7 @@ class TrialSlot:
         start = time.monotonic()
         await self._agents.acquire()
         self.held = True
+        self._ready_done()
         return time.monotonic() - start
 
     def agents_done(self) -> None:
@@ -75,6 +83,12 @@ class TrialSlot:
         return await trial, True
 
     def release(self) -> None:
+        self._ready_done()
         if self.held:
             self.held = False
             self._agents.release()
+
+    def _ready_done(self) -> None:
+        if self.ready is not None:
+            self.ready.release()
+            self.ready = None

@@ -109,6 +109,43 @@ def test_agents_at_once_stay_within_the_concurrency(tmp_path):
     assert len(traces) == 6 and engine.most <= 2 and all(t["reward"] == 1.0 for t in traces)
 
 
+def test_at_most_concurrency_trials_get_ready_at_once_first_come_first():
+    """2 x concurrency trials may be alive, but only `concurrency` get ready (or wait ready) at
+    once, in the order they came: at a shard's start the trials whose agents go first are not
+    slowed by as many starts again beside them."""
+    concurrency, n = 3, 12
+    now = {"ready": 0, "agents": 0, "alive": 0}
+    most = dict.fromkeys(now, 0)
+    agent_order: list[int] = []
+
+    def count(key: str, by: int) -> None:
+        now[key] += by
+        most[key] = max(most[key], now[key])
+
+    async def trial(slots: TrialSlots, i: int) -> None:
+        async with slots.trial() as slot:
+            count("alive", 1)
+            count("ready", 1)
+            await asyncio.sleep(0.01)  # its sandbox and terminal
+            await slot.agent()
+            count("ready", -1)
+            count("agents", 1)
+            agent_order.append(i)
+            await asyncio.sleep(0.02)  # its agent at the model
+            count("agents", -1)
+            slot.agents_done()
+            await asyncio.sleep(0.03)  # its verifier
+            count("alive", -1)
+
+    async def shard() -> None:
+        slots = TrialSlots(concurrency)
+        await asyncio.gather(*(trial(slots, i) for i in range(n)))
+
+    asyncio.run(shard())
+    assert most == {"ready": concurrency, "agents": concurrency, "alive": 2 * concurrency}
+    assert agent_order == list(range(n))
+
+
 def _volatile_free(row: dict) -> dict:
     """A trace row without what measures the run (VOLATILE_COLUMNS: its date, durations)."""
     row = {k: v for k, v in row.items() if k not in VOLATILE_COLUMNS}
