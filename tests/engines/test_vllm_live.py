@@ -201,7 +201,9 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
     vLLM returned, byte for byte (read off the wire by a recording proxy): its reasoning before
     its answer with keep_reasoning, the answer alone without; what the harness sends back is
     the answers alone. A conversation that outgrows `max_model_len` ends its trial as a task
-    failure (vLLM's 400), not an infrastructure error. The trace names the engine's release."""
+    failure (vLLM's 400), not an infrastructure error. The trace names the engine's release.
+    The capture keeps every call's token ids, and its log-probs unless `capture_logprobs: false`
+    (tied to keep_reasoning here: one server start each)."""
     from transformers import AutoTokenizer
 
     from otbuild.settings.stages import RolloutSettings
@@ -222,6 +224,7 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
         concurrency=2,
         sandbox="bwrap",
         keep_reasoning=keep_reasoning,
+        capture_logprobs=keep_reasoning,
         extra_body={"logit_bias": {str(end_think): 4.0}},  # a random model closes its think block now and then
         engine_args={
             "reasoning_parser": "qwen3",
@@ -263,8 +266,14 @@ def test_teacher_rollouts_on_vllm_hold_each_answer_as_vllm_sent_it(tmp_path, qwe
         messages = json.loads(c["request"])["messages"]
         wire = served[(messages[0]["content"], sum(m["role"] == "assistant" for m in messages))]
         assert (c["content"], c["reasoning"]) == (wire.get("content"), wire.get("reasoning"))
-        assert len(c["completion_token_ids"]) == len(c["logprobs"]) == c["completion_tokens"] > 0
-        assert len(c["prompt_token_ids"]) == c["prompt_tokens"] and all(lp <= 0 for lp in c["logprobs"])
+        assert len(c["completion_token_ids"]) == c["completion_tokens"] > 0
+        assert len(c["prompt_token_ids"]) == c["prompt_tokens"]
+        if keep_reasoning:
+            assert len(c["logprobs"]) == c["completion_tokens"] and all(lp <= 0 for lp in c["logprobs"])
+        else:
+            assert c["logprobs"] is None and "logprobs" not in json.loads(c["request"])
+        kept = json.loads(c["response"])  # the token ids once, in their columns
+        assert "prompt_token_ids" not in kept and "token_ids" not in kept["choices"][0]
 
 
 def test_the_eval_serves_the_checkpoint_on_vllm_with_constrained_decoding(tmp_path, smoke_build):
