@@ -104,6 +104,7 @@ class Terminal:
         self.fd = master
         self.read_cap = read_cap  # bytes kept per read; the rest is drained and dropped
         self.dropped = 0
+        self.hung_up = False  # the pty's other end is closed: the shell (and all it started) is gone
 
     def send(self, keystrokes: str) -> None:
         os.write(self.fd, translate(keystrokes))
@@ -123,8 +124,9 @@ class Terminal:
             try:
                 chunk = os.read(self.fd, 65536)
             except OSError:  # the shell is gone
-                break
+                chunk = b""
             if not chunk:
+                self.hung_up = True
                 break
             if len(buf) < self.read_cap:
                 buf += chunk
@@ -136,10 +138,12 @@ class Terminal:
 
     @property
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """The shell is there: its pty not hung up (its process may take a moment longer to
+        end: the sandbox's teardown) and its process running."""
+        return not self.hung_up and self.proc.poll() is None
 
     def close(self) -> None:
-        if self.alive:
+        if self.proc.poll() is None:  # hung up or not: what the shell left running goes too
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:  # not yet its own group (setsid had not run)

@@ -234,6 +234,25 @@ def test_a_prompt_lookalike_in_the_output_loses_nothing(term):
     assert "13next" in again and "11after" not in again
 
 
+def test_a_shell_that_exited_is_gone_before_its_process_has_ended():
+    """`exit` hangs up the terminal at once, while the process around the shell (a sandbox
+    tearing down, here a wrapper that lets go of the terminal and lingers) may take a moment to
+    end: the shell counts as gone from the hang-up (a trial ends `shell_exited`, not with one
+    more turn), and closing still ends what lingers."""
+    env = [f"{k}={v}" for k, v in SHELL_ENV.items()]
+    shell = "bash --noprofile --norc -i; exec </dev/null >/dev/null 2>&1; sleep 30"
+    t = Terminal(["env", "-i", "PATH=/usr/bin:/bin", *env, "sh", "-c", shell])
+    try:
+        t.read(5)
+        assert t.alive
+        out, _ = _timed_read(t, "exit\n", 10)
+        assert t.proc.poll() is None and not t.alive  # the wrapper lingers; the shell is gone
+    finally:
+        start = time.monotonic()
+        t.close()
+    assert t.proc.returncode is not None and time.monotonic() - start < 5
+
+
 @needs_sandbox
 def test_a_trial_whose_output_fakes_the_prompt_ends_normally(tmp_path):
     """A task file ending in the prompt's marker, shown by the agent's command: the observations
