@@ -96,13 +96,7 @@ def otbuild_level(base_url: str, c: int, args, work: Path, capture: bool | None 
     from otbuild.tasks.table import write_tasks
 
     # the proxy asks a vLLM otbuild started for these (engines/capture.py); here the client does
-    asked = (
-        {}
-        if capture is None
-        else {"return_token_ids": True, "logprobs": True}
-        if capture
-        else {"return_token_ids": True}
-    )
+    asked = {} if capture is None else {"return_token_ids": True, **({"logprobs": True} if capture else {})}
     tasks = work / f"tasks-c{c}.parquet"
     work.mkdir(parents=True, exist_ok=True)
     write_tasks(tasks, generate(c * args.trials, seed=c), source="synth")
@@ -176,8 +170,9 @@ def pooled(a: dict, b: dict) -> dict:
     }
 
 
-def sum_of(results: list[dict], key: str) -> float:
-    return sum(r[key] for r in results)
+def vllm_pooled(results: list[dict]) -> dict:
+    """`vllm bench serve`'s runs of a level as one: their output tokens over their durations."""
+    return {"output_throughput": sum(r["total_output_tokens"] for r in results) / sum(r["duration"] for r in results)}
 
 
 def warm_up(base_url: str) -> None:
@@ -318,9 +313,7 @@ def main(argv=None) -> int:
             ours, before, proxied, captured = (
                 reduce(pooled, runs[kind]) for kind in ("now", "before", "ids", "capture")
             )
-            theirs = {
-                "output_throughput": sum_of(runs["vllm"], "total_output_tokens") / sum_of(runs["vllm"], "duration")
-            }
+            theirs = vllm_pooled(runs["vllm"])
             rows.append((c, ours, theirs, captured, before, proxied))
     except Exception as e:  # noqa: BLE001 (reported, exit 2)
         print(f"bench/vllm.py: {e}", file=sys.stderr)
